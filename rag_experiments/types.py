@@ -1,0 +1,87 @@
+"""Data contracts shared by every stage (DESIGN §2). Plain dataclasses; no behaviour."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Document:
+    doc_id: str
+    title: str
+    text: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Span:
+    """A gold evidence span: characters ``text[start:end]`` of document ``doc_id``."""
+
+    doc_id: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of a document. ``doc.text[start:end] == text`` always holds (offsets are exact)."""
+
+    chunk_id: str
+    doc_id: str
+    start: int
+    end: int
+    text: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ScoredChunk:
+    chunk: Chunk
+    score: float
+
+
+@dataclass
+class EvalItem:
+    id: str
+    query: str
+    gold_spans: list[Span]
+    gold_answer: str | None = None
+    key_facts: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
+    line: int = 0  # 1-based line in the source file, for error messages
+
+    @property
+    def answerable(self) -> bool:
+        return bool(self.gold_spans)
+
+
+@dataclass
+class Generation:
+    """One generator reply. ``error`` is set (and ``text`` empty) when the call failed for good."""
+
+    text: str
+    model: str
+    latency_s: float = 0.0
+    cached: bool = False
+    error: str | None = None
+    usage: dict[str, Any] = field(default_factory=dict)
+
+
+VERDICTS = ("supported", "unsupported", "unparseable")
+
+
+@dataclass
+class Verdict:
+    """A judge's verdict on one claim against the retrieved context.
+
+    ``label`` is one of VERDICTS. ``score`` is a continuous support score where the backend has
+    one (log P(yes) - log P(no) for LLM judges, a similarity for the heuristic), else None.
+    """
+
+    claim: str
+    label: str
+    score: float | None = None
+    rationale: str = ""
+    raw: str = ""
+    error: str | None = None
