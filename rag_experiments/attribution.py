@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -169,6 +170,9 @@ def is_binary(*arrays: np.ndarray) -> bool:
     return vals.size > 0 and bool(np.isin(vals, (0.0, 1.0)).all())
 
 
+_BATCH = 1000  # resamples per vectorised batch: bounds memory at 1000 × n floats
+
+
 def _mean_stat(x, axis=-1):
     return np.mean(x, axis=axis)
 
@@ -191,6 +195,7 @@ def bootstrap_mean_ci(
         (x,),
         _mean_stat,
         n_resamples=n_resamples,
+        batch=_BATCH,
         vectorized=True,
         confidence_level=confidence,
         alternative=alternative,
@@ -222,6 +227,7 @@ def sign_flip_p(d: np.ndarray, seed: int = 0, n_resamples: int = 9999) -> float:
         permutation_type="samples",
         vectorized=True,
         n_resamples=n_resamples,
+        batch=_BATCH,
         alternative="two-sided",
         rng=np.random.default_rng(seed),
     )
@@ -362,7 +368,9 @@ def transition_matrix(df_a: pd.DataFrame, df_b: pd.DataFrame) -> pd.DataFrame:
 
 #: Params that never change results (paths, tracking, bookkeeping) and are ignored by diffs.
 BOOKKEEPING_PREFIXES = ("hydra.", "tracking.", "paths.", "cache.")
-BOOKKEEPING_KEYS = frozenset({"cache_dir", "force", "experiment_name", "tracking", "hydra", "paths"})
+BOOKKEEPING_KEYS = frozenset(
+    {"cache_dir", "cache_enabled", "force", "progress", "experiment_name", "tracking", "hydra", "paths"}
+)
 #: Hydra config groups (DESIGN §8); a dot-free param with one of these names is a group choice.
 KNOWN_GROUPS = (
     "corpus",
@@ -779,20 +787,29 @@ def min_detectable_effect(
     return float((stats.norm.ppf(1 - alpha) + stats.norm.ppf(power)) * sd / math.sqrt(n))
 
 
-def metric_columns(*tables: pd.DataFrame) -> list[str]:
+#: Per-query columns named like the stable MLflow metric keys (DESIGN §3); other numeric
+#: columns (latencies, counts) are compared only when asked for by name.
+METRIC_KEY_PATTERN = re.compile(
+    r"(hit|evidence_recall|context_precision|ndcg)_at_\d+|mrr|faithfulness|answer_relevance|correctness|rate_\w+"
+)
+
+
+def metric_columns(*tables: pd.DataFrame, known_only: bool = True) -> list[str]:
     """Numeric per-query metric columns common to all tables, in a stable, readable order."""
     skip = {"id", "query", "tags", "failure_label", "error"}
     common: Iterable[str] = [
         c for c in tables[0].columns if c not in skip and all(c in t.columns for t in tables[1:])
     ]
     num = [c for c in common if all(pd.api.types.is_numeric_dtype(t[c]) for t in tables)]
-    order = ("hit_at_", "evidence_recall_at_", "context_precision_at_", "ndcg_at_", "mrr", "rr")
+    if known_only:
+        num = [c for c in num if METRIC_KEY_PATTERN.fullmatch(c)]
+    order = ("hit_at_", "evidence_recall_at_", "context_precision_at_", "ndcg_at_", "mrr")
 
     def key(c: str) -> tuple[int, int, str]:
         for i, p in enumerate(order):
             if c.startswith(p):
                 tail = c[len(p) :]
                 return (i, int(tail) if tail.isdigit() else 0, c)
-        return (len(order), 0, c)
+        return (len(order) + c.startswith("rate_"), 0, c)
 
     return sorted(num, key=key)

@@ -401,7 +401,12 @@ def markdown_sections(text: str) -> list[tuple[int, int, int, str]]:
         fm = _FENCE_RE.match(line)
         if fence is not None:
             # A fence closes with the same character, at least as long, and nothing else on the line.
-            if fm and fm.group(1)[0] == fence[0] and len(fm.group(1)) >= len(fence) and not line[fm.end() :].strip():
+            if (
+                fm
+                and fm.group(1)[0] == fence[0]
+                and len(fm.group(1)) >= len(fence)
+                and not line[fm.end() :].strip()
+            ):
                 fence = None
             continue
         if fm:

@@ -68,7 +68,8 @@ class Comparison:
 
 def _with_label_rates(df: pd.DataFrame, labels: Sequence[str]) -> pd.DataFrame:
     out = df.copy()
-    if "failure_label" in out.columns:
+    # the sweep logs rate_<label> itself (only the meaningful ones for retrieval-only runs)
+    if "failure_label" in out.columns and not any(c.startswith("rate_") for c in out.columns):
         lab = out["failure_label"].astype("string")
         for lb in labels:
             out[f"rate_{lb}"] = (lab == lb).astype(float).where(lab.notna())
@@ -103,7 +104,8 @@ def build_comparison(
         missing = [m for m in metrics if m not in ta.columns or m not in tb.columns]
         if missing:
             raise RunInputError(
-                f"metric(s) {', '.join(missing)} not in both per-query tables; available: {', '.join(available)}"
+                f"metric(s) {', '.join(missing)} not in both per-query tables; "
+                f"available: {', '.join(metric_columns(ta, tb, known_only=False))}"
             )
         chosen = list(metrics)
     else:
@@ -355,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m rag_experiments.compare",
         description=(
-            "Paired, per-query comparison of two runs (config diff, per-metric delta with 95%% bootstrap "
+            "Paired, per-query comparison of two runs (config diff, per-metric delta with 95% bootstrap "
             "CI and McNemar / sign-flip p, flipped queries, failure-label transitions), or with --sweep "
             "the factor attribution of a sweep against a baseline run. Exit 0 ok, 2 bad input."
         ),

@@ -94,7 +94,10 @@ class SentenceTransformerEmbedder:
             if key not in _MODELS:
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")
                 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+                import transformers
                 from sentence_transformers import SentenceTransformer
+
+                transformers.logging.set_verbosity_error()  # its load report is noise for packaged models
 
                 m = SentenceTransformer(str(self.path), device="cpu")
                 if self.max_seq_length:

@@ -437,7 +437,8 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 # --------------------------------------------------------------------------------------- CLI
 
 
-def _validate(corpus_path: str, evalset_path: str, out=sys.stdout) -> int:
+def _validate(corpus_path: str, evalset_path: str, out=None) -> int:
+    out = out or sys.stdout
     try:
         docs = load_corpus(corpus_path)
     except CorpusError as e:

@@ -30,15 +30,15 @@ OPTIONAL_DEFAULTS = {"faithfulness"}  # gated only when both runs have it (retri
 
 HELP = f"""\
 For each gated metric: delta = mean(candidate − baseline) over the eval ids present (non-NaN) in
-both runs; lower = the one-sided 95 %% lower confidence bound of that mean delta (paired bootstrap
+both runs; lower = the one-sided 95 % lower confidence bound of that mean delta (paired bootstrap
 over queries, percentile, seeded — the same two runs always get the same verdict). A metric
 FAILS when lower < −margin.
 
 Default margin (when --margin is not given): max(0.01, 1/sqrt(n)), n = number of paired queries
-(0.10 at n=100, 0.05 at n=400, 0.014 at n=5000). 1/sqrt(n) is about the 95 %% CI half-width of a
+(0.10 at n=100, 0.05 at n=400, 0.014 at n=5000). 1/sqrt(n) is about the 95 % CI half-width of a
 proportion measured on n queries, i.e. the eval set's own resolution: smaller drops are noise at
 that size, larger ones are real. MDE printed per metric: the smallest true drop this eval set
-detects with 80 %% power, (z_0.95 + z_0.8)·sd(paired differences)/sqrt(n); if MDE > margin the gate
+detects with 80 % power, (z_0.95 + z_0.8)·sd(paired differences)/sqrt(n); if MDE > margin the gate
 is underpowered for that margin.
 
 Default metrics: {", ".join(DEFAULT_METRICS)} (faithfulness only when both runs have it).
@@ -195,7 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in results:
         if not math.isnan(r.mde) and r.mde > r.margin:
             print(
-                f"note: {r.metric}: MDE {r.mde:.4f} > margin {r.margin:.4f}: this eval set is too small to rule out drops of that size"
+                f"note: {r.metric}: MDE {r.mde:.4f} > margin {r.margin:.4f}: at n={r.n_pairs} an unchanged "
+                "candidate passes with < 80 % probability (the gate is underpowered for this margin)"
             )
     failed = [r.metric for r in results if not r.passed]
     if failed:

@@ -33,9 +33,13 @@ from rag_experiments.types import Verdict
 # -- text utilities -----------------------------------------------------------------------------
 
 _ABBREV = re.compile(r"\b(e\.g|i\.e|et al|etc|vs|approx|fig|no|dr|mr|mrs|ms|inc|ltd|st|cf|ca)\.", re.I)
-_SENT_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])|\n\s*\n|\n(?=\s*[-*•]\s)|\n(?=\s*\d+[.)]\s)")
+_SENT_END = re.compile(
+    r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])|\n\s*\n|\n(?=\s*[-*•]\s)|\n(?=\s*\d+[.)]\s)"
+)
 _CITATION = re.compile(r"\s*\[(?:\d+(?:\s*[-,–]\s*\d+)*)\](?:\s*\[\d+\])*")
-_LABEL = re.compile(r"^\s*(?:[-*•]\s+|\d+[.)]\s+)?(?:\*\*)?(?:answer|quote|final answer|claim)\s*:?(?:\*\*)?\s*", re.I)
+_LABEL = re.compile(
+    r"^\s*(?:[-*•]\s+|\d+[.)]\s+)?(?:\*\*)?(?:answer|quote|final answer|claim)\s*:?(?:\*\*)?\s*", re.I
+)
 
 
 def split_sentences(text: str) -> list[str]:
@@ -183,24 +187,90 @@ _STOPWORDS = frozenset(
     among through during after before over under again further once same other own too not no nor
     never without""".split()
 )
-_NEGATIONS = frozenset(
-    "not no never none nobody nothing neither nor without cannot cant".split()
-)
+_NEGATIONS = frozenset("not no never none nobody nothing neither nor without cannot cant".split())
 # direction words: a claim saying "increases" against a context saying "decreases" is a
 # contradiction that similarity and word coverage cannot see
 _POLES = [
-    ({"increas", "rais", "higher", "greater", "more", "elevat", "enhanc", "promot", "upregul",
-      "activ", "stimul", "induc", "improv", "gain", "larger", "longer", "posit"},
-     {"decreas", "reduc", "lower", "less", "fewer", "diminish", "impair", "inhibit", "suppress",
-      "downregul", "block", "prevent", "attenu", "worsen", "loss", "smaller", "shorter", "negat"}),
+    (
+        {
+            "increas",
+            "rais",
+            "higher",
+            "greater",
+            "more",
+            "elevat",
+            "enhanc",
+            "promot",
+            "upregul",
+            "activ",
+            "stimul",
+            "induc",
+            "improv",
+            "gain",
+            "larger",
+            "longer",
+            "posit",
+        },
+        {
+            "decreas",
+            "reduc",
+            "lower",
+            "less",
+            "fewer",
+            "diminish",
+            "impair",
+            "inhibit",
+            "suppress",
+            "downregul",
+            "block",
+            "prevent",
+            "attenu",
+            "worsen",
+            "loss",
+            "smaller",
+            "shorter",
+            "negat",
+        },
+    ),
 ]
 _NUMBER_WORDS = {
-    "zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
-    "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14,
-    "fifteen": 15, "sixteen": 16, "seventeen": 17, "eighteen": 18, "nineteen": 19, "twenty": 20,
-    "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90,
-    "hundred": 100, "thousand": 1000, "million": 1_000_000, "dozen": 12, "once": 1, "twice": 2,
-    "single": 1, "double": 2, "half": 0.5,
+    "zero": 0,
+    "one": 1,
+    "two": 2,
+    "three": 3,
+    "four": 4,
+    "five": 5,
+    "six": 6,
+    "seven": 7,
+    "eight": 8,
+    "nine": 9,
+    "ten": 10,
+    "eleven": 11,
+    "twelve": 12,
+    "thirteen": 13,
+    "fourteen": 14,
+    "fifteen": 15,
+    "sixteen": 16,
+    "seventeen": 17,
+    "eighteen": 18,
+    "nineteen": 19,
+    "twenty": 20,
+    "thirty": 30,
+    "forty": 40,
+    "fifty": 50,
+    "sixty": 60,
+    "seventy": 70,
+    "eighty": 80,
+    "ninety": 90,
+    "hundred": 100,
+    "thousand": 1000,
+    "million": 1_000_000,
+    "dozen": 12,
+    "once": 1,
+    "twice": 2,
+    "single": 1,
+    "double": 2,
+    "half": 0.5,
 }
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9'\-]*|\d+(?:[.,]\d+)*%?")
 _NUM = re.compile(r"(?<![\w.\-])(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)(?:\s*-\s*|\s*)(%|[A-Za-z]+)?")
@@ -211,8 +281,16 @@ def _stem(word: str) -> str:
     w = word.lower().strip("'-")
     if w.endswith("n't"):
         return "not"
-    for suf, rep in (("ies", "y"), ("ied", "y"), ("ing", ""), ("ed", ""), ("es", ""), ("s", ""),
-                     ("ly", ""), ("ation", "")):
+    for suf, rep in (
+        ("ies", "y"),
+        ("ied", "y"),
+        ("ing", ""),
+        ("ed", ""),
+        ("es", ""),
+        ("s", ""),
+        ("ly", ""),
+        ("ation", ""),
+    ):
         if w.endswith(suf) and len(w) - len(suf) >= 3:
             w = w[: -len(suf)] + rep
             break
@@ -317,7 +395,9 @@ def _entities(claim: str) -> list[str]:
     for i, t in enumerate(toks):
         if re.fullmatch(r"[\d.,%]+", t):
             continue
-        acronym = sum(c.isupper() for c in t) >= 2 or (any(c.isdigit() for c in t) and any(c.isalpha() for c in t))
+        acronym = sum(c.isupper() for c in t) >= 2 or (
+            any(c.isdigit() for c in t) and any(c.isalpha() for c in t)
+        )
         proper = t[0].isupper() and i > 0 and t.lower() not in _STOPWORDS
         if acronym or proper:
             out.append(t)
@@ -355,7 +435,7 @@ class HeuristicJudge:
         self.identity = json.dumps(
             {
                 "kind": "heuristic",
-                "version": 1,
+                "version": 2,
                 "sim_threshold": self.sim_threshold,
                 "coverage_threshold": self.coverage_threshold,
                 "entity_threshold": self.entity_threshold,
@@ -408,7 +488,11 @@ class HeuristicJudge:
             rows = []
             for k, cand in enumerate(cands):
                 stems = cand_stems[k]
-                covered = [s for s in c_stems if s in stems or any(len(s) >= 5 and x.startswith(s[:5]) for x in stems)]
+                covered = [
+                    s
+                    for s in c_stems
+                    if s in stems or any(len(s) >= 5 and x.startswith(s[:5]) for x in stems)
+                ]
                 coverage = len(covered) / len(c_stems) if c_stems else 1.0
                 num_ok, num_why = _numbers_agree(claim, cand)
                 shared = set(covered)
@@ -455,15 +539,25 @@ class HeuristicJudge:
         return True, ""
 
     def decide(self, rows: list[dict]) -> tuple[str, float | None, str]:
-        """(label, score, rationale) for one claim's candidate rows."""
+        """(label, score, rationale) for one claim's candidate rows.
+
+        The matching candidate is the most similar one among those passing the similarity and
+        coverage thresholds; it must then agree on numbers, polarity and entities. A contradicting
+        sentence is thus not rescued by a looser neighbour that omits the contradiction.
+        """
         if not rows:
             return "unsupported", None, "empty context"
-        passing = [(r["sim"], r) for r in rows if self._passes(r)[0]]
-        if passing:
-            sim, r = max(passing, key=lambda x: x[0])
-            return "supported", sim, f"matches: {r['candidate'][:160]}"
-        best = max(rows, key=lambda r: r["sim"])
-        return "unsupported", best["sim"], f"{self._passes(best)[1]} (closest: {best['candidate'][:120]})"
+        close = [
+            r for r in rows if r["sim"] >= self.sim_threshold and r["coverage"] >= self.coverage_threshold
+        ]
+        if not close:
+            best = max(rows, key=lambda r: r["sim"])
+            return "unsupported", best["sim"], f"{self._passes(best)[1]} (closest: {best['candidate'][:120]})"
+        best = max(close, key=lambda r: r["sim"])
+        ok, why = self._passes(best)
+        if ok:
+            return "supported", best["sim"], f"matches: {best['candidate'][:160]}"
+        return "unsupported", best["sim"], f"{why} (in: {best['candidate'][:120]})"
 
     def verdicts(self, claims: list[str], context: str) -> list[Verdict]:
         try:
@@ -491,7 +585,9 @@ VERDICT_SYSTEM = (
     "states it or it follows directly from the context; if the context contradicts it or does not "
     "mention it, it is not supported. Reply with one word: yes or no."
 )
-VERDICT_USER = "Context:\n{context}\n\nClaim: {claim}\n\nIs the claim supported by the context? Answer yes or no."
+VERDICT_USER = (
+    "Context:\n{context}\n\nClaim: {claim}\n\nIs the claim supported by the context? Answer yes or no."
+)
 DECOMPOSE_USER = (
     "Break the answer below into short, self-contained factual claims, one per line, each starting "
     'with "- ". Do not add anything that is not in the answer.\n\nAnswer: {answer}\n\nClaims:'
@@ -616,7 +712,10 @@ class LLMJudge:
         if self.constrained == "json_schema":  # llama.cpp server extension
             return self.client.complete(messages, max_tokens=32, extra_body={"json_schema": VERDICT_SCHEMA})
         if self.constrained == "response_format":  # OpenAI structured outputs
-            fmt = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": VERDICT_SCHEMA, "strict": True}}
+            fmt = {
+                "type": "json_schema",
+                "json_schema": {"name": "verdict", "schema": VERDICT_SCHEMA, "strict": True},
+            }
             return self.client.complete(messages, max_tokens=32, response_format=fmt)
         return self.client.complete(messages, max_tokens=8)
 
@@ -630,7 +729,12 @@ class LLMJudge:
                 if c.first_token_logprobs:
                     score = yes_no_score(c.first_token_logprobs)
                     if score is None:
-                        return Verdict(claim, "unparseable", raw=c.text, rationale="no yes/no among the top-20 first tokens")
+                        return Verdict(
+                            claim,
+                            "unparseable",
+                            raw=c.text,
+                            rationale="no yes/no among the top-20 first tokens",
+                        )
                     label = "supported" if score >= self.threshold else "unsupported"
                     return Verdict(claim, label, score=score, raw=c.text, rationale="logprob")
             c = self._constrained(messages)
@@ -708,7 +812,11 @@ class LocalLLMJudge(LLMJudge):
             base_url=base_url,
             model=path.name,
             api_key_env="RAG_EXPERIMENTS_NO_KEY",
-            _identity_model={"model": path.name, "model_sha256": file_sha256(path), "ctx_size": int(ctx_size)},
+            _identity_model={
+                "model": path.name,
+                "model_sha256": file_sha256(path),
+                "ctx_size": int(ctx_size),
+            },
             **kwargs,
         )
 
@@ -738,7 +846,10 @@ def normalise_text(text: str) -> str:
     t = re.sub(r"(?<=\d)\.(?=\d)", "\x00", t)
     t = re.sub(r"(?<=\d),(?=\d)", "\x01", t)
     t = re.sub(r"[^\w\s%\x00\x01]", " ", t).replace("_", " ").replace("\x00", ".").replace("\x01", ",")
-    words = [w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") and w.isalpha() else w for w in t.split()]
+    words = [
+        w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") and w.isalpha() else w
+        for w in t.split()
+    ]
     return " ".join(words)
 
 

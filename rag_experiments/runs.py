@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -70,9 +71,23 @@ def resolve_run(client: MlflowClient, run_or_name: str, experiment: str | None =
     return found[0]
 
 
+@contextmanager
+def _no_progress_bar():
+    # MLflow draws a tqdm bar per download; noise in a CLI whose output is a report.
+    key, old = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+    os.environ[key] = "false"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+
+
 def load_per_query(client: MlflowClient, run: Run) -> pd.DataFrame:
     """The run's ``per_query.parquet`` artifact as a DataFrame (``id`` as str)."""
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, _no_progress_bar():
         try:
             path = client.download_artifacts(run.info.run_id, PER_QUERY_ARTIFACT, tmp)
         except (MlflowException, OSError) as e:
@@ -85,6 +100,12 @@ def load_per_query(client: MlflowClient, run: Run) -> pd.DataFrame:
     if "id" not in df.columns:
         raise RunInputError(f"run {run_label(run)}: {PER_QUERY_ARTIFACT} has no 'id' column")
     df["id"] = df["id"].astype(str)
+    dup = df["id"][df["id"].duplicated()].unique()
+    if len(dup):
+        raise RunInputError(
+            f"run {run_label(run)}: {PER_QUERY_ARTIFACT} repeats eval ids ({', '.join(map(str, dup[:5]))}); "
+            "pairing needs one row per id"
+        )
     return df
 
 

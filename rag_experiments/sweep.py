@@ -87,6 +87,26 @@ def summary_table(agg: dict[str, float], k: int, ks: list[int]) -> str:
     return "\n".join(lines)
 
 
+def _input_error(e: BaseException | None, kinds: tuple) -> BaseException | None:
+    """The user-input error behind ``e`` (Hydra wraps it in an InstantiationException)."""
+    while e is not None:
+        if isinstance(e, kinds):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
+# Overrides that say where things are, not what is measured: kept out of run names.
+_PLACE_KEYS = ("corpus.path", "evalset.path", "tracking.", "hydra.", "cache_dir", "cache_enabled", "progress",
+               "experiment_name", "force", "evalset.limit")
+
+
+def run_name_from(overrides: list[str]) -> str:
+    """``chunking=fixed,retriever.k=5`` from the job's overrides, without paths and bookkeeping."""
+    keep = [o for o in overrides if not o.lstrip("+~").startswith(_PLACE_KEYS)]
+    return ",".join(keep) or "default"
+
+
 def run_job(cfg: DictConfig) -> float:
     """One resolved config → one MLflow run. Returns the context hit rate (Hydra's objective)."""
     from mlflow.tracking import MlflowClient
@@ -102,8 +122,11 @@ def run_job(cfg: DictConfig) -> float:
     cache = StageCache(cfg.cache_dir, enabled=cfg.get("cache_enabled", True))
     try:
         stages = build_stages(cfg, cache)
-    except (EvalSetError, CorpusError) as e:  # bad input: clear message, exit 2, no MLflow run
-        print(str(e), file=sys.stderr)
+    except Exception as e:  # bad input: clear message, exit 2, no MLflow run
+        cause = _input_error(e, (EvalSetError, CorpusError, FileNotFoundError))
+        if cause is None:
+            raise
+        print(str(cause), file=sys.stderr)
         sys.exit(2)
     corpus, evalset = stages["corpus"], stages["evalset"]
     full = _container(cfg)
@@ -119,7 +142,7 @@ def run_job(cfg: DictConfig) -> float:
 
     mlflow.set_tracking_uri(uri)
     exp_id = tracking.get_experiment_id(client, cfg.experiment_name, cfg.tracking.artifact_root)
-    run_name = ",".join(overrides) or "default"
+    run_name = run_name_from(overrides)
     done = None if cfg.force else tracking.find_finished(client, exp_id, chash)
     if done is not None:
         print(f"[skip] {run_name}: config_hash {chash} already FINISHED as run {done.info.run_id} (force=true re-runs)")
@@ -190,11 +213,20 @@ class MultirunParent(Callback):
         from rag_experiments.cache import stable_hash
 
         overrides = list(config.hydra.overrides.task)
-        params = OmegaConf.to_container(config.hydra.sweeper.get("params") or {}, resolve=False)
+        params = config.hydra.sweeper.get("params") or {}
+        params = OmegaConf.to_container(params) if OmegaConf.is_config(params) else dict(params)
         sweep = {"sweep_hash": stable_hash("sweep", config.experiment_name, sorted(overrides), params)[:16],
                  "invocation": uuid.uuid4().hex, "overrides": overrides,
                  "command": "python -m rag_experiments.sweep " + " ".join(sys.argv[1:])}
         os.environ["RAG_EXPERIMENTS_SWEEP"] = json.dumps(sweep)
+        # Create the store and experiment here, once: parallel workers (joblib) that each
+        # initialise a fresh sqlite schema race on its migrations.
+        from mlflow.tracking import MlflowClient
+
+        from rag_experiments import tracking
+
+        client = MlflowClient(tracking_uri=tracking.resolve_uri(config.tracking.uri))
+        tracking.get_experiment_id(client, config.experiment_name, config.tracking.artifact_root)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from mlflow.tracking import MlflowClient

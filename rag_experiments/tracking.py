@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+import warnings
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -200,11 +201,13 @@ def log_results(client: MlflowClient, run_id: str, aggregates: dict[str, float],
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(content, encoding="utf-8")
             client.log_artifact(run_id, str(p), artifact_path=str(Path(name).parent) if "/" in name else None)
-    mlflow.log_table(per_query, artifact_file="per_query.json", run_id=run_id)
-    with mlflow.start_run(run_id=run_id):
-        ds = mlflow.data.from_pandas(evalset_df, source=str(Path(evalset_path).resolve()), name="evalset",
-                                     digest=evalset_digest[:16])
-        mlflow.log_input(ds, context="eval")
+    with warnings.catch_warnings():  # schema-inference hints about int columns are noise here
+        warnings.simplefilter("ignore", UserWarning)
+        mlflow.log_table(per_query, artifact_file="per_query.json", run_id=run_id)
+        with mlflow.start_run(run_id=run_id):
+            ds = mlflow.data.from_pandas(evalset_df, source=str(Path(evalset_path).resolve()), name="evalset",
+                                         digest=evalset_digest[:16])
+            mlflow.log_input(ds, context="eval")
     # start_run/end_run above would mark FINISHED; the caller sets the final status explicitly.
 
 

@@ -136,22 +136,32 @@ def calibrate(pairs_path: Path) -> None:
     print(f"features for {len(all_pairs)} pairs in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     calib = [i for i, p in enumerate(all_pairs) if split_of(p["id"]) == "calib"]
     test = [i for i, p in enumerate(all_pairs) if split_of(p["id"]) == "test"]
-    grid = itertools.product(
-        [round(0.30 + 0.02 * i, 2) for i in range(26)],  # sim 0.30..0.80
-        [round(0.05 * i, 2) for i in range(17)],  # coverage 0..0.80
-        [0.0, 0.5, 1.0],  # entity coverage
-        [True, False],  # polarity check
+    grid = list(
+        itertools.product(
+            [round(0.30 + 0.04 * i, 2) for i in range(13)],  # sim 0.30..0.78
+            [round(0.1 * i, 1) for i in range(8)],  # coverage 0..0.7
+        )
     )
-    best = None
-    for sim, cov, ent, pol in grid:
-        j = HeuristicJudge(sim, cov, ent, pol, embedder=judge.embedder)
-        pred = [j.decide(feats[i])[0] for i in calib]
-        k = cohen_kappa([all_pairs[i]["label"] for i in calib], pred)
-        if best is None or k > best[0] + 1e-12:
-            best = (k, sim, cov, ent, pol)
+    gold = [all_pairs[i]["label"] for i in calib]
+    best_by_ent = {}
+    for ent in (0.0, 0.5, 1.0):  # entity coverage: reported separately, it is a domain choice
+        for sim, cov in grid:
+            j = HeuristicJudge(sim, cov, ent, True, embedder=judge.embedder)
+            k = cohen_kappa(gold, [j.decide(feats[i])[0] for i in calib])
+            if ent not in best_by_ent or k > best_by_ent[ent][0] + 1e-12:
+                best_by_ent[ent] = (k, sim, cov, ent, True)
+        print(
+            f"best on calib for entity_threshold={ent}: kappa={best_by_ent[ent][0]:.3f} "
+            f"sim={best_by_ent[ent][1]} coverage={best_by_ent[ent][2]}"
+        )
+    best = max(best_by_ent.values(), key=lambda b: b[0])
+    if len(sys.argv) > 2:  # --calibrate ENTITY_THRESHOLD pins the entity check
+        best = best_by_ent[float(sys.argv[2])]
     k, sim, cov, ent, pol = best
-    print(f"best on calib (n={len(calib)}): kappa={k:.3f} sim_threshold={sim} coverage_threshold={cov} "
-          f"entity_threshold={ent} check_polarity={pol}")
+    print(
+        f"chosen (n={len(calib)}): kappa={k:.3f} sim_threshold={sim} coverage_threshold={cov} "
+        f"entity_threshold={ent} check_polarity={pol}"
+    )
     j = HeuristicJudge(sim, cov, ent, pol, embedder=judge.embedder)
     for name, idx in (("calib", calib), ("test", test)):
         print(f"\n== {name} ==")
@@ -160,10 +170,13 @@ def calibrate(pairs_path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--judge", default="heuristic", help="a conf/judge/*.yaml name (heuristic, openai, local)")
+    ap.add_argument(
+        "--judge", default="heuristic", help="a conf/judge/*.yaml name (heuristic, openai, local)"
+    )
     ap.add_argument("--pairs", type=Path, default=DEFAULT_PAIRS)
     ap.add_argument("--limit", type=int, default=None, help="first N pairs (interleaved by type)")
     ap.add_argument("--split", choices=("test", "calib", "all"), default="all")
+    ap.add_argument("--save", type=Path, default=None, help="write per-pair predictions (JSONL)")
     ap.add_argument("--calibrate", action="store_true", help="fit heuristic thresholds on the calib half")
     ap.add_argument("overrides", nargs="*", help="judge overrides, e.g. threshold=-1.5 model_path=/x.gguf")
     args = ap.parse_args(argv)
@@ -178,6 +191,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"judge={args.judge} split={args.split} pairs={len(pairs)}\nidentity={judge.identity}")
     preds, spv = run(judge, pairs)
     report(pairs, preds, spv)
+    if args.split == "all":
+        test = [i for i, p in enumerate(pairs) if split_of(p["id"]) == "test"]
+        if test and len(test) < len(pairs):
+            print("\n-- test half only (pairs not used for calibration) --")
+            report([pairs[i] for i in test], [preds[i] for i in test], spv)
+    if args.save:
+        with open(args.save, "w") as f:
+            for p, label in zip(pairs, preds, strict=True):
+                f.write(
+                    json.dumps({"id": p["id"], "type": p.get("type"), "label": p["label"], "pred": label})
+                    + "\n"
+                )
     return 0
 
 

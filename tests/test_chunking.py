@@ -227,7 +227,9 @@ def test_tokens_mode_offsets_are_characters_on_non_ascii() -> None:
     assert len(chunks) > 5
     for c in chunks:
         # The tokens the window was cut from are exactly the tokens of the chunk's text.
-        inside = [t for t, (s, e) in zip(full.tokens, full.offsets, strict=True) if c.start <= s and e <= c.end]
+        inside = [
+            t for t, (s, e) in zip(full.tokens, full.offsets, strict=True) if c.start <= s and e <= c.end
+        ]
         assert inside == _minilm_tokenizer().encode(c.text, add_special_tokens=False).tokens
         assert len(inside) <= 10
 
@@ -241,11 +243,20 @@ def test_tokens_mode_offsets_are_characters_on_non_ascii() -> None:
         ("One here. Two there! Three? 4 is a digit.", ["One here.", "Two there!", "Three?", "4 is a digit."]),
         ("Use a tool, e.g. The CLI. Then stop.", ["Use a tool, e.g. The CLI.", "Then stop."]),
         ("That is, i.e. Ferrymail. Done.", ["That is, i.e. Ferrymail.", "Done."]),
-        ("Upgrade to v2.1 now. See https://x.io/a.b.c for more.", ["Upgrade to v2.1 now.", "See https://x.io/a.b.c for more."]),
+        (
+            "Upgrade to v2.1 now. See https://x.io/a.b.c for more.",
+            ["Upgrade to v2.1 now.", "See https://x.io/a.b.c for more."],
+        ),
         ("Ask Dr. Who and J. Smith. Ok.", ["Ask Dr. Who and J. Smith.", "Ok."]),
         ("lower. case continues", ["lower. case continues"]),
-        ("# Heading\nBody line one\nstill one.\n\nNew para.", ["# Heading", "Body line one\nstill one.", "New para."]),
-        ("Steps:\n1. Open it.\n2. Close it.\n- bullet", ["Steps:", "1. Open it.", "2. Close it.", "- bullet"]),
+        (
+            "# Heading\nBody line one\nstill one.\n\nNew para.",
+            ["# Heading", "Body line one\nstill one.", "New para."],
+        ),
+        (
+            "Steps:\n1. Open it.\n2. Close it.\n- bullet",
+            ["Steps:", "1. Open it.", "2. Close it.", "- bullet"],
+        ),
         ("Café é. École — ok.", ["Café é.", "École — ok."]),
         ('He said "Stop." Then left.', ['He said "Stop."', "Then left."]),
     ],

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Quickstart command 2: set up (idempotent, with the dev extra) and run the test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh dev
+# Headless Chromium checks the HTML report; install it once (Debian package).
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+    || echo "warning: could not install chromium; the report rendering test will fail" >&2
+fi
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+exec .venv/bin/python -m pytest "$@"

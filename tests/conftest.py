@@ -1,0 +1,18 @@
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
+DATASETS = SHARED / "datasets"
+
+
+@pytest.fixture
+def shared_datasets() -> Path:
+    if not DATASETS.is_dir():
+        pytest.skip(f"shared datasets not present at {DATASETS}")
+    return DATASETS

