@@ -47,6 +47,14 @@ def _normalise(x: np.ndarray) -> np.ndarray:
 
 
 _MODELS: dict[str, object] = {}  # one load per process per model dir; sweeps reuse it
+_REUSE = {"models": True}
+
+
+def set_model_reuse(flag: bool) -> None:
+    """``False`` loads every model anew per embedder (what a sweep without any caching does)."""
+    _REUSE["models"] = flag
+    if not flag:
+        _MODELS.clear()
 
 
 class SentenceTransformerEmbedder:
@@ -91,7 +99,7 @@ class SentenceTransformerEmbedder:
     def model(self):
         if self._model is None:
             key = f"{self.path}|{self.max_seq_length}"
-            if key not in _MODELS:
+            if key not in _MODELS or not _REUSE["models"]:
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")
                 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
                 import transformers
@@ -135,7 +143,7 @@ class StaticEmbedder:
         self,
         teacher_path: str | None = None,
         pca_dims: int = 256,
-        cache_dir: str = ".cache/rag_experiments",
+        cache_dir: str | None = ".cache/rag_experiments",
         batch_size: int = 1024,
     ) -> None:
         self.teacher_path = Path(teacher_path).expanduser() if teacher_path else minilm_path()
@@ -143,7 +151,8 @@ class StaticEmbedder:
         self.batch_size = batch_size
         fp = _dir_fingerprint(self.teacher_path)
         key = hashlib.sha256(f"{fp}|{pca_dims}".encode()).hexdigest()[:16]
-        self.model_dir = Path(cache_dir) / "model2vec" / key
+        # cache_dir None: distil in memory every time (no cache at all, for benchmarks)
+        self.model_dir = Path(cache_dir) / "model2vec" / key if cache_dir else None
         self.identity = json.dumps(
             {"kind": "model2vec", "teacher": fp, "pca_dims": pca_dims}, sort_keys=True
         )
@@ -155,17 +164,24 @@ class StaticEmbedder:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
             from model2vec import StaticModel
+            from model2vec.distill import distill
 
+            if self.model_dir is None:
+                self._model = distill(model_name=str(self.teacher_path), pca_dims=self.pca_dims, device="cpu")
+                return self._model
             if not (self.model_dir / "config.json").exists():
-                from model2vec.distill import distill
-
                 log.info("distilling model2vec static model from %s (once)", self.teacher_path)
                 m = distill(model_name=str(self.teacher_path), pca_dims=self.pca_dims, device="cpu")
-                tmp = self.model_dir.with_suffix(".tmp")
+                tmp = self.model_dir.parent / f".{self.model_dir.name}.{os.getpid()}.tmp"
                 m.save_pretrained(str(tmp))
-                tmp.rename(self.model_dir) if not self.model_dir.exists() else None
+                try:
+                    os.rename(tmp, self.model_dir)
+                except OSError:  # a parallel worker saved it first; theirs is identical
+                    import shutil
+
+                    shutil.rmtree(tmp, ignore_errors=True)
             key = str(self.model_dir)
-            if key not in _MODELS:
+            if key not in _MODELS or not _REUSE["models"]:
                 _MODELS[key] = StaticModel.from_pretrained(str(self.model_dir))
             self._model = _MODELS[key]
         return self._model

@@ -19,6 +19,7 @@ Backends behind the :class:`Judge` protocol:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -362,10 +363,6 @@ def _numbers_agree(claim: str, cand: str) -> tuple[bool, str]:
     return True, ""
 
 
-def _negated(tokens: list[str]) -> bool:
-    return any(t.lower() in _NEGATIONS or t.lower().endswith("n't") for t in tokens)
-
-
 def _near_negation(tokens: list[str], shared: set[str], window: int = 4) -> bool:
     """A negation cue within ``window`` tokens before a shared content word (the matched content)."""
     low = [t.lower() for t in tokens]
@@ -689,7 +686,7 @@ class LLMJudge:
             "constrained": constrained,
             "temperature": float(temperature),
             "seed": int(seed),
-            "prompts": __import__("hashlib").sha256(prompts.encode()).hexdigest()[:16],
+            "prompts": hashlib.sha256(prompts.encode()).hexdigest()[:16],
         }
         self.identity = json.dumps(ident, sort_keys=True)
 
@@ -710,20 +707,24 @@ class LLMJudge:
 
     def _constrained(self, messages: list[dict]):
         if self.constrained == "json_schema":  # llama.cpp server extension
-            return self.client.complete(messages, max_tokens=32, extra_body={"json_schema": VERDICT_SCHEMA})
+            return self.client.complete(
+                messages, max_tokens=32, extra_body={"json_schema": VERDICT_SCHEMA}, allow_empty=True
+            )
         if self.constrained == "response_format":  # OpenAI structured outputs
             fmt = {
                 "type": "json_schema",
                 "json_schema": {"name": "verdict", "schema": VERDICT_SCHEMA, "strict": True},
             }
-            return self.client.complete(messages, max_tokens=32, response_format=fmt)
-        return self.client.complete(messages, max_tokens=8)
+            return self.client.complete(messages, max_tokens=32, response_format=fmt, allow_empty=True)
+        return self.client.complete(messages, max_tokens=8, allow_empty=True)
 
     def _one_verdict(self, claim: str, context: str) -> Verdict:
         messages = self._verdict_messages(claim, context)
         try:
             if self.use_logprobs:
-                c = self.client.complete(messages, max_tokens=3, logprobs=True, top_logprobs=20)
+                c = self.client.complete(
+                    messages, max_tokens=3, logprobs=True, top_logprobs=20, allow_empty=True
+                )
                 if c.error:
                     return Verdict(claim, "unparseable", raw="", error=c.error)
                 if c.first_token_logprobs:

@@ -204,8 +204,9 @@ def run_pipeline(
         judged, jcalls = judge_stage(judge, items, answers, contexts, cache, progress)
         calls.update({f"judge_{k_}": v for k_, v in jcalls.items()})
         timings["judging_s"] = time.perf_counter() - t
-        for row, it, g, j in zip(rows, items, gens, judged, strict=True):
+        for row, it, g, j, ctx in zip(rows, items, gens, judged, contexts, strict=True):
             row["answer"] = g.text
+            row["context"] = ctx  # exactly what the generator and the judge saw
             row["error"] = g.error
             row["latency_generation_s"] = g.latency_s
             row["generation_cached"] = g.cached

@@ -48,10 +48,15 @@ def build_stages(cfg: DictConfig, cache) -> dict[str, Any]:
     """Instantiate every stage from its config group (a user plugs in a class + a YAML file)."""
     from rag_experiments.cache import CachedEmbedder
 
+    from rag_experiments.embedding import set_model_reuse
+
     corpus = instantiate(cfg.corpus)
     evalset = instantiate(cfg.evalset, corpus=corpus)
     chunker = instantiate(cfg.chunking)
-    embedder = CachedEmbedder(instantiate(cfg.embedding), cache)
+    # cache_enabled=false means no reuse at all: models reloaded, static models re-distilled
+    set_model_reuse(cache.enabled)
+    extra = {} if cache.enabled or "cache_dir" not in cfg.embedding else {"cache_dir": None}
+    embedder = CachedEmbedder(instantiate(cfg.embedding, **extra), cache)
     retriever = instantiate(cfg.retriever, embedder=embedder)
     generator = prompt = judge = None
     if cfg.generator.get("_target_"):
