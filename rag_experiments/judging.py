@@ -404,14 +404,15 @@ def _entities(claim: str) -> list[str]:
 class HeuristicJudge:
     """Deterministic, LLM-free faithfulness judge (the offline default). See the module docstring.
 
-    A claim is ``supported`` when some candidate (a context sentence or two adjacent sentences)
-    passes every check: cosine(claim, candidate) >= ``sim_threshold`` with the metric embedder;
-    content-word coverage >= ``coverage_threshold``; every number of the claim present with a
-    compatible unit; same polarity (a negation near the matched words in one but not the other, or
-    opposite direction words such as increases/decreases, fails); entity coverage (acronyms and
-    capitalised names of the claim found in the candidate) >= ``entity_threshold``. ``score`` is the
-    similarity of the best passing candidate, else of the most similar candidate; ``rationale``
-    says which check failed.
+    Candidates are the context's sentences and windows of two adjacent sentences. The matched
+    candidate is the most similar one with cosine(claim, candidate) >= ``sim_threshold`` (metric
+    embedder) and content-word coverage >= ``coverage_threshold``. The claim is ``supported`` when
+    the matched candidate also contains every number of the claim with a compatible unit ("48
+    hours" vs "24 hours" fails), has the same polarity (a negation near the shared words in one but
+    not the other, or opposite direction words such as increases/decreases, fails) and covers at
+    least ``entity_threshold`` of the claim's entities (acronyms, capitalised names). ``score`` is
+    the similarity of the matched candidate, else of the most similar one; ``rationale`` says which
+    check failed.
     """
 
     model = None
@@ -428,7 +429,11 @@ class HeuristicJudge:
         self.coverage_threshold = float(coverage_threshold)
         self.entity_threshold = float(entity_threshold)
         self.check_polarity = bool(check_polarity)
-        self._embedder = embedder
+        if embedder is None:  # cheap: the model itself loads on first encode
+            from rag_experiments.embedding import metric_embedder
+
+            embedder = metric_embedder()
+        self.embedder = embedder
         self.identity = json.dumps(
             {
                 "kind": "heuristic",
@@ -443,18 +448,8 @@ class HeuristicJudge:
         )
 
     @property
-    def embedder(self):
-        if self._embedder is None:
-            from rag_experiments.embedding import metric_embedder
-
-            self._embedder = metric_embedder()
-        return self._embedder
-
-    @property
     def embedder_identity(self) -> str:
-        if self._embedder is not None:
-            return getattr(self._embedder, "identity", type(self._embedder).__name__)
-        return "metric_embedder:all-MiniLM-L6-v2"
+        return getattr(self.embedder, "identity", type(self.embedder).__name__)
 
     def split(self, answer: str) -> list[str]:
         return split_claims(answer)

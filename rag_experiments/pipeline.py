@@ -110,7 +110,7 @@ def judge_stage(judge, items: list[EvalItem], answers: list[str], contexts: list
             cache.put_json_many("claims", {ck: claims})
         vkeys = [stable_hash("verdict", judge.identity, c, context) for c in claims]
         found = cache.get_json_many("verdicts", vkeys)
-        missing = [c for c, k in zip(claims, vkeys, strict=True) if k not in found]
+        missing = list(dict.fromkeys(c for c, k in zip(claims, vkeys, strict=True) if k not in found))
         if missing:
             fresh = judge.verdicts(missing, context)
             calls["verdicts"] += len(missing)

@@ -1,0 +1,187 @@
+"""The sweep report on a real tiny sweep, rendered in real headless Chromium."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import struct
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
+
+from rag_experiments import report
+from tests.sweep_helpers import REPO, make_tiny, run_sweep, sweep_args
+
+HEADINGS = [
+    "## Question",
+    "## Results per config",
+    "## Attribution (one factor at a time)",
+    "## Plots",
+    "## Worst queries",
+    "## Metric definitions",
+    "## Reproducibility",
+]
+SECTION_IDS = ["question", "results", "attribution", "plots", "worst", "definitions", "reproducibility"]
+SCREENSHOT = REPO / "reports" / "screenshots" / "report_chromium.png"  # reports/ is git-ignored
+
+
+@pytest.fixture(scope="module")
+def tiny_sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report_sweep")
+    docs, ev = make_tiny(root)
+    run_sweep(root, "-m", "chunking=fixed,markdown", "generator=none", *sweep_args(root, docs, ev))
+    uri = f"sqlite:///{root}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("test")
+    parent = client.search_runs([exp.experiment_id], "tags.is_parent = 'true'")[0]
+    return root, uri, client, parent
+
+
+@pytest.fixture(scope="module")
+def sweep_report(tiny_sweep):
+    root, uri, client, parent = tiny_sweep
+    out = root / "report"
+    sweep_id = parent.data.tags["sweep_id"]
+    assert report.main([sweep_id, "--tracking-uri", uri, "--out", str(out), "--resamples", "999"]) == 0
+    return out, parent
+
+
+def test_report_files_sections_and_logging(tiny_sweep, sweep_report):
+    _, uri, client, _ = tiny_sweep
+    out, parent = sweep_report
+    md = (out / "report.md").read_text()
+    html = (out / "report.html").read_text()
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert {"hit_at_k.png", "recall_vs_mrr.png", "failure_labels.png", "per_tag.png", "main_effects.png"} <= set(pngs)
+    # sections present, in order
+    pos = [md.index(h + "\n") for h in HEADINGS]
+    assert pos == sorted(pos)
+    assert "| chunking | fixed, markdown |" in md
+    assert "hit_at_5" in md and "95% CI" in md and "p_holm" in md
+    assert "def " not in md and "rag_experiments.metrics.ndcg_at_k" in md  # docstrings, not source
+    assert "Generation" not in md and "faithfulness" not in md.split("## Metric definitions")[0]
+    assert parent.data.tags["git_commit"] in md and "corpus digest" in md and "cache_key.rankings" in md
+    assert "python -m rag_experiments.sweep" in md and "chunking=markdown" in md
+    # self-contained: no external asset, every image inline
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html, re.I)
+    assert "<link" not in html and "<script" not in html
+    imgs = re.findall(r'<img src="([^"]+)"', html)
+    assert len(imgs) == len(pngs) and all(s.startswith("data:image/png;base64,") for s in imgs)
+    arts = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert {"report/report.md", "report/report.html", "report/hit_at_k.png"} <= arts
+
+
+def test_hit_curve_matches_logged_metrics(tiny_sweep):
+    _, _, client, parent = tiny_sweep
+    target = report.resolve_target(client, parent.info.run_id)  # a parent run id works too
+    assert target.sweep_id == parent.data.tags["sweep_id"] and len(target.runs) == 2
+    configs, factors = report.load_configs(client, target.runs)
+    assert factors == ["chunking"]
+    curves, notes = report.hit_curves(configs)
+    assert notes == []
+    for c in configs:
+        curve = curves[c.label]
+        assert len(curve) == 10 and all(a <= b for a, b in zip(curve, curve[1:], strict=False))
+        for k in (1, 3, 5, 10):
+            assert curve[k - 1] == pytest.approx(c.metrics[f"hit_at_{k}"])
+
+
+def test_single_run_and_unknown_target(tiny_sweep, tmp_path, capsys):
+    _, uri, client, parent = tiny_sweep
+    child = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")[0]
+    out = tmp_path / "single"
+    assert report.main([child.info.run_id, "--tracking-uri", uri, "--out", str(out), "--no-log"]) == 0
+    md = (out / "report.md").read_text()
+    assert "a single run: no factor varies" in md and "## Reproducibility" in md
+    assert not (out / "main_effects.png").exists()
+    assert not [a for a in client.list_artifacts(child.info.run_id) if a.path == "report"]
+    capsys.readouterr()
+    assert report.main(["no-such-sweep", "--tracking-uri", uri, "--out", str(tmp_path / "x")]) == 2
+    assert "unknown run 'no-such-sweep'" in capsys.readouterr().err
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", head[16:24])
+
+
+def test_report_renders_in_headless_chromium(sweep_report):
+    out, _ = sweep_report
+    spec = importlib.util.spec_from_file_location("render_html", REPO / "scripts" / "render_html.py")
+    render_html = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render_html)
+    if render_html.find_chromium() is None:
+        pytest.fail("chromium is not installed: scripts/test.sh installs it (apt-get install chromium)")
+    res = render_html.render(out / "report.html", SCREENSHOT)
+    print(f"\nChromium screenshot: {SCREENSHOT}")
+    assert res["sections"] == SECTION_IDS
+    assert res["images"] >= 4 and res["broken"] == 0
+    assert res["external"] == 0  # no request left the page
+    for title in ("Results per config", "Worst queries", "Metric definitions"):
+        assert title in res["dom"]
+    assert SCREENSHOT.stat().st_size > 50_000
+    assert _png_size(SCREENSHOT) == (1280, 4000)
+
+
+# ------------------------------------------------------------------ generation sections (hand-logged runs)
+
+
+def test_generation_sections_appear_with_generation_metrics(tiny_sweep, tmp_path):
+    """Re-log the tiny sweep's children with generation columns under a new parent."""
+    _, uri, client, parent = tiny_sweep
+    exp_id = parent.info.experiment_id
+    kids = client.search_runs([exp_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    new_parent = client.create_run(exp_id, run_name="gen sweep", tags={
+        "is_parent": "true", "sweep_id": "gen-sweep", "command": "python -m rag_experiments.sweep -m x",
+        "git_commit": "abc", "git_dirty": "false"})
+    rng = np.random.default_rng(0)
+    for kid in kids:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = client.download_artifacts(kid.info.run_id, "per_query.parquet", tmp)
+            t = pd.read_parquet(path)
+        n = len(t)
+        t["answer"] = [f"Answer {i}. It retries for 24 hours." for i in range(n)]
+        t["context"] = "Webhooks retry with exponential backoff for 24 hours."
+        t["verdicts"] = json.dumps([{"claim": "It retries for 24 hours.", "label": "supported", "score": 0.8,
+                                     "rationale": "matches"}])
+        t["faithfulness"] = rng.integers(0, 2, n).astype(float)
+        t["correctness"] = rng.random(n)
+        t["answer_relevance"] = rng.random(n)
+        t["failure_label"] = np.where(t["hit_at_5"] == 1, "ok", "retrieval_failure")
+        t.loc[0, "failure_label"] = "generation_failure"
+        tags = {k: v for k, v in kid.data.tags.items() if not k.startswith("mlflow.")}
+        tags.update({"mlflow.parentRunId": new_parent.info.run_id, "sweep_id": "gen-sweep",
+                     "generator_model": "SmolLM2", "judge_model": "SmolLM2", "judge_is_generator": "true"})
+        run = client.create_run(exp_id, run_name=kid.info.run_name, tags=tags)
+        rid = run.info.run_id
+        for k, v in kid.data.params.items():
+            client.log_param(rid, k, v)
+        metrics = dict(kid.data.metrics)
+        for m in ("faithfulness", "correctness", "answer_relevance"):
+            metrics.update({m: t[m].mean(), f"{m}_ci_low": t[m].mean() - 0.1, f"{m}_ci_high": t[m].mean() + 0.1,
+                            f"by_tag/exact/{m}": 0.5})
+        metrics["rate_ok"] = float((t["failure_label"] == "ok").mean())
+        for k, v in metrics.items():
+            client.log_metric(rid, k, v)
+        with tempfile.TemporaryDirectory() as tmp:
+            p = Path(tmp) / "per_query.parquet"
+            t.to_parquet(p, index=False)
+            client.log_artifact(rid, str(p))
+        client.set_terminated(rid, "FINISHED")
+    out = tmp_path / "gen"
+    assert report.main(["gen-sweep", "--tracking-uri", uri, "--out", str(out), "--resamples", "499",
+                        "--baseline", "chunking=fixed"]) == 0
+    md = (out / "report.md").read_text()
+    assert "### Generation" in md and "| faithfulness |" not in md  # a column, not a row
+    assert "baseline = **chunking=fixed** (given with --baseline)" in md
+    assert "chunking=markdown | faithfulness |" in md  # attributed
+    assert "rag_experiments.judging.faithfulness" in md and "HeuristicJudge" in md
+    assert "(same as generator!)" in md and "| answer |" in md
+    assert (out / "generation.png").exists() and (out / "per_tag_correctness.png").exists()
+    assert {a.path for a in client.list_artifacts(new_parent.info.run_id, "report")} >= {"report/report.html"}
