@@ -111,7 +111,9 @@ class StageCache:
         if conn is None:
             conn = sqlite3.connect(self.root / "kv.sqlite", timeout=60)
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("CREATE TABLE IF NOT EXISTS kv (stage TEXT, key TEXT, value TEXT, PRIMARY KEY (stage, key))")
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS kv (stage TEXT, key TEXT, value TEXT, PRIMARY KEY (stage, key))"
+            )
             self._local.conn = conn
         return conn
 

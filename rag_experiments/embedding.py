@@ -153,9 +153,7 @@ class StaticEmbedder:
         key = hashlib.sha256(f"{fp}|{pca_dims}".encode()).hexdigest()[:16]
         # cache_dir None: distil in memory every time (no cache at all, for benchmarks)
         self.model_dir = Path(cache_dir) / "model2vec" / key if cache_dir else None
-        self.identity = json.dumps(
-            {"kind": "model2vec", "teacher": fp, "pca_dims": pca_dims}, sort_keys=True
-        )
+        self.identity = json.dumps({"kind": "model2vec", "teacher": fp, "pca_dims": pca_dims}, sort_keys=True)
         self._model = None
 
     @property

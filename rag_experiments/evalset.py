@@ -14,7 +14,6 @@ CLI (DESIGN §8)::
 from __future__ import annotations
 
 import argparse
-import bisect
 import csv
 import hashlib
 import json
@@ -145,9 +144,7 @@ class _Resolver:
         for j, cid in enumerate(ids):
             w = f"{where}[{j}]"
             if m := _CHUNK_OFFSETS.match(cid):
-                sp, pr = self.evidence(
-                    {"doc_id": m["doc"], "start": int(m["s"]), "end": int(m["e"])}, w
-                )
+                sp, pr = self.evidence({"doc_id": m["doc"], "start": int(m["s"]), "end": int(m["e"])}, w)
             elif m := _CHUNK_INDEX.match(cid):
                 if m["doc"] not in self.docs:
                     sp, pr = None, [f"{w}: unknown document {m['doc']!r}"]
@@ -161,7 +158,10 @@ class _Resolver:
                     else:
                         i = int(m["i"])
                         if i >= len(chunks):
-                            sp, pr = None, [f"{w}: {m['doc']} has {len(chunks)} chunks under the reference chunking"]
+                            sp, pr = (
+                                None,
+                                [f"{w}: {m['doc']} has {len(chunks)} chunks under the reference chunking"],
+                            )
                         else:
                             c = chunks[i]
                             sp, pr = Span(c.doc_id, c.start, c.end), []
@@ -211,9 +211,14 @@ _FIELDS: dict[str, tuple[type, bool]] = {
 
 
 def _type_name(v: Any) -> str:
-    return {dict: "object", list: "array", str: "string", int: "integer", float: "number", bool: "boolean"}.get(
-        type(v), type(v).__name__
-    )
+    return {
+        dict: "object",
+        list: "array",
+        str: "string",
+        int: "integer",
+        float: "number",
+        bool: "boolean",
+    }.get(type(v), type(v).__name__)
 
 
 def load_evalset(
@@ -452,8 +457,14 @@ def _validate(corpus_path: str, evalset_path: str, out=None) -> int:
         print(f"{len(e.problems)} problem(s) in {evalset_path}", file=sys.stderr)
         return 2
     n_spans = sum(len(it.gold_spans) for it in items)
-    print(f"corpus   {corpus_path}: {len(docs)} documents, {sum(len(d.text.split()) for d in docs)} words", file=out)
-    print(f"evalset  {evalset_path}: {len(items)} items, {n_spans} evidence spans, digest {digest[:12]}", file=out)
+    print(
+        f"corpus   {corpus_path}: {len(docs)} documents, {sum(len(d.text.split()) for d in docs)} words",
+        file=out,
+    )
+    print(
+        f"evalset  {evalset_path}: {len(items)} items, {n_spans} evidence spans, digest {digest[:12]}",
+        file=out,
+    )
     print("items per tag:", file=out)
     for tag, n in sorted(tag_counts(items).items(), key=lambda kv: (-kv[1], kv[0])):
         print(f"  {tag:<14} {n:>5}", file=out)
@@ -478,7 +489,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "validate":
         return _validate(args.corpus, args.evalset)
     try:
-        corpus, evals = import_squad(args.file) if args.cmd == "import-squad" else import_beir(args.dir, args.split)
+        corpus, evals = (
+            import_squad(args.file) if args.cmd == "import-squad" else import_beir(args.dir, args.split)
+        )
     except (OSError, KeyError, ValueError) as e:
         print(f"{getattr(args, 'file', None) or args.dir}: cannot import: {e!r}", file=sys.stderr)
         return 2
@@ -486,7 +499,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     _write_jsonl(out / "corpus.jsonl", corpus)
     _write_jsonl(out / "evalset.jsonl", evals)
-    print(f"wrote {len(corpus)} documents to {out / 'corpus.jsonl'} and {len(evals)} items to {out / 'evalset.jsonl'}")
+    print(
+        f"wrote {len(corpus)} documents to {out / 'corpus.jsonl'} and {len(evals)} items to {out / 'evalset.jsonl'}"
+    )
     return _validate(str(out / "corpus.jsonl"), str(out / "evalset.jsonl"))
 
 

@@ -49,8 +49,9 @@ def chunk_stage(docs: list[Document], corpus_digest: str, chunker, chunking_cfg:
     return chunks, key
 
 
-def retrieval_stage(retriever, chunks: list[Chunk], chunks_key: str, queries: list[str], depth: int,
-                    cache: StageCache):
+def retrieval_stage(
+    retriever, chunks: list[Chunk], chunks_key: str, queries: list[str], depth: int, cache: StageCache
+):
     """Rank once at ``depth`` (the largest k any metric or the generator needs); cached."""
     key = stable_hash("rankings", retriever.identity, chunks_key, queries, depth)
     hit = cache.get_array("rankings", key)
@@ -58,7 +59,9 @@ def retrieval_stage(retriever, chunks: list[Chunk], chunks_key: str, queries: li
         return hit["idx"], hit["scores"], key
     retriever.index(chunks)
     idx, scores = retriever.search(queries, depth)
-    cache.put_array("rankings", key, idx=np.asarray(idx, dtype=np.int64), scores=np.asarray(scores, dtype=np.float32))
+    cache.put_array(
+        "rankings", key, idx=np.asarray(idx, dtype=np.int64), scores=np.asarray(scores, dtype=np.float32)
+    )
     return idx, scores, key
 
 
@@ -89,13 +92,20 @@ def generation_stage(generator, prompts: list[list[dict]], cache: StageCache) ->
     return gens, len(todo)
 
 
-def judge_stage(judge, items: list[EvalItem], answers: list[str], contexts: list[str], cache: StageCache,
-                progress: bool = True):
+def judge_stage(
+    judge,
+    items: list[EvalItem],
+    answers: list[str],
+    contexts: list[str],
+    cache: StageCache,
+    progress: bool = True,
+):
     """Claims, verdicts and answer relevance per query, each cached by what it depends on."""
     calls = Counter()
     out = []
-    for item, answer, context in tqdm(list(zip(items, answers, contexts, strict=True)), desc="judge",
-                                      disable=not progress, leave=False):
+    for item, answer, context in tqdm(
+        list(zip(items, answers, contexts, strict=True)), desc="judge", disable=not progress, leave=False
+    ):
         if answer is None:
             out.append(None)
             continue
@@ -179,8 +189,14 @@ def run_pipeline(
                 "gold_spans": json.dumps([[s.doc_id, s.start, s.end] for s in it.gold_spans]),
                 "retrieved": json.dumps(
                     [
-                        {"rank": r + 1, "chunk_id": c.chunk_id, "doc_id": c.doc_id, "start": c.start,
-                         "end": c.end, "score": round(float(scores[qi][r]), 6)}
+                        {
+                            "rank": r + 1,
+                            "chunk_id": c.chunk_id,
+                            "doc_id": c.doc_id,
+                            "start": c.start,
+                            "end": c.end,
+                            "score": round(float(scores[qi][r]), 6),
+                        }
                         for r, c in enumerate(ranked[qi])
                     ]
                 ),
@@ -212,8 +228,14 @@ def run_pipeline(
             row["generation_cached"] = g.cached
             if j is None:
                 row.update({m: math.nan for m in GENERATION_METRICS})
-                row.update(claims="[]", verdicts="[]", n_claims=0, n_unparseable=0, relevance_method="",
-                           latency_judge_s=0.0)
+                row.update(
+                    claims="[]",
+                    verdicts="[]",
+                    n_claims=0,
+                    n_unparseable=0,
+                    relevance_method="",
+                    latency_judge_s=0.0,
+                )
             else:
                 claims, verdicts, rel, method, lat = j
                 faith, n_claims, n_unp = faithfulness(verdicts)
@@ -222,9 +244,16 @@ def run_pipeline(
                 row["correctness"] = correctness(g.text, it.key_facts, it.answerable)
                 row.update(
                     claims=json.dumps(claims),
-                    verdicts=json.dumps([{"claim": v.claim, "label": v.label, "score": v.score,
-                                          "rationale": v.rationale} for v in verdicts]),
-                    n_claims=n_claims, n_unparseable=n_unp, relevance_method=method, latency_judge_s=lat,
+                    verdicts=json.dumps(
+                        [
+                            {"claim": v.claim, "label": v.label, "score": v.score, "rationale": v.rationale}
+                            for v in verdicts
+                        ]
+                    ),
+                    n_claims=n_claims,
+                    n_unparseable=n_unp,
+                    relevance_method=method,
+                    latency_judge_s=lat,
                 )
             row["failure_label"] = failure_label(
                 answerable=it.answerable,
@@ -238,8 +267,13 @@ def run_pipeline(
     else:
         for row, it in zip(rows, items, strict=True):
             row["failure_label"] = failure_label(
-                answerable=it.answerable, hit=bool(row.get(hit_key) == 1.0), correctness=math.nan,
-                faithfulness=math.nan, generated=False, error=None, thresholds=thresholds or {},
+                answerable=it.answerable,
+                hit=bool(row.get(hit_key) == 1.0),
+                correctness=math.nan,
+                faithfulness=math.nan,
+                generated=False,
+                error=None,
+                thresholds=thresholds or {},
             )
 
     df = pd.DataFrame(rows)
@@ -262,7 +296,8 @@ def metric_columns(df: pd.DataFrame) -> list[str]:
     """Per-query metric columns: every float column that is not bookkeeping."""
     skip = {"n_claims", "n_unparseable"}
     return [
-        c for c in df.columns
+        c
+        for c in df.columns
         if c not in skip and not c.startswith("latency_") and pd.api.types.is_float_dtype(df[c])
     ]
 

@@ -192,7 +192,9 @@ def render_html(doc: Doc) -> str:
         elif kind == "table":
             head = "".join(f"<th>{_inline(h)}</th>" for h in b[1])
             body = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in b[2])
-            parts.append(f'<div class="tw"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>')
+            parts.append(
+                f'<div class="tw"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+            )
         elif kind == "pre":
             parts.append(f"<pre>{html.escape(b[1])}</pre>")
         elif kind == "img":
@@ -233,8 +235,11 @@ def resolve_target(client: MlflowClient, target: str, experiment: str | None = N
     tags = run.data.tags
     sweep_id = tags.get("sweep_id")
     if tags.get("is_parent") == "true" and sweep_id:
-        kids = [r for r in sweep_children(client, sweep_id, experiment)
-                if r.data.tags.get("mlflow.parentRunId") == run.info.run_id]
+        kids = [
+            r
+            for r in sweep_children(client, sweep_id, experiment)
+            if r.data.tags.get("mlflow.parentRunId") == run.info.run_id
+        ]
         if not kids:
             raise RunInputError(f"sweep parent {run_label(run)} has no child runs")
         return Target(sweep_id, kids, run.info.run_id, run, sweep_id)
@@ -323,7 +328,7 @@ def _context_k(configs: Sequence[Config]) -> int:
 def _logged_ks(configs: Sequence[Config], prefix: str = "hit_at_") -> list[int]:
     ks: set[int] = set()
     for c in configs:
-        ks |= {int(k[len(prefix):]) for k in c.metrics if re.fullmatch(re.escape(prefix) + r"\d+", k)}
+        ks |= {int(k[len(prefix) :]) for k in c.metrics if re.fullmatch(re.escape(prefix) + r"\d+", k)}
     return sorted(ks)
 
 
@@ -355,8 +360,12 @@ def relevance_matrix(table: pd.DataFrame, min_coverage: float) -> tuple[np.ndarr
 
     ranked, gold = [], []
     for ret, gs in zip(table["retrieved"], table["gold_spans"], strict=True):
-        ranked.append([Chunk(r["chunk_id"], r["doc_id"], int(r["start"]), int(r["end"]), "")
-                       for r in sorted(_json(ret, []), key=lambda r: r["rank"])])
+        ranked.append(
+            [
+                Chunk(r["chunk_id"], r["doc_id"], int(r["start"]), int(r["end"]), "")
+                for r in sorted(_json(ret, []), key=lambda r: r["rank"])
+            ]
+        )
         gold.append([Span(d, int(s), int(e)) for d, s, e in _json(gs, [])])
     rel, _, _ = M.relevance_arrays(ranked, gold, [], min_coverage)
     answerable = np.array([bool(g) for g in gold])
@@ -431,8 +440,15 @@ def plot_hit_curves(configs: Sequence[Config], curves: dict[str, list[float]], p
         if logged:
             x = [k for k, _ in logged]
             v = [v for _, v in logged]
-            ax.errorbar(x, v, yerr=[np.subtract(v, lo), np.subtract(hi, v)], fmt="none", ecolor=color,
-                        alpha=0.6, capsize=3)
+            ax.errorbar(
+                x,
+                v,
+                yerr=[np.subtract(v, lo), np.subtract(hi, v)],
+                fmt="none",
+                ecolor=color,
+                alpha=0.6,
+                capsize=3,
+            )
     ax.set_xlabel("k (chunks retrieved)")
     ax.set_ylabel("hit@k (answerable queries)")
     ax.set_ylim(0, 1.02)
@@ -442,18 +458,28 @@ def plot_hit_curves(configs: Sequence[Config], curves: dict[str, list[float]], p
     return _save(fig, path)
 
 
-def _grouped_bars(ax, groups: Sequence[str], series: dict[str, list[float]], errs: dict[str, Any] | None,
-                  colors: Sequence) -> None:
+def _grouped_bars(
+    ax, groups: Sequence[str], series: dict[str, list[float]], errs: dict[str, Any] | None, colors: Sequence
+) -> None:
     n = max(len(series), 1)
     width = 0.8 / n
     x = np.arange(len(groups))
     for i, ((name, vals), color) in enumerate(zip(series.items(), colors, strict=False)):
         yerr = None if not errs or name not in errs else errs[name]
-        ax.bar(x + (i - (n - 1) / 2) * width, vals, width, label=name, color=color, yerr=yerr, capsize=3,
-               error_kw={"elinewidth": 1, "alpha": 0.8})
+        ax.bar(
+            x + (i - (n - 1) / 2) * width,
+            vals,
+            width,
+            label=name,
+            color=color,
+            yerr=yerr,
+            capsize=3,
+            error_kw={"elinewidth": 1, "alpha": 0.8},
+        )
     ax.set_xticks(x)
-    ax.set_xticklabels(groups, rotation=20 if len(groups) > 3 else 0, ha="right" if len(groups) > 3 else "center",
-                       fontsize=8)
+    ax.set_xticklabels(
+        groups, rotation=20 if len(groups) > 3 else 0, ha="right" if len(groups) > 3 else "center", fontsize=8
+    )
 
 
 def _ci_err(c: Config, key: str) -> tuple[float, float, float]:
@@ -483,7 +509,9 @@ def label_counts(configs: Sequence[Config]) -> pd.DataFrame:
     rows = {}
     for c in configs:
         if "failure_label" in c.table.columns:
-            rows[c.label] = c.table["failure_label"].fillna("missing").astype(str).value_counts(normalize=True)
+            rows[c.label] = (
+                c.table["failure_label"].fillna("missing").astype(str).value_counts(normalize=True)
+            )
     df = pd.DataFrame(rows).T.fillna(0.0)
     order = [x for x in FAILURE_LABELS if x in df.columns] + sorted(set(df.columns) - set(FAILURE_LABELS))
     return df[order] if len(df) else df
@@ -502,8 +530,12 @@ def plot_failure_labels(counts: pd.DataFrame, path: Path) -> Path:
                 ax.text(xi, b + v / 2, f"{v:.0%}", ha="center", va="center", fontsize=7)
         bottom += vals
     ax.set_xticks(x)
-    ax.set_xticklabels(counts.index, rotation=20 if len(counts) > 3 else 0,
-                       ha="right" if len(counts) > 3 else "center", fontsize=8)
+    ax.set_xticklabels(
+        counts.index,
+        rotation=20 if len(counts) > 3 else 0,
+        ha="right" if len(counts) > 3 else "center",
+        fontsize=8,
+    )
     ax.set_ylabel("share of queries")
     ax.set_ylim(0, 1.0)
     ax.set_title("Failure labels per config")
@@ -592,7 +624,11 @@ def _worst(c: Config, k: int, n: int, gen: bool) -> pd.DataFrame:
     if not gen:  # retrieval-only: unanswerable items have no retrieval verdict
         t = t[t["_answerable"]]
     keys = ["_sev"]
-    for col in (["correctness", "faithfulness"] if gen else []) + ["mrr", f"evidence_recall_at_{k}", f"ndcg_at_{k}"]:
+    for col in (["correctness", "faithfulness"] if gen else []) + [
+        "mrr",
+        f"evidence_recall_at_{k}",
+        f"ndcg_at_{k}",
+    ]:
         if col in t.columns:
             keys.append(col)
     t = t.sort_values(keys + ["id"], kind="stable", na_position="last")
@@ -604,16 +640,28 @@ def _worst_rows(t: pd.DataFrame, gen: bool) -> list[list[str]]:
     for _, r in t.iterrows():
         ret = sorted(_json(r.get("retrieved"), []), key=lambda x: x["rank"])[:3]
         rel = r["_rel"]
-        top = "; ".join(f"{x['rank']}. {x['chunk_id']} {'✓' if i < len(rel) and rel[i] else '✗'}"
-                        for i, x in enumerate(ret))
+        top = "; ".join(
+            f"{x['rank']}. {x['chunk_id']} {'✓' if i < len(rel) and rel[i] else '✗'}"
+            for i, x in enumerate(ret)
+        )
         gold = "; ".join(f"{d}[{s}:{e}]" for d, s, e in _json(r.get("gold_spans"), [])) or "(unanswerable)"
         tags = ", ".join(_tag_list(r.get("tags")))
-        row = [str(r["id"]), str(r["query"]), tags, gold, str(r.get("failure_label", "")),
-               str(int(r["_first"])) if r["_first"] else "none", top]
+        row = [
+            str(r["id"]),
+            str(r["query"]),
+            tags,
+            gold,
+            str(r.get("failure_label", "")),
+            str(int(r["_first"])) if r["_first"] else "none",
+            top,
+        ]
         if gen:
             ans = str(r.get("answer") or "")
-            row += [_f(r.get("correctness"), 2), _f(r.get("faithfulness"), 2),
-                    ans[:200] + ("…" if len(ans) > 200 else "")]
+            row += [
+                _f(r.get("correctness"), 2),
+                _f(r.get("faithfulness"), 2),
+                ans[:200] + ("…" if len(ans) > 200 else ""),
+            ]
         rows.append(row)
     return rows
 
@@ -641,8 +689,11 @@ def metric_definitions(gen: bool, judge_choice: str | None) -> list[tuple[str, s
             ("key-fact match", judging.key_fact_recall),
             ("text normalisation for key facts", judging.normalise_text),
         ]
-        judge_cls = {"heuristic": judging.HeuristicJudge, "openai": judging.LLMJudge,
-                     "local": judging.LocalLLMJudge}.get(judge_choice or "")
+        judge_cls = {
+            "heuristic": judging.HeuristicJudge,
+            "openai": judging.LLMJudge,
+            "local": judging.LocalLLMJudge,
+        }.get(judge_choice or "")
         if judge_cls is not None:
             fns.append((f"judge ({judge_choice}): verdicts", judge_cls))
             fns.append((f"judge ({judge_choice}): answer_relevance", judge_cls.answer_relevance))
@@ -659,7 +710,9 @@ def _reproduce_command(run: Run) -> str:
     return "python -m rag_experiments.sweep " + " ".join(shlex.quote(o) for o in ov if isinstance(o, str))
 
 
-def _constant_or_per_config(configs: Sequence[Config], get: Callable[[Config], str | None]) -> tuple[str, bool]:
+def _constant_or_per_config(
+    configs: Sequence[Config], get: Callable[[Config], str | None]
+) -> tuple[str, bool]:
     vals = [get(c) for c in configs]
     uniq = sorted({v for v in vals if v})
     if len(uniq) <= 1:
@@ -681,7 +734,9 @@ class Report:
     notes: list[str]
 
 
-def in_brief(configs: Sequence[Config], base: Config, primary: str, att: SweepAttribution | None) -> list[str]:
+def in_brief(
+    configs: Sequence[Config], base: Config, primary: str, att: SweepAttribution | None
+) -> list[str]:
     """The short answer: the best config on the primary metric and what differs from it, with CIs."""
     m = base.metrics
     out = [f"Baseline **{base.label}**: {primary} = {_with_ci(m, primary)}."]
@@ -690,15 +745,23 @@ def in_brief(configs: Sequence[Config], base: Config, primary: str, att: SweepAt
     eff = att.effects
     for r in eff[eff["metric"] == primary].itertuples():
         verdict = "significant" if r.p_holm < 0.05 else "not significant"
-        out.append(f"{r.factor}={r.level}: {primary} {_f(r.mean_b)}, delta {_f(r.delta, signed=True)} "
-                   f"[{_f(r.ci_low, signed=True)}, {_f(r.ci_high, signed=True)}], p_holm {_p(r.p_holm)} ({verdict})")
+        out.append(
+            f"{r.factor}={r.level}: {primary} {_f(r.mean_b)}, delta {_f(r.delta, signed=True)} "
+            f"[{_f(r.ci_low, signed=True)}, {_f(r.ci_high, signed=True)}], p_holm {_p(r.p_holm)} ({verdict})"
+        )
     sig = eff[eff["p_holm"] < 0.05]
     if sig.empty:
         out.append("No one-factor-at-a-time difference is significant after Holm correction (p_holm < 0.05).")
     else:
-        out.append("Significant after Holm (p_holm < 0.05): " + "; ".join(
-            f"{r.factor}={r.level} on {r.metric} ({_f(r.delta, signed=True)} "
-            f"[{_f(r.ci_low, signed=True)}, {_f(r.ci_high, signed=True)}])" for r in sig.itertuples()) + ".")
+        out.append(
+            "Significant after Holm (p_holm < 0.05): "
+            + "; ".join(
+                f"{r.factor}={r.level} on {r.metric} ({_f(r.delta, signed=True)} "
+                f"[{_f(r.ci_low, signed=True)}, {_f(r.ci_high, signed=True)}])"
+                for r in sig.itertuples()
+            )
+            + "."
+        )
     return out
 
 
@@ -712,8 +775,9 @@ def choose_baseline(configs: Sequence[Config], primary: str, baseline: str | Non
             + ", ".join(f"{c.label} ({c.run.info.run_id})" for c in configs)
         )
     # best on the primary metric; ties: higher MRR, then the first run
-    return max(configs, key=lambda c: (c.metrics.get(primary, -1.0), c.metrics.get("mrr", -1.0),
-                                       -configs.index(c)))
+    return max(
+        configs, key=lambda c: (c.metrics.get(primary, -1.0), c.metrics.get("mrr", -1.0), -configs.index(c))
+    )
 
 
 def build_report(
@@ -738,8 +802,10 @@ def build_report(
     notes: list[str] = []
     digests = {c.run.data.tags.get("evalset_digest") for c in configs} - {None}
     if len(digests) > 1:
-        notes.append("**warning**: the runs were evaluated on different eval sets (evalset_digest differs); "
-                     "paired comparisons below are not meaningful.")
+        notes.append(
+            "**warning**: the runs were evaluated on different eval sets (evalset_digest differs); "
+            "paired comparisons below are not meaningful."
+        )
 
     is_sweep = target.sweep_id is not None
     title = f"RAG sweep report: {target.sweep_id}" if is_sweep else f"RAG run report: {target.label}"
@@ -753,33 +819,48 @@ def build_report(
     levels = {f: sorted({_level(c.data, f) or "–" for c in configs}) for f in factors}
     what = "retrieval and answer quality" if gen else "retrieval quality"
     if factors:
-        doc.p(f"How does {what} on the eval set change with "
-              + " × ".join(f"`{f}`" for f in factors) + "?")
+        doc.p(f"How does {what} on the eval set change with " + " × ".join(f"`{f}`" for f in factors) + "?")
         doc.table(["factor", "levels"], [[f, ", ".join(levels[f])] for f in factors])
     else:
         doc.p(f"What is the {what} of this configuration on the eval set? (a single run: no factor varies)")
     common = {}
     for key in sorted(set.intersection(*(set(c.run.data.params) for c in configs))):
         vals = {c.run.data.params[key] for c in configs}
-        if len(vals) == 1 and key not in factors and not is_bookkeeping(key) and ("." not in key or key in (
-                "retriever.k", "embedding.name", "metrics.ks", "metrics.min_coverage", "evalset.limit")):
+        if (
+            len(vals) == 1
+            and key not in factors
+            and not is_bookkeeping(key)
+            and (
+                "." not in key
+                or key
+                in ("retriever.k", "embedding.name", "metrics.ks", "metrics.min_coverage", "evalset.limit")
+            )
+        ):
             common[key] = vals.pop()
     doc.p("Held fixed: " + ", ".join(f"`{k_}={v}`" for k_, v in common.items()) + ".")
-    doc.p(f"Experiment `{exp.name if exp else '?'}`, {len(configs)} config(s), {n_q} eval queries "
-          f"({n_unans} unanswerable: excluded from retrieval metrics). Context k (`retriever.k`) = {k}; "
-          f"primary metric `{primary}`; baseline = **{base.label}** "
-          + ("(given with --baseline)." if baseline else f"(the best config on `{primary}`)."))
+    doc.p(
+        f"Experiment `{exp.name if exp else '?'}`, {len(configs)} config(s), {n_q} eval queries "
+        f"({n_unans} unanswerable: excluded from retrieval metrics). Context k (`retriever.k`) = {k}; "
+        f"primary metric `{primary}`; baseline = **{base.label}** "
+        + ("(given with --baseline)." if baseline else f"(the best config on `{primary}`).")
+    )
     for n in notes:
         doc.p(n)
     brief_at = len(doc.blocks)  # the short answer is filled in once the attribution is computed
 
     # -- results
     doc.section("results", "Results per config")
-    doc.p("Each cell: mean over the queries it is defined for, with the 95 % bootstrap CI "
-          "(query-level resampling, seeded) as logged by the sweep. **Bold**: best config on that metric.")
+    doc.p(
+        "Each cell: mean over the queries it is defined for, with the 95 % bootstrap CI "
+        "(query-level resampling, seeded) as logged by the sweep. **Bold**: best config on that metric."
+    )
     hit_ks = _logged_ks(configs)
     retrieval_keys = [f"hit_at_{x}" for x in hit_ks] + [
-        f"evidence_recall_at_{k}", "mrr", f"ndcg_at_{k}", f"context_precision_at_{k}"]
+        f"evidence_recall_at_{k}",
+        "mrr",
+        f"ndcg_at_{k}",
+        f"context_precision_at_{k}",
+    ]
     gen_keys = [m for m in GENERATION_METRICS if any(m in c.metrics for c in configs)]
     rate_keys = [m for m in RATE_ORDER if any(m in c.metrics for c in configs)]
 
@@ -809,10 +890,21 @@ def build_report(
         doc.h3("Failure-label rates")
         results_table(rate_keys, bold=False)
     doc.h3("Counts")
-    doc.table(["config", "run", "n_queries", "n_unanswerable", "n_errors", "n_unparseable_verdicts", "status"],
-              [[c.label, c.run.info.run_id, _f(c.metrics.get("n_queries"), 0),
-                _f(c.metrics.get("n_unanswerable"), 0), _f(c.metrics.get("n_errors"), 0),
-                _f(c.metrics.get("n_unparseable_verdicts"), 0), c.run.info.status] for c in configs])
+    doc.table(
+        ["config", "run", "n_queries", "n_unanswerable", "n_errors", "n_unparseable_verdicts", "status"],
+        [
+            [
+                c.label,
+                c.run.info.run_id,
+                _f(c.metrics.get("n_queries"), 0),
+                _f(c.metrics.get("n_unanswerable"), 0),
+                _f(c.metrics.get("n_errors"), 0),
+                _f(c.metrics.get("n_unparseable_verdicts"), 0),
+                c.run.info.status,
+            ]
+            for c in configs
+        ],
+    )
 
     # -- attribution
     doc.section("attribution", "Attribution (one factor at a time)")
@@ -821,41 +913,74 @@ def build_report(
     att_metrics = [m for m in att_metrics if all(m in c.table.columns for c in configs)]
     att = None
     if len(configs) > 1 and factors:
-        att = factor_effects([c.data for c in configs], base.data, att_metrics, seed=seed,
-                             n_resamples=n_resamples)
-        doc.p(f"Each level is compared with the baseline **{base.label}**, every other factor at the "
-              "baseline's value. delta = mean(level) − mean(baseline) over the queries defined in both; "
-              "95 % CI: paired percentile bootstrap over queries; p: exact McNemar for 0/1 metrics, "
-              "paired sign-flip permutation otherwise; p_holm: Holm-adjusted across every comparison "
-              "of the attribution (* = p_holm < 0.05).")
+        att = factor_effects(
+            [c.data for c in configs], base.data, att_metrics, seed=seed, n_resamples=n_resamples
+        )
+        doc.p(
+            f"Each level is compared with the baseline **{base.label}**, every other factor at the "
+            "baseline's value. delta = mean(level) − mean(baseline) over the queries defined in both; "
+            "95 % CI: paired percentile bootstrap over queries; p: exact McNemar for 0/1 metrics, "
+            "paired sign-flip permutation otherwise; p_holm: Holm-adjusted across every comparison "
+            "of the attribution (* = p_holm < 0.05)."
+        )
         if att.effects.empty:
             doc.p("(no one-factor-at-a-time comparison is possible in this grid)")
         else:
-            rows = [[f"{r.factor}={r.level}", r.metric, _f(r.mean_a), _f(r.mean_b), _f(r.delta, signed=True),
-                     f"[{_f(r.ci_low, signed=True)}, {_f(r.ci_high, signed=True)}]", _p(r.p_value),
-                     _p(r.p_holm) + (" *" if r.p_holm < 0.05 else ""), r.test, str(r.n_pairs)]
-                    for r in att.effects.itertuples()]
-            doc.table(["level", "metric", "baseline", "level mean", "delta", "95% CI", "p", "p_holm", "test",
-                       "n"], rows)
+            rows = [
+                [
+                    f"{r.factor}={r.level}",
+                    r.metric,
+                    _f(r.mean_a),
+                    _f(r.mean_b),
+                    _f(r.delta, signed=True),
+                    f"[{_f(r.ci_low, signed=True)}, {_f(r.ci_high, signed=True)}]",
+                    _p(r.p_value),
+                    _p(r.p_holm) + (" *" if r.p_holm < 0.05 else ""),
+                    r.test,
+                    str(r.n_pairs),
+                ]
+                for r in att.effects.itertuples()
+            ]
+            doc.table(
+                ["level", "metric", "baseline", "level mean", "delta", "95% CI", "p", "p_holm", "test", "n"],
+                rows,
+            )
         if att.skipped:
             doc.p("Not in the grid (comparison skipped): " + "; ".join(att.skipped))
         if len(factors) > 1 and not att.marginals.empty:
             doc.h3("Marginal means over the grid")
-            rows = [[f"{r.factor}={r.level}" + (" (baseline)" if r.is_baseline_level else ""), r.metric,
-                     str(r.n_runs), _f(r.mean), f"[{_f(r.ci_low)}, {_f(r.ci_high)}]",
-                     _f(r.delta_vs_baseline_level, signed=True), _p(r.p_holm)]
-                    for r in att.marginals.itertuples()]
+            rows = [
+                [
+                    f"{r.factor}={r.level}" + (" (baseline)" if r.is_baseline_level else ""),
+                    r.metric,
+                    str(r.n_runs),
+                    _f(r.mean),
+                    f"[{_f(r.ci_low)}, {_f(r.ci_high)}]",
+                    _f(r.delta_vs_baseline_level, signed=True),
+                    _p(r.p_holm),
+                ]
+                for r in att.marginals.itertuples()
+            ]
             doc.table(["level", "metric", "runs", "mean", "95% CI", "vs baseline level", "p_holm"], rows)
         if not att.noise_floor.empty:
             doc.h3("A/A noise floor")
-            rows = [[r.metric, r.method, _f(r.delta, signed=True),
-                     f"[{_f(r.low, signed=True)}, {_f(r.high, signed=True)}]", str(r.n)]
-                    for r in att.noise_floor.itertuples()]
+            rows = [
+                [
+                    r.metric,
+                    r.method,
+                    _f(r.delta, signed=True),
+                    f"[{_f(r.low, signed=True)}, {_f(r.high, signed=True)}]",
+                    str(r.n),
+                ]
+                for r in att.noise_floor.itertuples()
+            ]
             doc.table(["metric", "method", "delta", "95% interval", "n"], rows)
             doc.p(f"Method: {att.noise_floor['detail'].iloc[0]}")
     else:
-        doc.p("A single configuration: there is no factor to attribute. Use `python -m rag_experiments.compare "
-              "RUN_A RUN_B` to compare two runs.")
+        doc.p(
+            "A single configuration: there is no factor to attribute. Use `python -m rag_experiments.compare "
+            "RUN_A RUN_B` to compare two runs."
+        )
 
     doc.blocks[brief_at:brief_at] = [("p", "In brief:"), ("ul", in_brief(configs, base, primary, att))]
 
@@ -867,25 +992,43 @@ def build_report(
         p = plot_hit_curves(configs, curves, out_dir / "hit_at_k.png")
         pngs.append(p)
         depth = max(len(v) for v in curves.values())
-        doc.img(p, f"hit@k for k = 1…{depth} per config, recomputed from the logged rankings with the "
-                   "pipeline's relevance function (matches the logged hit_at_k at every logged k)"
-                   if not curve_notes else "hit@k per config (see the mismatch note below)")
+        doc.img(
+            p,
+            f"hit@k for k = 1…{depth} per config, recomputed from the logged rankings with the "
+            "pipeline's relevance function (matches the logged hit_at_k at every logged k)"
+            if not curve_notes
+            else "hit@k per config (see the mismatch note below)",
+        )
         for n in curve_notes:
             doc.p(f"**warning**: {n}")
-    p = plot_metric_bars(configs, [f"hit_at_{k}", "mrr"],
-                         f"Recall vs ranking: hit@{k} and MRR", out_dir / "recall_vs_mrr.png")
+    p = plot_metric_bars(
+        configs, [f"hit_at_{k}", "mrr"], f"Recall vs ranking: hit@{k} and MRR", out_dir / "recall_vs_mrr.png"
+    )
     pngs.append(p)
-    gaps = ", ".join(f"{c.label}: {_f(c.metrics.get(f'hit_at_{k}', float('nan')) - c.metrics.get('mrr', float('nan')))}"
-                     for c in configs)
-    doc.img(p, f"hit@{k} and MRR per config with 95 % CIs. The gap is evidence found in the top {k} but not "
-               f"ranked first: hit@{k} − MRR = {gaps}")
+    gaps = ", ".join(
+        f"{c.label}: {_f(c.metrics.get(f'hit_at_{k}', float('nan')) - c.metrics.get('mrr', float('nan')))}"
+        for c in configs
+    )
+    doc.img(
+        p,
+        f"hit@{k} and MRR per config with 95 % CIs. The gap is evidence found in the top {k} but not "
+        f"ranked first: hit@{k} − MRR = {gaps}",
+    )
     counts = label_counts(configs)
     if not counts.empty:
         p = plot_failure_labels(counts, out_dir / "failure_labels.png")
         pngs.append(p)
-        doc.img(p, "Failure-label breakdown per config (share of all queries"
-                   + ("" if gen else "; retrieval-only runs label a query `retrieved` or "
-                      "`retrieval_failure`, unanswerable items count as `retrieved`") + ")")
+        doc.img(
+            p,
+            "Failure-label breakdown per config (share of all queries"
+            + (
+                ""
+                if gen
+                else "; retrieval-only runs label a query `retrieved` or "
+                "`retrieval_failure`, unanswerable items count as `retrieved`"
+            )
+            + ")",
+        )
     tags = tag_table(configs, f"hit_at_{k}")
     if not tags.empty:
         p = plot_tags(tags, f"hit_at_{k}", out_dir / "per_tag.png")
@@ -904,16 +1047,21 @@ def build_report(
         p = plot_main_effects(att, primary, out_dir / "main_effects.png")
         if p is not None:
             pngs.append(p)
-            doc.img(p, f"Factor main effects: marginal mean {primary} per level with 95 % bootstrap CI over "
-                       "queries (baseline level in blue)")
+            doc.img(
+                p,
+                f"Factor main effects: marginal mean {primary} per level with 95 % bootstrap CI over "
+                "queries (baseline level in blue)",
+            )
 
     # -- worst queries
     doc.section("worst", "Worst queries")
-    doc.p(f"Per config, the {n_worst} worst queries: by failure label (error, retrieval_failure, "
-          "generation_failure, correct_without_evidence first)"
-          + (", then correctness and faithfulness" if gen else "")
-          + f", then reciprocal rank, evidence_recall@{k} and nDCG@{k} (lowest first). Top 3 retrieved "
-          "chunks: ✓ relevant to a gold span, ✗ not. 'first rel.': rank of the first relevant chunk.")
+    doc.p(
+        f"Per config, the {n_worst} worst queries: by failure label (error, retrieval_failure, "
+        "generation_failure, correct_without_evidence first)"
+        + (", then correctness and faithfulness" if gen else "")
+        + f", then reciprocal rank, evidence_recall@{k} and nDCG@{k} (lowest first). Top 3 retrieved "
+        "chunks: ✓ relevant to a gold span, ✗ not. 'first rel.': rank of the first relevant chunk."
+    )
     headers = ["id", "query", "tags", "gold span(s)", "failure label", "first rel.", "top 3 retrieved"]
     if gen:
         headers += ["correct.", "faithf.", "answer"]
@@ -949,15 +1097,39 @@ def build_report(
     for c in configs:
         p_ = c.run.data.params
         t_ = c.run.data.tags
-        emb = ", ".join(f"{kk}={v}" for kk, v in sorted(p_.items())
-                        if kk == "embedding" or (kk.startswith("embedding.") and kk != "embedding._target_"))
-        model_rows.append([c.label, emb or "–", f"{p_.get('retriever', '–')} (k={p_.get('retriever.k', '–')})",
-                           t_.get("generator_model") or p_.get("generator", "–"),
-                           (t_.get("judge_model") or p_.get("judge", "–")) + (
-                               " (same as generator!)" if t_.get("judge_is_generator") == "true" else "")])
+        emb = ", ".join(
+            f"{kk}={v}"
+            for kk, v in sorted(p_.items())
+            if kk == "embedding" or (kk.startswith("embedding.") and kk != "embedding._target_")
+        )
+        if gen:
+            jm = t_.get("judge_model")
+            jm = jm if jm and jm != "None" else p_.get("judge", "–")
+            jparams = ", ".join(
+                f"{kk[len('judge.') :]}={v}"
+                for kk, v in sorted(p_.items())
+                if kk.startswith("judge.") and kk != "judge._target_"
+            )
+            judge = f"{jm} ({jparams})" if jparams else jm
+            if t_.get("judge_is_generator") == "true":
+                judge += " (same as generator!)"
+            generator = t_.get("generator_model") or p_.get("generator", "–")
+        else:
+            judge, generator = "– (retrieval only)", p_.get("generator", "none")
+        model_rows.append(
+            [
+                c.label,
+                emb or "–",
+                f"{p_.get('retriever', '–')} (k={p_.get('retriever.k', '–')})",
+                generator,
+                judge,
+            ]
+        )
     doc.table(["config", "embedding", "retriever", "generator", "judge"], model_rows)
     doc.h3("Package versions")
-    pkgs = sorted({kk[len("version."):] for c in configs for kk in c.run.data.tags if kk.startswith("version.")})
+    pkgs = sorted(
+        {kk[len("version.") :] for c in configs for kk in c.run.data.tags if kk.startswith("version.")}
+    )
     vrows = []
     for pkg in pkgs:
         v, _ = _constant_or_per_config(configs, lambda c, pkg=pkg: c.run.data.tags.get(f"version.{pkg}"))
@@ -967,14 +1139,21 @@ def build_report(
     if is_sweep:
         doc.p("The sweep, exactly as launched (parent run tag `command`):")
         doc.pre(ptags.get("command") or "(not logged)")
-    doc.p("Each config on its own (its Hydra overrides; add `force=true` to recompute a config that already "
-          "FINISHED in this tracking store):")
+    doc.p(
+        "Each config on its own (its Hydra overrides; add `force=true` to recompute a config that already "
+        "FINISHED in this tracking store):"
+    )
     doc.pre("\n".join(f"# {c.label}\n{_reproduce_command(c.run)}" for c in configs))
     doc.h3("Cache keys and config hashes")
     ck_names = sorted({kk for c in configs for kk in c.run.data.tags if kk.startswith("cache_key.")})
-    doc.table(["config", "config_hash"] + ck_names,
-              [[c.label, c.run.data.tags.get("config_hash", "–")]
-               + [c.run.data.tags.get(kk, "–") for kk in ck_names] for c in configs])
+    doc.table(
+        ["config", "config_hash"] + ck_names,
+        [
+            [c.label, c.run.data.tags.get("config_hash", "–")]
+            + [c.run.data.tags.get(kk, "–") for kk in ck_names]
+            for c in configs
+        ],
+    )
     doc.p(f"Report generated by `python -m rag_experiments.report {target.label}`.")
 
     md_path, html_path = out_dir / "report.md", out_dir / "report.html"
@@ -995,8 +1174,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m rag_experiments.report",
         description="Markdown + self-contained HTML report (plots, attribution, metric definitions, "
-                    "reproducibility) for a sweep or a run, logged to the sweep's parent run. "
-                    "Exit 0 ok, 2 bad input.",
+        "reproducibility) for a sweep or a run, logged to the sweep's parent run. "
+        "Exit 0 ok, 2 bad input.",
     )
     p.add_argument("target", metavar="RUN_OR_SWEEP", help="sweep_id, parent run id/name, or run id/name")
     p.add_argument("--out", type=Path, metavar="DIR", help="default: reports/<sweep_id or run>")
@@ -1017,8 +1196,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         target = resolve_target(client, args.target, args.experiment)
         out = args.out or Path("reports") / _safe(target.label)
-        rep = build_report(client, target, out, baseline=args.baseline, primary=args.metric,
-                           n_worst=args.worst, seed=args.seed, n_resamples=args.resamples)
+        rep = build_report(
+            client,
+            target,
+            out,
+            baseline=args.baseline,
+            primary=args.metric,
+            n_worst=args.worst,
+            seed=args.seed,
+            n_resamples=args.resamples,
+        )
     except RunInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

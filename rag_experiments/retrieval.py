@@ -76,8 +76,15 @@ class DenseRetriever:
 class BM25Retriever:
     """Okapi BM25 via ``bm25s`` (sparse matrices, no Python loop over documents)."""
 
-    def __init__(self, k: int = 5, k1: float = 1.5, b: float = 0.75, method: str = "lucene",
-                 stopwords: str = "en", embedder=None) -> None:
+    def __init__(
+        self,
+        k: int = 5,
+        k1: float = 1.5,
+        b: float = 0.75,
+        method: str = "lucene",
+        stopwords: str = "en",
+        embedder=None,
+    ) -> None:
         # ``embedder`` is accepted and ignored so every retriever is built the same way.
         self.k = k
         self.k1, self.b, self.method, self.stopwords = k1, b, method, stopwords
@@ -120,16 +127,27 @@ def rrf_fuse(rankings: list[np.ndarray], weights: list[float], n_items: int, k: 
     for ranking, w in zip(rankings, weights, strict=True):
         ranks = np.arange(1, ranking.shape[1] + 1)[None, :]
         valid = ranking >= 0
-        np.add.at(fused, (np.broadcast_to(rows, ranking.shape)[valid], ranking[valid]),
-                  (w / (c + np.broadcast_to(ranks, ranking.shape)))[valid])
+        np.add.at(
+            fused,
+            (np.broadcast_to(rows, ranking.shape)[valid], ranking[valid]),
+            (w / (c + np.broadcast_to(ranks, ranking.shape)))[valid],
+        )
     return top_k(fused, k)
 
 
 class HybridRetriever:
     """Reciprocal-rank fusion of dense and BM25, each searched to ``candidates`` deep."""
 
-    def __init__(self, embedder, k: int = 5, dense_weight: float = 1.0, bm25_weight: float = 1.0,
-                 rrf_c: int = 60, candidates: int = 50, bm25: dict | None = None) -> None:
+    def __init__(
+        self,
+        embedder,
+        k: int = 5,
+        dense_weight: float = 1.0,
+        bm25_weight: float = 1.0,
+        rrf_c: int = 60,
+        candidates: int = 50,
+        bm25: dict | None = None,
+    ) -> None:
         self.k = k
         self.dense = DenseRetriever(embedder, k=k)
         self.bm25 = BM25Retriever(k=k, **(bm25 or {}))
@@ -137,8 +155,14 @@ class HybridRetriever:
         self.rrf_c = rrf_c
         self.candidates = candidates
         self.identity = json.dumps(
-            {"retriever": "hybrid", "dense": self.dense.identity, "bm25": self.bm25.identity,
-             "weights": self.weights, "rrf_c": rrf_c, "candidates": candidates},
+            {
+                "retriever": "hybrid",
+                "dense": self.dense.identity,
+                "bm25": self.bm25.identity,
+                "weights": self.weights,
+                "rrf_c": rrf_c,
+                "candidates": candidates,
+            },
             sort_keys=True,
         )
         self._n = 0

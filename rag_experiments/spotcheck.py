@@ -42,8 +42,17 @@ from mlflow.tracking import MlflowClient
 
 from rag_experiments.runs import RunInputError, load_per_query, resolve_run, run_label, tracking_uri
 
-COLUMNS = ["item_id", "query", "claim", "context", "judge_verdict", "judge_score", "judge_rationale", "answer",
-           "human_verdict"]
+COLUMNS = [
+    "item_id",
+    "query",
+    "claim",
+    "context",
+    "judge_verdict",
+    "judge_score",
+    "judge_rationale",
+    "answer",
+    "human_verdict",
+]
 REQUIRED = ("item_id", "claim", "human_verdict")
 HUMAN_LABELS = ("supported", "unsupported")
 BORDERLINE_BOOST = 3.0
@@ -82,16 +91,18 @@ def judged_claims(table: pd.DataFrame) -> pd.DataFrame:
         rd = r._asdict()
         for i, v in enumerate(_json(rd.get("verdicts"), [])):
             score = v.get("score")
-            rows.append({
-                "item_id": item_id(str(rd["id"]), i),
-                "query": rd.get("query", ""),
-                "claim": v.get("claim", ""),
-                "context": rd.get("context", "") or "",
-                "judge_verdict": v.get("label", ""),
-                "judge_score": float(score) if score is not None else float("nan"),
-                "judge_rationale": v.get("rationale", "") or "",
-                "answer": rd.get("answer", "") or "",
-            })
+            rows.append(
+                {
+                    "item_id": item_id(str(rd["id"]), i),
+                    "query": rd.get("query", ""),
+                    "claim": v.get("claim", ""),
+                    "context": rd.get("context", "") or "",
+                    "judge_verdict": v.get("label", ""),
+                    "judge_score": float(score) if score is not None else float("nan"),
+                    "judge_rationale": v.get("rationale", "") or "",
+                    "answer": rd.get("answer", "") or "",
+                }
+            )
     return pd.DataFrame(rows, columns=COLUMNS[:-1])
 
 
@@ -127,8 +138,9 @@ def _weighted_pick(idx: np.ndarray, w: np.ndarray, n: int, rng: np.random.Genera
     return list(rng.choice(idx, size=n, replace=False, p=w / w.sum()))
 
 
-def sample_claims(claims: pd.DataFrame, n: int, stratify: bool = False, seed: int = 0,
-                  threshold: float | None = None) -> pd.DataFrame:
+def sample_claims(
+    claims: pd.DataFrame, n: int, stratify: bool = False, seed: int = 0, threshold: float | None = None
+) -> pd.DataFrame:
     """n claims, seeded, borderline ones over-weighted; stratified by verdict when asked."""
     rng = np.random.default_rng(seed)
     w = sample_weights(claims["judge_score"].to_numpy(float), threshold)
@@ -173,8 +185,13 @@ def cohen_kappa(human: Sequence[str], judge: Sequence[str]) -> float:
     return float("nan") if pe >= 1 else (po - pe) / (1 - pe)
 
 
-def kappa_ci(human: Sequence[str], judge: Sequence[str], seed: int = 0, n_resamples: int = 2000,
-             confidence: float = 0.95) -> tuple[float, float]:
+def kappa_ci(
+    human: Sequence[str],
+    judge: Sequence[str],
+    seed: int = 0,
+    n_resamples: int = 2000,
+    confidence: float = 0.95,
+) -> tuple[float, float]:
     """Percentile bootstrap CI of κ over labelled claims (resamples with undefined κ are dropped)."""
     h, j = np.asarray(human), np.asarray(judge)
     n = len(h)
@@ -220,8 +237,12 @@ def read_labels(path: Path, claims: pd.DataFrame) -> Labels:
         header = [h.strip() for h in next(reader, [])]
         missing = [c for c in REQUIRED if c not in header]
         if missing:
-            raise LabelFileError([f"{name}:1: {c}: missing column (the header has: {', '.join(header) or 'nothing'})"
-                                  for c in missing])
+            raise LabelFileError(
+                [
+                    f"{name}:1: {c}: missing column (the header has: {', '.join(header) or 'nothing'})"
+                    for c in missing
+                ]
+            )
         while True:
             line = reader.line_num + 1  # where the next record starts (a quoted field may span lines)
             try:
@@ -242,22 +263,33 @@ def read_labels(path: Path, claims: pd.DataFrame) -> Labels:
                 n_blank += 1
                 continue
             if human not in HUMAN_LABELS:
-                problems.append(f"{name}:{line}: human_verdict: {rec.get('human_verdict')!r} is not one of "
-                                f"{', '.join(HUMAN_LABELS)}")
+                problems.append(
+                    f"{name}:{line}: human_verdict: {rec.get('human_verdict')!r} is not one of "
+                    f"{', '.join(HUMAN_LABELS)}"
+                )
                 continue
             if iid not in by_id.index:
                 problems.append(f"{name}:{line}: item_id: {iid!r} is not a judged claim of the run")
                 continue
             if _ws(rec.get("claim") or "") != _ws(str(by_id.at[iid, "claim"])):
-                problems.append(f"{name}:{line}: claim: does not match the run's claim {iid} "
-                                f"({str(by_id.at[iid, 'claim'])[:80]!r})")
+                problems.append(
+                    f"{name}:{line}: claim: does not match the run's claim {iid} "
+                    f"({str(by_id.at[iid, 'claim'])[:80]!r})"
+                )
                 continue
             if iid in seen:
                 problems.append(f"{name}:{line}: item_id: {iid!r} already labelled on line {seen[iid]}")
                 continue
             seen[iid] = line
-            rows.append({"item_id": iid, "claim": by_id.at[iid, "claim"], "human": human,
-                         "judge": str(by_id.at[iid, "judge_verdict"]), "score": by_id.at[iid, "judge_score"]})
+            rows.append(
+                {
+                    "item_id": iid,
+                    "claim": by_id.at[iid, "claim"],
+                    "human": human,
+                    "judge": str(by_id.at[iid, "judge_verdict"]),
+                    "score": by_id.at[iid, "judge_score"],
+                }
+            )
     if problems:
         raise LabelFileError(problems)
     return Labels(pd.DataFrame(rows, columns=["item_id", "claim", "human", "judge", "score"]), n_blank, path)
@@ -309,10 +341,13 @@ def self_preference_warning(run: Run) -> str | None:
     tags = run.data.tags
     gen, judge = tags.get("generator_model"), tags.get("judge_model")
     same = tags.get("judge_is_generator") == "true" or (
-        gen and judge and gen not in ("None", "") and gen == judge)
+        gen and judge and gen not in ("None", "") and gen == judge
+    )
     if same:
-        return (f"warning: the judge model equals the generator model ({judge or gen}): the judge grades its own "
-                "answers (self-preference bias); read its faithfulness with care")
+        return (
+            f"warning: the judge model equals the generator model ({judge or gen}): the judge grades its own "
+            "answers (self-preference bias); read its faithfulness with care"
+        )
     return None
 
 
@@ -350,10 +385,16 @@ def render_summary(run: Run, ag: Agreement, labels_path: Path) -> str:
     for idx, row in ag.confusion.iterrows():
         lines.append(f"| {idx} | " + " | ".join(str(int(v)) for v in row) + " |")
     if ag.n_judge_unparseable:
-        lines += ["", "Human labels of the claims the judge left unparseable: "
-                  + ", ".join(f"{k}: {v}" for k, v in sorted(ag.unparseable_by_human.items()))]
-    lines += ["", "κ = (p_o − p_e) / (1 − p_e) over claims with a human label and a parseable judge verdict; "
-              "CI: percentile bootstrap over those claims (seeded)."]
+        lines += [
+            "",
+            "Human labels of the claims the judge left unparseable: "
+            + ", ".join(f"{k}: {v}" for k, v in sorted(ag.unparseable_by_human.items())),
+        ]
+    lines += [
+        "",
+        "κ = (p_o − p_e) / (1 − p_e) over claims with a human label and a parseable judge verdict; "
+        "CI: percentile bootstrap over those claims (seeded).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -373,7 +414,9 @@ def log_spotcheck(client: MlflowClient, run: Run, ag: Agreement, labels_path: Pa
     }
     for hl in HUMAN_LABELS:
         for jl in HUMAN_LABELS:
-            vals[f"spotcheck/confusion/human_{hl}/judge_{jl}"] = int(ag.confusion.at[f"human {hl}", f"judge {jl}"])
+            vals[f"spotcheck/confusion/human_{hl}/judge_{jl}"] = int(
+                ag.confusion.at[f"human {hl}", f"judge {jl}"]
+            )
     metrics = [Metric(k, float(v), now, 0) for k, v in vals.items() if not math.isnan(float(v))]
     client.log_batch(rid, metrics=metrics)
     with tempfile.TemporaryDirectory() as tmp:  # stored under a fixed name, whatever the file was called
@@ -387,8 +430,10 @@ def log_spotcheck(client: MlflowClient, run: Run, ag: Agreement, labels_path: Pa
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m rag_experiments.spotcheck",
-                                description="Human spot-check of the judge. Exit 0 ok, 2 bad input.")
+    p = argparse.ArgumentParser(
+        prog="python -m rag_experiments.spotcheck",
+        description="Human spot-check of the judge. Exit 0 ok, 2 bad input.",
+    )
     p.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
     p.add_argument("--experiment", metavar="NAME", help="look run names up in this experiment only")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -426,10 +471,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             path.parent.mkdir(parents=True, exist_ok=True)
             out.to_csv(path, index=False, columns=COLUMNS)
             counts = out["judge_verdict"].value_counts().to_dict()
-            print(f"wrote {len(out)} claims ({', '.join(f'{k}: {v}' for k, v in sorted(counts.items()))}) to {path}"
-                  + (f"; borderline over-weighted around score threshold {th}" if th is not None else ""))
-            print("fill human_verdict with supported / unsupported, then: python -m rag_experiments.spotcheck "
-                  f"score {run.info.run_id} {path}")
+            print(
+                f"wrote {len(out)} claims ({', '.join(f'{k}: {v}' for k, v in sorted(counts.items()))}) to {path}"
+                + (f"; borderline over-weighted around score threshold {th}" if th is not None else "")
+            )
+            print(
+                "fill human_verdict with supported / unsupported, then: python -m rag_experiments.spotcheck "
+                f"score {run.info.run_id} {path}"
+            )
             if warn:
                 print(warn, file=sys.stderr)
             return 0
@@ -450,7 +499,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(warn, file=sys.stderr)
     if not args.no_log:
         log_spotcheck(client, run, ag, args.labels, summary)
-        print(f"logged spotcheck/* metrics and spotcheck/labels.csv, spotcheck/summary.md on run {run.info.run_id}")
+        print(
+            f"logged spotcheck/* metrics and spotcheck/labels.csv, spotcheck/summary.md on run {run.info.run_id}"
+        )
     return 0
 
 

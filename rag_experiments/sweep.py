@@ -47,7 +47,6 @@ def _container(node) -> Any:
 def build_stages(cfg: DictConfig, cache) -> dict[str, Any]:
     """Instantiate every stage from its config group (a user plugs in a class + a YAML file)."""
     from rag_experiments.cache import CachedEmbedder
-
     from rag_experiments.embedding import set_model_reuse
 
     corpus = instantiate(cfg.corpus)
@@ -63,8 +62,16 @@ def build_stages(cfg: DictConfig, cache) -> dict[str, Any]:
         generator = instantiate(cfg.generator)
         prompt = instantiate(cfg.prompt)
         judge = instantiate(cfg.judge)
-    return dict(corpus=corpus, evalset=evalset, chunker=chunker, embedder=embedder, retriever=retriever,
-                generator=generator, prompt=prompt, judge=judge)
+    return dict(
+        corpus=corpus,
+        evalset=evalset,
+        chunker=chunker,
+        embedder=embedder,
+        retriever=retriever,
+        generator=generator,
+        prompt=prompt,
+        judge=judge,
+    )
 
 
 def _fmt(v: float) -> str:
@@ -85,10 +92,14 @@ def summary_table(agg: dict[str, float], k: int, ks: list[int]) -> str:
         lines.append(f"-- {title}")
         for key in keys:
             n = agg.get(f"n_scored/{key}", float("nan"))
-            lines.append(f"{key:<28} {_fmt(agg[key])}  [{_fmt(agg.get(key + '_ci_low'))}, "
-                         f"{_fmt(agg.get(key + '_ci_high'))}]  {int(n) if n == n else ''}")
-    lines.append(f"queries {int(agg['n_queries'])} (unanswerable {int(agg.get('n_unanswerable', 0))}), "
-                 f"errors {int(agg['n_errors'])}, unparseable verdicts {int(agg['n_unparseable_verdicts'])}")
+            lines.append(
+                f"{key:<28} {_fmt(agg[key])}  [{_fmt(agg.get(key + '_ci_low'))}, "
+                f"{_fmt(agg.get(key + '_ci_high'))}]  {int(n) if n == n else ''}"
+            )
+    lines.append(
+        f"queries {int(agg['n_queries'])} (unanswerable {int(agg.get('n_unanswerable', 0))}), "
+        f"errors {int(agg['n_errors'])}, unparseable verdicts {int(agg['n_unparseable_verdicts'])}"
+    )
     return "\n".join(lines)
 
 
@@ -102,8 +113,18 @@ def _input_error(e: BaseException | None, kinds: tuple) -> BaseException | None:
 
 
 # Overrides that say where things are, not what is measured: kept out of run names.
-_PLACE_KEYS = ("corpus.path", "evalset.path", "tracking.", "hydra.", "cache_dir", "cache_enabled", "progress",
-               "experiment_name", "force", "evalset.limit")
+_PLACE_KEYS = (
+    "corpus.path",
+    "evalset.path",
+    "tracking.",
+    "hydra.",
+    "cache_dir",
+    "cache_enabled",
+    "progress",
+    "experiment_name",
+    "force",
+    "evalset.limit",
+)
 
 
 def run_name_from(overrides: list[str]) -> str:
@@ -150,12 +171,20 @@ def run_job(cfg: DictConfig) -> float:
     run_name = run_name_from(overrides)
     done = None if cfg.force else tracking.find_finished(client, exp_id, chash)
     if done is not None:
-        print(f"[skip] {run_name}: config_hash {chash} already FINISHED as run {done.info.run_id} (force=true re-runs)")
+        print(
+            f"[skip] {run_name}: config_hash {chash} already FINISHED as run {done.info.run_id} (force=true re-runs)"
+        )
         return float(done.data.metrics.get(f"hit_at_{k}", float("nan")))
 
-    tags = {"config_hash": chash, "corpus_digest": corpus.digest, "evalset_digest": evalset.digest,
-            "overrides": json.dumps(overrides), "command": " ".join(sys.argv), **tracking.git_info(),
-            **{f"version.{p}": v for p, v in tracking.package_versions().items()}}
+    tags = {
+        "config_hash": chash,
+        "corpus_digest": corpus.digest,
+        "evalset_digest": evalset.digest,
+        "overrides": json.dumps(overrides),
+        "command": " ".join(sys.argv),
+        **tracking.git_info(),
+        **{f"version.{p}": v for p, v in tracking.package_versions().items()},
+    }
     sweep = tracking.sweep_context()
     if sweep:
         parent_id, sweep_id = tracking.get_or_create_parent(client, exp_id, sweep, bool(cfg.force))
@@ -165,7 +194,9 @@ def run_job(cfg: DictConfig) -> float:
         tags["generator_model"] = getattr(gen, "model", "")
         tags["judge_model"] = str(getattr(judge, "model", None))
         if getattr(judge, "model", None) and judge.model == getattr(gen, "model", None):
-            log.warning("the judge model equals the generator model (%s): expect self-preference bias", gen.model)
+            log.warning(
+                "the judge model equals the generator model (%s): expect self-preference bias", gen.model
+            )
             tags["judge_is_generator"] = "true"
     params = tracking.flatten(full)
     params = {k_: v for k_, v in params.items() if not k_.startswith(("tracking.", "hydra."))}
@@ -173,27 +204,62 @@ def run_job(cfg: DictConfig) -> float:
     run_id = tracking.start_child(client, exp_id, run_name, tags, params)
     try:
         res = run_pipeline(
-            docs=corpus.docs, corpus_digest=corpus.digest, items=evalset.items, chunker=stages["chunker"],
-            chunking_cfg=_container(cfg.chunking), retriever=stages["retriever"], k=k, ks=ks, cache=cache,
-            generator=gen, prompt=stages["prompt"], judge=judge, min_coverage=cfg.metrics.min_coverage,
+            docs=corpus.docs,
+            corpus_digest=corpus.digest,
+            items=evalset.items,
+            chunker=stages["chunker"],
+            chunking_cfg=_container(cfg.chunking),
+            retriever=stages["retriever"],
+            k=k,
+            ks=ks,
+            cache=cache,
+            generator=gen,
+            prompt=stages["prompt"],
+            judge=judge,
+            min_coverage=cfg.metrics.min_coverage,
             thresholds=load_thresholds() if "attribution" not in cfg else _container(cfg.attribution),
-            n_resamples=cfg.metrics.bootstrap_resamples, seed=cfg.seed, progress=cfg.get("progress", True),
+            n_resamples=cfg.metrics.bootstrap_resamples,
+            seed=cfg.seed,
+            progress=cfg.get("progress", True),
         )
         import pandas as pd
 
-        evalset_df = pd.DataFrame([{"id": it.id, "query": it.query, "tags": ",".join(it.tags),
-                                    "gold_answer": it.gold_answer or "", "n_evidence": len(it.gold_spans)}
-                                   for it in evalset.items])
-        artifacts = {"config.yaml": OmegaConf.to_yaml(cfg, resolve=True),
-                     "cache_keys.json": json.dumps(res.cache_keys, indent=2)}
+        evalset_df = pd.DataFrame(
+            [
+                {
+                    "id": it.id,
+                    "query": it.query,
+                    "tags": ",".join(it.tags),
+                    "gold_answer": it.gold_answer or "",
+                    "n_evidence": len(it.gold_spans),
+                }
+                for it in evalset.items
+            ]
+        )
+        artifacts = {
+            "config.yaml": OmegaConf.to_yaml(cfg, resolve=True),
+            "cache_keys.json": json.dumps(res.cache_keys, indent=2),
+        }
         if stages["prompt"] is not None:
             artifacts["prompt_template.txt"] = stages["prompt"].text
         timing = {**res.timings, "total_s": time.perf_counter() - t_start}
-        extra = {"n_chunks": str(res.n_chunks), "model_calls": json.dumps(res.calls),
-                 "timings": json.dumps({k_: round(v, 3) for k_, v in timing.items()}),
-                 **{f"cache_key.{k_}": v for k_, v in res.cache_keys.items()}}
-        tracking.log_results(client, run_id, res.aggregates, res.per_query, evalset_df, evalset.path,
-                             evalset.digest, artifacts, extra)
+        extra = {
+            "n_chunks": str(res.n_chunks),
+            "model_calls": json.dumps(res.calls),
+            "timings": json.dumps({k_: round(v, 3) for k_, v in timing.items()}),
+            **{f"cache_key.{k_}": v for k_, v in res.cache_keys.items()},
+        }
+        tracking.log_results(
+            client,
+            run_id,
+            res.aggregates,
+            res.per_query,
+            evalset_df,
+            evalset.path,
+            evalset.digest,
+            artifacts,
+            extra,
+        )
         client.set_terminated(run_id, "FINISHED")
     except KeyboardInterrupt:
         client.set_terminated(run_id, "KILLED")
@@ -220,9 +286,12 @@ class MultirunParent(Callback):
         overrides = list(config.hydra.overrides.task)
         params = config.hydra.sweeper.get("params") or {}
         params = OmegaConf.to_container(params) if OmegaConf.is_config(params) else dict(params)
-        sweep = {"sweep_hash": stable_hash("sweep", config.experiment_name, sorted(overrides), params)[:16],
-                 "invocation": uuid.uuid4().hex, "overrides": overrides,
-                 "command": "python -m rag_experiments.sweep " + " ".join(sys.argv[1:])}
+        sweep = {
+            "sweep_hash": stable_hash("sweep", config.experiment_name, sorted(overrides), params)[:16],
+            "invocation": uuid.uuid4().hex,
+            "overrides": overrides,
+            "command": "python -m rag_experiments.sweep " + " ".join(sys.argv[1:]),
+        }
         os.environ["RAG_EXPERIMENTS_SWEEP"] = json.dumps(sweep)
         # Create the store and experiment here, once: parallel workers (joblib) that each
         # initialise a fresh sqlite schema race on its migrations.
@@ -244,17 +313,28 @@ class MultirunParent(Callback):
         uri = tracking.resolve_uri(config.tracking.uri)
         client = MlflowClient(tracking_uri=uri)
         exp = client.get_experiment_by_name(config.experiment_name)
-        parents = [] if exp is None else client.search_runs(
-            [exp.experiment_id], filter_string=f"tags.sweep_invocation = '{sweep['invocation']}'", max_results=1)
+        parents = (
+            []
+            if exp is None
+            else client.search_runs(
+                [exp.experiment_id],
+                filter_string=f"tags.sweep_invocation = '{sweep['invocation']}'",
+                max_results=1,
+            )
+        )
         if parents:
             parent = parents[0]
             if parent.info.status == "RUNNING":
                 client.set_terminated(parent.info.run_id, "FINISHED")
             children = client.search_runs(
-                [exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
-                max_results=1000)
-            print(f"\nsweep {parent.data.tags.get('sweep_id')}: parent run {parent.info.run_id}, "
-                  f"{len(children)} child runs")
+                [exp.experiment_id],
+                filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
+                max_results=1000,
+            )
+            print(
+                f"\nsweep {parent.data.tags.get('sweep_id')}: parent run {parent.info.run_id}, "
+                f"{len(children)} child runs"
+            )
             keys = ["hit_at_5", "mrr", "ndcg_at_10", "faithfulness", "correctness", "rate_ok"]
             keys = [k for k in keys if any(k in c.data.metrics for c in children)]
             print(f"  {'run':<55} " + " ".join(f"{k:>12}" for k in keys))

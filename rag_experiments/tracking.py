@@ -83,7 +83,9 @@ def git_info(root: Path | None = None) -> dict[str, str]:
 
     def git(*args: str) -> str:
         try:
-            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+            return subprocess.run(
+                ["git", *args], cwd=root, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
 
@@ -94,8 +96,21 @@ def git_info(root: Path | None = None) -> dict[str, str]:
 
 def package_versions() -> dict[str, str]:
     out = {}
-    for pkg in ("rag-experiments", "mlflow", "hydra-core", "sentence-transformers", "transformers", "torch",
-                "numpy", "pandas", "bm25s", "model2vec", "semantic-text-splitter", "xllamacpp", "openai"):
+    for pkg in (
+        "rag-experiments",
+        "mlflow",
+        "hydra-core",
+        "sentence-transformers",
+        "transformers",
+        "torch",
+        "numpy",
+        "pandas",
+        "bm25s",
+        "model2vec",
+        "semantic-text-splitter",
+        "xllamacpp",
+        "openai",
+    ):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
@@ -123,7 +138,9 @@ def _file_lock(path: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def get_or_create_parent(client: MlflowClient, experiment_id: str, sweep: dict, force: bool) -> tuple[str, str]:
+def get_or_create_parent(
+    client: MlflowClient, experiment_id: str, sweep: dict, force: bool
+) -> tuple[str, str]:
     """(parent run id, sweep_id) for this multirun, created by the first job that needs it.
 
     Created lazily so that a sweep whose input is rejected leaves no empty parent behind. An
@@ -136,8 +153,9 @@ def get_or_create_parent(client: MlflowClient, experiment_id: str, sweep: dict, 
         if not force:
             filters.append(f"tags.sweep_hash = '{sweep['sweep_hash']}'")
         for flt in filters:
-            runs = client.search_runs([experiment_id], filter_string=flt, max_results=1,
-                                      order_by=["attributes.start_time DESC"])
+            runs = client.search_runs(
+                [experiment_id], filter_string=flt, max_results=1, order_by=["attributes.start_time DESC"]
+            )
             if runs:
                 r = runs[0]
                 if r.data.tags.get("sweep_invocation") != sweep["invocation"]:
@@ -147,9 +165,15 @@ def get_or_create_parent(client: MlflowClient, experiment_id: str, sweep: dict, 
         run = client.create_run(
             experiment_id,
             run_name=f"sweep {sweep_id}",
-            tags={"sweep_id": sweep_id, "sweep_hash": sweep["sweep_hash"], "sweep_invocation": sweep["invocation"],
-                  "is_parent": "true", "sweep_overrides": json.dumps(sweep.get("overrides", [])),
-                  "command": sweep.get("command", ""), **git_info()},
+            tags={
+                "sweep_id": sweep_id,
+                "sweep_hash": sweep["sweep_hash"],
+                "sweep_invocation": sweep["invocation"],
+                "is_parent": "true",
+                "sweep_overrides": json.dumps(sweep.get("overrides", [])),
+                "command": sweep.get("command", ""),
+                **git_info(),
+            },
         )
         return run.info.run_id, sweep_id
 
@@ -162,8 +186,9 @@ def _batched(seq: list, n: int):
         yield seq[i : i + n]
 
 
-def start_child(client: MlflowClient, experiment_id: str, run_name: str, tags: dict[str, str],
-                params: dict[str, str]) -> str:
+def start_child(
+    client: MlflowClient, experiment_id: str, run_name: str, tags: dict[str, str], params: dict[str, str]
+) -> str:
     run = client.create_run(experiment_id, run_name=run_name, tags=tags)
     rid = run.info.run_id
     items = [Param(k[:250], v[:6000]) for k, v in sorted(params.items())]
@@ -172,16 +197,27 @@ def start_child(client: MlflowClient, experiment_id: str, run_name: str, tags: d
     return rid
 
 
-def log_results(client: MlflowClient, run_id: str, aggregates: dict[str, float], per_query: pd.DataFrame,
-                evalset_df: pd.DataFrame, evalset_path: str, evalset_digest: str,
-                artifacts: dict[str, str], extra_tags: dict[str, str]) -> None:
+def log_results(
+    client: MlflowClient,
+    run_id: str,
+    aggregates: dict[str, float],
+    per_query: pd.DataFrame,
+    evalset_df: pd.DataFrame,
+    evalset_path: str,
+    evalset_digest: str,
+    artifacts: dict[str, str],
+    extra_tags: dict[str, str],
+) -> None:
     import math
 
     import mlflow
 
     now = int(time.time() * 1000)
-    metrics = [Metric(k, float(v), now, 0) for k, v in sorted(aggregates.items())
-               if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    metrics = [
+        Metric(k, float(v), now, 0)
+        for k, v in sorted(aggregates.items())
+        if v is not None and not (isinstance(v, float) and math.isnan(v))
+    ]
     for batch in _batched(metrics, 1000):
         client.log_batch(run_id, metrics=batch)
     # NaN aggregates (e.g. a metric no query could be scored on) are not logged as numbers;
@@ -205,13 +241,19 @@ def log_results(client: MlflowClient, run_id: str, aggregates: dict[str, float],
         warnings.simplefilter("ignore", UserWarning)
         mlflow.log_table(per_query, artifact_file="per_query.json", run_id=run_id)
         with mlflow.start_run(run_id=run_id):
-            ds = mlflow.data.from_pandas(evalset_df, source=str(Path(evalset_path).resolve()), name="evalset",
-                                         digest=evalset_digest[:16])
+            ds = mlflow.data.from_pandas(
+                evalset_df,
+                source=str(Path(evalset_path).resolve()),
+                name="evalset",
+                digest=evalset_digest[:16],
+            )
             mlflow.log_input(ds, context="eval")
     # start_run/end_run above would mark FINISHED; the caller sets the final status explicitly.
 
 
 def ui_command(uri: str, artifact_root: str) -> str:
     root = Path(artifact_root).resolve()
-    return (f"MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow server --backend-store-uri {uri} "
-            f"--default-artifact-root {root} --workers 1 --port 5000   # then open http://127.0.0.1:5000")
+    return (
+        f"MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow server --backend-store-uri {uri} "
+        f"--default-artifact-root {root} --workers 1 --port 5000   # then open http://127.0.0.1:5000"
+    )

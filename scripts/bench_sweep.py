@@ -58,8 +58,14 @@ for emb in embedders.values():
 def run(cmd: list[str], cwd: Path, env: dict | None = None) -> tuple[float, float, str]:
     """(wall seconds, peak RSS MiB of the child, stdout) for one subprocess."""
     t = time.perf_counter()
-    p = subprocess.Popen(cmd, cwd=cwd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     out = p.stdout.read()
     _, status, ru = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t
@@ -78,9 +84,13 @@ def retrieval(work: Path, skip_naive: bool) -> None:
     res = {}
     res["cold"] = run(sweep(*grid, *store("a"), f"cache_dir={work}/cache"), work)
     res["warm (resume)"] = run(sweep(*grid, *store("a"), f"cache_dir={work}/cache"), work)
-    res["warm (force, from cache)"] = run(sweep(*grid, *store("b"), f"cache_dir={work}/cache", "force=true"), work)
+    res["warm (force, from cache)"] = run(
+        sweep(*grid, *store("b"), f"cache_dir={work}/cache", "force=true"), work
+    )
     if not skip_naive:
-        res["naive (no cache)"] = run(sweep(*grid, *store("c"), f"cache_dir={work}/nocache", "cache_enabled=false"), work)
+        res["naive (no cache)"] = run(
+            sweep(*grid, *store("c"), f"cache_dir={work}/nocache", "cache_enabled=false"), work
+        )
     res["lower bound"] = run([PY, "-c", LOWER_BOUND, str(REPO / "conf"), str(work / "lb_cache")], work)
     print("\n## retrieval grid: 3 chunkings x 2 embeddings x 3 k = 18 configs, bundled sample")
     print(f"{'scenario':<28} {'wall s':>8} {'peak RSS MiB':>13}")
@@ -92,7 +102,9 @@ def retrieval(work: Path, skip_naive: bool) -> None:
         print(f"naive/cold        {res['naive (no cache)'][0] / cold:6.2f}   (target >= 5)")
     print(f"cold/lower-bound  {cold / lower:6.2f}   (target <= 1.3)")
     print(f"warm/cold         {res['warm (resume)'][0] / cold:6.3f}   (identical re-run; target <= 0.05)")
-    print(f"warm-force/cold   {res['warm (force, from cache)'][0] / cold:6.3f}   (recompute metrics + re-log from cache)")
+    print(
+        f"warm-force/cold   {res['warm (force, from cache)'][0] / cold:6.3f}   (recompute metrics + re-log from cache)"
+    )
 
 
 def _child_stats(db: Path, experiment: str) -> list[dict]:
@@ -101,24 +113,39 @@ def _child_stats(db: Path, experiment: str) -> list[dict]:
     c = MlflowClient(tracking_uri=f"sqlite:///{db}")
     exp = c.get_experiment_by_name(experiment)
     runs = c.search_runs([exp.experiment_id], max_results=100, order_by=["attributes.start_time ASC"])
-    return [{"name": r.info.run_name, "timings": json.loads(r.data.tags.get("timings", "{}")),
-             "calls": json.loads(r.data.tags.get("model_calls", "{}"))}
-            for r in runs if r.data.tags.get("is_parent") != "true"]
+    return [
+        {
+            "name": r.info.run_name,
+            "timings": json.loads(r.data.tags.get("timings", "{}")),
+            "calls": json.loads(r.data.tags.get("model_calls", "{}")),
+        }
+        for r in runs
+        if r.data.tags.get("is_parent") != "true"
+    ]
 
 
 def generation(work: Path) -> None:
-    store = [f"tracking.uri=sqlite:///{work}/gen.db", f"tracking.artifact_root={work}/mlruns",
-             f"cache_dir={work}/cache", f"hydra.sweep.dir={work}/multirun", f"hydra.run.dir={work}/outputs"]
+    store = [
+        f"tracking.uri=sqlite:///{work}/gen.db",
+        f"tracking.artifact_root={work}/mlruns",
+        f"cache_dir={work}/cache",
+        f"hydra.sweep.dir={work}/multirun",
+        f"hydra.run.dir={work}/outputs",
+    ]
     t_default, rss_default, out = run(sweep(*store), work)
-    t_prompts, rss_prompts, out2 = run(sweep("+experiment=ablate_prompt", "experiment_name=rag-sample", *store), work)
+    t_prompts, rss_prompts, out2 = run(
+        sweep("+experiment=ablate_prompt", "experiment_name=rag-sample", *store), work
+    )
     print("\n## full pipeline on the bundled sample (generator=local SmolLM2-135M, judge=heuristic)")
     print(f"default run: {t_default:.1f} s wall (target < 300 s), peak RSS {rss_default:.0f} MiB")
     print(f"3-prompt sweep after it: {t_prompts:.1f} s wall, peak RSS {rss_prompts:.0f} MiB")
     print(f"{'run':<40} {'chunk':>6} {'retr':>6} {'gen':>7} {'judge':>7} {'total':>7}  model calls")
     for r in _child_stats(work / "gen.db", "rag-sample"):
         t = r["timings"]
-        print(f"{r['name'][:40]:<40} {t.get('chunking_s', 0):>6.1f} {t.get('retrieval_s', 0):>6.1f} "
-              f"{t.get('generation_s', 0):>7.1f} {t.get('judging_s', 0):>7.1f} {t.get('total_s', 0):>7.1f}  {r['calls']}")
+        print(
+            f"{r['name'][:40]:<40} {t.get('chunking_s', 0):>6.1f} {t.get('retrieval_s', 0):>6.1f} "
+            f"{t.get('generation_s', 0):>7.1f} {t.get('judging_s', 0):>7.1f} {t.get('total_s', 0):>7.1f}  {r['calls']}"
+        )
     for line in (out + out2).splitlines():
         if line.startswith(("model calls", "[skip]")):
             print("  " + line)
@@ -137,7 +164,9 @@ def main() -> None:
     print(f"workdir {work}; cores {os.cpu_count()}; python {sys.version.split()[0]}")
     try:
         if args.part in ("retrieval", "all"):
-            retrieval(work / "retrieval", args.skip_naive) if (work / "retrieval").mkdir(exist_ok=True) is None else None
+            retrieval(work / "retrieval", args.skip_naive) if (work / "retrieval").mkdir(
+                exist_ok=True
+            ) is None else None
         if args.part in ("generation", "all"):
             (work / "generation").mkdir(exist_ok=True)
             generation(work / "generation")

@@ -65,8 +65,14 @@ def _run(chromium: str, args: list[str], timeout: float) -> subprocess.Completed
         )
 
 
-def render(html: Path, screenshot: Path, chromium: str | None = None, width: int = 1280,
-           height: int = 4000, timeout: float = 90) -> dict:
+def render(
+    html: Path,
+    screenshot: Path,
+    chromium: str | None = None,
+    width: int = 1280,
+    height: int = 4000,
+    timeout: float = 90,
+) -> dict:
     """Screenshot ``html`` and check it; returns images, broken, external, sections, screenshot."""
     chromium = chromium or find_chromium()
     if chromium is None:
@@ -81,9 +87,12 @@ def render(html: Path, screenshot: Path, chromium: str | None = None, width: int
         dom = _run(chromium, ["--dump-dom", probe.as_uri()], timeout)
     m = _TITLE.search(dom.stdout)
     if m is None:
-        raise RuntimeError(f"no check title in Chromium's DOM dump (rc={dom.returncode}):\n{dom.stderr[-2000:]}")
-    shot = _run(chromium, [f"--screenshot={screenshot}", f"--window-size={width},{height}", html.as_uri()],
-                timeout)
+        raise RuntimeError(
+            f"no check title in Chromium's DOM dump (rc={dom.returncode}):\n{dom.stderr[-2000:]}"
+        )
+    shot = _run(
+        chromium, [f"--screenshot={screenshot}", f"--window-size={width},{height}", html.as_uri()], timeout
+    )
     if not screenshot.is_file():
         raise RuntimeError(f"Chromium wrote no screenshot (rc={shot.returncode}):\n{shot.stderr[-2000:]}")
     return {

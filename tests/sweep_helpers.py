@@ -37,18 +37,31 @@ def make_tiny(root: Path, n_items: int = 8) -> tuple[Path, Path]:
 
 def sweep_args(root: Path, docs: Path, ev: Path) -> list[str]:
     return [
-        "corpus=dir", f"corpus.path={docs}", "evalset=file", f"evalset.path={ev}",
-        f"tracking.uri=sqlite:///{root}/mlflow.db", f"tracking.artifact_root={root}/mlruns",
-        f"cache_dir={root}/cache", "progress=false", f"hydra.sweep.dir={root}/multirun",
-        f"hydra.run.dir={root}/outputs", "experiment_name=test",
+        "corpus=dir",
+        f"corpus.path={docs}",
+        "evalset=file",
+        f"evalset.path={ev}",
+        f"tracking.uri=sqlite:///{root}/mlflow.db",
+        f"tracking.artifact_root={root}/mlruns",
+        f"cache_dir={root}/cache",
+        "progress=false",
+        f"hydra.sweep.dir={root}/multirun",
+        f"hydra.run.dir={root}/outputs",
+        "experiment_name=test",
     ]
 
 
 def run_sweep(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
-    p = subprocess.run([sys.executable, "-m", "rag_experiments.sweep", *args], cwd=root, env=env,
-                       capture_output=True, text=True, timeout=900)
+    p = subprocess.run(
+        [sys.executable, "-m", "rag_experiments.sweep", *args],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if check and p.returncode != 0:
         raise AssertionError(f"sweep failed ({p.returncode}):\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}")
     return p

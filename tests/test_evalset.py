@@ -19,9 +19,17 @@ def tiny(tmp_path: Path) -> tuple[Path, Path]:
     (docs / "webhooks.md").write_text(DOC)
     ev = tmp_path / "evalset.jsonl"
     ev.write_text(
-        json.dumps({"id": "q1", "query": "how long do webhooks retry",
-                    "gold_evidence": [{"doc_id": "webhooks.md", "quote": "exponential  backoff\nfor 24 hours"}],
-                    "gold_answer": "24 hours", "key_facts": ["24 hours"], "tags": ["paraphrase"]}) + "\n"
+        json.dumps(
+            {
+                "id": "q1",
+                "query": "how long do webhooks retry",
+                "gold_evidence": [{"doc_id": "webhooks.md", "quote": "exponential  backoff\nfor 24 hours"}],
+                "gold_answer": "24 hours",
+                "key_facts": ["24 hours"],
+                "tags": ["paraphrase"],
+            }
+        )
+        + "\n"
     )
     return docs, ev
 
@@ -38,17 +46,38 @@ def test_quote_resolves_to_exact_span_with_whitespace_normalised(tiny):
     assert len(digest) == 64
 
 
-GOOD = {"id": "q1", "query": "q", "gold_evidence": [{"doc_id": "webhooks.md", "quote": "24 hours"}], "tags": []}
+GOOD = {
+    "id": "q1",
+    "query": "q",
+    "gold_evidence": [{"doc_id": "webhooks.md", "quote": "24 hours"}],
+    "tags": [],
+}
 
 CORRUPTIONS = [
     ("bad json", ['{"id": "q1", "query": '], "json: invalid JSON"),
     ("missing field", [{"query": "q", "gold_evidence": []}], "id: missing required field"),
     ("mistyped field", [{**GOOD, "tags": "boundary"}], "tags: expected list, got string"),
     ("duplicate id", [GOOD, GOOD], "id: duplicate 'q1' (first on line 1)"),
-    ("unknown doc", [{**GOOD, "gold_evidence": [{"doc_id": "nope.md", "quote": "x"}]}], "gold_evidence[0].doc_id: unknown document 'nope.md'"),
-    ("stale quote", [{**GOOD, "gold_evidence": [{"doc_id": "webhooks.md", "quote": "48 hours"}]}], "gold_evidence[0].quote: not found in webhooks.md"),
-    ("ambiguous quote", [{**GOOD, "gold_evidence": [{"doc_id": "webhooks.md", "quote": "See retries."}]}], "gold_evidence[0].quote: found 2 times"),
-    ("offsets outside", [{**GOOD, "gold_evidence": [{"doc_id": "webhooks.md", "start": 10, "end": 10_000}]}], "gold_evidence[0].start/end: offsets 10-10000 outside"),
+    (
+        "unknown doc",
+        [{**GOOD, "gold_evidence": [{"doc_id": "nope.md", "quote": "x"}]}],
+        "gold_evidence[0].doc_id: unknown document 'nope.md'",
+    ),
+    (
+        "stale quote",
+        [{**GOOD, "gold_evidence": [{"doc_id": "webhooks.md", "quote": "48 hours"}]}],
+        "gold_evidence[0].quote: not found in webhooks.md",
+    ),
+    (
+        "ambiguous quote",
+        [{**GOOD, "gold_evidence": [{"doc_id": "webhooks.md", "quote": "See retries."}]}],
+        "gold_evidence[0].quote: found 2 times",
+    ),
+    (
+        "offsets outside",
+        [{**GOOD, "gold_evidence": [{"doc_id": "webhooks.md", "start": 10, "end": 10_000}]}],
+        "gold_evidence[0].start/end: offsets 10-10000 outside",
+    ),
     ("empty query", [{**GOOD, "query": "   "}], "query: empty"),
 ]
 
@@ -74,15 +103,35 @@ def test_every_problem_is_reported_not_just_the_first(tiny):
 def test_ambiguous_quote_is_accepted_with_offsets(tiny):
     docs, ev = tiny
     start = DOC.rindex("See retries.")
-    _write(ev, [{**GOOD, "gold_evidence": [{"doc_id": "webhooks.md", "quote": "See retries.", "start": start, "end": start + 12}]}])
+    _write(
+        ev,
+        [
+            {
+                **GOOD,
+                "gold_evidence": [
+                    {"doc_id": "webhooks.md", "quote": "See retries.", "start": start, "end": start + 12}
+                ],
+            }
+        ],
+    )
     items, _ = load_evalset(ev, load_corpus(docs))
     assert items[0].gold_spans[0].start == start
 
 
 def test_seed_format_gold_chunk_ids_resolve_under_reference_chunking(tiny):
     docs, ev = tiny
-    _write(ev, [{"id": "q1", "query": "q", "gold_chunk_ids": ["webhooks.md#chunk_0", "webhooks.md#2-10"],
-                 "reference_chunking": "whole", "tags": []}])
+    _write(
+        ev,
+        [
+            {
+                "id": "q1",
+                "query": "q",
+                "gold_chunk_ids": ["webhooks.md#chunk_0", "webhooks.md#2-10"],
+                "reference_chunking": "whole",
+                "tags": [],
+            }
+        ],
+    )
     items, _ = load_evalset(ev, load_corpus(docs))
     spans = items[0].gold_spans
     assert (spans[0].start, spans[0].end) == (0, len(DOC.rstrip()))
@@ -103,7 +152,10 @@ def test_bundled_sample_validates_with_tag_counts(capsys):
     assert len(docs) >= 25 and sum(len(d.text.split()) for d in docs) >= 15_000
     items, _ = load_evalset(sample_dir() / "evalset.jsonl", docs)
     assert len(items) >= 100
-    counts = {t: sum(t in it.tags for it in items) for t in ("paraphrase", "synonym", "multi_chunk", "boundary", "unanswerable")}
+    counts = {
+        t: sum(t in it.tags for it in items)
+        for t in ("paraphrase", "synonym", "multi_chunk", "boundary", "unanswerable")
+    }
     assert min(counts[t] for t in ("paraphrase", "synonym", "multi_chunk", "boundary")) >= 15, counts
     assert counts["unanswerable"] >= 5
     assert all(not it.gold_spans for it in items if "unanswerable" in it.tags)
@@ -126,7 +178,9 @@ def test_jsonl_and_beir_corpus_formats(tmp_path):
     assert load_corpus(tmp_path / "c.jsonl")[0].doc_id == "d1"
     beir = tmp_path / "beir"
     (beir / "qrels").mkdir(parents=True)
-    (beir / "corpus.jsonl").write_text(json.dumps({"_id": "7", "title": "", "text": "BM25 ranks documents."}) + "\n")
+    (beir / "corpus.jsonl").write_text(
+        json.dumps({"_id": "7", "title": "", "text": "BM25 ranks documents."}) + "\n"
+    )
     (beir / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "what ranks documents"}) + "\n")
     (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\t7\t1\n")
     assert load_corpus(beir)[0].doc_id == "7"
@@ -151,4 +205,7 @@ def test_import_squad_on_xquad_resolves_every_answer_span(shared_datasets, tmp_p
     for it in items:
         assert it.gold_spans, it.id
         for s in it.gold_spans:  # the span holds an answer text exactly
-            assert any(by_id[s.doc_id][s.start : s.end] == kf or kf in by_id[s.doc_id][s.start : s.end] for kf in it.key_facts)
+            assert any(
+                by_id[s.doc_id][s.start : s.end] == kf or kf in by_id[s.doc_id][s.start : s.end]
+                for kf in it.key_facts
+            )

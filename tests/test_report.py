@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from rag_experiments import report
@@ -57,7 +58,13 @@ def test_report_files_sections_and_logging(tiny_sweep, sweep_report):
     md = (out / "report.md").read_text()
     html = (out / "report.html").read_text()
     pngs = sorted(p.name for p in out.glob("*.png"))
-    assert {"hit_at_k.png", "recall_vs_mrr.png", "failure_labels.png", "per_tag.png", "main_effects.png"} <= set(pngs)
+    assert {
+        "hit_at_k.png",
+        "recall_vs_mrr.png",
+        "failure_labels.png",
+        "per_tag.png",
+        "main_effects.png",
+    } <= set(pngs)
     # sections present, in order
     pos = [md.index(h + "\n") for h in HEADINGS]
     assert pos == sorted(pos)
@@ -93,7 +100,9 @@ def test_hit_curve_matches_logged_metrics(tiny_sweep):
 
 def test_single_run_and_unknown_target(tiny_sweep, tmp_path, capsys):
     _, uri, client, parent = tiny_sweep
-    child = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")[0]
+    child = client.search_runs(
+        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+    )[0]
     out = tmp_path / "single"
     assert report.main([child.info.run_id, "--tracking-uri", uri, "--out", str(out), "--no-log"]) == 0
     md = (out / "report.md").read_text()
@@ -137,9 +146,17 @@ def test_generation_sections_appear_with_generation_metrics(tiny_sweep, tmp_path
     _, uri, client, parent = tiny_sweep
     exp_id = parent.info.experiment_id
     kids = client.search_runs([exp_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
-    new_parent = client.create_run(exp_id, run_name="gen sweep", tags={
-        "is_parent": "true", "sweep_id": "gen-sweep", "command": "python -m rag_experiments.sweep -m x",
-        "git_commit": "abc", "git_dirty": "false"})
+    new_parent = client.create_run(
+        exp_id,
+        run_name="gen sweep",
+        tags={
+            "is_parent": "true",
+            "sweep_id": "gen-sweep",
+            "command": "python -m rag_experiments.sweep -m x",
+            "git_commit": "abc",
+            "git_dirty": "false",
+        },
+    )
     rng = np.random.default_rng(0)
     for kid in kids:
         with tempfile.TemporaryDirectory() as tmp:
@@ -148,37 +165,70 @@ def test_generation_sections_appear_with_generation_metrics(tiny_sweep, tmp_path
         n = len(t)
         t["answer"] = [f"Answer {i}. It retries for 24 hours." for i in range(n)]
         t["context"] = "Webhooks retry with exponential backoff for 24 hours."
-        t["verdicts"] = json.dumps([{"claim": "It retries for 24 hours.", "label": "supported", "score": 0.8,
-                                     "rationale": "matches"}])
+        t["verdicts"] = json.dumps(
+            [
+                {
+                    "claim": "It retries for 24 hours.",
+                    "label": "supported",
+                    "score": 0.8,
+                    "rationale": "matches",
+                }
+            ]
+        )
         t["faithfulness"] = rng.integers(0, 2, n).astype(float)
         t["correctness"] = rng.random(n)
         t["answer_relevance"] = rng.random(n)
         t["failure_label"] = np.where(t["hit_at_5"] == 1, "ok", "retrieval_failure")
         t.loc[0, "failure_label"] = "generation_failure"
         tags = {k: v for k, v in kid.data.tags.items() if not k.startswith("mlflow.")}
-        tags.update({"mlflow.parentRunId": new_parent.info.run_id, "sweep_id": "gen-sweep",
-                     "generator_model": "SmolLM2", "judge_model": "SmolLM2", "judge_is_generator": "true"})
+        tags.update(
+            {
+                "mlflow.parentRunId": new_parent.info.run_id,
+                "sweep_id": "gen-sweep",
+                "generator_model": "SmolLM2",
+                "judge_model": "SmolLM2",
+                "judge_is_generator": "true",
+            }
+        )
         run = client.create_run(exp_id, run_name=kid.info.run_name, tags=tags)
         rid = run.info.run_id
-        for k, v in kid.data.params.items():
-            client.log_param(rid, k, v)
+        client.log_batch(rid, params=[Param(k, v) for k, v in kid.data.params.items()])
         metrics = dict(kid.data.metrics)
         for m in ("faithfulness", "correctness", "answer_relevance"):
-            metrics.update({m: t[m].mean(), f"{m}_ci_low": t[m].mean() - 0.1, f"{m}_ci_high": t[m].mean() + 0.1,
-                            f"by_tag/exact/{m}": 0.5})
+            metrics.update(
+                {
+                    m: t[m].mean(),
+                    f"{m}_ci_low": t[m].mean() - 0.1,
+                    f"{m}_ci_high": t[m].mean() + 0.1,
+                    f"by_tag/exact/{m}": 0.5,
+                }
+            )
         metrics["rate_ok"] = float((t["failure_label"] == "ok").mean())
-        for k, v in metrics.items():
-            client.log_metric(rid, k, v)
+        client.log_batch(rid, metrics=[Metric(k, float(v), 0, 0) for k, v in metrics.items()])
         with tempfile.TemporaryDirectory() as tmp:
             p = Path(tmp) / "per_query.parquet"
             t.to_parquet(p, index=False)
             client.log_artifact(rid, str(p))
         client.set_terminated(rid, "FINISHED")
     out = tmp_path / "gen"
-    assert report.main(["gen-sweep", "--tracking-uri", uri, "--out", str(out), "--resamples", "499",
-                        "--baseline", "chunking=fixed"]) == 0
+    assert (
+        report.main(
+            [
+                "gen-sweep",
+                "--tracking-uri",
+                uri,
+                "--out",
+                str(out),
+                "--resamples",
+                "499",
+                "--baseline",
+                "chunking=fixed",
+            ]
+        )
+        == 0
+    )
     md = (out / "report.md").read_text()
-    assert "### Generation" in md and "| faithfulness |" not in md  # a column, not a row
+    assert "### Generation" in md and "| config | faithfulness | answer_relevance | correctness |" in md
     assert "baseline = **chunking=fixed** (given with --baseline)" in md
     assert "chunking=markdown | faithfulness |" in md  # attributed
     assert "rag_experiments.judging.faithfulness" in md and "HeuristicJudge" in md

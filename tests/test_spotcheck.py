@@ -29,17 +29,23 @@ def _per_query() -> pd.DataFrame:
     rows = []
     for qid, vs in VERDICTS.items():
         claims = [f"claim {j} of {qid}, with a comma" for j in range(len(vs))]
-        rows.append({
-            "id": qid,
-            "query": f"question {qid}?",
-            "tags": ["exact"],
-            "answer": " ".join(claims),
-            "context": CONTEXT + "\n\nsecond chunk, \"quoted\"\nacross lines",
-            "claims": json.dumps(claims),
-            "verdicts": json.dumps([{"claim": c, "label": lab, "score": sc, "rationale": f"why {c}"}
-                                    for c, (lab, sc) in zip(claims, vs, strict=True)]),
-            "faithfulness": 0.5,
-        })
+        rows.append(
+            {
+                "id": qid,
+                "query": f"question {qid}?",
+                "tags": ["exact"],
+                "answer": " ".join(claims),
+                "context": CONTEXT + '\n\nsecond chunk, "quoted"\nacross lines',
+                "claims": json.dumps(claims),
+                "verdicts": json.dumps(
+                    [
+                        {"claim": c, "label": lab, "score": sc, "rationale": f"why {c}"}
+                        for c, (lab, sc) in zip(claims, vs, strict=True)
+                    ]
+                ),
+                "faithfulness": 0.5,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -50,9 +56,15 @@ def store(tmp_path_factory):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = MlflowClient(tracking_uri=uri)
     exp = client.create_experiment("spot", artifact_location=(tmp_path / "mlruns").as_uri())
-    run = client.create_run(exp, run_name="gen-run", tags={
-        "generator_model": "SmolLM2-135M-Instruct", "judge_model": "SmolLM2-135M-Instruct",
-        "judge_is_generator": "true"})
+    run = client.create_run(
+        exp,
+        run_name="gen-run",
+        tags={
+            "generator_model": "SmolLM2-135M-Instruct",
+            "judge_model": "SmolLM2-135M-Instruct",
+            "judge_is_generator": "true",
+        },
+    )
     client.log_param(run.info.run_id, "judge", "local")
     client.log_param(run.info.run_id, "judge.threshold", "0.0")
     with tempfile.TemporaryDirectory() as tmp:
@@ -84,8 +96,24 @@ def test_sample_is_seeded_stratified_and_has_the_columns(store, tmp_path):
     uri, _, rid = store
     a, b = tmp_path / "a.csv", tmp_path / "b.csv"
     for out in (a, b):
-        assert spotcheck.main(["--tracking-uri", uri, "sample", "gen-run", "-n", "6", "--stratify",
-                               "--seed", "3", "--out", str(out)]) == 0
+        assert (
+            spotcheck.main(
+                [
+                    "--tracking-uri",
+                    uri,
+                    "sample",
+                    "gen-run",
+                    "-n",
+                    "6",
+                    "--stratify",
+                    "--seed",
+                    "3",
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
     assert a.read_text() == b.read_text()  # seeded
     rows = _read(a)
     assert list(rows[0]) == spotcheck.COLUMNS
@@ -139,7 +167,9 @@ def test_score_round_trip_kappa_confusion_and_logging(store, tmp_path, capsys):
     for r in rows:
         if r["item_id"] == "q5#1":
             continue  # left blank
-        human = flip.get(r["item_id"], r["judge_verdict"] if r["judge_verdict"] != "unparseable" else "supported")
+        human = flip.get(
+            r["item_id"], r["judge_verdict"] if r["judge_verdict"] != "unparseable" else "supported"
+        )
         r["human_verdict"] = human.upper() if r["item_id"] == "q1#0" else human  # case-insensitive
         if r["judge_verdict"] != "unparseable":
             pairs.append((human, r["judge_verdict"]))
@@ -198,7 +228,7 @@ def test_malformed_label_files_exit_2_with_file_line(store, tmp_path, capsys):
     # missing column
     _write(out, [{k: v for k, v in r.items() if k != "human_verdict"} for r in rows])
     assert spotcheck.main(["--tracking-uri", uri, "score", rid, str(out)]) == 2
-    assert capsys.readouterr().err.strip() .startswith(f"{out}:1: human_verdict: missing column")
+    assert capsys.readouterr().err.strip().startswith(f"{out}:1: human_verdict: missing column")
 
     # unknown run
     assert spotcheck.main(["--tracking-uri", uri, "score", "no-such-run", str(out)]) == 2

@@ -59,7 +59,14 @@ def test_aggregates_equal_means_of_per_query_columns(grid):
         df = pd.read_parquet(path)
         assert len(df) == n_items and df["id"].is_unique
         k = int(r.data.params["retriever.k"])
-        for key in (f"hit_at_{k}", "mrr", f"ndcg_at_{k}", f"context_precision_at_{k}", "hit_at_1", "evidence_recall_at_10"):
+        for key in (
+            f"hit_at_{k}",
+            "mrr",
+            f"ndcg_at_{k}",
+            f"context_precision_at_{k}",
+            "hit_at_1",
+            "evidence_recall_at_10",
+        ):
             assert r.data.metrics[key] == pytest.approx(np.nanmean(df[key].to_numpy(float)), abs=1e-12), key
             assert r.data.metrics[f"{key}_ci_low"] <= r.data.metrics[key] <= r.data.metrics[f"{key}_ci_high"]
         assert r.data.metrics["n_queries"] == n_items
@@ -77,7 +84,9 @@ def test_identical_multirun_resumes_and_adds_no_finished_runs(grid):
     _, before = _runs(root)
     again = run_sweep(root, "-m", "chunking=fixed,markdown", "retriever.k=3,5", *base)
     _, after = _runs(root)
-    assert len([r for r in after if r.info.status == "FINISHED"]) == len([r for r in before if r.info.status == "FINISHED"])
+    assert len([r for r in after if r.info.status == "FINISHED"]) == len(
+        [r for r in before if r.info.status == "FINISHED"]
+    )
     assert again.stdout.count("[skip]") == 4
 
 
@@ -108,8 +117,16 @@ def test_bad_input_exits_2_without_any_mlflow_run(tmp_path):
 
 def test_joblib_launcher_two_workers_share_the_sqlite_store(tmp_path):
     docs, ev = make_tiny(tmp_path, n_items=5)
-    p = run_sweep(tmp_path, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
-                  "retriever=dense,bm25", "retriever.k=3,5", *sweep_args(tmp_path, docs, ev), "generator=none")
+    p = run_sweep(
+        tmp_path,
+        "-m",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "retriever=dense,bm25",
+        "retriever.k=3,5",
+        *sweep_args(tmp_path, docs, ev),
+        "generator=none",
+    )
     assert "locked" not in (p.stdout + p.stderr).lower()
     c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     runs = c.search_runs([c.get_experiment_by_name("test").experiment_id])
