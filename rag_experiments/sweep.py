@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 import time
 import traceback
@@ -261,13 +262,14 @@ def run_job(cfg: DictConfig) -> float:
             extra,
         )
         client.set_terminated(run_id, "FINISHED")
-    except KeyboardInterrupt:
-        client.set_terminated(run_id, "KILLED")
-        raise
     except BaseException as e:
+        status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
         client.set_tag(run_id, "error", f"{type(e).__name__}: {e}"[:5000])
-        client.set_terminated(run_id, "FAILED")
-        traceback.print_exc()
+        client.set_terminated(run_id, status)
+        if sweep:  # the multirun stops here too: its parent must not stay RUNNING
+            client.set_terminated(tags["mlflow.parentRunId"], status)
+        if status == "FAILED":
+            traceback.print_exc()
         raise
     print(f"\n== {run_name}  (run {run_id}, {res.n_chunks} chunks, {time.perf_counter() - t_start:.1f}s)")
     print(summary_table(res.aggregates, k, ks))
@@ -345,8 +347,13 @@ class MultirunParent(Callback):
         os.environ.pop("RAG_EXPERIMENTS_SWEEP", None)
 
 
+def _terminate(signum, frame):  # SIGTERM (timeout, CI cancel) → KILLED run, never left RUNNING
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float:
+    signal.signal(signal.SIGTERM, _terminate)
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     return run_job(cfg)
 

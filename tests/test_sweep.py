@@ -133,3 +133,99 @@ def test_joblib_launcher_two_workers_share_the_sqlite_store(tmp_path):
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     assert len(children) == 4 and all(r.info.status == "FINISHED" for r in children)
     assert len({r.data.tags["mlflow.parentRunId"] for r in children}) == 1
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_mlflow_ui_serves_the_parent_with_its_children_and_metrics(grid, tmp_path):
+    """A real `mlflow server` (as the README starts it) and headless Chromium on its runs page."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from pathlib import Path
+
+    root, *_ = grid
+    port = _free_port()
+    mlflow_bin = Path(sys.executable).with_name("mlflow")
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    server = subprocess.Popen(
+        [
+            str(mlflow_bin),
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{root}/mlflow.db",
+            "--default-artifact-root",
+            str(root / "mlruns"),
+            "--workers",
+            "1",
+            "--port",
+            str(port),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.5)
+        c, runs = _runs(root)
+        exp_id = runs[0].info.experiment_id
+        req = urllib.request.Request(
+            f"{base}/api/2.0/mlflow/runs/search",
+            method="POST",
+            data=json.dumps({"experiment_ids": [exp_id], "max_results": 100}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        served = json.loads(urllib.request.urlopen(req, timeout=30).read())["runs"]
+        parent = next(r for r in served if any(t["key"] == "is_parent" for t in r["data"].get("tags", [])))
+        children = [
+            r
+            for r in served
+            if any(
+                t["key"] == "mlflow.parentRunId" and t["value"] == parent["info"]["run_id"]
+                for t in r["data"].get("tags", [])
+            )
+        ]
+        assert len(children) >= 4
+        assert all(any(m["key"] == "hit_at_5" for m in r["data"]["metrics"]) for r in children)
+
+        chromium = shutil.which("chromium")
+        assert chromium, "chromium missing: scripts/test.sh installs it (apt-get install chromium)"
+        dom = subprocess.run(
+            [
+                chromium,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--no-first-run",
+                "--disable-sync",
+                f"--user-data-dir={tmp_path}/chr",
+                "--virtual-time-budget=20000",
+                "--window-size=1400,900",
+                "--dump-dom",
+                f"{base}/#/experiments/{exp_id}/runs",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
+        assert parent["info"]["run_name"] in dom, "the UI's runs page lists the sweep's parent run"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
