@@ -536,7 +536,8 @@ def factor_effects(
       other factors wherever the grid puts them), then the mean over queries — equal to the mean
       of the run means when no values are missing. CI: percentile bootstrap **over queries** (the
       grid's runs are fixed, the eval set is the sample). Each non-baseline level is also tested
-      against the baseline's level on these per-query marginals (sign-flip).
+      against the baseline's level on these per-query marginals (sign-flip), when the sweep has
+      more than one factor (with one, the marginal is the OFAT comparison itself).
     * p-values are Holm-adjusted across **all** comparisons made (OFAT and marginal, every metric).
     * **A/A noise floor** per metric: when two runs share a ``config_hash`` their paired delta CI
       (``method = "replicate runs"``); otherwise a split-half estimate on the baseline's queries
@@ -590,7 +591,9 @@ def factor_effects(
                     "delta_vs_baseline_level": float("nan"),
                     "p_value": float("nan"),
                 }
-                if lv != base_lv[f] and base_series is not None:
+                # With one factor a level's marginal *is* its OFAT run: testing it again would
+                # only double the Holm family and make every p more conservative.
+                if lv != base_lv[f] and base_series is not None and len(factors) > 1:
                     res = paired_delta(base_series, s, m, seed=seed, n_resamples=n_resamples)
                     row["delta_vs_baseline_level"], row["p_value"] = res.delta, res.p_value
                 marginals.append(row)
