@@ -110,6 +110,7 @@ def run(judge, pairs: list[dict]) -> tuple[list[str], float]:
     for i, p in enumerate(pairs, 1):
         v = judge.verdicts([p["claim"]], p["context"])[0]
         preds.append(v.label)
+        p["_score"] = v.score
         if i % 50 == 0:
             print(f"  {i}/{len(pairs)} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     return preds, (time.perf_counter() - t0) / max(1, len(pairs))
@@ -200,7 +201,15 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.save, "w") as f:
             for p, label in zip(pairs, preds, strict=True):
                 f.write(
-                    json.dumps({"id": p["id"], "type": p.get("type"), "label": p["label"], "pred": label})
+                    json.dumps(
+                        {
+                            "id": p["id"],
+                            "type": p.get("type"),
+                            "label": p["label"],
+                            "pred": label,
+                            "score": p.get("_score"),
+                        }
+                    )
                     + "\n"
                 )
     return 0
