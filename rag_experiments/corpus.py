@@ -98,12 +98,28 @@ def corpus_digest(docs: list[Document]) -> str:
     return h.hexdigest()
 
 
+def files_fingerprint(path: str | Path) -> tuple:
+    """(name, size, mtime) of every file under ``path``: cheap to compute, changes on any edit."""
+    path = Path(path)
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.exists())
+
+
+_LOADED: dict[tuple, dict] = {}  # one load per process per unchanged corpus: sweeps reuse it
+
+
 class Corpus:
-    """Hydra target for ``conf/corpus``: a path resolved to documents once."""
+    """Hydra target for ``conf/corpus``: a path resolved to documents once per process."""
 
     def __init__(self, path: str, name: str = "") -> None:
+        key = (str(Path(path).resolve()), files_fingerprint(path)) if Path(path).exists() else None
+        if key in _LOADED:
+            self.__dict__.update(_LOADED[key], name=name or Path(path).name)
+            return
         self.path = path
         self.name = name or Path(path).name
         self.docs = load_corpus(path)
         self.by_id = {d.doc_id: d for d in self.docs}
         self.digest = corpus_digest(self.docs)
+        if key is not None:
+            _LOADED[key] = dict(self.__dict__)

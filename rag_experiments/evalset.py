@@ -327,10 +327,18 @@ def tag_counts(items: list[EvalItem]) -> Counter:
 class EvalSet:
     """Hydra target for ``conf/evalset``: loads and validates against a corpus once."""
 
+    _loaded: dict[tuple, tuple] = {}  # validated once per process per (file, corpus, limit)
+
     def __init__(self, path: str, corpus, limit: int | None = None, name: str = "") -> None:
+        from rag_experiments.corpus import files_fingerprint
+
         self.path = path
         self.name = name or Path(path).stem
-        self.items, self.digest = load_evalset(path, corpus.docs, limit=limit)
+        key = (str(Path(path).resolve()), files_fingerprint(path), corpus.digest, limit)
+        if key not in EvalSet._loaded:
+            EvalSet._loaded[key] = load_evalset(path, corpus.docs, limit=limit)
+        items, self.digest = EvalSet._loaded[key]
+        self.items = list(items)
 
 
 # --------------------------------------------------------------------------------- importers

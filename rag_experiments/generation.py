@@ -367,8 +367,10 @@ class LocalLlamaGenerator:
         timeout_s: float = 120.0,
         max_retries: int = 2,
         backoff_s: float = 0.5,
+        extra_body: dict[str, Any] | None = None,
     ) -> None:
         self.model_path = resolve_model_path(model_path)
+        extra_body = dict(extra_body or {})  # llama.cpp sampling extras, e.g. repeat_penalty
         self.model = self.model_path.name
         self.ctx_size = int(ctx_size)
         self.n_threads = int(n_threads)
@@ -381,6 +383,7 @@ class LocalLlamaGenerator:
             timeout_s=timeout_s,
             max_retries=max_retries,
             backoff_s=backoff_s,
+            extra_body=extra_body,
         )
         # the port is ephemeral, so the identity names the file's content, not the URL
         self.identity = json.dumps(
@@ -392,6 +395,7 @@ class LocalLlamaGenerator:
                 "temperature": float(temperature),
                 "seed": int(seed),
                 "max_tokens": int(max_tokens),
+                **({"extra_body": extra_body} if extra_body else {}),
             },
             sort_keys=True,
         )
