@@ -124,8 +124,8 @@ def _child_stats(db: Path, experiment: str) -> list[dict]:
     ]
 
 
-def generation(work: Path) -> None:
-    store = [
+def generation(work: Path, limit: int | None) -> None:
+    store = [*([f"evalset.limit={limit}"] if limit else []), 
         f"tracking.uri=sqlite:///{work}/gen.db",
         f"tracking.artifact_root={work}/mlruns",
         f"cache_dir={work}/cache",
@@ -136,7 +136,8 @@ def generation(work: Path) -> None:
     t_prompts, rss_prompts, out2 = run(
         sweep("+experiment=ablate_prompt", "experiment_name=rag-sample", *store), work
     )
-    print("\n## full pipeline on the bundled sample (generator=local SmolLM2-135M, judge=heuristic)")
+    n = limit or "all 168"
+    print(f"\n## full pipeline on the bundled sample, {n} queries (generator=local SmolLM2-135M, judge=heuristic)")
     print(f"default run: {t_default:.1f} s wall (target < 300 s), peak RSS {rss_default:.0f} MiB")
     print(f"3-prompt sweep after it: {t_prompts:.1f} s wall, peak RSS {rss_prompts:.0f} MiB")
     print(f"{'run':<40} {'chunk':>6} {'retr':>6} {'gen':>7} {'judge':>7} {'total':>7}  model calls")
@@ -156,6 +157,7 @@ def main() -> None:
     ap.add_argument("--part", choices=["retrieval", "generation", "all"], default="all")
     ap.add_argument("--workdir", help="scratch dir (default: a fresh temp dir, removed afterwards)")
     ap.add_argument("--skip-naive", action="store_true", help="skip the slow no-cache scenario")
+    ap.add_argument("--limit", type=int, help="generation part: first N eval items only")
     args = ap.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_sweep_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -169,7 +171,7 @@ def main() -> None:
             ) is None else None
         if args.part in ("generation", "all"):
             (work / "generation").mkdir(exist_ok=True)
-            generation(work / "generation")
+            generation(work / "generation", args.limit)
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
