@@ -1,0 +1,132 @@
+"""The full pipeline (retrieve → generate → judge) on a tiny corpus with real models.
+
+Real MiniLM, the real llama.cpp server with the packaged SmolLM2, the heuristic judge; the only
+fake is a dead endpoint for the fault case. Checks what the stage cache promises: an identical
+re-run calls no model, a prompt change re-runs no retrieval, a k change re-runs no search.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+from pathlib import Path
+
+import pytest
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from rag_experiments.cache import CachedEmbedder, StageCache
+from rag_experiments.chunking import MarkdownChunker
+from rag_experiments.corpus import Corpus
+from rag_experiments.embedding import SentenceTransformerEmbedder
+from rag_experiments.evalset import EvalSet
+from rag_experiments.generation import LocalLlamaGenerator, OpenAICompatibleGenerator
+from rag_experiments.judging import HeuristicJudge
+from rag_experiments.pipeline import FAILURE_LABELS, run_pipeline
+from rag_experiments.retrieval import DenseRetriever
+from tests.llm_fixtures import requires_smollm2
+from tests.sweep_helpers import make_tiny
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+
+
+def _prompt(name: str):
+    return instantiate(OmegaConf.load(CONF / "prompt" / f"{name}.yaml"))
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pipe")
+    docs, ev = make_tiny(root, n_items=4)
+    corpus = Corpus(str(docs))
+    items = EvalSet(str(ev), corpus).items
+    cache = StageCache(root / "cache")
+    embedder = CachedEmbedder(SentenceTransformerEmbedder(show_progress=False), cache)
+    judge = HeuristicJudge(
+        **{
+            k: v
+            for k, v in OmegaConf.to_container(OmegaConf.load(CONF / "judge" / "heuristic.yaml")).items()
+            if k != "_target_"
+        }
+    )
+    return corpus, items, cache, embedder, judge
+
+
+def _run(setup, generator, prompt="concise", k=3):
+    corpus, items, cache, embedder, judge = setup
+    chunker = MarkdownChunker()
+    return run_pipeline(
+        docs=corpus.docs,
+        corpus_digest=corpus.digest,
+        items=items,
+        chunker=chunker,
+        chunking_cfg={"_target_": "rag_experiments.chunking.MarkdownChunker"},
+        retriever=DenseRetriever(embedder, k=k),
+        k=k,
+        ks=[1, 3, 5],
+        cache=cache,
+        generator=generator,
+        prompt=_prompt(prompt),
+        judge=judge,
+        n_resamples=200,
+        progress=False,
+    )
+
+
+@requires_smollm2
+def test_full_pipeline_then_cache_reuse(setup):
+    gen = LocalLlamaGenerator(max_tokens=48, extra_body={"repeat_penalty": 1.15})
+    first = _run(setup, gen)
+    df = first.per_query
+    n = len(df)
+    assert first.calls["retrieval"] == 1 and first.calls["generation"] == n
+    assert df["answer"].str.len().gt(0).all() and df["error"].isna().all()
+    for col in (
+        "faithfulness",
+        "answer_relevance",
+        "correctness",
+        "failure_label",
+        "claims",
+        "verdicts",
+        "context",
+        "latency_generation_s",
+        "latency_judge_s",
+    ):
+        assert col in df, col
+    assert set(df["failure_label"]) <= set(FAILURE_LABELS)
+    # retrieval and generation are reported side by side, never blended
+    agg = first.aggregates
+    for key in ("hit_at_3", "mrr", "faithfulness", "answer_relevance", "correctness", "rate_ok", "n_errors"):
+        assert key in agg, key
+    assert sum(agg[f"rate_{lab}"] for lab in FAILURE_LABELS) == pytest.approx(1.0)
+    unanswerable = df[df["gold_spans"] == "[]"]
+    assert len(unanswerable) == 1 and math.isnan(unanswerable["hit_at_3"].iloc[0])
+
+    again = _run(setup, gen)  # identical re-run: no model is called at all
+    assert not any(again.calls.values()), again.calls
+    assert again.per_query["answer"].tolist() == df["answer"].tolist()
+
+    other_prompt = _run(setup, gen, prompt="cite")  # prompt change: generation only
+    assert other_prompt.calls.get("retrieval", 0) == 0 and other_prompt.calls["generation"] == n
+
+    other_k = _run(setup, gen, k=5)  # same search depth (max of ks and k): no new search
+    assert other_k.calls.get("retrieval", 0) == 0
+
+
+def _dead_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again on exit: connections are refused
+
+
+def test_unreachable_endpoint_is_counted_as_errors_and_the_run_goes_on(setup):
+    gen = OpenAICompatibleGenerator(
+        base_url=f"http://127.0.0.1:{_dead_port()}/v1", model="x", max_retries=1, backoff_s=0.01, timeout_s=2
+    )
+    res = _run(setup, gen)
+    df = res.per_query
+    assert df["error"].notna().all()
+    assert res.aggregates["n_errors"] == len(df)
+    assert set(df["failure_label"]) == {"error"}
+    assert res.aggregates["rate_ok"] == 0.0
+    assert "faithfulness" not in res.aggregates or math.isnan(res.aggregates["faithfulness"])
