@@ -198,6 +198,28 @@ def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(out)
 
 
+EFFECT_HEADERS = ["level", "metric", "baseline", "level mean", "delta", "95% CI", "p", "p_holm", "test", "n"]
+
+
+def effect_rows(effects: pd.DataFrame, f=_f, p=_p) -> list[list[str]]:
+    """One table row per one-factor-at-a-time comparison (shared by compare and report)."""
+    return [
+        [
+            f"{r.factor}={r.level}",
+            r.metric,
+            f(r.mean_a),
+            f(r.mean_b),
+            f(r.delta, signed=True),
+            f"[{f(r.ci_low, signed=True)}, {f(r.ci_high, signed=True)}]",
+            p(r.p_value),
+            p(r.p_holm) + (" *" if r.p_holm < 0.05 else ""),
+            r.test,
+            str(r.n_pairs),
+        ]
+        for r in effects.itertuples()
+    ]
+
+
 def _flip_rows(df: pd.DataFrame, limit: int | None = None) -> list[list[str]]:
     rows = []
     for _, r in df.iterrows():
@@ -270,23 +292,7 @@ def render_sweep(att: SweepAttribution, sweep_id: str, markdown: bool) -> str:
     if att.effects.empty:
         out.append("(no comparisons)")
     else:
-        rows = [
-            [
-                f"{r.factor}={r.level}",
-                r.metric,
-                _f(r.mean_a),
-                _f(r.mean_b),
-                _f(r.delta, signed=True),
-                f"[{_f(r.ci_low, signed=True)}, {_f(r.ci_high, signed=True)}]",
-                _p(r.p_value),
-                _p(r.p_holm) + (" *" if r.p_holm < 0.05 else ""),
-                r.test,
-                str(r.n_pairs),
-            ]
-            for r in att.effects.itertuples()
-        ]
-        headers = ["level", "metric", "baseline", "level mean", "delta", "95% CI", "p", "p_holm", "test", "n"]
-        out.append(table(headers, rows))
+        out.append(table(EFFECT_HEADERS, effect_rows(att.effects)))
     out += ["", h("Marginal means over the grid")]
     if not att.marginals.empty:
         rows = [

@@ -44,6 +44,7 @@ from rag_experiments.attribution import (
     infer_factors,
     is_bookkeeping,
 )
+from rag_experiments.compare import EFFECT_HEADERS, effect_rows
 from rag_experiments.runs import (
     RunInputError,
     resolve_run,
@@ -926,23 +927,9 @@ def build_report(
         if att.effects.empty:
             doc.p("(no one-factor-at-a-time comparison is possible in this grid)")
         else:
-            rows = [
-                [
-                    f"{r.factor}={r.level}",
-                    r.metric,
-                    _f(r.mean_a),
-                    _f(r.mean_b),
-                    _f(r.delta, signed=True),
-                    f"[{_f(r.ci_low, signed=True)}, {_f(r.ci_high, signed=True)}]",
-                    _p(r.p_value),
-                    _p(r.p_holm) + (" *" if r.p_holm < 0.05 else ""),
-                    r.test,
-                    str(r.n_pairs),
-                ]
-                for r in att.effects.itertuples()
-            ]
+            rows = effect_rows(att.effects, _f, _p)
             doc.table(
-                ["level", "metric", "baseline", "level mean", "delta", "95% CI", "p", "p_holm", "test", "n"],
+                EFFECT_HEADERS,
                 rows,
             )
         if att.skipped:
