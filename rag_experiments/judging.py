@@ -451,6 +451,16 @@ class HeuristicJudge:
     def embedder_identity(self) -> str:
         return getattr(self.embedder, "identity", type(self.embedder).__name__)
 
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        """Embed with a per-text memo: contexts recur across queries, prompts and k in a sweep."""
+        memo = self.__dict__.setdefault("_memo", {})
+        todo = list(dict.fromkeys(t for t in texts if t not in memo))
+        if todo:
+            if len(memo) > 100_000:  # bound memory on very large sweeps
+                memo.clear()
+            memo.update(zip(todo, self.embedder.encode(todo, kind="passage"), strict=True))
+        return np.stack([memo[t] for t in texts])
+
     def split(self, answer: str) -> list[str]:
         return split_claims(answer)
 
@@ -466,7 +476,7 @@ class HeuristicJudge:
             return []
         if not cands:
             return [[] for _ in claims]
-        vecs = self.embedder.encode(list(claims) + cands, kind="passage")
+        vecs = self._encode(list(claims) + cands)
         sims = vecs[: len(claims)] @ vecs[len(claims) :].T
         cand_tokens = [_tokens(c) for c in cands]
         cand_stems = [set(_content_stems(c)) for c in cands]
