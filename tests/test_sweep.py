@@ -229,3 +229,21 @@ def test_mlflow_ui_serves_the_parent_with_its_children_and_metrics(grid, tmp_pat
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_a_run_that_dies_is_marked_failed_not_left_running(tmp_path):
+    docs, ev = make_tiny(tmp_path, n_items=3)
+    # a BM25 parameter that only breaks once indexing starts, i.e. after the run was created
+    p = run_sweep(
+        tmp_path,
+        *sweep_args(tmp_path, docs, ev),
+        "generator=none",
+        "retriever=bm25",
+        "retriever.k1=not-a-number",
+        check=False,
+    )
+    assert p.returncode != 0
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    (run,) = c.search_runs([c.get_experiment_by_name("test").experiment_id])
+    assert run.info.status == "FAILED"
+    assert run.data.tags.get("error")
