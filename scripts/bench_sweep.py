@@ -125,7 +125,7 @@ def _child_stats(db: Path, experiment: str) -> list[dict]:
 
 
 def generation(work: Path, limit: int | None) -> None:
-    store = [*([f"evalset.limit={limit}"] if limit else []), 
+    store = [*([f"evalset.limit={limit}"] if limit else []),
         f"tracking.uri=sqlite:///{work}/gen.db",
         f"tracking.artifact_root={work}/mlruns",
         f"cache_dir={work}/cache",
