@@ -125,7 +125,8 @@ def _child_stats(db: Path, experiment: str) -> list[dict]:
 
 
 def generation(work: Path, limit: int | None) -> None:
-    store = [*([f"evalset.limit={limit}"] if limit else []),
+    store = [
+        *([f"evalset.limit={limit}"] if limit else []),
         f"tracking.uri=sqlite:///{work}/gen.db",
         f"tracking.artifact_root={work}/mlruns",
         f"cache_dir={work}/cache",
@@ -137,7 +138,9 @@ def generation(work: Path, limit: int | None) -> None:
         sweep("+experiment=ablate_prompt", "experiment_name=rag-sample", *store), work
     )
     n = limit or "all 168"
-    print(f"\n## full pipeline on the bundled sample, {n} queries (generator=local SmolLM2-135M, judge=heuristic)")
+    print(
+        f"\n## full pipeline on the bundled sample, {n} queries (generator=local SmolLM2-135M, judge=heuristic)"
+    )
     print(f"default run: {t_default:.1f} s wall (target < 300 s), peak RSS {rss_default:.0f} MiB")
     print(f"3-prompt sweep after it: {t_prompts:.1f} s wall, peak RSS {rss_prompts:.0f} MiB")
     print(f"{'run':<40} {'chunk':>6} {'retr':>6} {'gen':>7} {'judge':>7} {'total':>7}  model calls")
