@@ -401,6 +401,9 @@ def _entities(claim: str) -> list[str]:
     return out
 
 
+_VEC_MEMO: dict[str, dict[str, np.ndarray]] = {}
+
+
 class HeuristicJudge:
     """Deterministic, LLM-free faithfulness judge (the offline default). See the module docstring.
 
@@ -453,7 +456,8 @@ class HeuristicJudge:
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         """Embed with a per-text memo: contexts recur across queries, prompts and k in a sweep."""
-        memo = self.__dict__.setdefault("_memo", {})
+        # per process and embedder, so the configs of a sweep (new judge instances) share it
+        memo = _VEC_MEMO.setdefault(self.embedder_identity, {})
         todo = list(dict.fromkeys(t for t in texts if t not in memo))
         if todo:
             if len(memo) > 100_000:  # bound memory on very large sweeps
