@@ -85,7 +85,7 @@ def summary_table(agg: dict[str, float], k: int, ks: list[int]) -> str:
     retrieval += [f"hit_at_{x}" for x in ks if x != k]
     generation = ["faithfulness", "answer_relevance", "correctness"]
     rates = ["rate_retrieval_failure", "rate_generation_failure", "rate_ok", "rate_correct_without_evidence"]
-    lines = [f"{'metric':<28} {'mean':>6}  95% CI            n"]
+    lines = [f"{'metric':<31} {'mean':>6}  95% CI            n"]
     for title, keys in (("retrieval", retrieval), ("generation", generation), ("failure labels", rates)):
         keys = [key for key in keys if key in agg]
         if not keys:
@@ -94,7 +94,7 @@ def summary_table(agg: dict[str, float], k: int, ks: list[int]) -> str:
         for key in keys:
             n = agg.get(f"n_scored/{key}", float("nan"))
             lines.append(
-                f"{key:<28} {_fmt(agg[key])}  [{_fmt(agg.get(key + '_ci_low'))}, "
+                f"{key:<31} {_fmt(agg[key])}  [{_fmt(agg.get(key + '_ci_low'))}, "
                 f"{_fmt(agg.get(key + '_ci_high'))}]  {int(n) if n == n else ''}"
             )
     lines.append(
