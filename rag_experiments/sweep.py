@@ -354,7 +354,7 @@ def _terminate(signum, frame):  # SIGTERM (timeout, CI cancel) → KILLED run, n
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float:
     signal.signal(signal.SIGTERM, _terminate)
-    for noisy in ("mlflow", "httpx", "openai"):  # one line per HTTP call drowns the summary
+    for noisy in ("mlflow", "httpx", "httpx2", "openai"):  # one line per HTTP call drowns the summary
         logging.getLogger(noisy).setLevel(logging.WARNING)
     return run_job(cfg)
 
