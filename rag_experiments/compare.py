@@ -220,6 +220,23 @@ def effect_rows(effects: pd.DataFrame, f=_f, p=_p) -> list[list[str]]:
     ]
 
 
+NOISE_HEADERS = ["metric", "method", "delta", "95% interval", "n"]
+
+
+def noise_rows(noise: pd.DataFrame, f=_f) -> list[list[str]]:
+    """One table row per metric of the A/A noise floor (shared by compare and report)."""
+    return [
+        [
+            r.metric,
+            r.method,
+            f(r.delta, signed=True),
+            f"[{f(r.low, signed=True)}, {f(r.high, signed=True)}]",
+            str(r.n),
+        ]
+        for r in noise.itertuples()
+    ]
+
+
 def _flip_rows(df: pd.DataFrame, limit: int | None = None) -> list[list[str]]:
     rows = []
     for _, r in df.iterrows():
@@ -317,17 +334,7 @@ def render_sweep(att: SweepAttribution, sweep_id: str, markdown: bool) -> str:
         )
     out += ["", h("A/A noise floor (what 'no change' looks like)")]
     if not att.noise_floor.empty:
-        rows = [
-            [
-                r.metric,
-                r.method,
-                _f(r.delta, signed=True),
-                f"[{_f(r.low, signed=True)}, {_f(r.high, signed=True)}]",
-                str(r.n),
-            ]
-            for r in att.noise_floor.itertuples()
-        ]
-        out.append(table(["metric", "method", "delta", "95% interval", "n"], rows))
+        out.append(table(NOISE_HEADERS, noise_rows(att.noise_floor)))
         out.append(f"Method: {att.noise_floor['detail'].iloc[0]}")
     return "\n".join(out) + "\n"
 

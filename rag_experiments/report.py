@@ -44,7 +44,7 @@ from rag_experiments.attribution import (
     infer_factors,
     is_bookkeeping,
 )
-from rag_experiments.compare import EFFECT_HEADERS, effect_rows
+from rag_experiments.compare import EFFECT_HEADERS, NOISE_HEADERS, effect_rows, noise_rows
 from rag_experiments.runs import (
     RunInputError,
     resolve_run,
@@ -951,17 +951,7 @@ def build_report(
             doc.table(["level", "metric", "runs", "mean", "95% CI", "vs baseline level", "p_holm"], rows)
         if not att.noise_floor.empty:
             doc.h3("A/A noise floor")
-            rows = [
-                [
-                    r.metric,
-                    r.method,
-                    _f(r.delta, signed=True),
-                    f"[{_f(r.low, signed=True)}, {_f(r.high, signed=True)}]",
-                    str(r.n),
-                ]
-                for r in att.noise_floor.itertuples()
-            ]
-            doc.table(["metric", "method", "delta", "95% interval", "n"], rows)
+            doc.table(NOISE_HEADERS, noise_rows(att.noise_floor, _f))
             doc.p(f"Method: {att.noise_floor['detail'].iloc[0]}")
     else:
         doc.p(
