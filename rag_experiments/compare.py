@@ -20,7 +20,7 @@ import pandas as pd
 from mlflow.entities import Metric, Run
 from mlflow.tracking import MlflowClient
 
-from rag_experiments.attribution import (
+from rag_experiments.analysis.attribution import (
     PairedResult,
     SweepAttribution,
     config_diff,
@@ -31,7 +31,7 @@ from rag_experiments.attribution import (
     paired_delta,
     transition_matrix,
 )
-from rag_experiments.runs import (
+from rag_experiments.tracking.runs import (
     RunInputError,
     check_same_evalset,
     load_per_query,

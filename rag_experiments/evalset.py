@@ -25,7 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from rag_experiments.corpus import CorpusError, load_corpus
+from rag_experiments.datasets.corpus import CorpusError, load_corpus
 from rag_experiments.types import Document, EvalItem, Span
 
 _WS = re.compile(r"\s+")
@@ -182,7 +182,7 @@ class _Resolver:
 
 def conf_dir() -> Path:
     """The Hydra config tree at the repository top level (DESIGN §1)."""
-    return Path(__file__).resolve().parent.parent / "conf"
+    return Path(str(resources.files("rag_experiments") / "conf"))
 
 
 def build_reference_chunker(reference: Any):
@@ -330,7 +330,7 @@ class EvalSet:
     _loaded: dict[tuple, tuple] = {}  # validated once per process per (file, corpus, limit)
 
     def __init__(self, path: str, corpus, limit: int | None = None, name: str = "") -> None:
-        from rag_experiments.corpus import files_fingerprint
+        from rag_experiments.datasets.corpus import files_fingerprint
 
         self.path = path
         self.name = name or Path(path).stem

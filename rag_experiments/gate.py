@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 from mlflow.tracking import MlflowClient
 
-from rag_experiments.attribution import GateResult, non_inferiority
+from rag_experiments.analysis.attribution import GateResult, non_inferiority
 from rag_experiments.compare import text_table
-from rag_experiments.runs import (
+from rag_experiments.tracking.runs import (
     RunInputError,
     check_same_evalset,
     load_per_query,

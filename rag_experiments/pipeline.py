@@ -19,9 +19,9 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from rag_experiments import metrics as M
 from rag_experiments.cache import StageCache, stable_hash
-from rag_experiments.chunking import chunk_corpus
+from rag_experiments.evaluation import metrics as M
+from rag_experiments.stages.chunking import chunk_corpus
 from rag_experiments.types import Chunk, Document, EvalItem, Verdict
 
 log = logging.getLogger(__name__)
@@ -159,8 +159,8 @@ def run_pipeline(
     seed: int = 0,
     progress: bool = True,
 ) -> PipelineResult:
-    from rag_experiments.attribution import failure_label
-    from rag_experiments.judging import correctness, faithfulness
+    from rag_experiments.analysis.attribution import failure_label
+    from rag_experiments.stages.judging import correctness, faithfulness
 
     timings: dict[str, float] = {}
     calls: Counter = Counter()

@@ -40,7 +40,7 @@ import pandas as pd
 from mlflow.entities import Metric, Run
 from mlflow.tracking import MlflowClient
 
-from rag_experiments.runs import RunInputError, load_per_query, resolve_run, run_label, tracking_uri
+from rag_experiments.tracking.runs import RunInputError, load_per_query, resolve_run, run_label, tracking_uri
 
 COLUMNS = [
     "item_id",

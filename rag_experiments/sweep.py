@@ -48,7 +48,7 @@ def _container(node) -> Any:
 def build_stages(cfg: DictConfig, cache) -> dict[str, Any]:
     """Instantiate every stage from its config group (a user plugs in a class + a YAML file)."""
     from rag_experiments.cache import CachedEmbedder
-    from rag_experiments.embedding import set_model_reuse
+    from rag_experiments.stages.embedding import set_model_reuse
 
     corpus = instantiate(cfg.corpus)
     evalset = instantiate(cfg.evalset, corpus=corpus)
@@ -138,12 +138,12 @@ def run_job(cfg: DictConfig) -> float:
     """One resolved config → one MLflow run. Returns the context hit rate (Hydra's objective)."""
     from mlflow.tracking import MlflowClient
 
-    from rag_experiments import tracking
-    from rag_experiments.attribution import load_thresholds
+    from rag_experiments.analysis.attribution import load_thresholds
     from rag_experiments.cache import StageCache
-    from rag_experiments.corpus import CorpusError
+    from rag_experiments.datasets.corpus import CorpusError
     from rag_experiments.evalset import EvalSetError
     from rag_experiments.pipeline import run_pipeline
+    from rag_experiments.tracking import writer as tracking
 
     t_start = time.perf_counter()
     cache = StageCache(cfg.cache_dir, enabled=cfg.get("cache_enabled", True))
@@ -299,7 +299,7 @@ class MultirunParent(Callback):
         # initialise a fresh sqlite schema race on its migrations.
         from mlflow.tracking import MlflowClient
 
-        from rag_experiments import tracking
+        from rag_experiments.tracking import writer as tracking
 
         client = MlflowClient(tracking_uri=tracking.resolve_uri(config.tracking.uri))
         tracking.get_experiment_id(client, config.experiment_name, config.tracking.artifact_root)
@@ -307,7 +307,7 @@ class MultirunParent(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from mlflow.tracking import MlflowClient
 
-        from rag_experiments import tracking
+        from rag_experiments.tracking import writer as tracking
 
         sweep = tracking.sweep_context()
         if not sweep:
@@ -351,7 +351,7 @@ def _terminate(signum, frame):  # SIGTERM (timeout, CI cancel) → KILLED run, n
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float:
     signal.signal(signal.SIGTERM, _terminate)
     for noisy in ("mlflow", "httpx", "httpx2", "openai"):  # one line per HTTP call drowns the summary

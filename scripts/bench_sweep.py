@@ -37,9 +37,9 @@ import os, sys, json
 os.environ["HF_HUB_OFFLINE"] = "1"; os.environ["TRANSFORMERS_OFFLINE"] = "1"
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-from rag_experiments.corpus import Corpus
+from rag_experiments.datasets.corpus import Corpus
 from rag_experiments.evalset import EvalSet, sample_dir
-from rag_experiments.chunking import chunk_corpus
+from rag_experiments.stages.chunking import chunk_corpus
 corpus = Corpus(str(sample_dir() / "docs"))
 queries = [it.query for it in EvalSet(str(sample_dir() / "evalset.jsonl"), corpus).items]
 conf = sys.argv[1]; cache_dir = sys.argv[2]
@@ -91,7 +91,9 @@ def retrieval(work: Path, skip_naive: bool) -> None:
         res["naive (no cache)"] = run(
             sweep(*grid, *store("c"), f"cache_dir={work}/nocache", "cache_enabled=false"), work
         )
-    res["lower bound"] = run([PY, "-c", LOWER_BOUND, str(REPO / "conf"), str(work / "lb_cache")], work)
+    res["lower bound"] = run(
+        [PY, "-c", LOWER_BOUND, str(REPO / "rag_experiments" / "conf"), str(work / "lb_cache")], work
+    )
     print("\n## retrieval grid: 3 chunkings x 2 embeddings x 3 k = 18 configs, bundled sample")
     print(f"{'scenario':<28} {'wall s':>8} {'peak RSS MiB':>13}")
     for name, (wall, rss, _) in res.items():

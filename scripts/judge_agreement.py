@@ -98,7 +98,7 @@ def build_judge(name: str, overrides: list[str]):
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.load(ROOT / "conf" / "judge" / f"{name}.yaml")
+    cfg = OmegaConf.load(ROOT / "rag_experiments" / "conf" / "judge" / f"{name}.yaml")
     if overrides:
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
     return instantiate(cfg)
@@ -128,7 +128,7 @@ def report(pairs: list[dict], preds: list[str], spv: float) -> dict[str, dict]:
 
 def calibrate(pairs_path: Path) -> None:
     """Grid-search HeuristicJudge thresholds maximising kappa on the calib half; report on test."""
-    from rag_experiments.judging import HeuristicJudge
+    from rag_experiments.stages.judging import HeuristicJudge
 
     judge = HeuristicJudge()
     all_pairs = load_pairs(pairs_path)

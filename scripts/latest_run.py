@@ -8,7 +8,7 @@ import sys
 
 from mlflow.tracking import MlflowClient
 
-from rag_experiments.runs import tracking_uri
+from rag_experiments.tracking.runs import tracking_uri
 
 ap = argparse.ArgumentParser()
 ap.add_argument("experiment")

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rag_experiments.attribution import (
+from rag_experiments.analysis.attribution import (
     RunData,
     Thresholds,
     config_diff,
@@ -206,10 +206,10 @@ def test_flips_and_transition_matrix():
 
 BASE_PARAMS = {
     "chunking": "fixed",
-    "chunking._target_": "rag_experiments.chunking.FixedChunker",
+    "chunking._target_": "rag_experiments.stages.chunking.FixedChunker",
     "chunking.size": "256",
     "embedding": "minilm",
-    "embedding._target_": "rag_experiments.embedding.MiniLM",
+    "embedding._target_": "rag_experiments.stages.embedding.MiniLM",
     "retriever": "dense",
     "retriever.k": "5",
     "seed": "0",
@@ -225,7 +225,7 @@ def test_config_diff_names_the_factor_only():
     )
     assert config_diff(BASE_PARAMS, other) == {"retriever.k": ("5", "10")}
     sentence = dict(
-        BASE_PARAMS, chunking="sentence", **{"chunking._target_": "rag_experiments.chunking.Sentence"}
+        BASE_PARAMS, chunking="sentence", **{"chunking._target_": "rag_experiments.stages.chunking.Sentence"}
     )
     del sentence["chunking.size"]
     sentence["chunking.max_sentences"] = "3"

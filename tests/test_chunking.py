@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from rag_experiments.chunking import (  # noqa: E402
+from rag_experiments.stages.chunking import (  # noqa: E402
     FixedSizeChunker,
     MarkdownChunker,
     RecursiveChunker,
@@ -25,7 +25,7 @@ from rag_experiments.chunking import (  # noqa: E402
 )
 from rag_experiments.types import Document  # noqa: E402
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "chunking"
+CONF = Path(__file__).resolve().parents[1] / "rag_experiments" / "conf" / "chunking"
 
 # Small sizes so generated texts produce many chunks and exercise every boundary case.
 CHUNKERS = {

@@ -10,13 +10,19 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from rag_experiments import compare, gate
-from rag_experiments.runs import RunInputError, group_choices, resolve_run, sweep_children, tracking_uri
+from rag_experiments.tracking.runs import (
+    RunInputError,
+    group_choices,
+    resolve_run,
+    sweep_children,
+    tracking_uri,
+)
 
 N = 200
 IDS = [f"q{i:03d}" for i in range(N)]
 PARAMS = {
     "chunking": "fixed",
-    "chunking._target_": "rag_experiments.chunking.FixedChunker",
+    "chunking._target_": "rag_experiments.stages.chunking.FixedChunker",
     "chunking.size": "256",
     "embedding": "minilm",
     "retriever": "dense",

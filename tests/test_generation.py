@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from rag_experiments.generation import LocalLlamaGenerator, OpenAICompatibleGenerator
-from rag_experiments.prompts import PromptTemplate
+from rag_experiments.stages.generation import LocalLlamaGenerator, OpenAICompatibleGenerator
+from rag_experiments.stages.prompts import PromptTemplate
 from rag_experiments.types import Chunk
 from tests import llm_fixtures
 
@@ -146,7 +146,7 @@ def test_prompt_configs_load():
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    conf = Path(__file__).resolve().parents[1] / "conf" / "prompt"
+    conf = Path(__file__).resolve().parents[1] / "rag_experiments" / "conf" / "prompt"
     names = sorted(p.stem for p in conf.glob("*.yaml"))
     assert {"concise", "cite", "quote_then_answer"} <= set(names)
     texts = set()

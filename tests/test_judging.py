@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from rag_experiments.judging import (
+from rag_experiments.stages.judging import (
     LLMJudge,
     correctness,
     faithfulness,
@@ -130,9 +130,9 @@ def heuristic():
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from rag_experiments.embedding import metric_embedder
+    from rag_experiments.stages.embedding import metric_embedder
 
-    cfg = OmegaConf.load("conf/judge/heuristic.yaml")
+    cfg = OmegaConf.load("rag_experiments/conf/judge/heuristic.yaml")
     return instantiate(cfg, embedder=metric_embedder())
 
 
@@ -167,8 +167,8 @@ def test_heuristic_direction_words(heuristic):
 
 @requires_smollm2
 def test_local_llm_judge_scores_with_logprobs():
-    from rag_experiments.generation import LocalLlamaGenerator
-    from rag_experiments.judging import LocalLLMJudge
+    from rag_experiments.stages.generation import LocalLlamaGenerator
+    from rag_experiments.stages.judging import LocalLLMJudge
 
     judge = LocalLLMJudge(max_tokens=32, n_questions=2)
     gen = LocalLlamaGenerator()

@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
-from rag_experiments.metrics import (
+from rag_experiments.evaluation.metrics import (
     context_precision_at_k,
     evidence_recall_at_k,
     hit_at_k,

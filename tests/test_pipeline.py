@@ -16,18 +16,18 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from rag_experiments.cache import CachedEmbedder, StageCache
-from rag_experiments.chunking import MarkdownChunker
-from rag_experiments.corpus import Corpus
-from rag_experiments.embedding import SentenceTransformerEmbedder
+from rag_experiments.datasets.corpus import Corpus
 from rag_experiments.evalset import EvalSet
-from rag_experiments.generation import LocalLlamaGenerator, OpenAICompatibleGenerator
-from rag_experiments.judging import HeuristicJudge
 from rag_experiments.pipeline import FAILURE_LABELS, run_pipeline
-from rag_experiments.retrieval import DenseRetriever
+from rag_experiments.stages.chunking import MarkdownChunker
+from rag_experiments.stages.embedding import SentenceTransformerEmbedder
+from rag_experiments.stages.generation import LocalLlamaGenerator, OpenAICompatibleGenerator
+from rag_experiments.stages.judging import HeuristicJudge
+from rag_experiments.stages.retrieval import DenseRetriever
 from tests.llm_fixtures import requires_smollm2
 from tests.sweep_helpers import make_tiny
 
-CONF = Path(__file__).resolve().parent.parent / "conf"
+CONF = Path(__file__).resolve().parent.parent / "rag_experiments" / "conf"
 
 
 def _prompt(name: str):
@@ -60,7 +60,7 @@ def _run(setup, generator, prompt="concise", k=3):
         corpus_digest=corpus.digest,
         items=items,
         chunker=chunker,
-        chunking_cfg={"_target_": "rag_experiments.chunking.MarkdownChunker"},
+        chunking_cfg={"_target_": "rag_experiments.stages.chunking.MarkdownChunker"},
         retriever=DenseRetriever(embedder, k=k),
         k=k,
         ks=[1, 3, 5],

@@ -15,7 +15,7 @@ import pytest
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-from rag_experiments import report
+from rag_experiments.report import build as report
 from tests.sweep_helpers import REPO, make_tiny, run_sweep, sweep_args
 
 HEADINGS = [
@@ -70,7 +70,7 @@ def test_report_files_sections_and_logging(tiny_sweep, sweep_report):
     assert pos == sorted(pos)
     assert "| chunking | fixed, markdown |" in md
     assert "hit_at_5" in md and "95% CI" in md and "p_holm" in md
-    assert "def " not in md and "rag_experiments.metrics.ndcg_at_k" in md  # docstrings, not source
+    assert "def " not in md and "rag_experiments.evaluation.metrics.ndcg_at_k" in md  # docstrings, not source
     assert "Generation" not in md and "faithfulness" not in md.split("## Metric definitions")[0]
     assert parent.data.tags["git_commit"] in md and "corpus digest" in md and "cache_key.rankings" in md
     assert "python -m rag_experiments.sweep" in md and "chunking=markdown" in md
@@ -231,7 +231,7 @@ def test_generation_sections_appear_with_generation_metrics(tiny_sweep, tmp_path
     assert "### Generation" in md and "| config | faithfulness | answer_relevance | correctness |" in md
     assert "baseline = **chunking=fixed** (given with --baseline)" in md
     assert "chunking=markdown | faithfulness |" in md  # attributed
-    assert "rag_experiments.judging.faithfulness" in md and "HeuristicJudge" in md
+    assert "rag_experiments.stages.judging.faithfulness" in md and "HeuristicJudge" in md
     assert "(same as generator!)" in md and "| answer |" in md
     assert (out / "generation.png").exists() and (out / "per_tag_correctness.png").exists()
     assert {a.path for a in client.list_artifacts(new_parent.info.run_id, "report")} >= {"report/report.html"}

@@ -1,0 +1,1 @@
+"""Statistics over per-query tables: paired tests, attribution, gate decisions. No MLflow inside."""

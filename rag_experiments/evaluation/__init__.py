@@ -1,0 +1,1 @@
+"""Per-query metrics, failure labels and aggregation with confidence intervals."""

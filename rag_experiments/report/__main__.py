@@ -1,0 +1,3 @@
+from rag_experiments.report.build.build import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Pipeline stages: each module is a Protocol plus its implementations, built from conf/<group>/."""

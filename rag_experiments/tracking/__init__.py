@@ -1,0 +1,1 @@
+"""Everything that writes to or reads from MLflow."""

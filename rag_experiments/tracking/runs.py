@@ -1,0 +1,167 @@
+"""Reading runs back from MLflow for the compare / gate / attribution CLIs (DESIGN §5, §8).
+
+The client is always passed in; nothing here sets global MLflow state.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import pandas as pd
+from mlflow.entities import Run
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from rag_experiments.analysis.attribution import RunData, group_choice_keys
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+PER_QUERY_ARTIFACT = "per_query.parquet"
+_RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+class RunInputError(Exception):
+    """Bad input from the user (unknown run, ambiguous name, missing table …): CLIs exit 2."""
+
+
+def tracking_uri(cli_value: str | None = None) -> str:
+    """``--tracking-uri`` if given, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``."""
+    return cli_value or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+def _experiment_ids(client: MlflowClient, experiment: str | None) -> list[str]:
+    if experiment:
+        exp = client.get_experiment_by_name(experiment)
+        if exp is None:
+            raise RunInputError(f"unknown experiment {experiment!r}")
+        return [exp.experiment_id]
+    return [e.experiment_id for e in client.search_experiments()]
+
+
+def resolve_run(client: MlflowClient, run_or_name: str, experiment: str | None = None) -> Run:
+    """A run by id, or by run name (searched in ``experiment`` or in every experiment).
+
+    An ambiguous name raises RunInputError listing the candidates, so the user can pass an id.
+    """
+    if _RUN_ID.match(run_or_name):
+        try:
+            return client.get_run(run_or_name)
+        except MlflowException:
+            pass
+    quoted = run_or_name.replace("\\", "\\\\").replace("'", "\\'")
+    exp_ids = _experiment_ids(client, experiment)
+    found = (
+        client.search_runs(exp_ids, filter_string=f"attributes.run_name = '{quoted}'", max_results=50)
+        if exp_ids
+        else []
+    )
+    if not found:
+        where = f" in experiment {experiment!r}" if experiment else ""
+        raise RunInputError(f"unknown run {run_or_name!r}{where}: no run with that id or name")
+    if len(found) > 1:
+        lines = "\n".join(
+            f"  {r.info.run_id}  experiment={r.info.experiment_id}  status={r.info.status}  "
+            f"sweep_id={r.data.tags.get('sweep_id', '-')}"
+            for r in found
+        )
+        raise RunInputError(f"run name {run_or_name!r} is ambiguous; pass one of these run ids:\n{lines}")
+    return found[0]
+
+
+@contextmanager
+def _no_progress_bar():
+    # MLflow draws a tqdm bar per download; noise in a CLI whose output is a report.
+    key, old = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+    os.environ[key] = "false"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+
+
+def load_per_query(client: MlflowClient, run: Run) -> pd.DataFrame:
+    """The run's ``per_query.parquet`` artifact as a DataFrame (``id`` as str)."""
+    with tempfile.TemporaryDirectory() as tmp, _no_progress_bar():
+        try:
+            path = client.download_artifacts(run.info.run_id, PER_QUERY_ARTIFACT, tmp)
+        except (MlflowException, OSError) as e:
+            raise RunInputError(
+                f"run {run_label(run)} has no {PER_QUERY_ARTIFACT} artifact (was it logged by the sweep?): {e}"
+            ) from None
+        if not Path(path).is_file():
+            raise RunInputError(f"run {run_label(run)} has no {PER_QUERY_ARTIFACT} artifact")
+        df = pd.read_parquet(path)
+    if "id" not in df.columns:
+        raise RunInputError(f"run {run_label(run)}: {PER_QUERY_ARTIFACT} has no 'id' column")
+    df["id"] = df["id"].astype(str)
+    dup = df["id"][df["id"].duplicated()].unique()
+    if len(dup):
+        raise RunInputError(
+            f"run {run_label(run)}: {PER_QUERY_ARTIFACT} repeats eval ids ({', '.join(map(str, dup[:5]))}); "
+            "pairing needs one row per id"
+        )
+    return df
+
+
+def group_choices(run: Run) -> dict[str, str]:
+    """The Hydra group choices logged as params (``chunking`` = ``fixed`` …)."""
+    params = dict(run.data.params)
+    return {k: params[k] for k in sorted(group_choice_keys(params))}
+
+
+def sweep_children(client: MlflowClient, sweep_id: str, experiment: str | None = None) -> list[Run]:
+    """Child runs of the sweep (tag ``sweep_id``, with a parent), oldest first."""
+    quoted = sweep_id.replace("'", "\\'")
+    exp_ids = _experiment_ids(client, experiment)
+    runs: list[Run] = []
+    token = None
+    while exp_ids:
+        page = client.search_runs(
+            exp_ids,
+            filter_string=f"tags.sweep_id = '{quoted}'",
+            max_results=1000,
+            order_by=["attributes.start_time ASC"],
+            page_token=token,
+        )
+        runs.extend(page)
+        token = page.token
+        if not token:
+            break
+    return [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+
+
+def run_label(run: Run) -> str:
+    name = run.info.run_name
+    return f"{name} ({run.info.run_id[:8]})" if name else run.info.run_id
+
+
+def run_data(client: MlflowClient, run: Run, with_table: bool = True) -> RunData:
+    return RunData(
+        run_id=run.info.run_id,
+        name=run.info.run_name or run.info.run_id,
+        params=dict(run.data.params),
+        tags=dict(run.data.tags),
+        table=load_per_query(client, run) if with_table else None,
+    )
+
+
+def check_same_evalset(run_a: Run, run_b: Run) -> str | None:
+    """Raise RunInputError when both runs carry different ``evalset_digest`` tags.
+
+    Returns a warning string when a digest is missing (pairing then relies on ids alone).
+    """
+    da, db = run_a.data.tags.get("evalset_digest"), run_b.data.tags.get("evalset_digest")
+    if da and db and da != db:
+        raise RunInputError(
+            f"runs were evaluated on different eval sets (evalset_digest {da[:12]}… vs {db[:12]}…); "
+            "paired comparison needs the same eval set"
+        )
+    if not (da and db):
+        return "warning: evalset_digest tag missing on a run; pairing by eval item id only"
+    return None
