@@ -31,6 +31,18 @@ from rag_experiments.analysis.attribution import (
     paired_delta,
     transition_matrix,
 )
+from rag_experiments.report.tables import (
+    EFFECT_HEADERS,
+    NOISE_HEADERS,
+    effect_rows,
+    marginal_headers,
+    marginal_rows,
+    md_table,
+    noise_rows,
+    text_table,
+)
+from rag_experiments.report.tables import fmt_num as _f
+from rag_experiments.report.tables import fmt_p as _p
 from rag_experiments.tracking.runs import (
     RunInputError,
     check_same_evalset,
@@ -150,18 +162,6 @@ def build_comparison(
 # --------------------------------------------------------------------------------------------- rendering
 
 
-def _f(x: float | None, nd: int = 4, signed: bool = False) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "–"
-    return f"{x:+.{nd}f}" if signed else f"{x:.{nd}f}"
-
-
-def _p(p: float | None) -> str:
-    if p is None or math.isnan(p):
-        return "–"
-    return "<1e-4" if p < 1e-4 else f"{p:.4f}"
-
-
 def _result_rows(results: Sequence[PairedResult]) -> list[list[str]]:
     return [
         [
@@ -180,61 +180,6 @@ def _result_rows(results: Sequence[PairedResult]) -> list[list[str]]:
 
 
 RESULT_HEADERS = ["metric", "mean A", "mean B", "delta", "95% CI", "p", "p_holm", "test", "n"]
-
-
-def md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    esc = [[str(c).replace("|", "\\|").replace("\n", " ") for c in row] for row in rows]
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in esc]
-    return "\n".join(lines)
-
-
-def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    cols = list(zip(*([list(headers)] + [list(map(str, r)) for r in rows]), strict=True))
-    widths = [max(len(c) for c in col) for col in cols]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    out = [fmt.format(*headers), fmt.format(*("-" * w for w in widths))]
-    out += [fmt.format(*map(str, r)) for r in rows]
-    return "\n".join(out)
-
-
-EFFECT_HEADERS = ["level", "metric", "baseline", "level mean", "delta", "95% CI", "p", "p_holm", "test", "n"]
-
-
-def effect_rows(effects: pd.DataFrame, f=_f, p=_p) -> list[list[str]]:
-    """One table row per one-factor-at-a-time comparison (shared by compare and report)."""
-    return [
-        [
-            f"{r.factor}={r.level}",
-            r.metric,
-            f(r.mean_a),
-            f(r.mean_b),
-            f(r.delta, signed=True),
-            f"[{f(r.ci_low, signed=True)}, {f(r.ci_high, signed=True)}]",
-            p(r.p_value),
-            p(r.p_holm) + (" *" if r.p_holm < 0.05 else ""),
-            r.test,
-            str(r.n_pairs),
-        ]
-        for r in effects.itertuples()
-    ]
-
-
-NOISE_HEADERS = ["metric", "method", "delta", "95% interval", "n"]
-
-
-def noise_rows(noise: pd.DataFrame, f=_f) -> list[list[str]]:
-    """One table row per metric of the A/A noise floor (shared by compare and report)."""
-    return [
-        [
-            r.metric,
-            r.method,
-            f(r.delta, signed=True),
-            f"[{f(r.low, signed=True)}, {f(r.high, signed=True)}]",
-            str(r.n),
-        ]
-        for r in noise.itertuples()
-    ]
 
 
 def _flip_rows(df: pd.DataFrame, limit: int | None = None) -> list[list[str]]:
@@ -312,22 +257,7 @@ def render_sweep(att: SweepAttribution, sweep_id: str, markdown: bool) -> str:
         out.append(table(EFFECT_HEADERS, effect_rows(att.effects)))
     out += ["", h("Marginal means over the grid")]
     if not att.marginals.empty:
-        rows = [
-            [
-                f"{r.factor}={r.level}" + (" (baseline)" if r.is_baseline_level else ""),
-                r.metric,
-                str(r.n_runs),
-                _f(r.mean),
-                f"[{_f(r.ci_low)}, {_f(r.ci_high)}]",
-                _f(r.delta_vs_baseline_level, signed=True),
-                _p(r.p_value),
-                _p(r.p_holm),
-            ]
-            for r in att.marginals.itertuples()
-        ]
-        out.append(
-            table(["level", "metric", "runs", "mean", "95% CI", "vs baseline level", "p", "p_holm"], rows)
-        )
+        out.append(table(marginal_headers(), marginal_rows(att.marginals)))
         out.append(
             "Marginal mean: each query averaged over the level's runs, then over queries; CI: percentile "
             "bootstrap over queries. p_holm: Holm across every comparison above and below."
