@@ -29,12 +29,12 @@ from rag_experiments.report.model import (
     Section,
     Subsection,
     bold,
-    build_report,
     code,
     table,
     text,
 )
 from rag_experiments.report.render import md_cell, render_html, render_markdown
+from rag_experiments.report.sections import build_report
 from tests.sweep_helpers import REPO, make_tiny, run_sweep, sweep_args
 
 HEADINGS = [

@@ -24,8 +24,8 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 from rag_experiments.report.load import load_input, resolve_target
-from rag_experiments.report.model import build_report
 from rag_experiments.report.render import ReportFiles, write_report
+from rag_experiments.report.sections import build_report
 from rag_experiments.tracking.runs import RunInputError, tracking_uri
 
 
