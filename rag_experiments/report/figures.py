@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from rag_experiments.analysis.attribution import FAILURE_LABELS
+from rag_experiments.evaluation.labels import FAILURE_LABELS
 from rag_experiments.report.load import Config
 from rag_experiments.report.model import Analysis, Figure, Paragraph, Section, bold, code, f3, text
 from rag_experiments.report.plots import HitCurves, LabelShares, MainEffects, MetricBars, TagBars

@@ -19,16 +19,18 @@ from functools import partial
 from typing import Any, ClassVar
 
 from rag_experiments.analysis.attribution import SweepAttribution, factor_effects
+from rag_experiments.evaluation import registry
+from rag_experiments.evaluation.labels import FAILURE_LABELS
 from rag_experiments.report.load import Config, ReportInput
 from rag_experiments.report.plots import PlotData
 from rag_experiments.report.tables import fmt_num
 from rag_experiments.tracking.runs import RunInputError
 
 # --------------------------------------------------------------------------------------------- metrics
-# The metrics the report names, in one place (to be read from the metric registry once it exists).
+# The metrics the report names, in one place; their keys, sides and functions are the registry's.
 
-GENERATION_METRICS = ("faithfulness", "answer_relevance", "correctness")
-RATE_ORDER = ("rate_ok", "rate_retrieval_failure", "rate_generation_failure", "rate_correct_without_evidence")
+GENERATION_METRICS = registry.GENERATION_METRICS
+RATE_ORDER = tuple(registry.render_key("rate_{label}", label=lab) for lab in FAILURE_LABELS)
 
 
 def retrieval_metrics(hit_ks: Sequence[int], k: int) -> list[str]:
@@ -50,27 +52,34 @@ def attribution_metrics(primary: str, k: int, configs: Sequence[Config]) -> list
     return [m for m in keys if all(m in c.table.columns for c in configs)]
 
 
-def metric_definitions(gen: bool, judge_choice: str | None) -> list[tuple[str, str]]:
-    """(name, ``module.qualname`` and docstring) of the functions that compute every reported number."""
-    from rag_experiments.analysis import attribution
+def metric_definitions(logged: Iterable[str], judge_choice: str | None) -> list[tuple[str, str]]:
+    """(name, ``module.qualname`` and docstring) of the functions that computed the logged numbers.
+
+    The metric functions are the registry's (``MetricSpec.compute``) for every spec a ``logged`` key
+    is an instance of, in registry order; around them the helpers they rely on (relevance, mean and
+    CI, failure labels; with generation metrics claim splitting, key-fact matching and the judge)
+    and the attribution.
+    """
+    from rag_experiments.evaluation import aggregate, labels
     from rag_experiments.evaluation import metrics as M
     from rag_experiments.stages import judging
 
+    found = {got[0].pattern for key in logged if (got := registry.parse(key)) is not None}
+    found_specs = [s for s in registry.REGISTRY if s.pattern in found]
+    used = [s for s in found_specs if s.compute]
+
+    def side(name: str) -> list[tuple[str, Callable]]:
+        return [(s.pattern, s.function()) for s in used if s.side == name]
+
     fns: list[tuple[str, Callable]] = [
         ("relevance (chunk ↔ gold span)", M.relevance),
-        ("hit_at_{k}", M.hit_at_k),
-        ("evidence_recall_at_{k}", M.evidence_recall_at_k),
-        ("mrr (mean of the per-query reciprocal rank)", M.reciprocal_rank),
-        ("context_precision_at_{k}", M.context_precision_at_k),
-        ("ndcg_at_{k}", M.ndcg_at_k),
-        ("aggregates: mean and 95 % CI", M.mean_ci),
-        ("failure_label and rate_{label}", attribution.failure_label),
+        *side("retrieval"),
+        ("aggregates: mean and 95 % CI", aggregate.mean_ci),
+        ("failure_label and rate_{label}", labels.failure_label),
     ]
-    if gen:
-        fns += [
-            ("faithfulness", judging.faithfulness),
+    if any(s.side == "generation" for s in found_specs):
+        fns += side("generation") + [
             ("claims (answer → atomic claims)", judging.split_claims),
-            ("correctness", judging.correctness),
             ("key-fact match", judging.key_fact_recall),
             ("text normalisation for key facts", judging.normalise_text),
         ]

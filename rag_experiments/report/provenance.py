@@ -29,7 +29,8 @@ def definitions(an: Analysis) -> Section:
         Paragraph(text("The docstrings of the functions that computed every number above, verbatim."))
     )
     judge_choice = an.configs[0].params.get("judge") if an.gen else None
-    for name, doc in metric_definitions(an.gen, judge_choice):
+    logged = {key for c in an.configs for key in c.metrics}
+    for name, doc in metric_definitions(logged, judge_choice):
         s.subsections.append(Subsection(name, [CodeBlock(doc)]))
     return s
 
