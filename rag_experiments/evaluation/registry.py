@@ -137,8 +137,7 @@ _M = "rag_experiments.evaluation.metrics."
 _J = "rag_experiments.stages.judging."
 _TOKEN_UNION = "the union of the top-k chunks' character ranges"
 _BUDGET = (
-    "the context filled with the ranked chunks up to B tokens of the fixed metric tokenizer, "
-    "the last chunk truncated"
+    "(the ranked chunks concatenated up to B tokens of the fixed metric tokenizer, the last one truncated)"
 )
 
 REGISTRY: tuple[MetricSpec, ...] = (
@@ -211,7 +210,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "retrieval",
         True,
         "proportion",
-        f"|gold ∩ retrieved| / |gold ∪ retrieved| in characters, retrieved = {_TOKEN_UNION}",
+        f"characters in gold ∩ retrieved / characters in gold ∪ retrieved, retrieved = {_TOKEN_UNION}",
         None,  # the trustmetrics branch names its function here
     ),
     MetricSpec(
@@ -219,7 +218,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "retrieval",
         True,
         "proportion",
-        f"share of the gold-evidence characters inside {_BUDGET}",
+        f"share of the gold-evidence characters inside the budgeted context {_BUDGET}",
         None,  # the trustmetrics branch names its function here
     ),
     MetricSpec(
@@ -227,7 +226,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "retrieval",
         True,
         "binary",
-        f"1 if {_BUDGET} contains any gold-evidence character, else 0",
+        f"1 if the budgeted context {_BUDGET} contains any gold-evidence character, else 0",
         None,  # the trustmetrics branch names its function here
     ),
     MetricSpec(
@@ -235,7 +234,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "retrieval",
         True,
         "proportion",
-        f"share of the characters of {_BUDGET} that are gold evidence",
+        f"share of the budgeted context's characters {_BUDGET} that are gold evidence",
         None,  # the trustmetrics branch names its function here
     ),
     # -- generation
