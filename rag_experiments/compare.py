@@ -1,4 +1,4 @@
-"""Compare two runs query by query, or attribute a sweep's effects to its factors (DESIGN §6).
+"""Compare two runs query by query, or attribute a sweep's effects to its factors (docs/metrics.md).
 
     python -m rag_experiments.compare RUN_A RUN_B [--out FILE.md] [--log] [--metric KEY ...]
     python -m rag_experiments.compare --sweep SWEEP_ID --baseline RUN [--out FILE.md]
@@ -20,17 +20,22 @@ import pandas as pd
 from mlflow.entities import Metric, Run
 from mlflow.tracking import MlflowClient
 
-from rag_experiments.analysis.attribution import (
-    PairedResult,
-    SweepAttribution,
-    config_diff,
-    factor_effects,
-    flips,
-    holm,
-    metric_columns,
-    paired_delta,
-    transition_matrix,
+from rag_experiments.analysis.attribution import SweepAttribution, config_diff, factor_effects
+from rag_experiments.analysis.stats import PairedResult, flips, holm, paired_delta, transition_matrix
+from rag_experiments.evaluation.aggregate import metric_columns
+from rag_experiments.evaluation.registry import higher_is_better, parse, render_key
+from rag_experiments.report.tables import (
+    EFFECT_HEADERS,
+    NOISE_HEADERS,
+    effect_rows,
+    marginal_headers,
+    marginal_rows,
+    md_table,
+    noise_rows,
+    text_table,
 )
+from rag_experiments.report.tables import fmt_num as _f
+from rag_experiments.report.tables import fmt_p as _p
 from rag_experiments.tracking.runs import (
     RunInputError,
     check_same_evalset,
@@ -47,6 +52,8 @@ METHOD_NOTE = (
     "bootstrap of the mean delta over queries, percentile method, seeded. p: exact McNemar "
     "(binomial test on discordant pairs) for binary metrics, paired sign-flip permutation test of "
     "the mean difference otherwise; p_holm: Holm-adjusted across the metrics shown. "
+    "change: better / worse in the metric's own direction (the registry's higher_is_better: "
+    "failure rates and latencies are better lower) when p_holm < 0.05, else n.s. "
     "rate_<label> rows are the per-query failure-label indicators."
 )
 MAX_TERMINAL_FLIPS = 15
@@ -76,12 +83,31 @@ def _with_label_rates(df: pd.DataFrame, labels: Sequence[str]) -> pd.DataFrame:
     return out
 
 
+def _is_hit_at_k(col: str) -> bool:
+    got = parse(col)
+    return got is not None and got[0].pattern == "hit_at_{k}" and got[1]["form"] == "mean"
+
+
 def _context_hit_column(run: Run, table: pd.DataFrame) -> str | None:
     k = run.data.params.get("retriever.k")
-    if k is not None and f"hit_at_{k}" in table.columns:
-        return f"hit_at_{k}"
-    hits = [c for c in table.columns if re.fullmatch(r"hit_at_\d+", c)]
+    if k is not None and str(k).isdigit() and render_key("hit_at_{k}", k=int(k)) in table.columns:
+        return render_key("hit_at_{k}", k=int(k))
+    hits = [c for c in table.columns if _is_hit_at_k(c)]
     return "hit_at_5" if "hit_at_5" in hits else (hits[-1] if hits else None)
+
+
+def change(metric: str, delta: float, p: float | None, alpha: float = 0.05) -> str:
+    """``better`` / ``worse`` in the metric's registered direction when the paired test is
+    significant (``p < alpha``), ``n.s.`` otherwise; ``–`` for a metric without a direction."""
+    try:
+        hib = higher_is_better(metric)
+    except KeyError:
+        hib = None
+    if hib is None or delta is None or math.isnan(delta):
+        return "–"
+    if p is None or math.isnan(p) or p >= alpha or delta == 0:
+        return "n.s."
+    return "better" if (delta > 0) == hib else "worse"
 
 
 def build_comparison(
@@ -150,18 +176,6 @@ def build_comparison(
 # --------------------------------------------------------------------------------------------- rendering
 
 
-def _f(x: float | None, nd: int = 4, signed: bool = False) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "–"
-    return f"{x:+.{nd}f}" if signed else f"{x:.{nd}f}"
-
-
-def _p(p: float | None) -> str:
-    if p is None or math.isnan(p):
-        return "–"
-    return "<1e-4" if p < 1e-4 else f"{p:.4f}"
-
-
 def _result_rows(results: Sequence[PairedResult]) -> list[list[str]]:
     return [
         [
@@ -174,67 +188,13 @@ def _result_rows(results: Sequence[PairedResult]) -> list[list[str]]:
             _p(r.p_holm) + (" *" if r.p_holm is not None and r.p_holm < 0.05 else ""),
             r.test,
             str(r.n_pairs),
+            change(r.metric, r.delta, r.p_holm),
         ]
         for r in results
     ]
 
 
-RESULT_HEADERS = ["metric", "mean A", "mean B", "delta", "95% CI", "p", "p_holm", "test", "n"]
-
-
-def md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    esc = [[str(c).replace("|", "\\|").replace("\n", " ") for c in row] for row in rows]
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in esc]
-    return "\n".join(lines)
-
-
-def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    cols = list(zip(*([list(headers)] + [list(map(str, r)) for r in rows]), strict=True))
-    widths = [max(len(c) for c in col) for col in cols]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    out = [fmt.format(*headers), fmt.format(*("-" * w for w in widths))]
-    out += [fmt.format(*map(str, r)) for r in rows]
-    return "\n".join(out)
-
-
-EFFECT_HEADERS = ["level", "metric", "baseline", "level mean", "delta", "95% CI", "p", "p_holm", "test", "n"]
-
-
-def effect_rows(effects: pd.DataFrame, f=_f, p=_p) -> list[list[str]]:
-    """One table row per one-factor-at-a-time comparison (shared by compare and report)."""
-    return [
-        [
-            f"{r.factor}={r.level}",
-            r.metric,
-            f(r.mean_a),
-            f(r.mean_b),
-            f(r.delta, signed=True),
-            f"[{f(r.ci_low, signed=True)}, {f(r.ci_high, signed=True)}]",
-            p(r.p_value),
-            p(r.p_holm) + (" *" if r.p_holm < 0.05 else ""),
-            r.test,
-            str(r.n_pairs),
-        ]
-        for r in effects.itertuples()
-    ]
-
-
-NOISE_HEADERS = ["metric", "method", "delta", "95% interval", "n"]
-
-
-def noise_rows(noise: pd.DataFrame, f=_f) -> list[list[str]]:
-    """One table row per metric of the A/A noise floor (shared by compare and report)."""
-    return [
-        [
-            r.metric,
-            r.method,
-            f(r.delta, signed=True),
-            f"[{f(r.low, signed=True)}, {f(r.high, signed=True)}]",
-            str(r.n),
-        ]
-        for r in noise.itertuples()
-    ]
+RESULT_HEADERS = ["metric", "mean A", "mean B", "delta", "95% CI", "p", "p_holm", "test", "n", "change"]
 
 
 def _flip_rows(df: pd.DataFrame, limit: int | None = None) -> list[list[str]]:
@@ -312,22 +272,7 @@ def render_sweep(att: SweepAttribution, sweep_id: str, markdown: bool) -> str:
         out.append(table(EFFECT_HEADERS, effect_rows(att.effects)))
     out += ["", h("Marginal means over the grid")]
     if not att.marginals.empty:
-        rows = [
-            [
-                f"{r.factor}={r.level}" + (" (baseline)" if r.is_baseline_level else ""),
-                r.metric,
-                str(r.n_runs),
-                _f(r.mean),
-                f"[{_f(r.ci_low)}, {_f(r.ci_high)}]",
-                _f(r.delta_vs_baseline_level, signed=True),
-                _p(r.p_value),
-                _p(r.p_holm),
-            ]
-            for r in att.marginals.itertuples()
-        ]
-        out.append(
-            table(["level", "metric", "runs", "mean", "95% CI", "vs baseline level", "p", "p_holm"], rows)
-        )
+        out.append(table(marginal_headers(), marginal_rows(att.marginals)))
         out.append(
             "Marginal mean: each query averaged over the level's runs, then over queries; CI: percentile "
             "bootstrap over queries. p_holm: Holm across every comparison above and below."
@@ -393,9 +338,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _default_sweep_metrics(tables: Sequence[pd.DataFrame]) -> list[str]:
+    """hit@5 (else the largest hit@k) plus every metric that has no rank cut-off."""
     cols = metric_columns(*tables)
-    keep = [c for c in cols if not re.fullmatch(r"(hit|evidence_recall|context_precision|ndcg)_at_\d+", c)]
-    hits = [c for c in cols if c.startswith("hit_at_")]
+    keep = [c for c in cols if "k" not in parse(c)[0].params]
+    hits = [c for c in cols if _is_hit_at_k(c)]
     return (["hit_at_5"] if "hit_at_5" in hits else hits[-1:]) + keep
 
 

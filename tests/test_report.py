@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import html as html_lib
 import importlib.util
 import json
+import os
 import re
 import struct
+import subprocess
+import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +20,21 @@ import pytest
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-from rag_experiments.report import build as report
+from rag_experiments.report import cli, figures, load
+from rag_experiments.report.model import (
+    Bullets,
+    CodeBlock,
+    Paragraph,
+    Report,
+    Section,
+    Subsection,
+    bold,
+    code,
+    table,
+    text,
+)
+from rag_experiments.report.render import md_cell, render_html, render_markdown
+from rag_experiments.report.sections import build_report
 from tests.sweep_helpers import REPO, make_tiny, run_sweep, sweep_args
 
 HEADINGS = [
@@ -48,7 +67,7 @@ def sweep_report(tiny_sweep):
     root, uri, client, parent = tiny_sweep
     out = root / "report"
     sweep_id = parent.data.tags["sweep_id"]
-    assert report.main([sweep_id, "--tracking-uri", uri, "--out", str(out), "--resamples", "999"]) == 0
+    assert cli.main([sweep_id, "--tracking-uri", uri, "--out", str(out), "--resamples", "999"]) == 0
     return out, parent
 
 
@@ -85,11 +104,11 @@ def test_report_files_sections_and_logging(tiny_sweep, sweep_report):
 
 def test_hit_curve_matches_logged_metrics(tiny_sweep):
     _, _, client, parent = tiny_sweep
-    target = report.resolve_target(client, parent.info.run_id)  # a parent run id works too
+    target = load.resolve_target(client, parent.info.run_id)  # a parent run id works too
     assert target.sweep_id == parent.data.tags["sweep_id"] and len(target.runs) == 2
-    configs, factors = report.load_configs(client, target.runs)
+    configs, factors = load.load_configs(client, target.runs)
     assert factors == ["chunking"]
-    curves, notes = report.hit_curves(configs)
+    curves, notes = figures.hit_curves(configs)
     assert notes == []
     for c in configs:
         curve = curves[c.label]
@@ -104,13 +123,13 @@ def test_single_run_and_unknown_target(tiny_sweep, tmp_path, capsys):
         [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
     )[0]
     out = tmp_path / "single"
-    assert report.main([child.info.run_id, "--tracking-uri", uri, "--out", str(out), "--no-log"]) == 0
+    assert cli.main([child.info.run_id, "--tracking-uri", uri, "--out", str(out), "--no-log"]) == 0
     md = (out / "report.md").read_text()
     assert "a single run: no factor varies" in md and "## Reproducibility" in md
     assert not (out / "main_effects.png").exists()
     assert not [a for a in client.list_artifacts(child.info.run_id) if a.path == "report"]
     capsys.readouterr()
-    assert report.main(["no-such-sweep", "--tracking-uri", uri, "--out", str(tmp_path / "x")]) == 2
+    assert cli.main(["no-such-sweep", "--tracking-uri", uri, "--out", str(tmp_path / "x")]) == 2
     assert "unknown run 'no-such-sweep'" in capsys.readouterr().err
 
 
@@ -136,6 +155,88 @@ def test_report_renders_in_headless_chromium(sweep_report):
         assert title in res["dom"]
     assert SCREENSHOT.stat().st_size > 50_000
     assert _png_size(SCREENSHOT) == (1280, 4000)
+
+
+# ------------------------------------------------------------------ model and rendering
+
+
+def _numbers(s: str) -> Counter:
+    return Counter(re.findall(r"[-+]?\d+(?:\.\d+)?", s))
+
+
+def _html_text(page: str) -> str:
+    body = page.split("</nav>", 1)[1]  # after the title and the table of contents
+    return html_lib.unescape(re.sub(r"<[^>]+>", " ", body))
+
+
+def test_markdown_and_html_of_one_model_carry_the_same_numbers(tiny_sweep):
+    _, _, client, parent = tiny_sweep
+    rep = build_report(
+        load.load_input(client, load.resolve_target(client, parent.info.run_id)), n_resamples=199
+    )
+    assert [s.anchor for s in rep.sections] == SECTION_IDS
+    assert [f.file for f in rep.figures][:2] == ["hit_at_k.png", "recall_vs_mrr.png"]
+    md = render_markdown(rep)
+    page = render_html(rep, {f.file: "data:image/png;base64,AAAA" for f in rep.figures})
+    md_body = "\n".join(
+        line for line in md.splitlines()[1:] if not line.startswith("![") and not line.startswith("|---")
+    )
+    numbers = _numbers(md_body)
+    assert numbers == _numbers(_html_text(page))
+    # the numbers are the logged ones: every config's hit_at_5 and its CI, to 3 decimals, in both
+    for c in load.load_configs(client, load.resolve_target(client, parent.info.run_id).runs)[0]:
+        m = c.metrics
+        cell = f"{m['hit_at_5']:.3f} [{m['hit_at_5_ci_low']:.3f}, {m['hit_at_5_ci_high']:.3f}]"
+        assert cell in md and cell in page
+
+
+def test_render_escapes_and_styles_rich_text():
+    rep = Report(
+        title="T <1>",
+        sections=[
+            Section(
+                "question",
+                "Q",
+                [
+                    Paragraph(text("a ", code("x|y"), " and ", bold("<b>"))),
+                    Bullets([text("one"), text("two")]),
+                ],
+                [
+                    Subsection(
+                        "S", [table(["h|1", "h2"], [["a|b", bold("1.000")]]), CodeBlock("line 1\n\nline 3\n")]
+                    )
+                ],
+            )
+        ],
+        footer=text("end"),
+        baseline="b",
+        primary="p",
+        notes=[],
+    )
+    md = render_markdown(rep)
+    assert md == (
+        "# T <1>\n\n## Q\n\na `x|y` and **<b>**\n\n- one\n- two\n\n### S\n\n"
+        "| h\\|1 | h2 |\n|---|---|\n| a\\|b | **1.000** |\n\n```\nline 1\n\nline 3\n```\n\nend\n"
+    )
+    page = render_html(rep, {})
+    assert "<p>a <code>x|y</code> and <strong>&lt;b&gt;</strong></p>" in page
+    assert "<td>a|b</td><td><strong>1.000</strong></td>" in page and "<title>T &lt;1&gt;</title>" in page
+    assert '<section id="question"><h2>Q</h2>' in page and "<pre>line 1\n\nline 3\n</pre>" in page
+    assert md_cell("a\nb|c") == "a b\\|c"
+
+
+def test_module_entry_point(tiny_sweep):
+    """``python -m rag_experiments.report`` runs the CLI (bad input: exit 2, no traceback)."""
+    _, uri, _, _ = tiny_sweep
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    p = subprocess.run(
+        [sys.executable, "-m", "rag_experiments.report", "no-such-sweep", "--tracking-uri", uri, "--no-log"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert p.returncode == 2 and "unknown run 'no-such-sweep'" in p.stderr and "Traceback" not in p.stderr
 
 
 # ------------------------------------------------------------------ generation sections (hand-logged runs)
@@ -212,7 +313,7 @@ def test_generation_sections_appear_with_generation_metrics(tiny_sweep, tmp_path
         client.set_terminated(rid, "FINISHED")
     out = tmp_path / "gen"
     assert (
-        report.main(
+        cli.main(
             [
                 "gen-sweep",
                 "--tracking-uri",

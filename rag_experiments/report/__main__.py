@@ -1,3 +1,3 @@
-from rag_experiments.report.build.build import main
+from rag_experiments.report.cli import main
 
 raise SystemExit(main())

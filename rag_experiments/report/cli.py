@@ -1,0 +1,89 @@
+"""A reproducible research report for a sweep or a run.
+
+    python -m rag_experiments.report RUN_OR_SWEEP [--out DIR] [--baseline RUN] [--no-log]
+
+RUN_OR_SWEEP is a ``sweep_id``, a sweep's parent run (id or name) or a single run (id or name).
+Writes ``report.md``, a self-contained ``report.html`` (plots embedded as data URIs, inline CSS, no
+external request) and the PNG plots into DIR (default ``reports/<sweep_id or run>``), and logs them
+under ``report/`` on the sweep's parent run (the run itself for a single run) unless ``--no-log``.
+
+Sections, in order: the question (factors and levels), results per config (every headline metric
+with its 95 % CI), one-factor-at-a-time attribution, plots, worst queries, metric definitions,
+reproducibility. Generation parts appear only when the runs have generation metrics.
+Exit codes: 0 ok, 2 bad input (unknown run or sweep, missing per-query table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from rag_experiments.report.load import load_input, resolve_target
+from rag_experiments.report.render import ReportFiles, write_report
+from rag_experiments.report.sections import build_report
+from rag_experiments.tracking.runs import RunInputError, tracking_uri
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m rag_experiments.report",
+        description="Markdown + self-contained HTML report (plots, attribution, metric definitions, "
+        "reproducibility) for a sweep or a run, logged to the sweep's parent run. "
+        "Exit 0 ok, 2 bad input.",
+    )
+    p.add_argument("target", metavar="RUN_OR_SWEEP", help="sweep_id, parent run id/name, or run id/name")
+    p.add_argument("--out", type=Path, metavar="DIR", help="default: reports/<sweep_id or run>")
+    p.add_argument("--baseline", metavar="RUN", help="baseline for the attribution (default: best config)")
+    p.add_argument("--metric", metavar="KEY", help="primary metric (default: hit_at_<retriever.k>)")
+    p.add_argument("--worst", type=int, default=5, metavar="N", help="worst queries per config (default 5)")
+    p.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
+    p.add_argument("--experiment", metavar="NAME", help="look names up in this experiment only")
+    p.add_argument("--no-log", action="store_true", help="do not log the report to MLflow")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resamples", type=int, default=4999, help="bootstrap / permutation resamples")
+    return p
+
+
+def safe_dirname(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._=-]+", "_", s).strip("_") or "report"
+
+
+def log_report(client: MlflowClient, run_id: str, files: ReportFiles) -> None:
+    for path in [files.markdown, files.html, *files.pngs]:
+        client.log_artifact(run_id, str(path), artifact_path="report")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    client = MlflowClient(tracking_uri=tracking_uri(args.tracking_uri))
+    try:
+        target = resolve_target(client, args.target, args.experiment)
+        report = build_report(
+            load_input(client, target),
+            baseline=args.baseline,
+            primary=args.metric,
+            n_worst=args.worst,
+            seed=args.seed,
+            n_resamples=args.resamples,
+        )
+    except RunInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    files = write_report(report, args.out or Path("reports") / safe_dirname(target.label))
+    print(f"wrote {files.markdown}, {files.html} and {len(files.pngs)} plots in {files.out_dir}")
+    print(f"baseline: {report.baseline}; primary metric: {report.primary}")
+    for n in report.notes:
+        print(n, file=sys.stderr)
+    if not args.no_log:
+        log_report(client, target.log_run_id, files)
+        print(f"logged report/ on run {target.log_run_id}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

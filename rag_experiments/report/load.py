@@ -1,0 +1,135 @@
+"""Everything the report reads from MLflow: the target's runs, their per-query tables, the experiment.
+
+The client is passed in; what comes back (:class:`ReportInput`) is plain data the model is built from
+without touching MLflow again.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+
+from rag_experiments.analysis.attribution import (
+    RunData,
+    _level,  # the level definition factor_effects uses, so labels match its tables
+    infer_factors,
+)
+from rag_experiments.tracking.runs import RunInputError, resolve_run, run_data, run_label, sweep_children
+
+
+@dataclass
+class Target:
+    """What the report is about: the runs, and where to log the report."""
+
+    label: str  # sweep_id, or the run's name
+    runs: list[Run]
+    log_run_id: str  # the parent run (sweep) or the run itself
+    parent: Run | None
+    sweep_id: str | None
+
+
+def resolve_target(client: MlflowClient, target: str, experiment: str | None = None) -> Target:
+    """A sweep_id, a sweep's parent run (id or name), or a single run (id or name)."""
+    children = sweep_children(client, target, experiment)
+    if children:
+        pid = children[0].data.tags.get("mlflow.parentRunId")
+        parent = _get_run(client, pid)
+        return Target(target, children, pid or children[0].info.run_id, parent, target)
+    run = resolve_run(client, target, experiment)
+    tags = run.data.tags
+    sweep_id = tags.get("sweep_id")
+    if tags.get("is_parent") == "true" and sweep_id:
+        kids = [
+            r
+            for r in sweep_children(client, sweep_id, experiment)
+            if r.data.tags.get("mlflow.parentRunId") == run.info.run_id
+        ]
+        if not kids:
+            raise RunInputError(f"sweep parent {run_label(run)} has no child runs")
+        return Target(sweep_id, kids, run.info.run_id, run, sweep_id)
+    if tags.get("is_parent") == "true":
+        raise RunInputError(f"run {run_label(run)} is a sweep parent without a sweep_id tag")
+    return Target(run.info.run_name or run.info.run_id, [run], run.info.run_id, None, None)
+
+
+def _get_run(client: MlflowClient, run_id: str | None) -> Run | None:
+    if not run_id:
+        return None
+    try:
+        return client.get_run(run_id)
+    except Exception:  # noqa: BLE001 - a deleted parent only loses the sweep-level tags
+        return None
+
+
+@dataclass
+class Config:
+    """One run of the report, with its short label and per-query table."""
+
+    run: Run
+    data: RunData
+    label: str
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return dict(self.run.data.metrics)
+
+    @property
+    def params(self) -> dict[str, str]:
+        return dict(self.run.data.params)
+
+    @property
+    def tags(self) -> dict[str, str]:
+        return dict(self.run.data.tags)
+
+    @property
+    def table(self) -> pd.DataFrame:
+        assert self.data.table is not None
+        return self.data.table
+
+
+def load_configs(client: MlflowClient, runs: Sequence[Run]) -> tuple[list[Config], list[str]]:
+    """Each run with its per-query table, labelled by its factor levels; and the factors."""
+    data = [run_data(client, r) for r in runs]
+    factors = infer_factors(data)
+    configs = []
+    for r, d in zip(runs, data, strict=True):
+        if factors:
+            label = ", ".join(f"{f}={_level(d, f)}" for f in factors)
+        else:
+            label = r.info.run_name or r.info.run_id[:8]
+        configs.append(Config(r, d, label))
+    seen = Counter(c.label for c in configs)
+    for c in configs:  # replicate runs (same levels) stay distinguishable
+        if seen[c.label] > 1:
+            c.label = f"{c.label} ({c.run.info.run_id[:6]})"
+    return configs, factors
+
+
+def level(c: Config, factor: str) -> str | None:
+    """The config's level of ``factor``, as the attribution labels it."""
+    return _level(c.data, factor)
+
+
+@dataclass
+class ReportInput:
+    """The loaded runs of a report and the context it names (experiment, sweep parent)."""
+
+    target: Target
+    configs: list[Config]
+    factors: list[str]
+    experiment_name: str  # "?" when the experiment is gone
+
+    @property
+    def is_sweep(self) -> bool:
+        return self.target.sweep_id is not None
+
+
+def load_input(client: MlflowClient, target: Target) -> ReportInput:
+    configs, factors = load_configs(client, target.runs)
+    exp = client.get_experiment(configs[0].run.info.experiment_id)
+    return ReportInput(target, configs, factors, exp.name if exp else "?")

@@ -1,0 +1,335 @@
+"""The report as data: the :class:`Report` tree, and the statistics it shows (:class:`Analysis`).
+
+Statistics are computed once (:func:`analyse`); each section is then built from them by a pure
+function (``report/sections.py``, which also assembles the report, ``report/figures.py``,
+``report/provenance.py``). The tree holds text as :class:`Span` runs (plain, code, bold), tables as
+headers plus rows, figures as a file name plus the data to draw. Markdown, HTML and PNG are produced
+from it by ``report/render.py`` and ``report/plots.py``, so the two documents carry the same numbers
+by construction.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, ClassVar
+
+from rag_experiments.analysis.attribution import SweepAttribution, factor_effects
+from rag_experiments.evaluation import registry
+from rag_experiments.evaluation.labels import FAILURE_LABELS
+from rag_experiments.report.load import Config, ReportInput
+from rag_experiments.report.plots import PlotData
+from rag_experiments.report.tables import fmt_num
+from rag_experiments.tracking.runs import RunInputError
+
+# --------------------------------------------------------------------------------------------- metrics
+# The metrics the report names, in one place; their keys, sides and functions are the registry's.
+
+GENERATION_METRICS = registry.GENERATION_METRICS
+RATE_ORDER = tuple(registry.render_key("rate_{label}", label=lab) for lab in FAILURE_LABELS)
+
+
+def retrieval_metrics(hit_ks: Sequence[int], k: int) -> list[str]:
+    """The retrieval columns of the results table: hit@k at every logged k, the rest at context k."""
+    return [f"hit_at_{x}" for x in hit_ks] + [
+        f"evidence_recall_at_{k}",
+        "mrr",
+        f"ndcg_at_{k}",
+        f"context_precision_at_{k}",
+    ]
+
+
+def attribution_metrics(primary: str, k: int, configs: Sequence[Config]) -> list[str]:
+    """The primary metric, then the ranking metrics at context k, generation metrics and rate_ok:
+    those every config's per-query table has."""
+    keys = [primary] + [m for m in (f"evidence_recall_at_{k}", "mrr", f"ndcg_at_{k}") if m != primary]
+    keys += [*GENERATION_METRICS, "rate_ok"]
+    keys = list(dict.fromkeys(keys))
+    return [m for m in keys if all(m in c.table.columns for c in configs)]
+
+
+def metric_definitions(logged: Iterable[str], judge_choice: str | None) -> list[tuple[str, str]]:
+    """(name, ``module.qualname`` and docstring) of the functions that computed the logged numbers.
+
+    The metric functions are the registry's (``MetricSpec.compute``) for every spec a ``logged`` key
+    is an instance of, in registry order; around them the helpers they rely on (relevance, mean and
+    CI, failure labels; with generation metrics claim splitting, key-fact matching and the judge)
+    and the attribution.
+    """
+    from rag_experiments.evaluation import aggregate, labels
+    from rag_experiments.evaluation import metrics as M
+    from rag_experiments.stages import judging
+
+    found = {got[0].pattern for key in logged if (got := registry.parse(key)) is not None}
+    found_specs = [s for s in registry.REGISTRY if s.pattern in found]
+    used = [s for s in found_specs if s.compute]
+
+    def side(name: str) -> list[tuple[str, Callable]]:
+        return [(s.pattern, s.function()) for s in used if s.side == name]
+
+    fns: list[tuple[str, Callable]] = [
+        ("relevance (chunk ↔ gold span)", M.relevance),
+        *side("retrieval"),
+        ("aggregates: mean and 95 % CI", aggregate.mean_ci),
+        ("failure_label and rate_{label}", labels.failure_label),
+    ]
+    if any(s.side == "generation" for s in found_specs):
+        fns += side("generation") + [
+            ("claims (answer → atomic claims)", judging.split_claims),
+            ("key-fact match", judging.key_fact_recall),
+            ("text normalisation for key facts", judging.normalise_text),
+        ]
+        judge_cls = {
+            "heuristic": judging.HeuristicJudge,
+            "openai": judging.LLMJudge,
+            "local": judging.LocalLLMJudge,
+        }.get(judge_choice or "")
+        if judge_cls is not None:
+            fns.append((f"judge ({judge_choice}): verdicts", judge_cls))
+            fns.append((f"judge ({judge_choice}): answer_relevance", judge_cls.answer_relevance))
+    fns.append(("attribution: factor effects", factor_effects))
+    out = []
+    for name, fn in fns:
+        doc = inspect.getdoc(fn) or "(no docstring)"
+        out.append((name, f"{fn.__module__}.{fn.__qualname__}\n\n{doc}"))
+    return out
+
+
+# --------------------------------------------------------------------------------------------- the tree
+
+
+@dataclass(frozen=True)
+class Span:
+    """A run of text: ``style`` is "" (plain), "code" or "bold"."""
+
+    text: str
+    style: str = ""
+
+    def __post_init__(self) -> None:
+        if self.style not in ("", "code", "bold"):
+            raise ValueError(f"unknown span style {self.style!r}")
+
+
+Text = tuple[Span, ...]
+
+
+def text(*parts: str | Span | Iterable[Span]) -> Text:
+    """Rich text from plain strings, spans and other texts (concatenated)."""
+    out: list[Span] = []
+    for p in parts:
+        if isinstance(p, str):
+            out.append(Span(p))
+        elif isinstance(p, Span):
+            out.append(p)
+        else:
+            out.extend(p)
+    return tuple(s for s in out if s.text)
+
+
+def join(parts: Sequence[str | Span | Text], sep: str) -> Text:
+    """``parts`` with ``sep`` between them (``", ".join`` for rich text)."""
+    return text(*(x for i, p in enumerate(parts) for x in ([sep] if i else []) + [p]))
+
+
+def code(s: Any) -> Span:
+    return Span(str(s), "code")
+
+
+def bold(s: Any) -> Span:
+    return Span(str(s), "bold")
+
+
+def plain(t: Text) -> str:
+    return "".join(s.text for s in t)
+
+
+@dataclass
+class Paragraph:
+    kind: ClassVar[str] = "paragraph"
+    text: Text
+
+
+@dataclass
+class Bullets:
+    kind: ClassVar[str] = "bullets"
+    items: list[Text]
+
+
+@dataclass
+class Table:
+    kind: ClassVar[str] = "table"
+    headers: list[str]
+    rows: list[list[Text]]
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[str | Span | Text]]) -> Table:
+    """A table whose cells may be plain strings (most are) or rich text."""
+    return Table(list(headers), [[text(c) if isinstance(c, str | Span) else c for c in r] for r in rows])
+
+
+@dataclass
+class CodeBlock:
+    kind: ClassVar[str] = "code"
+    text: str
+
+
+@dataclass
+class Figure:
+    """A PNG in the report directory: ``plot`` is what ``report/plots.py`` draws into ``file``."""
+
+    kind: ClassVar[str] = "figure"
+    file: str
+    caption: Text
+    plot: PlotData
+
+
+Block = Paragraph | Bullets | Table | CodeBlock | Figure
+
+
+@dataclass
+class Subsection:
+    title: str
+    blocks: list[Block] = field(default_factory=list)
+
+
+@dataclass
+class Section:
+    anchor: str  # the HTML id, and the entry of the table of contents
+    title: str
+    blocks: list[Block] = field(default_factory=list)
+    subsections: list[Subsection] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    title: str
+    sections: list[Section]
+    footer: Text
+    baseline: str
+    primary: str
+    notes: list[str]  # warnings worth printing on the terminal too (plain text)
+
+    @property
+    def figures(self) -> list[Figure]:
+        blocks = [
+            b for s in self.sections for b in [*s.blocks, *(b for u in s.subsections for b in u.blocks)]
+        ]
+        return [b for b in blocks if isinstance(b, Figure)]
+
+
+# --------------------------------------------------------------------------------------------- statistics
+
+
+f3 = partial(fmt_num, nd=3)  # the report prints 3 decimals
+
+
+def with_ci(m: dict[str, float], key: str) -> str:
+    """``mean [ci_low, ci_high]`` of a logged metric, ``–`` when the run did not log it."""
+    if key not in m:
+        return "–"
+    return f"{f3(m[key])} [{f3(m.get(key + '_ci_low'))}, {f3(m.get(key + '_ci_high'))}]"
+
+
+def context_k(configs: Sequence[Config]) -> int:
+    """The context k (retriever.k) most configs share; ties go to the larger k."""
+    ks = Counter(int(float(c.params.get("retriever.k", 5))) for c in configs)
+    return max(ks, key=lambda k: (ks[k], k))
+
+
+def logged_ks(configs: Sequence[Config], prefix: str = "hit_at_") -> list[int]:
+    ks: set[int] = set()
+    for c in configs:
+        ks |= {int(k[len(prefix) :]) for k in c.metrics if re.fullmatch(re.escape(prefix) + r"\d+", k)}
+    return sorted(ks)
+
+
+def has_generation(configs: Sequence[Config]) -> bool:
+    return any(m in c.metrics for c in configs for m in GENERATION_METRICS)
+
+
+def choose_baseline(configs: Sequence[Config], primary: str, baseline: str | None) -> Config:
+    """The config named by ``baseline`` (run id, run name or label), else the best on ``primary``."""
+    if baseline:
+        for c in configs:
+            if baseline in (c.run.info.run_id, c.run.info.run_name, c.label):
+                return c
+        raise RunInputError(
+            f"--baseline {baseline!r} is not a run of this report; runs: "
+            + ", ".join(f"{c.label} ({c.run.info.run_id})" for c in configs)
+        )
+    # best on the primary metric; ties: higher MRR, then the first run
+    return max(
+        configs, key=lambda c: (c.metrics.get(primary, -1.0), c.metrics.get("mrr", -1.0), -configs.index(c))
+    )
+
+
+@dataclass
+class Analysis:
+    """Everything the sections show, computed once."""
+
+    inp: ReportInput
+    base: Config
+    baseline_given: bool
+    primary: str
+    k: int  # context k
+    gen: bool
+    gen_keys: list[str]  # generation metrics some config logged
+    rate_keys: list[str]  # failure-label rates some config logged
+    att: SweepAttribution | None  # None: a single config or no factor varies
+    notes: list[str]  # warnings shown under the question and printed by the CLI
+    n_worst: int
+
+    @property
+    def configs(self) -> list[Config]:
+        return self.inp.configs
+
+    @property
+    def factors(self) -> list[str]:
+        return self.inp.factors
+
+
+def analyse(
+    inp: ReportInput,
+    baseline: str | None = None,
+    primary: str | None = None,
+    n_worst: int = 5,
+    seed: int = 0,
+    n_resamples: int = 4999,
+) -> Analysis:
+    """Choose the baseline and primary metric, check the runs agree, run the attribution."""
+    configs = inp.configs
+    k = context_k(configs)
+    primary = primary or f"hit_at_{k}"
+    missing = [c.label for c in configs if primary not in c.table.columns]
+    if missing:
+        raise RunInputError(f"metric {primary!r} is not in the per-query table of: {', '.join(missing)}")
+    base = choose_baseline(configs, primary, baseline)
+    notes = []
+    if len({c.tags.get("evalset_digest") for c in configs} - {None}) > 1:
+        notes.append(
+            "the runs were evaluated on different eval sets (evalset_digest differs); "
+            "paired comparisons below are not meaningful."
+        )
+    att = None
+    if len(configs) > 1 and inp.factors:
+        metrics = attribution_metrics(primary, k, configs)
+        att = factor_effects(
+            [c.data for c in configs], base.data, metrics, seed=seed, n_resamples=n_resamples
+        )
+    return Analysis(
+        inp=inp,
+        base=base,
+        baseline_given=bool(baseline),
+        primary=primary,
+        k=k,
+        gen=has_generation(configs),
+        gen_keys=[m for m in GENERATION_METRICS if any(m in c.metrics for c in configs)],
+        rate_keys=[m for m in RATE_ORDER if any(m in c.metrics for c in configs)],
+        att=att,
+        notes=notes,
+        n_worst=n_worst,
+    )

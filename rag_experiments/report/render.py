@@ -1,0 +1,88 @@
+"""Lay a :class:`~rag_experiments.report.model.Report` out as Markdown and HTML, and write its files.
+
+The layout is in ``report/templates/`` (Jinja2); here are only the filters that turn rich text
+(:class:`~rag_experiments.report.model.Span` runs) into Markdown or escaped HTML.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import jinja2
+from markupsafe import Markup, escape
+
+from rag_experiments.report.model import Report, Span, plain
+from rag_experiments.report.plots import draw
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+_MD = {"": "{}", "code": "`{}`", "bold": "**{}**"}
+_HTML = {"": "{}", "code": "<code>{}</code>", "bold": "<strong>{}</strong>"}
+
+
+def md_inline(t: Iterable[Span] | str) -> str:
+    """Rich text as Markdown (``code`` in backticks, **bold**); text is not escaped."""
+    if isinstance(t, str):
+        return t
+    return "".join(_MD[s.style].format(s.text) for s in t)
+
+
+def md_cell(t: Iterable[Span] | str) -> str:
+    """Rich text in a Markdown table cell: pipes escaped, newlines as spaces."""
+    return md_inline(t).replace("|", "\\|").replace("\n", " ")
+
+
+def html_inline(t: Iterable[Span] | str) -> Markup:
+    """Rich text as HTML: every span escaped, then wrapped in ``<code>`` or ``<strong>``."""
+    if isinstance(t, str):
+        return escape(t)
+    return Markup("".join(_HTML[s.style].format(escape(s.text)) for s in t))
+
+
+@cache
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=lambda name: bool(name) and name.endswith(".html.j2"),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters.update(md=md_inline, md_cell=md_cell, html=html_inline, plain=plain)
+    return env
+
+
+def render_markdown(report: Report) -> str:
+    return _env().get_template("report.md.j2").render(report=report).rstrip() + "\n"
+
+
+def render_html(report: Report, images: dict[str, str]) -> str:
+    """Self-contained HTML: ``images`` maps each figure's file name to its ``data:`` URI."""
+    return _env().get_template("report.html.j2").render(report=report, images=images)
+
+
+def data_uri(png: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
+
+
+@dataclass
+class ReportFiles:
+    out_dir: Path
+    markdown: Path
+    html: Path
+    pngs: list[Path]
+
+
+def write_report(report: Report, out_dir: Path) -> ReportFiles:
+    """Draw the figures into ``out_dir``, then write ``report.md`` and ``report.html`` there."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pngs = [draw(fig.plot, out_dir / fig.file) for fig in report.figures]
+    md_path, html_path = out_dir / "report.md", out_dir / "report.html"
+    md_path.write_text(render_markdown(report), encoding="utf-8")
+    images = {p.name: data_uri(p) for p in pngs}
+    html_path.write_text(render_html(report, images), encoding="utf-8")
+    return ReportFiles(out_dir, md_path, html_path, pngs)

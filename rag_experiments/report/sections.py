@@ -1,0 +1,294 @@
+"""The report's sections, and :func:`build_report`, which assembles them in order.
+
+Each function builds one :class:`~rag_experiments.report.model.Section` from the :class:`Analysis`
+(the Plots section is in ``report/figures.py``, definitions and reproducibility in
+``report/provenance.py``); no Markdown or HTML here (``report/render.py`` lays the sections out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rag_experiments.analysis.attribution import SweepAttribution, is_bookkeeping
+from rag_experiments.report.figures import plots_section
+from rag_experiments.report.load import Config, ReportInput, level
+from rag_experiments.report.model import (
+    Analysis,
+    Bullets,
+    Paragraph,
+    Report,
+    Section,
+    Subsection,
+    Table,
+    Text,
+    analyse,
+    bold,
+    code,
+    f3,
+    join,
+    logged_ks,
+    retrieval_metrics,
+    table,
+    text,
+    with_ci,
+)
+from rag_experiments.report.provenance import definitions, reproducibility
+from rag_experiments.report.queries import worst_query_headers, worst_query_rows
+from rag_experiments.report.tables import (
+    EFFECT_HEADERS,
+    NOISE_HEADERS,
+    effect_rows,
+    fmt_p,
+    marginal_headers,
+    marginal_rows,
+    noise_rows,
+)
+
+# Held-fixed params shown in the question: group choices (no dot) and these few settings.
+SHOWN_SETTINGS = ("retriever.k", "embedding.name", "metrics.ks", "metrics.min_coverage", "evalset.limit")
+
+
+def held_fixed(configs: Sequence[Config], factors: Sequence[str]) -> dict[str, str]:
+    """The params every config shares with one value, except factors and bookkeeping."""
+    common = {}
+    for key in sorted(set.intersection(*(set(c.params) for c in configs))):
+        vals = {c.params[key] for c in configs}
+        if (
+            len(vals) == 1
+            and key not in factors
+            and not is_bookkeeping(key)
+            and ("." not in key or key in SHOWN_SETTINGS)
+        ):
+            common[key] = vals.pop()
+    return common
+
+
+def question(an: Analysis) -> Section:
+    """What varies (factors and levels), what is held fixed, the baseline, and the short answer."""
+    configs, factors, inp = an.configs, an.factors, an.inp
+    s = Section("question", "Question")
+    what = "retrieval and answer quality" if an.gen else "retrieval quality"
+    if factors:
+        names = join([code(f) for f in factors], " × ")
+        s.blocks.append(Paragraph(text(f"How does {what} on the eval set change with ", names, "?")))
+        levels = {f: sorted({level(c, f) or "–" for c in configs}) for f in factors}
+        s.blocks.append(table(["factor", "levels"], [[f, ", ".join(levels[f])] for f in factors]))
+    else:
+        s.blocks.append(
+            Paragraph(
+                text(
+                    f"What is the {what} of this configuration on the eval set? (a single run: no factor varies)"
+                )
+            )
+        )
+    fixed = join([code(f"{k}={v}") for k, v in held_fixed(configs, factors).items()], ", ")
+    s.blocks.append(Paragraph(text("Held fixed: ", fixed, ".")))
+    n_q = int(max(c.metrics.get("n_queries", len(c.table)) for c in configs))
+    n_unans = int(max(c.metrics.get("n_unanswerable", 0) for c in configs))
+    why = (
+        "(given with --baseline)."
+        if an.baseline_given
+        else text("(the best config on ", code(an.primary), ").")
+    )
+    s.blocks.append(
+        Paragraph(
+            text(
+                "Experiment ",
+                code(inp.experiment_name),
+                f", {len(configs)} config(s), {n_q} eval queries ({n_unans} unanswerable: excluded from "
+                "retrieval metrics). Context k (",
+                code("retriever.k"),
+                f") = {an.k}; primary metric ",
+                code(an.primary),
+                "; baseline = ",
+                bold(an.base.label),
+                " ",
+                why,
+            )
+        )
+    )
+    s.blocks += [Paragraph(text(bold("warning"), ": ", n)) for n in an.notes]
+    s.blocks.append(Paragraph(text("In brief:")))
+    s.blocks.append(Bullets(in_brief(an.base, an.primary, an.att)))
+    return s
+
+
+def _effect_text(r) -> str:
+    return f"{f3(r.delta, signed=True)} [{f3(r.ci_low, signed=True)}, {f3(r.ci_high, signed=True)}]"
+
+
+def in_brief(base: Config, primary: str, att: SweepAttribution | None) -> list[Text]:
+    """The short answer: the baseline on the primary metric, each level's delta, what is significant."""
+    out = [text("Baseline ", bold(base.label), f": {primary} = {with_ci(base.metrics, primary)}.")]
+    if att is None or att.effects.empty:
+        return out
+    eff = att.effects
+    for r in eff[eff["metric"] == primary].itertuples():
+        verdict = "significant" if r.p_holm < 0.05 else "not significant"
+        out.append(
+            text(
+                f"{r.factor}={r.level}: {primary} {f3(r.mean_b)}, delta {_effect_text(r)}, "
+                f"p_holm {fmt_p(r.p_holm)} ({verdict})"
+            )
+        )
+    sig = eff[eff["p_holm"] < 0.05]
+    if sig.empty:
+        out.append(
+            text("No one-factor-at-a-time difference is significant after Holm correction (p_holm < 0.05).")
+        )
+    else:
+        found = "; ".join(f"{r.factor}={r.level} on {r.metric} ({_effect_text(r)})" for r in sig.itertuples())
+        out.append(text(f"Significant after Holm (p_holm < 0.05): {found}."))
+    return out
+
+
+def results_table(an: Analysis, keys: Sequence[str], mark_best: bool = True) -> Table:
+    """Each config's mean and 95 % CI per metric; the best value per metric in bold (higher is better)."""
+    configs = an.configs
+    keys = [x for x in keys if any(x in c.metrics for c in configs)]
+    best = {key: max(c.metrics[key] for c in configs if key in c.metrics) for key in keys}
+    rows = []
+    for c in configs:
+        cells: list = [c.label + (" (baseline)" if c is an.base else "")]
+        for key in keys:
+            cell = with_ci(c.metrics, key)
+            is_best = mark_best and len(configs) > 1 and key in c.metrics and c.metrics[key] == best[key]
+            cells.append(bold(cell) if is_best else cell)
+        rows.append(cells)
+    return table(["config", *keys], rows)
+
+
+COUNT_KEYS = ("n_queries", "n_unanswerable", "n_errors", "n_unparseable_verdicts")
+
+
+def results(an: Analysis) -> Section:
+    """Every headline metric per config with its logged 95 % CI, and the query counts."""
+    s = Section("results", "Results per config")
+    s.blocks.append(
+        Paragraph(
+            text(
+                "Each cell: mean over the queries it is defined for, with the 95 % bootstrap CI "
+                "(query-level resampling, seeded) as logged by the sweep. ",
+                bold("Bold"),
+                ": best config on that metric.",
+            )
+        )
+    )
+    s.subsections.append(
+        Subsection("Retrieval", [results_table(an, retrieval_metrics(logged_ks(an.configs), an.k))])
+    )
+    if an.gen_keys:
+        s.subsections.append(Subsection("Generation", [results_table(an, an.gen_keys)]))
+    if an.rate_keys:
+        s.subsections.append(Subsection("Failure-label rates", [results_table(an, an.rate_keys, False)]))
+    counts = [
+        [c.label, c.run.info.run_id, *(f3(c.metrics.get(k), nd=0) for k in COUNT_KEYS), c.run.info.status]
+        for c in an.configs
+    ]
+    s.subsections.append(Subsection("Counts", [table(["config", "run", *COUNT_KEYS, "status"], counts)]))
+    return s
+
+
+ATTRIBUTION_METHOD = (
+    "every other factor at the baseline's value. delta = mean(level) − mean(baseline) over the queries "
+    "defined in both; 95 % CI: paired percentile bootstrap over queries; p: exact McNemar for 0/1 metrics, "
+    "paired sign-flip permutation otherwise; p_holm: Holm-adjusted across every comparison of the "
+    "attribution (* = p_holm < 0.05)."
+)
+
+
+def attribution(an: Analysis) -> Section:
+    """One factor at a time against the baseline, marginal means, and the A/A noise floor."""
+    s = Section("attribution", "Attribution (one factor at a time)")
+    att = an.att
+    if att is None:
+        s.blocks.append(
+            Paragraph(
+                text(
+                    "A single configuration: there is no factor to attribute. Use ",
+                    code("python -m rag_experiments.compare RUN_A RUN_B"),
+                    " to compare two runs.",
+                )
+            )
+        )
+        return s
+    s.blocks.append(
+        Paragraph(
+            text("Each level is compared with the baseline ", bold(an.base.label), ", " + ATTRIBUTION_METHOD)
+        )
+    )
+    if att.effects.empty:
+        s.blocks.append(Paragraph(text("(no one-factor-at-a-time comparison is possible in this grid)")))
+    else:
+        s.blocks.append(table(EFFECT_HEADERS, effect_rows(att.effects, f3, fmt_p)))
+    if att.skipped:
+        s.blocks.append(Paragraph(text("Not in the grid (comparison skipped): " + "; ".join(att.skipped))))
+    if len(an.factors) > 1 and not att.marginals.empty:
+        rows = marginal_rows(att.marginals, f3, fmt_p, with_p_value=False)
+        s.subsections.append(
+            Subsection("Marginal means over the grid", [table(marginal_headers(with_p_value=False), rows)])
+        )
+    if not att.noise_floor.empty:
+        noise = [
+            table(NOISE_HEADERS, noise_rows(att.noise_floor, f3)),
+            Paragraph(text(f"Method: {att.noise_floor['detail'].iloc[0]}")),
+        ]
+        s.subsections.append(Subsection("A/A noise floor", noise))
+    return s
+
+
+def worst_queries(an: Analysis) -> Section:
+    """Per config, the ``n_worst`` worst queries with their gold spans and top retrieved chunks."""
+    s = Section("worst", "Worst queries")
+    k = an.k
+    s.blocks.append(
+        Paragraph(
+            text(
+                f"Per config, the {an.n_worst} worst queries: by failure label (error, retrieval_failure, "
+                "generation_failure, correct_without_evidence first)"
+                + (", then correctness and faithfulness" if an.gen else "")
+                + f", then reciprocal rank, evidence_recall@{k} and nDCG@{k} (lowest first). Top 3 retrieved "
+                "chunks: ✓ relevant to a gold span, ✗ not. 'first rel.': rank of the first relevant chunk."
+            )
+        )
+    )
+    headers = worst_query_headers(an.gen)
+    for c in an.configs:
+        rows = worst_query_rows(c, k, an.n_worst, an.gen)
+        s.subsections.append(Subsection(c.label, [table(headers, rows)]))
+    return s
+
+
+# --------------------------------------------------------------------------------------------- the report
+
+
+def build_report(
+    inp: ReportInput,
+    baseline: str | None = None,
+    primary: str | None = None,
+    n_worst: int = 5,
+    seed: int = 0,
+    n_resamples: int = 4999,
+) -> Report:
+    """The report of the loaded runs: statistics first, then each section from them, in order."""
+    an = analyse(inp, baseline, primary, n_worst, seed, n_resamples)
+    plots, curve_notes = plots_section(an)
+    body = [
+        question(an),
+        results(an),
+        attribution(an),
+        plots,
+        worst_queries(an),
+        definitions(an),
+        reproducibility(an),
+    ]
+    t = inp.target
+    title = f"RAG sweep report: {t.sweep_id}" if inp.is_sweep else f"RAG run report: {t.label}"
+    return Report(
+        title=title,
+        sections=body,
+        footer=text("Report generated by ", code(f"python -m rag_experiments.report {t.label}"), "."),
+        baseline=an.base.label,
+        primary=an.primary,
+        notes=[f"warning: {n}" for n in an.notes] + curve_notes,
+    )

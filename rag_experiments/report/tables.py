@@ -1,0 +1,116 @@
+"""Table rows shared by the report and ``compare``: number formats, effect / noise / marginal rows.
+
+A table is headers plus rows of strings; :func:`md_table` and :func:`text_table` lay one out for a
+Markdown file or a terminal. The report lays its tables out with templates (``report/render.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pandas as pd
+
+Fmt = Callable[..., str]
+
+
+def fmt_num(x: Any, nd: int = 4, signed: bool = False) -> str:
+    """``x`` with ``nd`` decimals (``+`` sign if ``signed``); None and NaN print as ``–``.
+
+    A value that is not a number is printed as it is.
+    """
+    if x is None:
+        return "–"
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return str(x)
+    if math.isnan(v):
+        return "–"
+    return f"{v:+.{nd}f}" if signed else f"{v:.{nd}f}"
+
+
+def fmt_p(p: Any) -> str:
+    """A p-value: 4 decimals, ``<1e-4`` below that, ``–`` when missing."""
+    if p is None or math.isnan(v := float(p)):
+        return "–"
+    return "<1e-4" if v < 1e-4 else f"{v:.4f}"
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    esc = [[str(c).replace("|", "\\|").replace("\n", " ") for c in row] for row in rows]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in esc]
+    return "\n".join(lines)
+
+
+def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    cols = list(zip(*([list(headers)] + [list(map(str, r)) for r in rows]), strict=True))
+    widths = [max(len(c) for c in col) for col in cols]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    out = [fmt.format(*headers), fmt.format(*("-" * w for w in widths))]
+    out += [fmt.format(*map(str, r)) for r in rows]
+    return "\n".join(out)
+
+
+EFFECT_HEADERS = ["level", "metric", "baseline", "level mean", "delta", "95% CI", "p", "p_holm", "test", "n"]
+
+
+def effect_rows(effects: pd.DataFrame, f: Fmt = fmt_num, p: Fmt = fmt_p) -> list[list[str]]:
+    """One table row per one-factor-at-a-time comparison (``*``: p_holm < 0.05)."""
+    return [
+        [
+            f"{r.factor}={r.level}",
+            r.metric,
+            f(r.mean_a),
+            f(r.mean_b),
+            f(r.delta, signed=True),
+            f"[{f(r.ci_low, signed=True)}, {f(r.ci_high, signed=True)}]",
+            p(r.p_value),
+            p(r.p_holm) + (" *" if r.p_holm < 0.05 else ""),
+            r.test,
+            str(r.n_pairs),
+        ]
+        for r in effects.itertuples()
+    ]
+
+
+NOISE_HEADERS = ["metric", "method", "delta", "95% interval", "n"]
+
+
+def noise_rows(noise: pd.DataFrame, f: Fmt = fmt_num) -> list[list[str]]:
+    """One table row per metric of the A/A noise floor."""
+    return [
+        [
+            r.metric,
+            r.method,
+            f(r.delta, signed=True),
+            f"[{f(r.low, signed=True)}, {f(r.high, signed=True)}]",
+            str(r.n),
+        ]
+        for r in noise.itertuples()
+    ]
+
+
+def marginal_headers(with_p_value: bool = True) -> list[str]:
+    p = ["p"] if with_p_value else []
+    return ["level", "metric", "runs", "mean", "95% CI", "vs baseline level", *p, "p_holm"]
+
+
+def marginal_rows(
+    marginals: pd.DataFrame, f: Fmt = fmt_num, p: Fmt = fmt_p, with_p_value: bool = True
+) -> list[list[str]]:
+    """One table row per (factor level, metric) marginal mean over the grid."""
+    rows = []
+    for r in marginals.itertuples():
+        row = [
+            f"{r.factor}={r.level}" + (" (baseline)" if r.is_baseline_level else ""),
+            r.metric,
+            str(r.n_runs),
+            f(r.mean),
+            f"[{f(r.ci_low)}, {f(r.ci_high)}]",
+            f(r.delta_vs_baseline_level, signed=True),
+        ]
+        rows.append(row + ([p(r.p_value)] if with_p_value else []) + [p(r.p_holm)])
+    return rows
