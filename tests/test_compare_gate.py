@@ -167,7 +167,7 @@ def test_compare_end_to_end(store, tmp_path, capsys):
 
     # the per-metric table: hit_at_5 unchanged on average (one flip each way), McNemar p = 1
     row = next(line for line in md.splitlines() if line.startswith("| hit_at_5 |"))
-    assert "+0.0000" in row and "mcnemar-exact" in row and row.rstrip().endswith("| 200 |")
+    assert "+0.0000" in row and "mcnemar-exact" in row and row.rstrip().endswith("| 200 | n.s. |")
     assert "Failure-label transitions" in md and "hit→miss" in printed
     assert "latency_retrieval_s" not in md  # not a metric key: compared only when named
 

@@ -12,6 +12,7 @@ from rag_experiments.cache import StageCache
 from rag_experiments.datasets.corpus import Corpus
 from rag_experiments.evalset import EvalSet
 from rag_experiments.evaluation.budget import budget_ends, budgeted_metrics
+from rag_experiments.evaluation.headline import headline_metrics, headline_reason
 from rag_experiments.evaluation.metrics import check_metrics_config, token_metrics
 from rag_experiments.pipeline import run_pipeline
 from rag_experiments.stages.chunking import MarkdownChunker, WholeDocumentChunker
@@ -284,3 +285,49 @@ def test_pipeline_budget_uses_real_token_counts(tiny) -> None:
     assert (df["hit_at_256tok"] <= df["hit_at_1"]).all()
     assert (df["evidence_recall_at_256tok"] <= df["evidence_recall_at_1"]).all()
     assert (df["token_precision_at_256tok"] > 0).any()
+
+
+# --------------------------------------------------------------------------- headline
+
+
+def test_headline_metrics_lead_with_budgets_when_chunking_varies() -> None:
+    assert headline_metrics(["retriever"]) == ["hit_at_5", "mrr", "evidence_recall_at_5"]
+    assert headline_reason(["retriever", "embedding"]) == ""
+    lead = headline_metrics(["chunking.size", "retriever"])
+    assert lead[:3] == [
+        "evidence_recall_at_256tok",
+        "evidence_recall_at_512tok",
+        "evidence_recall_at_1024tok",
+    ]
+    assert lead[-3:] == ["hit_at_5", "mrr", "evidence_recall_at_5"] and len(lead) == 12
+    assert headline_reason(["chunking"]) == "chunkers of different sizes compared at equal context cost"
+    # budgets come from the keys that exist, and only those are returned
+    avail = ["mrr", "hit_at_5", "hit_at_300tok", "token_precision_at_300tok", "hit_at_100tok"]
+    assert headline_metrics(["chunking"], available=avail) == [
+        "hit_at_100tok",
+        "hit_at_300tok",
+        "token_precision_at_300tok",
+        "hit_at_5",
+        "mrr",
+    ]
+
+
+def test_compare_sweep_default_metrics_follow_the_headline() -> None:
+    import pandas as pd
+
+    from rag_experiments.compare import _default_sweep_metrics
+
+    cols = [
+        "hit_at_1",
+        "hit_at_5",
+        "mrr",
+        "evidence_recall_at_5",
+        "hit_at_256tok",
+        "token_precision_at_256tok",
+    ]
+    table = pd.DataFrame({c: [0.5, 1.0] for c in cols} | {"id": ["a", "b"], "tags": [[], []]})
+    plain = _default_sweep_metrics([table], ["retriever"])
+    chunked = _default_sweep_metrics([table], ["chunking"])
+    assert sorted(plain) == sorted(chunked)  # the same metrics, reordered
+    assert plain[0] == "hit_at_5"
+    assert chunked[:2] == ["hit_at_256tok", "token_precision_at_256tok"]
