@@ -331,3 +331,18 @@ def test_compare_sweep_default_metrics_follow_the_headline() -> None:
     assert sorted(plain) == sorted(chunked)  # the same metrics, reordered
     assert plain[0] == "hit_at_5"
     assert chunked[:2] == ["hit_at_256tok", "token_precision_at_256tok"]
+
+
+def test_bad_budget_config_exits_2_without_any_mlflow_run(tmp_path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from tests.sweep_helpers import run_sweep, sweep_args
+
+    docs, ev = make_tiny(tmp_path, n_items=3)
+    args = [*sweep_args(tmp_path, docs, ev), "generator=none", "metrics.token_budgets=[256,0]"]
+    p = run_sweep(tmp_path, *args, check=False)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert "metrics.token_budgets: every value must be an integer >= 1, got 0" in p.stderr
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    exp = c.get_experiment_by_name("test")
+    assert exp is None or not c.search_runs([exp.experiment_id])

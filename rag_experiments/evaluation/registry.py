@@ -138,8 +138,8 @@ _J = "rag_experiments.stages.judging."
 _B = "rag_experiments.evaluation.budget."
 _TOKEN_UNION = "the union of the top-k chunks' character ranges (overlaps counted once)"
 _BUDGET = (
-    "the B-token context: the ranked chunks in order up to B tokens of the fixed MiniLM tokenizer "
-    "(run tag token_budget_tokenizer), the last one cut at B"
+    "the B-token context (the ranked chunks in order up to B tokens of the fixed MiniLM tokenizer "
+    "named in the run tag token_budget_tokenizer, the last one cut at B)"
 )
 
 REGISTRY: tuple[MetricSpec, ...] = (
@@ -214,7 +214,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "retrieval",
         True,
         "proportion",
-        f"|gold ∩ retrieved| / |gold ∪ retrieved| in characters, retrieved = {_TOKEN_UNION}",
+        f"characters in gold ∩ retrieved / characters in gold ∪ retrieved, retrieved = {_TOKEN_UNION}",
         _M + "token_iou_at_k",
     ),
     MetricSpec(
