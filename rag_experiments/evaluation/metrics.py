@@ -102,6 +102,7 @@ class RankedArrays:
 def ranked_arrays(
     ranked: Sequence[Sequence[Chunk | ScoredChunk]], gold: Sequence[Sequence[Span]]
 ) -> RankedArrays:
+    """Pad the ranked chunks and gold spans of every query into a :class:`RankedArrays`."""
     n_q = len(ranked)
     if len(gold) != n_q:
         raise ValueError(f"ranked has {n_q} queries but gold has {len(gold)}")
