@@ -45,6 +45,7 @@ _PLACEHOLDERS: dict[str, str] = {
     "B": r"[1-9]\d*",  # token budget of the context
     "label": "|".join(FAILURE_LABELS),
 }
+_INT_PLACEHOLDERS = frozenset({"k", "B"})
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ class MetricSpec:
         m = self._regex.fullmatch(key)
         if m is None:
             return None
-        return {n: (int(v) if _PLACEHOLDERS[n].startswith("[1-9]") else v) for n, v in m.groupdict().items()}
+        return {n: (int(v) if n in _INT_PLACEHOLDERS else v) for n, v in m.groupdict().items()}
 
     def render(self, **params: Any) -> str:
         missing = set(self.params) - set(params)
