@@ -20,9 +20,10 @@ import pandas as pd
 from mlflow.entities import Metric, Run
 from mlflow.tracking import MlflowClient
 
-from rag_experiments.analysis.attribution import SweepAttribution, config_diff, factor_effects
+from rag_experiments.analysis.attribution import SweepAttribution, config_diff, factor_effects, infer_factors
 from rag_experiments.analysis.stats import PairedResult, flips, holm, paired_delta, transition_matrix
 from rag_experiments.evaluation.aggregate import metric_columns
+from rag_experiments.evaluation.headline import headline_metrics
 from rag_experiments.evaluation.registry import higher_is_better, parse, render_key
 from rag_experiments.report.tables import (
     EFFECT_HEADERS,
@@ -337,12 +338,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _default_sweep_metrics(tables: Sequence[pd.DataFrame]) -> list[str]:
-    """hit@5 (else the largest hit@k) plus every metric that has no rank cut-off."""
+def _default_sweep_metrics(tables: Sequence[pd.DataFrame], factors: Sequence[str] = ()) -> list[str]:
+    """hit@5 (else the largest hit@k) plus every metric that has no rank cut-off; the headline
+    metrics of the varied factors first (budgeted ones when the chunking varies)."""
     cols = metric_columns(*tables)
     keep = [c for c in cols if "k" not in parse(c)[0].params]
     hits = [c for c in cols if _is_hit_at_k(c)]
-    return (["hit_at_5"] if "hit_at_5" in hits else hits[-1:]) + keep
+    default = (["hit_at_5"] if "hit_at_5" in hits else hits[-1:]) + keep
+    lead = headline_metrics(factors, available=default)
+    return lead + [m for m in default if m not in lead]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -392,7 +396,7 @@ def _main_sweep(client: MlflowClient, args: argparse.Namespace) -> int:
     data = [run_data(client, r) for r in children]
     base = next((d for d in data if d.run_id == base_run.info.run_id), None) or run_data(client, base_run)
     tables = [d.table for d in data if d.table is not None]
-    metrics = args.metric or _default_sweep_metrics(tables)
+    metrics = args.metric or _default_sweep_metrics(tables, infer_factors(data))
     att = factor_effects(data, base, metrics, seed=args.seed, n_resamples=min(args.resamples, 4999))
     print(render_sweep(att, args.sweep, markdown=False))
     md = render_sweep(att, args.sweep, markdown=True)

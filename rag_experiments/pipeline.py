@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from rag_experiments.cache import StageCache, stable_hash
 from rag_experiments.evaluation import metrics as M
 from rag_experiments.evaluation.aggregate import aggregate
+from rag_experiments.evaluation.budget import budgeted_metrics
 from rag_experiments.evaluation.labels import RATE_LABELS, failure_label
 from rag_experiments.evaluation.registry import GENERATION_METRICS
 from rag_experiments.stages.chunking import chunk_corpus
@@ -38,6 +39,7 @@ class PipelineResult:
     timings: dict[str, float]
     calls: dict[str, int] = field(default_factory=dict)
     n_chunks: int = 0
+    tags: dict[str, str] = field(default_factory=dict)  # run tags, e.g. token_budget_tokenizer
 
 
 def chunk_stage(docs: list[Document], corpus_digest: str, chunker, chunking_cfg: dict, cache: StageCache):
@@ -63,6 +65,24 @@ def retrieval_stage(
         "rankings", key, idx=np.asarray(idx, dtype=np.int64), scores=np.asarray(scores, dtype=np.float32)
     )
     return idx, scores, key
+
+
+def chunk_tokens_stage(chunks: list[Chunk], chunks_key: str, cache: StageCache):
+    """Token end offsets of every chunk under the fixed budget tokenizer, once per chunk set.
+
+    Cached with the chunks: the key is (chunks key, tokenizer identity). Returns
+    ``(ends, ptr, tokenizer_identity, key)`` (see ``stages.text.token_ends``).
+    """
+    from rag_experiments.stages.text import token_ends, tokenizer_identity
+
+    ident = tokenizer_identity()
+    key = stable_hash("chunk_tokens", chunks_key, ident)
+    hit = cache.get_array("chunk_tokens", key)
+    if hit is not None:
+        return hit["ends"], hit["ptr"], ident, key
+    ends, ptr = token_ends([c.text for c in chunks])
+    cache.put_array("chunk_tokens", key, ends=ends, ptr=ptr)
+    return ends, ptr, ident, key
 
 
 def generation_stage(generator, prompts: list[list[dict]], cache: StageCache) -> tuple[list, int]:
@@ -158,6 +178,8 @@ def run_pipeline(
     n_resamples: int = 1000,
     seed: int = 0,
     progress: bool = True,
+    rank_depth: int = 100,
+    token_budgets: tuple[int, ...] | list[int] = (256, 512, 1024),
 ) -> PipelineResult:
     from rag_experiments.stages.judging import correctness, faithfulness
 
@@ -168,7 +190,7 @@ def run_pipeline(
     timings["chunking_s"] = time.perf_counter() - t
 
     all_ks = sorted(set(ks) | {k})
-    depth = max(all_ks)
+    depth = max(*all_ks, rank_depth)  # MRR and the token budgets read past max(ks)
     queries = [it.query for it in items]
     t = time.perf_counter()
     before = cache.stats["rankings.miss"]
@@ -176,7 +198,16 @@ def run_pipeline(
     calls["retrieval"] += cache.stats["rankings.miss"] - before
     timings["retrieval_s"] = time.perf_counter() - t
     ranked = [[chunks[i] for i in row if i >= 0] for row in idx]
-    per_q = M.retrieval_metrics(ranked, [it.gold_spans for it in items], chunks, all_ks, min_coverage)
+    gold = [it.gold_spans for it in items]
+    per_q = M.retrieval_metrics(ranked, gold, chunks, all_ks, min_coverage, rank_depth=rank_depth)
+    per_q.update(M.token_metrics(ranked, gold, all_ks))
+    run_tags: dict[str, str] = {}
+    cache_keys = {"chunks": chunks_key, "rankings": ranking_key}
+    if token_budgets:
+        tok_ends, tok_ptr, tok_id, cache_keys["chunk_tokens"] = chunk_tokens_stage(chunks, chunks_key, cache)
+        per_q.update(budgeted_metrics(idx, chunks, gold, tok_ends, tok_ptr, token_budgets, min_coverage))
+        run_tags["token_budget_tokenizer"] = tok_id
+    shown = max(all_ks)  # the per-query table lists the ranks the top-k metrics see
 
     rows: list[dict[str, Any]] = []
     for qi, it in enumerate(items):
@@ -196,7 +227,7 @@ def run_pipeline(
                             "end": c.end,
                             "score": round(float(scores[qi][r]), 6),
                         }
-                        for r, c in enumerate(ranked[qi])
+                        for r, c in enumerate(ranked[qi][:shown])
                     ]
                 ),
                 **{name: float(v[qi]) for name, v in per_q.items()},
@@ -284,8 +315,9 @@ def run_pipeline(
     return PipelineResult(
         per_query=df,
         aggregates=aggregates,
-        cache_keys={"chunks": chunks_key, "rankings": ranking_key},
+        cache_keys=cache_keys,
         timings=timings,
         calls=dict(calls),
         n_chunks=len(chunks),
+        tags=run_tags,
     )

@@ -142,6 +142,7 @@ def run_job(cfg: DictConfig) -> float:
     from rag_experiments.datasets.corpus import CorpusError
     from rag_experiments.evalset import EvalSetError
     from rag_experiments.evaluation.labels import load_thresholds
+    from rag_experiments.evaluation.metrics import check_metrics_config
     from rag_experiments.pipeline import run_pipeline
     from rag_experiments.tracking import writer as tracking
 
@@ -162,6 +163,13 @@ def run_job(cfg: DictConfig) -> float:
     chash = tracking.config_hash(full, corpus.digest, evalset.digest)
     k = int(cfg.retriever.k)
     ks = list(cfg.metrics.ks)
+    rank_depth = cfg.metrics.get("rank_depth", 100)
+    budgets = list(cfg.metrics.get("token_budgets", [256, 512, 1024]))
+    try:
+        check_metrics_config(ks, k, rank_depth, budgets)
+    except ValueError as e:  # bad input: clear message, exit 2, no MLflow run
+        print(f"config error: {e}", file=sys.stderr)
+        sys.exit(2)
 
     uri = tracking.resolve_uri(cfg.tracking.uri)
     client = MlflowClient(tracking_uri=uri)
@@ -222,6 +230,8 @@ def run_job(cfg: DictConfig) -> float:
             n_resamples=cfg.metrics.bootstrap_resamples,
             seed=cfg.seed,
             progress=cfg.get("progress", True),
+            rank_depth=rank_depth,
+            token_budgets=budgets,
         )
         import pandas as pd
 
@@ -249,6 +259,7 @@ def run_job(cfg: DictConfig) -> float:
             "model_calls": json.dumps(res.calls),
             "timings": json.dumps({k_: round(v, 3) for k_, v in timing.items()}),
             **{f"cache_key.{k_}": v for k_, v in res.cache_keys.items()},
+            **res.tags,
         }
         tracking.log_results(
             client,

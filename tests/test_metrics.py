@@ -89,13 +89,50 @@ def test_ndcg_uses_all_existing_relevant_chunks() -> None:
 
 
 def test_evidence_recall() -> None:
-    span_hit = np.zeros((3, 4, 2), dtype=bool)
-    span_hit[0, 0, 0] = True  # span 0 at rank 1
-    span_hit[0, 3, 1] = True  # span 1 only at rank 4
-    span_hit[1, 1, 0] = True
+    """Coverage-based: span s is recalled once the top k cover >= min_coverage of its characters."""
+    span_new = np.zeros((3, 4, 2))
+    span_len = np.array([[10.0, 10.0], [20.0, 0.0], [0.0, 0.0]])
+    span_new[0, 0, 0] = 10  # span 0 fully covered at rank 1
+    span_new[0, 3, 1] = 6  # span 1 covered (0.6) only at rank 4
+    span_new[1, 0, 0] = 4  # span of query 1: 4/20 at rank 1, 6 more at rank 2 -> 0.5
+    span_new[1, 1, 0] = 6
     n_spans = np.array([2, 1, 0])
-    np.testing.assert_allclose(evidence_recall_at_k(span_hit, n_spans, 3), [0.5, 1.0, np.nan])
-    np.testing.assert_allclose(evidence_recall_at_k(span_hit, n_spans, 4), [1.0, 1.0, np.nan])
+    np.testing.assert_allclose(evidence_recall_at_k(span_new, span_len, n_spans, 1), [0.5, 0.0, np.nan])
+    np.testing.assert_allclose(evidence_recall_at_k(span_new, span_len, n_spans, 3), [0.5, 1.0, np.nan])
+    np.testing.assert_allclose(evidence_recall_at_k(span_new, span_len, n_spans, 4), [1.0, 1.0, np.nan])
+    # min_coverage 0 still needs one covered character; padding spans never count
+    np.testing.assert_allclose(
+        evidence_recall_at_k(span_new, span_len, n_spans, 1, min_coverage=0.0), [0.5, 1.0, np.nan]
+    )
+
+
+def test_tiny_chunk_inside_a_long_span_no_longer_recalls_it() -> None:
+    """The hit rule still counts a chunk wholly inside a span; evidence recall credits its characters."""
+    span = Span("d", 0, 1000)
+    tiny = chunk("d", 400, 420)  # 2 % of the span, wholly inside
+    assert relevance(tiny, span)  # hit rule: min_coverage or wholly inside
+    m = retrieval_metrics([[tiny]], [[span]], [tiny], ks=[1])
+    assert m["hit_at_1"][0] == 1.0
+    assert m["evidence_recall_at_1"][0] == 0.0
+    # Enough small pieces together do recall it: 25 chunks of 20 characters = 50 %.
+    pieces = [chunk("d", s, s + 20) for s in range(0, 500, 20)]
+    m = retrieval_metrics([pieces], [[span]], pieces, ks=[24, 25])
+    assert m["evidence_recall_at_24"][0] == 0.0 and m["evidence_recall_at_25"][0] == 1.0
+
+
+def test_mrr_depth_is_fixed_and_independent_of_ks() -> None:
+    rng = np.random.default_rng(3)
+    all_chunks = [chunk("d", s, s + 10) for s in range(0, 2000, 10)]
+    gold = [[Span("d", int(s), int(s) + 10)] for s in rng.integers(0, 199, 40) * 10]
+    ranked = [[all_chunks[i] for i in rng.permutation(len(all_chunks))[:120]] for _ in gold]
+    a = retrieval_metrics(ranked, gold, all_chunks, ks=[1, 3], rank_depth=100)
+    b = retrieval_metrics(ranked, gold, all_chunks, ks=[5, 10, 20, 50], rank_depth=100)
+    np.testing.assert_array_equal(a["mrr"], b["mrr"])
+    # the depth is a real cut-off: a first relevant chunk at rank 101..120 scores 0, not 1/rank
+    full = retrieval_metrics(ranked, gold, all_chunks, ks=[1])["mrr"]
+    late = (full > 0) & (full < 1 / 100)
+    assert late.any() and (a["mrr"][late] == 0).all()
+    np.testing.assert_array_equal(a["mrr"][~late], full[~late])
 
 
 # --------------------------------------------------------------------------- relevance

@@ -3,8 +3,9 @@
 The bridge from gold evidence spans to chunks is :func:`relevance`, defined once here and used by
 everything else (through :func:`relevance_arrays`). Each metric function takes boolean matrices over
 (query, rank) and returns a float array with one value per query; averaging is a separate step
-(``evaluation.aggregate.mean_ci``), so per-query tables and paired tests come for free. The ranking is computed once,
-at the largest k, and every metric at every k is derived from it (:func:`retrieval_metrics`).
+(``evaluation.aggregate.mean_ci``), so per-query tables and paired tests come for free. The ranking
+is computed once, at the largest depth, and every metric at every k is derived from it
+(:func:`retrieval_metrics`).
 
 Conventions shared by the metric functions:
 
@@ -12,25 +13,41 @@ Conventions shared by the metric functions:
   ``r + 1`` of query q is relevant to any of q's evidence spans. Lists shorter than max_retrieved are
   padded with False, so "fewer than k retrieved" needs no special case.
 - ranks are 1-based in the formulas; k >= 1.
+- Character coverage (:func:`coverage_arrays`): the evidence-recall and token-level metrics count
+  *characters*, from the chunks' offsets, so a chunk is credited only with what it covers, and
+  the union of several chunks counts overlapping text once. Token-budgeted metrics (the context
+  cut at B tokens, :func:`budget_ends`) live in :mod:`rag_experiments.evaluation.budget`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from rag_experiments.types import Chunk, ScoredChunk, Span
 
 __all__ = [
+    "Coverage",
+    "RankedArrays",
+    "check_metrics_config",
     "context_precision_at_k",
+    "coverage_arrays",
     "evidence_recall_at_k",
     "hit_at_k",
+    "mask_unanswerable",
     "ndcg_at_k",
     "reciprocal_rank",
     "relevance",
     "relevance_arrays",
+    "ranked_arrays",
     "retrieval_metrics",
+    "span_hits",
+    "token_iou_at_k",
+    "token_metrics",
+    "token_precision_at_k",
+    "token_recall_at_k",
 ]
 
 
@@ -63,6 +80,66 @@ def _as_chunk(x: Chunk | ScoredChunk) -> Chunk:
     return x.chunk if isinstance(x, ScoredChunk) else x
 
 
+@dataclass(frozen=True)
+class RankedArrays:
+    """Ranked chunks and gold spans as padded integer arrays (documents coded as integers).
+
+    ``c_*``: (n_queries, max_retrieved); padding has ``c_doc = -1`` and ``start = end = 0``.
+    ``s_*``: (n_queries, max_spans); padding has ``s_doc = -2`` and ``start = end = 0``.
+    Padding never matches anything and covers no character.
+    """
+
+    c_doc: np.ndarray
+    c_start: np.ndarray
+    c_end: np.ndarray
+    s_doc: np.ndarray
+    s_start: np.ndarray
+    s_end: np.ndarray
+    n_spans: np.ndarray
+    codes: dict[str, int]
+
+
+def ranked_arrays(
+    ranked: Sequence[Sequence[Chunk | ScoredChunk]], gold: Sequence[Sequence[Span]]
+) -> RankedArrays:
+    """Pad the ranked chunks and gold spans of every query into a :class:`RankedArrays`."""
+    n_q = len(ranked)
+    if len(gold) != n_q:
+        raise ValueError(f"ranked has {n_q} queries but gold has {len(gold)}")
+    n_r = max((len(row) for row in ranked), default=0)
+    n_s = max((len(g) for g in gold), default=0)
+    codes: dict[str, int] = {}
+    c = np.zeros((3, n_q, n_r), dtype=np.int64)
+    c[0] = -1
+    for q, row in enumerate(ranked):
+        for r, x in enumerate(row):
+            x = _as_chunk(x)
+            c[:, q, r] = codes.setdefault(x.doc_id, len(codes)), x.start, x.end
+    s = np.zeros((3, n_q, n_s), dtype=np.int64)
+    s[0] = -2
+    for q, spans in enumerate(gold):
+        for j, sp in enumerate(spans):
+            s[:, q, j] = codes.setdefault(sp.doc_id, len(codes)), sp.start, sp.end
+    n_spans = np.array([len(g) for g in gold], dtype=np.int64)
+    return RankedArrays(c[0], c[1], c[2], s[0], s[1], s[2], n_spans, codes)
+
+
+def span_hits(a: RankedArrays, min_coverage: float, c_end: np.ndarray | None = None) -> np.ndarray:
+    """bool (n_queries, max_retrieved, max_spans): :func:`relevance` of every ranked chunk to every
+    span. ``c_end`` replaces the chunks' ends (a context cut inside a chunk, see budget.py)."""
+    end = a.c_end if c_end is None else c_end
+    hit = _relevance_mask(
+        a.c_doc[:, :, None],
+        a.c_start[:, :, None],
+        end[:, :, None],
+        a.s_doc[:, None, :],
+        a.s_start[:, None, :],
+        a.s_end[:, None, :],
+        min_coverage,
+    )
+    return np.asarray(hit, dtype=bool).reshape(*a.c_doc.shape, a.s_doc.shape[1])
+
+
 def relevance_arrays(
     ranked: Sequence[Sequence[Chunk | ScoredChunk]],
     gold: Sequence[Sequence[Span]],
@@ -79,41 +156,8 @@ def relevance_arrays(
     - ``n_relevant``: int (n_queries,), the number of distinct chunks relevant to q in the whole chunk
       set (``all_chunks`` plus any retrieved chunk missing from it): the ideal-DCG denominator.
     """
-    n_q = len(ranked)
-    if len(gold) != n_q:
-        raise ValueError(f"ranked has {n_q} queries but gold has {len(gold)}")
     ranked_c = [[_as_chunk(x) for x in row] for row in ranked]
-    n_r = max((len(row) for row in ranked_c), default=0)
-    n_s = max((len(g) for g in gold), default=0)
-
-    codes: dict[str, int] = {}
-
-    def code(doc_id: str) -> int:
-        return codes.setdefault(doc_id, len(codes))
-
-    c_doc = np.full((n_q, n_r), -1, dtype=np.int64)  # -1 / -2 padding never match each other
-    c_start = np.zeros((n_q, n_r), dtype=np.int64)
-    c_end = np.zeros((n_q, n_r), dtype=np.int64)
-    for q, row in enumerate(ranked_c):
-        for r, c in enumerate(row):
-            c_doc[q, r], c_start[q, r], c_end[q, r] = code(c.doc_id), c.start, c.end
-    s_doc = np.full((n_q, n_s), -2, dtype=np.int64)
-    s_start = np.zeros((n_q, n_s), dtype=np.int64)
-    s_end = np.zeros((n_q, n_s), dtype=np.int64)
-    for q, spans in enumerate(gold):
-        for s, sp in enumerate(spans):
-            s_doc[q, s], s_start[q, s], s_end[q, s] = code(sp.doc_id), sp.start, sp.end
-
-    span_hit = _relevance_mask(
-        c_doc[:, :, None],
-        c_start[:, :, None],
-        c_end[:, :, None],
-        s_doc[:, None, :],
-        s_start[:, None, :],
-        s_end[:, None, :],
-        min_coverage,
-    )
-    span_hit = np.asarray(span_hit, dtype=bool).reshape(n_q, n_r, n_s)
+    span_hit = span_hits(ranked_arrays(ranked_c, gold), min_coverage)
     rel = span_hit.any(axis=2)
 
     # The whole chunk set, grouped by document so each span is compared with its own doc's chunks.
@@ -127,7 +171,7 @@ def relevance_arrays(
         d: (list(m), np.array([v[0] for v in m.values()]), np.array([v[1] for v in m.values()]))
         for d, m in by_doc.items()
     }
-    n_relevant = np.zeros(n_q, dtype=np.int64)
+    n_relevant = np.zeros(len(ranked_c), dtype=np.int64)
     for q, spans in enumerate(gold):
         hits: set[str] = set()
         for sp in spans:
@@ -140,12 +184,80 @@ def relevance_arrays(
     return rel, span_hit, n_relevant
 
 
+# --------------------------------------------------------------------------- character coverage
+
+_DOC_STRIDE = np.int64(1) << 40  # documents laid end to end on one axis: code * stride + offset
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """Characters first covered at each rank, per query (the union of ranks 1..r grows by these).
+
+    - ``new_text[q, r]``: characters of the chunk at rank r+1 not in any higher-ranked chunk;
+      ``new_text[q, :k].sum()`` = size of the union of the top k.
+    - ``new_gold[q, r]``: of those, characters inside some gold span of q.
+    - ``span_new[q, r, s]``: of those, characters inside span s (spans may overlap each other).
+    - ``gold_len[q]``: characters in the union of q's gold spans; ``span_len[q, s]`` = end - start.
+    """
+
+    new_text: np.ndarray
+    new_gold: np.ndarray
+    span_new: np.ndarray
+    gold_len: np.ndarray
+    span_len: np.ndarray
+
+
+def _coverage_one(p_lo, p_hi, s_lo, s_hi):
+    """One query on the global character axis, by elementary segments.
+
+    The sorted distinct endpoints cut the axis into segments that are each wholly inside or
+    wholly outside every chunk and span; a segment belongs to the rank that covers it first.
+    """
+    n_r = len(p_lo)
+    pts = np.unique(np.concatenate([p_lo, p_hi, s_lo, s_hi]))
+    lo, hi = pts[:-1], pts[1:]
+    length = (hi - lo).astype(float)
+    in_p = (p_lo[:, None] <= lo) & (hi <= p_hi[:, None])
+    in_s = (s_lo[:, None] <= lo) & (hi <= s_hi[:, None])
+    first = np.where(in_p.any(axis=0), in_p.argmax(axis=0), n_r) if n_r else np.zeros(len(lo), int)
+    w = (first[None, :] == np.arange(n_r)[:, None]) * length  # (n_r, n_seg)
+    in_gold = in_s.any(axis=0)
+    return w.sum(axis=1), w @ in_gold, w @ in_s.T.astype(float), float(length @ in_gold)
+
+
+def coverage_arrays(a: RankedArrays, c_end: np.ndarray | None = None) -> Coverage:
+    """Character coverage of the gold spans by the ranked chunks (see :class:`Coverage`).
+
+    Exact interval arithmetic from the offsets: overlapping chunks count shared text once; a chunk
+    in another document covers nothing; padding covers nothing. ``c_end`` replaces the chunks'
+    ends (a context cut inside a chunk, see budget.py).
+    """
+    end = a.c_end if c_end is None else c_end
+    n_q, n_r = a.c_doc.shape
+    n_s = a.s_doc.shape[1]
+    base_c = a.c_doc * _DOC_STRIDE
+    base_s = a.s_doc * _DOC_STRIDE
+    p_lo, p_hi = base_c + a.c_start, base_c + np.maximum(end, a.c_start)
+    s_lo, s_hi = base_s + a.s_start, base_s + np.maximum(a.s_end, a.s_start)
+    new_text, new_gold = np.zeros((n_q, n_r)), np.zeros((n_q, n_r))
+    span_new, gold_len = np.zeros((n_q, n_r, n_s)), np.zeros(n_q)
+    for q in range(n_q):
+        new_text[q], new_gold[q], span_new[q], gold_len[q] = _coverage_one(p_lo[q], p_hi[q], s_lo[q], s_hi[q])
+    span_len = np.maximum(a.s_end - a.s_start, 0).astype(float)
+    return Coverage(new_text, new_gold, span_new, gold_len, span_len)
+
+
 # --------------------------------------------------------------------------- metrics
 
 
 def _check_k(k: int) -> None:
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
+
+
+def _ratio(num: np.ndarray, den: np.ndarray, empty: float) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1), empty)
 
 
 def hit_at_k(rel: np.ndarray, k: int) -> np.ndarray:
@@ -158,27 +270,38 @@ def hit_at_k(rel: np.ndarray, k: int) -> np.ndarray:
     return np.asarray(rel, dtype=bool)[:, :k].any(axis=1).astype(float)
 
 
-def evidence_recall_at_k(span_hit: np.ndarray, n_spans: np.ndarray, k: int) -> np.ndarray:
-    """evidence_recall@k: fraction of the query's evidence spans covered by some top-k chunk.
+def evidence_recall_at_k(
+    span_new: np.ndarray, span_len: np.ndarray, n_spans: np.ndarray, k: int, min_coverage: float = 0.5
+) -> np.ndarray:
+    """evidence_recall@k: share of the query's evidence spans that the top k chunks cover.
 
-    ``recall[q] = |{s < n_spans[q] : ∃ r ≤ k, span_hit[q, r, s]}| / n_spans[q]``. For multi-chunk
-    questions. Padding spans (s >= n_spans[q]) are False by construction. ``n_spans[q] == 0``
-    (unanswerable): NaN.
+    Coverage-based: span s is recalled when the union of the top-k chunks covers at least
+    ``min_coverage`` of its characters (and at least one): ``cov[q, s] = Σ_{r ≤ k} span_new[q, r,
+    s]`` (characters of s first covered at rank r, :class:`Coverage`), recalled when ``cov >=
+    min_coverage * span_len[q, s]`` and ``cov > 0``; ``recall[q] = |recalled| / n_spans[q]``. A
+    tiny chunk inside a long span credits only the characters it covers (unlike the hit rule);
+    several chunks together can recall a span none of them covers alone. Padding spans have length
+    0 and are never recalled. ``n_spans[q] == 0`` (unanswerable): NaN.
     """
     _check_k(k)
-    span_hit = np.asarray(span_hit, dtype=bool)
+    cov = np.asarray(span_new, dtype=float)[:, :k, :].sum(axis=1)
+    span_len = np.asarray(span_len, dtype=float)
+    recalled = (cov > 0) & (cov >= min_coverage * span_len)
     n_spans = np.asarray(n_spans, dtype=float)
-    covered = span_hit[:, :k, :].any(axis=1).sum(axis=1).astype(float)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(n_spans > 0, covered / np.maximum(n_spans, 1), np.nan)
+    return _ratio(recalled.sum(axis=1).astype(float), n_spans, np.nan)
 
 
-def reciprocal_rank(rel: np.ndarray) -> np.ndarray:
-    """Reciprocal rank: ``1 / rank`` of the first relevant chunk in the whole retrieved list.
+def reciprocal_rank(rel: np.ndarray, depth: int | None = None) -> np.ndarray:
+    """Reciprocal rank: ``1 / rank`` of the first relevant chunk within the top ``depth``.
 
-    0 when no retrieved chunk is relevant. Its mean over queries is MRR (key ``mrr``).
+    ``RR[q] = 1 / min{r ≤ depth : rel[q, r]}``, 0 when none of the top ``depth`` is relevant. Its
+    mean over queries is MRR (key ``mrr``, at ``metrics.rank_depth``). ``depth=None``: the whole
+    list. Fewer than ``depth`` retrieved: over those.
     """
     rel = np.asarray(rel, dtype=bool)
+    if depth is not None:
+        _check_k(depth)
+        rel = rel[:, :depth]
     if rel.shape[1] == 0:
         return np.zeros(rel.shape[0])
     first = rel.argmax(axis=1)
@@ -211,8 +334,42 @@ def ndcg_at_k(rel: np.ndarray, n_relevant: np.ndarray, k: int) -> np.ndarray:
     dcg = (rel * discounts[: rel.shape[1]]).sum(axis=1)
     ideal_cum = np.concatenate([[0.0], np.cumsum(discounts)])
     idcg = ideal_cum[np.clip(n_relevant, 0, k)]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(idcg > 0, dcg / np.where(idcg > 0, idcg, 1.0), 0.0)
+    return _ratio(dcg, idcg, 0.0)
+
+
+def token_recall_at_k(new_gold: np.ndarray, gold_len: np.ndarray, k: int) -> np.ndarray:
+    """token_recall@k: share of the gold-evidence characters inside the union of the top k chunks.
+
+    ``|G ∩ U_k| / |G|`` with G the union of the query's gold spans and U_k the union of its top-k
+    chunks (characters; ``|G ∩ U_k| = Σ_{r ≤ k} new_gold[q, r]``, :class:`Coverage`). Fewer than
+    k retrieved: those. No gold character (unanswerable): NaN.
+    """
+    _check_k(k)
+    inter = np.asarray(new_gold, dtype=float)[:, :k].sum(axis=1)
+    return _ratio(inter, np.asarray(gold_len, dtype=float), np.nan)
+
+
+def token_precision_at_k(new_gold: np.ndarray, new_text: np.ndarray, k: int) -> np.ndarray:
+    """token_precision@k: share of the top-k text that is gold evidence.
+
+    ``|G ∩ U_k| / |U_k|`` (characters; overlapping chunks count their shared text once). Nothing
+    retrieved (``|U_k| = 0``): 0 — an empty context delivers no evidence.
+    """
+    _check_k(k)
+    inter = np.asarray(new_gold, dtype=float)[:, :k].sum(axis=1)
+    union = np.asarray(new_text, dtype=float)[:, :k].sum(axis=1)
+    return _ratio(inter, union, 0.0)
+
+
+def token_iou_at_k(new_gold: np.ndarray, new_text: np.ndarray, gold_len: np.ndarray, k: int) -> np.ndarray:
+    """token_iou@k: ``|G ∩ U_k| / |G ∪ U_k|`` = ``inter / (|G| + |U_k| - inter)`` in characters.
+
+    Never above token precision or token recall. No gold and nothing retrieved: NaN.
+    """
+    _check_k(k)
+    inter = np.asarray(new_gold, dtype=float)[:, :k].sum(axis=1)
+    union = np.asarray(new_text, dtype=float)[:, :k].sum(axis=1)
+    return _ratio(inter, np.asarray(gold_len, dtype=float) + union - inter, np.nan)
 
 
 def retrieval_metrics(
@@ -221,26 +378,61 @@ def retrieval_metrics(
     all_chunks: Iterable[Chunk],
     ks: Iterable[int],
     min_coverage: float = 0.5,
+    rank_depth: int | None = None,
 ) -> dict[str, np.ndarray]:
-    """Every retrieval metric at every k from one ranking per query (retrieved once at max k).
+    """Every chunk-level retrieval metric at every k from one ranking per query.
 
     Keys (the MLflow metric keys): ``hit_at_{k}``, ``evidence_recall_at_{k}``,
     ``context_precision_at_{k}``, ``ndcg_at_{k}`` for each k, and ``mrr`` (per-query reciprocal rank
-    over the whole list, so the logged aggregate is the mean of this column). Values are per query.
-    Queries without gold spans (unanswerable) get NaN everywhere: they are excluded from retrieval
-    means and counted separately by the caller.
+    within the top ``rank_depth``, the whole list when None; the logged aggregate is the mean of
+    this column). Values are per query. Queries without gold spans (unanswerable) get NaN
+    everywhere: they are excluded from retrieval means and counted separately by the caller.
     """
     ks = list(dict.fromkeys(int(k) for k in ks))
     rel, span_hit, n_relevant = relevance_arrays(ranked, gold, all_chunks, min_coverage)
+    cov = coverage_arrays(ranked_arrays(ranked, gold))
     n_spans = np.array([len(g) for g in gold], dtype=np.int64)
-    answerable = n_spans > 0
     out: dict[str, np.ndarray] = {}
     for k in ks:
         out[f"hit_at_{k}"] = hit_at_k(rel, k)
-        out[f"evidence_recall_at_{k}"] = evidence_recall_at_k(span_hit, n_spans, k)
+        out[f"evidence_recall_at_{k}"] = evidence_recall_at_k(
+            cov.span_new, cov.span_len, n_spans, k, min_coverage
+        )
         out[f"context_precision_at_{k}"] = context_precision_at_k(rel, k)
         out[f"ndcg_at_{k}"] = ndcg_at_k(rel, n_relevant, k)
-    out["mrr"] = reciprocal_rank(rel)
-    for key, values in out.items():
-        out[key] = np.where(answerable, values, np.nan)
-    return out
+    out["mrr"] = reciprocal_rank(rel, rank_depth)
+    return mask_unanswerable(out, n_spans)
+
+
+def token_metrics(
+    ranked: Sequence[Sequence[Chunk | ScoredChunk]], gold: Sequence[Sequence[Span]], ks: Iterable[int]
+) -> dict[str, np.ndarray]:
+    """``token_recall_at_{k}``, ``token_precision_at_{k}``, ``token_iou_at_{k}`` per query, for each
+    k, from character offsets (docs/metrics.md). Unanswerable queries: NaN."""
+    a = ranked_arrays(ranked, gold)
+    cov = coverage_arrays(a)
+    out: dict[str, np.ndarray] = {}
+    for k in dict.fromkeys(int(k) for k in ks):
+        out[f"token_recall_at_{k}"] = token_recall_at_k(cov.new_gold, cov.gold_len, k)
+        out[f"token_precision_at_{k}"] = token_precision_at_k(cov.new_gold, cov.new_text, k)
+        out[f"token_iou_at_{k}"] = token_iou_at_k(cov.new_gold, cov.new_text, cov.gold_len, k)
+    return mask_unanswerable(out, a.n_spans)
+
+
+def check_metrics_config(ks: Iterable[int], k: int, rank_depth: int, token_budgets: Iterable[int]) -> None:
+    """Raise ValueError naming the config key when a depth, k or budget is not a positive integer."""
+    for key, values in (
+        ("metrics.ks", ks),
+        ("retriever.k", [k]),
+        ("metrics.rank_depth", [rank_depth]),
+        ("metrics.token_budgets", token_budgets),
+    ):
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
+                raise ValueError(f"{key}: every value must be an integer >= 1, got {v!r}")
+
+
+def mask_unanswerable(out: dict[str, np.ndarray], n_spans: np.ndarray) -> dict[str, np.ndarray]:
+    """NaN for queries without gold spans: retrieval metrics exclude unanswerable items."""
+    answerable = np.asarray(n_spans) > 0
+    return {key: np.where(answerable, v, np.nan) for key, v in out.items()}

@@ -136,9 +136,11 @@ _AGGREGATE_FORMS = frozenset({"ci_low", "ci_high", "n_scored", "by_tag"})
 
 _M = "rag_experiments.evaluation.metrics."
 _J = "rag_experiments.stages.judging."
-_TOKEN_UNION = "the union of the top-k chunks' character ranges"
+_B = "rag_experiments.evaluation.budget."
+_TOKEN_UNION = "the union of the top-k chunks' character ranges (overlaps counted once)"
 _BUDGET = (
-    "(the ranked chunks concatenated up to B tokens of the fixed metric tokenizer, the last one truncated)"
+    "the B-token context (the ranked chunks in order up to B tokens of the fixed MiniLM tokenizer "
+    "named in the run tag token_budget_tokenizer, the last one cut at B)"
 )
 
 REGISTRY: tuple[MetricSpec, ...] = (
@@ -158,7 +160,8 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "retrieval",
         True,
         "proportion",
-        "share of the query's evidence spans covered by a relevant top-k chunk",
+        "share of the query's evidence spans of which the union of the top-k chunks covers at least "
+        "metrics.min_coverage of the characters (a chunk credits only the characters it covers)",
         _M + "evidence_recall_at_k",
         headline=2,
     ),
@@ -167,7 +170,8 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "retrieval",
         True,
         "continuous",
-        "per query 1/rank of the first relevant chunk in the retrieved list (0 if none); the mean is MRR",
+        "per query 1/rank of the first relevant chunk within the top metrics.rank_depth (default 100, "
+        "independent of metrics.ks and retriever.k; 0 if none); the mean is MRR",
         _M + "reciprocal_rank",
         headline=3,
     ),
@@ -196,15 +200,15 @@ REGISTRY: tuple[MetricSpec, ...] = (
         True,
         "proportion",
         f"share of the gold-evidence characters covered by {_TOKEN_UNION}",
-        None,  # the trustmetrics branch names its function here
+        _M + "token_recall_at_k",
     ),
     MetricSpec(
         "token_precision_at_{k}",
         "retrieval",
         True,
         "proportion",
-        f"share of the characters of {_TOKEN_UNION} that are gold evidence",
-        None,  # the trustmetrics branch names its function here
+        f"share of the characters of {_TOKEN_UNION} that are gold evidence (nothing retrieved: 0)",
+        _M + "token_precision_at_k",
     ),
     MetricSpec(
         "token_iou_at_{k}",
@@ -212,31 +216,33 @@ REGISTRY: tuple[MetricSpec, ...] = (
         True,
         "proportion",
         f"characters in gold ∩ retrieved / characters in gold ∪ retrieved, retrieved = {_TOKEN_UNION}",
-        None,  # the trustmetrics branch names its function here
+        _M + "token_iou_at_k",
     ),
     MetricSpec(
         "evidence_recall_at_{B}tok",
         "retrieval",
         True,
         "proportion",
-        f"share of the gold-evidence characters inside the budgeted context {_BUDGET}",
-        None,  # the trustmetrics branch names its function here
+        f"share of the query's evidence spans of which {_BUDGET} covers at least "
+        "metrics.min_coverage of the characters",
+        _B + "budgeted_metrics",
     ),
     MetricSpec(
         "hit_at_{B}tok",
         "retrieval",
         True,
         "binary",
-        f"1 if the budgeted context {_BUDGET} contains any gold-evidence character, else 0",
-        None,  # the trustmetrics branch names its function here
+        f"1 if a chunk (or the cut part of one) of {_BUDGET} is relevant to a gold span (covers "
+        "metrics.min_coverage of it or lies inside it), else 0",
+        _B + "budgeted_metrics",
     ),
     MetricSpec(
         "token_precision_at_{B}tok",
         "retrieval",
         True,
         "proportion",
-        f"share of the budgeted context's characters {_BUDGET} that are gold evidence",
-        None,  # the trustmetrics branch names its function here
+        f"share of the characters of {_BUDGET} that are gold evidence (overlaps counted once)",
+        _B + "budgeted_metrics",
     ),
     # -- generation
     MetricSpec(

@@ -19,6 +19,11 @@ import re
 from collections.abc import Iterable
 from typing import Any, Literal, Protocol
 
+from rag_experiments.stages.text import FENCE_RE as _FENCE_RE
+from rag_experiments.stages.text import line_spans as _lines
+from rag_experiments.stages.text import minilm_tokenizer as _minilm_tokenizer
+from rag_experiments.stages.text import split_sentences
+from rag_experiments.stages.text import trim as _trim
 from rag_experiments.types import Chunk, Document
 
 
@@ -35,15 +40,6 @@ def chunk_corpus(chunker: Chunker, docs: Iterable[Document]) -> list[Chunk]:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _trim(text: str, start: int, end: int) -> tuple[int, int] | None:
-    """Shrink [start, end) past leading/trailing whitespace; None when nothing is left."""
-    while start < end and text[start].isspace():
-        start += 1
-    while end > start and text[end - 1].isspace():
-        end -= 1
-    return (start, end) if start < end else None
 
 
 def _make_chunk(doc: Document, start: int, end: int, metadata: dict[str, Any] | None = None) -> Chunk:
@@ -76,25 +72,6 @@ def _skip_space(text: str, i: int) -> int:
 
 
 # --------------------------------------------------------------------------- fixed size
-
-
-@functools.lru_cache(maxsize=2)
-def _minilm_tokenizer():
-    """MiniLM's fast tokenizer (Rust backend), loaded once per process, without truncation/padding.
-
-    The shipped tokenizer.json truncates at 128 tokens and pads; we need the whole document's
-    offsets, so we work on a copy of the backend with both switched off.
-    """
-    from tokenizers import Tokenizer
-    from transformers import AutoTokenizer
-
-    from rag_experiments.stages.embedding import minilm_path
-
-    tok = AutoTokenizer.from_pretrained(str(minilm_path()))
-    backend = Tokenizer.from_str(tok.backend_tokenizer.to_str())
-    backend.no_truncation()
-    backend.no_padding()
-    return backend
 
 
 class FixedSizeChunker:
@@ -190,104 +167,6 @@ class FixedSizeChunker:
 
 
 # --------------------------------------------------------------------------- sentences
-
-_HEADING_RE = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+|$)")
-_LIST_RE = re.compile(r"^[ \t]*(?:[-*+]|\d{1,9}[.)])[ \t]+\S")
-_FENCE_RE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
-_TABLE_RE = re.compile(r"^[ \t]*\|")
-# Sentence-final punctuation, optional closing quotes/brackets, then whitespace.
-_SENT_END_RE = re.compile(r"[.!?]+[\"'”’)\]]*(\s+)")
-_ABBREVIATIONS = frozenset(
-    "e.g. i.e. etc. vs. cf. mr. mrs. ms. dr. prof. st. no. fig. approx. al. inc. ltd. jr. sr. "
-    "jan. feb. mar. apr. jun. jul. aug. sep. sept. oct. nov. dec.".split()
-)
-
-
-def _lines(text: str) -> list[tuple[int, int]]:
-    """(start, end) of each line, end excluding the newline."""
-    out, pos = [], 0
-    for line in text.splitlines(keepends=True):
-        body = line.rstrip("\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
-        out.append((pos, pos + len(body)))
-        pos += len(line)
-    return out
-
-
-def _blocks(text: str) -> list[tuple[int, int]]:
-    """Structural blocks: paragraphs separated by blank lines; each heading line, list item, table
-    row and fence line starts a new block; headings are blocks of their own."""
-    blocks: list[tuple[int, int]] = []
-    cur: int | None = None
-    last_end = 0
-    for s, e in _lines(text):
-        line = text[s:e]
-        if not line.strip():
-            if cur is not None:
-                blocks.append((cur, last_end))
-                cur = None
-            continue
-        if _HEADING_RE.match(line):
-            if cur is not None:
-                blocks.append((cur, last_end))
-            blocks.append((s, e))
-            cur = None
-            continue
-        if cur is not None and (_LIST_RE.match(line) or _FENCE_RE.match(line) or _TABLE_RE.match(line)):
-            blocks.append((cur, last_end))
-            cur = None
-        if cur is None:
-            cur = s
-        last_end = e
-    if cur is not None:
-        blocks.append((cur, last_end))
-    return blocks
-
-
-def _is_boundary(text: str, punct_start: int, next_pos: int, block_end: int) -> bool:
-    if next_pos >= block_end:
-        return False
-    nxt = text[next_pos]
-    if nxt in "\"'“‘([" and next_pos + 1 < block_end:
-        nxt = text[next_pos + 1]
-    if not (nxt.isupper() or nxt.isdigit()):
-        return False
-    if text[punct_start] != ".":
-        return True
-    # The word ending in this period: an abbreviation or an initial ("J. Smith") is not an end.
-    w = punct_start
-    while w > 0 and not text[w - 1].isspace():
-        w -= 1
-    raw = text[w : punct_start + 1].lstrip("\"'“‘([")
-    word = raw.lower()
-    if word in _ABBREVIATIONS:
-        return False
-    line_start = text.rfind("\n", 0, w) + 1
-    if word[:-1].isdigit() and not text[line_start:w].strip():
-        return False  # an ordered-list marker ("1. Go to …"), not a sentence
-    return not (len(raw) == 2 and raw[0].isupper())  # an initial: "J. Smith"
-
-
-def split_sentences(text: str) -> list[tuple[int, int]]:
-    """Sentence spans ``(start, end)`` with exact offsets, trimmed of whitespace.
-
-    Boundaries: ``.``, ``!`` or ``?`` (plus closing quotes/brackets) followed by whitespace and an
-    upper-case letter or digit; blank lines; markdown headings (one sentence each), list items, table
-    rows and code-fence lines start a new sentence. Not boundaries: abbreviations ("e.g.", "i.e.",
-    "Dr."), initials, and periods without following whitespace (versions like "v2.1", URLs).
-    """
-    out: list[tuple[int, int]] = []
-    for bs, be in _blocks(text):
-        s = bs
-        for m in _SENT_END_RE.finditer(text, bs, be):
-            if _is_boundary(text, m.start(), m.end(), be):
-                t = _trim(text, s, m.start(1))
-                if t:
-                    out.append(t)
-                s = m.end()
-        t = _trim(text, s, be)
-        if t:
-            out.append(t)
-    return out
 
 
 class SentenceWindowChunker:

@@ -29,37 +29,17 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from rag_experiments.stages.text import sentence_texts
 from rag_experiments.types import Verdict
 
 # -- text utilities -----------------------------------------------------------------------------
 
-_ABBREV = re.compile(r"\b(e\.g|i\.e|et al|etc|vs|approx|fig|no|dr|mr|mrs|ms|inc|ltd|st|cf|ca)\.", re.I)
-_SENT_END = re.compile(
-    r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])|\n\s*\n|\n(?=\s*[-*•]\s)|\n(?=\s*\d+[.)]\s)"
-)
 _CITATION = re.compile(r"\s*\[(?:\d+(?:\s*[-,–]\s*\d+)*)\](?:\s*\[\d+\])*")
+# The shared splitter keeps "1. " with its list item; claims drop the marker, as before the merge.
+_ORDERED_MARKER = re.compile(r"^\s*\d{1,9}[.)]\s+")
 _LABEL = re.compile(
     r"^\s*(?:[-*•]\s+|\d+[.)]\s+)?(?:\*\*)?(?:answer|quote|final answer|claim)\s*:?(?:\*\*)?\s*", re.I
 )
-
-
-def split_sentences(text: str) -> list[str]:
-    """Sentence split on ., !, ? before a capital/digit, blank lines and list items.
-
-    Common abbreviations (e.g., i.e., et al., vs.) and decimals ("2.5") do not end a sentence.
-    """
-    if not text or not text.strip():
-        return []
-    protected = _ABBREV.sub(lambda m: m.group(0).replace(".", "\x00"), text)
-    parts = _SENT_END.split(protected)
-    out = []
-    for p in parts:
-        if p is None:
-            continue
-        s = " ".join(p.replace("\x00", ".").split())
-        if s:
-            out.append(s)
-    return out
 
 
 _DECLINE_PATTERNS = [
@@ -92,7 +72,7 @@ def is_decline(answer: str) -> bool:
     failed generation). "Refunds take 5 days; the docs do not say more" is *not* a decline: its
     first sentence answers.
     """
-    sents = split_sentences(_plain(answer or ""))
+    sents = sentence_texts(_plain(answer or ""))
     if not sents:
         return False
     if _DECLINE.search(sents[0]):
@@ -110,8 +90,8 @@ def split_claims(answer: str) -> list[str]:
     if not text.strip() or is_decline(text):
         return []
     claims = []
-    for s in split_sentences(text):
-        s = _CITATION.sub("", s)
+    for s in sentence_texts(text):
+        s = _ORDERED_MARKER.sub("", _CITATION.sub("", s))
         s = _LABEL.sub("", s).strip().strip("\"'“”").strip()
         if not s or _DECLINE.search(s):
             continue
@@ -470,7 +450,7 @@ class HeuristicJudge:
 
     @staticmethod
     def candidates(context: str) -> list[str]:
-        sents = split_sentences(context)
+        sents = sentence_texts(context)
         return sents + [f"{a} {b}" for a, b in zip(sents, sents[1:], strict=False)]
 
     def features(self, claims: list[str], context: str) -> list[list[dict]]:

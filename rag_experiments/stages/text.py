@@ -1,0 +1,190 @@
+"""Text units shared by the stages: sentences (chunking, judging) and tokens (fixed_tokens, budgets).
+
+- :func:`split_sentences` is the one sentence splitter: offset-exact ``(start, end)`` spans, used by
+  the ``sentence`` chunker and, through :func:`sentence_texts`, by the judges (claims, context
+  candidates).
+- :func:`minilm_tokenizer` is the one fixed tokenizer (the all-MiniLM-L6-v2 fast tokenizer): the
+  ``fixed_tokens`` chunker cuts with it and the budgeted retrieval metrics count context tokens
+  with it (:func:`token_ends`, :func:`tokenizer_identity`; see docs/metrics.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = [
+    "ABBREVIATIONS",
+    "line_spans",
+    "minilm_tokenizer",
+    "sentence_texts",
+    "split_sentences",
+    "token_ends",
+    "tokenizer_identity",
+    "trim",
+]
+
+HEADING_RE = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+|$)")
+LIST_RE = re.compile(r"^[ \t]*(?:[-*+•]|\d{1,9}[.)])[ \t]+\S")
+FENCE_RE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+TABLE_RE = re.compile(r"^[ \t]*\|")
+# Sentence-final punctuation, optional closing quotes/brackets, then whitespace.
+_SENT_END_RE = re.compile(r"[.!?]+[\"'”’)\]]*(\s+)")
+#: Words ending in "." that do not end a sentence (lower-cased; "et al." is matched by "al.").
+ABBREVIATIONS = frozenset(
+    "e.g. i.e. etc. vs. cf. ca. mr. mrs. ms. dr. prof. st. no. fig. approx. al. inc. ltd. jr. sr. "
+    "jan. feb. mar. apr. jun. jul. aug. sep. sept. oct. nov. dec.".split()
+)
+
+
+def trim(text: str, start: int, end: int) -> tuple[int, int] | None:
+    """Shrink [start, end) past leading/trailing whitespace; None when nothing is left."""
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return (start, end) if start < end else None
+
+
+def line_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each line, end excluding the newline."""
+    out, pos = [], 0
+    for line in text.splitlines(keepends=True):
+        body = line.rstrip("\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
+        out.append((pos, pos + len(body)))
+        pos += len(line)
+    return out
+
+
+def _blocks(text: str) -> list[tuple[int, int]]:
+    """Structural blocks: paragraphs separated by blank lines; each heading line, list item, table
+    row and fence line starts a new block; headings are blocks of their own."""
+    blocks: list[tuple[int, int]] = []
+    cur: int | None = None
+    last_end = 0
+    for s, e in line_spans(text):
+        line = text[s:e]
+        if not line.strip():
+            if cur is not None:
+                blocks.append((cur, last_end))
+                cur = None
+            continue
+        if HEADING_RE.match(line):
+            if cur is not None:
+                blocks.append((cur, last_end))
+            blocks.append((s, e))
+            cur = None
+            continue
+        if cur is not None and (LIST_RE.match(line) or FENCE_RE.match(line) or TABLE_RE.match(line)):
+            blocks.append((cur, last_end))
+            cur = None
+        if cur is None:
+            cur = s
+        last_end = e
+    if cur is not None:
+        blocks.append((cur, last_end))
+    return blocks
+
+
+def _is_boundary(text: str, punct_start: int, next_pos: int, block_end: int) -> bool:
+    if next_pos >= block_end:
+        return False
+    nxt = text[next_pos]
+    if nxt in "\"'“‘([" and next_pos + 1 < block_end:
+        nxt = text[next_pos + 1]
+    if not (nxt.isupper() or nxt.isdigit()):
+        return False
+    if text[punct_start] != ".":
+        return True
+    # The word ending in this period: an abbreviation or an initial ("J. Smith") is not an end.
+    w = punct_start
+    while w > 0 and not text[w - 1].isspace():
+        w -= 1
+    raw = text[w : punct_start + 1].lstrip("\"'“‘([")
+    word = raw.lower()
+    if word in ABBREVIATIONS:
+        return False
+    line_start = text.rfind("\n", 0, w) + 1
+    if word[:-1].isdigit() and not text[line_start:w].strip():
+        return False  # an ordered-list marker ("1. Go to …"), not a sentence
+    return not (len(raw) == 2 and raw[0].isupper())  # an initial: "J. Smith"
+
+
+def split_sentences(text: str) -> list[tuple[int, int]]:
+    """Sentence spans ``(start, end)`` with exact offsets, trimmed of whitespace.
+
+    Boundaries: ``.``, ``!`` or ``?`` (plus closing quotes/brackets) followed by whitespace and an
+    upper-case letter or digit; blank lines; markdown headings (one sentence each), list items
+    (``-``, ``*``, ``+``, ``•``, ``1.``, ``1)``), table rows and code-fence lines start a new
+    sentence. Not boundaries: abbreviations (:data:`ABBREVIATIONS`: "e.g.", "i.e.", "Dr.", "et
+    al." ...), initials ("J. Smith"), ordered-list markers, and periods without following
+    whitespace (decimals "2.5", versions "v2.1", URLs). Empty or blank text: no sentence.
+    """
+    out: list[tuple[int, int]] = []
+    for bs, be in _blocks(text):
+        s = bs
+        for m in _SENT_END_RE.finditer(text, bs, be):
+            if _is_boundary(text, m.start(), m.end(), be):
+                t = trim(text, s, m.start(1))
+                if t:
+                    out.append(t)
+                s = m.end()
+        t = trim(text, s, be)
+        if t:
+            out.append(t)
+    return out
+
+
+def sentence_texts(text: str) -> list[str]:
+    """The sentences of :func:`split_sentences` as strings, internal whitespace collapsed to one
+    space (what the judges compare and show)."""
+    return [" ".join(text[s:e].split()) for s, e in split_sentences(text or "")]
+
+
+# --------------------------------------------------------------------------- tokens
+
+
+@functools.lru_cache(maxsize=2)
+def minilm_tokenizer():
+    """MiniLM's fast tokenizer (Rust backend), loaded once per process, without truncation/padding.
+
+    The shipped tokenizer.json truncates at 128 tokens and pads; we need whole texts' offsets, so
+    we work on a copy of the backend with both switched off.
+    """
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    from rag_experiments.stages.embedding import minilm_path
+
+    tok = AutoTokenizer.from_pretrained(str(minilm_path()))
+    backend = Tokenizer.from_str(tok.backend_tokenizer.to_str())
+    backend.no_truncation()
+    backend.no_padding()
+    return backend
+
+
+def tokenizer_identity(tokenizer=None) -> str:
+    """``all-MiniLM-L6-v2-fast:<sha256[:16] of the tokenizer's JSON>``: changes when the vocabulary,
+    normaliser or pre-tokeniser changes (content, not path). Default: :func:`minilm_tokenizer`."""
+    tok = tokenizer if tokenizer is not None else minilm_tokenizer()
+    digest = hashlib.sha256(tok.to_str().encode()).hexdigest()[:16]
+    return f"all-MiniLM-L6-v2-fast:{digest}"
+
+
+def token_ends(texts: Sequence[str], tokenizer=None) -> tuple[np.ndarray, np.ndarray]:
+    """Token end offsets of each text, flattened: ``(ends, ptr)``.
+
+    ``ends[ptr[i]:ptr[i+1]]`` are the character offsets (within ``texts[i]``) where each token of
+    text i ends, in order, so text i has ``ptr[i+1] - ptr[i]`` tokens and its first t tokens are
+    ``texts[i][:ends[ptr[i] + t - 1]]``. No special tokens ([CLS]/[SEP]) are counted.
+    """
+    tok = tokenizer if tokenizer is not None else minilm_tokenizer()
+    encs = tok.encode_batch(list(texts), add_special_tokens=False) if texts else []
+    counts = np.array([len(e.offsets) for e in encs], dtype=np.int64)
+    ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    ends = np.array([o[1] for e in encs for o in e.offsets], dtype=np.int64)
+    return ends, ptr
