@@ -366,11 +366,6 @@ def transition_matrix(df_a: pd.DataFrame, df_b: pd.DataFrame) -> pd.DataFrame:
 # Config diff and sweep factors
 # ---------------------------------------------------------------------------------------------
 
-#: Params that never change results (paths, tracking, bookkeeping) and are ignored by diffs.
-BOOKKEEPING_PREFIXES = ("hydra.", "tracking.", "paths.", "cache.")
-BOOKKEEPING_KEYS = frozenset(
-    {"cache_dir", "cache_enabled", "force", "progress", "experiment_name", "tracking", "hydra", "paths"}
-)
 #: Hydra config groups (DESIGN §8); a dot-free param with one of these names is a group choice.
 KNOWN_GROUPS = (
     "corpus",
@@ -387,7 +382,10 @@ KNOWN_GROUPS = (
 
 
 def is_bookkeeping(key: str) -> bool:
-    return key in BOOKKEEPING_KEYS or key.startswith(BOOKKEEPING_PREFIXES)
+    """Params that never change results (places: paths, cache dirs, tracking) at any depth."""
+    from rag_experiments.identity import is_place_key
+
+    return is_place_key(key)
 
 
 def group_choice_keys(params: Mapping[str, str]) -> set[str]:
