@@ -1,4 +1,4 @@
-"""Human spot-check of the judge (DESIGN §6).
+"""Human spot-check of the judge.
 
     python -m rag_experiments.spotcheck sample RUN -n 20 [--stratify] [--seed 0] [--out FILE.csv]
     python -m rag_experiments.spotcheck score RUN labels.csv [--no-log]
@@ -11,18 +11,14 @@ all claims' scores to the judge's threshold) so that borderline verdicts are ove
 judge gives scores; ``--stratify`` splits n evenly across the verdict labels first. Each row
 records its exact ``inclusion_prob``.
 
-``score`` reads the filled CSV (``human_verdict`` ∈ supported / unsupported, any case; blank rows
-are skipped and counted), looks every ``item_id`` up in the run (the run, not the CSV, is the
-source of the judge's verdict) and reports n, agreement, Cohen's κ with a bootstrap 95 % CI, the
-confusion matrix, leniency = P(judge supported | human unsupported) and strictness = P(judge
-unsupported | human supported). Because the sample over-weights borderline claims (and strata),
-agreement, κ, leniency and strictness are weighted by 1 / ``inclusion_prob`` (Horvitz–Thompson),
-so they estimate the figures for all the run's judged claims; the unweighted figures of the
-labelled sample are shown beside them. A label file without ``inclusion_prob`` is scored
-unweighted and says that its figures describe the sample only. Claims the judge marked
-``unparseable`` are counted separately and left out of agreement and κ. Results are logged to the run (metrics ``spotcheck/*``, artifacts
-``spotcheck/labels.csv`` and ``spotcheck/summary.md``). A label file with problems gets one
-``FILE:LINE: field: what is wrong`` line per problem on stderr and exit 2.
+``score`` reads the filled CSV (``human_verdict`` supported / unsupported, any case; blank rows
+skipped and counted), takes each claim's judge verdict from the run, and reports agreement,
+Cohen's κ (bootstrap 95 % CI), the confusion matrix, leniency P(judge supported | human
+unsupported) and strictness. They are weighted by 1 / ``inclusion_prob`` (Horvitz–Thompson), so
+they estimate the run's judged claims, with the labelled sample's own figures beside them; without
+``inclusion_prob`` they describe the sample only, and the summary says which. Claims the judge left
+``unparseable`` are counted apart. Logged to the run as ``spotcheck/*`` metrics and artifacts; a
+bad label file gets ``FILE:LINE: field: what is wrong`` lines on stderr and exit 2.
 """
 
 from __future__ import annotations
@@ -46,11 +42,10 @@ from mlflow.entities import Metric, Run
 from mlflow.tracking import MlflowClient
 
 from rag_experiments.analysis.agreement import (
-    cohen_kappa,
+    agreement_figures,
     inclusion_probabilities,
     kappa_ci,
     systematic_pps,
-    weighted_share,
 )
 from rag_experiments.tracking.runs import RunInputError, load_per_query, resolve_run, run_label, tracking_uri
 
@@ -312,17 +307,6 @@ class Agreement:
     warnings: list[str] = field(default_factory=list)
 
 
-def _figures(h: np.ndarray, j: np.ndarray, w: np.ndarray | None) -> dict[str, float]:
-    """agreement = P_w(h = j); κ (:func:`cohen_kappa`); leniency = P_w(j sup | h unsup);
-    strictness = P_w(j unsup | h sup)."""
-    return {
-        "agreement": weighted_share(h == j, np.ones(len(h), bool), w),
-        "kappa": cohen_kappa(h, j, w),
-        "leniency": weighted_share(j == "supported", h == "unsupported", w),
-        "strictness": weighted_share(j == "unsupported", h == "supported", w),
-    }
-
-
 def score_labels(labels: Labels, seed: int = 0, n_resamples: int = 2000) -> Agreement:
     df = labels.rows
     unp = df[~df["judge"].isin(HUMAN_LABELS)]
@@ -332,7 +316,7 @@ def score_labels(labels: Labels, seed: int = 0, n_resamples: int = 2000) -> Agre
     conf = pd.crosstab(pd.Categorical(h, HUMAN_LABELS), pd.Categorical(j, HUMAN_LABELS), dropna=False)
     conf.index = [f"human {x}" for x in HUMAN_LABELS]
     conf.columns = [f"judge {x}" for x in HUMAN_LABELS]
-    head = _figures(h, j, w)
+    head = agreement_figures(h, j, w)
     return Agreement(
         n=len(ok),
         n_blank=labels.n_blank,
@@ -341,7 +325,7 @@ def score_labels(labels: Labels, seed: int = 0, n_resamples: int = 2000) -> Agre
         confusion=conf.astype(int),
         weighted=labels.weighted,
         n_population=labels.n_population,
-        sample=_figures(h, j, None),
+        sample=agreement_figures(h, j, None),
         unparseable_by_human=unp["human"].value_counts().to_dict(),
         **head,
     )

@@ -387,7 +387,8 @@ def test_one_cohen_kappa_shared_with_judge_agreement_and_weighted_by_hand():
     )
     ja = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ja)
-    assert ja.cohen_kappa is agreement.cohen_kappa is spotcheck.cohen_kappa
+    assert ja.cohen_kappa is agreement.cohen_kappa
+    assert spotcheck.agreement_figures is agreement.agreement_figures  # which calls cohen_kappa
     h = ["s", "s", "u", "u", "s"]
     j = ["s", "u", "u", "s", "s"]
     w = [1.0, 2.0, 1.0, 3.0, 0.5]

@@ -74,6 +74,19 @@ def weighted_share(event: np.ndarray, given: np.ndarray, weights: np.ndarray | N
     return float(w[given & event].sum()) / den if den > 0 else float("nan")
 
 
+def agreement_figures(human: np.ndarray, judge: np.ndarray, weights: np.ndarray | None = None) -> dict:
+    """A judge against human labels (``supported``/``unsupported``), weighted by ``weights``:
+    agreement = P_w(judge = human); κ (:func:`cohen_kappa`); leniency = P_w(judge supported |
+    human unsupported); strictness = P_w(judge unsupported | human supported)."""
+    h, j = np.asarray(human, dtype=object), np.asarray(judge, dtype=object)
+    return {
+        "agreement": weighted_share(h == j, np.ones(len(h), bool), weights),
+        "kappa": cohen_kappa(h, j, weights),
+        "leniency": weighted_share(j == "supported", h == "unsupported", weights),
+        "strictness": weighted_share(j == "unsupported", h == "supported", weights),
+    }
+
+
 def inclusion_probabilities(weights: Sequence[float], n: int) -> np.ndarray:
     """π_i = min(1, c·w_i) with c chosen so that Σ π_i = min(n, N).
 
