@@ -140,36 +140,57 @@ def _runs(root: Path):
     return c, c.search_runs([c.get_experiment_by_name("test").experiment_id], max_results=100)
 
 
+def _params_of(overrides: list[str]) -> dict[str, str]:
+    """The params a job with these overrides logs (flattened resolved config), via Hydra's compose."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    import rag_experiments.sweep  # noqa: F401  (registers the sample_dir resolver)
+    from rag_experiments.tracking.writer import flatten
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "rag_experiments" / "conf")):
+        cfg = compose("config", overrides=[o for o in overrides if not o.startswith("hydra.")])
+    params = flatten(OmegaConf.to_container(cfg, resolve=True))
+    return {k: v for k, v in params.items() if not k.startswith(("tracking.", "hydra."))}
+
+
 def test_resume_follows_code_and_ignores_places(tmp_path):
     """A copy of the package in the job's working directory (``python -m`` imports it first) lets
     the test change real stage code between sweeps."""
     pkg = tmp_path / "rag_experiments"
     shutil.copytree(REPO / "rag_experiments", pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    chunking = pkg / "stages" / "chunking.py"
     docs, ev = make_tiny(tmp_path, n_items=4)
     base = [a for a in sweep_args(tmp_path, docs, ev) if not a.startswith("cache_dir=")]
-    base += ["generator=none", "chunking=fixed"]
+    # the static embedder's config holds embedding.cache_dir: ${cache_dir}, a place key one level
+    # down; its teacher is MiniLM cut to one layer, so distilling it takes seconds, not a minute
+    teacher = tmp_path / "teacher"
+    shutil.copytree(minilm_path(), teacher)
+    config = json.loads((teacher / "config.json").read_text())
+    (teacher / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
+    base += ["generator=none", "chunking=fixed", "embedding=static", f"embedding.teacher_path={teacher}"]
     first = run_sweep(tmp_path, *base, f"cache_dir={tmp_path}/cache_a")
     assert "[skip]" not in first.stdout and "[rerun]" not in first.stdout
-
-    moved = run_sweep(tmp_path, *base, f"cache_dir={tmp_path}/cache_b")
-    assert "[skip]" in moved.stdout, "moving the cache is not a new config"
-    forced = run_sweep(tmp_path, *base, f"cache_dir={tmp_path}/cache_b", "force=true")
-    assert "[skip]" not in forced.stdout
     c, runs = _runs(tmp_path)
-    assert len(runs) == 2 and len({r.data.tags["config_hash"] for r in runs}) == 1
-    assert config_diff(runs[0].data.params, runs[1].data.params) == {}
-    fp = runs[0].data.tags["code_fingerprint"]
-    assert fp == runs[1].data.tags["code_fingerprint"]
+    (run,) = runs
+    fp = run.data.tags["code_fingerprint"]
 
-    chunking = pkg / "stages" / "chunking.py"
+    # another cache dir, and an edit of the chunker that changes no code (a comment): skipped
     chunking.write_text(chunking.read_text() + "\n# a comment changes no result\n")
-    assert "[skip]" in run_sweep(tmp_path, *base, f"cache_dir={tmp_path}/cache_b").stdout
+    moved = run_sweep(tmp_path, *base, f"cache_dir={tmp_path}/cache_b")
+    assert f": config_hash {run.data.tags['config_hash']} and code_fingerprint {fp} already" in moved.stdout
+    assert moved.stdout.startswith(
+        "[skip] corpus=dir,evalset=file,generator=none,chunking=fixed,embedding=static"
+    )
+    moved_params = {**run.data.params, **_params_of([*base, f"cache_dir={tmp_path}/cache_b"])}
+    assert moved_params["embedding.cache_dir"] != run.data.params["embedding.cache_dir"]
+    assert config_diff(run.data.params, moved_params) == {}, "a moved cache is no factor"
 
     chunking.write_text(chunking.read_text() + "\nCODE_CHANGED_BY_TEST = 1\n")
-    changed = run_sweep(tmp_path, *base, f"cache_dir={tmp_path}/cache_b")
+    changed = run_sweep(tmp_path, *base, f"cache_dir={tmp_path}/cache_a")
     m = re.search(r"\[rerun\] .*code changed since run (\w+) \(fingerprint (\w+) -> (\w+)\)", changed.stdout)
     assert m, changed.stdout
-    assert m.group(2) == fp and m.group(3) != fp
+    assert m.group(1) == run.info.run_id and m.group(2) == fp and m.group(3) != fp
     assert "'chunks.miss': 1" in changed.stdout, "the chunk cache key follows the chunker's code"
     c, runs = _runs(tmp_path)
-    assert len(runs) == 3 and sum(r.data.tags["code_fingerprint"] == m.group(3) for r in runs) == 1
+    assert len(runs) == 2 and {r.data.tags["code_fingerprint"] for r in runs} == {fp, m.group(3)}
