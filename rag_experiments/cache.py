@@ -1,6 +1,7 @@
-"""Content-addressed stage cache (DESIGN §5).
+"""Content-addressed stage cache (``docs/identity.md``).
 
-Each stage's output is stored under a key that hashes exactly what it depends on:
+Each stage's output is stored under a key (:func:`stage_key`) that hashes exactly what it depends
+on, plus the version of the code that computes it (``identity.code_version``):
 
 - chunks      ← (corpus digest, chunker config)                       parquet
 - vectors     ← (embedder identity, the texts embedded)               npy
@@ -33,6 +34,17 @@ def stable_hash(*parts: Any) -> str:
     """sha256 of the canonical JSON of ``parts`` (sorted keys, no whitespace)."""
     blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def stage_key(stage: str, *parts: Any) -> str:
+    """Cache key of ``stage``: ``stable_hash(stage, code_version(stage), *parts)``.
+
+    The code version makes a changed chunker, embedder, retriever, generator or judge a miss
+    instead of serving results its old code computed.
+    """
+    from rag_experiments.identity import code_version
+
+    return stable_hash(stage, code_version(stage), *parts)
 
 
 class StageCache:
@@ -151,7 +163,7 @@ class CachedEmbedder:
         self.identity = embedder.identity
 
     def encode(self, texts: list[str], kind: str = "passage") -> np.ndarray:
-        key = stable_hash("vectors", self.identity, kind, texts)
+        key = stage_key("vectors", self.identity, kind, texts)
         hit = self.cache.get_array("vectors", key)
         if hit is not None:
             return hit["v"]

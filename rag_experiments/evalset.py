@@ -7,14 +7,16 @@ resolved at load time to a ``Span``. A quote that no longer occurs is how a stal
 CLI (DESIGN §8)::
 
     python -m rag_experiments.evalset validate [--corpus PATH] [--evalset PATH]
-    python -m rag_experiments.evalset import-squad FILE --out DIR
-    python -m rag_experiments.evalset import-beir DIR --out DIR [--split test]
+    python -m rag_experiments.evalset import-squad FILE --out DIR [--strict]
+    python -m rag_experiments.evalset import-beir DIR --out DIR [--split test] [--strict]
+
+The importers (``datasets/importers.py``) repair misaligned answers and drop references they
+cannot find, printing kept / repaired / dropped counts; ``--strict`` lists them and exits 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import hashlib
 import json
 import re
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_experiments.datasets.corpus import CorpusError, load_corpus
+from rag_experiments.datasets.importers import import_beir, import_squad
 from rag_experiments.types import Document, EvalItem, Span
 
 _WS = re.compile(r"\s+")
@@ -341,106 +344,6 @@ class EvalSet:
         self.items = list(items)
 
 
-# --------------------------------------------------------------------------------- importers
-
-
-def _slug(s: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "_", s).strip("_") or "doc"
-
-
-def import_squad(squad_json: str | Path) -> tuple[list[dict], list[dict]]:
-    """SQuAD v1.1 → (corpus rows, eval rows).
-
-    Paragraphs of one article are joined with a blank line into one document; every answer span
-    becomes offset evidence (overlapping answers of one question merged into one span), and the
-    distinct answer texts become ``key_facts``.
-    """
-    data = json.loads(Path(squad_json).read_text(encoding="utf-8"))["data"]
-    corpus, evals, used = [], [], Counter()
-    for article in data:
-        base = _slug(article.get("title", "article"))
-        used[base] += 1
-        doc_id = base if used[base] == 1 else f"{base}_{used[base]}"
-        parts, offsets, pos = [], [], 0
-        for p in article["paragraphs"]:
-            offsets.append(pos)
-            parts.append(p["context"])
-            pos += len(p["context"]) + 2
-        text = "\n\n".join(parts)
-        corpus.append({"doc_id": doc_id, "title": article.get("title", doc_id), "text": text})
-        for p, base_off in zip(article["paragraphs"], offsets, strict=True):
-            for qa in p["qas"]:
-                spans = sorted(
-                    {
-                        (base_off + a["answer_start"], base_off + a["answer_start"] + len(a["text"]))
-                        for a in qa["answers"]
-                    }
-                )
-                merged: list[list[int]] = []
-                for s, e in spans:
-                    if merged and s <= merged[-1][1]:
-                        merged[-1][1] = max(merged[-1][1], e)
-                    else:
-                        merged.append([s, e])
-                answers = list(dict.fromkeys(a["text"].strip() for a in qa["answers"]))
-                evals.append(
-                    {
-                        "id": str(qa["id"]),
-                        "query": qa["question"],
-                        "gold_evidence": [
-                            {"doc_id": doc_id, "start": s, "end": e, "quote": text[s:e]} for s, e in merged
-                        ],
-                        "gold_answer": answers[0] if answers else None,
-                        "key_facts": answers[:1],
-                        "tags": ["squad"],
-                    }
-                )
-    return corpus, evals
-
-
-def import_beir(beir_dir: str | Path, split: str = "test") -> tuple[list[dict], list[dict]]:
-    """BEIR (corpus.jsonl, queries.jsonl, qrels/{split}.tsv) → (corpus rows, eval rows).
-
-    BEIR judges whole documents, so each relevant document (score > 0) becomes one evidence span
-    covering the whole document text.
-    """
-    beir_dir = Path(beir_dir)
-    corpus = []
-    with (beir_dir / "corpus.jsonl").open(encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                r = json.loads(line)
-                corpus.append({"doc_id": str(r["_id"]), "title": r.get("title", ""), "text": r["text"]})
-    lengths = {d["doc_id"]: len(d["text"]) for d in corpus}
-    queries = {}
-    with (beir_dir / "queries.jsonl").open(encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                r = json.loads(line)
-                queries[str(r["_id"])] = r["text"]
-    qrels: dict[str, list[str]] = {}
-    with (beir_dir / "qrels" / f"{split}.tsv").open(encoding="utf-8") as f:
-        rows = csv.reader(f, delimiter="\t")
-        for row in rows:
-            if not row or row[0] in ("query-id", "query_id"):
-                continue
-            qid, did, score = row[0], row[1], float(row[2])
-            if score > 0 and did in lengths:
-                qrels.setdefault(qid, []).append(did)
-    evals = [
-        {
-            "id": qid,
-            "query": queries[qid],
-            "gold_evidence": [{"doc_id": d, "start": 0, "end": lengths[d]} for d in dids if lengths[d] > 0],
-            "key_facts": [],
-            "tags": ["beir"],
-        }
-        for qid, dids in qrels.items()
-        if qid in queries
-    ]
-    return corpus, evals
-
-
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
     with path.open("w", encoding="utf-8") as f:
         for r in rows:
@@ -489,20 +392,36 @@ def main(argv: list[str] | None = None) -> int:
     sq = sub.add_parser("import-squad", help="SQuAD v1.1 JSON → corpus.jsonl + evalset.jsonl")
     sq.add_argument("file")
     sq.add_argument("--out", required=True)
+    sq.add_argument("--strict", action="store_true", help="exit 2 on any misaligned or missing answer")
     be = sub.add_parser("import-beir", help="BEIR dataset dir → corpus.jsonl + evalset.jsonl")
     be.add_argument("dir")
     be.add_argument("--out", required=True)
     be.add_argument("--split", default="test")
+    be.add_argument("--strict", action="store_true", help="exit 2 on any qrel naming a missing document")
     args = ap.parse_args(argv)
     if args.cmd == "validate":
         return _validate(args.corpus, args.evalset)
     try:
-        corpus, evals = (
+        corpus, evals, report = (
             import_squad(args.file) if args.cmd == "import-squad" else import_beir(args.dir, args.split)
         )
     except (OSError, KeyError, ValueError) as e:
         print(f"{getattr(args, 'file', None) or args.dir}: cannot import: {e!r}", file=sys.stderr)
         return 2
+    what = "answers" if args.cmd == "import-squad" else "qrels"
+    if args.strict and report.notes:
+        for note in report.notes:
+            print(note, file=sys.stderr)
+        print(
+            f"--strict: {len(report.notes)} {what} do not match the documents; nothing written",
+            file=sys.stderr,
+        )
+        return 2
+    for note in report.notes[:20]:
+        print(note)
+    if len(report.notes) > 20:
+        print(f"... and {len(report.notes) - 20} more")
+    print(report.summary(what))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     _write_jsonl(out / "corpus.jsonl", corpus)

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from rag_experiments.cache import StageCache, stable_hash
+from rag_experiments.cache import StageCache, stage_key
 from rag_experiments.evaluation import metrics as M
 from rag_experiments.evaluation.aggregate import aggregate
 from rag_experiments.evaluation.budget import budgeted_metrics
@@ -43,7 +43,7 @@ class PipelineResult:
 
 
 def chunk_stage(docs: list[Document], corpus_digest: str, chunker, chunking_cfg: dict, cache: StageCache):
-    key = stable_hash("chunks", corpus_digest, chunking_cfg)
+    key = stage_key("chunks", corpus_digest, chunking_cfg)
     chunks = cache.get_chunks(key)
     if chunks is None:
         chunks = chunk_corpus(chunker, docs)
@@ -55,7 +55,7 @@ def retrieval_stage(
     retriever, chunks: list[Chunk], chunks_key: str, queries: list[str], depth: int, cache: StageCache
 ):
     """Rank once at ``depth`` (the largest k any metric or the generator needs); cached."""
-    key = stable_hash("rankings", retriever.identity, chunks_key, queries, depth)
+    key = stage_key("rankings", retriever.identity, chunks_key, queries, depth)
     hit = cache.get_array("rankings", key)
     if hit is not None:
         return hit["idx"], hit["scores"], key
@@ -90,7 +90,7 @@ def generation_stage(generator, prompts: list[list[dict]], cache: StageCache) ->
 
     Failed generations are not cached, so a re-run retries them.
     """
-    keys = [stable_hash("generation", generator.identity, p) for p in prompts]
+    keys = [stage_key("generation", generator.identity, p) for p in prompts]
     found = cache.get_json_many("generations", keys)
     todo = sorted({k: i for i, k in enumerate(keys) if k not in found}.items(), key=lambda kv: kv[1])
     from rag_experiments.types import Generation
@@ -130,7 +130,7 @@ def judge_stage(
             out.append(None)
             continue
         t0 = time.perf_counter()
-        ck = stable_hash("claims", judge.identity, answer)
+        ck = stage_key("claims", judge.identity, answer)
         got = cache.get_json_many("claims", [ck])
         if ck in got:
             claims = got[ck]
@@ -138,17 +138,17 @@ def judge_stage(
             claims = judge.split(answer)
             calls["claims"] += 1
             cache.put_json_many("claims", {ck: claims})
-        vkeys = [stable_hash("verdict", judge.identity, c, context) for c in claims]
+        vkeys = [stage_key("verdict", judge.identity, c, context) for c in claims]
         found = cache.get_json_many("verdicts", vkeys)
         missing = list(dict.fromkeys(c for c, k in zip(claims, vkeys, strict=True) if k not in found))
         if missing:
             fresh = judge.verdicts(missing, context)
             calls["verdicts"] += len(missing)
-            new = {stable_hash("verdict", judge.identity, v.claim, context): asdict(v) for v in fresh}
+            new = {stage_key("verdict", judge.identity, v.claim, context): asdict(v) for v in fresh}
             cache.put_json_many("verdicts", {k: v for k, v in new.items() if not v.get("error")})
             found.update(new)
         verdicts = [Verdict(**found[k]) for k in vkeys]
-        rk = stable_hash("relevance", judge.identity, item.query, answer)
+        rk = stage_key("relevance", judge.identity, item.query, answer)
         got = cache.get_json_many("relevance", [rk])
         if rk in got:
             rel, method = got[rk]

@@ -1,23 +1,24 @@
-"""Human spot-check of the judge (DESIGN §6).
+"""Human spot-check of the judge.
 
     python -m rag_experiments.spotcheck sample RUN -n 20 [--stratify] [--seed 0] [--out FILE.csv]
     python -m rag_experiments.spotcheck score RUN labels.csv [--no-log]
 
 ``sample`` writes a CSV of judged claims from the run's per-query table (one row per claim: the
 query, the claim, the exact context the judge saw, the judge's verdict, score and rationale, the
-answer) with an empty ``human_verdict`` column. Claims are drawn without replacement, seeded, with
-weight ``1 + 3·exp(−|score − threshold| / s)`` (``s`` = the median distance of all claims' scores
-to the judge's threshold) so that borderline verdicts are over-weighted when the judge gives
-scores; ``--stratify`` splits n evenly across the verdict labels first.
+answer) with an empty ``human_verdict`` column. Claims are drawn without replacement, seeded, by
+systematic πps with size ``1 + 3·exp(−|score − threshold| / s)`` (``s`` = the median distance of
+all claims' scores to the judge's threshold) so that borderline verdicts are over-weighted when the
+judge gives scores; ``--stratify`` splits n evenly across the verdict labels first. Each row
+records its exact ``inclusion_prob``.
 
-``score`` reads the filled CSV (``human_verdict`` ∈ supported / unsupported, any case; blank rows
-are skipped and counted), looks every ``item_id`` up in the run (the run, not the CSV, is the
-source of the judge's verdict) and reports n, agreement, Cohen's κ with a bootstrap 95 % CI, the
-confusion matrix, leniency = P(judge supported | human unsupported) and strictness = P(judge
-unsupported | human supported). Claims the judge marked ``unparseable`` are counted separately and
-left out of agreement and κ. Results are logged to the run (metrics ``spotcheck/*``, artifacts
-``spotcheck/labels.csv`` and ``spotcheck/summary.md``). A label file with problems gets one
-``FILE:LINE: field: what is wrong`` line per problem on stderr and exit 2.
+``score`` reads the filled CSV (``human_verdict`` supported / unsupported, any case; blank rows
+skipped and counted), takes each claim's judge verdict from the run, and reports agreement,
+Cohen's κ (bootstrap 95 % CI), the confusion matrix, leniency P(judge supported | human
+unsupported) and strictness. They are weighted by 1 / ``inclusion_prob`` (Horvitz–Thompson), so
+they estimate the run's judged claims, with the labelled sample's own figures beside them; without
+``inclusion_prob`` they describe the sample only, and the summary says which. Claims the judge left
+``unparseable`` are counted apart. Logged to the run as ``spotcheck/*`` metrics and artifacts; a
+bad label file gets ``FILE:LINE: field: what is wrong`` lines on stderr and exit 2.
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ import pandas as pd
 from mlflow.entities import Metric, Run
 from mlflow.tracking import MlflowClient
 
+from rag_experiments.analysis.agreement import (
+    agreement_figures,
+    inclusion_probabilities,
+    kappa_ci,
+    systematic_pps,
+)
 from rag_experiments.tracking.runs import RunInputError, load_per_query, resolve_run, run_label, tracking_uri
 
 COLUMNS = [
@@ -51,6 +58,7 @@ COLUMNS = [
     "judge_score",
     "judge_rationale",
     "answer",
+    "inclusion_prob",
     "human_verdict",
 ]
 REQUIRED = ("item_id", "claim", "human_verdict")
@@ -103,7 +111,7 @@ def judged_claims(table: pd.DataFrame) -> pd.DataFrame:
                     "answer": rd.get("answer", "") or "",
                 }
             )
-    return pd.DataFrame(rows, columns=COLUMNS[:-1])
+    return pd.DataFrame(rows, columns=[c for c in COLUMNS if c not in ("inclusion_prob", "human_verdict")])
 
 
 def judge_threshold(run: Run) -> float | None:
@@ -132,22 +140,20 @@ def sample_weights(scores: np.ndarray, threshold: float | None) -> np.ndarray:
     return w
 
 
-def _weighted_pick(idx: np.ndarray, w: np.ndarray, n: int, rng: np.random.Generator) -> list[int]:
-    if n >= len(idx):
-        return list(idx)
-    return list(rng.choice(idx, size=n, replace=False, p=w / w.sum()))
-
-
 def sample_claims(
     claims: pd.DataFrame, n: int, stratify: bool = False, seed: int = 0, threshold: float | None = None
 ) -> pd.DataFrame:
-    """n claims, seeded, borderline ones over-weighted; stratified by verdict when asked."""
+    """n claims, seeded, borderline ones over-weighted; stratified by verdict when asked.
+
+    Within the population (or each verdict stratum with its quota q) claim i is drawn with
+    probability π_i = min(1, c·w_i), Σπ = q (:func:`inclusion_probabilities`, systematic πps);
+    π_i is recorded as ``inclusion_prob`` so that scores can be weighted back to the run.
+    """
     rng = np.random.default_rng(seed)
     w = sample_weights(claims["judge_score"].to_numpy(float), threshold)
     idx = np.arange(len(claims))
-    if not stratify:
-        chosen = _weighted_pick(idx, w, n, rng)
-    else:
+    groups, quota = {"all": idx}, {"all": n}
+    if stratify:
         labels = sorted(claims["judge_verdict"].unique())
         groups = {lab: idx[(claims["judge_verdict"] == lab).to_numpy()] for lab in labels}
         quota = dict.fromkeys(labels, 0)
@@ -161,11 +167,13 @@ def sample_claims(
                     break
                 quota[lab] += 1
                 left -= 1
-        chosen = []
-        for lab in labels:
-            g = groups[lab]
-            chosen += _weighted_pick(g, w[g], quota[lab], rng)
+    pi = np.zeros(len(claims))
+    chosen: list[int] = []
+    for lab, g in groups.items():
+        pi[g] = inclusion_probabilities(w[g], quota[lab])
+        chosen += list(g[systematic_pps(pi[g], rng)]) if quota[lab] else []
     out = claims.iloc[sorted(chosen)].copy()
+    out["inclusion_prob"] = pi[sorted(chosen)]
     out["human_verdict"] = ""
     return out.reset_index(drop=True)
 
@@ -173,49 +181,26 @@ def sample_claims(
 # --------------------------------------------------------------------------------------------- scoring
 
 
-def cohen_kappa(human: Sequence[str], judge: Sequence[str]) -> float:
-    """κ = (p_o − p_e) / (1 − p_e); p_e from the two raters' marginals. NaN when p_e = 1."""
-    h, j = np.asarray(human), np.asarray(judge)
-    n = len(h)
-    if n == 0:
-        return float("nan")
-    po = float(np.mean(h == j))
-    cats = set(h) | set(j)
-    pe = sum(float(np.mean(h == c)) * float(np.mean(j == c)) for c in cats)
-    return float("nan") if pe >= 1 else (po - pe) / (1 - pe)
-
-
-def kappa_ci(
-    human: Sequence[str],
-    judge: Sequence[str],
-    seed: int = 0,
-    n_resamples: int = 2000,
-    confidence: float = 0.95,
-) -> tuple[float, float]:
-    """Percentile bootstrap CI of κ over labelled claims (resamples with undefined κ are dropped)."""
-    h, j = np.asarray(human), np.asarray(judge)
-    n = len(h)
-    if n < 2:
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    ks = []
-    for _ in range(n_resamples):
-        i = rng.integers(0, n, n)
-        k = cohen_kappa(h[i], j[i])
-        if not math.isnan(k):
-            ks.append(k)
-    if not ks:
-        return float("nan"), float("nan")
-    a = (1 - confidence) / 2
-    lo, hi = np.quantile(ks, [a, 1 - a])
-    return float(lo), float(hi)
-
-
 @dataclass
 class Labels:
-    rows: pd.DataFrame  # item_id, claim, human (lower-case), judge (the run's verdict), score
+    rows: pd.DataFrame  # item_id, claim, human (lower-case), judge (the run's verdict), score, pi
     n_blank: int
     path: Path
+    weighted: bool = False  # the file has inclusion probabilities (rows' ``pi``)
+    n_population: int = 0  # the run's judged claims with a parseable verdict
+
+
+def _inclusion_prob(raw: str | None, where: str) -> tuple[float, str | None]:
+    """(π, problem): π must be a number in (0, 1]; NaN when the file has no such column."""
+    if raw is None:
+        return float("nan"), None
+    try:
+        pi = float(raw)
+    except ValueError:
+        pi = float("nan")
+    if not 0 < pi <= 1:
+        return pi, f"{where}: inclusion_prob: {raw!r} is not a probability in (0, 1] (keep the sampled value)"
+    return pi, None
 
 
 def _ws(text: str) -> str:
@@ -280,6 +265,10 @@ def read_labels(path: Path, claims: pd.DataFrame) -> Labels:
             if iid in seen:
                 problems.append(f"{name}:{line}: item_id: {iid!r} already labelled on line {seen[iid]}")
                 continue
+            pi, problem = _inclusion_prob(rec.get("inclusion_prob"), f"{name}:{line}")
+            if problem:
+                problems.append(problem)
+                continue
             seen[iid] = line
             rows.append(
                 {
@@ -288,24 +277,32 @@ def read_labels(path: Path, claims: pd.DataFrame) -> Labels:
                     "human": human,
                     "judge": str(by_id.at[iid, "judge_verdict"]),
                     "score": by_id.at[iid, "judge_score"],
+                    "pi": pi,
                 }
             )
     if problems:
         raise LabelFileError(problems)
-    return Labels(pd.DataFrame(rows, columns=["item_id", "claim", "human", "judge", "score"]), n_blank, path)
+    df = pd.DataFrame(rows, columns=["item_id", "claim", "human", "judge", "score", "pi"])
+    n_pop = int(claims["judge_verdict"].isin(HUMAN_LABELS).sum())
+    return Labels(df, n_blank, path, weighted="inclusion_prob" in header, n_population=n_pop)
 
 
 @dataclass
 class Agreement:
+    """Headline figures estimate the run's claims when ``weighted``, else describe the sample."""
+
     n: int  # labelled claims with a parseable judge verdict (the ones agreement and κ are on)
     n_blank: int
     n_judge_unparseable: int
     agreement: float
     kappa: float
     kappa_ci: tuple[float, float]
-    confusion: pd.DataFrame  # rows human, columns judge
+    confusion: pd.DataFrame  # rows human, columns judge (sample counts)
     leniency: float  # P(judge supported | human unsupported)
     strictness: float  # P(judge unsupported | human supported)
+    weighted: bool = False  # headline figures weighted by 1/inclusion_prob
+    n_population: int = 0  # the run's judged claims with a parseable verdict
+    sample: dict[str, float] = field(default_factory=dict)  # unweighted figures of the labelled claims
     unparseable_by_human: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
@@ -315,25 +312,22 @@ def score_labels(labels: Labels, seed: int = 0, n_resamples: int = 2000) -> Agre
     unp = df[~df["judge"].isin(HUMAN_LABELS)]
     ok = df[df["judge"].isin(HUMAN_LABELS)]
     h, j = ok["human"].to_numpy(), ok["judge"].to_numpy()
+    w = 1.0 / ok["pi"].to_numpy(float) if labels.weighted else None  # Horvitz–Thompson weights
     conf = pd.crosstab(pd.Categorical(h, HUMAN_LABELS), pd.Categorical(j, HUMAN_LABELS), dropna=False)
     conf.index = [f"human {x}" for x in HUMAN_LABELS]
     conf.columns = [f"judge {x}" for x in HUMAN_LABELS]
-
-    def cond(human: str, judge: str) -> float:
-        m = h == human
-        return float(np.mean(j[m] == judge)) if m.any() else float("nan")
-
+    head = agreement_figures(h, j, w)
     return Agreement(
         n=len(ok),
         n_blank=labels.n_blank,
         n_judge_unparseable=len(unp),
-        agreement=float(np.mean(h == j)) if len(ok) else float("nan"),
-        kappa=cohen_kappa(h, j),
-        kappa_ci=kappa_ci(h, j, seed=seed, n_resamples=n_resamples),
+        kappa_ci=kappa_ci(h, j, w, seed=seed, n_resamples=n_resamples),
         confusion=conf.astype(int),
-        leniency=cond("unsupported", "supported"),
-        strictness=cond("supported", "unsupported"),
+        weighted=labels.weighted,
+        n_population=labels.n_population,
+        sample=agreement_figures(h, j, None),
         unparseable_by_human=unp["human"].value_counts().to_dict(),
+        **head,
     )
 
 
@@ -366,18 +360,33 @@ def render_summary(run: Run, ag: Agreement, labels_path: Path) -> str:
     ]
     if ag.warnings:
         lines += [*(f"**{w}**" for w in ag.warnings), ""]
+    if ag.weighted:
+        lines.append(
+            f"**Population: the run's {ag.n_population} judged claims (parseable verdicts), estimated** "
+            f"from {ag.n} labelled claims, each weighted by 1 / its inclusion probability (the sample "
+            "over-weights borderline claims and strata). The last column describes the labelled sample only."
+        )
+    else:
+        lines.append(
+            f"**Population: the {ag.n} labelled claims only.** The label file has no inclusion_prob column, "
+            "so the figures are not weighted back to the run's claims and a borderline-boosted or "
+            "stratified sample over-represents hard claims."
+        )
+    sa = ag.sample
+    head = "run's claims (estimated)" if ag.weighted else "labelled sample"
     lines += [
-        "| statistic | value |",
-        "|---|---|",
-        f"| labelled claims scored (n) | {ag.n} |",
-        f"| blank human_verdict rows (skipped) | {ag.n_blank} |",
-        f"| judge verdict unparseable (not scored) | {ag.n_judge_unparseable} |",
-        f"| agreement | {_f(ag.agreement)} |",
-        f"| Cohen's κ (95 % bootstrap CI) | {_f(ag.kappa)} [{_f(lo)}, {_f(hi)}] |",
-        f"| leniency P(judge supported \\| human unsupported) | {_f(ag.leniency)} |",
-        f"| strictness P(judge unsupported \\| human supported) | {_f(ag.strictness)} |",
         "",
-        "Confusion matrix (rows: human, columns: judge):",
+        f"| statistic | {head} | labelled sample |",
+        "|---|---|---|",
+        f"| labelled claims scored (n) | | {ag.n} |",
+        f"| blank human_verdict rows (skipped) | | {ag.n_blank} |",
+        f"| judge verdict unparseable (not scored) | | {ag.n_judge_unparseable} |",
+        f"| agreement | {_f(ag.agreement)} | {_f(sa['agreement'])} |",
+        f"| Cohen's κ (95 % bootstrap CI) | {_f(ag.kappa)} [{_f(lo)}, {_f(hi)}] | {_f(sa['kappa'])} |",
+        f"| leniency P(judge supported \\| human unsupported) | {_f(ag.leniency)} | {_f(sa['leniency'])} |",
+        f"| strictness P(judge unsupported \\| human supported) | {_f(ag.strictness)} | {_f(sa['strictness'])} |",
+        "",
+        "Confusion matrix of the labelled sample (rows: human, columns: judge):",
         "",
         "| | " + " | ".join(ag.confusion.columns) + " |",
         "|---|" + "---|" * len(ag.confusion.columns),
@@ -392,8 +401,10 @@ def render_summary(run: Run, ag: Agreement, labels_path: Path) -> str:
         ]
     lines += [
         "",
-        "κ = (p_o − p_e) / (1 − p_e) over claims with a human label and a parseable judge verdict; "
-        "CI: percentile bootstrap over those claims (seeded).",
+        "κ = (p_o − p_e) / (1 − p_e) over claims with a human label and a parseable judge verdict, "
+        "p_o and p_e from counts weighted by 1 / inclusion probability when the file has them; "
+        "CI: percentile bootstrap over those claims with their weights (seeded). Blank rows are assumed "
+        "missing at random.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -411,6 +422,8 @@ def log_spotcheck(client: MlflowClient, run: Run, ag: Agreement, labels_path: Pa
         "spotcheck/kappa_ci_high": ag.kappa_ci[1],
         "spotcheck/leniency": ag.leniency,
         "spotcheck/strictness": ag.strictness,
+        "spotcheck/weighted": float(ag.weighted),  # 1: figures estimate the run's claims
+        **{f"spotcheck/sample_{k}": v for k, v in ag.sample.items()},
     }
     for hl in HUMAN_LABELS:
         for jl in HUMAN_LABELS:

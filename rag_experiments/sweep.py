@@ -33,6 +33,7 @@ from hydra.utils import instantiate  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from rag_experiments.evalset import sample_dir  # noqa: E402
+from rag_experiments.identity import code_fingerprint, is_place_key, model_identities  # noqa: E402
 
 log = logging.getLogger("rag_experiments")
 GROUPS = ("corpus", "evalset", "chunking", "embedding", "retriever", "generator", "prompt", "judge")
@@ -113,24 +114,9 @@ def _input_error(e: BaseException | None, kinds: tuple) -> BaseException | None:
     return None
 
 
-# Overrides that say where things are, not what is measured: kept out of run names.
-_PLACE_KEYS = (
-    "corpus.path",
-    "evalset.path",
-    "tracking.",
-    "hydra.",
-    "cache_dir",
-    "cache_enabled",
-    "progress",
-    "experiment_name",
-    "force",
-    "evalset.limit",
-)
-
-
 def run_name_from(overrides: list[str]) -> str:
     """``chunking=fixed,retriever.k=5`` from the job's overrides, without paths and bookkeeping."""
-    keep = [o for o in overrides if not o.lstrip("+~").startswith(_PLACE_KEYS)]
+    keep = [o for o in overrides if not is_place_key(o)]
     return ",".join(keep) or "default"
 
 
@@ -160,7 +146,7 @@ def run_job(cfg: DictConfig) -> float:
     full = _container(cfg)
     choices = {g: str(v) for g, v in HydraConfig.get().runtime.choices.items() if g in GROUPS}
     overrides = list(HydraConfig.get().overrides.task)
-    chash = tracking.config_hash(full, corpus.digest, evalset.digest)
+    chash = tracking.config_hash(full, corpus.digest, evalset.digest, model_identities(stages))
     k = int(cfg.retriever.k)
     ks = list(cfg.metrics.ks)
     rank_depth = cfg.metrics.get("rank_depth", 100)
@@ -178,15 +164,17 @@ def run_job(cfg: DictConfig) -> float:
     mlflow.set_tracking_uri(uri)
     exp_id = tracking.get_experiment_id(client, cfg.experiment_name, cfg.tracking.artifact_root)
     run_name = run_name_from(overrides)
-    done = None if cfg.force else tracking.find_finished(client, exp_id, chash)
+    fingerprint = code_fingerprint()
+    done, why = (None, "") if cfg.force else tracking.resume_decision(client, exp_id, chash, fingerprint)
     if done is not None:
-        print(
-            f"[skip] {run_name}: config_hash {chash} already FINISHED as run {done.info.run_id} (force=true re-runs)"
-        )
+        print(f"[skip] {run_name}: {why}")
         return float(done.data.metrics.get(f"hit_at_{k}", float("nan")))
+    if why:
+        print(f"[rerun] {run_name}: {why}")
 
     tags = {
         "config_hash": chash,
+        "code_fingerprint": fingerprint,
         "corpus_digest": corpus.digest,
         "evalset_digest": evalset.digest,
         "overrides": json.dumps(overrides),

@@ -23,13 +23,17 @@ import json
 import os
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script from a checkout
+
+from rag_experiments.analysis.agreement import cohen_kappa  # noqa: E402  (one definition of κ)
+
 DEFAULT_PAIRS = Path(os.environ.get("JUDGE_PAIRS", ROOT.parent / "shared/datasets/judge_pairs/pairs.jsonl"))
 LABELS = ("supported", "unsupported", "unparseable")
 
@@ -50,16 +54,6 @@ def load_pairs(path: Path, split: str = "all", limit: int | None = None) -> list
         inter = [p for group in itertools.zip_longest(*by_type.values()) for p in group if p]
         pairs = sorted(inter[:limit], key=lambda p: p["id"])
     return pairs
-
-
-def cohen_kappa(gold: list[str], pred: list[str]) -> float:
-    n = len(gold)
-    if not n:
-        return float("nan")
-    po = sum(g == p for g, p in zip(gold, pred, strict=True)) / n
-    cg, cp = Counter(gold), Counter(pred)
-    pe = sum(cg[k] * cp[k] for k in set(cg) | set(cp)) / (n * n)
-    return float("nan") if pe == 1 else (po - pe) / (1 - pe)
 
 
 def agreement(gold: list[str], pred: list[str]) -> dict:

@@ -254,3 +254,166 @@ def test_retrieval_only_run_is_bad_input(store, capsys):
     uri, _, _ = store
     assert spotcheck.main(["--tracking-uri", uri, "sample", "retr"]) == 2
     assert "no judged claims" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ weighted estimates
+
+
+def _population(n_unsupported: int = 60, n_supported: int = 20) -> pd.DataFrame:
+    """Judged claims: the judge rarely says supported, and is lenient on half of those (the human
+    says unsupported); near its threshold (|score| < 0.5) more claims are borderline."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    score = np.concatenate([rng.uniform(0, 3, n_supported), -rng.uniform(0, 6, n_unsupported)])
+    judge = np.where(score >= 0, "supported", "unsupported")
+    human = judge.copy()
+    human[:n_supported:2] = "unsupported"
+    return pd.DataFrame(
+        {
+            "item_id": [f"c{i}" for i in range(len(score))],
+            "judge_verdict": judge,
+            "judge_score": score,
+            "human": human,
+        }
+    )
+
+
+def test_systematic_pps_draws_each_claim_with_its_inclusion_probability():
+    import numpy as np
+
+    from rag_experiments.analysis.agreement import inclusion_probabilities, systematic_pps
+
+    w = np.array([1.0, 1.0, 1.0, 10.0, 2.0, 4.0, 1.5])
+    pi = inclusion_probabilities(w, 3)
+    assert math.isclose(pi.sum(), 3) and pi[3] == 1.0 and (pi <= 1).all()
+    rng = np.random.default_rng(0)
+    counts = np.zeros(len(w))
+    for _ in range(20000):
+        drawn = systematic_pps(pi, rng)
+        assert len(drawn) == 3 and len(set(drawn)) == 3
+        counts[drawn] += 1
+    assert np.abs(counts / 20000 - pi).max() < 0.015
+
+
+def test_sample_records_the_inclusion_probability_it_drew_with():
+    import numpy as np
+
+    from rag_experiments.analysis.agreement import inclusion_probabilities
+
+    pop = _population(30, 10)
+    w = spotcheck.sample_weights(pop["judge_score"].to_numpy(float), 0.0)
+    for stratify in (False, True):
+        s = spotcheck.sample_claims(pop, 8, stratify=stratify, seed=1, threshold=0.0)
+        assert len(s) == 8
+        for verdict, quota in (
+            ((("supported", "unsupported"), 8),)
+            if not stratify
+            else (
+                (("supported",), 4),
+                (("unsupported",), 4),
+            )
+        ):
+            g = pop["judge_verdict"].isin(verdict).to_numpy()
+            expected = dict(zip(pop["item_id"][g], inclusion_probabilities(w[g], quota), strict=True))
+            got = s[s["judge_verdict"].isin(verdict)]
+            assert np.allclose(got["inclusion_prob"], got["item_id"].map(expected)), stratify
+
+
+def _score_sample(pop: pd.DataFrame, seed: int, weighted: bool) -> spotcheck.Agreement:
+    s = spotcheck.sample_claims(pop, 12, stratify=True, seed=seed, threshold=0.0)
+    truth = dict(zip(pop["item_id"], pop["human"], strict=True))
+    rows = pd.DataFrame(
+        {
+            "item_id": s["item_id"],
+            "claim": "",
+            "human": s["item_id"].map(truth),
+            "judge": s["judge_verdict"],
+            "score": s["judge_score"],
+            "pi": s["inclusion_prob"],
+        }
+    )
+    labels = spotcheck.Labels(rows, 0, Path("x.csv"), weighted=weighted, n_population=len(pop))
+    return spotcheck.score_labels(labels, n_resamples=20)
+
+
+def test_weighted_leniency_and_kappa_estimate_the_run_not_the_boosted_sample():
+    import numpy as np
+
+    from rag_experiments.analysis.agreement import cohen_kappa
+
+    pop = _population()
+    true_len = float(np.mean(pop.loc[pop["human"] == "unsupported", "judge_verdict"] == "supported"))
+    true_kappa = cohen_kappa(pop["human"], pop["judge_verdict"])
+    est = [_score_sample(pop, seed, True) for seed in range(100)]
+    raw = [_score_sample(pop, seed, False) for seed in range(100)]
+    mean = lambda xs: float(np.nanmean(xs))  # noqa: E731
+    assert abs(mean([a.leniency for a in est]) - true_len) < 0.05
+    assert abs(mean([a.kappa for a in est]) - true_kappa) < 0.08
+    # stratifying by verdict over-represents the rare "supported" verdicts (and the boost the
+    # borderline ones): the unweighted sample looks far more lenient than the run is
+    assert mean([a.leniency for a in raw]) - true_len > 0.12
+    assert all(a.sample["leniency"] == b.leniency for a, b in zip(est, raw, strict=True))
+
+
+def test_summary_names_the_population_its_figures_describe(store, tmp_path, capsys):
+    uri, _, rid = store
+    out = tmp_path / "labels.csv"
+    spotcheck.main(["--tracking-uri", uri, "sample", rid, "-n", "6", "--stratify", "--out", str(out)])
+    rows = _read(out)
+    assert all(0 < float(r["inclusion_prob"]) <= 1 for r in rows)
+    for r in rows:
+        r["human_verdict"] = "supported"
+    _write(out, rows)
+    capsys.readouterr()
+    assert spotcheck.main(["--tracking-uri", uri, "score", rid, str(out), "--no-log"]) == 0
+    assert "the run's 11 judged claims (parseable verdicts), estimated" in capsys.readouterr().out
+    _write(out, [{k: v for k, v in r.items() if k != "inclusion_prob"} for r in rows])
+    assert spotcheck.main(["--tracking-uri", uri, "score", rid, str(out), "--no-log"]) == 0
+    assert "Population: the 5 labelled claims only" in capsys.readouterr().out
+    rows[0]["inclusion_prob"] = "1.7"
+    _write(out, rows)
+    assert spotcheck.main(["--tracking-uri", uri, "score", rid, str(out), "--no-log"]) == 2
+    assert "inclusion_prob: '1.7' is not a probability" in capsys.readouterr().err
+
+
+def test_one_cohen_kappa_shared_with_judge_agreement_and_weighted_by_hand():
+    import importlib.util
+
+    from rag_experiments.analysis import agreement
+
+    spec = importlib.util.spec_from_file_location(
+        "judge_agreement", Path(__file__).resolve().parent.parent / "scripts" / "judge_agreement.py"
+    )
+    ja = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ja)
+    assert ja.cohen_kappa is agreement.cohen_kappa
+    assert spotcheck.agreement_figures is agreement.agreement_figures  # which calls cohen_kappa
+    h = ["s", "s", "u", "u", "s"]
+    j = ["s", "u", "u", "s", "s"]
+    w = [1.0, 2.0, 1.0, 3.0, 0.5]
+    # by hand: weighted confusion, p_o and p_e from weighted marginals
+    tot = sum(w)
+    po = sum(wi for hi, ji, wi in zip(h, j, w, strict=True) if hi == ji) / tot
+    ph = {c: sum(wi for hi, wi in zip(h, w, strict=True) if hi == c) / tot for c in "su"}
+    pj = {c: sum(wi for ji, wi in zip(j, w, strict=True) if ji == c) / tot for c in "su"}
+    pe = sum(ph[c] * pj[c] for c in "su")
+    assert math.isclose(agreement.cohen_kappa(h, j, w), (po - pe) / (1 - pe))
+    assert math.isclose(
+        agreement.cohen_kappa(h, j),
+        _kappa_by_hand(
+            list(
+                zip(
+                    ["supported" if x == "s" else "unsupported" for x in h],
+                    ["supported" if x == "s" else "unsupported" for x in j],
+                    strict=True,
+                )
+            )
+        ),
+    )
+    assert math.isnan(agreement.cohen_kappa(["s", "s"], ["s", "s"]))
+    from sklearn.metrics import cohen_kappa_score  # independent implementation
+
+    assert math.isclose(agreement.cohen_kappa(h, j, w), cohen_kappa_score(h, j, sample_weight=w))
+    h3, j3 = h + ["x", "u"], j + ["u", "x"]  # three categories (judge_agreement's "unparseable")
+    assert math.isclose(agreement.cohen_kappa(h3, j3), cohen_kappa_score(h3, j3))

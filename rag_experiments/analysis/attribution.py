@@ -22,11 +22,6 @@ from rag_experiments.evaluation.aggregate import mean_ci
 # Config diff and sweep factors
 # ---------------------------------------------------------------------------------------------
 
-#: Params that never change results (paths, tracking, bookkeeping) and are ignored by diffs.
-BOOKKEEPING_PREFIXES = ("hydra.", "tracking.", "paths.", "cache.")
-BOOKKEEPING_KEYS = frozenset(
-    {"cache_dir", "cache_enabled", "force", "progress", "experiment_name", "tracking", "hydra", "paths"}
-)
 #: Hydra config groups; a dot-free param with one of these names is a group choice.
 KNOWN_GROUPS = (
     "corpus",
@@ -43,7 +38,10 @@ KNOWN_GROUPS = (
 
 
 def is_bookkeeping(key: str) -> bool:
-    return key in BOOKKEEPING_KEYS or key.startswith(BOOKKEEPING_PREFIXES)
+    """Params that never change results (places: paths, cache dirs, tracking) at any depth."""
+    from rag_experiments.identity import is_place_key
+
+    return is_place_key(key)
 
 
 def group_choice_keys(params: Mapping[str, str]) -> set[str]:

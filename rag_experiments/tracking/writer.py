@@ -27,8 +27,6 @@ from mlflow.tracking import MlflowClient
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 SWEEP_ENV = "RAG_EXPERIMENTS_SWEEP"
-# Keys that never change results: they stay out of config_hash and out of the config diff.
-NON_SEMANTIC = ("force", "tracking", "cache_dir", "cache_enabled", "progress", "experiment_name")
 
 
 def resolve_uri(cfg_uri: str | None) -> str:
@@ -60,12 +58,20 @@ def flatten(d: Any, prefix: str = "") -> dict[str, str]:
     return out
 
 
-def config_hash(cfg: dict, corpus_digest: str, evalset_digest: str) -> str:
-    """Hash of everything that determines results: the semantic config plus the data digests."""
+def config_hash(
+    cfg: dict, corpus_digest: str, evalset_digest: str, models: dict[str, str] | None = None
+) -> str:
+    """Hash of what determines results apart from code: the config without its place keys (at
+    any depth, ``identity.is_place_key``), the data digests and the stages' model identities
+    (weights' sha256 + settings, ``identity.model_identities``). Code is compared separately
+    (:func:`resume_decision`), so a re-run can say which of the two changed."""
     from rag_experiments.cache import stable_hash
+    from rag_experiments.identity import semantic_config
 
-    semantic = {k: v for k, v in cfg.items() if k not in NON_SEMANTIC}
-    return stable_hash("config", semantic, corpus_digest, evalset_digest)[:16]
+    parts: list = ["config", semantic_config(cfg), corpus_digest, evalset_digest]
+    if models:
+        parts.append(models)
+    return stable_hash(*parts)[:16]
 
 
 def find_finished(client: MlflowClient, experiment_id: str, chash: str):
@@ -76,6 +82,35 @@ def find_finished(client: MlflowClient, experiment_id: str, chash: str):
         order_by=["attributes.start_time DESC"],
     )
     return runs[0] if runs else None
+
+
+def resume_decision(client: MlflowClient, experiment_id: str, chash: str, fingerprint: str):
+    """(run to reuse or None, why) for a config about to run.
+
+    Skip only when a FINISHED run has this ``config_hash`` AND this ``code_fingerprint``; a
+    FINISHED run with the same config but other code is named in the reason for re-running.
+    ``why`` is "" when no earlier run matches the config at all.
+    """
+    same = client.search_runs(
+        [experiment_id],
+        filter_string=(
+            f"tags.config_hash = '{chash}' and tags.code_fingerprint = '{fingerprint}' "
+            "and attributes.status = 'FINISHED'"
+        ),
+        max_results=1,
+        order_by=["attributes.start_time DESC"],
+    )
+    if same:
+        rid = same[0].info.run_id
+        return same[0], (
+            f"config_hash {chash} and code_fingerprint {fingerprint} already FINISHED as run {rid} "
+            "(force=true re-runs)"
+        )
+    old = find_finished(client, experiment_id, chash)
+    if old is None:
+        return None, ""
+    before = old.data.tags.get("code_fingerprint", "none recorded")
+    return None, f"code changed since run {old.info.run_id} (fingerprint {before} -> {fingerprint})"
 
 
 def git_info(root: Path | None = None) -> dict[str, str]:
