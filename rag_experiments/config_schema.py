@@ -300,16 +300,27 @@ def validate(cfg: dict) -> Problems:
 def check(cfg) -> None:
     """``validate`` for a DictConfig or dict; raises ConfigError listing every problem."""
     from omegaconf import OmegaConf
+    from omegaconf.errors import MissingMandatoryValue
 
     if OmegaConf.is_config(cfg):
         try:
-            cfg = OmegaConf.to_container(cfg, resolve=True)
-        except Exception as e:  # noqa: BLE001 - a missing mandatory value (???) or bad interpolation
-            raise ConfigError([f"conf/config: {_omegaconf_key(e)}: {_short(e)}"]) from None
+            cfg = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        except MissingMandatoryValue as e:  # a ``???`` the user must set
+            raise ConfigError(
+                [f"{_where(_omegaconf_key(e))}: missing (set {_omegaconf_key(e)}=...)"]
+            ) from None
+        except Exception as e:  # noqa: BLE001 - a bad interpolation
+            raise ConfigError([f"{_where(_omegaconf_key(e))}: {_short(e)}"]) from None
     cfg = {k: v for k, v in cfg.items() if k != "hydra"}
     problems = validate(cfg)
     if problems:
         raise ConfigError(problems)
+
+
+def _where(full_key: str) -> str:
+    """``evalset.path`` → ``conf/evalset: path``; a top-level key → ``conf/config: key``."""
+    group, _, key = full_key.partition(".")
+    return f"conf/{group}: {key}" if key and group in GROUP_CHECKS else f"conf/config: {full_key}"
 
 
 def _omegaconf_key(e: Exception) -> str:

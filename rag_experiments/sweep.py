@@ -436,7 +436,15 @@ def main(cfg: DictConfig) -> float:
     return run_job(cfg)
 
 
-from rag_experiments.multirun import MultirunParent  # noqa: E402,F401 - Hydra's callback target
+def __getattr__(name: str):
+    # conf/config.yaml names the callback rag_experiments.sweep.MultirunParent; imported lazily
+    # because rag_experiments.multirun imports this module.
+    if name == "MultirunParent":
+        from rag_experiments.multirun import MultirunParent
+
+        return MultirunParent
+    raise AttributeError(name)
+
 
 if __name__ == "__main__":
     main()
