@@ -86,6 +86,8 @@ class _SweepGuard:
         self.interrupted = ""
 
     def on_signal(self, signum, frame):
+        if self.interrupted:  # a second signal must not break the cleanup of the first
+            return
         self.interrupted = signal.Signals(signum).name
         raise KeyboardInterrupt(f"signal {signum}")
 
@@ -141,9 +143,8 @@ class MultirunParent(Callback):
             signal.signal(sig, self._guard.on_signal)
         # Create the store and experiment here, once: parallel workers (joblib) that each
         # initialise a fresh sqlite schema race on its migrations.
-        from mlflow.tracking import MlflowClient
 
-        client = MlflowClient(tracking_uri=uri)
+        client = tracking.open_store(uri)
         tracking.get_experiment_id(client, config.experiment_name, config.tracking.artifact_root)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:

@@ -389,7 +389,6 @@ def run_job(cfg: DictConfig) -> float:
     marked KILLED first.
     """
     import mlflow
-    from mlflow.tracking import MlflowClient
 
     from rag_experiments.cache import StageCache
     from rag_experiments.tracking import writer as tracking
@@ -398,7 +397,7 @@ def run_job(cfg: DictConfig) -> float:
     cache = StageCache(cfg.cache_dir, enabled=cfg.get("cache_enabled", True))
     job = describe_job(cfg, load_inputs(cfg, cache), cache, t_start)
     uri = tracking.resolve_uri(cfg.tracking.uri)
-    client = MlflowClient(tracking_uri=uri)
+    client = tracking.open_store(uri)
     mlflow.set_tracking_uri(uri)
     exp_id = tracking.get_experiment_id(client, cfg.experiment_name, cfg.tracking.artifact_root)
     with tracking.config_lock(uri, exp_id, job.chash):

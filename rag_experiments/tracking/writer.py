@@ -37,7 +37,28 @@ def resolve_uri(cfg_uri: str | None) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or cfg_uri or DEFAULT_URI
 
 
+def store_lock(uri: str) -> contextlib.AbstractContextManager:
+    """Serialises the first touch of a store: two processes creating one fresh sqlite schema race
+    on its migrations ("table already exists")."""
+    from rag_experiments.cache import stable_hash
+
+    return file_lock(
+        Path(tempfile.gettempdir()) / "rag_experiments_locks" / f"store-{stable_hash(uri)[:16]}.lock"
+    )
+
+
+def open_store(uri: str) -> MlflowClient:
+    """A client on ``uri``; constructing one creates a fresh store, so it happens under a lock."""
+    with store_lock(uri):
+        return MlflowClient(tracking_uri=uri)
+
+
 def get_experiment_id(client: MlflowClient, name: str, artifact_root: str) -> str:
+    with store_lock(client.tracking_uri):
+        return _get_experiment_id(client, name, artifact_root)
+
+
+def _get_experiment_id(client: MlflowClient, name: str, artifact_root: str) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
@@ -305,8 +326,12 @@ def start_child(
     run = client.create_run(experiment_id, run_name=run_name, tags=tags)
     rid = run.info.run_id
     items = [Param(k[:250], v[:6000]) for k, v in sorted(params.items())]
-    for batch in _batched(items, 100):
-        client.log_batch(rid, params=batch)
+    try:
+        for batch in _batched(items, 100):
+            client.log_batch(rid, params=batch)
+    except BaseException as e:  # a signal between create and the caller's try: never left RUNNING
+        client.set_terminated(rid, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+        raise
     return rid
 
 
