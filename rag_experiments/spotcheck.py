@@ -241,7 +241,7 @@ def read_labels(path: Path, claims: pd.DataFrame) -> Labels:
     by_id = claims.set_index("item_id")
     rows, n_blank, seen = [], 0, {}
     with f:
-        reader = csv.reader(f)
+        reader = csv.reader(f, strict=True)  # an unclosed quote is an error, not a field to EOF
         header = [h.strip() for h in next(reader, [])]
         missing = [c for c in REQUIRED if c not in header]
         if missing:
