@@ -310,6 +310,10 @@ def load_evalset(
         )
     if not items and not problems:
         problems.append(f"{path}: eval set is empty")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        problems.append(
+            f"{path}: limit: must be a positive number of items, got {limit!r}"
+        )  # [:-1] drops one
     if problems:
         raise EvalSetError(problems)
     if limit:

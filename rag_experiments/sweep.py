@@ -4,8 +4,11 @@
     python -m rag_experiments.sweep -m chunking=fixed,markdown retriever.k=3,5,10
     python -m rag_experiments.sweep +experiment=ablate_chunking       # a named ablation
 
-Each resolved config is one MLflow run; under ``-m`` the runs are children of one parent run.
-A config whose ``config_hash`` already FINISHED is skipped unless ``force=true``.
+Each resolved config is one MLflow run; under ``-m`` the runs are children of one parent run
+(the multirun side, ``rag_experiments.multirun``, hands the jobs the sweep context in
+``hydra.sweep.dir/.sweep.json``). Every config value is checked by ``config_schema`` and the data
+loaded before any run exists: bad input exits 2 and creates nothing. A config whose
+``config_hash`` already FINISHED is skipped unless ``force=true``.
 """
 
 from __future__ import annotations

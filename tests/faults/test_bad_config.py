@@ -75,6 +75,11 @@ CASES = [
         "conf/retriever: method: must be one of",
     ),
     (
+        "bm25-k1-string",
+        ["retriever=bm25", "retriever.k1=not-a-number"],
+        "conf/retriever: k1: must be a number > 0",
+    ),
+    (
         "bm25-b-above-1",
         ["retriever=bm25", "retriever.b=1.5"],
         "conf/retriever: b: must be a number in [0, 1] (got 1.5)",

@@ -331,3 +331,13 @@ def test_crlf_and_bom_do_not_change_the_corpus_digest(tiny, tmp_path):
 def test_case_count():
     assert len(EVALSET_CASES) + len(CORPUS_CASES) >= 30
     assert len({c for c, *_ in EVALSET_CASES + CORPUS_CASES}) == len(EVALSET_CASES) + len(CORPUS_CASES)
+
+
+@pytest.mark.parametrize("limit", [-1, 0])
+def test_evalset_limit_below_one_is_an_error_not_a_slice(limit, tiny):
+    from rag_experiments.datasets.corpus import load_corpus
+    from rag_experiments.evalset import EvalSetError, load_evalset
+
+    docs, ev = tiny
+    with pytest.raises(EvalSetError, match="limit: must be a positive number of items"):
+        load_evalset(ev, load_corpus(docs), limit=limit)
