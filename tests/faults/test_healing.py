@@ -186,3 +186,19 @@ def test_dead_endpoint_run_is_failed_retried_and_the_key_never_stored(tmp_path):
     leaked = [f for f in Path(tmp_path).rglob("*") if f.is_file() and key.encode() in f.read_bytes()]
     assert not leaked, leaked
     assert json.loads(runs[0].data.tags["model_calls"])  # the generator was really called
+
+
+def test_joblib_workers_get_the_sweep_context_from_the_sweep_dir(tmp_path):
+    # the context used to travel in os.environ, which worker processes do not necessarily share
+    docs, ev = make_tiny(tmp_path, n_items=3)
+    args = [a for a in sweep_args(tmp_path, docs, ev) if not a.startswith("hydra.sweep.dir")]
+    grid = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "retriever=bm25", "retriever.k=1,2"]
+    run_sweep(tmp_path, *grid, "generator=none", *args)
+    (ctx_file,) = (tmp_path / "multirun").rglob(".sweep.json")
+    ctx = json.loads(ctx_file.read_text())
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("test").experiment_id])
+    (parent,) = [r for r in runs if r.data.tags.get("is_parent") == "true"]
+    assert parent.data.tags["sweep_invocation"] == ctx["invocation"] and parent.info.status == "FINISHED"
+    kids = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(kids) == 2 and len({r.data.tags["runner"] for r in kids}) >= 1
