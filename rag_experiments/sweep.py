@@ -448,5 +448,32 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
+def unknown_group_options(argv: list[str]) -> list[str]:
+    """``chunking=foo`` on the command line when ``conf/chunking/foo.yaml`` does not exist.
+
+    Checked before Hydra composes (whose own error exits 1 with a traceback hint); skipped when
+    the user adds a config dir (``-cd``/``--config-dir``), where their own options live.
+    """
+    from rag_experiments.evalset import conf_dir
+
+    if any(a in ("-cd", "--config-dir") or a.startswith("--config-dir=") for a in argv):
+        return []
+    problems = []
+    for arg in argv:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        if arg.startswith("-") or not sep or "/" in key or not (conf_dir() / key).is_dir():
+            continue
+        if any(c in value for c in "()[]{}$"):  # sweep functions and interpolations: Hydra's job
+            continue
+        options = sorted(p.stem for p in (conf_dir() / key).glob("*.yaml"))
+        for v in (x.strip() for x in value.split(",")):
+            if v and v != "null" and v not in options:
+                problems.append(f"conf/{key}: unknown option {v!r} (options: {', '.join(options)})")
+    return problems
+
+
 if __name__ == "__main__":
+    if bad := unknown_group_options(sys.argv[1:]):
+        print_problems(bad)
+        sys.exit(2)
     main()

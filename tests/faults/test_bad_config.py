@@ -286,3 +286,38 @@ def test_pasted_api_key_is_rejected_and_never_written(tiny):
     for f in root.rglob("*"):
         if f.is_file():
             assert KEY.encode() not in f.read_bytes(), f
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["chunking=fixd"], "conf/chunking: unknown option 'fixd' (options: fixed, fixed_tokens, markdown"),
+        (["-m", "retriever=dense,bm2"], "conf/retriever: unknown option 'bm2'"),
+        (["+experiment=ablate_chunkin"], "conf/experiment: unknown option 'ablate_chunkin'"),
+        (["generator=gpt"], "conf/generator: unknown option 'gpt' (options: local, none, openai)"),
+    ],
+)
+def test_unknown_group_option_is_named(argv, message):
+    from rag_experiments.sweep import unknown_group_options
+
+    assert any(p.startswith(message) for p in unknown_group_options(argv)), unknown_group_options(argv)
+
+
+def test_known_options_and_sweep_syntax_pass():
+    from rag_experiments.sweep import unknown_group_options
+
+    argv = [
+        "-m",
+        "chunking=fixed,markdown",
+        "retriever=choice(dense,bm25)",
+        "chunking.size=100,200",
+        "hydra.x=1",
+    ]
+    assert unknown_group_options(argv) == []
+    assert unknown_group_options(["chunking=mine", "--config-dir", "/my/conf"]) == []
+
+
+def test_unknown_option_exits_2_through_the_cli(tmp_path):
+    p = run_sweep(tmp_path, "chunking=fixd", check=False)
+    assert p.returncode == 2 and "conf/chunking: unknown option 'fixd'" in p.stderr
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "outputs").exists()
