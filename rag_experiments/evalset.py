@@ -239,12 +239,15 @@ def load_evalset(
     raw_items: list[dict] = []
     problems: list[str] = []
     first_line: dict[str, int] = {}
-    with path.open(encoding="utf-8") as f:
-        lines = f.readlines()
-    for lineno, line in enumerate(lines, 1):
+    for lineno, raw in enumerate(path.read_bytes().split(b"\n"), 1):
+        where = f"{path}:{lineno}"
+        try:  # per line, so one bad byte names its line and the rest is still checked
+            line = (raw.removeprefix(b"\xef\xbb\xbf") if lineno == 1 else raw).decode("utf-8")
+        except UnicodeDecodeError as e:
+            problems.append(f"{where}: encoding: not valid UTF-8 ({e.reason} at byte {e.start} of the line)")
+            continue
         if not line.strip():
             continue
-        where = f"{path}:{lineno}"
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
@@ -310,6 +313,10 @@ def load_evalset(
         )
     if not items and not problems:
         problems.append(f"{path}: eval set is empty")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        problems.append(
+            f"{path}: limit: must be a positive number of items, got {limit!r}"
+        )  # [:-1] drops one
     if problems:
         raise EvalSetError(problems)
     if limit:

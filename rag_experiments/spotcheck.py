@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import math
 import shutil
@@ -212,13 +213,20 @@ def read_labels(path: Path, claims: pd.DataFrame) -> Labels:
     problems: list[str] = []
     name = str(path)
     try:
-        f = open(path, newline="", encoding="utf-8-sig")
+        raw = path.read_bytes()
     except OSError as e:
         raise LabelFileError([f"{name}:0: file: cannot read ({e.strerror})"]) from None
+    try:
+        f = io.StringIO(raw.decode("utf-8-sig"), newline="")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise LabelFileError(
+            [f"{name}:{line}: file: not valid UTF-8 ({e.reason} at byte {e.start})"]
+        ) from None
     by_id = claims.set_index("item_id")
     rows, n_blank, seen = [], 0, {}
     with f:
-        reader = csv.reader(f)
+        reader = csv.reader(f, strict=True)  # an unclosed quote is an error, not a field to EOF
         header = [h.strip() for h in next(reader, [])]
         missing = [c for c in REQUIRED if c not in header]
         if missing:
@@ -282,6 +290,12 @@ def read_labels(path: Path, claims: pd.DataFrame) -> Labels:
             )
     if problems:
         raise LabelFileError(problems)
+    if not rows:  # scoring nothing is not a result: say so and fail
+        raise LabelFileError(
+            [
+                f"{name}: human_verdict: no claim labelled ({n_blank} blank rows); fill in supported / unsupported"
+            ]
+        )
     df = pd.DataFrame(rows, columns=["item_id", "claim", "human", "judge", "score", "pi"])
     n_pop = int(claims["judge_verdict"].isin(HUMAN_LABELS).sum())
     return Labels(df, n_blank, path, weighted="inclusion_prob" in header, n_population=n_pop)

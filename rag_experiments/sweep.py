@@ -4,8 +4,11 @@
     python -m rag_experiments.sweep -m chunking=fixed,markdown retriever.k=3,5,10
     python -m rag_experiments.sweep +experiment=ablate_chunking       # a named ablation
 
-Each resolved config is one MLflow run; under ``-m`` the runs are children of one parent run.
-A config whose ``config_hash`` already FINISHED is skipped unless ``force=true``.
+Each resolved config is one MLflow run; under ``-m`` the runs are children of one parent run
+(the multirun side, ``rag_experiments.multirun``, hands the jobs the sweep context in
+``hydra.sweep.dir/.sweep.json``). Every config value is checked by ``config_schema`` and the data
+loaded before any run exists: bad input exits 2 and creates nothing. A config whose
+``config_hash`` already FINISHED is skipped unless ``force=true``.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import signal
 import sys
 import time
 import traceback
-import uuid
+from dataclasses import dataclass
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # offline by default: never reach a model hub
@@ -28,7 +31,6 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from hydra.experimental.callback import Callback  # noqa: E402
 from hydra.utils import instantiate  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
@@ -120,73 +122,121 @@ def run_name_from(overrides: list[str]) -> str:
     return ",".join(keep) or "default"
 
 
-def run_job(cfg: DictConfig) -> float:
-    """One resolved config → one MLflow run. Returns the context hit rate (Hydra's objective)."""
-    from mlflow.tracking import MlflowClient
+MAX_PROBLEM_LINES = 50  # a broken 10,000-line eval set must not flood the terminal
 
+
+def print_problems(lines: list[str], header: str = "") -> None:
+    """Input problems on stderr: at most MAX_PROBLEM_LINES lines of at most 500 characters."""
+    if header:
+        print(header, file=sys.stderr)
+    for line in lines[:MAX_PROBLEM_LINES]:
+        print(line if len(line) <= 500 else line[:500] + " …", file=sys.stderr)
+    if len(lines) > MAX_PROBLEM_LINES:
+        print(f"… and {len(lines) - MAX_PROBLEM_LINES} more problem(s)", file=sys.stderr)
+
+
+def _problems_of(e: BaseException) -> list[str]:
+    return list(getattr(e, "problems", None) or str(e).splitlines() or [type(e).__name__])
+
+
+def input_problems(cfg: DictConfig, cache=None) -> tuple[list[str], dict | None]:
+    """(problems, stages): the config checked against ``config_schema``, then the data loaded.
+
+    Problems are user input (config values, corpus, eval set, model paths); anything else raises.
+    """
     from rag_experiments.cache import StageCache
+    from rag_experiments.config_schema import ConfigError, check
     from rag_experiments.datasets.corpus import CorpusError
     from rag_experiments.evalset import EvalSetError
-    from rag_experiments.evaluation.labels import load_thresholds
-    from rag_experiments.evaluation.metrics import check_metrics_config
-    from rag_experiments.pipeline import run_pipeline
-    from rag_experiments.tracking import writer as tracking
 
-    t_start = time.perf_counter()
-    cache = StageCache(cfg.cache_dir, enabled=cfg.get("cache_enabled", True))
+    from rag_experiments.evaluation.metrics import check_metrics_config
+
     try:
-        stages = build_stages(cfg, cache)
-    except Exception as e:  # bad input: clear message, exit 2, no MLflow run
-        cause = _input_error(e, (EvalSetError, CorpusError, FileNotFoundError))
+        check(cfg)
+        m = cfg.metrics
+        depth, budgets = m.get("rank_depth", 100), list(m.get("token_budgets", []))
+        check_metrics_config(list(m.ks), int(cfg.retriever.k), depth, budgets)
+        cache = cache or StageCache(cfg.cache_dir, enabled=cfg.get("cache_enabled", True))
+        return [], build_stages(cfg, cache)
+    except Exception as e:  # Hydra wraps a stage's error in an InstantiationException
+        cause = _input_error(e, (ConfigError, EvalSetError, CorpusError, FileNotFoundError))
+        if cause is None and isinstance(e, ValueError) and str(e).startswith(("metrics.", "retriever.k")):
+            return [f"conf/{e}"], None  # check_metrics_config names the key
         if cause is None:
             raise
-        print(str(cause), file=sys.stderr)
+        return _problems_of(cause), None
+
+
+def load_inputs(cfg: DictConfig, cache) -> dict[str, Any]:
+    """The stages of ``cfg``, or exit 2 with the problems: bad input never creates a run."""
+    problems, stages = input_problems(cfg, cache)
+    if problems:
+        print_problems(problems)
         sys.exit(2)
-    corpus, evalset = stages["corpus"], stages["evalset"]
+    return stages
+
+
+def job_sweep_context() -> dict | None:
+    """The multirun's context, handed over in ``hydra.sweep.dir/.sweep.json`` (None: single run)."""
+    from hydra.types import RunMode
+
+    from rag_experiments.tracking import writer as tracking
+
+    hc = HydraConfig.get()
+    return tracking.read_sweep_context(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None
+
+
+@dataclass
+class Job:
+    """One resolved config with its loaded inputs: everything a run needs besides MLflow."""
+
+    cfg: DictConfig
+    stages: dict[str, Any]
+    cache: Any
+    full: dict
+    chash: str
+    run_name: str
+    overrides: list[str]
+    sweep: dict | None
+    t_start: float
+
+    @property
+    def k(self) -> int:
+        return int(self.cfg.retriever.k)
+
+    @property
+    def ks(self) -> list[int]:
+        return list(self.cfg.metrics.ks)
+
+
+def describe_job(cfg: DictConfig, stages: dict[str, Any], cache, t_start: float) -> Job:
+    from rag_experiments.tracking import writer as tracking
+
     full = _container(cfg)
-    choices = {g: str(v) for g, v in HydraConfig.get().runtime.choices.items() if g in GROUPS}
     overrides = list(HydraConfig.get().overrides.task)
-    chash = tracking.config_hash(full, corpus.digest, evalset.digest, model_identities(stages))
-    k = int(cfg.retriever.k)
-    ks = list(cfg.metrics.ks)
-    rank_depth = cfg.metrics.get("rank_depth", 100)
-    budgets = list(cfg.metrics.get("token_budgets", [256, 512, 1024]))
-    try:
-        check_metrics_config(ks, k, rank_depth, budgets)
-    except ValueError as e:  # bad input: clear message, exit 2, no MLflow run
-        print(f"config error: {e}", file=sys.stderr)
-        sys.exit(2)
+    chash = tracking.config_hash(
+        full, stages["corpus"].digest, stages["evalset"].digest, model_identities(stages)
+    )
+    return Job(
+        cfg, stages, cache, full, chash, run_name_from(overrides), overrides, job_sweep_context(), t_start
+    )
 
-    uri = tracking.resolve_uri(cfg.tracking.uri)
-    client = MlflowClient(tracking_uri=uri)
-    import mlflow
 
-    mlflow.set_tracking_uri(uri)
-    exp_id = tracking.get_experiment_id(client, cfg.experiment_name, cfg.tracking.artifact_root)
-    run_name = run_name_from(overrides)
-    fingerprint = code_fingerprint()
-    done, why = (None, "") if cfg.force else tracking.resume_decision(client, exp_id, chash, fingerprint)
-    if done is not None:
-        print(f"[skip] {run_name}: {why}")
-        return float(done.data.metrics.get(f"hit_at_{k}", float("nan")))
-    if why:
-        print(f"[rerun] {run_name}: {why}")
+def run_tags(job: Job) -> dict[str, str]:
+    from rag_experiments.tracking import writer as tracking
 
     tags = {
-        "config_hash": chash,
-        "code_fingerprint": fingerprint,
-        "corpus_digest": corpus.digest,
-        "evalset_digest": evalset.digest,
-        "overrides": json.dumps(overrides),
+        "config_hash": job.chash,
+        "code_fingerprint": code_fingerprint(),
+        "corpus_digest": job.stages["corpus"].digest,
+        "evalset_digest": job.stages["evalset"].digest,
+        "overrides": json.dumps(job.overrides),
         "command": " ".join(sys.argv),
+        "runner": tracking.runner_id(),
         **tracking.git_info(),
         **{f"version.{p}": v for p, v in tracking.package_versions().items()},
     }
-    sweep = tracking.sweep_context()
-    if sweep:
-        parent_id, sweep_id = tracking.get_or_create_parent(client, exp_id, sweep, bool(cfg.force))
-        tags.update({"mlflow.parentRunId": parent_id, "sweep_id": sweep_id})
-    gen, judge = stages["generator"], stages["judge"]
+    gen, judge = job.stages["generator"], job.stages["judge"]
     if gen is not None:
         tags["generator_model"] = getattr(gen, "model", "")
         tags["judge_model"] = str(getattr(judge, "model", None))
@@ -195,155 +245,184 @@ def run_job(cfg: DictConfig) -> float:
                 "the judge model equals the generator model (%s): expect self-preference bias", gen.model
             )
             tags["judge_is_generator"] = "true"
-    params = tracking.flatten(full)
-    params = {k_: v for k_, v in params.items() if not k_.startswith(("tracking.", "hydra."))}
-    params.update(choices)
-    run_id = tracking.start_child(client, exp_id, run_name, tags, params)
-    try:
-        res = run_pipeline(
-            docs=corpus.docs,
-            corpus_digest=corpus.digest,
-            items=evalset.items,
-            chunker=stages["chunker"],
-            chunking_cfg=_container(cfg.chunking),
-            retriever=stages["retriever"],
-            k=k,
-            ks=ks,
-            cache=cache,
-            generator=gen,
-            prompt=stages["prompt"],
-            judge=judge,
-            min_coverage=cfg.metrics.min_coverage,
-            thresholds=load_thresholds() if "attribution" not in cfg else _container(cfg.attribution),
-            n_resamples=cfg.metrics.bootstrap_resamples,
-            seed=cfg.seed,
-            progress=cfg.get("progress", True),
-            rank_depth=rank_depth,
-            token_budgets=budgets,
-        )
-        import pandas as pd
+    return tags
 
-        evalset_df = pd.DataFrame(
-            [
-                {
-                    "id": it.id,
-                    "query": it.query,
-                    "tags": ",".join(it.tags),
-                    "gold_answer": it.gold_answer or "",
-                    "n_evidence": len(it.gold_spans),
-                }
-                for it in evalset.items
-            ]
-        )
-        artifacts = {
-            "config.yaml": OmegaConf.to_yaml(cfg, resolve=True),
-            "cache_keys.json": json.dumps(res.cache_keys, indent=2),
-        }
-        if stages["prompt"] is not None:
-            artifacts["prompt_template.txt"] = stages["prompt"].text
-        timing = {**res.timings, "total_s": time.perf_counter() - t_start}
-        extra = {
-            "n_chunks": str(res.n_chunks),
-            "model_calls": json.dumps(res.calls),
-            "timings": json.dumps({k_: round(v, 3) for k_, v in timing.items()}),
-            **{f"cache_key.{k_}": v for k_, v in res.cache_keys.items()},
-            **res.tags,
-        }
-        tracking.log_results(
-            client,
-            run_id,
-            res.aggregates,
-            res.per_query,
-            evalset_df,
-            evalset.path,
-            evalset.digest,
-            artifacts,
-            extra,
-        )
-        client.set_terminated(run_id, "FINISHED")
+
+def run_params(job: Job) -> dict[str, str]:
+    """The flattened resolved config plus the group choices (``chunking`` = ``fixed``)."""
+    from rag_experiments.tracking import writer as tracking
+
+    params = {
+        k: v for k, v in tracking.flatten(job.full).items() if not k.startswith(("tracking.", "hydra."))
+    }
+    params.update({g: str(v) for g, v in HydraConfig.get().runtime.choices.items() if g in GROUPS})
+    return params
+
+
+def _pipeline(job: Job):
+    from rag_experiments.evaluation.labels import load_thresholds
+    from rag_experiments.pipeline import run_pipeline
+
+    cfg, stages = job.cfg, job.stages
+    return run_pipeline(
+        docs=stages["corpus"].docs,
+        corpus_digest=stages["corpus"].digest,
+        items=stages["evalset"].items,
+        chunker=stages["chunker"],
+        chunking_cfg=_container(cfg.chunking),
+        retriever=stages["retriever"],
+        k=job.k,
+        ks=job.ks,
+        cache=job.cache,
+        generator=stages["generator"],
+        prompt=stages["prompt"],
+        judge=stages["judge"],
+        min_coverage=cfg.metrics.min_coverage,
+        thresholds=load_thresholds() if "attribution" not in cfg else _container(cfg.attribution),
+        n_resamples=cfg.metrics.bootstrap_resamples,
+        seed=cfg.seed,
+        progress=cfg.get("progress", True),
+        rank_depth=cfg.metrics.get("rank_depth", 100),
+        token_budgets=list(cfg.metrics.get("token_budgets", [256, 512, 1024])),
+    )
+
+
+def _log(client, run_id: str, job: Job, res) -> None:
+    import pandas as pd
+
+    from rag_experiments.tracking import writer as tracking
+
+    evalset = job.stages["evalset"]
+    evalset_df = pd.DataFrame(
+        [
+            {
+                "id": it.id,
+                "query": it.query,
+                "tags": ",".join(it.tags),
+                "gold_answer": it.gold_answer or "",
+                "n_evidence": len(it.gold_spans),
+            }
+            for it in evalset.items
+        ]
+    )
+    artifacts = {
+        "config.yaml": OmegaConf.to_yaml(job.cfg, resolve=True),
+        "cache_keys.json": json.dumps(res.cache_keys, indent=2),
+    }
+    if job.stages["prompt"] is not None:
+        artifacts["prompt_template.txt"] = job.stages["prompt"].text
+    timing = {**res.timings, "total_s": time.perf_counter() - job.t_start}
+    extra = {
+        "n_chunks": str(res.n_chunks),
+        "model_calls": json.dumps(res.calls),
+        "timings": json.dumps({k: round(v, 3) for k, v in timing.items()}),
+        **{f"cache_key.{k}": v for k, v in res.cache_keys.items()},
+        **res.tags,
+    }
+    tracking.log_results(
+        client,
+        run_id,
+        res.aggregates,
+        res.per_query,
+        evalset_df,
+        evalset.path,
+        evalset.digest,
+        artifacts,
+        extra,
+    )
+
+
+def every_item_failed(aggregates: dict[str, float]) -> bool:
+    """True when every query errored (dead endpoint): such a run must be retried, not skipped."""
+    n, errors = aggregates.get("n_queries", 0), aggregates.get("n_errors", 0)
+    return n > 0 and errors >= n
+
+
+def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
+    """Run the pipeline into ``run_id`` and set its final status; re-raises after marking it.
+
+    FINISHED only when some query succeeded: a run with an error on every item is FAILED (tag
+    ``failure_reason``) so that a re-run retries it.
+    """
+    from rag_experiments.tracking import writer as tracking
+
+    try:
+        res = _pipeline(job)
+        _log(client, run_id, job, res)
+        if every_item_failed(res.aggregates):
+            why = (
+                f"every one of the {int(res.aggregates['n_queries'])} queries errored (see per_query 'error')"
+            )
+            client.set_tag(run_id, "failure_reason", why)
+            client.set_terminated(run_id, "FAILED")
+            print(f"[failed] {job.run_name}: {why}; marked FAILED so a re-run retries it", file=sys.stderr)
+        else:
+            client.set_terminated(run_id, "FINISHED")
+        return res
     except BaseException as e:
         status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
         client.set_tag(run_id, "error", f"{type(e).__name__}: {e}"[:5000])
         client.set_terminated(run_id, status)
-        if sweep:  # the multirun stops here too: its parent must not stay RUNNING
-            client.set_terminated(tags["mlflow.parentRunId"], status)
+        if parent_id:  # the multirun stops here too: its parent must not stay RUNNING
+            interrupted = (str(e) or "KeyboardInterrupt") if status == "KILLED" else ""
+            tracking.close_parent(client, exp_id, parent_id, complete=False, interrupted=interrupted)
         if status == "FAILED":
             traceback.print_exc()
         raise
+
+
+def start_run(client, exp_id: str, job: Job) -> tuple[str, str | None]:
+    """(child run id, parent run id or None): the run is created only now, inputs all valid."""
+    from rag_experiments.tracking import writer as tracking
+
+    tags = run_tags(job)
+    parent_id = None
+    if job.sweep:
+        parent_id, sweep_id = tracking.get_or_create_parent(client, exp_id, job.sweep, bool(job.cfg.force))
+        tags.update({"mlflow.parentRunId": parent_id, "sweep_id": sweep_id})
+    return tracking.start_child(client, exp_id, job.run_name, tags, run_params(job)), parent_id
+
+
+def run_job(cfg: DictConfig) -> float:
+    """One resolved config → one MLflow run. Returns the context hit rate (Hydra's objective).
+
+    The skip check and the run hold a lock on the config_hash, so identical sweeps started
+    together run each config once; RUNNING runs of that config left by a dead process are
+    marked KILLED first.
+    """
+    import mlflow
+
+    from rag_experiments.cache import StageCache
+    from rag_experiments.tracking import writer as tracking
+
+    t_start = time.perf_counter()
+    cache = StageCache(cfg.cache_dir, enabled=cfg.get("cache_enabled", True))
+    job = describe_job(cfg, load_inputs(cfg, cache), cache, t_start)
+    uri = tracking.resolve_uri(cfg.tracking.uri)
+    client = tracking.open_store(uri)
+    mlflow.set_tracking_uri(uri)
+    exp_id = tracking.get_experiment_id(client, cfg.experiment_name, cfg.tracking.artifact_root)
+    with tracking.config_lock(uri, exp_id, job.chash):
+        for rid in tracking.heal_stale_runs(client, exp_id, job.chash):
+            print(f"[healed] run {rid} of config_hash {job.chash} was left RUNNING by a dead process: KILLED")
+        run_name, chash, k = job.run_name, job.chash, job.k
+        fingerprint = code_fingerprint()
+        done, why = (None, "") if cfg.force else tracking.resume_decision(client, exp_id, chash, fingerprint)
+        if done is not None:
+            print(f"[skip] {run_name}: {why}")
+            return float(done.data.metrics.get(f"hit_at_{k}", float("nan")))
+        if why:
+            print(f"[rerun] {run_name}: {why}")
+        run_id, parent_id = start_run(client, exp_id, job)
+        res = execute(client, exp_id, run_id, job, parent_id)
     print(f"\n== {run_name}  (run {run_id}, {res.n_chunks} chunks, {time.perf_counter() - t_start:.1f}s)")
-    print(summary_table(res.aggregates, k, ks))
+    print(summary_table(res.aggregates, k, job.ks))
     print(f"model calls {res.calls or '{}'}; cache {dict(sorted(cache.stats.items()))}")
-    if not sweep:
+    if not job.sweep:
         print(f"\nOpen the MLflow UI:\n  {tracking.ui_command(uri, cfg.tracking.artifact_root)}")
+    if every_item_failed(res.aggregates) and not job.sweep:
+        sys.exit(1)
     return float(res.aggregates.get(f"hit_at_{k}", float("nan")))
-
-
-class MultirunParent(Callback):
-    """Gives the jobs of one multirun a shared parent run and closes it when the sweep ends."""
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from rag_experiments.cache import stable_hash
-
-        overrides = list(config.hydra.overrides.task)
-        params = config.hydra.sweeper.get("params") or {}
-        params = OmegaConf.to_container(params) if OmegaConf.is_config(params) else dict(params)
-        sweep = {
-            "sweep_hash": stable_hash("sweep", config.experiment_name, sorted(overrides), params)[:16],
-            "invocation": uuid.uuid4().hex,
-            "overrides": overrides,
-            "command": "python -m rag_experiments.sweep " + " ".join(sys.argv[1:]),
-        }
-        os.environ["RAG_EXPERIMENTS_SWEEP"] = json.dumps(sweep)
-        # Create the store and experiment here, once: parallel workers (joblib) that each
-        # initialise a fresh sqlite schema race on its migrations.
-        from mlflow.tracking import MlflowClient
-
-        from rag_experiments.tracking import writer as tracking
-
-        client = MlflowClient(tracking_uri=tracking.resolve_uri(config.tracking.uri))
-        tracking.get_experiment_id(client, config.experiment_name, config.tracking.artifact_root)
-
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from mlflow.tracking import MlflowClient
-
-        from rag_experiments.tracking import writer as tracking
-
-        sweep = tracking.sweep_context()
-        if not sweep:
-            return
-        uri = tracking.resolve_uri(config.tracking.uri)
-        client = MlflowClient(tracking_uri=uri)
-        exp = client.get_experiment_by_name(config.experiment_name)
-        parents = (
-            []
-            if exp is None
-            else client.search_runs(
-                [exp.experiment_id],
-                filter_string=f"tags.sweep_invocation = '{sweep['invocation']}'",
-                max_results=1,
-            )
-        )
-        if parents:
-            parent = parents[0]
-            if parent.info.status == "RUNNING":
-                client.set_terminated(parent.info.run_id, "FINISHED")
-            children = client.search_runs(
-                [exp.experiment_id],
-                filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
-                max_results=1000,
-            )
-            print(
-                f"\nsweep {parent.data.tags.get('sweep_id')}: parent run {parent.info.run_id}, "
-                f"{len(children)} child runs"
-            )
-            keys = ["hit_at_5", "mrr", "ndcg_at_10", "faithfulness", "correctness", "rate_ok"]
-            keys = [k for k in keys if any(k in c.data.metrics for c in children)]
-            print(f"  {'run':<55} " + " ".join(f"{k:>12}" for k in keys))
-            for c in sorted(children, key=lambda c: c.info.run_name or ""):
-                vals = " ".join(f"{c.data.metrics.get(k, float('nan')):>12.3f}" for k in keys)
-                print(f"  {(c.info.run_name or '')[:55]:<55} {vals}  {c.info.status}")
-        print(f"\nOpen the MLflow UI:\n  {tracking.ui_command(uri, config.tracking.artifact_root)}")
-        os.environ.pop("RAG_EXPERIMENTS_SWEEP", None)
 
 
 def _terminate(signum, frame):  # SIGTERM (timeout, CI cancel) → KILLED run, never left RUNNING
@@ -352,11 +431,49 @@ def _terminate(signum, frame):  # SIGTERM (timeout, CI cancel) → KILLED run, n
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float:
-    signal.signal(signal.SIGTERM, _terminate)
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):  # a multirun installed its own
+        signal.signal(signal.SIGTERM, _terminate)
     for noisy in ("mlflow", "httpx", "httpx2", "openai"):  # one line per HTTP call drowns the summary
         logging.getLogger(noisy).setLevel(logging.WARNING)
     return run_job(cfg)
 
 
+def __getattr__(name: str):
+    # conf/config.yaml names the callback rag_experiments.sweep.MultirunParent; imported lazily
+    # because rag_experiments.multirun imports this module.
+    if name == "MultirunParent":
+        from rag_experiments.multirun import MultirunParent
+
+        return MultirunParent
+    raise AttributeError(name)
+
+
+def unknown_group_options(argv: list[str]) -> list[str]:
+    """``chunking=foo`` on the command line when ``conf/chunking/foo.yaml`` does not exist.
+
+    Checked before Hydra composes (whose own error exits 1 with a traceback hint); skipped when
+    the user adds a config dir (``-cd``/``--config-dir``), where their own options live.
+    """
+    from rag_experiments.evalset import conf_dir
+
+    if any(a in ("-cd", "--config-dir") or a.startswith("--config-dir=") for a in argv):
+        return []
+    problems = []
+    for arg in argv:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        if arg.startswith("-") or not sep or "/" in key or not (conf_dir() / key).is_dir():
+            continue
+        if any(c in value for c in "()[]{}$"):  # sweep functions and interpolations: Hydra's job
+            continue
+        options = sorted(p.stem for p in (conf_dir() / key).glob("*.yaml"))
+        for v in (x.strip() for x in value.split(",")):
+            if v and v != "null" and v not in options:
+                problems.append(f"conf/{key}: unknown option {v!r} (options: {', '.join(options)})")
+    return problems
+
+
 if __name__ == "__main__":
+    if bad := unknown_group_options(sys.argv[1:]):
+        print_problems(bad)
+        sys.exit(2)
     main()

@@ -14,6 +14,7 @@ key.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.util
 import json
 import logging
@@ -119,9 +120,10 @@ class OpenAICompatibleGenerator:
         self.max_retries = max(0, int(max_retries))
         self.backoff_s = float(backoff_s)
         self.extra_body = dict(extra_body or {})
+        self._aborted = threading.Event()
         self._client = OpenAI(
             base_url=self.base_url,
-            api_key=os.environ.get(api_key_env) or "sk-no-key",
+            api_key=(os.environ.get(api_key_env) if api_key_env else None) or "sk-no-key",
             max_retries=0,
             timeout=self.timeout_s,
         )
@@ -186,7 +188,9 @@ class OpenAICompatibleGenerator:
         for attempt in range(self.max_retries + 1):
             if attempt:
                 delay = self.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random())
-                time.sleep(delay)
+                self._aborted.wait(delay)
+            if self._aborted.is_set():
+                return Completion("", "aborted (interrupted)", time.perf_counter() - t0, attempt)
             try:
                 resp = self._client.chat.completions.create(**kwargs)
                 text, usage, first_lp = self._parse(resp, allow_empty)
@@ -214,9 +218,26 @@ class OpenAICompatibleGenerator:
     # -- internals --------------------------------------------------------------------------------
     def _map(self, fn, items: list) -> list:
         if len(items) <= 1 or self.concurrency == 1:
-            return [fn(x) for x in items]
-        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(items))) as pool:
+            try:
+                return [fn(x) for x in items]
+            except BaseException:
+                self.abort()
+                raise
+        pool = ThreadPoolExecutor(max_workers=min(self.concurrency, len(items)))
+        try:
             return list(pool.map(fn, items))
+        except BaseException:  # SIGTERM/Ctrl-C: do not wait for in-flight requests to time out
+            self.abort()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        finally:
+            pool.shutdown(wait=False)
+
+    def abort(self) -> None:
+        """Stop now: no new attempts, and closing the HTTP client fails the in-flight requests."""
+        self._aborted.set()
+        with contextlib.suppress(Exception):
+            self._client.close()
 
     @staticmethod
     def _parse(resp: Any, allow_empty: bool) -> tuple[str, dict, list[tuple[str, float]] | None]:

@@ -1,4 +1,4 @@
-"""Reading runs back from MLflow for the compare / gate / attribution CLIs (DESIGN §5, §8).
+"""Reading runs back from MLflow for the compare / gate / attribution CLIs.
 
 The client is always passed in; nothing here sets global MLflow state.
 """
@@ -115,8 +115,7 @@ def group_choices(run: Run) -> dict[str, str]:
     return {k: params[k] for k in sorted(group_choice_keys(params))}
 
 
-def sweep_children(client: MlflowClient, sweep_id: str, experiment: str | None = None) -> list[Run]:
-    """Child runs of the sweep (tag ``sweep_id``, with a parent), oldest first."""
+def _all_sweep_runs(client: MlflowClient, sweep_id: str, experiment: str | None) -> list[Run]:
     quoted = sweep_id.replace("'", "\\'")
     exp_ids = _experiment_ids(client, experiment)
     runs: list[Run] = []
@@ -134,6 +133,20 @@ def sweep_children(client: MlflowClient, sweep_id: str, experiment: str | None =
         if not token:
             break
     return [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+
+
+def sweep_children(client: MlflowClient, sweep_id: str, experiment: str | None = None) -> list[Run]:
+    """The sweep's configs: per ``config_hash``, the latest FINISHED child run, oldest first.
+
+    A child that died (KILLED, FAILED, left RUNNING by kill -9) or was superseded by a re-run of
+    the same config is left out, so an interrupted sweep finished by a re-run reports cleanly.
+    Children without a ``config_hash`` tag are each their own config.
+    """
+    latest: dict[str, Run] = {}
+    for r in _all_sweep_runs(client, sweep_id, experiment):  # oldest first: later ones win
+        if r.info.status == "FINISHED":
+            latest[r.data.tags.get("config_hash") or r.info.run_id] = r
+    return sorted(latest.values(), key=lambda r: r.info.start_time or 0)
 
 
 def run_label(run: Run) -> str:

@@ -1,4 +1,4 @@
-"""Everything MLflow (DESIGN §5): experiment, parent/child runs, params, metrics, artifacts, resume.
+"""Everything MLflow: experiment, parent/child runs, params, metrics, artifacts, resume.
 
 The layout is a contract that ``compare``, ``gate``, ``report`` and users' dashboards rely on:
 one parent run per multirun (tag ``sweep_id``), one child per resolved config, params = the
@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
+import socket
 import subprocess
 import tempfile
 import time
@@ -26,7 +27,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 DEFAULT_URI = "sqlite:///mlflow.db"
-SWEEP_ENV = "RAG_EXPERIMENTS_SWEEP"
+SWEEP_FILE = ".sweep.json"  # the multirun context, in hydra.sweep.dir (read by every job)
 
 
 def resolve_uri(cfg_uri: str | None) -> str:
@@ -34,7 +35,28 @@ def resolve_uri(cfg_uri: str | None) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or cfg_uri or DEFAULT_URI
 
 
+def store_lock(uri: str) -> contextlib.AbstractContextManager:
+    """Serialises the first touch of a store: two processes creating one fresh sqlite schema race
+    on its migrations ("table already exists")."""
+    from rag_experiments.cache import stable_hash
+
+    return file_lock(
+        Path(tempfile.gettempdir()) / "rag_experiments_locks" / f"store-{stable_hash(uri)[:16]}.lock"
+    )
+
+
+def open_store(uri: str) -> MlflowClient:
+    """A client on ``uri``; constructing one creates a fresh store, so it happens under a lock."""
+    with store_lock(uri):
+        return MlflowClient(tracking_uri=uri)
+
+
 def get_experiment_id(client: MlflowClient, name: str, artifact_root: str) -> str:
+    with store_lock(client.tracking_uri):
+        return _get_experiment_id(client, name, artifact_root)
+
+
+def _get_experiment_id(client: MlflowClient, name: str, artifact_root: str) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
@@ -156,14 +178,27 @@ def package_versions() -> dict[str, str]:
 # ------------------------------------------------------------------------------ parent runs
 
 
-def sweep_context() -> dict | None:
-    """Set by the multirun callback; None for a single (non-multirun) job."""
-    raw = os.environ.get(SWEEP_ENV)
-    return json.loads(raw) if raw else None
+def write_sweep_context(sweep_dir: str | Path, sweep: dict) -> Path:
+    """Written once by the multirun callback; every job (in-process, joblib or Ray) reads it."""
+    path = Path(sweep_dir) / SWEEP_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{SWEEP_FILE}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(sweep, indent=2), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def read_sweep_context(sweep_dir: str | Path | None) -> dict | None:
+    """The context of the multirun whose sweep dir is ``sweep_dir``; None for a single job."""
+    if sweep_dir is None:
+        return None
+    path = Path(sweep_dir) / SWEEP_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path):
+def file_lock(path: Path):
+    """An exclusive ``flock`` on ``path``: released by the kernel when the process dies (kill -9)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -183,7 +218,7 @@ def get_or_create_parent(
     ``force``; a file lock keeps parallel workers from creating two parents.
     """
     lock = Path(tempfile.gettempdir()) / "rag_experiments_locks" / f"{sweep['invocation']}.lock"
-    with _file_lock(lock):
+    with file_lock(lock):
         filters = [f"tags.sweep_invocation = '{sweep['invocation']}'"]
         if not force:
             filters.append(f"tags.sweep_hash = '{sweep['sweep_hash']}'")
@@ -195,6 +230,8 @@ def get_or_create_parent(
                 r = runs[0]
                 if r.data.tags.get("sweep_invocation") != sweep["invocation"]:
                     client.set_tag(r.info.run_id, "sweep_invocation", sweep["invocation"])
+                if r.info.status != "RUNNING":  # a re-run resumes a KILLED/FAILED sweep
+                    client.update_run(r.info.run_id, status="RUNNING")
                 return r.info.run_id, r.data.tags["sweep_id"]
         sweep_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         run = client.create_run(
@@ -213,7 +250,104 @@ def get_or_create_parent(
         return run.info.run_id, sweep_id
 
 
+def sweep_status(client: MlflowClient, experiment_id: str, parent_id: str) -> tuple[str, int, int]:
+    """(status, configs finished, configs) of a sweep from its children's final states.
+
+    A config is one ``config_hash``; it counts as finished when any of its runs FINISHED, so
+    a child killed and then re-run does not hold the sweep back. FINISHED when every config
+    finished, else FAILED.
+    """
+    children = client.search_runs(
+        [experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'", max_results=5000
+    )
+    by_config: dict[str, bool] = {}
+    for c in children:
+        key = c.data.tags.get("config_hash", c.info.run_id)
+        by_config[key] = by_config.get(key, False) or c.info.status == "FINISHED"
+    done = sum(by_config.values())
+    return ("FINISHED" if done == len(by_config) else "FAILED"), done, len(by_config)
+
+
+def close_parent(
+    client: MlflowClient, experiment_id: str, parent_id: str, complete: bool = True, interrupted: str = ""
+) -> str:
+    """Set a sweep parent's final status and tag ``configs_finished`` = ``done/total``.
+
+    ``complete`` (every job of the multirun ran): FINISHED when every config FINISHED, else
+    FAILED. An incomplete sweep is KILLED when ``interrupted`` names the signal, else FAILED;
+    a re-run that finishes the remaining configs turns it FINISHED.
+    """
+    status, done, total = sweep_status(client, experiment_id, parent_id)
+    if not complete:
+        status = "KILLED" if interrupted else "FAILED"
+    client.set_tag(parent_id, "configs_finished", f"{done}/{total}")
+    if interrupted:
+        client.set_tag(parent_id, "killed_by", interrupted[:200])
+    client.set_terminated(parent_id, status)
+    return status
+
+
+def find_parent(client: MlflowClient, experiment_name: str, invocation: str):
+    exp = client.get_experiment_by_name(experiment_name)
+    if exp is None:
+        return None, None
+    runs = client.search_runs(
+        [exp.experiment_id], filter_string=f"tags.sweep_invocation = '{invocation}'", max_results=1
+    )
+    return exp.experiment_id, (runs[0] if runs else None)
+
+
 # ------------------------------------------------------------------------------ child runs
+
+
+def runner_id() -> str:
+    """``host:pid`` of this process: tagged on each child so a later run can tell a dead one."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _runner_alive(runner: str | None) -> bool:
+    if not runner or ":" not in runner:
+        return False
+    host, pid = runner.rsplit(":", 1)
+    if host != socket.gethostname():
+        return True  # another machine: we cannot tell, so never touch it
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, ValueError):
+        return False
+    except PermissionError:
+        return True
+    return int(pid) != os.getpid()  # our own pid: a leftover of an earlier job in this process
+
+
+def config_lock(uri: str, experiment_id: str, chash: str) -> contextlib.AbstractContextManager:
+    """One lock per (store, experiment, config_hash): the skip check and the run are atomic, so
+    two identical sweeps started together run each config once (the second one skips it)."""
+    from rag_experiments.cache import stable_hash
+
+    key = stable_hash("config-lock", uri, experiment_id, chash)[:24]
+    return file_lock(Path(tempfile.gettempdir()) / "rag_experiments_locks" / f"{key}.lock")
+
+
+def heal_stale_runs(client: MlflowClient, experiment_id: str, chash: str) -> list[str]:
+    """Mark RUNNING runs of ``chash`` whose process is gone as KILLED (tag ``healed``).
+
+    Called under ``config_lock``, so no live process on this host is running that config; a
+    run whose ``runner`` is on another host is left alone.
+    """
+    runs = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.config_hash = '{chash}' and attributes.status = 'RUNNING'",
+        max_results=100,
+    )
+    healed = []
+    for r in runs:
+        if _runner_alive(r.data.tags.get("runner")):
+            continue
+        client.set_tag(r.info.run_id, "healed", "its process died while RUNNING; marked KILLED by a re-run")
+        client.set_terminated(r.info.run_id, "KILLED")
+        healed.append(r.info.run_id)
+    return healed
 
 
 def _batched(seq: list, n: int):
@@ -227,8 +361,12 @@ def start_child(
     run = client.create_run(experiment_id, run_name=run_name, tags=tags)
     rid = run.info.run_id
     items = [Param(k[:250], v[:6000]) for k, v in sorted(params.items())]
-    for batch in _batched(items, 100):
-        client.log_batch(rid, params=batch)
+    try:
+        for batch in _batched(items, 100):
+            client.log_batch(rid, params=batch)
+    except BaseException as e:  # a signal between create and the caller's try: never left RUNNING
+        client.set_terminated(rid, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+        raise
     return rid
 
 
