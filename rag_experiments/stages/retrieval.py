@@ -112,7 +112,7 @@ class DenseRetriever:
         k: int = 5,
         batch_size: int = 256,
         index: str = "exact",
-        exact_below: int = 200_000,
+        exact_below: int = 1_000_000,
         vector_dtype: str = "float32",
         embed_batch: int = 4096,
         hnsw_m: int = 32,
