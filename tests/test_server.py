@@ -99,12 +99,15 @@ def swept(mlflow_server, tmp_path_factory):
     return {"uri": uri, "left": left, "stdout": p.stdout}
 
 
-def test_tracking_uri_rule(monkeypatch):
+def test_tracking_uri_rule(monkeypatch, capsys):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     assert tracking_uri() == DEFAULT_TRACKING_URI == "sqlite:///mlflow.db"
     assert tracking_uri("http://cfg:5000") == "http://cfg:5000"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://env:5000")
     assert tracking_uri("http://cfg:5000") == "http://env:5000"
+    assert (
+        "MLFLOW_TRACKING_URI=http://env:5000 is used; it overrides http://cfg:5000" in capsys.readouterr().err
+    )
     assert tracking_uri() == "http://env:5000"
     assert is_server("https://x") and not is_server("sqlite:///x.db")
     assert artifact_location("http://x:5000", "mlruns") is None

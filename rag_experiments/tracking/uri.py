@@ -8,16 +8,26 @@ whole team's sweeps and CI checks at the shared server, whatever the configs say
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 ENV = "MLFLOW_TRACKING_URI"
 _SERVER_SCHEMES = ("http://", "https://")
+_noted: set[tuple[str, str]] = set()
 
 
 def tracking_uri(explicit: str | None = None) -> str:
-    """``$MLFLOW_TRACKING_URI``, else ``explicit`` (flag or config), else ``sqlite:///mlflow.db``."""
-    return os.environ.get(ENV) or explicit or DEFAULT_TRACKING_URI
+    """``$MLFLOW_TRACKING_URI``, else ``explicit`` (flag or config), else ``sqlite:///mlflow.db``.
+
+    An explicit value that the environment overrides is named on stderr (once per process):
+    the override is deliberate, but never silent.
+    """
+    env = os.environ.get(ENV)
+    if env and explicit and explicit != env and (explicit, env) not in _noted:
+        _noted.add((explicit, env))
+        print(f"note: {ENV}={env} is used; it overrides {explicit}", file=sys.stderr)
+    return env or explicit or DEFAULT_TRACKING_URI
 
 
 def is_server(uri: str) -> bool:
