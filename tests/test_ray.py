@@ -9,6 +9,7 @@ group is stopped afterwards (``ray stop`` would end every Ray on the machine).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -82,10 +83,12 @@ def ray_cluster():
         worker = _start_node([f"--address=127.0.0.1:{port}", *common], tmp / "worker.log")
     except AssertionError:
         _stop(head)
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
     yield f"127.0.0.1:{port}"
     _stop(worker)
     _stop(head)
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _sweep_runs(root: Path):
