@@ -197,6 +197,9 @@ def run_pipeline(
     idx, scores, ranking_key = retrieval_stage(retriever, chunks, chunks_key, queries, depth, cache)
     calls["retrieval"] += cache.stats["rankings.miss"] - before
     timings["retrieval_s"] = time.perf_counter() - t
+    # retriever-specific run metrics, e.g. ANN recall against exact search (docs/scale.md)
+    run_metrics = getattr(retriever, "run_metrics", None)
+    retriever_metrics = run_metrics(chunks, chunks_key, queries, all_ks, cache) if run_metrics else {}
     ranked = [[chunks[i] for i in row if i >= 0] for row in idx]
     gold = [it.gold_spans for it in items]
     per_q = M.retrieval_metrics(ranked, gold, chunks, all_ks, min_coverage, rank_depth=rank_depth)
@@ -312,6 +315,7 @@ def run_pipeline(
     if generator is None:  # without an answer only the retrieval verdict is meaningful
         df = df.drop(columns=[f"rate_{lab}" for lab in RATE_LABELS if lab != "retrieval_failure"])
     aggregates = aggregate(df, n_resamples=n_resamples, seed=seed)
+    aggregates.update(retriever_metrics)
     return PipelineResult(
         per_query=df,
         aggregates=aggregates,

@@ -8,5 +8,10 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
     || echo "warning: could not install chromium; the report rendering test will fail" >&2
 fi
+# PostgreSQL backs the tracking-server tests (scripts/mlflow_server.sh); Debian package.
+if [ ! -x /usr/lib/postgresql/15/bin/initdb ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null) \
+    || echo "warning: could not install postgresql; tests/test_server.py will fail" >&2
+fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 exec .venv/bin/python -m pytest "$@"

@@ -127,7 +127,7 @@ def test_tracking_uri_precedence(monkeypatch):
     assert tracking_uri() == "sqlite:///mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///env.db")
     assert tracking_uri() == "sqlite:///env.db"
-    assert tracking_uri("sqlite:///cli.db") == "sqlite:///cli.db"
+    assert tracking_uri("sqlite:///cli.db") == "sqlite:///env.db"  # one rule: tracking/uri.py
 
 
 def test_resolve_run_by_id_name_and_ambiguity(store):

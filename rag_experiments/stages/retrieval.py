@@ -1,4 +1,4 @@
-"""Retrievers: exact dense cosine, BM25 (bm25s) and reciprocal-rank fusion of the two.
+"""Retrievers: dense cosine (exact or FAISS ANN), BM25 (bm25s) and reciprocal-rank fusion of the two.
 
 ``index(chunks)`` then ``search(queries, k)``; results are ``(indices, scores)`` arrays of shape
 (n_queries, k) into the indexed chunk list, best first (index -1 pads when fewer than k chunks
@@ -46,31 +46,199 @@ def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return idx, sc
 
 
-class DenseRetriever:
-    """Exact cosine search: one batched matrix product of normalised vectors, then top_k."""
+def merge_top_k(idx: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row-wise best k of candidate (index, score) pairs: score descending, then index ascending.
 
-    def __init__(self, embedder, k: int = 5, batch_size: int = 256) -> None:
+    The order ``top_k`` gives over a whole matrix, so merging per-block top-k lists reproduces it.
+    Padding (index -1, score -inf) sorts last.
+    """
+    tie = np.where(idx < 0, np.iinfo(np.int64).max, idx)
+    order = np.lexsort((tie, -scores), axis=1)[:, :k]
+    return np.take_along_axis(idx, order, axis=1), np.take_along_axis(scores, order, axis=1)
+
+
+def exact_search(
+    q: np.ndarray, matrix: np.ndarray, k: int, q_batch: int = 256, block_rows: int = 65536
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k by inner product score(q, i) = q · m_i (cosine for normalised rows).
+
+    ``matrix`` may be a float16/float32 memmap: it is read ``block_rows`` rows at a time (each
+    block once), so memory is one block plus a (queries × k) running best list, never n × d.
+    Equal to ``top_k(q @ matrix.T, k)``, ties broken by chunk index.
+    """
+    n_q, n = len(q), matrix.shape[0]
+    best_i = np.full((n_q, k), -1, dtype=np.int64)
+    best_s = np.full((n_q, k), -np.inf, dtype=np.float32)
+    for b in range(0, n, block_rows):
+        block = np.asarray(matrix[b : b + block_rows], dtype=np.float32)
+        for a in range(0, n_q, q_batch):
+            idx, sc = top_k(q[a : a + q_batch] @ block.T, k)
+            idx = np.where(idx >= 0, idx + b, -1)
+            best_i[a : a + q_batch], best_s[a : a + q_batch] = merge_top_k(
+                np.hstack([best_i[a : a + q_batch], idx]), np.hstack([best_s[a : a + q_batch], sc]), k
+            )
+    return best_i, best_s
+
+
+def ann_recall(ann_idx: np.ndarray, exact_idx: np.ndarray, k: int) -> np.ndarray:
+    """Per query: recall@k = |ANN top-k ∩ exact top-k| / |exact top-k| (padding -1 excluded).
+
+    The usual ANN-benchmark definition; 1.0 means the index lost nothing at depth k. A query
+    with no exact result (empty corpus) gets NaN, never a silent 1.
+    """
+    out = np.full(len(exact_idx), np.nan)
+    for r, (a, e) in enumerate(zip(ann_idx[:, :k], exact_idx[:, :k], strict=True)):
+        truth = set(e[e >= 0].tolist())
+        if truth:
+            out[r] = len(truth & set(a[a >= 0].tolist())) / len(truth)
+    return out
+
+
+INDEX_KINDS = ("exact", "faiss_hnsw", "faiss_ivf", "auto")
+
+
+class DenseRetriever:
+    """Dense cosine search: exact (blocked matrix product + top_k) or a FAISS ANN index.
+
+    ``index``: exact | faiss_hnsw | faiss_ivf | auto (exact below ``exact_below`` chunks, else
+    faiss_hnsw). With an enabled stage cache, passage vectors stream in ``embed_batch`` batches
+    into a memory-mapped ``vector_dtype`` file and the ANN index is cached too (``docs/scale.md``).
+    ANN runs report ``ann_recall_at_{k}`` against exact search via ``run_metrics``.
+    """
+
+    def __init__(
+        self,
+        embedder,
+        k: int = 5,
+        batch_size: int = 256,
+        index: str = "exact",
+        exact_below: int = 1_000_000,
+        vector_dtype: str = "float32",
+        embed_batch: int = 4096,
+        hnsw_m: int = 32,
+        ef_construction: int = 80,
+        ef_search: int = 64,
+        ivf_nlist: int = 0,
+        ivf_nprobe: int = 16,
+        ann_check_queries: int = 200,
+        block_rows: int = 65536,
+    ) -> None:
+        from rag_experiments.stages.vector_store import DTYPES
+
+        if index not in INDEX_KINDS:
+            raise ValueError(f"retriever.index={index!r}: expected one of {', '.join(INDEX_KINDS)}")
+        if vector_dtype not in DTYPES:
+            raise ValueError(f"retriever.vector_dtype={vector_dtype!r}: expected one of {', '.join(DTYPES)}")
         self.embedder = embedder
         self.k = k
         self.batch_size = batch_size
-        self.identity = json.dumps({"retriever": "dense", "embedder": embedder.identity}, sort_keys=True)
+        self.index_kind, self.exact_below = index, exact_below
+        self.vector_dtype, self.embed_batch, self.block_rows = vector_dtype, embed_batch, block_rows
+        self.ann_params = {
+            "hnsw_m": hnsw_m,
+            "ef_construction": ef_construction,
+            "ef_search": ef_search,
+            "ivf_nlist": ivf_nlist,
+            "ivf_nprobe": ivf_nprobe,
+        }
+        self.ann_check_queries = ann_check_queries
+        ident: dict = {"retriever": "dense", "embedder": embedder.identity}
+        if vector_dtype != "float32":
+            ident["vector_dtype"] = vector_dtype
+        if index != "exact":  # exact keeps its identity: its rankings stay cached
+            ident.update(index=index, ann=self.ann_params)
+            if index == "auto":
+                ident["exact_below"] = exact_below
+        self.identity = json.dumps(ident, sort_keys=True)
         self._matrix: np.ndarray | None = None
+        self._ann = None
+        self._n = -1
+
+    def resolve_index(self, n_chunks: int) -> str:
+        if self.index_kind == "auto":
+            return "exact" if n_chunks < self.exact_below else "faiss_hnsw"
+        return self.index_kind
 
     def index(self, chunks: list[Chunk]) -> None:
-        self._matrix = self.embedder.encode([c.text for c in chunks], kind="passage")
+        from rag_experiments.cache import stable_hash
+        from rag_experiments.stages.vector_store import DTYPES, VectorStore, build_faiss, vectors_key
 
-    def scores(self, queries: list[str]) -> np.ndarray:
-        q = self.embedder.encode(queries, kind="query")
-        return q @ self._matrix.T
+        texts = [c.text for c in chunks]
+        self._n, self._ann = len(texts), None
+        cache = getattr(self.embedder, "cache", None)  # CachedEmbedder carries the stage cache
+        inner = getattr(self.embedder, "inner", self.embedder)  # passages go to the memmap store instead
+        store = VectorStore(cache.root) if cache is not None and cache.enabled and texts else None
+        vkey = vectors_key(self.embedder.identity, texts, self.vector_dtype)
+        if store is not None:
+            self._matrix, hit = store.vectors(
+                vkey, lambda b: inner.encode(b, kind="passage"), texts, self.vector_dtype, self.embed_batch
+            )
+            cache.stats[f"vectors_mm.{'hit' if hit else 'miss'}"] += 1
+        else:
+            self._matrix = self.embedder.encode(texts, kind="passage").astype(DTYPES[self.vector_dtype])
+        kind = self.resolve_index(len(texts))
+        if kind == "exact" or not texts:
+            return
+
+        def build():
+            return build_faiss(kind, self._matrix, self.ann_params, self.block_rows)
+
+        if store is None:
+            self._ann = build()
+        else:
+            self._ann, hit = store.index(stable_hash("ann_index", vkey, kind, self.ann_params), build)
+            cache.stats[f"ann_index.{'hit' if hit else 'miss'}"] += 1
+
+    def _ann_search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        import faiss
+
+        kk = min(k, self._n)
+        if isinstance(self._ann, faiss.IndexHNSW):
+            self._ann.hnsw.efSearch = max(int(self.ann_params["ef_search"]), kk)
+        else:
+            faiss.extract_index_ivf(self._ann).nprobe = int(self.ann_params["ivf_nprobe"])
+        sc, idx = self._ann.search(np.ascontiguousarray(q, dtype=np.float32), kk)
+        sc = np.where(idx >= 0, sc, -np.inf).astype(np.float32)
+        if kk < k:
+            idx = np.pad(idx, ((0, 0), (0, k - kk)), constant_values=-1)
+            sc = np.pad(sc, ((0, 0), (0, k - kk)), constant_values=-np.inf)
+        return idx.astype(np.int64), sc
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        out_i, out_s = [], []
         q = self.embedder.encode(queries, kind="query")
-        for i in range(0, len(queries), self.batch_size):  # bounded memory on big eval sets
-            idx, sc = top_k(q[i : i + self.batch_size] @ self._matrix.T, k)
-            out_i.append(idx)
-            out_s.append(sc)
-        return np.vstack(out_i), np.vstack(out_s)
+        if self._ann is not None:
+            return self._ann_search(q, k)
+        if self._n == 0:
+            return top_k(np.zeros((len(queries), 0), dtype=np.float32), k)
+        return exact_search(q, self._matrix, k, self.batch_size, self.block_rows)
+
+    def run_metrics(self, chunks: list[Chunk], chunks_key: str, queries: list[str], ks: list[int], cache):
+        """``ann_recall_at_{k}`` of the ANN index against exact search, on at most
+        ``ann_check_queries`` queries (a fixed sample), plus ``ann_check_queries``; ``{}`` when
+        the search is exact. Cached by (identity, chunks, sample, ks) in the stage cache.
+        """
+        from rag_experiments.cache import stable_hash
+
+        if self.resolve_index(len(chunks)) == "exact" or not queries or not chunks:
+            return {}
+        sample = list(queries)
+        if len(sample) > self.ann_check_queries:
+            pick = np.random.default_rng(0).choice(len(sample), self.ann_check_queries, replace=False)
+            sample = [sample[i] for i in sorted(pick)]
+        key = stable_hash("ann_recall", self.identity, chunks_key, sample, sorted(ks))
+        found = cache.get_json_many("ann_recall", [key])
+        if key in found:
+            return found[key]
+        if self._ann is None or self._n != len(chunks):
+            self.index(chunks)
+        q = self.embedder.encode(sample, kind="query")
+        depth = max(ks)
+        ann, _ = self._ann_search(q, depth)
+        exact, _ = exact_search(q, self._matrix, depth, self.batch_size, self.block_rows)
+        out = {f"ann_recall_at_{k}": float(np.nanmean(ann_recall(ann, exact, k))) for k in sorted(ks)}
+        out["ann_check_queries"] = float(len(sample))
+        cache.put_json_many("ann_recall", {key: out})
+        return out
 
 
 class BM25Retriever:

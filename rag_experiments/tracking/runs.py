@@ -17,19 +17,14 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from rag_experiments.analysis.attribution import RunData, group_choice_keys
+from rag_experiments.tracking.uri import DEFAULT_TRACKING_URI, tracking_uri  # noqa: F401  (the CLIs import it here)
 
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 PER_QUERY_ARTIFACT = "per_query.parquet"
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
 class RunInputError(Exception):
     """Bad input from the user (unknown run, ambiguous name, missing table …): CLIs exit 2."""
-
-
-def tracking_uri(cli_value: str | None = None) -> str:
-    """``--tracking-uri`` if given, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``."""
-    return cli_value or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
 
 
 def _experiment_ids(client: MlflowClient, experiment: str | None) -> list[str]:

@@ -26,13 +26,10 @@ import pandas as pd
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-DEFAULT_URI = "sqlite:///mlflow.db"
+from rag_experiments.tracking.uri import artifact_location, is_server  # noqa: F401
+from rag_experiments.tracking.uri import tracking_uri as resolve_uri  # noqa: F401  (sweep.py's name)
+
 SWEEP_FILE = ".sweep.json"  # the multirun context, in hydra.sweep.dir (read by every job)
-
-
-def resolve_uri(cfg_uri: str | None) -> str:
-    """``MLFLOW_TRACKING_URI`` wins over the config (DESIGN §8)."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or cfg_uri or DEFAULT_URI
 
 
 def store_lock(uri: str) -> contextlib.AbstractContextManager:
@@ -51,17 +48,18 @@ def open_store(uri: str) -> MlflowClient:
         return MlflowClient(tracking_uri=uri)
 
 
-def get_experiment_id(client: MlflowClient, name: str, artifact_root: str) -> str:
+def get_experiment_id(client: MlflowClient, name: str, artifact_root: str | None) -> str:
     with store_lock(client.tracking_uri):
         return _get_experiment_id(client, name, artifact_root)
 
 
-def _get_experiment_id(client: MlflowClient, name: str, artifact_root: str) -> str:
+def _get_experiment_id(client: MlflowClient, name: str, artifact_root: str | None) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
     try:
-        return client.create_experiment(name, artifact_location=Path(artifact_root).resolve().as_uri())
+        location = artifact_location(client.tracking_uri, artifact_root)
+        return client.create_experiment(name, artifact_location=location)
     except Exception:  # another worker created it between our lookup and create
         exp = client.get_experiment_by_name(name)
         if exp is None:
@@ -424,8 +422,10 @@ def log_results(
     # start_run/end_run above would mark FINISHED; the caller sets the final status explicitly.
 
 
-def ui_command(uri: str, artifact_root: str) -> str:
-    root = Path(artifact_root).resolve()
+def ui_command(uri: str, artifact_root: str | None) -> str:
+    if is_server(uri):
+        return f"open {uri}"
+    root = Path(artifact_root or "mlartifacts").resolve()
     return (
         f"MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow server --backend-store-uri {uri} "
         f"--default-artifact-root {root} --workers 1 --port 5000   # then open http://127.0.0.1:5000"

@@ -1,0 +1,219 @@
+"""Benchmark dense retrieval at 10k / 100k chunks; prints measured figures, asserts nothing.
+
+Corpus: real text that ships with this environment, no download: every ``.py``/``.md``/``.rst``/
+``.txt`` file under the venv's site-packages (sorted paths), cut into ~400-character windows at
+whitespace, duplicates dropped. Queries: the first sentence-ish 120 characters of held-out windows.
+
+Figures
+  embedding   MiniLM through DenseRetriever.index (streamed into the memmap store) vs a bare
+              ``SentenceTransformer.encode`` on the same texts (ratio); the static (model2vec)
+              embedder's throughput on the largest size, streamed.
+  per size    (static vectors, a subprocess each, so peak RSS is per size)
+              exact: query latency p50/p95 (one query at a time) and a batched pass;
+              faiss_hnsw / faiss_ivf: build time, latency p50/p95, recall@10 against exact.
+
+    python scripts/bench_scale.py [--sizes 10000 100000] [--st-chunks 1000] [--queries 200]
+
+The machine this ran on is shared and contended: absolute times are inflated, ratios less so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import site
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def corpus_texts(n: int, width: int = 400) -> list[str]:
+    """The first ``n`` distinct ~``width``-char windows of the text files in site-packages."""
+    seen: set[str] = set()
+    out: list[str] = []
+    roots = [Path(p) for p in site.getsitepackages()]
+    for root in roots:
+        for path in sorted(root.rglob("*")):
+            if path.suffix not in {".py", ".md", ".rst", ".txt"} or not path.is_file():
+                continue
+            try:
+                text = re.sub(r"\s+", " ", path.read_text(encoding="utf-8", errors="ignore"))
+            except OSError:
+                continue
+            i = 0
+            while i < len(text) and len(out) < n:
+                j = text.rfind(" ", i, i + width)
+                j = i + width if j <= i else j
+                w = text[i:j].strip()
+                i = j + 1
+                if len(w) > 100 and w not in seen and sum(c.isalpha() for c in w) > 0.6 * len(w):
+                    seen.add(w)
+                    out.append(w)
+            if len(out) >= n:
+                return out
+    return out
+
+
+def rss_mib() -> float:
+    """Peak RSS of this process image (VmHWM; ru_maxrss would carry the parent's peak across exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs) * 1000, q))
+
+
+def bench_embedding(n_st: int, n_static: int, work: Path, static_cache: Path | None) -> dict:
+    from rag_experiments.cache import CachedEmbedder, StageCache
+    from rag_experiments.stages.embedding import SentenceTransformerEmbedder, StaticEmbedder
+    from rag_experiments.stages.retrieval import DenseRetriever
+    from rag_experiments.stages.vector_store import embed_to_memmap
+    from rag_experiments.types import Chunk
+
+    texts = corpus_texts(max(n_st, n_static) + 1000)
+    out: dict = {"corpus_windows": len(texts)}
+    st = SentenceTransformerEmbedder(show_progress=False)
+    st.encode(texts[:8])  # model load outside the timings
+    sample = texts[:n_st]
+    t = time.perf_counter()
+    st.model.encode(sample, batch_size=64, convert_to_numpy=True, normalize_embeddings=True)
+    bare = time.perf_counter() - t
+    chunks = [Chunk(f"c{i}", "d", 0, len(x), x, {}) for i, x in enumerate(sample)]
+    ret = DenseRetriever(CachedEmbedder(st, StageCache(work / "cache_st")), embed_batch=512)
+    t = time.perf_counter()
+    ret.index(chunks)
+    ours = time.perf_counter() - t
+    out["minilm"] = {
+        "n": n_st,
+        "bare_chunks_per_s": n_st / bare,
+        "ours_chunks_per_s": n_st / ours,
+        "ours_over_bare_time": ours / bare,
+    }
+    static = StaticEmbedder(cache_dir=str(static_cache or work / "cache_static"))
+    static.encode(texts[:8])  # distillation (once) and load outside the timings
+    t = time.perf_counter()
+    m = embed_to_memmap(lambda b: static.encode(b), texts[:n_static], work / "static.npy", "float32", 4096)
+    dt = time.perf_counter() - t
+    out["static"] = {"n": n_static, "chunks_per_s": n_static / dt, "dim": int(m.shape[1])}
+    q = np.asarray(static.encode([x[:120] for x in texts[n_static : n_static + 1000]], kind="query"))
+    np.save(work / "queries.npy", q)
+    out["embedding_peak_rss_mib"] = rss_mib()
+    return out
+
+
+def bench_size(n: int, n_q: int, work: Path) -> dict:
+    """One size in its own process: exact vs HNSW vs IVF over the first n static vectors."""
+    from rag_experiments.stages.retrieval import ann_recall, exact_search
+    from rag_experiments.stages.vector_store import build_faiss
+
+    base = rss_mib()
+    m = np.load(work / "static.npy", mmap_mode="r")[:n]
+    q = np.load(work / "queries.npy")[:n_q]
+    res: dict = {"n": n, "queries": len(q)}
+    lat = []
+    for row in q:
+        t = time.perf_counter()
+        exact_search(row[None, :], m, 10)
+        lat.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    truth, _ = exact_search(q, m, 10)
+    res["exact"] = {"p50_ms": pct(lat, 50), "p95_ms": pct(lat, 95), "batched_s": time.perf_counter() - t}
+    params = {"hnsw_m": 32, "ef_construction": 80, "ef_search": 64, "ivf_nlist": 0, "ivf_nprobe": 16}
+    for kind in ("faiss_hnsw", "faiss_ivf"):
+        t = time.perf_counter()
+        index = build_faiss(kind, m, params)
+        build = time.perf_counter() - t
+        if kind == "faiss_hnsw":
+            index.hnsw.efSearch = params["ef_search"]
+        else:
+            index.nprobe = params["ivf_nprobe"]
+        lat = []
+        for row in q:
+            t = time.perf_counter()
+            index.search(row[None, :], 10)
+            lat.append(time.perf_counter() - t)
+        _, idx = index.search(q, 10)
+        res[kind] = {
+            "build_s": build,
+            "p50_ms": pct(lat, 50),
+            "p95_ms": pct(lat, 95),
+            "recall_at_10": float(np.nanmean(ann_recall(idx, truth, 10))),
+        }
+        del index
+    res["peak_rss_mib"] = rss_mib()
+    res["rss_before_mib"] = base
+    return res
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    p.add_argument("--st-chunks", type=int, default=1000, help="chunks for the MiniLM throughput ratio")
+    p.add_argument("--queries", type=int, default=200)
+    p.add_argument("--workdir", type=Path)
+    p.add_argument("--static-cache", type=Path, help="a cache_dir that already holds the distilled model")
+    p.add_argument("--_size", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="bench_scale_"))
+    if args._size:
+        print(json.dumps(bench_size(args._size, args.queries, work)))
+        return
+    emb = bench_embedding(args.st_chunks, max(args.sizes), work, args.static_cache)
+    mm = emb["minilm"]
+    print(f"corpus: {emb['corpus_windows']} windows of site-packages text (.py/.md/.rst/.txt), ~400 chars")
+    print(
+        f"MiniLM embed, {mm['n']} chunks: bare encode {mm['bare_chunks_per_s']:.0f}/s, "
+        f"ours (streamed to memmap) {mm['ours_chunks_per_s']:.0f}/s, time ratio ours/bare {mm['ours_over_bare_time']:.2f}"
+    )
+    s = emb["static"]
+    print(f"static (model2vec, {s['dim']}-d) embed, {s['n']} chunks streamed: {s['chunks_per_s']:.0f}/s")
+    print(f"peak RSS of the embedding process: {emb['embedding_peak_rss_mib']:.0f} MiB")
+    print(f"\n{'n':>8} {'index':<11} {'build s':>8} {'p50 ms':>8} {'p95 ms':>8} {'recall@10':>9}  notes")
+    for n in args.sizes:
+        out = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--_size",
+                str(n),
+                "--queries",
+                str(args.queries),
+                "--workdir",
+                str(work),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        e = r["exact"]
+        print(
+            f"{n:>8} {'exact':<11} {'-':>8} {e['p50_ms']:>8.2f} {e['p95_ms']:>8.2f} {'1':>9}  "
+            f"{r['queries']} queries batched: {e['batched_s']:.2f}s; peak RSS {r['peak_rss_mib']:.0f} MiB"
+        )
+        for kind in ("faiss_hnsw", "faiss_ivf"):
+            k = r[kind]
+            print(
+                f"{n:>8} {kind:<11} {k['build_s']:>8.1f} {k['p50_ms']:>8.2f} {k['p95_ms']:>8.2f} "
+                f"{k['recall_at_10']:>9.3f}"
+            )
+    print(f"\nworkdir {work}; machine: {os.cpu_count()} CPUs, shared with other jobs (times inflated)")
+
+
+if __name__ == "__main__":
+    main()
