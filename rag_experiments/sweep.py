@@ -261,6 +261,9 @@ def run_job(cfg: DictConfig) -> float:
             artifacts,
             extra,
         )
+        from rag_experiments.tracking.traces import log_traces  # one trace per eval item (docs/tracing.md)
+
+        log_traces(client, run_id, exp_id, res.per_query, evalset, corpus, cfg, stages)
         client.set_terminated(run_id, "FINISHED")
     except BaseException as e:
         status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
