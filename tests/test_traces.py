@@ -4,6 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
 
 import mlflow
 import pandas as pd
@@ -179,3 +187,96 @@ def test_generating_run_has_chat_and_judge_spans_and_generation_feedback(tmp_pat
         for claim in unsupported:
             assert claim in fb["faithfulness"].rationale
         assert fb["failure_label"].value == row["failure_label"]
+
+
+def test_run_page_lists_headline_metrics_first(retrieval_run):
+    root, *_ = retrieval_run
+    c, _, run, *_ = _store(root)
+    keys = list(c.get_run(run.info.run_id).data.metrics)  # the store's order = the run page's order
+    detail = [i for i, k in enumerate(keys) if "_ci_" in k or k.startswith(("by_tag/", "n_scored/"))]
+    head = [
+        keys.index(k)
+        for k in ("hit_at_5", "evidence_recall_at_5", "mrr", "ndcg_at_5", "rate_retrieval_failure")
+    ]
+    assert detail and max(head) < min(detail)
+    assert keys[:4] == ["hit_at_1", "hit_at_3", "hit_at_5", "hit_at_10"]
+    assert keys.index("mrr_ci_low") + 1 == keys.index("mrr_ci_high")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _chromium(url: str, profile: Path, screenshot: Path | None = None) -> str:
+    """The DOM of ``url`` after 20 s of virtual time (and a screenshot when asked)."""
+    chromium = shutil.which("chromium")
+    assert chromium, "chromium missing: scripts/test.sh installs it (apt-get install chromium)"
+    flags = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--no-first-run",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--virtual-time-budget=20000",
+        "--window-size=1600,1000",
+    ]
+    if screenshot is not None:
+        subprocess.run([*flags, f"--screenshot={screenshot}", url], capture_output=True, timeout=120)
+    return subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+
+
+def test_mlflow_ui_shows_the_runs_traces_with_assessments(retrieval_run, tmp_path):
+    """A real ``mlflow server`` on the store; headless Chromium renders the run's Traces tab.
+
+    Screenshots go to ``$RAG_SCREENSHOT_DIR`` when set (``reports/screenshots/`` in docs/tracing.md).
+    """
+    root, *_ = retrieval_run
+    c, exp, run, traces, df = _store(root)
+    port = _free_port()
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{root}/mlflow.db",
+            "--default-artifact-root",
+            str(root / "mlruns"),
+            "--workers",
+            "1",
+            "--port",
+            str(port),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    shots = Path(os.environ["RAG_SCREENSHOT_DIR"]) if os.environ.get("RAG_SCREENSHOT_DIR") else None
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(240):
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.5)
+        run_url = f"{base}/#/experiments/{exp.experiment_id}/runs/{run.info.run_id}"
+        if shots:
+            shots.mkdir(parents=True, exist_ok=True)
+            _chromium(f"{run_url}/overview", tmp_path / "p0", shots / "run_overview.png")
+        dom = _chromium(f"{run_url}/traces", tmp_path / "p1", shots / "run_traces.png" if shots else None)
+        queries = [q for q in df["query"] if q[:40] in dom]
+        assert len(queries) >= min(3, len(df)), "the run's Traces tab lists the eval queries"
+        assert "hit_at_5" in dom and "failure_label" in dom, "assessments are columns of the traces table"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
