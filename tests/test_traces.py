@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -27,7 +28,7 @@ def _store(root):
     uri = f"sqlite:///{root}/mlflow.db"
     c = MlflowClient(tracking_uri=uri)
     exp = c.get_experiment_by_name("test")
-    (run,) = c.search_runs([exp.experiment_id])
+    run = c.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])[0]  # the fixture's run
     mlflow.set_tracking_uri(uri)
     traces = mlflow.search_traces(locations=[exp.experiment_id], run_id=run.info.run_id, return_type="list")
     df = pd.read_parquet(c.download_artifacts(run.info.run_id, "per_query.parquet", str(root)))
@@ -224,7 +225,7 @@ def _chromium(url: str, profile: Path, screenshot: Path | None = None) -> str:
         "--disable-sync",
         f"--user-data-dir={profile}",
         "--virtual-time-budget=20000",
-        "--window-size=1600,1000",
+        "--window-size=1600,2000",
     ]
     if screenshot is not None:
         subprocess.run([*flags, f"--screenshot={screenshot}", url], capture_output=True, timeout=120)
@@ -272,11 +273,22 @@ def test_mlflow_ui_shows_the_runs_traces_with_assessments(retrieval_run, tmp_pat
         run_url = f"{base}/#/experiments/{exp.experiment_id}/runs/{run.info.run_id}"
         if shots:
             shots.mkdir(parents=True, exist_ok=True)
-            _chromium(f"{run_url}/overview", tmp_path / "p0", shots / "run_overview.png")
         dom = _chromium(f"{run_url}/traces", tmp_path / "p1", shots / "run_traces.png" if shots else None)
         queries = [q for q in df["query"] if q[:40] in dom]
-        assert len(queries) >= min(3, len(df)), "the run's Traces tab lists the eval queries"
-        assert "hit_at_5" in dom and "failure_label" in dom, "assessments are columns of the traces table"
+        assert len(queries) == len(df), "the run's Traces tab lists every eval query"
+        names = {a.name for t in traces for a in t.info.assessments if a.feedback is not None}
+        m = re.search(r"Assessments\W*\((\d+)/(\d+)\)", re.sub(r"<[^>]+>", " ", dom))
+        assert m and int(m.group(2)) == len(names), "every feedback name is an assessment column"
+        assert "expected_retrieved_context" in dom and "Expected facts" in dom
+        overview = _chromium(
+            f"{run_url}/overview", tmp_path / "p0", shots / "run_overview.png" if shots else None
+        )
+        text = re.sub(r"<[^>]+>", "|", overview[overview.index("Metrics (") :])
+        listed = [k for k in re.split(r"\|+", text) if re.fullmatch(r"[a-z][a-z_/0-9]*", k)]
+        assert listed[:4] == ["hit_at_1", "hit_at_3", "hit_at_5", "hit_at_10"], (
+            "the run page lists headline metrics first"
+        )
+        assert listed.index("mrr") < min(i for i, k in enumerate(listed) if "_ci_" in k)
     finally:
         server.terminate()
         server.wait(timeout=30)
