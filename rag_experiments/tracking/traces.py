@@ -13,10 +13,10 @@ in the stages). Each trace is linked to its run (trace metadata ``mlflow.sourceR
   ``expected_response``, ``expected_facts``) and one feedback per per-query metric column plus the
   failure label, with the metric's definition (``evaluation.registry``) as rationale.
 
-Writing goes straight to the store in two steps, with explicit timestamps: ``start_trace`` per
-trace (trace info, metadata and all its assessments in one transaction) and one ``log_spans`` per
-batch of traces. That is the path MLflow's own exporter takes, minus the per-span round trips of the
-live tracing API. See ``docs/tracing.md``.
+Writing goes straight to the store with explicit timestamps: all trace infos with their metadata
+and assessments in one transaction (``tracking.trace_store.start_traces``), then the spans with the
+store's ``log_spans``: the path MLflow's own exporter takes, minus its per-span and per-assessment
+round trips. The eval-set dataset: ``tracking.genai_dataset``. See ``docs/tracing.md``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import math
 import os
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 from mlflow.entities import (
@@ -43,7 +43,7 @@ from mlflow.entities import (
 )
 from mlflow.entities.span import Span
 from mlflow.tracing.client import TracingClient
-from mlflow.tracing.constant import AssessmentMetadataKey, SpanAttributeKey, TraceMetadataKey, TraceTagKey
+from mlflow.tracing.constant import SpanAttributeKey, TraceMetadataKey, TraceTagKey
 
 from rag_experiments.types import Document, EvalItem
 
@@ -257,6 +257,33 @@ def _chunk(doc: dict):
 # ------------------------------------------------------------------------------ assessments
 
 
+class Pending(NamedTuple):
+    """An assessment before it is written: building 3,000 ``Feedback`` entities per run was a
+    fifth of the tracing time, so the SQL path writes rows from these and only the per-trace
+    fallback builds entities (:meth:`entity`)."""
+
+    kind: str  # "feedback" | "expectation"
+    name: str
+    value: Any
+    source: AssessmentSource
+    rationale: str | None = None
+    error: AssessmentError | None = None
+
+    def entity(self, trace_id: str, span_id: str | None, metadata: dict[str, str]):
+        if self.kind == "expectation":
+            return Expectation(self.name, self.value, source=self.source, trace_id=trace_id)
+        return Feedback(
+            self.name,
+            self.value,
+            error=self.error,
+            source=self.source,
+            trace_id=trace_id,
+            span_id=span_id,
+            metadata=metadata,
+            rationale=self.rationale,
+        )
+
+
 @functools.lru_cache(maxsize=1024)
 def _definition(col: str) -> tuple[str, str]:
     """(side, definition) of a per-query column from the metric registry ('' when unregistered)."""
@@ -281,7 +308,7 @@ def assessed_columns(per_query: pd.DataFrame) -> list[str]:
     return sorted(cols, key=order)
 
 
-def expectations(item: EvalItem, doc_text: dict[str, str], evalset_digest: str) -> list[Expectation]:
+def expectations(item: EvalItem, doc_text: dict[str, str], evalset_digest: str) -> list[Pending]:
     """The eval item's gold data under MLflow's standard expectation names (so its judges read them)."""
     src = AssessmentSource(AssessmentSourceType.HUMAN, f"evalset:{evalset_digest[:16]}")
     gold = [
@@ -293,11 +320,11 @@ def expectations(item: EvalItem, doc_text: dict[str, str], evalset_digest: str) 
         }
         for s in item.gold_spans
     ]
-    out = [Expectation("expected_retrieved_context", gold, source=src)]
+    out = [Pending("expectation", "expected_retrieved_context", gold, src)]
     if item.gold_answer:
-        out.append(Expectation("expected_response", item.gold_answer, source=src))
+        out.append(Pending("expectation", "expected_response", item.gold_answer, src))
     if item.key_facts:
-        out.append(Expectation("expected_facts", list(item.key_facts), source=src))
+        out.append(Pending("expectation", "expected_facts", list(item.key_facts), src))
     return out
 
 
@@ -323,16 +350,14 @@ def feedbacks(
     item: EvalItem,
     cols: Sequence[str],
     judge_source: AssessmentSource,
-    run_id: str,
     k: int,
-) -> list[Feedback]:
+) -> list[Pending]:
     """One feedback per metric column and one for the failure label.
 
     A retrieval metric of an unanswerable item is not applicable and gets no feedback; any other
     missing value is logged as a feedback *error* (``NOT_SCORED`` with the reason), never dropped.
     """
     code = AssessmentSource(AssessmentSourceType.CODE, CODE_SOURCE)
-    meta = {AssessmentMetadataKey.SOURCE_RUN_ID: run_id}
     out = []
     for col in cols:
         side, definition = _definition(col)
@@ -346,14 +371,12 @@ def feedbacks(
                 row.get("error") if isinstance(row.get("error"), str) else "value undefined for this query"
             )
             err = AssessmentError(error_code="NOT_SCORED", error_message=str(reason)[:1000])
-            out.append(Feedback(col, None, error=err, source=source, metadata=meta, rationale=rationale))
+            out.append(Pending("feedback", col, None, source, rationale, err))
         else:
-            out.append(Feedback(col, value, source=source, metadata=meta, rationale=rationale or None))
+            out.append(Pending("feedback", col, value, source, rationale or None))
     label = row.get("failure_label")
     if isinstance(label, str):
-        out.append(
-            Feedback("failure_label", label, source=code, metadata=meta, rationale=_label_rationale(row, k))
-        )
+        out.append(Pending("feedback", "failure_label", label, code, _label_rationale(row, k)))
     return out
 
 
@@ -373,105 +396,6 @@ def judge_source(judge) -> AssessmentSource:
 def _preview(v: Any) -> str:
     s = v if isinstance(v, str) else json.dumps(v, default=str)
     return s[:_PREVIEW_CHARS]
-
-
-def _assessment_row(a, info: TraceInfo) -> dict[str, Any]:
-    """The ``assessments`` table row of one assessment: the columns and encoding of
-    ``SqlAssessments.from_mlflow_entity`` (mlflow 3.17.2), without building an ORM object."""
-    from mlflow.store.tracking.sqlalchemy_store import assessment_aggregate
-    from mlflow.tracing.utils import generate_assessment_id
-
-    now = int(time.time() * 1000)
-    if a.feedback is not None:
-        kind, value = "feedback", a.feedback.value
-        error = json.dumps(a.feedback.error.to_dictionary()) if a.feedback.error else None
-    else:
-        kind, value, error = "expectation", a.expectation.value, None
-    aggregate_value, is_numeric = assessment_aggregate(value)
-    return dict(
-        assessment_id=a.assessment_id or generate_assessment_id(),
-        trace_id=info.trace_id,
-        name=a.name,
-        assessment_type=kind,
-        value=json.dumps(value),
-        error=error,
-        created_timestamp=a.create_time_ms or now,
-        last_updated_timestamp=a.last_update_time_ms or now,
-        source_type=a.source.source_type,
-        source_id=a.source.source_id,
-        run_id=a.run_id,
-        span_id=a.span_id,
-        rationale=a.rationale,
-        overrides=a.overrides,
-        valid=True,
-        assessment_metadata=json.dumps(a.metadata) if a.metadata else None,
-        aggregate_value=aggregate_value,
-        is_numeric_value=is_numeric,
-        experiment_id=int(info.experiment_id),
-        trace_timestamp_ms=info.request_time,
-    )
-
-
-def start_traces(tc: TracingClient, infos: list[TraceInfo]) -> None:
-    """Create the traces (info, tags, metadata, assessments), in one transaction on a SQL store.
-
-    ``TracingClient.start_trace`` costs one transaction (~80 ms on sqlite here) per trace; this does
-    what its happy path does (``SqlAlchemyStore._start_trace_once`` in mlflow 3.17.2, pinned) for all
-    traces at once. Other stores (a tracking server) get the per-trace call.
-    """
-    import sqlalchemy
-    from mlflow.store.tracking import sqlalchemy_store as S
-
-    store = tc.store
-    if not isinstance(store, S.SqlAlchemyStore) or not infos:
-        for info in infos:
-            tc.start_trace(info)
-        return
-    experiment = store.get_experiment(infos[0].experiment_id)
-    store._check_experiment_is_active(experiment)
-    infos_rows, tag_rows, meta_rows, assessment_rows = [], [], [], []
-    for info in infos:
-        meta = dict(info.trace_metadata)
-        infos_rows.append(
-            dict(
-                request_id=info.trace_id,
-                experiment_id=int(info.experiment_id),
-                timestamp_ms=info.request_time,
-                execution_time_ms=info.execution_duration,
-                status=info.state.value,
-                client_request_id=info.client_request_id,
-                request_preview=info.request_preview,
-                response_preview=info.response_preview,
-                trace_name=S.validate_trace_name(info.tags.get(TraceTagKey.TRACE_NAME)),
-                **S.analytics_columns_from_metadata(meta),
-            )
-        )
-        location = store._get_trace_artifact_location_tag(experiment, info.trace_id)
-        tags = {k: v for k, v in info.tags.items() if k != TraceTagKey.TRACE_NAME}
-        tags[location.key] = location.value
-        tag_rows += [dict(request_id=info.trace_id, key=k, value=v) for k, v in tags.items()]
-        for key in S.PROMOTED_TRACE_METADATA_KEYS:
-            meta.pop(key, None)
-        meta[TraceMetadataKey.TRACE_INFO_FINALIZED] = "true"
-        meta_rows += [dict(request_id=info.trace_id, key=k, value=v) for k, v in sorted(meta.items())]
-        assessment_rows += [_assessment_row(a, info) for a in info.assessments]
-    with store.ManagedSessionMaker(read_only=False) as session:
-        S.enqueue_rollup_rebuild_partitions(
-            session,
-            [
-                (family, int(experiment.experiment_id), sorted({i.request_time for i in infos}))
-                for family in (S.RollupFamily.TRACE_METRIC, S.RollupFamily.ASSESSMENT)
-            ],
-        )
-        # Core executemany inserts: the ORM's per-object bookkeeping was most of the cost
-        for model, rows in (
-            (S.SqlTraceInfo, infos_rows),
-            (S.SqlTraceTag, tag_rows),
-            (S.SqlTraceMetadata, meta_rows),
-            (S.SqlAssessments, assessment_rows),
-        ):
-            if rows:
-                session.execute(sqlalchemy.insert(model.__table__), rows)
 
 
 def write_traces(
@@ -496,20 +420,16 @@ def write_traces(
     t = time.time_ns()
     spans: list[Span] = []
     infos: list[TraceInfo] = []
+    pending: list[list[Pending]] = []
+    root_ids: list[str] = []
     trace_ids = []
     for row in per_query.to_dict("records"):
         item = by_id[row["id"]]
         ids = _new_ids()
         trace_spans, end = build_spans(ids, row, item, doc_text, t, k, prompt, generator_model)
         root = trace_spans[0]
-        assessments = [
-            *expectations(item, doc_text, evalset_digest),
-            *feedbacks(row, item, cols, jsrc, run_id, k),
-        ]
-        for a in assessments:
-            a.trace_id = ids[1]
-            if isinstance(a, Feedback):
-                a.span_id = root.span_id
+        pending.append([*expectations(item, doc_text, evalset_digest), *feedbacks(row, item, cols, jsrc, k)])
+        root_ids.append(root.span_id)
         error = isinstance(row.get("error"), str)
         info = TraceInfo(
             trace_id=ids[1],
@@ -526,71 +446,17 @@ def write_traces(
                 TraceMetadataKey.OUTPUTS: _preview(root.outputs),
             },
             tags={TraceTagKey.TRACE_NAME: TRACE_NAME, "item_id": item.id, "eval_tags": ",".join(item.tags)},
-            assessments=assessments,
         )
         infos.append(info)
         spans += trace_spans
         trace_ids.append(ids[1])
         t = end + 1_000_000  # traces in item order, 1 ms apart
-    start_traces(tc, infos)
+    from rag_experiments.tracking.trace_store import start_traces
+
+    start_traces(tc, infos, pending, root_ids, run_id)
     for i in range(0, len(spans), SPANS_PER_BATCH):
         tc.log_spans(experiment_id, spans[i : i + SPANS_PER_BATCH])
     return trace_ids
-
-
-# ------------------------------------------------------------------------------ evaluation dataset
-
-
-def dataset_records(items: Iterable[EvalItem], doc_text: dict[str, str], evalset_digest: str) -> list[dict]:
-    """The eval set as MLflow evaluation-dataset records: inputs, expectations, tags."""
-    out = []
-    for it in items:
-        exp = {e.name: e.value for e in expectations(it, doc_text, evalset_digest)}
-        out.append(
-            {
-                "inputs": {"query": it.query, "item_id": it.id},
-                "expectations": exp,
-                "tags": {"eval_tags": ",".join(it.tags)},
-            }
-        )
-    return out
-
-
-def link_dataset(
-    client,
-    run_id: str,
-    experiment_id: str,
-    items: Sequence[EvalItem],
-    docs: Iterable[Document],
-    evalset_digest: str,
-) -> str:
-    """Create (or reuse, by digest) the eval set as an MLflow GenAI evaluation dataset and log it
-    as the run's ``eval`` input. Returns the dataset id.
-
-    The dataset is named ``evalset-<digest16>`` and tagged ``evalset_digest``: the same eval set
-    content is one dataset however many runs or experiments use it.
-    """
-    from mlflow.entities import DatasetInput, InputTag
-    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
-
-    name = f"evalset-{evalset_digest[:16]}"
-    with _use_tracking_uri(client.tracking_uri):
-        found = client.search_datasets(filter_string=f"name = '{name}'", max_results=1)
-        if found:
-            ds = found[0]
-            if experiment_id not in (ds.experiment_ids or []):
-                from mlflow.genai.datasets import add_dataset_to_experiments
-
-                add_dataset_to_experiments(ds.dataset_id, [experiment_id])
-        else:
-            ds = client.create_dataset(
-                name, experiment_id=[experiment_id], tags={"evalset_digest": evalset_digest}
-            )
-            ds.merge_records(dataset_records(items, {d.doc_id: d.text for d in docs}, evalset_digest))
-            ds = client.get_dataset(ds.dataset_id)
-        entity = ds._to_mlflow_entity()
-    client.log_inputs(run_id, datasets=[DatasetInput(entity, tags=[InputTag("mlflow.data.context", "eval")])])
-    return ds.dataset_id
 
 
 # ------------------------------------------------------------------------------ sweep entry point
@@ -604,6 +470,8 @@ def log_traces(
         return
     gen = stages.get("generator")
     t0 = time.perf_counter()
+    from rag_experiments.tracking.genai_dataset import link_dataset
+
     link_dataset(client, run_id, experiment_id, evalset.items, corpus.docs, evalset.digest)
     ids = write_traces(
         client.tracking_uri,
