@@ -2,6 +2,7 @@
 
     python scripts/bench_traces.py            # all 168 items, generator=none
     python scripts/bench_traces.py --limit 40
+    python scripts/bench_traces.py --cold     # measured runs recompute every stage (a first run)
 
 A first traced run fills the stage cache and creates the eval-set dataset (as the first run of a
 sweep does), then each variant runs ``--repeat`` times in a fresh process (``force=true``) into the
@@ -23,21 +24,25 @@ import time
 from pathlib import Path
 
 
-def run(root: Path, store: str, traces: bool, limit: int | None) -> tuple[float, dict]:
-    args = [
-        sys.executable,
-        "-m",
-        "rag_experiments.sweep",
-        "generator=none",
-        f"tracking.uri=sqlite:///{root}/{store}.db",
-        f"tracking.artifact_root={root}/mlruns",
-        f"tracking.traces={str(traces).lower()}",
-        f"cache_dir={root}/cache",
-        "progress=false",
-        "force=true",
-        f"hydra.run.dir={root}/outputs",
-        "experiment_name=bench",
-    ] + ([f"evalset.limit={limit}"] if limit else [])
+def run(root: Path, store: str, traces: bool, limit: int | None, cold: bool = False) -> tuple[float, dict]:
+    args = (
+        [
+            sys.executable,
+            "-m",
+            "rag_experiments.sweep",
+            "generator=none",
+            f"tracking.uri=sqlite:///{root}/{store}.db",
+            f"tracking.artifact_root={root}/mlruns",
+            f"tracking.traces={str(traces).lower()}",
+            f"cache_dir={root}/cache",
+            "progress=false",
+            "force=true",
+            f"hydra.run.dir={root}/outputs",
+            "experiment_name=bench",
+        ]
+        + ([f"evalset.limit={limit}"] if limit else [])
+        + (["cache_enabled=false"] if cold else [])
+    )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
     t = time.perf_counter()
@@ -57,6 +62,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--limit", type=int, default=None, help="first N eval items (default: all)")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument(
+        "--cold", action="store_true", help="measured runs recompute every stage (cache_enabled=false)"
+    )
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -64,7 +72,7 @@ def main() -> None:
         rows = {False: [], True: []}
         for _ in range(a.repeat):
             for traces in (False, True):
-                rows[traces].append(run(root, "store", traces, a.limit))
+                rows[traces].append(run(root, "store", traces, a.limit, a.cold))
     off, on = rows[False], rows[True]
     w_off, w_on = statistics.median(w for w, _ in off), statistics.median(w for w, _ in on)
     print(f"{'':<28}{'traces=false':>14}{'traces=true':>14}{'overhead':>10}")
