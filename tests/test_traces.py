@@ -292,3 +292,38 @@ def test_mlflow_ui_shows_the_runs_traces_with_assessments(retrieval_run, tmp_pat
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_batched_and_per_trace_writes_store_the_same(retrieval_run, tmp_path):
+    """The one-transaction SQL path and the public per-trace path give identical traces."""
+    from rag_experiments.datasets.corpus import Corpus
+    from rag_experiments.evalset import EvalSet
+    from rag_experiments.tracking.traces import write_traces
+
+    root, docs, ev = retrieval_run
+    *_, df = _store(root)
+    corpus = Corpus(str(docs))
+    evalset = EvalSet(str(ev), corpus)
+    uri = f"sqlite:///{tmp_path}/m.db"
+    c = MlflowClient(tracking_uri=uri)
+    exp = c.create_experiment("x", artifact_location=(tmp_path / "a").as_uri())
+    got = {}
+    for batch in (True, False):
+        run = c.create_run(exp).info.run_id
+        write_traces(uri, run, exp, df, evalset.items, corpus.docs, 5, evalset.digest, batch=batch)
+        mlflow.set_tracking_uri(uri)
+        traces = mlflow.search_traces(locations=[exp], run_id=run, return_type="list")
+        got[batch] = {
+            t.info.tags["item_id"]: (
+                sorted(
+                    (a.name, json.dumps(a.value), a.rationale or "", a.source.source_type)
+                    for a in t.info.assessments
+                    if a.feedback is not None or a.expectation is not None
+                ),
+                [(s.name, s.span_type, json.dumps(s.outputs)) for s in t.data.spans],
+                t.info.request_preview,
+                t.info.state,
+            )
+            for t in traces
+        }
+    assert len(got[True]) == len(df) and got[True] == got[False]

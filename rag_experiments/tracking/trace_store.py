@@ -60,18 +60,19 @@ def start_traces(
     pending: list[list[Pending]],
     root_span_ids: list[str],
     run_id: str,
+    batch: bool = True,
 ) -> None:
     """Create the traces (info, tags, metadata, assessments), in one transaction on a SQL store.
 
     ``TracingClient.start_trace`` costs one transaction (~80 ms on sqlite here) per trace; this does
     what its happy path does (``SqlAlchemyStore._start_trace_once`` in mlflow 3.17.2, pinned) for all
-    traces at once. Other stores (a tracking server) get the per-trace call.
+    traces at once. Other stores (a tracking server), or ``batch=False``, get the per-trace call.
     """
     import sqlalchemy
     from mlflow.store.tracking import sqlalchemy_store as S
 
     store = tc.store
-    if not isinstance(store, S.SqlAlchemyStore) or not infos:
+    if not (batch and isinstance(store, S.SqlAlchemyStore)) or not infos:
         meta = {AssessmentMetadataKey.SOURCE_RUN_ID: run_id}
         for info, ps, span_id in zip(infos, pending, root_span_ids, strict=True):
             info.assessments = [p.entity(info.trace_id, span_id, meta) for p in ps]

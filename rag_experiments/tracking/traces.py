@@ -410,8 +410,13 @@ def write_traces(
     prompt=None,
     generator_model: str | None = None,
     judge=None,
+    batch: bool = True,
 ) -> list[str]:
-    """Write one trace per row of ``per_query`` (matched to its eval item by id); returns trace ids."""
+    """Write one trace per row of ``per_query`` (matched to its eval item by id); returns trace ids.
+
+    ``batch=False`` creates the traces one public ``start_trace`` call at a time (what non-SQL
+    stores always get); the stored result is the same.
+    """
     tc = TracingClient(tracking_uri)
     by_id = {it.id: it for it in items}
     doc_text = {d.doc_id: d.text for d in docs}
@@ -453,7 +458,7 @@ def write_traces(
         t = end + 1_000_000  # traces in item order, 1 ms apart
     from rag_experiments.tracking.trace_store import start_traces
 
-    start_traces(tc, infos, pending, root_ids, run_id)
+    start_traces(tc, infos, pending, root_ids, run_id, batch)
     for i in range(0, len(spans), SPANS_PER_BATCH):
         tc.log_spans(experiment_id, spans[i : i + SPANS_PER_BATCH])
     return trace_ids
