@@ -177,7 +177,8 @@ def build_spans(
     prompt=None,
     generator_model: str | None = None,
 ) -> tuple[list[Span], int]:
-    """The spans of one query's trace and its end time (ns). Durations are the table's latencies."""
+    """The spans of one query's trace and its end time (ns). Durations are the table's latencies;
+    retrieval runs as one batch, so each query's retrieval span lasts the batch time / n queries."""
     otel, trace_id = trace_id_pair
     w = _SpanWriter(otel, trace_id)
     retrieved = json.loads(row["retrieved"])
@@ -202,7 +203,7 @@ def build_spans(
     if not generated:
         return w.spans, end_ns
     t = start_ns + t_ret
-    context_docs = [d for d in docs[:k]]
+    context_docs = docs[:k]  # what the generator was given (retriever.k)
     messages = prompt.render(item.query, [_chunk(d) for d in context_docs]) if prompt is not None else None
     attrs: dict[str, Any] = {"cached": bool(row.get("generation_cached", False))}
     if generator_model:
@@ -225,7 +226,7 @@ def build_spans(
     t += t_gen
     if not error:
         verdicts = json.loads(row.get("verdicts") or "[]")
-        half = t_jud // 2
+        half = t_jud // 2  # the table has one judge latency per query: split evenly between the steps
         w.add(
             "judge.faithfulness",
             SpanType.EVALUATOR,
