@@ -1,4 +1,4 @@
-"""Regression gate: a paired non-inferiority test per metric (DESIGN §6).
+"""Regression gate: a paired non-inferiority test per metric, in the metric's direction (docs/metrics.md).
 
     python -m rag_experiments.gate --baseline RUN --candidate RUN [--metric KEY ...] [--margin X]
 
@@ -14,8 +14,9 @@ from collections.abc import Sequence
 
 from mlflow.tracking import MlflowClient
 
-from rag_experiments.analysis.attribution import GateResult, non_inferiority
+from rag_experiments.analysis.gate import GateResult, non_inferiority
 from rag_experiments.compare import text_table
+from rag_experiments.evaluation.registry import higher_is_better
 from rag_experiments.tracking.runs import (
     RunInputError,
     check_same_evalset,
@@ -30,9 +31,12 @@ OPTIONAL_DEFAULTS = {"faithfulness"}  # gated only when both runs have it (retri
 
 HELP = f"""\
 For each gated metric: delta = mean(candidate − baseline) over the eval ids present (non-NaN) in
-both runs; lower = the one-sided 95 % lower confidence bound of that mean delta (paired bootstrap
-over queries, percentile, seeded — the same two runs always get the same verdict). A metric
-FAILS when lower < −margin.
+both runs; bound = the one-sided 95 % confidence bound of that mean delta on the metric's worse
+side (paired bootstrap over queries, percentile, seeded — the same two runs always get the same
+verdict). The direction comes from the metric registry: a higher-is-better metric (hit_at_5, mrr,
+faithfulness, rate_ok) FAILS when its lower bound < −margin; a lower-is-better one
+(rate_retrieval_failure, rate_generation_failure, latency_*) FAILS when its upper bound > +margin.
+Metrics without a direction (n_queries) or not registered cannot be gated (exit 2).
 
 Default margin (when --margin is not given): max(0.01, 1/sqrt(n)), n = number of paired queries
 (0.10 at n=100, 0.05 at n=400, 0.014 at n=5000). 1/sqrt(n) is about the 95 % CI half-width of a
@@ -86,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="non-inferiority margin for every metric, or for one metric (repeatable); default max(0.01, 1/sqrt(n))",
     )
     p.add_argument(
-        "--alpha", type=float, default=0.05, help="one-sided level (default 0.05: a 95%% lower bound)"
+        "--alpha", type=float, default=0.05, help="one-sided level (default 0.05: a 95%% confidence bound)"
     )
     p.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
     p.add_argument("--experiment", metavar="NAME", help="look run names up in this experiment only")
@@ -99,6 +103,20 @@ def _fmt(x: float, signed: bool = False) -> str:
     if x is None or math.isnan(x):
         return "–"
     return f"{x:+.4f}" if signed else f"{x:.4f}"
+
+
+def _direction(metric: str) -> bool:
+    try:
+        hib = higher_is_better(metric)
+    except KeyError:
+        raise RunInputError(
+            f"metric {metric!r} is not registered (rag_experiments.evaluation.registry): its direction is unknown"
+        ) from None
+    if hib is None:
+        raise RunInputError(
+            f"metric {metric!r} has no better direction (a descriptive count): cannot gate it"
+        )
+    return hib
 
 
 def run_gate(
@@ -135,6 +153,7 @@ def run_gate(
     unknown = set(per_metric) - set(gated)
     if unknown:
         raise RunInputError(f"--margin given for metric(s) not gated: {', '.join(sorted(unknown))}")
+    directions = {m: _direction(m) for m in gated}
     results = []
     for m in gated:
         margin = per_metric.get(m, default_m)
@@ -146,6 +165,7 @@ def run_gate(
             seed=seed,
             n_resamples=n_resamples,
             metric=m,
+            higher_is_better=directions[m],
         )
         if res.n_pairs == 0:
             raise RunInputError(f"metric {m}: no eval id has a value in both runs")
@@ -172,7 +192,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     conf = f"{100 * (1 - args.alpha):g}%"
-    headers = ["metric", "baseline", "candidate", "delta", f"{conf} lower", "margin", "MDE", "n", "verdict"]
+    headers = [
+        "metric",
+        "better",
+        "baseline",
+        "candidate",
+        "delta",
+        f"{conf} bound",
+        "limit",
+        "MDE",
+        "n",
+        "verdict",
+    ]
     dm, pm = _parse_margins(args.margin)
     rows = []
     for r in results:
@@ -180,11 +211,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append(
             [
                 r.metric,
+                "higher" if r.higher_is_better else "lower",
                 _fmt(r.baseline),
                 _fmt(r.candidate),
                 _fmt(r.delta, signed=True),
-                _fmt(r.lower, signed=True),
-                _fmt(-r.margin, signed=True) + margin_src,
+                ("≥ " if r.higher_is_better else "≤ ") + _fmt(r.bound, signed=True),
+                _fmt(-r.margin if r.higher_is_better else r.margin, signed=True) + margin_src,
                 _fmt(r.mde),
                 str(r.n_pairs),
                 r.verdict,
@@ -201,7 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed = [r.metric for r in results if not r.passed]
     if failed:
         print(
-            f"GATE FAILED: {', '.join(failed)} (one-sided {conf} lower bound of candidate − baseline below −margin)"
+            f"GATE FAILED: {', '.join(failed)} (one-sided {conf} bound of candidate − baseline past the "
+            "margin on the metric's worse side)"
         )
         return 1
     print(f"GATE PASSED ({len(results)} metric(s); default margin = max(0.01, 1/sqrt(n)))")

@@ -21,13 +21,13 @@ from tqdm.auto import tqdm
 
 from rag_experiments.cache import StageCache, stable_hash
 from rag_experiments.evaluation import metrics as M
+from rag_experiments.evaluation.aggregate import aggregate
+from rag_experiments.evaluation.labels import RATE_LABELS, failure_label
+from rag_experiments.evaluation.registry import GENERATION_METRICS
 from rag_experiments.stages.chunking import chunk_corpus
 from rag_experiments.types import Chunk, Document, EvalItem, Verdict
 
 log = logging.getLogger(__name__)
-
-GENERATION_METRICS = ("faithfulness", "answer_relevance", "correctness")
-FAILURE_LABELS = ("retrieval_failure", "generation_failure", "ok", "correct_without_evidence")
 
 
 @dataclass
@@ -159,7 +159,6 @@ def run_pipeline(
     seed: int = 0,
     progress: bool = True,
 ) -> PipelineResult:
-    from rag_experiments.analysis.attribution import failure_label
     from rag_experiments.stages.judging import correctness, faithfulness
 
     timings: dict[str, float] = {}
@@ -277,10 +276,10 @@ def run_pipeline(
             )
 
     df = pd.DataFrame(rows)
-    for lab in FAILURE_LABELS:
+    for lab in RATE_LABELS:
         df[f"rate_{lab}"] = (df["failure_label"] == lab).astype(float)
     if generator is None:  # without an answer only the retrieval verdict is meaningful
-        df = df.drop(columns=[f"rate_{lab}" for lab in FAILURE_LABELS if lab != "retrieval_failure"])
+        df = df.drop(columns=[f"rate_{lab}" for lab in RATE_LABELS if lab != "retrieval_failure"])
     aggregates = aggregate(df, n_resamples=n_resamples, seed=seed)
     return PipelineResult(
         per_query=df,
@@ -290,36 +289,3 @@ def run_pipeline(
         calls=dict(calls),
         n_chunks=len(chunks),
     )
-
-
-def metric_columns(df: pd.DataFrame) -> list[str]:
-    """Per-query metric columns: every float column that is not bookkeeping."""
-    skip = {"n_claims", "n_unparseable"}
-    return [
-        c
-        for c in df.columns
-        if c not in skip and not c.startswith("latency_") and pd.api.types.is_float_dtype(df[c])
-    ]
-
-
-def aggregate(df: pd.DataFrame, n_resamples: int = 1000, seed: int = 0) -> dict[str, float]:
-    """Means with bootstrap CIs, per-tag means and counts (DESIGN §3 keys).
-
-    NaN values (undefined for that query, e.g. retrieval metrics of unanswerable items) are not
-    averaged in; how many queries each mean covers is logged as ``n_scored/{key}``.
-    """
-    out: dict[str, float] = {}
-    for col in metric_columns(df):
-        mean, lo, hi, n = M.mean_ci(df[col].to_numpy(dtype=float), n_resamples=n_resamples, seed=seed)
-        out[col], out[f"{col}_ci_low"], out[f"{col}_ci_high"] = mean, lo, hi
-        out[f"n_scored/{col}"] = n
-        for tag in sorted({t for ts in df["tags"] for t in ts}):
-            mask = df["tags"].map(lambda ts, tag=tag: tag in ts).to_numpy()
-            vals = df.loc[mask, col].to_numpy(dtype=float)
-            if np.isfinite(vals).any():
-                out[f"by_tag/{tag}/{col}"] = float(np.nanmean(vals))
-    out["n_queries"] = len(df)
-    out["n_errors"] = int(df["error"].notna().sum()) if "error" in df else 0
-    out["n_unparseable_verdicts"] = int(df["n_unparseable"].sum()) if "n_unparseable" in df else 0
-    out["n_unanswerable"] = int(df["gold_spans"].eq("[]").sum())
-    return out

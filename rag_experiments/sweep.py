@@ -80,23 +80,23 @@ def _fmt(v: float) -> str:
 
 
 def summary_table(agg: dict[str, float], k: int, ks: list[int]) -> str:
-    """Retrieval and generation metrics side by side, never blended, with 95 % CIs and counts."""
-    retrieval = [f"hit_at_{k}", f"evidence_recall_at_{k}", "mrr", f"context_precision_at_{k}", f"ndcg_at_{k}"]
-    retrieval += [f"hit_at_{x}" for x in ks if x != k]
-    generation = ["faithfulness", "answer_relevance", "correctness"]
-    rates = ["rate_retrieval_failure", "rate_generation_failure", "rate_ok", "rate_correct_without_evidence"]
+    """Retrieval and generation metrics side by side, never blended, with 95 % CIs and counts.
+
+    Which keys, in which order and under which heading: ``evaluation.registry.metric_keys``."""
+    from rag_experiments.evaluation.registry import metric_keys, spec, wrap
+
+    titles = {"retrieval": "retrieval", "generation": "generation", "label": "failure labels"}
+    keys = [key for key in metric_keys(ks, k, generation=True) if key in agg]
     lines = [f"{'metric':<31} {'mean':>6}  95% CI            n"]
-    for title, keys in (("retrieval", retrieval), ("generation", generation), ("failure labels", rates)):
-        keys = [key for key in keys if key in agg]
-        if not keys:
-            continue
-        lines.append(f"-- {title}")
-        for key in keys:
-            n = agg.get(f"n_scored/{key}", float("nan"))
-            lines.append(
-                f"{key:<31} {_fmt(agg[key])}  [{_fmt(agg.get(key + '_ci_low'))}, "
-                f"{_fmt(agg.get(key + '_ci_high'))}]  {int(n) if n == n else ''}"
-            )
+    side = None
+    for key in keys:
+        s = spec(key)
+        if s.side != side:
+            side = s.side
+            lines.append(f"-- {titles.get(side, side)}")
+        n = agg.get(wrap(key, "n_scored"), float("nan"))
+        lo, hi = agg.get(wrap(key, "ci_low")), agg.get(wrap(key, "ci_high"))
+        lines.append(f"{key:<31} {_fmt(agg[key])}  [{_fmt(lo)}, {_fmt(hi)}]  {int(n) if n == n else ''}")
     lines.append(
         f"queries {int(agg['n_queries'])} (unanswerable {int(agg.get('n_unanswerable', 0))}), "
         f"errors {int(agg['n_errors'])}, unparseable verdicts {int(agg['n_unparseable_verdicts'])}"
@@ -138,10 +138,10 @@ def run_job(cfg: DictConfig) -> float:
     """One resolved config → one MLflow run. Returns the context hit rate (Hydra's objective)."""
     from mlflow.tracking import MlflowClient
 
-    from rag_experiments.analysis.attribution import load_thresholds
     from rag_experiments.cache import StageCache
     from rag_experiments.datasets.corpus import CorpusError
     from rag_experiments.evalset import EvalSetError
+    from rag_experiments.evaluation.labels import load_thresholds
     from rag_experiments.pipeline import run_pipeline
     from rag_experiments.tracking import writer as tracking
 

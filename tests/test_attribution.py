@@ -8,22 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rag_experiments.analysis.attribution import (
-    RunData,
-    Thresholds,
-    config_diff,
-    default_margin,
-    factor_effects,
-    failure_label,
-    flips,
-    holm,
-    infer_factors,
-    load_thresholds,
-    min_detectable_effect,
-    non_inferiority,
-    paired_delta,
-    transition_matrix,
-)
+from rag_experiments.analysis.attribution import RunData, config_diff, factor_effects, infer_factors
+from rag_experiments.analysis.gate import default_margin, min_detectable_effect, non_inferiority
+from rag_experiments.analysis.stats import flips, holm, paired_delta, transition_matrix
+from rag_experiments.evaluation.labels import Thresholds, failure_label, load_thresholds
 
 TH = Thresholds(correct=0.5, faithful=0.5)
 NAN = float("nan")

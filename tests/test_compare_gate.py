@@ -10,6 +10,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from rag_experiments import compare, gate
+from rag_experiments.evaluation.labels import RATE_LABELS
+from rag_experiments.evaluation.registry import parse
 from rag_experiments.tracking.runs import (
     RunInputError,
     group_choices,
@@ -35,6 +37,7 @@ PARAMS = {
 
 
 def _table(hits: np.ndarray, labels: list[str]) -> pd.DataFrame:
+    rates = {f"rate_{lab}": (np.array(labels) == lab).astype(float) for lab in RATE_LABELS}
     return pd.DataFrame(
         {
             "id": IDS,
@@ -47,6 +50,7 @@ def _table(hits: np.ndarray, labels: list[str]) -> pd.DataFrame:
             "failure_label": labels,
             "error": [None] * N,
             "latency_retrieval_s": np.linspace(0.01, 0.02, N),
+            **rates,  # the pipeline logs one indicator column per rate label
         }
     )
 
@@ -167,7 +171,7 @@ def test_compare_end_to_end(store, tmp_path, capsys):
 
     # the per-metric table: hit_at_5 unchanged on average (one flip each way), McNemar p = 1
     row = next(line for line in md.splitlines() if line.startswith("| hit_at_5 |"))
-    assert "+0.0000" in row and "mcnemar-exact" in row and row.rstrip().endswith("| 200 |")
+    assert "+0.0000" in row and "mcnemar-exact" in row and row.rstrip().endswith("| 200 | n.s. |")
     assert "Failure-label transitions" in md and "hit→miss" in printed
     assert "latency_retrieval_s" not in md  # not a metric key: compared only when named
 
@@ -176,6 +180,7 @@ def test_compare_end_to_end(store, tmp_path, capsys):
     assert arts == [f"compare/{runs['a']}_vs_{runs['b']}.md"]
     metrics = client.get_run(runs["b"]).data.metrics
     assert metrics["compare/hit_at_5/delta"] == 0.0 and "compare/mrr/p_value" in metrics
+    assert all(parse(k) is not None for k in metrics), sorted(metrics)  # every logged key is registered
 
 
 def test_compare_group_change_is_one_factor(store, tmp_path):
@@ -251,3 +256,45 @@ def test_gate_is_deterministic(store, capsys):
     first = capsys.readouterr().out
     gate.main(argv)
     assert capsys.readouterr().out == first
+
+
+def _row(text: str, metric: str) -> list[str]:
+    line = next(x for x in text.splitlines() if x.startswith(f"| {metric} |"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_compare_reads_direction_from_the_registry(store, tmp_path):
+    """More retrieval failures is worse, fewer is better; hit@5 the other way round."""
+    r, uri = store["runs"], store["uri"]
+    out = tmp_path / "worse.md"
+    assert compare.main([r["a"], r["worse"], "--tracking-uri", uri, "--out", str(out)]) == 0
+    md = out.read_text()
+    fail, hit, ok = (_row(md, m) for m in ("rate_retrieval_failure", "hit_at_5", "rate_ok"))
+    assert fail[3].startswith("+0.3") and fail[-1] == "worse"
+    assert hit[3].startswith("-0.3") and hit[-1] == "worse" and ok[-1] == "worse"
+    assert compare.main([r["worse"], r["a"], "--tracking-uri", uri, "--out", str(out)]) == 0
+    md = out.read_text()
+    assert _row(md, "rate_retrieval_failure")[-1] == "better" and _row(md, "hit_at_5")[-1] == "better"
+    assert compare.change("n_queries", 1.0, 0.001) == "–" and compare.change("mrr", 0.01, 0.4) == "n.s."
+
+
+def test_gate_fails_a_rise_of_a_lower_is_better_metric(store, capsys):
+    r, uri = store["runs"], store["uri"]
+    argv = ["--metric", "rate_retrieval_failure", "--tracking-uri", uri]
+    # 60 more retrieval failures (+30 points): the gate must fail, as it does for a hit@5 drop
+    assert gate.main(["--baseline", r["a"], "--candidate", r["worse"], *argv]) == 1
+    out = capsys.readouterr().out
+    row = next(x for x in out.splitlines() if x.startswith("rate_retrieval_failure"))
+    assert "lower" in row and "FAIL" in row and "GATE FAILED" in out
+    # the same change the other way round is an improvement: passes
+    assert gate.main(["--baseline", r["worse"], "--candidate", r["a"], *argv]) == 0
+    assert "PASS" in capsys.readouterr().out
+    # a small rise within the margin passes (q001 hit→miss and q004 miss→hit: no net change)
+    assert gate.main(["--baseline", r["a"], "--candidate", r["b"], *argv, "--margin", "0.02"]) == 0
+    capsys.readouterr()
+    # a count without a direction, or an unregistered column, cannot be gated
+    assert (
+        gate.main(["--baseline", r["a"], "--candidate", r["b"], "--metric", "query", "--tracking-uri", uri])
+        == 2
+    )
+    assert "not registered" in capsys.readouterr().err

@@ -8,11 +8,11 @@ import warnings
 import numpy as np
 import pytest
 
+from rag_experiments.evaluation.aggregate import mean_ci
 from rag_experiments.evaluation.metrics import (
     context_precision_at_k,
     evidence_recall_at_k,
     hit_at_k,
-    mean_ci,
     ndcg_at_k,
     reciprocal_rank,
     relevance,

@@ -18,7 +18,8 @@ from omegaconf import OmegaConf
 from rag_experiments.cache import CachedEmbedder, StageCache
 from rag_experiments.datasets.corpus import Corpus
 from rag_experiments.evalset import EvalSet
-from rag_experiments.pipeline import FAILURE_LABELS, run_pipeline
+from rag_experiments.evaluation.labels import RATE_LABELS as FAILURE_LABELS
+from rag_experiments.pipeline import run_pipeline
 from rag_experiments.stages.chunking import MarkdownChunker
 from rag_experiments.stages.embedding import SentenceTransformerEmbedder
 from rag_experiments.stages.generation import LocalLlamaGenerator, OpenAICompatibleGenerator

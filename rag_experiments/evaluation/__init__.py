@@ -1,1 +1,1 @@
-"""Per-query metrics, failure labels and aggregation with confidence intervals."""
+"""Per-query metrics, the metric registry, failure labels and aggregation with confidence intervals."""

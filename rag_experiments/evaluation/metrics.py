@@ -1,9 +1,9 @@
-"""Retrieval metrics (DESIGN §3): pure numpy functions, one per metric, per-query values.
+"""Retrieval metrics (docs/metrics.md): pure numpy functions, one per metric, per-query values.
 
 The bridge from gold evidence spans to chunks is :func:`relevance`, defined once here and used by
 everything else (through :func:`relevance_arrays`). Each metric function takes boolean matrices over
 (query, rank) and returns a float array with one value per query; averaging is a separate step
-(:func:`mean_ci`), so per-query tables and paired tests come for free. The ranking is computed once,
+(``evaluation.aggregate.mean_ci``), so per-query tables and paired tests come for free. The ranking is computed once,
 at the largest k, and every metric at every k is derived from it (:func:`retrieval_metrics`).
 
 Conventions shared by the metric functions:
@@ -26,7 +26,6 @@ __all__ = [
     "context_precision_at_k",
     "evidence_recall_at_k",
     "hit_at_k",
-    "mean_ci",
     "ndcg_at_k",
     "reciprocal_rank",
     "relevance",
@@ -245,42 +244,3 @@ def retrieval_metrics(
     for key, values in out.items():
         out[key] = np.where(answerable, values, np.nan)
     return out
-
-
-# --------------------------------------------------------------------------- aggregation
-
-
-def mean_ci(
-    values: Sequence[float] | np.ndarray,
-    n_resamples: int = 1000,
-    seed: int = 0,
-    confidence: float = 0.95,
-) -> tuple[float, float, float, int]:
-    """Mean over the non-NaN values with a percentile bootstrap confidence interval.
-
-    Returns ``(mean, low, high, n)``: queries are resampled with replacement ``n_resamples`` times
-    (numpy Generator seeded with ``seed``, so the CI is reproducible); low/high are the
-    ``(1 - confidence)/2`` and ``(1 + confidence)/2`` quantiles of the resampled means. NaN values
-    (e.g. retrieval metrics of unanswerable queries) are dropped; ``n`` counts the rest.
-    All NaN or empty: ``(nan, nan, nan, 0)``. One value v: ``(v, v, v, 1)``.
-    """
-    v = np.asarray(values, dtype=float).ravel()
-    v = v[~np.isnan(v)]
-    n = int(v.size)
-    if n == 0:
-        return float("nan"), float("nan"), float("nan"), 0
-    mean = float(v.mean())
-    if n == 1 or n_resamples <= 0:
-        return mean, mean, mean, n
-    rng = np.random.default_rng(seed)
-    # Resample in blocks to bound memory (n_resamples x n indices); the block size depends only
-    # on n, so a given input always draws the same indices.
-    block = max(1, min(n_resamples, 4_000_000 // n))
-    means = np.empty(n_resamples)
-    for lo in range(0, n_resamples, block):
-        hi = min(lo + block, n_resamples)
-        means[lo:hi] = v[rng.integers(0, n, size=(hi - lo, n))].mean(axis=1)
-    alpha = (1.0 - confidence) / 2.0
-    low, high = np.quantile(means, [alpha, 1.0 - alpha])
-    # Float noise can put a bound a hair past the mean when all values are equal.
-    return mean, float(min(low, mean)), float(max(high, mean)), n

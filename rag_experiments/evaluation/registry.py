@@ -24,6 +24,7 @@ from rag_experiments.evaluation.labels import FAILURE_LABELS, RATE_LABELS
 
 __all__ = [
     "FORMS",
+    "GENERATION_METRICS",
     "REGISTRY",
     "Form",
     "MetricSpec",
@@ -32,6 +33,7 @@ __all__ = [
     "parse",
     "render_key",
     "spec",
+    "wrap",
 ]
 
 Side = Literal["retrieval", "generation", "label", "cost", "count"]
@@ -43,6 +45,7 @@ _PLACEHOLDERS: dict[str, str] = {
     "B": r"[1-9]\d*",  # token budget of the context
     "label": "|".join(FAILURE_LABELS),
 }
+_INT_PLACEHOLDERS = frozenset({"k", "B"})
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,7 @@ class MetricSpec:
         m = self._regex.fullmatch(key)
         if m is None:
             return None
-        return {n: (int(v) if _PLACEHOLDERS[n].startswith("[1-9]") else v) for n, v in m.groupdict().items()}
+        return {n: (int(v) if n in _INT_PLACEHOLDERS else v) for n, v in m.groupdict().items()}
 
     def render(self, **params: Any) -> str:
         missing = set(self.params) - set(params)
@@ -135,8 +138,7 @@ _M = "rag_experiments.evaluation.metrics."
 _J = "rag_experiments.stages.judging."
 _TOKEN_UNION = "the union of the top-k chunks' character ranges"
 _BUDGET = (
-    "the context filled with the ranked chunks up to B tokens of the fixed metric tokenizer, "
-    "the last chunk truncated"
+    "(the ranked chunks concatenated up to B tokens of the fixed metric tokenizer, the last one truncated)"
 )
 
 REGISTRY: tuple[MetricSpec, ...] = (
@@ -209,7 +211,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "retrieval",
         True,
         "proportion",
-        f"|gold ∩ retrieved| / |gold ∪ retrieved| in characters, retrieved = {_TOKEN_UNION}",
+        f"characters in gold ∩ retrieved / characters in gold ∪ retrieved, retrieved = {_TOKEN_UNION}",
         None,  # the trustmetrics branch names its function here
     ),
     MetricSpec(
@@ -217,7 +219,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "retrieval",
         True,
         "proportion",
-        f"share of the gold-evidence characters inside {_BUDGET}",
+        f"share of the gold-evidence characters inside the budgeted context {_BUDGET}",
         None,  # the trustmetrics branch names its function here
     ),
     MetricSpec(
@@ -225,7 +227,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "retrieval",
         True,
         "binary",
-        f"1 if {_BUDGET} contains any gold-evidence character, else 0",
+        f"1 if the budgeted context {_BUDGET} contains any gold-evidence character, else 0",
         None,  # the trustmetrics branch names its function here
     ),
     MetricSpec(
@@ -233,7 +235,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "retrieval",
         True,
         "proportion",
-        f"share of the characters of {_BUDGET} that are gold evidence",
+        f"share of the budgeted context's characters {_BUDGET} that are gold evidence",
         None,  # the trustmetrics branch names its function here
     ),
     # -- generation
@@ -346,6 +348,9 @@ _LABEL_DIRECTION: dict[str, bool] = {
     "retrieved": True,  # retrieval-only runs: the evidence reached the context
     "error": False,
 }
+#: Per-query columns the judge fills (NaN when a query has no answer to judge).
+GENERATION_METRICS = tuple(s.pattern for s in REGISTRY if s.side == "generation")
+
 assert set(_LABEL_DIRECTION) == set(FAILURE_LABELS), "every failure label needs a direction"
 
 
@@ -409,17 +414,27 @@ def higher_is_better(key: str) -> bool | None:
     return s.higher_is_better
 
 
+def wrap(key: str, form: str, tag: str | None = None) -> str:
+    """A plain metric key in one of the :data:`FORMS`: ``wrap("mrr", "n_scored") == "n_scored/mrr"``;
+    ``form="by_tag"`` needs ``tag``."""
+    got = parse(key)
+    if got is None or got[1]["form"] != "mean":
+        raise KeyError(f"{key!r} is not a registered plain metric key")
+    f = _FORMS[form]
+    if form in _AGGREGATE_FORMS and not got[0].per_query:
+        raise ValueError(f"{key!r} is not a per-query metric: it has no {form} form")
+    if form == "by_tag" and not tag:
+        raise ValueError("form='by_tag' needs a tag")
+    return f.prefix.replace("{tag}", tag or "") + key + f.suffix
+
+
 def render_key(pattern: str, form: str = "mean", tag: str | None = None, **params: Any) -> str:
     """The logged key of ``pattern`` at ``params`` in ``form``: ``render_key("hit_at_{k}", k=5,
     form="ci_low") == "hit_at_5_ci_low"``; ``form="by_tag"`` needs ``tag``."""
     s = next((x for x in REGISTRY if x.pattern == pattern), None)
     if s is None:
         raise KeyError(f"metric pattern {pattern!r} is not registered")
-    f = _FORMS[form]
-    if form == "by_tag" and not tag:
-        raise ValueError("form='by_tag' needs a tag")
-    prefix = f.prefix.replace("{tag}", tag or "")
-    return prefix + s.render(**params) + f.suffix
+    return wrap(s.render(**params), form, tag)
 
 
 def metric_keys(ks: Iterable[int], k: int, generation: bool) -> list[str]:

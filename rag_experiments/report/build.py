@@ -36,7 +36,6 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from rag_experiments.analysis.attribution import (
-    FAILURE_LABELS,
     RunData,
     SweepAttribution,
     _level,  # the level definition factor_effects uses, so labels match its tables
@@ -45,6 +44,7 @@ from rag_experiments.analysis.attribution import (
     is_bookkeeping,
 )
 from rag_experiments.compare import EFFECT_HEADERS, NOISE_HEADERS, effect_rows, noise_rows
+from rag_experiments.evaluation.labels import FAILURE_LABELS
 from rag_experiments.tracking.runs import (
     RunInputError,
     resolve_run,
@@ -669,7 +669,7 @@ def _worst_rows(t: pd.DataFrame, gen: bool) -> list[list[str]]:
 
 def metric_definitions(gen: bool, judge_choice: str | None) -> list[tuple[str, str]]:
     """(name, docstring) of the functions that compute every reported number."""
-    from rag_experiments.analysis import attribution
+    from rag_experiments.evaluation import aggregate, labels
     from rag_experiments.evaluation import metrics as M
     from rag_experiments.stages import judging
 
@@ -680,8 +680,8 @@ def metric_definitions(gen: bool, judge_choice: str | None) -> list[tuple[str, s
         ("mrr (mean of the per-query reciprocal rank)", M.reciprocal_rank),
         ("context_precision_at_{k}", M.context_precision_at_k),
         ("ndcg_at_{k}", M.ndcg_at_k),
-        ("aggregates: mean and 95 % CI", M.mean_ci),
-        ("failure_label and rate_{label}", attribution.failure_label),
+        ("aggregates: mean and 95 % CI", aggregate.mean_ci),
+        ("failure_label and rate_{label}", labels.failure_label),
     ]
     if gen:
         fns += [
