@@ -295,18 +295,10 @@ def _definition(col: str) -> tuple[str, str]:
 
 
 def assessed_columns(per_query: pd.DataFrame) -> list[str]:
-    """Per-query metric columns that become feedback, in the order the run summary reads them."""
-    from rag_experiments.evaluation import registry
-    from rag_experiments.pipeline import metric_columns
+    """Per-query metric columns that become feedback, in registry order (``evaluation.aggregate``)."""
+    from rag_experiments.evaluation.aggregate import metric_columns
 
-    cols = [c for c in metric_columns(per_query) if not c.startswith(_NOT_ASSESSED_PREFIXES)]
-
-    def order(c: str) -> tuple[int, int, str]:
-        got = registry.parse(c)
-        head = got[0].headline if got and got[0].headline is not None else 999
-        return (0 if got and got[0].side == "retrieval" else 1, head, c)
-
-    return sorted(cols, key=order)
+    return [c for c in metric_columns(per_query) if not c.startswith(_NOT_ASSESSED_PREFIXES)]
 
 
 def expectations(item: EvalItem, doc_text: dict[str, str], evalset_digest: str) -> list[Pending]:
