@@ -69,8 +69,13 @@ _JUDGE_CODE = (
 )
 STAGE_CODE: dict[str, tuple[str, ...]] = {
     "chunks": ("rag_experiments.stages.chunking",),
-    "vectors": ("rag_experiments.stages.embedding",),
-    "rankings": ("rag_experiments.stages.retrieval", "rag_experiments.stages.embedding"),
+    "chunk_tokens": ("rag_experiments.stages.text", "rag_experiments.evaluation.budget"),
+    "vectors": ("rag_experiments.stages.embedding", "rag_experiments.stages.vector_store"),
+    "rankings": (
+        "rag_experiments.stages.retrieval",
+        "rag_experiments.stages.embedding",
+        "rag_experiments.stages.vector_store",
+    ),
     "generation": ("rag_experiments.stages.generation",),
     "claims": _JUDGE_CODE,
     "verdict": _JUDGE_CODE,
@@ -143,9 +148,8 @@ def code_version(stage: str) -> str:
 
 
 def _failure_label_module() -> str:
-    # failure labels are computed by the pipeline but defined in analysis; follow the function
-    # rather than a file name, so the fingerprint survives that module being split
-    from rag_experiments.analysis.attribution import failure_label
+    # follow the function rather than a file name, so the fingerprint survives a module move
+    from rag_experiments.evaluation.labels import failure_label
 
     return failure_label.__module__
 

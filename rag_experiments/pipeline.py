@@ -76,7 +76,7 @@ def chunk_tokens_stage(chunks: list[Chunk], chunks_key: str, cache: StageCache):
     from rag_experiments.stages.text import token_ends, tokenizer_identity
 
     ident = tokenizer_identity()
-    key = stable_hash("chunk_tokens", chunks_key, ident)
+    key = stage_key("chunk_tokens", chunks_key, ident)
     hit = cache.get_array("chunk_tokens", key)
     if hit is not None:
         return hit["ends"], hit["ptr"], ident, key

@@ -148,7 +148,6 @@ def input_problems(cfg: DictConfig, cache=None) -> tuple[list[str], dict | None]
     from rag_experiments.config_schema import ConfigError, check
     from rag_experiments.datasets.corpus import CorpusError
     from rag_experiments.evalset import EvalSetError
-
     from rag_experiments.evaluation.metrics import check_metrics_config
 
     try:
@@ -349,6 +348,10 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
     try:
         res = _pipeline(job)
         _log(client, run_id, job, res)
+        from rag_experiments.tracking.traces import log_traces  # one trace per eval item (docs/tracing.md)
+
+        st = job.stages
+        log_traces(client, run_id, exp_id, res.per_query, st["evalset"], st["corpus"], job.cfg, st)
         if every_item_failed(res.aggregates):
             why = (
                 f"every one of the {int(res.aggregates['n_queries'])} queries errored (see per_query 'error')"

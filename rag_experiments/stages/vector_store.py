@@ -17,14 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from rag_experiments.cache import stable_hash
+from rag_experiments.cache import stage_key
 
 DTYPES = {"float32": np.float32, "float16": np.float16}
 
 
 def vectors_key(embedder_identity: str, texts: list[str], dtype: str) -> str:
     """sha256 of (embedder identity, the texts, storage dtype): what determines the matrix."""
-    return stable_hash("vectors_mm", embedder_identity, texts, dtype)
+    return stage_key("vectors", "memmap", embedder_identity, texts, dtype)
 
 
 def _tmp(path: Path) -> Path:

@@ -384,10 +384,13 @@ def log_results(
     import mlflow
 
     now = int(time.time() * 1000)
+    from rag_experiments.tracking.run_page import metric_order
+
+    # logged in reading order: MLflow's run page lists metrics in the order they were logged
     metrics = [
-        Metric(k, float(v), now, 0)
-        for k, v in sorted(aggregates.items())
-        if v is not None and not (isinstance(v, float) and math.isnan(v))
+        Metric(k, float(aggregates[k]), now, 0)
+        for k in metric_order(aggregates)
+        if aggregates[k] is not None and not (isinstance(aggregates[k], float) and math.isnan(aggregates[k]))
     ]
     for batch in _batched(metrics, 1000):
         client.log_batch(run_id, metrics=batch)
