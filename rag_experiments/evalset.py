@@ -4,7 +4,7 @@ Gold evidence is text in the corpus, not a chunk id: each evidence item names a 
 ``quote`` (matched exactly after whitespace normalisation) and/or ``start``/``end`` offsets, and is
 resolved at load time to a ``Span``. A quote that no longer occurs is how a stale eval set is caught.
 
-CLI (DESIGN §8)::
+CLI::
 
     python -m rag_experiments.evalset validate [--corpus PATH] [--evalset PATH]
     python -m rag_experiments.evalset import-squad FILE --out DIR [--strict]
@@ -184,7 +184,7 @@ class _Resolver:
 
 
 def conf_dir() -> Path:
-    """The Hydra config tree at the repository top level (DESIGN §1)."""
+    """The Hydra config tree, package data inside ``rag_experiments``."""
     return Path(str(resources.files("rag_experiments") / "conf"))
 
 

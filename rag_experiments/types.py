@@ -1,4 +1,4 @@
-"""Data contracts shared by every stage (DESIGN §2). Plain dataclasses; no behaviour."""
+"""Data contracts shared by every stage (docs/architecture.md). Plain dataclasses; no behaviour."""
 
 from __future__ import annotations
 

@@ -131,7 +131,7 @@ def load_corpus(path: str | Path) -> list[Document]:
 
 
 def corpus_digest(docs: list[Document]) -> str:
-    """sha256 over the sorted (doc_id, text) pairs (DESIGN §2)."""
+    """sha256 over the sorted (doc_id, text) pairs (docs/architecture.md)."""
     h = hashlib.sha256()
     for d in sorted(docs, key=lambda d: d.doc_id):
         h.update(json.dumps([d.doc_id, d.text], ensure_ascii=False).encode())

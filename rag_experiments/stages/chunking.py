@@ -1,4 +1,4 @@
-"""Chunkers: split a Document into Chunks with exact character offsets (DESIGN §2, §4).
+"""Chunkers: split a Document into Chunks with exact character offsets (docs/architecture.md, "Data contracts").
 
 Contract kept by every chunker here (and checked by property tests):
 

@@ -1,6 +1,6 @@
 """Judges: claim decomposition, per-claim verdicts, answer relevance, and correctness helpers.
 
-Verdicts are ``supported`` / ``unsupported`` / ``unparseable`` (DESIGN §3). An unparseable reply is
+Verdicts are ``supported`` / ``unsupported`` / ``unparseable`` (docs/metrics.md). An unparseable reply is
 counted and excluded from faithfulness, never read as "no".
 
 Backends behind the :class:`Judge` protocol:

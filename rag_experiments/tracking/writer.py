@@ -2,7 +2,7 @@
 
 The layout is a contract that ``compare``, ``gate``, ``report`` and users' dashboards rely on:
 one parent run per multirun (tag ``sweep_id``), one child per resolved config, params = the
-flattened config plus the Hydra group choices, metrics with the DESIGN §3 keys, the per-query
+flattened config plus the Hydra group choices, metrics with the registry keys (docs/metrics.md), the per-query
 table as ``per_query.json`` (``mlflow.log_table``) and ``per_query.parquet``.
 """
 
