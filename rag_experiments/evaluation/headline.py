@@ -7,7 +7,6 @@ Chunk-count metrics (hit@k, MRR, evidence recall@k) favour big chunks: a whole d
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 
 __all__ = ["CHUNKING_REASON", "headline_metrics", "headline_reason", "varies_chunking"]
@@ -15,7 +14,17 @@ __all__ = ["CHUNKING_REASON", "headline_metrics", "headline_reason", "varies_chu
 CHUNKING_REASON = "chunkers of different sizes compared at equal context cost"
 DEFAULT_BUDGETS = (256, 512, 1024)
 _BUDGETED = ("evidence_recall", "hit", "token_precision")
-_BUDGET_KEY = re.compile(r"(?:evidence_recall|hit|token_precision)_at_([1-9]\d*)tok")
+
+
+def _budget_of(key: str) -> int | None:
+    """B of a plain budgeted key (``hit_at_512tok`` → 512), read from the metric registry."""
+    from rag_experiments.evaluation.registry import parse
+
+    got = parse(key)
+    if got is None or got[1].get("form") != "mean":
+        return None
+    spec, params = got
+    return int(params["B"]) if spec.pattern.startswith(_BUDGETED) and "B" in params else None
 
 
 def varies_chunking(varying_factors: Iterable[str]) -> bool:
@@ -38,7 +47,7 @@ def headline_metrics(
     if available is None:
         budgets = list(DEFAULT_BUDGETS)
     else:
-        budgets = sorted({int(m.group(1)) for a in available if (m := _BUDGET_KEY.fullmatch(a))})
+        budgets = sorted({b for a in available if (b := _budget_of(a)) is not None})
     out = [f"hit_at_{k}", "mrr", f"evidence_recall_at_{k}"]
     if varies_chunking(factors):
         out = [f"{name}_at_{b}tok" for name in _BUDGETED for b in budgets] + out

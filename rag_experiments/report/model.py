@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from rag_experiments.analysis.attribution import SweepAttribution, factor_effects
 from rag_experiments.evaluation import registry
+from rag_experiments.evaluation.headline import headline_metrics, headline_reason, varies_chunking  # noqa: F401
 from rag_experiments.evaluation.labels import FAILURE_LABELS
 from rag_experiments.report.load import Config, ReportInput
 from rag_experiments.report.plots import PlotData
@@ -43,10 +44,14 @@ def retrieval_metrics(hit_ks: Sequence[int], k: int) -> list[str]:
     ]
 
 
-def attribution_metrics(primary: str, k: int, configs: Sequence[Config]) -> list[str]:
-    """The primary metric, then the ranking metrics at context k, generation metrics and rate_ok:
-    those every config's per-query table has."""
-    keys = [primary] + [m for m in (f"evidence_recall_at_{k}", "mrr", f"ndcg_at_{k}") if m != primary]
+def attribution_metrics(
+    primary: str, k: int, configs: Sequence[Config], factors: Sequence[str] = ()
+) -> list[str]:
+    """The primary metric, the headline metrics for the varied ``factors`` (budgeted metrics first
+    when the chunking varies: ``evaluation.headline``), the ranking metrics at context k, generation
+    metrics and rate_ok: those every config's per-query table has."""
+    lead = headline_metrics(factors, available=list(configs[0].table.columns), k=k) if factors else []
+    keys = [primary, *lead] + [m for m in (f"evidence_recall_at_{k}", "mrr", f"ndcg_at_{k}") if m != primary]
     keys += [*GENERATION_METRICS, "rate_ok"]
     keys = list(dict.fromkeys(keys))
     return [m for m in keys if all(m in c.table.columns for c in configs)]
@@ -303,7 +308,9 @@ def analyse(
     """Choose the baseline and primary metric, check the runs agree, run the attribution."""
     configs = inp.configs
     k = context_k(configs)
-    primary = primary or f"hit_at_{k}"
+    lead = headline_metrics(inp.factors, available=list(configs[0].table.columns), k=k)
+    # a chunking ablation is judged at equal context cost, not by chunk counts (docs/metrics.md)
+    primary = primary or (lead[0] if varies_chunking(inp.factors) and lead else f"hit_at_{k}")
     missing = [c.label for c in configs if primary not in c.table.columns]
     if missing:
         raise RunInputError(f"metric {primary!r} is not in the per-query table of: {', '.join(missing)}")
@@ -316,7 +323,7 @@ def analyse(
         )
     att = None
     if len(configs) > 1 and inp.factors:
-        metrics = attribution_metrics(primary, k, configs)
+        metrics = attribution_metrics(primary, k, configs, inp.factors)
         att = factor_effects(
             [c.data for c in configs], base.data, metrics, seed=seed, n_resamples=n_resamples
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rag_experiments.analysis.attribution import SweepAttribution, is_bookkeeping
+from rag_experiments.evaluation.headline import CHUNKING_REASON, headline_metrics, headline_reason
 from rag_experiments.report.figures import plots_section
 from rag_experiments.report.load import Config, ReportInput, level
 from rag_experiments.report.model import (
@@ -120,6 +121,12 @@ def _effect_text(r) -> str:
 def in_brief(base: Config, primary: str, att: SweepAttribution | None) -> list[Text]:
     """The short answer: the baseline on the primary metric, each level's delta, what is significant."""
     out = [text("Baseline ", bold(base.label), f": {primary} = {with_ci(base.metrics, primary)}.")]
+    if primary.endswith("tok"):
+        out.append(
+            text(
+                f"Primary metric {primary}: {CHUNKING_REASON} (the context holds the same number of tokens)."
+            )
+        )
     if att is None or att.effects.empty:
         return out
     eff = att.effects
@@ -158,6 +165,11 @@ def results_table(an: Analysis, keys: Sequence[str], mark_best: bool = True) -> 
     return table(["config", *keys], rows)
 
 
+TOKEN_BUDGET_NOTE = (
+    "The ranked chunks fill a context of B tokens (the last one truncated), so a chunker is not "
+    "rewarded for handing the generator more text; hit@k and MRR below count chunks."
+)
+
 COUNT_KEYS = ("n_queries", "n_unanswerable", "n_errors", "n_unparseable_verdicts")
 
 
@@ -174,6 +186,15 @@ def results(an: Analysis) -> Section:
             )
         )
     )
+    reason = headline_reason(an.factors)
+    if reason:  # chunk-count metrics favour big chunks: lead with equal-cost ones (docs/metrics.md)
+        cols = list(an.configs[0].table.columns)
+        budgeted = [m for m in headline_metrics(an.factors, available=cols, k=an.k) if m.endswith("tok")]
+        lead = [
+            Paragraph(text(f"Budgeted metrics first: {reason}. ", TOKEN_BUDGET_NOTE)),
+            results_table(an, budgeted),
+        ]
+        s.subsections.append(Subsection("Retrieval at equal token budget", lead))
     s.subsections.append(
         Subsection("Retrieval", [results_table(an, retrieval_metrics(logged_ks(an.configs), an.k))])
     )
