@@ -143,6 +143,7 @@ def run_job(cfg: DictConfig) -> float:
     from rag_experiments.datasets.corpus import CorpusError
     from rag_experiments.evalset import EvalSetError
     from rag_experiments.pipeline import run_pipeline
+    from rag_experiments.progress import Progress, timing_table
     from rag_experiments.tracking import writer as tracking
 
     t_start = time.perf_counter()
@@ -222,6 +223,7 @@ def run_job(cfg: DictConfig) -> float:
             n_resamples=cfg.metrics.bootstrap_resamples,
             seed=cfg.seed,
             progress=cfg.get("progress", True),
+            generation_subset=cfg.get("generation_subset"),
         )
         import pandas as pd
 
@@ -243,13 +245,14 @@ def run_job(cfg: DictConfig) -> float:
         }
         if stages["prompt"] is not None:
             artifacts["prompt_template.txt"] = stages["prompt"].text
-        timing = {**res.timings, "total_s": time.perf_counter() - t_start}
+        timing = {**res.timings, "logging_s": 0.0, "total_s": time.perf_counter() - t_start}
         extra = {
             "n_chunks": str(res.n_chunks),
             "model_calls": json.dumps(res.calls),
             "timings": json.dumps({k_: round(v, 3) for k_, v in timing.items()}),
             **{f"cache_key.{k_}": v for k_, v in res.cache_keys.items()},
         }
+        t_log, bar = time.perf_counter(), Progress("mlflow logging", None, cfg.get("progress", True))
         tracking.log_results(
             client,
             run_id,
@@ -261,6 +264,9 @@ def run_job(cfg: DictConfig) -> float:
             artifacts,
             extra,
         )
+        bar.close()
+        timing["logging_s"] = time.perf_counter() - t_log
+        timing["total_s"] = time.perf_counter() - t_start
         client.set_terminated(run_id, "FINISHED")
     except BaseException as e:
         status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
@@ -273,6 +279,13 @@ def run_job(cfg: DictConfig) -> float:
         raise
     print(f"\n== {run_name}  (run {run_id}, {res.n_chunks} chunks, {time.perf_counter() - t_start:.1f}s)")
     print(summary_table(res.aggregates, k, ks))
+    if gen is not None and res.n_generated < len(evalset.items):
+        print(
+            f"generation metrics and label rates: stratified subset of n={res.n_generated} of "
+            f"{len(evalset.items)} items (generation_subset={cfg.get('generation_subset')}; "
+            "generation_subset=null for all); retrieval metrics: all items"
+        )
+    print(timing_table(timing))
     print(f"model calls {res.calls or '{}'}; cache {dict(sorted(cache.stats.items()))}")
     if not sweep:
         print(f"\nOpen the MLflow UI:\n  {tracking.ui_command(uri, cfg.tracking.artifact_root)}")

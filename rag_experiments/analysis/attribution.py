@@ -23,6 +23,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,10 @@ FAILURE_LABELS = (
     "error",
 )
 
-_DEFAULT_THRESHOLDS_FILE = Path(__file__).resolve().parents[1] / "conf" / "attribution" / "default.yaml"
+# package data, found the way an installed wheel is found (importlib.resources), never via the cwd
+_DEFAULT_THRESHOLDS_FILE = Path(
+    str(resources.files("rag_experiments") / "conf" / "attribution" / "default.yaml")
+)
 
 
 @dataclass(frozen=True)
