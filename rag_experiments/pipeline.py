@@ -2,7 +2,10 @@
 
 ``run_pipeline`` takes built stages (no Hydra, no MLflow), so tests and scripts call it directly.
 Every stage goes through the content-addressed ``StageCache``; the per-query records it returns
-carry everything the MLflow table, the failure labels and the statistics need.
+carry everything the MLflow table, the failure labels and the statistics need. Results are
+committed to the cache as they complete (each answer, each judged answer, each embedding block),
+so a killed run resumes with only the missing model calls; every slow stage reports progress
+through ``rag_experiments.progress``.
 """
 
 from __future__ import annotations
@@ -12,12 +15,12 @@ import logging
 import math
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 from rag_experiments.cache import StageCache, stage_key
 from rag_experiments.evaluation import metrics as M
@@ -25,8 +28,9 @@ from rag_experiments.evaluation.aggregate import aggregate
 from rag_experiments.evaluation.budget import budgeted_metrics
 from rag_experiments.evaluation.labels import RATE_LABELS, failure_label
 from rag_experiments.evaluation.registry import GENERATION_METRICS
+from rag_experiments.progress import Progress, track
 from rag_experiments.stages.chunking import chunk_corpus
-from rag_experiments.types import Chunk, Document, EvalItem, Verdict
+from rag_experiments.types import Chunk, Document, EvalItem, Generation, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +43,25 @@ class PipelineResult:
     timings: dict[str, float]
     calls: dict[str, int] = field(default_factory=dict)
     n_chunks: int = 0
+    n_generated: int = 0  # items generated and judged (0: retrieval only)
     tags: dict[str, str] = field(default_factory=dict)  # run tags, e.g. token_budget_tokenizer
 
 
-def chunk_stage(docs: list[Document], corpus_digest: str, chunker, chunking_cfg: dict, cache: StageCache):
+def chunk_stage(
+    docs: list[Document],
+    corpus_digest: str,
+    chunker,
+    chunking_cfg: dict,
+    cache: StageCache,
+    progress: bool = True,
+):
     key = stage_key("chunks", corpus_digest, chunking_cfg)
     chunks = cache.get_chunks(key)
     if chunks is None:
-        chunks = chunk_corpus(chunker, docs)
+        chunks = []
+        # same order as chunk_corpus(chunker, docs); a line per 10 % only for large corpora
+        for doc in track(docs, "chunking", enabled=progress and len(docs) >= 200, unit="docs"):
+            chunks.extend(chunk_corpus(chunker, [doc]))
         cache.put_chunks(key, chunks)
     return chunks, key
 
@@ -85,22 +100,71 @@ def chunk_tokens_stage(chunks: list[Chunk], chunks_key: str, cache: StageCache):
     return ends, ptr, ident, key
 
 
-def generation_stage(generator, prompts: list[list[dict]], cache: StageCache) -> tuple[list, int]:
+def stratified_subset(items: list[EvalItem], n: int | None) -> list[int]:
+    """Indices of a fixed, tag-stratified subset of ``n`` items (all items when ``n`` is None).
+
+    Each item's stratum is its rarest tag (ties by name; untagged items form their own stratum).
+    Strata get ``n * size / total`` items by largest remainder, at least one each while ``n``
+    allows; inside a stratum the picks are evenly spaced in file order
+    (``floor((j + 0.5) * size / n_s)``). No randomness: the same file gives the same subset.
+    """
+    if n is None or n >= len(items):
+        return list(range(len(items)))
+    if n <= 0:
+        raise ValueError(f"generation_subset: must be a positive number of items or null, got {n}")
+    counts = Counter(t for it in items for t in it.tags)
+    strata: dict[str, list[int]] = {}
+    for i, it in enumerate(items):
+        tag = min(it.tags, key=lambda t: (counts[t], t)) if it.tags else ""
+        strata.setdefault(tag, []).append(i)
+    names = sorted(strata, key=lambda s: (len(strata[s]), s))
+    quota = dict.fromkeys(names, 0)
+    for s in names[:n]:  # rarest strata first get their one item
+        quota[s] = 1
+    left = n - sum(quota.values())
+    exact = {s: left * len(strata[s]) / len(items) for s in names}
+    for s in names:
+        quota[s] += int(exact[s])
+    by_rest = sorted(names, key=lambda s: (-(exact[s] - int(exact[s])), s))
+    for s in by_rest[: n - sum(quota.values())]:
+        quota[s] += 1
+    picked = []
+    for s in names:
+        members, q = strata[s], min(quota[s], len(strata[s]))
+        picked += [members[int((j + 0.5) * len(members) / q)] for j in range(q)]
+    return sorted(picked)
+
+
+def _generate_one(generator, messages) -> Generation:
+    return generator.generate([messages])[0]
+
+
+def generation_stage(
+    generator, prompts: list[list[dict]], cache: StageCache, progress: bool = True
+) -> tuple[list[Generation], int]:
     """Generations keyed by (generator identity, rendered prompt); only misses reach the model.
 
-    Failed generations are not cached, so a re-run retries them.
+    Requests run ``generator.concurrency`` at a time and each answer is committed to the cache as
+    soon as it arrives, so a killed run loses only the requests in flight. Failed generations are
+    not cached, so a re-run retries them.
     """
     keys = [stage_key("generation", generator.identity, p) for p in prompts]
     found = cache.get_json_many("generations", keys)
-    todo = sorted({k: i for i, k in enumerate(keys) if k not in found}.items(), key=lambda kv: kv[1])
-    from rag_experiments.types import Generation
-
-    fresh: dict[str, Any] = {}
-    if todo:
-        outs = generator.generate([prompts[i] for _, i in todo])
-        for (k, _), g in zip(todo, outs, strict=True):
-            fresh[k] = g
-        cache.put_json_many("generations", {k: asdict(g) for k, g in fresh.items() if not g.error})
+    todo = list({k: i for i, k in enumerate(keys) if k not in found}.items())
+    fresh: dict[str, Generation] = {}
+    workers = max(1, int(getattr(generator, "concurrency", 1) or 1))
+    pool = ThreadPoolExecutor(max_workers=workers)
+    try:
+        with Progress("generation", len(todo), enabled=progress and bool(todo), unit="answers") as bar:
+            futures = {pool.submit(_generate_one, generator, prompts[i]): k for k, i in todo}
+            for fut in as_completed(futures):
+                k, g = futures[fut], fut.result()
+                fresh[k] = g
+                if not g.error:
+                    cache.put_json_many("generations", {k: asdict(g)})
+                bar.update()
+    finally:  # on Ctrl-C / SIGTERM do not wait for the queued requests
+        pool.shutdown(wait=False, cancel_futures=True)
     gens = []
     for k in keys:
         if k in fresh:
@@ -112,52 +176,186 @@ def generation_stage(generator, prompts: list[list[dict]], cache: StageCache) ->
     return gens, len(todo)
 
 
+def _judge_one(judge, item: EvalItem, answer: str, context: str, cache: StageCache, calls: Counter):
+    """(claims, verdicts, relevance, method, seconds) for one answer; each part cached and committed."""
+    t0 = time.perf_counter()
+    ck = stage_key("claims", judge.identity, answer)
+    got = cache.get_json_many("claims", [ck])
+    if ck in got:
+        claims = got[ck]
+    else:
+        claims = judge.split(answer)
+        calls["claims"] += 1
+        cache.put_json_many("claims", {ck: claims})
+    vkeys = [stage_key("verdict", judge.identity, c, context) for c in claims]
+    found = cache.get_json_many("verdicts", vkeys)
+    missing = list(dict.fromkeys(c for c, k in zip(claims, vkeys, strict=True) if k not in found))
+    if missing:
+        fresh = judge.verdicts(missing, context)
+        calls["verdicts"] += len(missing)
+        new = {stage_key("verdict", judge.identity, v.claim, context): asdict(v) for v in fresh}
+        cache.put_json_many("verdicts", {k: v for k, v in new.items() if not v.get("error")})
+        found.update(new)
+    verdicts = [Verdict(**found[k]) for k in vkeys]
+    rk = stage_key("relevance", judge.identity, item.query, answer)
+    got = cache.get_json_many("relevance", [rk])
+    if rk in got:
+        rel, method = got[rk]
+    else:
+        rel, method = judge.answer_relevance(item.query, answer)
+        calls["relevance"] += 1
+        cache.put_json_many("relevance", {rk: [rel, method]})
+    return claims, verdicts, rel, method, time.perf_counter() - t0
+
+
 def judge_stage(
     judge,
     items: list[EvalItem],
-    answers: list[str],
+    answers: list[str | None],
     contexts: list[str],
     cache: StageCache,
     progress: bool = True,
 ):
-    """Claims, verdicts and answer relevance per query, each cached by what it depends on."""
-    calls = Counter()
+    """Claims, verdicts and answer relevance per query, each cached by what it depends on.
+
+    A judge with a ``prepare(answers, contexts)`` method (the heuristic judge) gets every text it
+    will need up front, so it can embed them in one batch instead of one call per query.
+    """
+    calls: Counter = Counter()
+    prepare = getattr(judge, "prepare", None)
+    if prepare is not None:
+        todo = [(a, c) for a, c in zip(answers, contexts, strict=True) if a is not None]
+        with Progress("judging: embedding claims and contexts", None, enabled=progress and bool(todo)):
+            prepare([a for a, _ in todo], [c for _, c in todo])
     out = []
-    for item, answer, context in tqdm(
-        list(zip(items, answers, contexts, strict=True)), desc="judge", disable=not progress, leave=False
-    ):
-        if answer is None:
-            out.append(None)
-            continue
-        t0 = time.perf_counter()
-        ck = stage_key("claims", judge.identity, answer)
-        got = cache.get_json_many("claims", [ck])
-        if ck in got:
-            claims = got[ck]
-        else:
-            claims = judge.split(answer)
-            calls["claims"] += 1
-            cache.put_json_many("claims", {ck: claims})
-        vkeys = [stage_key("verdict", judge.identity, c, context) for c in claims]
-        found = cache.get_json_many("verdicts", vkeys)
-        missing = list(dict.fromkeys(c for c, k in zip(claims, vkeys, strict=True) if k not in found))
-        if missing:
-            fresh = judge.verdicts(missing, context)
-            calls["verdicts"] += len(missing)
-            new = {stage_key("verdict", judge.identity, v.claim, context): asdict(v) for v in fresh}
-            cache.put_json_many("verdicts", {k: v for k, v in new.items() if not v.get("error")})
-            found.update(new)
-        verdicts = [Verdict(**found[k]) for k in vkeys]
-        rk = stage_key("relevance", judge.identity, item.query, answer)
-        got = cache.get_json_many("relevance", [rk])
-        if rk in got:
-            rel, method = got[rk]
-        else:
-            rel, method = judge.answer_relevance(item.query, answer)
-            calls["relevance"] += 1
-            cache.put_json_many("relevance", {rk: [rel, method]})
-        out.append((claims, verdicts, rel, method, time.perf_counter() - t0))
+    rows = list(zip(items, answers, contexts, strict=True))
+    for item, answer, context in track(rows, "judging", enabled=progress, unit="answers"):
+        out.append(None if answer is None else _judge_one(judge, item, answer, context, cache, calls))
     return out, calls
+
+
+def _retrieval_rows(items, ranked, scores, per_q, latency_s: float) -> list[dict[str, Any]]:
+    """One per-query row: gold spans, the ranked chunks with scores, every retrieval metric."""
+    rows = []
+    for qi, it in enumerate(items):
+        retrieved = [
+            {
+                "rank": r + 1,
+                "chunk_id": c.chunk_id,
+                "doc_id": c.doc_id,
+                "start": c.start,
+                "end": c.end,
+                "score": round(float(scores[qi][r]), 6),
+            }
+            for r, c in enumerate(ranked[qi])
+        ]
+        rows.append(
+            {
+                "id": it.id,
+                "query": it.query,
+                "tags": list(it.tags),
+                "gold_spans": json.dumps([[s.doc_id, s.start, s.end] for s in it.gold_spans]),
+                "retrieved": json.dumps(retrieved),
+                **{name: float(v[qi]) for name, v in per_q.items()},
+                "latency_retrieval_s": latency_s,
+                "error": None,
+            }
+        )
+    return rows
+
+
+def _judged_columns(g: Generation, it: EvalItem, j) -> dict[str, Any]:
+    """Generation metrics and judge bookkeeping of one generated answer (``j`` None: not judged)."""
+    from rag_experiments.stages.judging import correctness, faithfulness
+
+    if j is None:
+        return {
+            **{m: math.nan for m in GENERATION_METRICS},
+            "claims": "[]",
+            "verdicts": "[]",
+            "n_claims": 0,
+            "n_unparseable": 0,
+            "relevance_method": "",
+            "latency_judge_s": 0.0,
+        }
+    claims, verdicts, rel, method, lat = j
+    faith, n_claims, n_unp = faithfulness(verdicts)
+    verdict_rows = [
+        {"claim": v.claim, "label": v.label, "score": v.score, "rationale": v.rationale} for v in verdicts
+    ]
+    return {
+        "faithfulness": faith,
+        "answer_relevance": float(rel),
+        "correctness": correctness(g.text, it.key_facts, it.answerable),
+        "claims": json.dumps(claims),
+        "verdicts": json.dumps(verdict_rows),
+        "n_claims": n_claims,
+        "n_unparseable": n_unp,
+        "relevance_method": method,
+        "latency_judge_s": lat,
+    }
+
+
+def _label_rows(rows, items, k: int, thresholds: dict | None, generated: list[bool]) -> None:
+    """Set ``failure_label`` per row; rows without an answer get the retrieval-only verdict."""
+
+    hit_key = f"hit_at_{k}"
+    for row, it, gen in zip(rows, items, generated, strict=True):
+        row["failure_label"] = failure_label(
+            answerable=it.answerable,
+            hit=bool(row.get(hit_key) == 1.0),
+            correctness=row.get("correctness", math.nan) if gen else math.nan,
+            faithfulness=row.get("faithfulness", math.nan) if gen else math.nan,
+            generated=gen,
+            error=row["error"] if gen else None,
+            thresholds=thresholds or {},
+        )
+
+
+def _generate_and_judge(rows, items, ranked, k, subset, generator, prompt, judge, cache, progress):
+    """Generate and judge the ``subset`` of items; fills their rows. Returns (timings, calls)."""
+    timings: dict[str, float] = {}
+    calls: Counter = Counter()
+    sub_items = [items[i] for i in subset]
+    contexts_chunks = [ranked[i][:k] for i in subset]
+    prompts = [prompt.render(it.query, cs) for it, cs in zip(sub_items, contexts_chunks, strict=True)]
+    t = time.perf_counter()
+    gens, n_gen = generation_stage(generator, prompts, cache, progress)
+    calls["generation"] += n_gen
+    timings["generation_s"] = time.perf_counter() - t
+    answers = [None if g.error else g.text for g in gens]
+    contexts = ["\n\n".join(c.text for c in cs) for cs in contexts_chunks]
+    t = time.perf_counter()
+    judged, jcalls = judge_stage(judge, sub_items, answers, contexts, cache, progress)
+    calls.update({f"judge_{k_}": v for k_, v in jcalls.items()})
+    timings["judging_s"] = time.perf_counter() - t
+    for qi, it, g, j, ctx in zip(subset, sub_items, gens, judged, contexts, strict=True):
+        row = rows[qi]
+        row.update(answer=g.text, context=ctx, error=g.error)  # context: exactly what both saw
+        row.update(latency_generation_s=g.latency_s, generation_cached=g.cached)
+        row.update(_judged_columns(g, it, j))
+    return timings, calls
+
+
+def _retrieval_scores(
+    retriever, items, chunks, idx, ranked, all_ks, min_coverage, rank_depth, token_budgets, cache_keys, cache
+) -> tuple[dict[str, np.ndarray], dict[str, str], dict[str, float]]:
+    """(per-query retrieval metrics, run tags, run-level retriever metrics): chunk-count metrics,
+    token-level and budgeted metrics (docs/metrics.md), and e.g. ANN recall (docs/scale.md)."""
+    gold = [it.gold_spans for it in items]
+    per_q = M.retrieval_metrics(ranked, gold, chunks, all_ks, min_coverage, rank_depth=rank_depth)
+    per_q.update(M.token_metrics(ranked, gold, all_ks))
+    run_tags: dict[str, str] = {}
+    if token_budgets:
+        ends, ptr, tok_id, cache_keys["chunk_tokens"] = chunk_tokens_stage(
+            chunks, cache_keys["chunks"], cache
+        )
+        per_q.update(budgeted_metrics(idx, chunks, gold, ends, ptr, token_budgets, min_coverage))
+        run_tags["token_budget_tokenizer"] = tok_id
+    run_metrics = getattr(retriever, "run_metrics", None)
+    queries = [it.query for it in items]
+    extra = run_metrics(chunks, cache_keys["chunks"], queries, all_ks, cache) if run_metrics else {}
+    return per_q, run_tags, extra
 
 
 def run_pipeline(
@@ -178,150 +376,85 @@ def run_pipeline(
     n_resamples: int = 1000,
     seed: int = 0,
     progress: bool = True,
+    generation_subset: int | None = None,
     rank_depth: int = 100,
     token_budgets: tuple[int, ...] | list[int] = (256, 512, 1024),
 ) -> PipelineResult:
-    from rag_experiments.stages.judging import correctness, faithfulness
+    """Retrieval on every item; generation and judging on ``stratified_subset(items, generation_subset)``.
 
+    Items outside the subset keep their retrieval metrics and a retrieval-only failure label; their
+    generation metrics and label rates are NaN, so every generation mean covers the subset only
+    (``n_scored/{key}``) and the rates share one denominator.
+    """
     timings: dict[str, float] = {}
     calls: Counter = Counter()
+    embedder = getattr(retriever, "embedder", None)
+    if hasattr(embedder, "progress"):
+        embedder.progress = progress
     t = time.perf_counter()
-    chunks, chunks_key = chunk_stage(docs, corpus_digest, chunker, chunking_cfg, cache)
+    chunks, chunks_key = chunk_stage(docs, corpus_digest, chunker, chunking_cfg, cache, progress)
     timings["chunking_s"] = time.perf_counter() - t
 
     all_ks = sorted(set(ks) | {k})
-    depth = max(*all_ks, rank_depth)  # MRR and the token budgets read past max(ks)
     queries = [it.query for it in items]
     t = time.perf_counter()
     before = cache.stats["rankings.miss"]
-    idx, scores, ranking_key = retrieval_stage(retriever, chunks, chunks_key, queries, depth, cache)
+    with Progress("retrieval", None, enabled=progress):  # start/done lines; embedding shows blocks
+        depth = max(*all_ks, rank_depth)  # MRR and the token budgets read past max(ks)
+        idx, scores, ranking_key = retrieval_stage(retriever, chunks, chunks_key, queries, depth, cache)
     calls["retrieval"] += cache.stats["rankings.miss"] - before
     timings["retrieval_s"] = time.perf_counter() - t
-    # retriever-specific run metrics, e.g. ANN recall against exact search (docs/scale.md)
-    run_metrics = getattr(retriever, "run_metrics", None)
-    retriever_metrics = run_metrics(chunks, chunks_key, queries, all_ks, cache) if run_metrics else {}
     ranked = [[chunks[i] for i in row if i >= 0] for row in idx]
-    gold = [it.gold_spans for it in items]
-    per_q = M.retrieval_metrics(ranked, gold, chunks, all_ks, min_coverage, rank_depth=rank_depth)
-    per_q.update(M.token_metrics(ranked, gold, all_ks))
-    run_tags: dict[str, str] = {}
     cache_keys = {"chunks": chunks_key, "rankings": ranking_key}
-    if token_budgets:
-        tok_ends, tok_ptr, tok_id, cache_keys["chunk_tokens"] = chunk_tokens_stage(chunks, chunks_key, cache)
-        per_q.update(budgeted_metrics(idx, chunks, gold, tok_ends, tok_ptr, token_budgets, min_coverage))
-        run_tags["token_budget_tokenizer"] = tok_id
+    per_q, run_tags, run_metrics = _retrieval_scores(
+        retriever,
+        items,
+        chunks,
+        idx,
+        ranked,
+        all_ks,
+        min_coverage,
+        rank_depth,
+        token_budgets,
+        cache_keys,
+        cache,
+    )
     shown = max(all_ks)  # the per-query table lists the ranks the top-k metrics see
+    latency = timings["retrieval_s"] / max(len(items), 1)
+    rows = _retrieval_rows(items, [r[:shown] for r in ranked], scores, per_q, latency)
 
-    rows: list[dict[str, Any]] = []
-    for qi, it in enumerate(items):
-        rows.append(
-            {
-                "id": it.id,
-                "query": it.query,
-                "tags": list(it.tags),
-                "gold_spans": json.dumps([[s.doc_id, s.start, s.end] for s in it.gold_spans]),
-                "retrieved": json.dumps(
-                    [
-                        {
-                            "rank": r + 1,
-                            "chunk_id": c.chunk_id,
-                            "doc_id": c.doc_id,
-                            "start": c.start,
-                            "end": c.end,
-                            "score": round(float(scores[qi][r]), 6),
-                        }
-                        for r, c in enumerate(ranked[qi][:shown])
-                    ]
-                ),
-                **{name: float(v[qi]) for name, v in per_q.items()},
-                "latency_retrieval_s": timings["retrieval_s"] / max(len(items), 1),
-                "error": None,
-            }
-        )
-
-    hit_key = f"hit_at_{k}"
+    subset: list[int] = []
     if generator is not None:
-        contexts_chunks = [r[:k] for r in ranked]
-        prompts = [prompt.render(it.query, cs) for it, cs in zip(items, contexts_chunks, strict=True)]
-        t = time.perf_counter()
-        gens, n_gen = generation_stage(generator, prompts, cache)
-        calls["generation"] += n_gen
-        timings["generation_s"] = time.perf_counter() - t
-        answers = [None if g.error else g.text for g in gens]
-        contexts = ["\n\n".join(c.text for c in cs) for cs in contexts_chunks]
-        t = time.perf_counter()
-        judged, jcalls = judge_stage(judge, items, answers, contexts, cache, progress)
-        calls.update({f"judge_{k_}": v for k_, v in jcalls.items()})
-        timings["judging_s"] = time.perf_counter() - t
-        for row, it, g, j, ctx in zip(rows, items, gens, judged, contexts, strict=True):
-            row["answer"] = g.text
-            row["context"] = ctx  # exactly what the generator and the judge saw
-            row["error"] = g.error
-            row["latency_generation_s"] = g.latency_s
-            row["generation_cached"] = g.cached
-            if j is None:
-                row.update({m: math.nan for m in GENERATION_METRICS})
-                row.update(
-                    claims="[]",
-                    verdicts="[]",
-                    n_claims=0,
-                    n_unparseable=0,
-                    relevance_method="",
-                    latency_judge_s=0.0,
-                )
-            else:
-                claims, verdicts, rel, method, lat = j
-                faith, n_claims, n_unp = faithfulness(verdicts)
-                row["faithfulness"] = faith
-                row["answer_relevance"] = float(rel)
-                row["correctness"] = correctness(g.text, it.key_facts, it.answerable)
-                row.update(
-                    claims=json.dumps(claims),
-                    verdicts=json.dumps(
-                        [
-                            {"claim": v.claim, "label": v.label, "score": v.score, "rationale": v.rationale}
-                            for v in verdicts
-                        ]
-                    ),
-                    n_claims=n_claims,
-                    n_unparseable=n_unp,
-                    relevance_method=method,
-                    latency_judge_s=lat,
-                )
-            row["failure_label"] = failure_label(
-                answerable=it.answerable,
-                hit=bool(row.get(hit_key) == 1.0),
-                correctness=row["correctness"],
-                faithfulness=row["faithfulness"],
-                generated=True,
-                error=row["error"],
-                thresholds=thresholds or {},
-            )
-    else:
-        for row, it in zip(rows, items, strict=True):
-            row["failure_label"] = failure_label(
-                answerable=it.answerable,
-                hit=bool(row.get(hit_key) == 1.0),
-                correctness=math.nan,
-                faithfulness=math.nan,
-                generated=False,
-                error=None,
-                thresholds=thresholds or {},
-            )
+        subset = stratified_subset(items, generation_subset)
+        gt, gc = _generate_and_judge(
+            rows, items, ranked, k, subset, generator, prompt, judge, cache, progress
+        )
+        timings.update(gt)
+        calls.update(gc)
+    generated = [False] * len(items)
+    for i in subset:
+        generated[i] = True
+    _label_rows(rows, items, k, thresholds, generated)
 
     df = pd.DataFrame(rows)
     for lab in RATE_LABELS:
         df[f"rate_{lab}"] = (df["failure_label"] == lab).astype(float)
     if generator is None:  # without an answer only the retrieval verdict is meaningful
         df = df.drop(columns=[f"rate_{lab}" for lab in RATE_LABELS if lab != "retrieval_failure"])
+    elif len(subset) < len(items):  # rates over the generated subset only: one denominator
+        df["generated"] = generated
+        df.loc[~df["generated"], [f"rate_{lab}" for lab in RATE_LABELS]] = math.nan
     aggregates = aggregate(df, n_resamples=n_resamples, seed=seed)
-    aggregates.update(retriever_metrics)
+    aggregates.update(run_metrics)
+    if generator is not None:
+        aggregates["n_generated"] = len(subset)
     return PipelineResult(
         per_query=df,
         aggregates=aggregates,
         cache_keys=cache_keys,
+        tags=run_tags,
         timings=timings,
         calls=dict(calls),
         n_chunks=len(chunks),
-        tags=run_tags,
+        n_generated=len(subset),
     )

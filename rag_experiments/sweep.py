@@ -283,6 +283,7 @@ def _pipeline(job: Job):
         progress=cfg.get("progress", True),
         rank_depth=cfg.metrics.get("rank_depth", 100),
         token_budgets=list(cfg.metrics.get("token_budgets", [256, 512, 1024])),
+        generation_subset=cfg.get("generation_subset"),
     )
 
 
@@ -310,7 +311,10 @@ def _log(client, run_id: str, job: Job, res) -> None:
     }
     if job.stages["prompt"] is not None:
         artifacts["prompt_template.txt"] = job.stages["prompt"].text
-    timing = {**res.timings, "total_s": time.perf_counter() - job.t_start}
+    from rag_experiments.progress import Progress
+
+    timing = res.timings  # logging_s is measured below; the printed table has it, the tag says 0
+    timing.update(logging_s=0.0, total_s=time.perf_counter() - job.t_start)
     extra = {
         "n_chunks": str(res.n_chunks),
         "model_calls": json.dumps(res.calls),
@@ -318,6 +322,7 @@ def _log(client, run_id: str, job: Job, res) -> None:
         **{f"cache_key.{k}": v for k, v in res.cache_keys.items()},
         **res.tags,
     }
+    t_log, bar = time.perf_counter(), Progress("mlflow logging", None, job.cfg.get("progress", True))
     tracking.log_results(
         client,
         run_id,
@@ -329,6 +334,9 @@ def _log(client, run_id: str, job: Job, res) -> None:
         artifacts,
         extra,
     )
+    bar.close()
+    timing["logging_s"] = time.perf_counter() - t_log
+    timing["total_s"] = time.perf_counter() - job.t_start
 
 
 def every_item_failed(aggregates: dict[str, float]) -> bool:
@@ -420,6 +428,16 @@ def run_job(cfg: DictConfig) -> float:
         res = execute(client, exp_id, run_id, job, parent_id)
     print(f"\n== {run_name}  (run {run_id}, {res.n_chunks} chunks, {time.perf_counter() - t_start:.1f}s)")
     print(summary_table(res.aggregates, k, job.ks))
+    n_items = len(job.stages["evalset"].items)
+    if job.stages["generator"] is not None and res.n_generated < n_items:
+        print(
+            f"generation metrics and label rates: stratified subset of n={res.n_generated} of "
+            f"{n_items} items (generation_subset={cfg.get('generation_subset')}; "
+            "generation_subset=null for all); retrieval metrics: all items"
+        )
+    from rag_experiments.progress import timing_table
+
+    print(timing_table(res.timings))
     print(f"model calls {res.calls or '{}'}; cache {dict(sorted(cache.stats.items()))}")
     if not job.sweep:
         print(f"\nOpen the MLflow UI:\n  {tracking.ui_command(uri, cfg.tracking.artifact_root)}")

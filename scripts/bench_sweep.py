@@ -10,11 +10,14 @@ Part "retrieval" (issue 3): the 18-config grid of conf/experiment/full_grid.yaml
                 embedded once (static model distilled once), nothing else
 Part "generation" (issue 4): the default full run, then a 3-prompt sweep after it; time per
 stage, model calls made and calls served from cache (read back from the runs' MLflow tags).
+Part "tokps" (issue 11): llama.cpp prompt and decode tokens/s of the packaged SmolLM2 on real
+k=5 prompts of the sample, with the server settings before (2 slots, spinning threads, prompt
+cache) and after (1 slot, poll=0, no prompt cache), read from the server's own per-request timings.
 
 Every scenario runs in a fresh subprocess (imports and model loads included) and its peak RSS
 is read from the child's rusage.
 
-    python scripts/bench_sweep.py [--part retrieval|generation|all] [--workdir DIR] [--skip-naive]
+    python scripts/bench_sweep.py [--part retrieval|generation|tokps|all] [--workdir DIR] [--skip-naive]
 """
 
 from __future__ import annotations
@@ -53,6 +56,70 @@ for c, chunker in chunkings.items():
 for emb in embedders.values():
     emb.encode(queries, kind="query")
 """
+
+
+TOKPS = r"""
+import json, sys, time
+from concurrent.futures import ThreadPoolExecutor
+import httpx
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from rag_experiments.datasets.corpus import Corpus
+from rag_experiments.evalset import EvalSet, sample_dir
+from rag_experiments.stages.chunking import MarkdownChunker, chunk_corpus
+from rag_experiments.stages.generation import local_server
+server, body, n, conf = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+concurrency = body.pop("_concurrency", 1)
+corpus = Corpus(str(sample_dir() / "docs"))
+items = EvalSet(str(sample_dir() / "evalset.jsonl"), corpus).items
+chunks = chunk_corpus(MarkdownChunker(), corpus.docs)
+prompt = instantiate(OmegaConf.load(f"{conf}/prompt/concise.yaml"))
+prompts = [prompt.render(items[i].query, chunks[5 * i : 5 * i + 5]) for i in range(n)]
+url = local_server(**server) + "/chat/completions"
+def one(messages):
+    r = httpx.post(url, json={"messages": messages, "max_tokens": 96, "temperature": 0, "seed": 0, **body}, timeout=900)
+    return r.json()["timings"]
+one(prompts[0][:1] + [{"role": "user", "content": "hi"}])  # warm-up
+t = time.perf_counter()
+with ThreadPoolExecutor(concurrency) as pool:
+    ts = list(pool.map(one, prompts))
+wall = time.perf_counter() - t
+pn, pms = sum(x["prompt_n"] for x in ts), sum(x["prompt_ms"] for x in ts)
+dn, dms = sum(x["predicted_n"] for x in ts), sum(x["predicted_ms"] for x in ts)
+print(json.dumps({"prompt_tokens": pn, "prompt_tok_s": pn / pms * 1e3, "decode_tokens": dn,
+                  "decode_tok_s": dn / dms * 1e3, "wall_s": wall, "s_per_answer": wall / n}))
+"""
+
+# Server settings of the local generator before and after issue 11 (conf/generator/local.yaml).
+TOKPS_SETTINGS = {
+    "before (2 slots, poll 50, prompt cache)": (
+        {"n_threads": 2, "n_parallel": 2, "poll": 50},
+        {"repeat_penalty": 1.15, "_concurrency": 2},
+    ),
+    "after (1 slot, poll 0, no prompt cache)": (
+        {"n_threads": 2, "n_parallel": 1, "poll": 0},
+        {"repeat_penalty": 1.15, "cache_prompt": False, "_concurrency": 2},
+    ),
+    "after, 1 thread": (
+        {"n_threads": 1, "n_parallel": 1, "poll": 0},
+        {"repeat_penalty": 1.15, "cache_prompt": False, "_concurrency": 1},
+    ),
+}
+
+
+def tokps(work: Path, n: int) -> None:
+    """Prompt and decode tok/s per server setting, each in a fresh process (own server)."""
+    conf = str(REPO / "rag_experiments" / "conf")
+    print(f"\n## llama.cpp tokens/s, SmolLM2-135M Q4_1, {n} k=5 prompts of the sample (max_tokens 96)")
+    print(f"load average before: {os.getloadavg()[0]:.1f} (contention inflates every figure)")
+    print(f"{'setting':<42} {'prompt tok':>10} {'prompt tok/s':>12} {'decode tok/s':>12} {'s/answer':>9}")
+    for name, (server, body) in TOKPS_SETTINGS.items():
+        _, _, out = run([PY, "-c", TOKPS, json.dumps(server), json.dumps(body), str(n), conf], work)
+        r = json.loads(out.strip().splitlines()[-1])
+        print(
+            f"{name:<42} {r['prompt_tokens'] / n:>10.0f} {r['prompt_tok_s']:>12.1f} "
+            f"{r['decode_tok_s']:>12.1f} {r['s_per_answer']:>9.1f}"
+        )
 
 
 def run(cmd: list[str], cwd: Path, env: dict | None = None) -> tuple[float, float, str]:
@@ -143,7 +210,7 @@ def generation(work: Path, limit: int | None) -> None:
     print(
         f"\n## full pipeline on the bundled sample, {n} queries (generator=local SmolLM2-135M, judge=heuristic)"
     )
-    print(f"default run: {t_default:.1f} s wall (target < 300 s), peak RSS {rss_default:.0f} MiB")
+    print(f"default run: {t_default:.1f} s wall (target <= 300 s), peak RSS {rss_default:.0f} MiB")
     print(f"3-prompt sweep after it: {t_prompts:.1f} s wall, peak RSS {rss_prompts:.0f} MiB")
     print(f"{'run':<40} {'chunk':>6} {'retr':>6} {'gen':>7} {'judge':>7} {'total':>7}  model calls")
     for r in _child_stats(work / "gen.db", "rag-sample"):
@@ -159,7 +226,8 @@ def generation(work: Path, limit: int | None) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--part", choices=["retrieval", "generation", "all"], default="all")
+    ap.add_argument("--part", choices=["retrieval", "generation", "tokps", "all"], default="all")
+    ap.add_argument("--tokps-n", type=int, default=6, help="tokps part: prompts per setting")
     ap.add_argument("--workdir", help="scratch dir (default: a fresh temp dir, removed afterwards)")
     ap.add_argument("--skip-naive", action="store_true", help="skip the slow no-cache scenario")
     ap.add_argument("--limit", type=int, help="generation part: first N eval items only")
@@ -177,6 +245,8 @@ def main() -> None:
         if args.part in ("generation", "all"):
             (work / "generation").mkdir(exist_ok=True)
             generation(work / "generation", args.limit)
+        if args.part in ("tokps", "all"):
+            tokps(work, args.tokps_n)
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)

@@ -7,8 +7,10 @@ re-run calls no model, a prompt change re-runs no retrieval, a k change re-runs 
 
 from __future__ import annotations
 
+import io
 import math
 import socket
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -19,12 +21,14 @@ from rag_experiments.cache import CachedEmbedder, StageCache
 from rag_experiments.datasets.corpus import Corpus
 from rag_experiments.evalset import EvalSet
 from rag_experiments.evaluation.labels import RATE_LABELS as FAILURE_LABELS
-from rag_experiments.pipeline import run_pipeline
+from rag_experiments.pipeline import run_pipeline, stratified_subset
+from rag_experiments.progress import Progress, eta_s, timing_table
 from rag_experiments.stages.chunking import MarkdownChunker
 from rag_experiments.stages.embedding import SentenceTransformerEmbedder
 from rag_experiments.stages.generation import LocalLlamaGenerator, OpenAICompatibleGenerator
 from rag_experiments.stages.judging import HeuristicJudge
 from rag_experiments.stages.retrieval import DenseRetriever
+from rag_experiments.types import EvalItem
 from tests.llm_fixtures import requires_smollm2
 from tests.sweep_helpers import make_tiny
 
@@ -53,7 +57,7 @@ def setup(tmp_path_factory):
     return corpus, items, cache, embedder, judge
 
 
-def _run(setup, generator, prompt="concise", k=3):
+def _run(setup, generator, prompt="concise", k=3, generation_subset=None):
     corpus, items, cache, embedder, judge = setup
     chunker = MarkdownChunker()
     return run_pipeline(
@@ -71,6 +75,7 @@ def _run(setup, generator, prompt="concise", k=3):
         judge=judge,
         n_resamples=200,
         progress=False,
+        generation_subset=generation_subset,
     )
 
 
@@ -113,6 +118,20 @@ def test_full_pipeline_then_cache_reuse(setup):
     other_k = _run(setup, gen, k=5)  # same search depth (max of ks and k): no new search
     assert other_k.calls.get("retrieval", 0) == 0
 
+    # generation on a subset: retrieval metrics unchanged on every item, generation means and label
+    # rates over the subset only (one denominator), the rest labelled by retrieval alone
+    part = _run(setup, gen, generation_subset=2)
+    pq, agg2 = part.per_query, part.aggregates
+    assert part.n_generated == 2 and agg2["n_generated"] == 2 and not any(part.calls.values())
+    assert pq["generated"].sum() == 2
+    for key in ("faithfulness", "correctness", "rate_ok"):
+        assert agg2[f"n_scored/{key}"] == 2, key
+    assert sum(agg2[f"rate_{lab}"] for lab in FAILURE_LABELS) == pytest.approx(1.0)
+    assert agg2["n_scored/hit_at_3"] == agg["n_scored/hit_at_3"] and agg2["mrr"] == agg["mrr"]
+    assert set(pq.loc[~pq["generated"], "failure_label"]) <= {"retrieved", "retrieval_failure"}
+    same = pq["generated"].to_numpy()
+    assert pq.loc[same, "answer"].tolist() == df.loc[same, "answer"].tolist()
+
 
 def _dead_port() -> int:
     with socket.socket() as s:
@@ -131,3 +150,47 @@ def test_unreachable_endpoint_is_counted_as_errors_and_the_run_goes_on(setup):
     assert set(df["failure_label"]) == {"error"}
     assert res.aggregates["rate_ok"] == 0.0
     assert "faithfulness" not in res.aggregates or math.isnan(res.aggregates["faithfulness"])
+
+
+def _item(i: int, tags: tuple[str, ...]) -> EvalItem:
+    return EvalItem(id=f"q{i}", query=f"q{i}", gold_spans=[], tags=list(tags))
+
+
+def test_stratified_subset_is_fixed_proportional_and_keeps_rare_tags():
+    items = [_item(i, ("exact",)) for i in range(60)]
+    items += [_item(60 + i, ("paraphrase", "exact")) for i in range(30)]
+    items += [_item(90 + i, ("unanswerable",)) for i in range(3)]
+    sub = stratified_subset(items, 10)
+    assert sub == stratified_subset(items, 10) and sub == sorted(set(sub)) and len(sub) == 10
+    strata = Counter(items[i].tags[0] for i in sub)
+    # rarest tag first: each stratum gets a share; the 3-item unanswerable stratum is not dropped
+    assert strata["unanswerable"] >= 1 and strata["paraphrase"] == 3 and strata["exact"] == 6
+    assert stratified_subset(items, None) == list(range(len(items)))
+    assert stratified_subset(items, 500) == list(range(len(items)))
+    with pytest.raises(ValueError, match="generation_subset"):
+        stratified_subset(items, 0)
+
+
+def test_progress_prints_a_line_per_tenth_with_eta_when_not_a_tty():
+    out = io.StringIO()
+    with Progress("generation", 20, stream=out, unit="answers") as bar:
+        for _ in range(20):
+            bar.update()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "[generation] started: 20 answers"
+    assert lines[-1].startswith("[generation] done: 20 answers")
+    ticks = [ln for ln in lines[1:-1]]
+    assert len(ticks) == 9 and all("ETA" in ln for ln in ticks), lines
+    assert ticks[0].startswith("[generation] 2/20 (10%)")
+    quiet = io.StringIO()
+    with Progress("generation", 20, enabled=False, stream=quiet) as bar:
+        bar.update(20)
+    assert quiet.getvalue() == ""
+    assert eta_s(5, 20, 10.0) == pytest.approx(30.0) and eta_s(0, 20, 1.0) is None
+
+
+def test_timing_table_lists_stages_in_pipeline_order_with_shares():
+    table = timing_table({"judging_s": 5.0, "retrieval_s": 15.0, "total_s": 40.0, "generation_s": 20.0})
+    names = [ln.split()[0] for ln in table.splitlines()[1:]]
+    assert names == ["retrieval", "generation", "judging", "total"]
+    assert "50.0%" in table.splitlines()[2]

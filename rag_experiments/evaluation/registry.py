@@ -320,6 +320,14 @@ REGISTRY: tuple[MetricSpec, ...] = (
         per_query=False,
     ),
     MetricSpec(
+        "n_generated",
+        "count",
+        None,
+        "count",
+        "number of eval items generated and judged (generation_subset; generation means cover these)",
+        per_query=False,
+    ),
+    MetricSpec(
         "n_errors", "count", False, "count", "number of queries whose generation failed", per_query=False
     ),
     MetricSpec(

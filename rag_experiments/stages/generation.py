@@ -304,10 +304,15 @@ def local_server(
     n_threads: int = 2,
     n_parallel: int = 2,
     verbosity: int = -1,
+    n_batch: int = 2048,
+    n_ubatch: int = 512,
+    poll: int = 50,
 ) -> str:
     """Start (once per process) an xllamacpp server for ``model_path`` and return its base URL.
 
-    ``ctx_size`` is the context per request slot; the server holds ``n_parallel`` slots. The server
+    ``ctx_size`` is the context per request slot; the server holds ``n_parallel`` slots.
+    ``n_batch``/``n_ubatch`` are llama.cpp's logical/physical prompt batch sizes (its defaults).
+    The server
     listens on 127.0.0.1 on a free port and is shut down at interpreter exit. Later calls with the
     same (model file, ctx_size) return the running server whatever their other arguments.
     Returns e.g. ``http://127.0.0.1:40123/v1``.
@@ -324,6 +329,10 @@ def local_server(
             params.n_ctx = int(ctx_size) * int(n_parallel)
             params.cpuparams.n_threads = int(n_threads)
             params.cpuparams_batch.n_threads = int(n_threads)
+            params.n_batch, params.n_ubatch = int(n_batch), int(n_ubatch)
+            # poll=0: worker threads sleep between ops instead of spinning; a spinning thread pool
+            # collapses (to a few tok/s) as soon as another process takes one of its cores
+            params.cpuparams.poll = params.cpuparams_batch.poll = int(poll)
             params.hostnames = ["127.0.0.1"]
             params.port = 0  # a free port, chosen by the server
             params.verbosity = int(verbosity)
@@ -365,6 +374,9 @@ class LocalLlamaGenerator:
         ctx_size: int = 4096,
         n_threads: int = 2,
         n_parallel: int = 2,
+        n_batch: int = 2048,
+        n_ubatch: int = 512,
+        poll: int = 50,
         temperature: float = 0.0,
         seed: int = 0,
         max_tokens: int = 256,
@@ -380,6 +392,10 @@ class LocalLlamaGenerator:
         self.ctx_size = int(ctx_size)
         self.n_threads = int(n_threads)
         self.n_parallel = int(n_parallel)
+        self.n_batch, self.n_ubatch = int(n_batch), int(n_ubatch)
+        self.poll = int(poll)
+        self.concurrency = max(1, int(concurrency))  # requests the pipeline keeps in flight
+        self._lock = threading.Lock()
         self._client_kwargs = dict(
             temperature=temperature,
             seed=seed,
@@ -407,18 +423,27 @@ class LocalLlamaGenerator:
 
     @property
     def base_url(self) -> str:
-        return local_server(self.model_path, self.ctx_size, self.n_threads, self.n_parallel)
+        return local_server(
+            self.model_path,
+            self.ctx_size,
+            self.n_threads,
+            self.n_parallel,
+            n_batch=self.n_batch,
+            n_ubatch=self.n_ubatch,
+            poll=self.poll,
+        )
 
     @property
     def client(self) -> OpenAICompatibleGenerator:
-        if self._client is None:
-            self._client = OpenAICompatibleGenerator(
-                base_url=self.base_url,
-                model=self.model,
-                api_key_env="RAG_EXPERIMENTS_NO_KEY",
-                **self._client_kwargs,
-            )
-        return self._client
+        with self._lock:  # the pipeline calls generate from several threads
+            if self._client is None:
+                self._client = OpenAICompatibleGenerator(
+                    base_url=self.base_url,
+                    model=self.model,
+                    api_key_env="RAG_EXPERIMENTS_NO_KEY",
+                    **self._client_kwargs,
+                )
+            return self._client
 
     def generate(self, prompts: list[Messages]) -> list[Generation]:
         if not prompts:

@@ -448,6 +448,17 @@ class HeuristicJudge:
     def split(self, answer: str) -> list[str]:
         return split_claims(answer)
 
+    def prepare(self, answers: list[str], contexts: list[str]) -> None:
+        """Embed every claim and context candidate of a run in one batch (fills the memo).
+
+        One large call lets the embedder sort all texts by length and pad little; per-query calls
+        (about 60 candidates each) spend most of their time on call overhead and padding.
+        """
+        texts = [c for a in answers for c in self.split(a)]
+        texts += [cand for ctx in dict.fromkeys(contexts) for cand in self.candidates(ctx)]
+        if texts:
+            self._encode(list(dict.fromkeys(texts)))
+
     @staticmethod
     def candidates(context: str) -> list[str]:
         sents = sentence_texts(context)

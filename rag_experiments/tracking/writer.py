@@ -426,10 +426,17 @@ def log_results(
 
 
 def ui_command(uri: str, artifact_root: str | None) -> str:
+    """A UI command that works from any shell: this venv's Python, absolute store and artifact paths."""
+    import shlex
+    import sys
+
     if is_server(uri):
         return f"open {uri}"
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):  # relative to the cwd
+        uri = "sqlite:///" + str(Path(uri.removeprefix("sqlite:///")).resolve())
     root = Path(artifact_root or "mlartifacts").resolve()
     return (
-        f"MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow server --backend-store-uri {uri} "
-        f"--default-artifact-root {root} --workers 1 --port 5000   # then open http://127.0.0.1:5000"
+        f"MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false {shlex.quote(sys.executable)} -m mlflow server "
+        f"--backend-store-uri {shlex.quote(uri)} --default-artifact-root {shlex.quote(str(root))} "
+        f"--workers 1 --port 5000   # then open http://127.0.0.1:5000"
     )
