@@ -273,6 +273,11 @@ def _top_level(cfg: dict) -> Problems:
         )
     if not _is_int(cfg.get("seed")):
         problems.append(f"conf/config: seed: must be an integer (got {cfg.get('seed')!r})")
+    subset = cfg.get("generation_subset")
+    if subset is not None and (not _is_int(subset) or subset < 1):
+        problems.append(
+            f"conf/config: generation_subset: must be a positive number of items or null (got {subset!r})"
+        )
     m = _Group("metrics", cfg.get("metrics") or {})
     _metrics(m)
     problems += [p.replace("conf/metrics: ", "conf/config: metrics.") for p in m.problems]
