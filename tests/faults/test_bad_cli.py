@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rag_experiments import compare, gate, spotcheck
-from rag_experiments.report import build as report
+from rag_experiments.report import cli as report
 from tests.test_spotcheck import store  # noqa: F401 - the module's hand-logged judged run
 
 UNKNOWN = "0123456789abcdef0123456789abcdef"
