@@ -337,11 +337,32 @@ def _generate_and_judge(rows, items, ranked, k, subset, generator, prompt, judge
     return timings, calls
 
 
+def _per_query_table(
+    rows: list[dict[str, Any]], generated: list[bool], with_generation: bool
+) -> pd.DataFrame:
+    """The per-query DataFrame with one ``rate_{label}`` indicator column per failure label.
+
+    Retrieval only: just ``rate_retrieval_failure`` (without an answer only the retrieval verdict
+    means something). With a generation subset the rates are NaN outside it: one denominator.
+    """
+    df = pd.DataFrame(rows)
+    for lab in RATE_LABELS:
+        df[f"rate_{lab}"] = (df["failure_label"] == lab).astype(float)
+    if not with_generation:
+        return df.drop(columns=[f"rate_{lab}" for lab in RATE_LABELS if lab != "retrieval_failure"])
+    if not all(generated):
+        df["generated"] = generated
+        df.loc[~df["generated"], [f"rate_{lab}" for lab in RATE_LABELS]] = math.nan
+    return df
+
+
 def _retrieval_scores(
-    retriever, items, chunks, idx, ranked, all_ks, min_coverage, rank_depth, token_budgets, cache_keys, cache
+    retriever, items, chunks, idx, ranked, scoring: tuple, cache_keys: dict[str, str], cache
 ) -> tuple[dict[str, np.ndarray], dict[str, str], dict[str, float]]:
     """(per-query retrieval metrics, run tags, run-level retriever metrics): chunk-count metrics,
-    token-level and budgeted metrics (docs/metrics.md), and e.g. ANN recall (docs/scale.md)."""
+    token-level and budgeted metrics (docs/metrics.md), and e.g. ANN recall (docs/scale.md).
+    ``scoring`` = (ks, min_coverage, rank_depth, token_budgets)."""
+    all_ks, min_coverage, rank_depth, token_budgets = scoring
     gold = [it.gold_spans for it in items]
     per_q = M.retrieval_metrics(ranked, gold, chunks, all_ks, min_coverage, rank_depth=rank_depth)
     per_q.update(M.token_metrics(ranked, gold, all_ks))
@@ -406,18 +427,9 @@ def run_pipeline(
     timings["retrieval_s"] = time.perf_counter() - t
     ranked = [[chunks[i] for i in row if i >= 0] for row in idx]
     cache_keys = {"chunks": chunks_key, "rankings": ranking_key}
+    scoring = (all_ks, min_coverage, rank_depth, token_budgets)
     per_q, run_tags, run_metrics = _retrieval_scores(
-        retriever,
-        items,
-        chunks,
-        idx,
-        ranked,
-        all_ks,
-        min_coverage,
-        rank_depth,
-        token_budgets,
-        cache_keys,
-        cache,
+        retriever, items, chunks, idx, ranked, scoring, cache_keys, cache
     )
     shown = max(all_ks)  # the per-query table lists the ranks the top-k metrics see
     latency = timings["retrieval_s"] / max(len(items), 1)
@@ -436,14 +448,7 @@ def run_pipeline(
         generated[i] = True
     _label_rows(rows, items, k, thresholds, generated)
 
-    df = pd.DataFrame(rows)
-    for lab in RATE_LABELS:
-        df[f"rate_{lab}"] = (df["failure_label"] == lab).astype(float)
-    if generator is None:  # without an answer only the retrieval verdict is meaningful
-        df = df.drop(columns=[f"rate_{lab}" for lab in RATE_LABELS if lab != "retrieval_failure"])
-    elif len(subset) < len(items):  # rates over the generated subset only: one denominator
-        df["generated"] = generated
-        df.loc[~df["generated"], [f"rate_{lab}" for lab in RATE_LABELS]] = math.nan
+    df = _per_query_table(rows, generated, with_generation=generator is not None)
     aggregates = aggregate(df, n_resamples=n_resamples, seed=seed)
     aggregates.update(run_metrics)
     if generator is not None:

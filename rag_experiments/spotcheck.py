@@ -19,6 +19,8 @@ they estimate the run's judged claims, with the labelled sample's own figures be
 ``inclusion_prob`` they describe the sample only, and the summary says which. Claims the judge left
 ``unparseable`` are counted apart. Logged to the run as ``spotcheck/*`` metrics and artifacts; a
 bad label file gets ``FILE:LINE: field: what is wrong`` lines on stderr and exit 2.
+
+(Slightly over 500 lines: sampling, reading labels and scoring share the CSV's column contract.)
 """
 
 from __future__ import annotations

@@ -15,6 +15,10 @@ Backends behind the :class:`Judge` protocol:
   the embedded llama.cpp server): yes/no verdict scored by log P(yes) - log P(no) of the first
   answer token when the endpoint returns logprobs; otherwise a constrained (JSON schema) verdict
   read by the strict :func:`parse_verdict`.
+
+Why one module of ~880 lines: every backend implements the same claim/verdict contract and
+shares its parsing, decline detection and text normalisation; the heuristic judge alone is half of
+it (its cue lexicons). Splitting backends apart would scatter one concept, the verdict, over files.
 """
 
 from __future__ import annotations
