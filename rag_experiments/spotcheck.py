@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import math
 import shutil
 import sys
@@ -37,7 +36,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -50,7 +48,14 @@ from rag_experiments.analysis.agreement import (
     kappa_ci,
     systematic_pps,
 )
-from rag_experiments.tracking.runs import RunInputError, load_per_query, resolve_run, run_label, tracking_uri
+from rag_experiments.tracking.runs import (
+    RunInputError,
+    load_per_query,
+    parse_json,
+    resolve_run,
+    run_label,
+    tracking_uri,
+)
 
 COLUMNS = [
     "item_id",
@@ -80,15 +85,6 @@ class LabelFileError(Exception):
 # --------------------------------------------------------------------------------------------- claims
 
 
-def _json(s: Any, default: Any) -> Any:
-    if s is None or (isinstance(s, float) and math.isnan(s)):
-        return default
-    try:
-        return json.loads(s) if isinstance(s, str) else s
-    except ValueError:
-        return default
-
-
 def item_id(query_id: str, index: int) -> str:
     return f"{query_id}#{index}"
 
@@ -100,7 +96,7 @@ def judged_claims(table: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for r in table.itertuples(index=False):
         rd = r._asdict()
-        for i, v in enumerate(_json(rd.get("verdicts"), [])):
+        for i, v in enumerate(parse_json(rd.get("verdicts"), [])):
             score = v.get("score")
             rows.append(
                 {

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
@@ -11,16 +10,7 @@ import pandas as pd
 
 from rag_experiments.report.load import Config
 from rag_experiments.report.tables import fmt_num
-
-
-def parse_json(s: Any, default: Any) -> Any:
-    """A JSON column cell as Python data; ``default`` when missing or unparseable."""
-    if s is None or (isinstance(s, float) and math.isnan(s)):
-        return default
-    try:
-        return json.loads(s) if isinstance(s, str) else s
-    except ValueError:
-        return default
+from rag_experiments.tracking.runs import parse_json  # noqa: F401  (re-used by report modules)
 
 
 def tag_list(tags: Any) -> list[str]:

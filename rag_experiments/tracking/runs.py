@@ -5,11 +5,14 @@ The client is always passed in; nothing here sets global MLflow state.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from mlflow.entities import Run
@@ -173,3 +176,13 @@ def check_same_evalset(run_a: Run, run_b: Run) -> str | None:
     if not (da and db):
         return "warning: evalset_digest tag missing on a run; pairing by eval item id only"
     return None
+
+
+def parse_json(s: Any, default: Any) -> Any:
+    """A JSON-valued per-query column cell (``retrieved``, ``verdicts`` …) as Python data; ``default`` when missing or unparseable."""
+    if s is None or (isinstance(s, float) and math.isnan(s)):
+        return default
+    try:
+        return json.loads(s) if isinstance(s, str) else s
+    except ValueError:
+        return default
