@@ -193,6 +193,8 @@ def test_end_to_end_with_the_packaged_local_model(tmp_path, capsys):
     calls, kept = int(m.group(1)), int(m.group(2))
     rejected = {k: int(v) for k, v in re.findall(r"(\w+): (\d+)", m.group(3))}
     assert calls == 4 and kept + sum(rejected.values()) == calls, out
+    # the reply schema is passed to llama.cpp: some replies parse even from the 135M model
+    assert rejected["no_json"] + rejected["missing_field"] < calls, out
     rows = _rows(review)
     assert len(rows) == kept and list(rows[0] if rows else REVIEW_COLUMNS) == REVIEW_COLUMNS
     # keep every surviving row, plus a hand-edited one; accept must validate them all

@@ -95,3 +95,19 @@ def test_score_prints_and_logs_ppi_beside_judge_only(store, tmp_path, capsys):  
     assert math.isclose(m["spotcheck/judge_faithfulness"], judge_rate)
     assert math.isclose(m["spotcheck/ppi_faithfulness"], 5 / 11)
     assert m["spotcheck/ppi_faithfulness_ci_low"] < 5 / 11 < m["spotcheck/ppi_faithfulness_ci_high"]
+
+
+def test_report_shows_judge_only_and_ppi_only_for_spot_checked_configs():
+    from types import SimpleNamespace
+
+    from rag_experiments.report.sections import spotcheck_table
+
+    checked = {"spotcheck/n": 40.0, "spotcheck/judge_faithfulness": 0.8, "spotcheck/ppi_faithfulness": 0.7}
+    checked |= {"spotcheck/ppi_faithfulness_ci_low": 0.6, "spotcheck/ppi_faithfulness_ci_high": 0.8}
+    an = SimpleNamespace(
+        configs=[SimpleNamespace(label="a", metrics=checked), SimpleNamespace(label="b", metrics={})]
+    )
+    blocks = spotcheck_table(an)
+    rows = [["".join(span.text for span in cell) for cell in r] for r in blocks[1].rows]
+    assert rows == [["a", "0.800 [–, –]", "0.700 [0.600, 0.800]", "40"]]
+    assert spotcheck_table(SimpleNamespace(configs=[SimpleNamespace(label="b", metrics={})])) == []

@@ -38,6 +38,11 @@ REJECT_REASONS = (
     "quote_ambiguous",
     "near_duplicate",
 )
+REPLY_SCHEMA = {
+    "type": "object",
+    "properties": {k: {"type": "string", "minLength": 1} for k in ("question", "quote", "answer")},
+    "required": ["question", "quote", "answer"],
+}
 _PARA = re.compile(r"\n[ \t]*\n")
 _WORD = re.compile(r"[a-z0-9]+")
 _STOP = frozenset(
@@ -338,7 +343,8 @@ def make_generator(args):
     common = dict(temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens)
     if args.base_url:
         return OpenAICompatibleGenerator(args.base_url, args.model, api_key_env=args.api_key_env, **common)
-    return LocalLlamaGenerator(model_path=args.model_path, **common)
+    # llama.cpp constrains sampling to this schema, so even a tiny model replies with parseable JSON
+    return LocalLlamaGenerator(model_path=args.model_path, extra_body={"json_schema": REPLY_SCHEMA}, **common)
 
 
 def cli(args, generator=None) -> int:
