@@ -9,8 +9,12 @@ CLI::
     python -m rag_experiments.evalset validate [--corpus PATH] [--evalset PATH]
     python -m rag_experiments.evalset import-squad FILE --out DIR [--strict]
     python -m rag_experiments.evalset import-beir DIR --out DIR [--split test] [--strict]
+    python -m rag_experiments.evalset generate --corpus PATH --n N [--seed 0] [--base-url URL --model M
+        [--api-key-env VAR]] [--model-path GGUF] [--dedup-threshold 0.9] --out review.csv
+    python -m rag_experiments.evalset accept review.csv --corpus PATH --out evalset.jsonl
 
-The importers (``datasets/importers.py``) repair misaligned answers and drop references they
+``generate`` / ``accept`` (``datasets/generate.py``, ``docs/evalset-generation.md``) bootstrap an eval
+set from the corpus with an LLM and a human review. The importers (``datasets/importers.py``) repair misaligned answers and drop references they
 cannot find, printing kept / repaired / dropped counts; ``--strict`` lists them and exits 2.
 """
 
@@ -390,6 +394,25 @@ def _validate(corpus_path: str, evalset_path: str, out=None) -> int:
     return 0
 
 
+def _add_generate_parsers(sub) -> None:
+    g = sub.add_parser("generate", help="LLM-proposed questions grounded in corpus quotes → review CSV")
+    g.add_argument("--corpus", required=True)
+    g.add_argument("--n", type=int, required=True, help="passages to sample (one generator call each)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--out", required=True, help="review CSV to write")
+    g.add_argument("--dedup-threshold", type=float, default=0.9, help="drop questions with cosine ≥ this")
+    g.add_argument("--base-url", help="OpenAI-compatible endpoint (default: the packaged local SmolLM2)")
+    g.add_argument("--model", help="model name at --base-url")
+    g.add_argument("--api-key-env", default="OPENAI_API_KEY", help="name of the env var holding the key")
+    g.add_argument("--model-path", help="local GGUF for the llama.cpp server (default: packaged SmolLM2)")
+    g.add_argument("--max-tokens", type=int, default=200)
+    g.add_argument("--temperature", type=float, default=0.0)
+    a = sub.add_parser("accept", help="reviewed CSV (keep=yes) → validated evalset.jsonl")
+    a.add_argument("review")
+    a.add_argument("--corpus", required=True)
+    a.add_argument("--out", required=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rag_experiments.evalset", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -405,9 +428,14 @@ def main(argv: list[str] | None = None) -> int:
     be.add_argument("--out", required=True)
     be.add_argument("--split", default="test")
     be.add_argument("--strict", action="store_true", help="exit 2 on any qrel naming a missing document")
+    _add_generate_parsers(sub)
     args = ap.parse_args(argv)
     if args.cmd == "validate":
         return _validate(args.corpus, args.evalset)
+    if args.cmd in ("generate", "accept"):
+        from rag_experiments.datasets.generate import cli
+
+        return cli(args)
     try:
         corpus, evals, report = (
             import_squad(args.file) if args.cmd == "import-squad" else import_beir(args.dir, args.split)

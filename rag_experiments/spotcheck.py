@@ -17,7 +17,10 @@ Cohen's κ (bootstrap 95 % CI), the confusion matrix, leniency P(judge supported
 unsupported) and strictness. They are weighted by 1 / ``inclusion_prob`` (Horvitz–Thompson), so
 they estimate the run's judged claims, with the labelled sample's own figures beside them; without
 ``inclusion_prob`` they describe the sample only, and the summary says which. Claims the judge left
-``unparseable`` are counted apart. Logged to the run as ``spotcheck/*`` metrics and artifacts; a
+``unparseable`` are counted apart. ``score`` also prints the judge-corrected faithfulness: the
+prediction-powered (PPI) estimate of the share of the run's judged claims a human would call
+supported, with its 95 % CI, beside the judge-only share (:mod:`rag_experiments.analysis.ppi`,
+``docs/spotcheck.md``). Logged to the run as ``spotcheck/*`` metrics and artifacts; a
 bad label file gets ``FILE:LINE: field: what is wrong`` lines on stderr and exit 2.
 
 (Slightly over 500 lines: sampling, reading labels and scoring share the CSV's column contract.)
@@ -48,6 +51,7 @@ from rag_experiments.analysis.agreement import (
     kappa_ci,
     systematic_pps,
 )
+from rag_experiments.analysis.ppi import Estimate, judge_only, ppi_mean
 from rag_experiments.tracking.runs import (
     RunInputError,
     load_per_query,
@@ -317,6 +321,22 @@ class Agreement:
     sample: dict[str, float] = field(default_factory=dict)  # unweighted figures of the labelled claims
     unparseable_by_human: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    ppi: Estimate | None = None  # judge-corrected claim-level supported rate of the run
+    judge_only: Estimate | None = None  # the judge's own supported rate over the same claims
+
+
+def faithfulness_estimates(labels: Labels, claims: pd.DataFrame) -> tuple[Estimate, Estimate]:
+    """(PPI, judge-only) share of the run's parseable judged claims that are supported.
+
+    f = judge says supported over all those claims; Y − f on the labelled ones, weighted by
+    1 / inclusion_prob when the file has it, else taken as a simple random sample.
+    """
+    pop = claims[claims["judge_verdict"].isin(HUMAN_LABELS)]
+    f_all = (pop["judge_verdict"] == "supported").to_numpy(float)
+    ok = labels.rows[labels.rows["judge"].isin(HUMAN_LABELS)]
+    y, f = (ok["human"] == "supported").to_numpy(float), (ok["judge"] == "supported").to_numpy(float)
+    pi = ok["pi"].to_numpy(float) if labels.weighted else None
+    return ppi_mean(f_all, y, f, pi), judge_only(f_all)
 
 
 def score_labels(labels: Labels, seed: int = 0, n_resamples: int = 2000) -> Agreement:
@@ -361,6 +381,23 @@ def _f(x: float, nd: int = 3) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
 
 
+def _ppi_lines(ag: Agreement) -> list[str]:
+    if ag.ppi is None or ag.judge_only is None:
+        return []
+    p, j = ag.ppi, ag.judge_only
+    design = "1 / inclusion_prob weights" if ag.weighted else "labelled rows taken as a simple random sample"
+    return [
+        f"Faithfulness = share of the run's {j.n} judged claims (parseable verdicts) a human would call "
+        "supported (claim-level, pooled over queries):",
+        "",
+        "| estimate | value | 95 % CI |",
+        "|---|---|---|",
+        f"| judge-corrected (PPI, {p.n} labels, {design}) | {_f(p.value)} | [{_f(p.ci_low)}, {_f(p.ci_high)}] |",
+        f"| judge only (binomial CI, ignores judge error) | {_f(j.value)} | [{_f(j.ci_low)}, {_f(j.ci_high)}] |",
+        "",
+    ]
+
+
 def render_summary(run: Run, ag: Agreement, labels_path: Path) -> str:
     lo, hi = ag.kappa_ci
     lines = [
@@ -398,6 +435,7 @@ def render_summary(run: Run, ag: Agreement, labels_path: Path) -> str:
         f"| leniency P(judge supported \\| human unsupported) | {_f(ag.leniency)} | {_f(sa['leniency'])} |",
         f"| strictness P(judge unsupported \\| human supported) | {_f(ag.strictness)} | {_f(sa['strictness'])} |",
         "",
+        *_ppi_lines(ag),
         "Confusion matrix of the labelled sample (rows: human, columns: judge):",
         "",
         "| | " + " | ".join(ag.confusion.columns) + " |",
@@ -437,6 +475,10 @@ def log_spotcheck(client: MlflowClient, run: Run, ag: Agreement, labels_path: Pa
         "spotcheck/weighted": float(ag.weighted),  # 1: figures estimate the run's claims
         **{f"spotcheck/sample_{k}": v for k, v in ag.sample.items()},
     }
+    for name, est in (("ppi_faithfulness", ag.ppi), ("judge_faithfulness", ag.judge_only)):
+        if est is not None:
+            vals |= {f"spotcheck/{name}": est.value, f"spotcheck/{name}_ci_low": est.ci_low}
+            vals[f"spotcheck/{name}_ci_high"] = est.ci_high
     for hl in HUMAN_LABELS:
         for jl in HUMAN_LABELS:
             vals[f"spotcheck/confusion/human_{hl}/judge_{jl}"] = int(
@@ -509,6 +551,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         labels = read_labels(args.labels, claims)
         ag = score_labels(labels, seed=args.seed, n_resamples=args.resamples)
+        ag.ppi, ag.judge_only = faithfulness_estimates(labels, claims)
         if warn:
             ag.warnings.append(warn)
     except LabelFileError as e:

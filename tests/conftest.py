@@ -19,6 +19,7 @@ def _no_leaked_tracking_uri():
     yield
     os.environ.pop("MLFLOW_TRACKING_URI", None)
 
+
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
 DATASETS = SHARED / "datasets"
 

@@ -202,12 +202,38 @@ def results(an: Analysis) -> Section:
         s.subsections.append(Subsection("Generation", [results_table(an, an.gen_keys)]))
     if an.rate_keys:
         s.subsections.append(Subsection("Failure-label rates", [results_table(an, an.rate_keys, False)]))
+    spot = spotcheck_table(an)
+    if spot:
+        s.subsections.append(Subsection("Judge-corrected faithfulness (human spot-check)", spot))
     counts = [
         [c.label, c.run.info.run_id, *(f3(c.metrics.get(k), nd=0) for k in COUNT_KEYS), c.run.info.status]
         for c in an.configs
     ]
     s.subsections.append(Subsection("Counts", [table(["config", "run", *COUNT_KEYS, "status"], counts)]))
     return s
+
+
+def spotcheck_table(an: Analysis) -> list:
+    """Judge-only and PPI claim-level supported rate of the configs a human spot-checked
+    (``spotcheck score``; estimand and method in docs/spotcheck.md)."""
+    rows = [
+        [
+            c.label,
+            with_ci(c.metrics, "spotcheck/judge_faithfulness"),
+            with_ci(c.metrics, "spotcheck/ppi_faithfulness"),
+            f3(c.metrics.get("spotcheck/n"), nd=0),
+        ]
+        for c in an.configs
+        if "spotcheck/ppi_faithfulness" in c.metrics
+    ]
+    if not rows:
+        return []
+    note = text(
+        "Share of the run's judged claims that are supported, pooled over queries (not the per-query "
+        "mean above), 95 % CI; judge-corrected: prediction-powered inference with the human labels "
+        "(docs/spotcheck.md)."
+    )
+    return [Paragraph(note), table(["config", "judge only", "judge-corrected (PPI)", "labels"], rows)]
 
 
 ATTRIBUTION_METHOD = (

@@ -1,0 +1,88 @@
+"""Judge-corrected estimates: prediction-powered inference (Angelopoulos et al. 2023, as in ARES).
+
+The judge labels every claim of a run; a human labels a small sample of them. The judge alone is
+biased (lenient or strict), the human sample alone is small. PPI combines them: the judge's mean
+over all claims, corrected by the mean judge error measured on the human sample.
+
+Estimand (see ``docs/spotcheck.md``): θ = (1/N) Σ_{i=1..N} Y_i, the share of the run's N judged
+claims (those with a parseable judge verdict) that a human would label *supported* — a claim-level
+pooled rate, not the per-query mean the run logs as faithfulness.
+
+    θ̂_PP = (1/N) Σ_{i=1..N} f_i  +  Σ_{i∈S} w_i (Y_i − f_i) / Σ_{i∈S} w_i,     w_i = 1 / π_i
+
+f_i ∈ {0, 1} is the judge's verdict (1 = supported) on claim i, Y_i the human label, S the labelled
+sample and π_i its inclusion probability. With a simple random sample (all π_i equal) the rectifier
+is the plain mean(Y − f) of the classic PPI mean estimator. With the spot-check's unequal-probability
+sample it is the Hájek (ratio) form of the Horvitz–Thompson estimator: normalising by Σ w rather than
+N keeps it right when sampled rows are left blank (assumed missing at random) and when labelled
+claims whose judge verdict is unparseable are left out of the population; it is consistent, with a
+bias of order 1/n.
+
+The first term is computed on the whole finite population of the run's claims, so it has no
+sampling variance; all uncertainty is in the rectifier. Its linearised variance uses the
+with-replacement approximation, with r_i = Y_i − f_i and r̄ the rectifier:
+
+    Var̂(θ̂_PP) = n/(n − 1) · Σ_{i∈S} w_i² (r_i − r̄)² / (Σ_{i∈S} w_i)²,   CI = θ̂_PP ± z_{0.975} √Var̂
+
+(equal weights: Σ (r_i − r̄)² / (n (n − 1)), the classic PPI variance of the rectifier). It ignores
+the finite-population correction and any stratification, so it is conservative (slightly too wide)
+for samples drawn without replacement. The judge-only figure (1/N) Σ f_i is reported beside it with
+the naive binomial interval p̂ ± z √(p̂(1−p̂)/N): that interval is narrow around the wrong value
+whenever the judge is biased.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+Z975 = 1.959963984540054
+
+
+@dataclass(frozen=True)
+class Estimate:
+    value: float
+    ci_low: float
+    ci_high: float
+    n: int  # observations the estimate rests on (labelled claims for PPI, all claims for judge-only)
+
+
+def judge_only(f_all: Sequence[float], z: float = Z975) -> Estimate:
+    """p̂ = mean(f) over all N claims, CI p̂ ± z √(p̂(1−p̂)/N). NaN without claims."""
+    f = np.asarray(f_all, float)
+    if f.size == 0:
+        return Estimate(math.nan, math.nan, math.nan, 0)
+    p = float(f.mean())
+    half = z * math.sqrt(p * (1 - p) / f.size)
+    return Estimate(p, p - half, p + half, int(f.size))
+
+
+def ppi_mean(
+    f_all: Sequence[float],
+    y_lab: Sequence[float],
+    f_lab: Sequence[float],
+    pi_lab: Sequence[float] | None = None,
+    z: float = Z975,
+) -> Estimate:
+    """θ̂_PP = mean(f_all) + Σ w (y − f) / Σ w with its CLT interval (module docstring), w = 1/π.
+
+    ``pi_lab`` None means a simple random sample (equal weights). NaN for no labels; the interval is
+    NaN with a single label (no variance estimate). Values are not clipped to [0, 1].
+    """
+    f_all = np.asarray(f_all, float)
+    y, f = np.asarray(y_lab, float), np.asarray(f_lab, float)
+    n = y.size
+    if f_all.size == 0 or n == 0 or f.size != n:
+        return Estimate(math.nan, math.nan, math.nan, n)
+    w = np.ones(n) if pi_lab is None else 1.0 / np.asarray(pi_lab, float)
+    r = y - f
+    rbar = float(np.sum(w * r) / np.sum(w))
+    theta = float(f_all.mean()) + rbar
+    if n < 2:
+        return Estimate(theta, math.nan, math.nan, n)
+    var = n / (n - 1) * float(np.sum((w * (r - rbar)) ** 2)) / float(np.sum(w)) ** 2
+    half = z * math.sqrt(var)
+    return Estimate(theta, theta - half, theta + half, n)

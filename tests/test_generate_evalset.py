@@ -1,0 +1,218 @@
+"""Eval-set bootstrapping: generate → review CSV → accept → validated eval set."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from rag_experiments.datasets.corpus import load_corpus
+from rag_experiments.datasets.generate import REVIEW_COLUMNS, heuristic_tags, paragraphs, sample_passages
+from rag_experiments.evalset import load_evalset, main
+from rag_experiments.types import Document
+from tests.llm_fixtures import _completion, requires_smollm2
+
+GOOD_Q = "For how long does the service keep retrying a failed webhook?"
+DOCS = {
+    "good.md": "Webhooks are retried for 24 hours with exponential backoff. After that the delivery is marked failed.",
+    "zdup.md": "Each retry waits twice as long as the one before it, up to one hour between attempts.",
+    "nojson.md": "API keys can be rotated from the dashboard without downtime.",
+    "field.md": "Invoices are issued on the first day of each month in the account currency.",
+    "notfound.md": "Audit logs are kept for 400 days and can be exported as CSV.",
+    "ambig.md": "Requests are signed. Keys rotate yearly. Requests are signed.",
+    "err.md": "Data stays in the region chosen at sign-up.",
+}
+REPLIES = {  # doc -> reply content (None: HTTP 400, a generation error)
+    "good.md": json.dumps(
+        {
+            "question": GOOD_Q,
+            "quote": "retried for 24 hours with exponential backoff. After that the delivery",
+            "answer": "24 hours",
+        }
+    ),
+    "zdup.md": json.dumps(
+        {
+            "question": "For how long does the service keep retrying failed webhooks?",
+            "quote": "up to one hour between attempts",
+            "answer": "one hour",
+        }
+    ),
+    "nojson.md": "Sure! Here is a question about rotating keys.",
+    "field.md": 'Answer: {"question": "When are invoices issued?", "quote": ""}',
+    "notfound.md": json.dumps(
+        {"question": "How long are logs kept?", "quote": "kept for 90 days", "answer": "x"}
+    ),
+    "ambig.md": json.dumps(
+        {"question": "Are requests signed?", "quote": "Requests are signed.", "answer": "yes"}
+    ),
+    "err.md": None,
+}
+
+
+@pytest.fixture
+def corpus(tmp_path) -> Path:
+    d = tmp_path / "docs"
+    d.mkdir()
+    for name, text in DOCS.items():
+        (d / name).write_text(text + "\n", encoding="utf-8")
+    return d
+
+
+@pytest.fixture
+def scripted_llm():
+    """An OpenAI-compatible endpoint that answers each passage's prompt with the scripted reply."""
+    calls: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            doc = re.search(r"document '([^']+)'", req["messages"][-1]["content"]).group(1)
+            calls.append(doc)
+            content = REPLIES[doc]
+            code, body = (400, b'{"error": {"message": "bad"}}') if content is None else (200, b"")
+            body = body or json.dumps(_completion(content, req["model"])).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/v1", calls
+    srv.shutdown()
+    srv.server_close()
+
+
+def _rows(path: Path) -> list[dict]:
+    with path.open(newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=REVIEW_COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def test_rejects_are_counted_by_reason_and_accept_validates(corpus, scripted_llm, tmp_path, capsys):
+    url, calls = scripted_llm
+    review = tmp_path / "review.csv"
+    argv = ["generate", "--corpus", str(corpus), "--n", "20", "--base-url", url, "--model", "scripted"]
+    assert main([*argv, "--api-key-env", "", "--out", str(review)]) == 0
+    out = capsys.readouterr().out
+    assert sorted(calls) == sorted(DOCS)  # one call per passage; 7 one-paragraph documents
+    assert "7 generator calls, 1 kept" in out
+    for reason in ("generation_error", "no_json", "missing_field", "quote_not_found", "quote_ambiguous"):
+        assert f"{reason}: 1" in out, reason
+    assert "near_duplicate: 1" in out  # zdup.md, after good.md: MiniLM cosine ≥ 0.9
+    rows = _rows(review)
+    assert [r["query"] for r in rows] == [GOOD_Q] and rows[0]["keep"] == ""
+    assert rows[0]["tags"] == "paraphrase;boundary"  # 'long', 'service' not in quote; two sentences
+
+    # the reviewer keeps it, adds a hand-written row, and rejects a broken one
+    rows[0]["keep"] = "Yes"
+    hand = dict(id="hand-1", query="Where is data stored?", doc_id="err.md", quote="Data stays in the region")
+    rows += [{**hand, "answer": "", "tags": "exact", "keep": "1"}]
+    rows += [dict(id="x", query="?", doc_id="nope.md", quote="zzz", answer="", tags="", keep="no")]
+    _write(review, rows)
+    out_jsonl = tmp_path / "evalset.jsonl"
+    assert main(["accept", str(review), "--corpus", str(corpus), "--out", str(out_jsonl)]) == 0
+    items, _ = load_evalset(out_jsonl, load_corpus(corpus))
+    assert [it.id for it in items] == [rows[0]["id"], "hand-1"]
+    assert items[0].tags == ["paraphrase", "boundary"]
+    assert DOCS["good.md"][items[0].gold_spans[0].start :].startswith("retried for 24 hours")
+
+    # bad rows marked keep: file:line messages, exit 2, nothing written
+    rows[2]["keep"] = "true"  # nope.md is not in the corpus
+    rows[1]["quote"] = "Data stays in the continent"
+    _write(review, rows)
+    out_jsonl.unlink()
+    capsys.readouterr()
+    assert main(["accept", str(review), "--corpus", str(corpus), "--out", str(out_jsonl)]) == 2
+    err = capsys.readouterr().err
+    assert f"{review}:3: gold_evidence[0].quote: not found in err.md" in err
+    assert f"{review}:4: gold_evidence[0].doc_id: unknown document 'nope.md'" in err
+    assert not out_jsonl.exists()
+    rows[2]["keep"] = "maybe"
+    _write(review, rows)
+    assert main(["accept", str(review), "--corpus", str(corpus), "--out", str(out_jsonl)]) == 2
+    assert f"{review}:4: keep: 'maybe'" in capsys.readouterr().err
+
+
+def test_passages_are_seeded_and_tags_follow_the_rules():
+    text = "First para one. Still first.\n\n  Second para here.\n\n\nThird."
+    assert [text[s:e] for s, e in paragraphs(text)] == [
+        "First para one. Still first.",
+        "Second para here.",
+        "Third.",
+    ]
+    docs = [Document("b", "B", text), Document("a", "A", "Alpha.\n\nBeta.")]
+    one = sample_passages(docs, 3, seed=1)
+    assert one == sample_passages(list(reversed(docs)), 3, seed=1) and len(one) == 3
+    assert len(sample_passages(docs, 99)) == 5  # every window once, no more
+    from rag_experiments.datasets.generate import Candidate
+
+    d = Document("d", "D", text)
+    s = text.index("Still")
+    c = Candidate(
+        "c", "What is still first?", "d", "Still first.\n\n  Second", "", s, text.index("Second") + 6
+    )
+    assert heuristic_tags(d, c) == ["exact", "boundary", "multi_chunk"]  # crosses a paragraph break
+    c2 = Candidate("c", "Where is the second para zebra?", "d", "Second para here.", "", *paragraphs(text)[1])
+    assert heuristic_tags(d, c2) == ["synonym"]  # 'zebra' occurs nowhere in the document
+
+
+@requires_smollm2
+def test_end_to_end_with_the_packaged_local_model(tmp_path, capsys):
+    d = tmp_path / "docs"
+    d.mkdir()
+    (d / "retries.md").write_text(
+        "# Retries\n\nWebhooks are retried for 24 hours with exponential backoff.\n\n"
+        "After 15 attempts the delivery is marked failed and an email is sent.\n",
+        encoding="utf-8",
+    )
+    (d / "keys.md").write_text(
+        "# Keys\n\nAPI keys can be rotated from the dashboard.\n\nOld keys stop working after 24 hours.\n",
+        encoding="utf-8",
+    )
+    review = tmp_path / "review.csv"
+    argv = ["generate", "--corpus", str(d), "--n", "4", "--max-tokens", "96", "--out", str(review)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    m = re.search(r"(\d+) generator calls, (\d+) kept; rejected (.*)", out)
+    calls, kept = int(m.group(1)), int(m.group(2))
+    rejected = {k: int(v) for k, v in re.findall(r"(\w+): (\d+)", m.group(3))}
+    assert calls == 4 and kept + sum(rejected.values()) == calls, out
+    # the reply schema is passed to llama.cpp: some replies parse even from the 135M model
+    assert rejected["no_json"] + rejected["missing_field"] < calls, out
+    rows = _rows(review)
+    assert len(rows) == kept and list(rows[0] if rows else REVIEW_COLUMNS) == REVIEW_COLUMNS
+    # keep every surviving row, plus a hand-edited one; accept must validate them all
+    for r in rows:
+        r["keep"] = "yes"
+    rows.append(
+        dict(
+            id="hand",
+            query="How long are webhooks retried?",
+            doc_id="retries.md",
+            quote="24 hours",
+            answer="",
+            tags="",
+            keep="yes",
+        )
+    )
+    _write(review, rows)
+    out_jsonl = tmp_path / "evalset.jsonl"
+    assert main(["accept", str(review), "--corpus", str(d), "--out", str(out_jsonl)]) == 0
+    items, _ = load_evalset(out_jsonl, load_corpus(d))
+    assert len(items) == kept + 1
