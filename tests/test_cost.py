@@ -61,6 +61,9 @@ def test_cost_formula_worked_example_and_percentiles():
     # a priced stage with an answer that reported no usage: cost unknown, not an undercount
     df.loc[3, "tokens_in_generation"] = math.nan
     assert math.isnan(cost_metrics(df, pricing)["cost_usd"])
+    # the judge is priced but its tokens are not recorded: unknown, not 0
+    judge_priced = {"judge": {"price_per_1k_in": 0.001}}
+    assert math.isnan(cost_metrics(df.drop(index=3), judge_priced)["cost_usd"])
     assert serving_latency_ms(df).iloc[0] == pytest.approx(1002.0)
     for key in ("cost_usd", "tokens_in/generation", "latency_p95_ms/judge", "tokens_out_generation"):
         assert spec(key).side == "cost" and higher_is_better(key) is False

@@ -65,12 +65,14 @@ def cost_metrics(df: pd.DataFrame, pricing: Mapping[str, Mapping[str, Any] | Non
         p_in, p_out = price(pricing.get(stage))
         for side, p in (("in", p_in), ("out", p_out)):
             col = f"tokens_{side}_{stage}"
-            if col not in df.columns:
-                continue
-            v = pd.to_numeric(df[col], errors="coerce")
+            v = (
+                pd.to_numeric(df[col], errors="coerce")
+                if col in df.columns
+                else pd.Series(math.nan, df.index)
+            )
             if v.notna().any():
                 out[f"tokens_{side}/{stage}"] = float(v.sum())
-            if p > 0:
+            if p > 0:  # every query with an answer made this stage's calls: each needs a count
                 ran = df["answer"].notna() if "answer" in df.columns else v.notna()
                 cost += math.nan if v[ran].isna().any() else float(v.sum()) / 1000.0 * p
     out["cost_usd"] = cost
