@@ -53,10 +53,10 @@ class Selection:
     notes: list[str] = field(default_factory=list)
 
 
-def context_chars(table: pd.DataFrame, k: int) -> float:
+def context_chars(table: pd.DataFrame, k: int | None) -> float:
     """Mean over queries of the characters of the top-``k`` retrieved chunks (``retrieved`` JSON:
-    sum of ``end - start``); NaN when the table has no ``retrieved`` column."""
-    if "retrieved" not in table.columns:
+    sum of ``end - start``); NaN when the table has no ``retrieved`` column or k is unknown."""
+    if "retrieved" not in table.columns or not k:
         return math.nan
     sizes = [sum(r["end"] - r["start"] for r in json.loads(x)[:k]) for x in table["retrieved"] if x]
     return float(np.mean(sizes)) if sizes else math.nan
@@ -119,7 +119,10 @@ def select_config(
     margin, noise = noise_margin(list(replicates) or list(runs), metric, seed)
     significant_worse = (cmp["p_holm"] < alpha) & (cmp["worse_by"] > (margin or 0.0))
     lat = [float(np.percentile(serving_latency_ms(r.table), 95)) if len(r.table) else math.nan for r in runs]
-    ctx = [context_chars(r.table, int(float(r.params.get("retriever.k", 0) or 0))) for r in runs]
+    ctx = [
+        context_chars(r.table, int(float(r.params["retriever.k"])) if r.params.get("retriever.k") else None)
+        for r in runs
+    ]
     c = constraints
     lat_ok = [c.max_latency_ms is None or (x <= c.max_latency_ms) for x in lat]
     cost_ok = [c.max_cost_usd is None or (not math.isnan(x) and x <= c.max_cost_usd) for x in costs]
