@@ -212,6 +212,23 @@ def _llm_client(g: _Group) -> None:
     g.int_at_least("max_retries", 0)
     g.num_at_least("timeout_s", 0, strict=True)
     g.num_at_least("backoff_s", 0)
+    _pricing(g)
+
+
+def _pricing(g: _Group) -> None:
+    """``pricing``: USD per 1000 tokens in / out for cost_usd (evaluation.cost.price)."""
+    from rag_experiments.evaluation.cost import price
+
+    node = g.node.get("pricing")
+    if node is None:
+        return
+    if not isinstance(node, dict) or set(node) - {"price_per_1k_in", "price_per_1k_out"}:
+        g.bad("pricing", "must be a mapping with price_per_1k_in and/or price_per_1k_out", node)
+        return
+    try:
+        price(node)
+    except ValueError as e:
+        g.bad("pricing", str(e), node)
 
 
 def _generator(g: _Group) -> None:
@@ -297,7 +314,7 @@ def validate(cfg: dict) -> Problems:
             continue
         g = _Group(name, node)
         check(g)
-        g.known_keys()
+        g.known_keys(extra={"pricing"} if name in ("generator", "judge") else set())
         problems += g.problems
     return problems
 

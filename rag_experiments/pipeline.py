@@ -26,6 +26,7 @@ from rag_experiments.cache import StageCache, stage_key
 from rag_experiments.evaluation import metrics as M
 from rag_experiments.evaluation.aggregate import aggregate
 from rag_experiments.evaluation.budget import budgeted_metrics
+from rag_experiments.evaluation.cost import cost_metrics, usage_columns
 from rag_experiments.evaluation.labels import RATE_LABELS, failure_label
 from rag_experiments.evaluation.registry import GENERATION_METRICS
 from rag_experiments.progress import Progress, track
@@ -333,6 +334,7 @@ def _generate_and_judge(rows, items, ranked, k, subset, generator, prompt, judge
         row = rows[qi]
         row.update(answer=g.text, context=ctx, error=g.error)  # context: exactly what both saw
         row.update(latency_generation_s=g.latency_s, generation_cached=g.cached)
+        row.update(usage_columns(g.usage))  # cached answers keep their usage: cost of the config
         row.update(_judged_columns(g, it, j))
     return timings, calls
 
@@ -400,12 +402,14 @@ def run_pipeline(
     generation_subset: int | None = None,
     rank_depth: int = 100,
     token_budgets: tuple[int, ...] | list[int] = (256, 512, 1024),
+    pricing: dict | None = None,
 ) -> PipelineResult:
     """Retrieval on every item; generation and judging on ``stratified_subset(items, generation_subset)``.
 
     Items outside the subset keep their retrieval metrics and a retrieval-only failure label; their
     generation metrics and label rates are NaN, so every generation mean covers the subset only
-    (``n_scored/{key}``) and the rates share one denominator.
+    (``n_scored/{key}``) and the rates share one denominator. ``pricing``: ``{"generation": {...},
+    "judge": {...}}`` price tables for ``cost_usd`` (evaluation.cost.cost_metrics).
     """
     timings: dict[str, float] = {}
     calls: Counter = Counter()
@@ -451,6 +455,7 @@ def run_pipeline(
     df = _per_query_table(rows, generated, with_generation=generator is not None)
     aggregates = aggregate(df, n_resamples=n_resamples, seed=seed)
     aggregates.update(run_metrics)
+    aggregates.update(cost_metrics(df, pricing))
     if generator is not None:
         aggregates["n_generated"] = len(subset)
     return PipelineResult(

@@ -48,6 +48,13 @@ def _container(node) -> Any:
     return OmegaConf.to_container(node, resolve=True) if node is not None else None
 
 
+def _priced(node: DictConfig) -> DictConfig:
+    """The stage config without its ``pricing`` table, which feeds cost_usd only (evaluation.cost)."""
+    if "pricing" not in node:
+        return node
+    return OmegaConf.masked_copy(node, [k for k in node if k != "pricing"])
+
+
 def build_stages(cfg: DictConfig, cache) -> dict[str, Any]:
     """Instantiate every stage from its config group (a user plugs in a class + a YAML file)."""
     from rag_experiments.cache import CachedEmbedder
@@ -63,9 +70,9 @@ def build_stages(cfg: DictConfig, cache) -> dict[str, Any]:
     retriever = instantiate(cfg.retriever, embedder=embedder)
     generator = prompt = judge = None
     if cfg.generator.get("_target_"):
-        generator = instantiate(cfg.generator)
+        generator = instantiate(_priced(cfg.generator))
         prompt = instantiate(cfg.prompt)
-        judge = instantiate(cfg.judge)
+        judge = instantiate(_priced(cfg.judge))
     return dict(
         corpus=corpus,
         evalset=evalset,
@@ -284,6 +291,10 @@ def _pipeline(job: Job):
         rank_depth=cfg.metrics.get("rank_depth", 100),
         token_budgets=list(cfg.metrics.get("token_budgets", [256, 512, 1024])),
         generation_subset=cfg.get("generation_subset"),
+        pricing={
+            "generation": _container(cfg.generator.get("pricing")),
+            "judge": _container(cfg.judge.get("pricing")),
+        },
     )
 
 

@@ -36,7 +36,7 @@ from tests.sweep_helpers import make_tiny
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "rag_experiments" / "conf"
 DOCS = (REPO / "docs" / "metrics.md").read_text()
-EXAMPLE = {"k": 5, "B": 512, "label": "ok"}
+EXAMPLE = {"k": 5, "B": 512, "label": "ok", "stage": "generation"}
 
 
 def _example(s) -> dict:
@@ -138,7 +138,15 @@ def test_every_metric_key_in_the_docs_is_registered():
     rows = re.findall(r"^\| `([^`]+)` \|", table, flags=re.M)
     assert rows == [s.pattern for s in REGISTRY]  # one row per pattern, in registry order
     # every other key-like name in the text: substitute the placeholders, then it must parse
-    subst = {"{k}": "5", "{B}": "512", "{label}": "ok", "{tag}": "x", "{key}": "mrr", "…": "compare/mrr"}
+    subst = {
+        "{k}": "5",
+        "{B}": "512",
+        "{label}": "ok",
+        "{stage}": "generation",
+        "{tag}": "x",
+        "{key}": "mrr",
+        "…": "compare/mrr",
+    }
     keyish = re.compile(
         r"^(?:[a-z_]+_at_[\w{}]+|rate_[a-z_{}]+|n_[a-z_]+|latency_[a-z_]+|(?:by_tag|n_scored|compare)/.+)$"
     )

@@ -89,6 +89,7 @@ def test_report_files_sections_and_logging(tiny_sweep, sweep_report):
     assert pos == sorted(pos)
     assert "| chunking | fixed, markdown |" in md
     assert "hit_at_5" in md and "95% CI" in md and "p_holm" in md
+    assert "cost_usd" in md and "latency_p95_ms/retrieval" in md  # the Cost table of the results
     assert "def " not in md and "rag_experiments.evaluation.metrics.ndcg_at_k" in md  # docstrings, not source
     assert "Generation" not in md and "faithfulness" not in md.split("## Metric definitions")[0]
     assert parent.data.tags["git_commit"] in md and "corpus digest" in md and "cache_key.rankings" in md

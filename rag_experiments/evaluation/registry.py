@@ -44,6 +44,7 @@ _PLACEHOLDERS: dict[str, str] = {
     "k": r"[1-9]\d*",  # rank cut-off
     "B": r"[1-9]\d*",  # token budget of the context
     "label": "|".join(FAILURE_LABELS),
+    "stage": "retrieval|generation|judge",  # a pipeline stage with its own latency / tokens
 }
 _INT_PLACEHOLDERS = frozenset({"k", "B"})
 
@@ -307,6 +308,73 @@ REGISTRY: tuple[MetricSpec, ...] = (
         False,
         "continuous",
         "wall time of judging the query's answer (claims, verdicts, relevance), seconds",
+        per_query=False,
+    ),
+    MetricSpec(
+        "tokens_in_{stage}",
+        "cost",
+        False,
+        "count",
+        "prompt tokens the endpoint reported (usage.prompt_tokens) for the query's stage calls; NaN when "
+        "it reported none",
+        "rag_experiments.evaluation.cost.usage_columns",
+        per_query=False,
+    ),
+    MetricSpec(
+        "tokens_out_{stage}",
+        "cost",
+        False,
+        "count",
+        "completion tokens the endpoint reported (usage.completion_tokens) for the query's stage calls; "
+        "NaN when it reported none",
+        "rag_experiments.evaluation.cost.usage_columns",
+        per_query=False,
+    ),
+    MetricSpec(
+        "tokens_in/{stage}",
+        "cost",
+        False,
+        "count",
+        "sum over queries of tokens_in_{stage} (queries without a count left out)",
+        "rag_experiments.evaluation.cost.cost_metrics",
+        per_query=False,
+    ),
+    MetricSpec(
+        "tokens_out/{stage}",
+        "cost",
+        False,
+        "count",
+        "sum over queries of tokens_out_{stage} (queries without a count left out)",
+        "rag_experiments.evaluation.cost.cost_metrics",
+        per_query=False,
+    ),
+    MetricSpec(
+        "cost_usd",
+        "cost",
+        False,
+        "continuous",
+        "sum over generation and judge of tokens_in/1000 x pricing.price_per_1k_in + tokens_out/1000 x "
+        "pricing.price_per_1k_out (the stage's generator/judge config; absent: 0 USD); NaN when a priced "
+        "stage lacks token counts",
+        "rag_experiments.evaluation.cost.cost_metrics",
+        per_query=False,
+    ),
+    MetricSpec(
+        "latency_p50_ms/{stage}",
+        "cost",
+        False,
+        "continuous",
+        "median over queries of latency_{stage}_s, in milliseconds",
+        "rag_experiments.evaluation.cost.cost_metrics",
+        per_query=False,
+    ),
+    MetricSpec(
+        "latency_p95_ms/{stage}",
+        "cost",
+        False,
+        "continuous",
+        "95th percentile (linear interpolation) over queries of latency_{stage}_s, in milliseconds",
+        "rag_experiments.evaluation.cost.cost_metrics",
         per_query=False,
     ),
     # -- counts

@@ -170,6 +170,14 @@ TOKEN_BUDGET_NOTE = (
     "rewarded for handing the generator more text; hit@k and MRR below count chunks."
 )
 
+#: Cost keys shown per config, with their decimals.
+COST_KEYS = {
+    "cost_usd": 6,
+    "tokens_in/generation": 0,
+    "tokens_out/generation": 0,
+    "latency_p95_ms/retrieval": 1,
+    "latency_p95_ms/generation": 1,
+}
 COUNT_KEYS = ("n_queries", "n_unanswerable", "n_errors", "n_unparseable_verdicts")
 
 
@@ -210,6 +218,9 @@ def results(an: Analysis) -> Section:
         for c in an.configs
     ]
     s.subsections.append(Subsection("Counts", [table(["config", "run", *COUNT_KEYS, "status"], counts)]))
+    if any("cost_usd" in c.metrics for c in an.configs):  # docs/metrics.md, "Cost and tokens"
+        cost = [[c.label, *(f3(c.metrics.get(k), nd=nd) for k, nd in COST_KEYS.items())] for c in an.configs]
+        s.subsections.append(Subsection("Cost", [table(["config", *COST_KEYS], cost)]))
     return s
 
 

@@ -179,10 +179,26 @@ def check_same_evalset(run_a: Run, run_b: Run) -> str | None:
 
 
 def parse_json(s: Any, default: Any) -> Any:
-    """A JSON-valued per-query column cell (``retrieved``, ``verdicts`` …) as Python data; ``default`` when missing or unparseable."""
+    """A JSON-valued per-query column cell (``retrieved``, ``verdicts`` …) as Python data;
+    ``default`` when missing or unparseable."""
     if s is None or (isinstance(s, float) and math.isnan(s)):
         return default
     try:
         return json.loads(s) if isinstance(s, str) else s
     except ValueError:
         return default
+
+
+def sweep_finished_runs(client: MlflowClient, sweep_id: str, experiment: str | None = None) -> list[Run]:
+    """Every FINISHED child run of the sweep, replicates of one config_hash included (A/A pairs)."""
+    return [r for r in _all_sweep_runs(client, sweep_id, experiment) if r.info.status == "FINISHED"]
+
+
+def download_text(client: MlflowClient, run: Run, artifact: str) -> str:
+    """The text of one of the run's artifacts; RunInputError when it is missing."""
+    with tempfile.TemporaryDirectory() as tmp, _no_progress_bar():
+        try:
+            path = client.download_artifacts(run.info.run_id, artifact, tmp)
+            return Path(path).read_text(encoding="utf-8")
+        except (MlflowException, OSError) as e:
+            raise RunInputError(f"run {run_label(run)} has no {artifact} artifact: {e}") from None

@@ -1,0 +1,165 @@
+"""Tokens, cost and latency percentiles: the formulas, the usage plumbing through a real pipeline run
+against an OpenAI-compatible endpoint, the pricing config, and the local llama.cpp server's usage."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from rag_experiments.cache import StageCache
+from rag_experiments.config_schema import validate
+from rag_experiments.datasets.corpus import Corpus
+from rag_experiments.evalset import EvalSet
+from rag_experiments.evaluation.cost import cost_metrics, price, serving_latency_ms, usage_columns
+from rag_experiments.evaluation.registry import higher_is_better, spec
+from rag_experiments.pipeline import run_pipeline
+from rag_experiments.stages.chunking import MarkdownChunker
+from rag_experiments.stages.generation import LocalLlamaGenerator, OpenAICompatibleGenerator
+from rag_experiments.stages.retrieval import BM25Retriever
+from rag_experiments.sweep import _priced
+from tests import llm_fixtures
+from tests.sweep_helpers import REPO, make_tiny
+
+fake_llm = llm_fixtures.fake_llm
+CONF = REPO / "rag_experiments" / "conf"
+
+
+def test_usage_columns_never_invent_zero():
+    assert usage_columns({"prompt_tokens": 700, "completion_tokens": 60}) == {
+        "tokens_in_generation": 700.0,
+        "tokens_out_generation": 60.0,
+    }
+    got = usage_columns({"prompt_tokens": None, "attempts": 1})
+    assert math.isnan(got["tokens_in_generation"]) and math.isnan(got["tokens_out_generation"])
+    assert set(usage_columns(None, "judge")) == {"tokens_in_judge", "tokens_out_judge"}
+
+
+def test_cost_formula_worked_example_and_percentiles():
+    n = 24
+    df = pd.DataFrame(
+        {
+            "answer": ["a"] * n,
+            "tokens_in_generation": [700.0] * n,
+            "tokens_out_generation": [60.0] * n,
+            "latency_generation_s": np.arange(1, n + 1, dtype=float),
+            "latency_retrieval_s": 0.002,
+        }
+    )
+    pricing = {"generation": {"price_per_1k_in": 0.00015, "price_per_1k_out": 0.0006}}
+    m = cost_metrics(df, pricing)
+    assert m["tokens_in/generation"] == 16800 and m["tokens_out/generation"] == 1440
+    assert m["cost_usd"] == pytest.approx(16.8 * 0.00015 + 1.44 * 0.0006)
+    assert m["latency_p50_ms/generation"] == pytest.approx(12500.0)
+    assert m["latency_p95_ms/generation"] == pytest.approx(np.percentile(np.arange(1, 25), 95) * 1000)
+    assert m["latency_p95_ms/retrieval"] == pytest.approx(2.0)
+    assert cost_metrics(df)["cost_usd"] == 0.0  # no price table: a local model costs nothing
+    # a priced stage with an answer that reported no usage: cost unknown, not an undercount
+    df.loc[3, "tokens_in_generation"] = math.nan
+    assert math.isnan(cost_metrics(df, pricing)["cost_usd"])
+    # the judge is priced but its tokens are not recorded: unknown, not 0
+    judge_priced = {"judge": {"price_per_1k_in": 0.001}}
+    assert math.isnan(cost_metrics(df.drop(index=3), judge_priced)["cost_usd"])
+    assert serving_latency_ms(df).iloc[0] == pytest.approx(1002.0)
+    for key in ("cost_usd", "tokens_in/generation", "latency_p95_ms/judge", "tokens_out_generation"):
+        assert spec(key).side == "cost" and higher_is_better(key) is False
+
+
+def test_price_table_is_validated():
+    assert price(None) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="price_per_1k_out"):
+        price({"price_per_1k_out": -1})
+    gen = OmegaConf.to_container(OmegaConf.load(CONF / "generator" / "openai.yaml"))
+    cfg = {"generator": {**gen, "api_key_env": None, "pricing": {"price_per_1k_in": 0.1}}}
+
+    def problems():
+        return [p for p in validate(cfg) if p.startswith("conf/generator")]
+
+    assert problems() == []
+    cfg["generator"]["pricing"] = {"price_per_1k_inn": 0.1}
+    assert any("conf/generator: pricing" in p for p in problems())
+    cfg["generator"]["pricing"] = {"price_per_1k_in": "cheap"}
+    assert any("must be a number" in p for p in problems())
+    # the generator class never sees the price table
+    node = OmegaConf.create({**gen, "pricing": {"price_per_1k_in": 0.1}})
+    assert "pricing" not in _priced(node) and "model" in _priced(node)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cost")
+    docs, ev = make_tiny(root, n_items=4)
+    corpus = Corpus(str(docs))
+    return corpus, EvalSet(str(ev), corpus).items, StageCache(root / "cache")
+
+
+def _pipeline(tiny, generator, pricing=None):
+    corpus, items, cache = tiny
+    return run_pipeline(
+        docs=corpus.docs,
+        corpus_digest=corpus.digest,
+        items=items,
+        chunker=MarkdownChunker(),
+        chunking_cfg={"_target_": "rag_experiments.stages.chunking.MarkdownChunker"},
+        retriever=BM25Retriever(k=3),
+        k=3,
+        ks=[1, 3],
+        cache=cache,
+        generator=generator,
+        prompt=instantiate(OmegaConf.load(CONF / "prompt" / "concise.yaml")),
+        judge=instantiate(OmegaConf.load(CONF / "judge" / "heuristic.yaml")),
+        n_resamples=50,
+        progress=False,
+        pricing=pricing,
+    )
+
+
+def test_usage_reaches_the_per_query_table_and_the_run_metrics(tiny, fake_llm):
+    gen = OpenAICompatibleGenerator(base_url=fake_llm.base_url, model="ok", max_retries=0, timeout_s=10)
+    pricing = {"generation": {"price_per_1k_in": 2.0, "price_per_1k_out": 4.0}}
+    res = _pipeline(tiny, gen, pricing)
+    df, agg = res.per_query, res.aggregates
+    n = len(df)
+    # the fake endpoint reports usage 1 prompt + 1 completion token per reply
+    assert (df["tokens_in_generation"] == 1).all() and (df["tokens_out_generation"] == 1).all()
+    assert agg["tokens_in/generation"] == n and agg["tokens_out/generation"] == n
+    assert agg["cost_usd"] == pytest.approx(n / 1000 * 2.0 + n / 1000 * 4.0)
+    assert agg["latency_p95_ms/generation"] >= agg["latency_p50_ms/generation"] > 0
+    # a second run answers from the cache: the usage (cost of the config) is kept
+    again = _pipeline(tiny, gen, pricing)
+    assert again.per_query["generation_cached"].all()
+    assert again.aggregates["cost_usd"] == pytest.approx(agg["cost_usd"])
+
+
+def test_retrieval_only_run_costs_nothing(tiny):
+    corpus, items, cache = tiny
+    res = run_pipeline(
+        docs=corpus.docs,
+        corpus_digest=corpus.digest,
+        items=items,
+        chunker=MarkdownChunker(),
+        chunking_cfg={"_target_": "rag_experiments.stages.chunking.MarkdownChunker"},
+        retriever=BM25Retriever(k=3),
+        k=3,
+        ks=[1, 3],
+        cache=cache,
+        n_resamples=50,
+        progress=False,
+    )
+    assert res.aggregates["cost_usd"] == 0.0 and "tokens_in/generation" not in res.aggregates
+    assert "latency_p95_ms/retrieval" in res.aggregates
+
+
+@llm_fixtures.requires_smollm2
+def test_local_llama_server_reports_usage():
+    gen = LocalLlamaGenerator(max_tokens=8)
+    prompt = [{"role": "user", "content": "Say hello to the whole wide world, please."}]
+    g = gen.generate([prompt])[0]
+    assert g.error is None, g.error
+    cols = usage_columns(g.usage)
+    assert cols["tokens_in_generation"] >= 10  # the chat template alone adds tokens
+    assert 1 <= cols["tokens_out_generation"] <= 8
