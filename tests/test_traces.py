@@ -327,3 +327,31 @@ def test_batched_and_per_trace_writes_store_the_same(retrieval_run, tmp_path):
             for t in traces
         }
     assert len(got[True]) == len(df) and got[True] == got[False]
+
+
+@requires_smollm2
+def test_generation_subset_run_traces_every_item(tmp_path):
+    """Items outside ``generation_subset`` have no answer (NaN cells): still one trace each, no chat
+    span, generation feedback marked as not scored; the run FINISHES."""
+    docs, ev = make_tiny(tmp_path, n_items=4)
+    run_sweep(
+        tmp_path,
+        *sweep_args(tmp_path, docs, ev),
+        "generator=local",
+        "generator.max_tokens=16",
+        "generation_subset=2",
+    )
+    _, _, run, traces, df = _store(tmp_path)
+    assert run.info.status == "FINISHED"
+    assert len(traces) == len(df) == 4
+    by = _by_item(traces)
+    answered = df["answer"].map(lambda a: isinstance(a, str))
+    assert answered.sum() == 2
+    for _, row in df.iterrows():
+        t = by[row["id"]]
+        chats = [s for s in t.data.spans if s.span_type == "CHAT_MODEL"]
+        fb, _ = _assessments(t)
+        if isinstance(row["answer"], str):
+            assert len(chats) == 1
+        else:
+            assert chats == [] and fb["faithfulness"].value is None and fb["faithfulness"].error is not None

@@ -45,6 +45,7 @@ from mlflow.entities.span import Span
 from mlflow.tracing.client import TracingClient
 from mlflow.tracing.constant import SpanAttributeKey, TraceMetadataKey, TraceTagKey
 
+from rag_experiments.tracking.runs import parse_json  # NaN cells: items outside generation_subset
 from rag_experiments.types import Document, EvalItem
 
 TRACE_NAME = "rag_query"
@@ -225,14 +226,14 @@ def build_spans(
     )
     t += t_gen
     if not error:
-        verdicts = json.loads(row.get("verdicts") or "[]")
+        verdicts = parse_json(row.get("verdicts"), [])
         half = t_jud // 2  # the table has one judge latency per query: split evenly between the steps
         w.add(
             "judge.faithfulness",
             SpanType.EVALUATOR,
             t,
             t + half,
-            {"answer": row["answer"], "claims": json.loads(row.get("claims") or "[]")},
+            {"answer": row["answer"], "claims": parse_json(row.get("claims"), [])},
             {"verdicts": verdicts, "faithfulness": _num(row, "faithfulness")},
             root,
         )
@@ -322,7 +323,7 @@ def expectations(item: EvalItem, doc_text: dict[str, str], evalset_digest: str) 
 
 
 def _unsupported(row: dict) -> str:
-    verdicts = json.loads(row.get("verdicts") or "[]")
+    verdicts = parse_json(row.get("verdicts"), [])
     bad = [v["claim"] for v in verdicts if v.get("label") != "supported"]
     return ("; unsupported or unparseable claims: " + " | ".join(bad)) if bad else ""
 
