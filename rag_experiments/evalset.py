@@ -228,6 +228,85 @@ def _type_name(v: Any) -> str:
     }.get(type(v), type(v).__name__)
 
 
+def _parse_line(raw: bytes, lineno: int, where: str) -> tuple[dict | None, list[str]]:
+    """One JSONL line → (object, problems); (None, []) for a blank line.
+
+    Decoded per line, so one bad byte names its line and the rest of the file is still checked.
+    """
+    try:
+        line = (raw.removeprefix(b"\xef\xbb\xbf") if lineno == 1 else raw).decode("utf-8")
+    except UnicodeDecodeError as e:
+        return None, [f"{where}: encoding: not valid UTF-8 ({e.reason} at byte {e.start} of the line)"]
+    if not line.strip():
+        return None, []
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        return None, [f"{where}: json: invalid JSON at column {e.colno}: {e.msg}"]
+    if not isinstance(row, dict):
+        return None, [f"{where}: item: expected a JSON object, got {_type_name(row)}"]
+    return row, []
+
+
+def _field_problems(row: dict, where: str) -> list[str]:
+    """Missing required fields and wrongly typed ones (:data:`_FIELDS`); any makes the row unusable."""
+    problems = []
+    for name, (typ, required) in _FIELDS.items():
+        if name not in row or row[name] is None:
+            if required:
+                problems.append(f"{where}: {name}: missing required field")
+        elif not isinstance(row[name], typ):
+            problems.append(f"{where}: {name}: expected {typ.__name__}, got {_type_name(row[name])}")
+    if "gold_evidence" not in row and "gold_chunk_ids" not in row:
+        problems.append(f"{where}: gold_evidence: missing (use [] for an unanswerable item)")
+    return problems
+
+
+def _gold_spans(row: dict, where: str, resolver: _Resolver) -> tuple[list[Span], list[str]]:
+    """The row's gold evidence (and seed-format ``gold_chunk_ids``) resolved to corpus spans."""
+    spans: list[Span] = []
+    problems: list[str] = []
+    for j, ev in enumerate(row.get("gold_evidence") or []):
+        sp, pr = resolver.evidence(ev, f"{where}: gold_evidence[{j}]")
+        problems += pr
+        if sp:
+            spans.append(sp)
+    if "gold_chunk_ids" in row:
+        sp_list, pr = resolver.chunk_ids(
+            row["gold_chunk_ids"], row.get("reference_chunking"), f"{where}: gold_chunk_ids"
+        )
+        problems += pr
+        spans += sp_list
+    return spans, problems
+
+
+def _item_of(row: dict, lineno: int, where: str, resolver: _Resolver) -> tuple[EvalItem, list[str]]:
+    """A well-typed row → (EvalItem, problems of its values: strings, evidence, unanswerable tag)."""
+    problems = []
+    for name in ("key_facts", "tags"):
+        for j, v in enumerate(row.get(name) or []):
+            if not isinstance(v, str) or not v.strip():
+                problems.append(f"{where}: {name}[{j}]: must be a non-empty string")
+    spans, pr = _gold_spans(row, where, resolver)
+    problems += pr
+    tags = list(row.get("tags") or [])
+    declared_empty = not row.get("gold_evidence") and not row.get("gold_chunk_ids")
+    if declared_empty and "unanswerable" not in tags:
+        problems.append(f"{where}: gold_evidence: empty, but the item is not tagged 'unanswerable'")
+    if not declared_empty and "unanswerable" in tags:
+        problems.append(f"{where}: tags: tagged 'unanswerable' but has gold evidence")
+    item = EvalItem(
+        id=row["id"],
+        query=row["query"],
+        gold_spans=spans,
+        gold_answer=row.get("gold_answer"),
+        key_facts=list(row.get("key_facts") or []),
+        tags=tags,
+        line=lineno,
+    )
+    return item, problems
+
+
 def load_evalset(
     path: str | Path, docs: list[Document], limit: int | None = None
 ) -> tuple[list[EvalItem], str]:
@@ -245,76 +324,24 @@ def load_evalset(
     first_line: dict[str, int] = {}
     for lineno, raw in enumerate(path.read_bytes().split(b"\n"), 1):
         where = f"{path}:{lineno}"
-        try:  # per line, so one bad byte names its line and the rest is still checked
-            line = (raw.removeprefix(b"\xef\xbb\xbf") if lineno == 1 else raw).decode("utf-8")
-        except UnicodeDecodeError as e:
-            problems.append(f"{where}: encoding: not valid UTF-8 ({e.reason} at byte {e.start} of the line)")
+        row, pr = _parse_line(raw, lineno, where)
+        problems += pr
+        if row is None:
             continue
-        if not line.strip():
+        pr = _field_problems(row, where)
+        problems += pr
+        if pr:
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            problems.append(f"{where}: json: invalid JSON at column {e.colno}: {e.msg}")
-            continue
-        if not isinstance(row, dict):
-            problems.append(f"{where}: item: expected a JSON object, got {_type_name(row)}")
-            continue
-        bad = False
-        for name, (typ, required) in _FIELDS.items():
-            if name not in row or row[name] is None:
-                if required:
-                    problems.append(f"{where}: {name}: missing required field")
-                    bad = True
-            elif not isinstance(row[name], typ):
-                problems.append(f"{where}: {name}: expected {typ.__name__}, got {_type_name(row[name])}")
-                bad = True
-        if "gold_evidence" not in row and "gold_chunk_ids" not in row:
-            problems.append(f"{where}: gold_evidence: missing (use [] for an unanswerable item)")
-            bad = True
-        if bad:
-            continue
-        item_id, query = row["id"], row["query"]
-        if not query.strip():
+        if not row["query"].strip():
             problems.append(f"{where}: query: empty")
-        if item_id in first_line:
-            problems.append(f"{where}: id: duplicate {item_id!r} (first on line {first_line[item_id]})")
+        if row["id"] in first_line:
+            problems.append(f"{where}: id: duplicate {row['id']!r} (first on line {first_line[row['id']]})")
         else:
-            first_line[item_id] = lineno
-        for name in ("key_facts", "tags"):
-            for j, v in enumerate(row.get(name) or []):
-                if not isinstance(v, str) or not v.strip():
-                    problems.append(f"{where}: {name}[{j}]: must be a non-empty string")
-        spans: list[Span] = []
-        for j, ev in enumerate(row.get("gold_evidence") or []):
-            sp, pr = resolver.evidence(ev, f"{where}: gold_evidence[{j}]")
-            problems += pr
-            if sp:
-                spans.append(sp)
-        if "gold_chunk_ids" in row:
-            sp_list, pr = resolver.chunk_ids(
-                row["gold_chunk_ids"], row.get("reference_chunking"), f"{where}: gold_chunk_ids"
-            )
-            problems += pr
-            spans += sp_list
-        tags = list(row.get("tags") or [])
-        declared_empty = not row.get("gold_evidence") and not row.get("gold_chunk_ids")
-        if declared_empty and "unanswerable" not in tags:
-            problems.append(f"{where}: gold_evidence: empty, but the item is not tagged 'unanswerable'")
-        if not declared_empty and "unanswerable" in tags:
-            problems.append(f"{where}: tags: tagged 'unanswerable' but has gold evidence")
+            first_line[row["id"]] = lineno
+        item, pr = _item_of(row, lineno, where, resolver)
+        problems += pr
         raw_items.append(row)
-        items.append(
-            EvalItem(
-                id=item_id,
-                query=query,
-                gold_spans=spans,
-                gold_answer=row.get("gold_answer"),
-                key_facts=list(row.get("key_facts") or []),
-                tags=tags,
-                line=lineno,
-            )
-        )
+        items.append(item)
     if not items and not problems:
         problems.append(f"{path}: eval set is empty")
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):

@@ -381,6 +381,33 @@ def _retrieval_scores(
     return per_q, run_tags, extra
 
 
+def _timed_retrieval(retriever, chunks, chunks_key, queries, depth: int, cache, progress: bool):
+    """(idx, scores, ranking key, retriever calls, seconds): every query ranked to ``depth``."""
+    t = time.perf_counter()
+    before = cache.stats["rankings.miss"]
+    with Progress("retrieval", None, enabled=progress):  # start/done lines; embedding shows blocks
+        idx, scores, ranking_key = retrieval_stage(retriever, chunks, chunks_key, queries, depth, cache)
+    return idx, scores, ranking_key, cache.stats["rankings.miss"] - before, time.perf_counter() - t
+
+
+def _run_aggregates(
+    df: pd.DataFrame,
+    run_metrics: dict,
+    pricing: dict | None,
+    n_generated: int | None,
+    n_resamples: int,
+    seed: int,
+) -> dict[str, float]:
+    """The run's metrics: bootstrap means and CIs of the per-query table, the retriever's run-level
+    metrics, cost, and ``n_generated`` when the run generates (``n_generated`` not None)."""
+    aggregates = aggregate(df, n_resamples=n_resamples, seed=seed)
+    aggregates.update(run_metrics)
+    aggregates.update(cost_metrics(df, pricing))
+    if n_generated is not None:
+        aggregates["n_generated"] = n_generated
+    return aggregates
+
+
 def run_pipeline(
     docs: list[Document],
     corpus_digest: str,
@@ -422,13 +449,10 @@ def run_pipeline(
 
     all_ks = sorted(set(ks) | {k})
     queries = [it.query for it in items]
-    t = time.perf_counter()
-    before = cache.stats["rankings.miss"]
-    with Progress("retrieval", None, enabled=progress):  # start/done lines; embedding shows blocks
-        depth = max(*all_ks, rank_depth)  # MRR and the token budgets read past max(ks)
-        idx, scores, ranking_key = retrieval_stage(retriever, chunks, chunks_key, queries, depth, cache)
-    calls["retrieval"] += cache.stats["rankings.miss"] - before
-    timings["retrieval_s"] = time.perf_counter() - t
+    depth = max(*all_ks, rank_depth)  # MRR and the token budgets read past max(ks)
+    idx, scores, ranking_key, calls["retrieval"], timings["retrieval_s"] = _timed_retrieval(
+        retriever, chunks, chunks_key, queries, depth, cache, progress
+    )
     ranked = [[chunks[i] for i in row if i >= 0] for row in idx]
     cache_keys = {"chunks": chunks_key, "rankings": ranking_key}
     scoring = (all_ks, min_coverage, rank_depth, token_budgets)
@@ -439,25 +463,20 @@ def run_pipeline(
     latency = timings["retrieval_s"] / max(len(items), 1)
     rows = _retrieval_rows(items, [r[:shown] for r in ranked], scores, per_q, latency)
 
-    subset: list[int] = []
+    subset = stratified_subset(items, generation_subset) if generator is not None else []
     if generator is not None:
-        subset = stratified_subset(items, generation_subset)
         gt, gc = _generate_and_judge(
             rows, items, ranked, k, subset, generator, prompt, judge, cache, progress
         )
         timings.update(gt)
         calls.update(gc)
-    generated = [False] * len(items)
-    for i in subset:
-        generated[i] = True
+    chosen = set(subset)
+    generated = [i in chosen for i in range(len(items))]
     _label_rows(rows, items, k, thresholds, generated)
 
     df = _per_query_table(rows, generated, with_generation=generator is not None)
-    aggregates = aggregate(df, n_resamples=n_resamples, seed=seed)
-    aggregates.update(run_metrics)
-    aggregates.update(cost_metrics(df, pricing))
-    if generator is not None:
-        aggregates["n_generated"] = len(subset)
+    n_generated = len(subset) if generator is not None else None
+    aggregates = _run_aggregates(df, run_metrics, pricing, n_generated, n_resamples, seed)
     return PipelineResult(
         per_query=df,
         aggregates=aggregates,

@@ -203,40 +203,82 @@ def factor_effects(
     if baseline.run_id not in {r.run_id for r in runs}:
         runs.append(baseline)
     factors = infer_factors(runs)
-    levels = {f: sorted({_level(r, f) for r in runs} - {None}, key=_sort_key) for f in factors}
-    base_lv = {f: _level(baseline, f) for f in factors}
+    grid = _Grid(
+        runs=runs,
+        baseline=baseline,
+        factors=factors,
+        levels={f: sorted({_level(r, f) for r in runs} - {None}, key=_sort_key) for f in factors},
+        base_levels={f: _level(baseline, f) for f in factors},
+    )
+    effects, skipped = _ofat_effects(grid, metrics, seed, n_resamples)
+    eff = pd.DataFrame(effects)
+    mar = pd.DataFrame(_marginal_rows(grid, metrics, seed, n_resamples))
+    _add_holm(eff, mar)
+    noise = noise_floor(runs, baseline, metrics, seed=seed, n_resamples=n_resamples, n_splits=n_splits)
+    return SweepAttribution(grid.levels, baseline, eff, mar, noise, skipped)
+
+
+@dataclass
+class _Grid:
+    """A sweep's runs with their factors, each factor's levels and the baseline's level of each."""
+
+    runs: list[RunData]
+    baseline: RunData
+    factors: list[str]
+    levels: dict[str, list[str]]
+    base_levels: dict[str, str | None]
+
+
+def _ofat_effects(
+    grid: _Grid, metrics: Sequence[str], seed: int, n_resamples: int
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """(rows, skipped): per (factor, non-baseline level, metric) the paired delta of the run equal to
+    the baseline on every other factor, ``other − baseline``; levels with no such run are skipped."""
     effects: list[dict[str, Any]] = []
     skipped: list[str] = []
-    for f in factors:
-        for lv in levels[f]:
+    base_lv = grid.base_levels
+    for f in grid.factors:
+        for lv in grid.levels[f]:
             if lv == base_lv[f]:
                 continue
             want = dict(base_lv, **{f: lv})
-            match = [r for r in runs if all(_level(r, g) == want[g] for g in factors)]
+            match = [r for r in grid.runs if all(_level(r, g) == want[g] for g in grid.factors)]
             if not match:
                 skipped.append(f"{f}={lv} (no run with the baseline's other factors)")
                 continue
             other = match[0]
             for m in metrics:
-                res = paired_delta(baseline.series(m), other.series(m), m, seed=seed, n_resamples=n_resamples)
+                res = paired_delta(
+                    grid.baseline.series(m), other.series(m), m, seed=seed, n_resamples=n_resamples
+                )
                 effects.append(
                     {"factor": f, "level": lv, "baseline_level": base_lv[f], "run_id": other.run_id}
                     | {"metric": m}
                     | _row(res)
                 )
+    return effects, skipped
+
+
+def _marginal_rows(grid: _Grid, metrics: Sequence[str], seed: int, n_resamples: int) -> list[dict[str, Any]]:
+    """Per (factor, level, metric): mean over queries of each query's value averaged over the level's
+    runs, its bootstrap CI over queries and, with more than one factor, the paired delta and p
+    against the baseline's level (NaN otherwise)."""
     marginals: list[dict[str, Any]] = []
-    for f in factors:
+    for f in grid.factors:
+        base_lv = grid.base_levels[f]
         for m in metrics:
-            per_level = {lv: _marginal_series([r for r in runs if _level(r, f) == lv], m) for lv in levels[f]}
-            base_series = per_level.get(base_lv[f])
+            per_level = {
+                lv: _marginal_series([r for r in grid.runs if _level(r, f) == lv], m) for lv in grid.levels[f]
+            }
+            base_series = per_level.get(base_lv)
             for lv, s in per_level.items():
                 vals = s.dropna().to_numpy()
                 _, lo, hi, _ = mean_ci(vals, n_resamples=n_resamples, seed=seed)
                 row = {
                     "factor": f,
                     "level": lv,
-                    "is_baseline_level": lv == base_lv[f],
-                    "n_runs": sum(_level(r, f) == lv for r in runs),
+                    "is_baseline_level": lv == base_lv,
+                    "n_runs": sum(_level(r, f) == lv for r in grid.runs),
                     "metric": m,
                     "mean": float(vals.mean()) if vals.size else float("nan"),
                     "ci_low": lo,
@@ -247,12 +289,15 @@ def factor_effects(
                 }
                 # With one factor a level's marginal *is* its OFAT run: testing it again would
                 # only double the Holm family and make every p more conservative.
-                if lv != base_lv[f] and base_series is not None and len(factors) > 1:
+                if lv != base_lv and base_series is not None and len(grid.factors) > 1:
                     res = paired_delta(base_series, s, m, seed=seed, n_resamples=n_resamples)
                     row["delta_vs_baseline_level"], row["p_value"] = res.delta, res.p_value
                 marginals.append(row)
-    eff = pd.DataFrame(effects)
-    mar = pd.DataFrame(marginals)
+    return marginals
+
+
+def _add_holm(eff: pd.DataFrame, mar: pd.DataFrame) -> None:
+    """Add ``p_holm`` to both tables: Holm adjustment over one family, every OFAT and marginal p."""
     p_all = np.concatenate(
         [
             eff["p_value"].to_numpy(float) if len(eff) else np.empty(0),
@@ -264,8 +309,6 @@ def factor_effects(
         eff["p_holm"] = adj[: len(eff)]
     if len(mar):
         mar["p_holm"] = adj[len(eff) :]
-    noise = noise_floor(runs, baseline, metrics, seed=seed, n_resamples=n_resamples, n_splits=n_splits)
-    return SweepAttribution(levels, baseline, eff, mar, noise, skipped)
 
 
 def _sort_key(v: str) -> tuple[int, float, str]:
