@@ -1,0 +1,3 @@
+from rag_experiments.spotcheck.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,119 @@
+"""The run's judged claims, one row each, and the seeded borderline-weighted sample of them.
+
+``COLUMNS`` is the label CSV's column contract: ``sample`` writes it, ``labels`` reads it back.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from mlflow.entities import Run
+
+from rag_experiments.analysis.agreement import inclusion_probabilities, systematic_pps
+from rag_experiments.tracking.runs import RunInputError, parse_json
+
+COLUMNS = [
+    "item_id",
+    "query",
+    "claim",
+    "context",
+    "judge_verdict",
+    "judge_score",
+    "judge_rationale",
+    "answer",
+    "inclusion_prob",
+    "human_verdict",
+]
+BORDERLINE_BOOST = 3.0
+
+
+def item_id(query_id: str, index: int) -> str:
+    return f"{query_id}#{index}"
+
+
+def judged_claims(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per judged claim (columns of the CSV except ``human_verdict``), in table order."""
+    if "verdicts" not in table.columns:
+        raise RunInputError("the run has no judged claims (no 'verdicts' column: a retrieval-only run?)")
+    rows = []
+    for r in table.itertuples(index=False):
+        rd = r._asdict()
+        for i, v in enumerate(parse_json(rd.get("verdicts"), [])):
+            score = v.get("score")
+            rows.append(
+                {
+                    "item_id": item_id(str(rd["id"]), i),
+                    "query": rd.get("query", ""),
+                    "claim": v.get("claim", ""),
+                    "context": rd.get("context", "") or "",
+                    "judge_verdict": v.get("label", ""),
+                    "judge_score": float(score) if score is not None else float("nan"),
+                    "judge_rationale": v.get("rationale", "") or "",
+                    "answer": rd.get("answer", "") or "",
+                }
+            )
+    return pd.DataFrame(rows, columns=[c for c in COLUMNS if c not in ("inclusion_prob", "human_verdict")])
+
+
+def judge_threshold(run: Run) -> float | None:
+    """The score threshold the judge decides at (LLM judges: ``judge.threshold``; heuristic:
+    ``judge.sim_threshold``), from the run's params."""
+    params = run.data.params
+    for key in ("judge.threshold", "judge.sim_threshold"):
+        try:
+            return float(params[key])
+        except (KeyError, TypeError, ValueError):
+            continue
+    return None
+
+
+def sample_weights(scores: np.ndarray, threshold: float | None) -> np.ndarray:
+    """``1 + 3·exp(−|score − threshold| / s)``; all ones without scores or threshold."""
+    w = np.ones(len(scores))
+    if threshold is None:
+        return w
+    d = np.abs(np.asarray(scores, float) - threshold)
+    ok = ~np.isnan(d)
+    if not ok.any():
+        return w
+    scale = float(np.median(d[ok])) or 1e-9
+    w[ok] += BORDERLINE_BOOST * np.exp(-d[ok] / scale)
+    return w
+
+
+def sample_claims(
+    claims: pd.DataFrame, n: int, stratify: bool = False, seed: int = 0, threshold: float | None = None
+) -> pd.DataFrame:
+    """n claims, seeded, borderline ones over-weighted; stratified by verdict when asked.
+
+    Within the population (or each verdict stratum with its quota q) claim i is drawn with
+    probability π_i = min(1, c·w_i), Σπ = q (:func:`inclusion_probabilities`, systematic πps);
+    π_i is recorded as ``inclusion_prob`` so that scores can be weighted back to the run.
+    """
+    rng = np.random.default_rng(seed)
+    w = sample_weights(claims["judge_score"].to_numpy(float), threshold)
+    idx = np.arange(len(claims))
+    groups, quota = {"all": idx}, {"all": n}
+    if stratify:
+        labels = sorted(claims["judge_verdict"].unique())
+        groups = {lab: idx[(claims["judge_verdict"] == lab).to_numpy()] for lab in labels}
+        quota = dict.fromkeys(labels, 0)
+        left = n
+        while left > 0:  # even split; a label with too few claims passes its share on
+            open_ = [lab for lab in labels if quota[lab] < len(groups[lab])]
+            if not open_:
+                break
+            for lab in open_:
+                if left == 0:
+                    break
+                quota[lab] += 1
+                left -= 1
+    pi = np.zeros(len(claims))
+    chosen: list[int] = []
+    for lab, g in groups.items():
+        pi[g] = inclusion_probabilities(w[g], quota[lab])
+        chosen += list(g[systematic_pps(pi[g], rng)]) if quota[lab] else []
+    out = claims.iloc[sorted(chosen)].copy()
+    out["inclusion_prob"] = pi[sorted(chosen)]
+    out["human_verdict"] = ""
+    return out.reset_index(drop=True)

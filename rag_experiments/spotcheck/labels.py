@@ -1,0 +1,171 @@
+"""Reading the filled label CSV: every malformed row named as ``FILE:LINE: field: what is wrong``."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+REQUIRED = ("item_id", "claim", "human_verdict")
+HUMAN_LABELS = ("supported", "unsupported")
+
+
+class LabelFileError(Exception):
+    """A malformed label file; ``problems`` are ``FILE:LINE: field: what is wrong`` lines."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass
+class Labels:
+    """The labelled rows of a filled CSV, checked against the run's judged claims."""
+
+    rows: pd.DataFrame  # item_id, claim, human (lower-case), judge (the run's verdict), score, pi
+    n_blank: int
+    path: Path
+    weighted: bool = False  # the file has inclusion probabilities (rows' ``pi``)
+    n_population: int = 0  # the run's judged claims with a parseable verdict
+
+
+def _inclusion_prob(raw: str | None, where: str) -> tuple[float, str | None]:
+    """(π, problem): π must be a number in (0, 1]; NaN when the file has no such column."""
+    if raw is None:
+        return float("nan"), None
+    try:
+        pi = float(raw)
+    except ValueError:
+        pi = float("nan")
+    if not 0 < pi <= 1:
+        return pi, f"{where}: inclusion_prob: {raw!r} is not a probability in (0, 1] (keep the sampled value)"
+    return pi, None
+
+
+def _ws(text: str) -> str:
+    return " ".join(text.split())  # spreadsheets re-wrap long cells
+
+
+def _open_text(path: Path) -> io.StringIO:
+    """The file's text (UTF-8, a BOM dropped); unreadable or undecodable → :class:`LabelFileError`."""
+    name = str(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise LabelFileError([f"{name}:0: file: cannot read ({e.strerror})"]) from None
+    try:
+        return io.StringIO(raw.decode("utf-8-sig"), newline="")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise LabelFileError(
+            [f"{name}:{line}: file: not valid UTF-8 ({e.reason} at byte {e.start})"]
+        ) from None
+
+
+def _read_header(reader, name: str) -> list[str]:
+    """The header's column names (stripped); a missing :data:`REQUIRED` column → :class:`LabelFileError`."""
+    header = [h.strip() for h in next(reader, [])]
+    missing = [c for c in REQUIRED if c not in header]
+    if missing:
+        raise LabelFileError(
+            [
+                f"{name}:1: {c}: missing column (the header has: {', '.join(header) or 'nothing'})"
+                for c in missing
+            ]
+        )
+    return header
+
+
+def _records(reader, name: str, problems: list[str]) -> Iterator[tuple[int, list[str]]]:
+    """(line, values) of every non-blank record, ``line`` where it starts (a quoted field may span
+    lines). Broken CSV stops the read: :class:`LabelFileError` with ``problems`` found so far."""
+    while True:
+        line = reader.line_num + 1
+        try:
+            values = next(reader, None)
+        except csv.Error as e:
+            raise LabelFileError([*problems, f"{name}:{line}: row: not valid CSV ({e})"]) from None
+        if values is None:
+            return
+        if values and any(v.strip() for v in values):
+            yield line, values
+
+
+def _labelled_row(
+    rec: dict[str, str], where: str, by_id: pd.DataFrame, seen: dict[str, int]
+) -> tuple[dict | None, str | None]:
+    """(row, problem) of one record; both None for a blank ``human_verdict`` (skipped and counted).
+
+    A row must carry a known label, a judged claim of the run (same text up to whitespace) not
+    labelled before (``seen``: item_id → line) and, when the column exists, its inclusion_prob.
+    """
+    iid = (rec.get("item_id") or "").strip()
+    human = (rec.get("human_verdict") or "").strip().lower()
+    if not human:
+        return None, None
+    if human not in HUMAN_LABELS:
+        return None, (
+            f"{where}: human_verdict: {rec.get('human_verdict')!r} is not one of {', '.join(HUMAN_LABELS)}"
+        )
+    if iid not in by_id.index:
+        return None, f"{where}: item_id: {iid!r} is not a judged claim of the run"
+    if _ws(rec.get("claim") or "") != _ws(str(by_id.at[iid, "claim"])):
+        return None, (
+            f"{where}: claim: does not match the run's claim {iid} ({str(by_id.at[iid, 'claim'])[:80]!r})"
+        )
+    if iid in seen:
+        return None, f"{where}: item_id: {iid!r} already labelled on line {seen[iid]}"
+    pi, problem = _inclusion_prob(rec.get("inclusion_prob"), where)
+    if problem:
+        return None, problem
+    row = {
+        "item_id": iid,
+        "claim": by_id.at[iid, "claim"],
+        "human": human,
+        "judge": str(by_id.at[iid, "judge_verdict"]),
+        "score": by_id.at[iid, "judge_score"],
+        "pi": pi,
+    }
+    return row, None
+
+
+def read_labels(path: Path, claims: pd.DataFrame) -> Labels:
+    """Parse and validate the filled CSV against the run's judged claims.
+
+    Every bad row is reported (one :class:`LabelFileError` with all problems); a file with no
+    labelled row is an error too: scoring nothing is not a result.
+    """
+    name = str(path)
+    by_id = claims.set_index("item_id")
+    rows, problems, n_blank, seen = [], [], 0, {}
+    with _open_text(path) as f:
+        reader = csv.reader(f, strict=True)  # an unclosed quote is an error, not a field to EOF
+        header = _read_header(reader, name)
+        for line, values in _records(reader, name, problems):
+            if len(values) > len(header):
+                problems.append(f"{name}:{line}: row: {len(values)} fields, the header has {len(header)}")
+                continue
+            rec = dict(zip(header, values, strict=False))
+            row, problem = _labelled_row(rec, f"{name}:{line}", by_id, seen)
+            if problem:
+                problems.append(problem)
+            elif row is None:
+                n_blank += 1
+            else:
+                seen[row["item_id"]] = line
+                rows.append(row)
+    if problems:
+        raise LabelFileError(problems)
+    if not rows:
+        raise LabelFileError(
+            [
+                f"{name}: human_verdict: no claim labelled ({n_blank} blank rows); fill in supported / unsupported"
+            ]
+        )
+    df = pd.DataFrame(rows, columns=["item_id", "claim", "human", "judge", "score", "pi"])
+    n_pop = int(claims["judge_verdict"].isin(HUMAN_LABELS).sum())
+    return Labels(df, n_blank, path, weighted="inclusion_prob" in header, n_population=n_pop)
