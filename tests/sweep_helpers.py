@@ -1,15 +1,26 @@
-"""A tiny real corpus + eval set cut from the bundled sample, and a runner for the sweep CLI."""
+"""A tiny real corpus + eval set cut from the bundled sample, and the runners tests share.
+
+``make_tiny`` writes the inputs; ``tiny_inputs`` loads them; ``tiny_pipeline`` runs the library
+pipeline on them (markdown chunks, BM25 at k=3); ``run_sweep`` runs the sweep CLI in a subprocess.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
-from rag_experiments.evalset import sample_dir
+from rag_experiments.cache import StageCache
+from rag_experiments.datasets.corpus import Corpus
+from rag_experiments.evalset import EvalSet, sample_dir
+from rag_experiments.pipeline import PipelineResult, run_pipeline
+from rag_experiments.stages.chunking import MarkdownChunker
+from rag_experiments.stages.retrieval import BM25Retriever
+from rag_experiments.types import EvalItem
 
 TINY_DOCS = ("webhook-retries.md", "rate-limits.md", "refunds.md", "idempotency.md")
 REPO = Path(__file__).resolve().parent.parent
@@ -35,6 +46,45 @@ def make_tiny(root: Path, n_items: int = 8) -> tuple[Path, Path]:
     return docs, ev_path
 
 
+TinyInputs = tuple[Corpus, list[EvalItem], StageCache]
+
+
+def tiny_inputs(root: Path, n_items: int) -> TinyInputs:
+    """``make_tiny`` under ``root``, loaded: (corpus, eval items, a stage cache in ``root/cache``)."""
+    docs, ev = make_tiny(root, n_items=n_items)
+    corpus = Corpus(str(docs))
+    return corpus, EvalSet(str(ev), corpus).items, StageCache(root / "cache")
+
+
+def tiny_pipeline(inputs: TinyInputs, ks: tuple[int, ...] = (1, 3), **stages) -> PipelineResult:
+    """``run_pipeline`` on ``tiny_inputs``: markdown chunks, BM25 at k=3, 50 bootstrap resamples.
+
+    ``stages``: ``generator``, ``prompt``, ``judge``, ``pricing`` (none: a retrieval-only run).
+    """
+    corpus, items, cache = inputs
+    return run_pipeline(
+        docs=corpus.docs,
+        corpus_digest=corpus.digest,
+        items=items,
+        chunker=MarkdownChunker(),
+        chunking_cfg={"_target_": "rag_experiments.stages.chunking.MarkdownChunker"},
+        retriever=BM25Retriever(k=3),
+        k=3,
+        ks=list(ks),
+        cache=cache,
+        n_resamples=50,
+        progress=False,
+        **stages,
+    )
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def sweep_args(root: Path, docs: Path, ev: Path) -> list[str]:
     return [
         "corpus=dir",
@@ -51,7 +101,11 @@ def sweep_args(root: Path, docs: Path, ev: Path) -> list[str]:
     ]
 
 
-def run_sweep(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+def run_sweep(
+    root: Path, *args: str, check: bool = True, timeout: float = 900
+) -> subprocess.CompletedProcess:
+    """``python -m rag_experiments.sweep ARGS`` in ``root``, offline, with no inherited tracking URI;
+    a non-zero exit raises (with the output's tails) unless ``check=False``."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
     p = subprocess.run(
@@ -60,7 +114,7 @@ def run_sweep(root: Path, *args: str, check: bool = True) -> subprocess.Complete
         env=env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=timeout,
     )
     if check and p.returncode != 0:
         raise AssertionError(f"sweep failed ({p.returncode}):\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}")

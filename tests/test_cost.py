@@ -11,19 +11,13 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from rag_experiments.cache import StageCache
 from rag_experiments.config_schema import validate
-from rag_experiments.datasets.corpus import Corpus
-from rag_experiments.evalset import EvalSet
 from rag_experiments.evaluation.cost import cost_metrics, price, serving_latency_ms, usage_columns
 from rag_experiments.evaluation.registry import higher_is_better, spec
-from rag_experiments.pipeline import run_pipeline
-from rag_experiments.stages.chunking import MarkdownChunker
 from rag_experiments.stages.generation import LocalLlamaGenerator, OpenAICompatibleGenerator
-from rag_experiments.stages.retrieval import BM25Retriever
 from rag_experiments.sweep import _priced
 from tests import llm_fixtures
-from tests.sweep_helpers import REPO, make_tiny
+from tests.sweep_helpers import REPO, tiny_inputs, tiny_pipeline
 
 fake_llm = llm_fixtures.fake_llm
 CONF = REPO / "rag_experiments" / "conf"
@@ -91,31 +85,13 @@ def test_price_table_is_validated():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cost")
-    docs, ev = make_tiny(root, n_items=4)
-    corpus = Corpus(str(docs))
-    return corpus, EvalSet(str(ev), corpus).items, StageCache(root / "cache")
+    return tiny_inputs(tmp_path_factory.mktemp("cost"), n_items=4)
 
 
 def _pipeline(tiny, generator, pricing=None):
-    corpus, items, cache = tiny
-    return run_pipeline(
-        docs=corpus.docs,
-        corpus_digest=corpus.digest,
-        items=items,
-        chunker=MarkdownChunker(),
-        chunking_cfg={"_target_": "rag_experiments.stages.chunking.MarkdownChunker"},
-        retriever=BM25Retriever(k=3),
-        k=3,
-        ks=[1, 3],
-        cache=cache,
-        generator=generator,
-        prompt=instantiate(OmegaConf.load(CONF / "prompt" / "concise.yaml")),
-        judge=instantiate(OmegaConf.load(CONF / "judge" / "heuristic.yaml")),
-        n_resamples=50,
-        progress=False,
-        pricing=pricing,
-    )
+    prompt = instantiate(OmegaConf.load(CONF / "prompt" / "concise.yaml"))
+    judge = instantiate(OmegaConf.load(CONF / "judge" / "heuristic.yaml"))
+    return tiny_pipeline(tiny, generator=generator, prompt=prompt, judge=judge, pricing=pricing)
 
 
 def test_usage_reaches_the_per_query_table_and_the_run_metrics(tiny, fake_llm):
@@ -136,20 +112,7 @@ def test_usage_reaches_the_per_query_table_and_the_run_metrics(tiny, fake_llm):
 
 
 def test_retrieval_only_run_costs_nothing(tiny):
-    corpus, items, cache = tiny
-    res = run_pipeline(
-        docs=corpus.docs,
-        corpus_digest=corpus.digest,
-        items=items,
-        chunker=MarkdownChunker(),
-        chunking_cfg={"_target_": "rag_experiments.stages.chunking.MarkdownChunker"},
-        retriever=BM25Retriever(k=3),
-        k=3,
-        ks=[1, 3],
-        cache=cache,
-        n_resamples=50,
-        progress=False,
-    )
+    res = tiny_pipeline(tiny)
     assert res.aggregates["cost_usd"] == 0.0 and "tokens_in/generation" not in res.aggregates
     assert "latency_p95_ms/retrieval" in res.aggregates
 

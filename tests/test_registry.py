@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
 
 import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from rag_experiments.cache import StageCache
-from rag_experiments.datasets.corpus import Corpus
-from rag_experiments.evalset import EvalSet
 from rag_experiments.evaluation.aggregate import metric_columns
 from rag_experiments.evaluation.labels import FAILURE_LABELS
 from rag_experiments.evaluation.registry import (
@@ -25,15 +21,11 @@ from rag_experiments.evaluation.registry import (
     spec,
     wrap,
 )
-from rag_experiments.pipeline import run_pipeline
-from rag_experiments.stages.chunking import MarkdownChunker
 from rag_experiments.stages.generation import OpenAICompatibleGenerator
-from rag_experiments.stages.retrieval import BM25Retriever
 from rag_experiments.sweep import summary_table
 from tests.llm_fixtures import fake_llm  # noqa: F401  (pytest fixture)
-from tests.sweep_helpers import make_tiny
+from tests.sweep_helpers import REPO, tiny_inputs, tiny_pipeline
 
-REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "rag_experiments" / "conf"
 DOCS = (REPO / "docs" / "metrics.md").read_text()
 EXAMPLE = {"k": 5, "B": 512, "label": "ok", "stage": "generation"}
@@ -167,31 +159,12 @@ def test_every_metric_key_in_the_docs_is_registered():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("registry")
-    docs, ev = make_tiny(root, n_items=5)
-    corpus = Corpus(str(docs))
-    return corpus, EvalSet(str(ev), corpus).items, StageCache(root / "cache")
+    return tiny_inputs(tmp_path_factory.mktemp("registry"), n_items=5)
 
 
 def _run(tiny, generator=None, judge=None):
-    corpus, items, cache = tiny
     prompt = instantiate(OmegaConf.load(CONF / "prompt" / "concise.yaml")) if generator else None
-    return run_pipeline(
-        docs=corpus.docs,
-        corpus_digest=corpus.digest,
-        items=items,
-        chunker=MarkdownChunker(),
-        chunking_cfg={"_target_": "rag_experiments.stages.chunking.MarkdownChunker"},
-        retriever=BM25Retriever(k=3),
-        k=3,
-        ks=[1, 3, 5],
-        cache=cache,
-        generator=generator,
-        prompt=prompt,
-        judge=judge,
-        n_resamples=50,
-        progress=False,
-    )
+    return tiny_pipeline(tiny, ks=(1, 3, 5), generator=generator, prompt=prompt, judge=judge)
 
 
 def _check_run(res, generation: bool):

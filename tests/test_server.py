@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,15 +20,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from rag_experiments.tracking.uri import DEFAULT_TRACKING_URI, artifact_location, is_server, tracking_uri
-from tests.sweep_helpers import REPO, make_tiny
+from tests.sweep_helpers import REPO, free_port, make_tiny, run_sweep
 
 SCRIPT = REPO / "scripts" / "mlflow_server.sh"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +35,7 @@ def mlflow_server():
     script = ["bash", str(SCRIPT)]
     try:
         p = subprocess.run(
-            [*script, "start", str(d), str(_free_port())],
+            [*script, "start", str(d), str(free_port())],
             env=env,
             capture_output=True,
             text=True,
@@ -83,17 +76,7 @@ def swept(mlflow_server, tmp_path_factory):
         "hydra/launcher=joblib",
         "hydra.launcher.n_jobs=2",  # two writers at once against the server
     ]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    p = subprocess.run(
-        [sys.executable, "-m", "rag_experiments.sweep", *args],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert p.returncode == 0, f"sweep failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    p = run_sweep(root, *args, timeout=600)
     left = sorted(x.name for x in root.iterdir())
     shutil.rmtree(root)  # nothing the sweep left on this machine is needed from here on
     return {"uri": uri, "left": left, "stdout": p.stdout}

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
+from tests.sweep_helpers import free_port, make_tiny, run_sweep, sweep_args
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def test_bad_input_exits_2_without_any_mlflow_run(tmp_path):
     p = run_sweep(tmp_path, *sweep_args(tmp_path, docs, ev), "generator=none", check=False)
     assert p.returncode == 2
     assert f"{ev}:1: gold_evidence[0].quote: not found" in p.stderr
-    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    c = _client(tmp_path)
     exp = c.get_experiment_by_name("test")
     assert exp is None or not c.search_runs([exp.experiment_id])
 
@@ -128,19 +128,10 @@ def test_joblib_launcher_two_workers_share_the_sqlite_store(tmp_path):
         "generator=none",
     )
     assert "locked" not in (p.stdout + p.stderr).lower()
-    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
-    runs = c.search_runs([c.get_experiment_by_name("test").experiment_id])
+    _, runs = _runs(tmp_path)
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     assert len(children) == 4 and all(r.info.status == "FINISHED" for r in children)
     assert len({r.data.tags["mlflow.parentRunId"] for r in children}) == 1
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_mlflow_ui_serves_the_parent_with_its_children_and_metrics(grid, tmp_path):
@@ -154,7 +145,7 @@ def test_mlflow_ui_serves_the_parent_with_its_children_and_metrics(grid, tmp_pat
     from pathlib import Path
 
     root, *_ = grid
-    port = _free_port()
+    port = free_port()
     mlflow_bin = Path(sys.executable).with_name("mlflow")
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     server = subprocess.Popen(
@@ -244,7 +235,6 @@ def test_a_run_that_dies_is_marked_failed_not_left_running(tmp_path):
         check=False,
     )
     assert p.returncode != 0
-    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
-    (run,) = c.search_runs([c.get_experiment_by_name("test").experiment_id])
+    _, (run,) = _runs(tmp_path)
     assert run.info.status == "FAILED"
     assert run.data.tags.get("error")
