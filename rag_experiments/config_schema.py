@@ -4,6 +4,7 @@ Every problem becomes one line ``conf/<group>: <key>: what is wrong (got X)``; t
 them all and exits 2. The checks are about values a stage cannot work with (sizes <= 0, overlap
 >= size, k <= 0, thresholds outside [0, 1], paths that do not exist, malformed URLs, keys the
 stage's constructor does not take), so a typo costs a message, not a FAILED run.
+:func:`unknown_group_options` checks ``group=option`` on the command line before Hydra composes.
 """
 
 from __future__ import annotations
@@ -351,3 +352,27 @@ def _omegaconf_key(e: Exception) -> str:
 
 def _short(e: Exception) -> str:
     return str(e).splitlines()[0][:300]
+
+
+def unknown_group_options(argv: list[str]) -> list[str]:
+    """``chunking=foo`` on the command line when ``conf/chunking/foo.yaml`` does not exist.
+
+    Checked before Hydra composes (whose own error exits 1 with a traceback hint); skipped when
+    the user adds a config dir (``-cd``/``--config-dir``), where their own options live.
+    """
+    from rag_experiments.evalset import conf_dir
+
+    if any(a in ("-cd", "--config-dir") or a.startswith("--config-dir=") for a in argv):
+        return []
+    problems = []
+    for arg in argv:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        if arg.startswith("-") or not sep or "/" in key or not (conf_dir() / key).is_dir():
+            continue
+        if any(c in value for c in "()[]{}$"):  # sweep functions and interpolations: Hydra's job
+            continue
+        options = sorted(p.stem for p in (conf_dir() / key).glob("*.yaml"))
+        for v in (x.strip() for x in value.split(",")):
+            if v and v != "null" and v not in options:
+                problems.append(f"conf/{key}: unknown option {v!r} (options: {', '.join(options)})")
+    return problems

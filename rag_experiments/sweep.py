@@ -34,6 +34,7 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.utils import instantiate  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
+from rag_experiments.config_schema import unknown_group_options  # noqa: E402
 from rag_experiments.evalset import sample_dir  # noqa: E402
 from rag_experiments.identity import code_fingerprint, is_place_key, model_identities  # noqa: E402
 
@@ -478,30 +479,6 @@ def __getattr__(name: str):
 
         return MultirunParent
     raise AttributeError(name)
-
-
-def unknown_group_options(argv: list[str]) -> list[str]:
-    """``chunking=foo`` on the command line when ``conf/chunking/foo.yaml`` does not exist.
-
-    Checked before Hydra composes (whose own error exits 1 with a traceback hint); skipped when
-    the user adds a config dir (``-cd``/``--config-dir``), where their own options live.
-    """
-    from rag_experiments.evalset import conf_dir
-
-    if any(a in ("-cd", "--config-dir") or a.startswith("--config-dir=") for a in argv):
-        return []
-    problems = []
-    for arg in argv:
-        key, sep, value = arg.lstrip("+~").partition("=")
-        if arg.startswith("-") or not sep or "/" in key or not (conf_dir() / key).is_dir():
-            continue
-        if any(c in value for c in "()[]{}$"):  # sweep functions and interpolations: Hydra's job
-            continue
-        options = sorted(p.stem for p in (conf_dir() / key).glob("*.yaml"))
-        for v in (x.strip() for x in value.split(",")):
-            if v and v != "null" and v not in options:
-                problems.append(f"conf/{key}: unknown option {v!r} (options: {', '.join(options)})")
-    return problems
 
 
 if __name__ == "__main__":
