@@ -24,6 +24,7 @@ COLUMNS = [
     "inclusion_prob",
     "human_verdict",
 ]
+#: The 3 in 1 + 3·exp(−|score − threshold| / s): a claim's weight is 4 at the threshold, → 1 far from it.
 BORDERLINE_BOOST = 3.0
 
 
