@@ -213,7 +213,11 @@ def factor_effects(
     effects, skipped = _ofat_effects(grid, metrics, seed, n_resamples)
     eff = pd.DataFrame(effects)
     mar = pd.DataFrame(_marginal_rows(grid, metrics, seed, n_resamples))
-    _add_holm(eff, mar)
+    p_eff, p_mar = _holm_family(_p_values(eff), _p_values(mar))
+    if len(eff):
+        eff["p_holm"] = p_eff
+    if len(mar):
+        mar["p_holm"] = p_mar
     noise = noise_floor(runs, baseline, metrics, seed=seed, n_resamples=n_resamples, n_splits=n_splits)
     return SweepAttribution(grid.levels, baseline, eff, mar, noise, skipped)
 
@@ -296,19 +300,14 @@ def _marginal_rows(grid: _Grid, metrics: Sequence[str], seed: int, n_resamples: 
     return marginals
 
 
-def _add_holm(eff: pd.DataFrame, mar: pd.DataFrame) -> None:
-    """Add ``p_holm`` to both tables: Holm adjustment over one family, every OFAT and marginal p."""
-    p_all = np.concatenate(
-        [
-            eff["p_value"].to_numpy(float) if len(eff) else np.empty(0),
-            mar["p_value"].to_numpy(float) if len(mar) else np.empty(0),
-        ]
-    )
-    adj = holm(p_all)
-    if len(eff):
-        eff["p_holm"] = adj[: len(eff)]
-    if len(mar):
-        mar["p_holm"] = adj[len(eff) :]
+def _p_values(table: pd.DataFrame) -> np.ndarray:
+    return table["p_value"].to_numpy(float) if len(table) else np.empty(0)
+
+
+def _holm_family(p_ofat: np.ndarray, p_marginal: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Holm-adjusted p over one family, every OFAT and marginal comparison, split back in two."""
+    adj = holm(np.concatenate([p_ofat, p_marginal]))
+    return adj[: len(p_ofat)], adj[len(p_ofat) :]
 
 
 def _sort_key(v: str) -> tuple[int, float, str]:
