@@ -1,0 +1,178 @@
+"""``judge=mlflow``: MLflow's built-in judges behind our Judge protocol.
+
+Real plumbing: MLflow's own invocation against the packaged SmolLM2 on the embedded llama.cpp
+server (quality irrelevant: SmolLM2 is at chance and often answers MLflow's literal "yes|no"),
+and a real sweep that finishes with the verdicts recorded. Fakes only for faults: an endpoint
+that answers garbage, one that always fails, a closed port.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+import pytest
+from mlflow import MlflowClient
+
+from rag_experiments.config_schema import validate
+from rag_experiments.stages.judging import faithfulness
+from rag_experiments.stages.mlflow_judge import GROUNDEDNESS, RELEVANCE, MLflowJudge, read_feedback_value
+from rag_experiments.tracking.runs import load_per_query
+from rag_experiments.types import VERDICTS
+from tests.llm_fixtures import closed_port_url, fake_llm, requires_smollm2, smollm2_path  # noqa: F401
+from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
+
+CONTEXT = (
+    "Webhooks are retried up to 5 times with exponential backoff. "
+    "Refunds take 5 to 10 business days to reach the customer's card."
+)
+CLAIMS = ["Webhooks are retried up to 5 times.", "Refunds are instant.", "The API is written in Rust."]
+
+
+def test_feedback_values_other_than_yes_or_no_are_unparseable():
+    assert read_feedback_value("yes") == read_feedback_value(" Yes ") == "supported"
+    assert read_feedback_value("no") == read_feedback_value("NO") == "unsupported"
+    for v in ("yes|no", "unknown", "", "maybe", None, 1, True):
+        assert read_feedback_value(v) == "unparseable", v
+
+
+# -- config validation: exit-2 messages name the key -----------------------------------------------
+
+
+def _cfg(**judge) -> dict:
+    return {
+        "experiment_name": "t",
+        "seed": 0,
+        "metrics": {"ks": [1], "min_coverage": 0.5, "bootstrap_resamples": 200},
+        "generator": {"_target_": "rag_experiments.stages.generation.LocalLlamaGenerator"},
+        "judge": {"_target_": "rag_experiments.stages.mlflow_judge.MLflowJudge", **judge},
+    }
+
+
+def test_config_validation_names_the_key():
+    assert validate(_cfg(base_url=None, model=None, api_key_env=None)) == []
+    assert validate(_cfg(base_url="http://localhost:8000/v1", model="qwen")) == []
+    (p,) = validate(_cfg(base_url="http://localhost:8000/v1", model=None))
+    assert p.startswith("conf/judge: model: missing")
+    (p,) = validate(_cfg(base_url="http://localhost:8000/v1", model="openai:/gpt-4o-mini"))
+    assert p.startswith("conf/judge: model: must be a model name")
+    (p,) = validate(_cfg(base_url="localhost:8000", model="m"))
+    assert p.startswith("conf/judge: base_url: must be an http(s) URL")
+    (p,) = validate(_cfg(base_url="http://localhost:8000/v1", model="m", api_key_env="sk-secretsecret"))
+    assert p.startswith("conf/judge: api_key_env: must be the NAME") and "secret" not in p.split("(")[0]
+    (p,) = validate(_cfg(num_retries=-1))
+    assert p.startswith("conf/judge: num_retries: must be an integer >= 0")
+    (p,) = validate(_cfg(max_tokenz=5))
+    assert p.startswith("conf/judge: max_tokenz: unknown option for MLflowJudge")
+
+
+def test_sweep_with_bad_judge_config_exits_2_without_a_run(tmp_path):
+    docs, ev = make_tiny(tmp_path, n_items=2)
+    p = run_sweep(
+        tmp_path,
+        *sweep_args(tmp_path, docs, ev),
+        "judge=mlflow",
+        "judge.base_url=http://localhost:1/v1",
+        check=False,
+    )
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert "conf/judge: model: missing" in p.stderr
+    exp = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db").get_experiment_by_name("test")
+    assert exp is None or not MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db").search_runs(
+        [exp.experiment_id]
+    )
+
+
+# -- faults: counted, never "no" ---------------------------------------------------------------------
+
+
+def test_identity_names_the_judges_mlflow_and_the_endpoint_never_the_key(monkeypatch, fake_llm):  # noqa: F811
+    import mlflow
+
+    monkeypatch.setenv("MY_JUDGE_KEY", "s3cr3t-value")
+    j = MLflowJudge(base_url=fake_llm.base_url, model="ok", api_key_env="MY_JUDGE_KEY")
+    ident = json.loads(j.identity)
+    assert ident["judges"] == [GROUNDEDNESS, RELEVANCE] and ident["mlflow"] == mlflow.__version__
+    assert ident["base_url"] == fake_llm.base_url and ident["model"] == "ok" and ident["prompts"]
+    assert "s3cr3t" not in j.identity
+    assert MLflowJudge(base_url=fake_llm.base_url, model="other").identity != j.identity
+    assert MLflowJudge(base_url=fake_llm.base_url, model="ok", max_tokens=9).identity != j.identity
+
+
+def test_garbage_replies_and_failed_calls_are_unparseable_and_counted(monkeypatch, fake_llm, closed_port_url):  # noqa: F811
+    monkeypatch.setenv("OPENAI_API_KEY", "user-key")
+    garbage = MLflowJudge(base_url=fake_llm.base_url, model="garbage", num_retries=0)
+    vs = garbage.verdicts(CLAIMS[:2], CONTEXT)
+    assert [v.label for v in vs] == ["unparseable"] * 2
+    assert all(v.error is None and v.raw == "banana split" for v in vs)  # a reply: cached, counted
+    assert faithfulness(vs)[1:] == (2, 2) and math.isnan(faithfulness(vs)[0])
+    assert math.isnan(garbage.answer_relevance("q?", "an answer")[0])
+
+    for judge in (
+        MLflowJudge(base_url=fake_llm.base_url, model="always503", num_retries=1),
+        MLflowJudge(base_url=closed_port_url, model="m", num_retries=0),
+    ):
+        (v,) = judge.verdicts(CLAIMS[:1], CONTEXT)
+        assert v.label == "unparseable" and v.error  # an error: not cached, asked again next run
+    assert fake_llm.attempts[("always503", next(p for (m, p) in fake_llm.attempts if m == "always503"))] == 2
+    assert os.environ["OPENAI_API_KEY"] == "user-key"  # the batch's environment is restored
+
+
+# -- real: the packaged SmolLM2 on the embedded llama.cpp server --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smol_url():
+    """The generator's own server (same file and ctx_size as conf/generator/local.yaml), 1 thread."""
+    from rag_experiments.stages.generation import local_server
+
+    return local_server(smollm2_path(), ctx_size=4096, n_threads=1, n_parallel=1)
+
+
+@requires_smollm2
+def test_smollm2_verdicts_through_mlflow(smol_url):
+    judge = MLflowJudge(base_url=smol_url, model="smollm2", max_tokens=96)
+    t0 = time.perf_counter()
+    vs = judge.verdicts(CLAIMS, CONTEXT)
+    rel, method = judge.answer_relevance("How often are webhooks retried?", CLAIMS[0])
+    dt = time.perf_counter() - t0
+    assert [v.claim for v in vs] == CLAIMS and {v.label for v in vs} <= set(VERDICTS)
+    assert all(v.error is None for v in vs), [v.error for v in vs]  # every call got a reply
+    assert all(v.raw for v in vs)  # the feedback value (or the reply MLflow could not read)
+    score, n, n_unp = faithfulness(vs)
+    assert n == 3 and n_unp == sum(v.label == "unparseable" for v in vs)
+    assert math.isnan(score) == (n_unp == 3)
+    assert method.startswith("mlflow:") and (rel in (0.0, 1.0) or math.isnan(rel))
+    print(f"\nSmolLM2 via MLflow: 4 calls in {dt:.1f} s; labels {[v.label for v in vs]}; relevance {rel}")
+
+
+@requires_smollm2
+def test_sweep_with_judge_mlflow_finishes_and_records_verdicts(tmp_path, smol_url):
+    docs, ev = make_tiny(tmp_path, n_items=2)
+    p = run_sweep(
+        tmp_path,
+        *sweep_args(tmp_path, docs, ev),
+        "judge=mlflow",
+        f"judge.base_url={smol_url}",
+        "judge.model=smollm2",
+        "judge.max_tokens=96",
+        "generator.max_tokens=32",
+        "generation_subset=2",
+        "tracking.traces=false",
+    )
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    (run,) = c.search_runs([c.get_experiment_by_name("test").experiment_id])
+    assert run.info.status == "FINISHED", p.stdout[-2000:]
+    assert run.data.tags["judge_model"] == "smollm2"
+    df = load_per_query(c, run)
+    judged = df[df["generated"]]
+    assert len(judged) == 2
+    verdicts = [v for s in judged["verdicts"] for v in json.loads(s)]
+    assert {v["label"] for v in verdicts} <= set(VERDICTS)
+    assert judged["n_claims"].sum() == len(verdicts)
+    n_unp = sum(v["label"] == "unparseable" for v in verdicts)
+    assert judged["n_unparseable"].sum() == n_unp == run.data.metrics["n_unparseable_verdicts"]
+    assert set(judged["relevance_method"]) == {"mlflow:relevance_to_query(yes=1,no=0)"}
+    print(f"\nsweep: {len(verdicts)} verdicts, {n_unp} unparseable; {p.stdout.splitlines()[-1]}")
