@@ -150,6 +150,8 @@ def test_smollm2_verdicts_through_mlflow(smol_url):
 
 @requires_smollm2
 def test_sweep_with_judge_mlflow_finishes_and_records_verdicts(tmp_path, smol_url):
+    """A real sweep (subprocess): MiniLM retrieval, SmolLM2 answers on 2 items, judged by MLflow's
+    judges on the SmolLM2 server of this test process. Short answers and k=2 keep it small."""
     docs, ev = make_tiny(tmp_path, n_items=2)
     p = run_sweep(
         tmp_path,
@@ -157,22 +159,31 @@ def test_sweep_with_judge_mlflow_finishes_and_records_verdicts(tmp_path, smol_ur
         "judge=mlflow",
         f"judge.base_url={smol_url}",
         "judge.model=smollm2",
-        "judge.max_tokens=96",
-        "generator.max_tokens=32",
+        "judge.max_tokens=64",
+        "generator.max_tokens=24",
+        "retriever.k=2",
         "generation_subset=2",
         "tracking.traces=false",
     )
+    assert "github.com" not in p.stderr  # no model-catalog fetch: offline
     c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     (run,) = c.search_runs([c.get_experiment_by_name("test").experiment_id])
     assert run.info.status == "FINISHED", p.stdout[-2000:]
     assert run.data.tags["judge_model"] == "smollm2"
     df = load_per_query(c, run)
-    judged = df[df["generated"]]
-    assert len(judged) == 2
-    verdicts = [v for s in judged["verdicts"] for v in json.loads(s)]
+    assert len(df) == 2 and df["answer"].str.len().gt(0).all()
+    verdicts = [v for s in df["verdicts"] for v in json.loads(s)]
     assert {v["label"] for v in verdicts} <= set(VERDICTS)
-    assert judged["n_claims"].sum() == len(verdicts)
+    assert df["n_claims"].sum() == len(verdicts)
     n_unp = sum(v["label"] == "unparseable" for v in verdicts)
-    assert judged["n_unparseable"].sum() == n_unp == run.data.metrics["n_unparseable_verdicts"]
-    assert set(judged["relevance_method"]) == {"mlflow:relevance_to_query(yes=1,no=0)"}
-    print(f"\nsweep: {len(verdicts)} verdicts, {n_unp} unparseable; {p.stdout.splitlines()[-1]}")
+    assert df["n_unparseable"].sum() == n_unp == run.data.metrics["n_unparseable_verdicts"]
+    assert set(df["relevance_method"]) == {"mlflow:relevance_to_query(yes=1,no=0)"}
+    # an unreadable relevance reply is NaN, left out of the mean and visible in its n
+    n_rel = int(df["answer_relevance"].notna().sum())
+    assert run.data.metrics.get("n_scored/answer_relevance", 0) == n_rel
+    print(f"\nsweep: {len(verdicts)} verdicts, {n_unp} unparseable, relevance scored {n_rel}/2")
+    print(
+        "\n".join(
+            line for line in p.stdout.splitlines() if line.startswith(("judging", "generation", "total"))
+        )
+    )

@@ -50,11 +50,14 @@ _ENV_LOCK = threading.RLock()
 
 @contextmanager
 def _mlflow_env(api_key: str, timeout_s: float) -> Iterator[None]:
-    names = ("OPENAI_API_KEY", "MLFLOW_GATEWAY_ROUTE_TIMEOUT_SECONDS")
+    names = ("OPENAI_API_KEY", "MLFLOW_GATEWAY_ROUTE_TIMEOUT_SECONDS", "MLFLOW_MODEL_CATALOG_URI")
     with _ENV_LOCK:
         old = {n: os.environ.get(n) for n in names}
         os.environ["OPENAI_API_KEY"] = api_key
         os.environ["MLFLOW_GATEWAY_ROUTE_TIMEOUT_SECONDS"] = str(max(1, math.ceil(timeout_s)))
+        # offline: MLflow would fetch its model catalog (context size, price) from github.com on
+        # each judge call's first use; "" = its bundled copy. A user's own setting is kept.
+        os.environ.setdefault("MLFLOW_MODEL_CATALOG_URI", "")
         try:
             yield
         finally:
