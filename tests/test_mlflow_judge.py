@@ -11,10 +11,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
+from omegaconf import OmegaConf
 
 from rag_experiments.config_schema import validate
 from rag_experiments.stages.judging import faithfulness
@@ -24,6 +28,7 @@ from rag_experiments.types import VERDICTS
 from tests.llm_fixtures import closed_port_url, fake_llm, requires_smollm2, smollm2_path  # noqa: F401
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 
+CONF = Path(__file__).resolve().parent.parent / "rag_experiments" / "conf"
 CONTEXT = (
     "Webhooks are retried up to 5 times with exponential backoff. "
     "Refunds take 5 to 10 business days to reach the customer's card."
@@ -52,7 +57,8 @@ def _cfg(**judge) -> dict:
 
 
 def test_config_validation_names_the_key():
-    assert validate(_cfg(base_url=None, model=None, api_key_env=None)) == []
+    shipped = OmegaConf.to_container(OmegaConf.load(CONF / "judge" / "mlflow.yaml"))
+    assert validate(_cfg(**{k: v for k, v in shipped.items() if k != "_target_"})) == []
     assert validate(_cfg(base_url="http://localhost:8000/v1", model="qwen")) == []
     (p,) = validate(_cfg(base_url="http://localhost:8000/v1", model=None))
     assert p.startswith("conf/judge: model: missing")
@@ -66,23 +72,6 @@ def test_config_validation_names_the_key():
     assert p.startswith("conf/judge: num_retries: must be an integer >= 0")
     (p,) = validate(_cfg(max_tokenz=5))
     assert p.startswith("conf/judge: max_tokenz: unknown option for MLflowJudge")
-
-
-def test_sweep_with_bad_judge_config_exits_2_without_a_run(tmp_path):
-    docs, ev = make_tiny(tmp_path, n_items=2)
-    p = run_sweep(
-        tmp_path,
-        *sweep_args(tmp_path, docs, ev),
-        "judge=mlflow",
-        "judge.base_url=http://localhost:1/v1",
-        check=False,
-    )
-    assert p.returncode == 2, p.stderr[-2000:]
-    assert "conf/judge: model: missing" in p.stderr
-    exp = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db").get_experiment_by_name("test")
-    assert exp is None or not MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db").search_runs(
-        [exp.experiment_id]
-    )
 
 
 # -- faults: counted, never "no" ---------------------------------------------------------------------
@@ -120,6 +109,71 @@ def test_garbage_replies_and_failed_calls_are_unparseable_and_counted(monkeypatc
     assert os.environ["OPENAI_API_KEY"] == "user-key"  # the batch's environment is restored
 
 
+class _Scripted:
+    """An endpoint replying MLflow's JSON with a fixed result per claim: it checks that MLflow's
+    own request/parse path and our reading of its Feedback agree, which SmolLM2 (at chance)
+    cannot show deterministically."""
+
+    RESULTS = {"5 times": "yes", "instant": "no", "Rust": "yes|no"}
+
+    def __init__(self) -> None:
+        outer = self
+        self.requests: list[dict] = []
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append(req)
+                prompt = req["messages"][-1]["content"]
+                claim = prompt.split("<answer>", 1)[-1].split("</answer>", 1)[0]
+                result = next((r for k, r in outer.RESULTS.items() if k in claim), "yes")
+                content = json.dumps({"rationale": "scripted", "result": result})
+                body = json.dumps(
+                    {
+                        "id": "x",
+                        "object": "chat.completion",
+                        "created": 0,
+                        "model": req["model"],
+                        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}}],
+                        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+                    }
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_mlflow_feedback_maps_to_labels_through_mlflows_own_parsing():
+    ep = _Scripted()
+    try:
+        judge = MLflowJudge(
+            base_url=ep.base_url, model="judge-7b", temperature=0.0, max_tokens=77, concurrency=2
+        )
+        vs = judge.verdicts(CLAIMS, CONTEXT)
+        assert [v.label for v in vs] == ["supported", "unsupported", "unparseable"]
+        assert all(v.error is None for v in vs) and vs[0].rationale == "scripted"
+        assert faithfulness(vs) == (0.5, 3, 1)  # the unreadable "yes|no" is counted, not a "no"
+        assert judge.answer_relevance("How often are webhooks retried?", CLAIMS[0]) == (
+            1.0,
+            "mlflow:relevance_to_query(yes=1,no=0)",
+        )
+    finally:
+        ep.server.shutdown()
+    req = ep.requests[0]  # what MLflow sent: our model name and knobs, its prompt and JSON format
+    assert req["model"] == "judge-7b" and req["max_tokens"] == 77 and req["temperature"] == 0.0
+    assert "<document>" in req["messages"][-1]["content"] and CONTEXT in req["messages"][-1]["content"]
+    assert req["response_format"]["type"] == "json_schema"
+
+
 # -- real: the packaged SmolLM2 on the embedded llama.cpp server --------------------------------------
 
 
@@ -135,23 +189,25 @@ def smol_url():
 def test_smollm2_verdicts_through_mlflow(smol_url):
     judge = MLflowJudge(base_url=smol_url, model="smollm2", max_tokens=96)
     t0 = time.perf_counter()
-    vs = judge.verdicts(CLAIMS, CONTEXT)
+    vs = judge.verdicts(CLAIMS[:2], CONTEXT)
     rel, method = judge.answer_relevance("How often are webhooks retried?", CLAIMS[0])
     dt = time.perf_counter() - t0
-    assert [v.claim for v in vs] == CLAIMS and {v.label for v in vs} <= set(VERDICTS)
+    assert [v.claim for v in vs] == CLAIMS[:2] and {v.label for v in vs} <= set(VERDICTS)
     assert all(v.error is None for v in vs), [v.error for v in vs]  # every call got a reply
     assert all(v.raw for v in vs)  # the feedback value (or the reply MLflow could not read)
     score, n, n_unp = faithfulness(vs)
-    assert n == 3 and n_unp == sum(v.label == "unparseable" for v in vs)
-    assert math.isnan(score) == (n_unp == 3)
+    assert n == 2 and n_unp == sum(v.label == "unparseable" for v in vs)
+    assert math.isnan(score) == (n_unp == 2)
     assert method.startswith("mlflow:") and (rel in (0.0, 1.0) or math.isnan(rel))
-    print(f"\nSmolLM2 via MLflow: 4 calls in {dt:.1f} s; labels {[v.label for v in vs]}; relevance {rel}")
+    print(f"\nSmolLM2 via MLflow: 3 calls in {dt:.1f} s; relevance {rel}")
+    print("\n".join(f"  {v.label}: raw={v.raw[:80]!r} {v.rationale[:60]!r}" for v in vs))
 
 
 @requires_smollm2
 def test_sweep_with_judge_mlflow_finishes_and_records_verdicts(tmp_path, smol_url):
     """A real sweep (subprocess): MiniLM retrieval, SmolLM2 answers on 2 items, judged by MLflow's
-    judges on the SmolLM2 server of this test process. Short answers and k=2 keep it small."""
+    judges on the SmolLM2 server of this test process. BM25, k=2 and short answers keep it small
+    (about 90 s on the shared, loaded 2-core machine: 4 judge calls at ~10 s, 2 answers)."""
     docs, ev = make_tiny(tmp_path, n_items=2)
     p = run_sweep(
         tmp_path,
@@ -159,8 +215,9 @@ def test_sweep_with_judge_mlflow_finishes_and_records_verdicts(tmp_path, smol_ur
         "judge=mlflow",
         f"judge.base_url={smol_url}",
         "judge.model=smollm2",
-        "judge.max_tokens=64",
+        "judge.max_tokens=48",
         "generator.max_tokens=24",
+        "retriever=bm25",
         "retriever.k=2",
         "generation_subset=2",
         "tracking.traces=false",
