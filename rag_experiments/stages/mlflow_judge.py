@@ -165,7 +165,7 @@ class MLflowJudge:
             msg = str(exc)
             if msg.startswith(_PARSE_FAILURE):  # the model answered, not in JSON: a reply problem
                 raw = msg.split("Response: ", 1)[-1]
-                return "unparseable", "reply is not JSON", raw[:500], None
+                return "unparseable", "reply is not JSON (or was cut at max_tokens)", raw[:500], None
             return "unparseable", "", "", f"MlflowException: {msg[:500]}"
         except KeyError as exc:  # JSON without "result"
             return "unparseable", f"reply JSON has no {exc}", "", None
