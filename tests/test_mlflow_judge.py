@@ -199,6 +199,16 @@ def test_smollm2_verdicts_through_mlflow(smol_url):
     assert n == 2 and n_unp == sum(v.label == "unparseable" for v in vs)
     assert math.isnan(score) == (n_unp == 2)
     assert method.startswith("mlflow:") and (rel in (0.0, 1.0) or math.isnan(rel))
+    # base_url: null = the embedded server on the GGUF (this same server: same file and ctx_size);
+    # identity is the file's bytes, not the port
+    embedded = MLflowJudge()
+    assert embedded.base_url == smol_url and embedded.model == smollm2_path().name
+    ident = json.loads(embedded.identity)
+    assert (
+        len(ident["model_sha256"]) == 64
+        and "base_url" not in ident
+        and str(smol_url) not in embedded.identity
+    )
     print(f"\nSmolLM2 via MLflow: 3 calls in {dt:.1f} s; relevance {rel}")
     print("\n".join(f"  {v.label}: raw={v.raw[:80]!r} {v.rationale[:60]!r}" for v in vs))
 
