@@ -74,6 +74,33 @@ def test_config_validation_names_the_key():
     assert p.startswith("conf/judge: max_tokenz: unknown option for MLflowJudge")
 
 
+def test_composed_judge_mlflow_config_is_checked_before_any_run():
+    """Hydra's compose API on the real config tree, the same ``check`` the sweep runs (exit 2)."""
+    from hydra import compose, initialize_config_dir
+
+    import rag_experiments.sweep  # noqa: F401 - registers the sample_dir resolver
+    from rag_experiments.config_schema import ConfigError, check
+
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        check(compose("config", overrides=["judge=mlflow"]))
+        check(
+            compose(
+                "config", overrides=["judge=mlflow", "judge.base_url=http://127.0.0.1:9/v1", "judge.model=m"]
+            )
+        )
+        for overrides, message in (
+            (["judge.base_url=http://127.0.0.1:9/v1"], "conf/judge: model: missing"),
+            (
+                ["judge.base_url=http://127.0.0.1:9/v1", "judge.model='openai:/gpt-4o-mini'"],
+                "conf/judge: model:",
+            ),
+            (["judge.max_tokens=0"], "conf/judge: max_tokens: must be an integer >= 1"),
+        ):
+            with pytest.raises(ConfigError) as e:
+                check(compose("config", overrides=["judge=mlflow", *overrides]))
+            assert any(p.startswith(message) for p in e.value.problems), e.value.problems
+
+
 # -- faults: counted, never "no" ---------------------------------------------------------------------
 
 
