@@ -129,9 +129,11 @@ def test_garbage_replies_and_failed_calls_are_unparseable_and_counted(monkeypatc
     for judge in (
         MLflowJudge(base_url=fake_llm.base_url, model="always503", num_retries=1),
         MLflowJudge(base_url=closed_port_url, model="m", num_retries=0),
+        MLflowJudge(base_url=fake_llm.base_url, model="slow", num_retries=0, timeout_s=0.5),  # 2 s reply
     ):
         (v,) = judge.verdicts(CLAIMS[:1], CONTEXT)
         assert v.label == "unparseable" and v.error  # an error: not cached, asked again next run
+    assert "timed out after 1s" in v.error  # our timeout_s reached MLflow's HTTP call
     assert fake_llm.attempts[("always503", next(p for (m, p) in fake_llm.attempts if m == "always503"))] == 2
     assert os.environ["OPENAI_API_KEY"] == "user-key"  # the batch's environment is restored
 
