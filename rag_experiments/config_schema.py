@@ -245,8 +245,29 @@ def _judge(g: _Group) -> None:
     for key in ("sim_threshold", "coverage_threshold", "entity_threshold"):
         g.num_in(key, 0, 1)
     g.one_of("constrained", CONSTRAINED)
-    if "base_url" in g.node or "model_path" in g.node:
+    if str(g.node.get("_target_") or "").endswith(".MLflowJudge"):
+        _mlflow_judge(g)
+    elif "base_url" in g.node or "model_path" in g.node:
         _llm_client(g)
+
+
+def _mlflow_judge(g: _Group) -> None:
+    """judge=mlflow: ``model`` is required with ``base_url`` (unused without: the GGUF names it);
+    a model *name*, since the judge builds MLflow's ``openai:/<model>`` URI itself."""
+    model = g.node.get("model")
+    if g.has("base_url"):
+        if not str(model or "").strip():
+            g.bad(
+                "model",
+                "missing: the model name the endpoint at base_url serves (set judge.model=...)",
+                model,
+            )
+        elif ":/" in str(model):
+            g.bad("model", "must be a model name; the judge builds the MLflow URI openai:/<model>", model)
+    rest = _Group(g.name, {k: v for k, v in g.node.items() if k != "model"})
+    _llm_client(rest)
+    rest.int_at_least("num_retries", 0)
+    g.problems += rest.problems
 
 
 def _prompt(g: _Group) -> None:

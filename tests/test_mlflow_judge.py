@@ -1,0 +1,285 @@
+"""``judge=mlflow``: MLflow's built-in judges behind our Judge protocol.
+
+Real plumbing: MLflow's own invocation against the packaged SmolLM2 on the embedded llama.cpp
+server (quality irrelevant: SmolLM2 is at chance and often answers MLflow's literal "yes|no"),
+and a real sweep that finishes with the verdicts recorded. Fakes only for faults: an endpoint
+that answers garbage, one that always fails, a closed port.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+from omegaconf import OmegaConf
+
+from rag_experiments.config_schema import validate
+from rag_experiments.stages.judging import faithfulness
+from rag_experiments.stages.mlflow_judge import GROUNDEDNESS, RELEVANCE, MLflowJudge, read_feedback_value
+from rag_experiments.tracking.runs import load_per_query
+from rag_experiments.types import VERDICTS
+from tests.llm_fixtures import closed_port_url, fake_llm, requires_smollm2, smollm2_path  # noqa: F401
+from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
+
+CONF = Path(__file__).resolve().parent.parent / "rag_experiments" / "conf"
+CONTEXT = (
+    "Webhooks are retried up to 5 times with exponential backoff. "
+    "Refunds take 5 to 10 business days to reach the customer's card."
+)
+CLAIMS = ["Webhooks are retried up to 5 times.", "Refunds are instant.", "The API is written in Rust."]
+
+
+def test_feedback_values_other_than_yes_or_no_are_unparseable():
+    assert read_feedback_value("yes") == read_feedback_value(" Yes ") == "supported"
+    assert read_feedback_value("no") == read_feedback_value("NO") == "unsupported"
+    for v in ("yes|no", "unknown", "", "maybe", None, 1, True):
+        assert read_feedback_value(v) == "unparseable", v
+
+
+# -- config validation: exit-2 messages name the key -----------------------------------------------
+
+
+def _cfg(**judge) -> dict:
+    return {
+        "experiment_name": "t",
+        "seed": 0,
+        "metrics": {"ks": [1], "min_coverage": 0.5, "bootstrap_resamples": 200},
+        "generator": {"_target_": "rag_experiments.stages.generation.LocalLlamaGenerator"},
+        "judge": {"_target_": "rag_experiments.stages.mlflow_judge.MLflowJudge", **judge},
+    }
+
+
+def test_config_validation_names_the_key():
+    shipped = OmegaConf.to_container(OmegaConf.load(CONF / "judge" / "mlflow.yaml"))
+    assert validate(_cfg(**{k: v for k, v in shipped.items() if k != "_target_"})) == []
+    assert validate(_cfg(base_url="http://localhost:8000/v1", model="qwen")) == []
+    (p,) = validate(_cfg(base_url="http://localhost:8000/v1", model=None))
+    assert p.startswith("conf/judge: model: missing")
+    (p,) = validate(_cfg(base_url="http://localhost:8000/v1", model="openai:/gpt-4o-mini"))
+    assert p.startswith("conf/judge: model: must be a model name")
+    (p,) = validate(_cfg(base_url="localhost:8000", model="m"))
+    assert p.startswith("conf/judge: base_url: must be an http(s) URL")
+    (p,) = validate(_cfg(base_url="http://localhost:8000/v1", model="m", api_key_env="sk-secretsecret"))
+    assert p.startswith("conf/judge: api_key_env: must be the NAME") and "secret" not in p.split("(")[0]
+    (p,) = validate(_cfg(num_retries=-1))
+    assert p.startswith("conf/judge: num_retries: must be an integer >= 0")
+    (p,) = validate(_cfg(max_tokenz=5))
+    assert p.startswith("conf/judge: max_tokenz: unknown option for MLflowJudge")
+
+
+def test_composed_judge_mlflow_config_is_checked_before_any_run():
+    """Hydra's compose API on the real config tree, the same ``check`` the sweep runs (exit 2)."""
+    from hydra import compose, initialize_config_dir
+
+    import rag_experiments.sweep  # noqa: F401 - registers the sample_dir resolver
+    from rag_experiments.config_schema import ConfigError, check
+
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        check(compose("config", overrides=["judge=mlflow"]))
+        check(
+            compose(
+                "config", overrides=["judge=mlflow", "judge.base_url=http://127.0.0.1:9/v1", "judge.model=m"]
+            )
+        )
+        for overrides, message in (
+            (["judge.base_url=http://127.0.0.1:9/v1"], "conf/judge: model: missing"),
+            (
+                ["judge.base_url=http://127.0.0.1:9/v1", "judge.model='openai:/gpt-4o-mini'"],
+                "conf/judge: model:",
+            ),
+            (["judge.max_tokens=0"], "conf/judge: max_tokens: must be an integer >= 1"),
+        ):
+            with pytest.raises(ConfigError) as e:
+                check(compose("config", overrides=["judge=mlflow", *overrides]))
+            assert any(p.startswith(message) for p in e.value.problems), e.value.problems
+
+
+# -- faults: counted, never "no" ---------------------------------------------------------------------
+
+
+def test_identity_names_the_judges_mlflow_and_the_endpoint_never_the_key(monkeypatch, fake_llm):  # noqa: F811
+    import mlflow
+
+    monkeypatch.setenv("MY_JUDGE_KEY", "s3cr3t-value")
+    j = MLflowJudge(base_url=fake_llm.base_url, model="ok", api_key_env="MY_JUDGE_KEY")
+    ident = json.loads(j.identity)
+    assert ident["judges"] == [GROUNDEDNESS, RELEVANCE] and ident["mlflow"] == mlflow.__version__
+    assert ident["base_url"] == fake_llm.base_url and ident["model"] == "ok" and ident["prompts"]
+    assert "s3cr3t" not in j.identity
+    assert MLflowJudge(base_url=fake_llm.base_url, model="other").identity != j.identity
+    assert MLflowJudge(base_url=fake_llm.base_url, model="ok", max_tokens=9).identity != j.identity
+
+
+def test_garbage_replies_and_failed_calls_are_unparseable_and_counted(monkeypatch, fake_llm, closed_port_url):  # noqa: F811
+    monkeypatch.setenv("OPENAI_API_KEY", "user-key")
+    garbage = MLflowJudge(base_url=fake_llm.base_url, model="garbage", num_retries=0)
+    vs = garbage.verdicts(CLAIMS[:2], CONTEXT)
+    assert [v.label for v in vs] == ["unparseable"] * 2
+    assert all(v.error is None and v.raw == "banana split" for v in vs)  # a reply: cached, counted
+    assert faithfulness(vs)[1:] == (2, 2) and math.isnan(faithfulness(vs)[0])
+    assert math.isnan(garbage.answer_relevance("q?", "an answer")[0])
+
+    for judge in (
+        MLflowJudge(base_url=fake_llm.base_url, model="always503", num_retries=1),
+        MLflowJudge(base_url=closed_port_url, model="m", num_retries=0),
+        MLflowJudge(base_url=fake_llm.base_url, model="slow", num_retries=0, timeout_s=0.5),  # 2 s reply
+    ):
+        (v,) = judge.verdicts(CLAIMS[:1], CONTEXT)
+        assert v.label == "unparseable" and v.error  # an error: not cached, asked again next run
+    assert "timed out after 1s" in v.error  # our timeout_s reached MLflow's HTTP call
+    assert fake_llm.attempts[("always503", next(p for (m, p) in fake_llm.attempts if m == "always503"))] == 2
+    assert os.environ["OPENAI_API_KEY"] == "user-key"  # the batch's environment is restored
+
+
+class _Scripted:
+    """An endpoint replying MLflow's JSON with a fixed result per claim: it checks that MLflow's
+    own request/parse path and our reading of its Feedback agree, which SmolLM2 (at chance)
+    cannot show deterministically."""
+
+    RESULTS = {"5 times": "yes", "instant": "no", "Rust": "yes|no"}
+
+    def __init__(self) -> None:
+        outer = self
+        self.requests: list[dict] = []
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append(req)
+                prompt = req["messages"][-1]["content"]
+                claim = prompt.split("<answer>", 1)[-1].split("</answer>", 1)[0]
+                result = next((r for k, r in outer.RESULTS.items() if k in claim), "yes")
+                content = json.dumps({"rationale": "scripted", "result": result})
+                body = json.dumps(
+                    {
+                        "id": "x",
+                        "object": "chat.completion",
+                        "created": 0,
+                        "model": req["model"],
+                        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}}],
+                        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+                    }
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_mlflow_feedback_maps_to_labels_through_mlflows_own_parsing():
+    ep = _Scripted()
+    try:
+        judge = MLflowJudge(
+            base_url=ep.base_url, model="judge-7b", temperature=0.0, max_tokens=77, concurrency=2
+        )
+        vs = judge.verdicts(CLAIMS, CONTEXT)
+        assert [v.label for v in vs] == ["supported", "unsupported", "unparseable"]
+        assert all(v.error is None for v in vs) and vs[0].rationale == "scripted"
+        assert faithfulness(vs) == (0.5, 3, 1)  # the unreadable "yes|no" is counted, not a "no"
+        assert judge.answer_relevance("How often are webhooks retried?", CLAIMS[0]) == (
+            1.0,
+            "mlflow:relevance_to_query(yes=1,no=0)",
+        )
+    finally:
+        ep.server.shutdown()
+    req = ep.requests[0]  # what MLflow sent: our model name and knobs, its prompt and JSON format
+    assert req["model"] == "judge-7b" and req["max_tokens"] == 77 and req["temperature"] == 0.0
+    assert "<document>" in req["messages"][-1]["content"] and CONTEXT in req["messages"][-1]["content"]
+    assert req["response_format"]["type"] == "json_schema"
+
+
+# -- real: the packaged SmolLM2 on the embedded llama.cpp server --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smol_url():
+    """The generator's own server (same file and ctx_size as conf/generator/local.yaml), 1 thread."""
+    from rag_experiments.stages.generation import local_server
+
+    return local_server(smollm2_path(), ctx_size=4096, n_threads=1, n_parallel=1)
+
+
+@requires_smollm2
+def test_smollm2_verdicts_through_mlflow(smol_url):
+    judge = MLflowJudge(base_url=smol_url, model="smollm2", max_tokens=96)
+    t0 = time.perf_counter()
+    vs = judge.verdicts(CLAIMS[:2], CONTEXT)
+    rel, method = judge.answer_relevance("How often are webhooks retried?", CLAIMS[0])
+    dt = time.perf_counter() - t0
+    assert [v.claim for v in vs] == CLAIMS[:2] and {v.label for v in vs} <= set(VERDICTS)
+    assert all(v.error is None for v in vs), [v.error for v in vs]  # every call got a reply
+    assert all(v.raw for v in vs)  # the feedback value (or the reply MLflow could not read)
+    score, n, n_unp = faithfulness(vs)
+    assert n == 2 and n_unp == sum(v.label == "unparseable" for v in vs)
+    assert math.isnan(score) == (n_unp == 2)
+    assert method.startswith("mlflow:") and (rel in (0.0, 1.0) or math.isnan(rel))
+    # base_url: null = the embedded server on the GGUF (this same server: same file and ctx_size);
+    # identity is the file's bytes, not the port
+    embedded = MLflowJudge()
+    assert embedded.base_url == smol_url and embedded.model == smollm2_path().name
+    ident = json.loads(embedded.identity)
+    assert (
+        len(ident["model_sha256"]) == 64
+        and "base_url" not in ident
+        and str(smol_url) not in embedded.identity
+    )
+    print(f"\nSmolLM2 via MLflow: 3 calls in {dt:.1f} s; relevance {rel}")
+    print("\n".join(f"  {v.label}: raw={v.raw[:80]!r} {v.rationale[:60]!r}" for v in vs))
+
+
+@requires_smollm2
+def test_sweep_with_judge_mlflow_finishes_and_records_verdicts(tmp_path, smol_url):
+    """A real sweep (subprocess): MiniLM retrieval, SmolLM2 answers on 2 items, judged by MLflow's
+    judges on the SmolLM2 server of this test process. BM25, k=2 and short answers keep it small
+    (about 90 s on the shared, loaded 2-core machine: 4 judge calls at ~10 s, 2 answers)."""
+    docs, ev = make_tiny(tmp_path, n_items=2)
+    p = run_sweep(
+        tmp_path,
+        *sweep_args(tmp_path, docs, ev),
+        "judge=mlflow",
+        f"judge.base_url={smol_url}",
+        "judge.model=smollm2",
+        "judge.max_tokens=48",
+        "generator.max_tokens=24",
+        "retriever=bm25",
+        "retriever.k=2",
+        "generation_subset=2",
+        "tracking.traces=false",
+    )
+    assert "github.com" not in p.stderr  # no model-catalog fetch: offline
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    (run,) = c.search_runs([c.get_experiment_by_name("test").experiment_id])
+    assert run.info.status == "FINISHED", p.stdout[-2000:]
+    assert run.data.tags["judge_model"] == "smollm2"
+    df = load_per_query(c, run)
+    assert len(df) == 2 and df["answer"].str.len().gt(0).all()
+    verdicts = [v for s in df["verdicts"] for v in json.loads(s)]
+    assert {v["label"] for v in verdicts} <= set(VERDICTS)
+    assert df["n_claims"].sum() == len(verdicts)
+    n_unp = sum(v["label"] == "unparseable" for v in verdicts)
+    assert df["n_unparseable"].sum() == n_unp == run.data.metrics["n_unparseable_verdicts"]
+    assert set(df["relevance_method"]) == {"mlflow:relevance_to_query(yes=1,no=0)"}
+    # an unreadable relevance reply is NaN, left out of the mean and visible in its n
+    n_rel = int(df["answer_relevance"].notna().sum())
+    assert run.data.metrics.get("n_scored/answer_relevance", 0) == n_rel
+    print(f"\nsweep: {len(verdicts)} verdicts, {n_unp} unparseable, relevance scored {n_rel}/2")
+    print(
+        "\n".join(
+            line for line in p.stdout.splitlines() if line.startswith(("judging", "generation", "total"))
+        )
+    )
