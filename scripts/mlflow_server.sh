@@ -84,7 +84,7 @@ start_mlflow() {
   local extra=()
   [ -n "${MLFLOW_ALLOWED_HOSTS:-}" ] && extra+=(--allowed-hosts "$MLFLOW_ALLOWED_HOSTS")
   # setsid: its own process group, so `stop` ends the server and its workers and nothing else.
-  MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false setsid "$PYTHON" -m mlflow server \
+  MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false MLFLOW_DISABLE_TELEMETRY="${MLFLOW_DISABLE_TELEMETRY:-true}" setsid "$PYTHON" -m mlflow server \
     --backend-store-uri "postgresql+psycopg2://mlflow@/mlflow?host=$sock" \
     --artifacts-destination "$dir/artifacts" --serve-artifacts \
     --host "$host" --port "$port" --workers 1 "${extra[@]}" \
