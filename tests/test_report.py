@@ -333,7 +333,7 @@ def test_generation_sections_appear_with_generation_metrics(tiny_sweep, tmp_path
     assert "### Generation" in md and "| config | faithfulness | answer_relevance | correctness |" in md
     assert "baseline = **chunking=fixed** (given with --baseline)" in md
     assert "chunking=markdown | faithfulness |" in md  # attributed
-    assert "rag_experiments.stages.judging.faithfulness" in md and "HeuristicJudge" in md
+    assert "rag_experiments.stages.judging.claims.faithfulness" in md and "HeuristicJudge" in md
     assert "(same as generator!)" in md and "| answer |" in md
     assert (out / "generation.png").exists() and (out / "per_tag_correctness.png").exists()
     assert {a.path for a in client.list_artifacts(new_parent.info.run_id, "report")} >= {"report/report.html"}
