@@ -12,10 +12,12 @@ import hashlib
 import json
 import math
 import re
+import threading
 from typing import Any
 
 import numpy as np
 
+from rag_experiments.evaluation.cost import add_usage
 from rag_experiments.stages.judging.claims import _CITATION, parse_verdict, split_claims
 from rag_experiments.types import Verdict
 
@@ -119,6 +121,7 @@ class LLMJudge:
             backoff_s=backoff_s,
         )
         self._embedder = embedder
+        self._last = threading.local()  # usage of the last split / answer_relevance, per thread
         prompts = VERDICT_SYSTEM + VERDICT_USER + DECOMPOSE_USER + QUESTIONS_USER
         ident = {
             "kind": "llm",
@@ -163,12 +166,20 @@ class LLMJudge:
         return self.client.complete(messages, max_tokens=8, allow_empty=True)
 
     def _one_verdict(self, claim: str, context: str) -> Verdict:
+        """One claim's verdict, with the summed usage of the call(s) it took (``Verdict.usage``)."""
+        made: list = []
+        v = self._verdict_of(claim, context, made)
+        v.usage = add_usage(*(c.usage for c in made)) if made else None
+        return v
+
+    def _verdict_of(self, claim: str, context: str, made: list) -> Verdict:
         messages = self._verdict_messages(claim, context)
         try:
             if self.use_logprobs:
                 c = self.client.complete(
                     messages, max_tokens=3, logprobs=True, top_logprobs=20, allow_empty=True
                 )
+                made.append(c)
                 if c.error:
                     return Verdict(claim, "unparseable", raw="", error=c.error)
                 if c.first_token_logprobs:
@@ -183,11 +194,20 @@ class LLMJudge:
                     label = "supported" if score >= self.threshold else "unsupported"
                     return Verdict(claim, label, score=score, raw=c.text, rationale="logprob")
             c = self._constrained(messages)
+            made.append(c)
             if c.error:
                 return Verdict(claim, "unparseable", error=c.error)
             return Verdict(claim, parse_verdict(c.text), raw=c.text, rationale="constrained")
         except Exception as exc:  # noqa: BLE001 - a judge never raises per claim
             return Verdict(claim, "unparseable", error=f"{type(exc).__name__}: {exc}")
+
+    def last_usage(self) -> dict | None:
+        """Summed usage of this thread's last :meth:`split` or :meth:`answer_relevance` (0 tokens
+        when it made no call; None when a call reported no usage). Verdicts carry their own."""
+        return getattr(self._last, "usage", None)
+
+    def _record(self, *completions) -> None:
+        self._last.usage = add_usage(*(c.usage for c in completions))
 
     def verdicts(self, claims: list[str], context: str) -> list[Verdict]:
         return self.client._map(lambda c: self._one_verdict(c, context), list(claims))
@@ -196,9 +216,11 @@ class LLMJudge:
     def split(self, answer: str) -> list[str]:
         """LLM-listed atomic claims; falls back to :func:`split_claims` when the reply is unusable."""
         fallback = split_claims(answer)
+        self._record()
         if not self.decompose or not fallback:  # declines and empty answers have no claims
             return fallback
         c = self.client.complete([{"role": "user", "content": DECOMPOSE_USER.format(answer=answer.strip())}])
+        self._record(c)
         if c.error:
             return fallback
         claims = []
@@ -215,11 +237,13 @@ class LLMJudge:
         NaN when the answer is empty or no question could be read from the reply.
         """
         method = f"generated-questions({self.n_questions})"
+        self._record()
         if not answer or not answer.strip():
             return float("nan"), method
         c = self.client.complete(
             [{"role": "user", "content": QUESTIONS_USER.format(n=self.n_questions, answer=answer.strip())}]
         )
+        self._record(c)
         if c.error:
             return float("nan"), method
         questions = []
