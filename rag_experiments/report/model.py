@@ -83,11 +83,15 @@ def metric_definitions(logged: Iterable[str], judge_choice: str | None) -> list[
         ("failure_label and rate_{label}", labels.failure_label),
     ]
     if any(s.side == "generation" for s in found_specs):
-        fns += side("generation") + side("diagnostic") + [
-            ("claims (answer → atomic claims)", judging.split_claims),
-            ("key-fact match", judging.key_fact_recall),
-            ("text normalisation for key facts", judging.normalise_text),
-        ]
+        fns += (
+            side("generation")
+            + side("diagnostic")
+            + [
+                ("claims (answer → atomic claims)", judging.split_claims),
+                ("key-fact match", judging.key_fact_recall),
+                ("text normalisation for key facts", judging.normalise_text),
+            ]
+        )
         judge_cls = {
             "heuristic": judging.HeuristicJudge,
             "openai": judging.LLMJudge,
