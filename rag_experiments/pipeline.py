@@ -26,12 +26,19 @@ from rag_experiments.cache import StageCache, stage_key
 from rag_experiments.evaluation import metrics as M
 from rag_experiments.evaluation.aggregate import aggregate
 from rag_experiments.evaluation.budget import budgeted_metrics
-from rag_experiments.evaluation.cost import add_usage, cost_metrics, usage_columns
+from rag_experiments.evaluation.cost import cost_metrics, usage_columns
 from rag_experiments.evaluation.labels import RATE_LABELS, failure_label
 from rag_experiments.evaluation.registry import GENERATION_METRICS
 from rag_experiments.progress import Progress, track
 from rag_experiments.stages.chunking import chunk_corpus
-from rag_experiments.types import Chunk, Document, EvalItem, Generation, Verdict
+from rag_experiments.stages.judging.cached import (
+    cached_claims,
+    cached_verdicts,
+    diagnostic_columns,
+    diagnostics_stage,
+    last_usage,
+)
+from rag_experiments.types import Chunk, Document, EvalItem, Generation
 
 log = logging.getLogger(__name__)
 
@@ -177,53 +184,12 @@ def generation_stage(
     return gens, len(todo)
 
 
-def _cached_claims(judge, text: str, cache: StageCache, calls: Counter, tally: dict) -> list[str]:
-    """``judge.split(text)``, cached with the usage of the call(s) that made it (docs/metrics.md)."""
-    ck = stage_key("claims", judge.identity, text)
-    got = cache.get_json_many("claims", [ck])
-    if ck in got:
-        hit = got[ck]
-        claims, usage = (hit, None) if isinstance(hit, list) else (hit["claims"], hit["usage"])
-    else:
-        claims = judge.split(text)
-        usage = _last_usage(judge)
-        calls["claims"] += 1
-        cache.put_json_many("claims", {ck: {"claims": claims, "usage": usage}})
-    tally[ck] = usage
-    return claims
-
-
-def _last_usage(judge) -> dict | None:
-    """Token usage of the judge's last split / answer_relevance call (None: no model or not reported)."""
-    last = getattr(judge, "last_usage", None)
-    return last() if callable(last) else None
-
-
-def _cached_verdicts(
-    judge, claims: list[str], context: str, cache: StageCache, calls: Counter, tally: dict, counter: str
-) -> list[Verdict]:
-    """Verdicts per (judge identity, claim, context): only misses reach the judge; each is committed
-    with its token usage, so a resumed run reports the tokens of an uninterrupted one."""
-    vkeys = [stage_key("verdict", judge.identity, c, context) for c in claims]
-    found = cache.get_json_many("verdicts", vkeys)
-    missing = list(dict.fromkeys(c for c, k in zip(claims, vkeys, strict=True) if k not in found))
-    if missing:
-        fresh = judge.verdicts(missing, context)
-        calls[counter] += len(missing)
-        new = {stage_key("verdict", judge.identity, v.claim, context): asdict(v) for v in fresh}
-        cache.put_json_many("verdicts", {k: v for k, v in new.items() if not v.get("error")})
-        found.update(new)
-    verdicts = [Verdict(**found[k]) for k in vkeys]
-    tally.update((k, v.usage) for k, v in zip(vkeys, verdicts, strict=True))
-    return verdicts
-
-
 def _judge_one(judge, item: EvalItem, answer: str, context: str, cache: StageCache, calls: Counter):
     """(claims, verdicts, relevance, method, seconds, usage tally) for one answer; each part cached."""
     t0 = time.perf_counter()
     tally: dict[str, dict | None] = {}
-    claims = _cached_claims(judge, answer, cache, calls, tally)
-    verdicts = _cached_verdicts(judge, claims, context, cache, calls, tally, "verdicts")
+    claims = cached_claims(judge, answer, cache, calls, tally)
+    verdicts = cached_verdicts(judge, claims, context, cache, calls, tally, "verdicts")
     rk = stage_key("relevance", judge.identity, item.query, answer)
     got = cache.get_json_many("relevance", [rk])
     if rk in got:
@@ -231,44 +197,10 @@ def _judge_one(judge, item: EvalItem, answer: str, context: str, cache: StageCac
         tally[rk] = usage[0] if usage else None
     else:
         rel, method = judge.answer_relevance(item.query, answer)
-        tally[rk] = _last_usage(judge)
+        tally[rk] = last_usage(judge)
         calls["relevance"] += 1
         cache.put_json_many("relevance", {rk: [rel, method, tally[rk]]})
     return claims, verdicts, rel, method, time.perf_counter() - t0, tally
-
-
-def diagnostics_stage(judge, items, answers, chunk_lists, judged, cache, min_coverage, progress=True):
-    """Claim-level diagnostics of every judged answer (evaluation.diagnostics.diagnose), every
-    verdict through the stage cache. Adds each query's verdict usages to its judge tally."""
-    from rag_experiments.evaluation.diagnostics import Diagnosis, diagnose, gold_claims, reference_text
-    from rag_experiments.stages.judging import is_decline
-
-    calls: Counter = Counter()
-    todo = [i for i, j in enumerate(judged) if j is not None]
-    prepare = getattr(judge, "prepare", None)
-    if prepare is not None and todo:  # one embedding batch for the heuristic judge
-        golds = [items[i].gold_answer or "" for i in todo]
-        texts = [c.text for i in todo for c in chunk_lists[i]] + [answers[i] for i in todo]
-        prepare(golds, texts + [reference_text(items[i]) for i in todo])
-    out: list[Diagnosis | None] = [None] * len(items)
-    for i in track(todo, "diagnostics", enabled=progress, unit="answers"):
-        tally = judged[i][5]
-
-        def verdicts(claims, context, tally=tally):
-            return _cached_verdicts(judge, claims, context, cache, calls, tally, "diagnostic_verdicts")
-
-        gold = gold_claims(items[i], lambda text, t=tally: _cached_claims(judge, text, cache, calls, t))
-        out[i] = diagnose(
-            items[i],
-            answers[i],
-            judged[i][0],
-            gold,
-            chunk_lists[i],
-            verdicts,
-            declined=is_decline(answers[i]),
-            min_coverage=min_coverage,
-        )
-    return out, calls
 
 
 def judge_stage(
@@ -359,25 +291,6 @@ def _judged_columns(g: Generation, it: EvalItem, j) -> dict[str, Any]:
     }
 
 
-def _diagnostic_columns(d, tally: dict | None) -> dict[str, Any]:
-    """Claim-level diagnostics (``d``: an ``evaluation.diagnostics.Diagnosis``, None: not judged)
-    and the judge's token counts: the sum over the query's distinct judge calls, NaN when any of
-    them reported no usage (the heuristic judge makes no model call: NaN, not 0)."""
-    from rag_experiments.evaluation.diagnostics import DIAGNOSTICS
-
-    usage = add_usage(*tally.values()) if tally else None
-    if d is None:
-        return {**dict.fromkeys(DIAGNOSTICS, math.nan), **usage_columns(usage, "judge")}
-    return {
-        **d.values,
-        "n_unparseable_diagnostics": d.n_unparseable,
-        "diagnostics_nan_reason": json.dumps(d.reasons),
-        "gold_claims": json.dumps(d.gold_claims),
-        "answer_claim_classes": json.dumps(d.answer_classes),
-        **usage_columns(usage, "judge"),
-    }
-
-
 def _label_rows(rows, items, k: int, thresholds: dict | None, generated: list[bool]) -> None:
     """Set ``failure_label`` per row; rows without an answer get the retrieval-only verdict."""
 
@@ -423,7 +336,7 @@ def _generate_and_judge(
         row.update(latency_generation_s=g.latency_s, generation_cached=g.cached)
         row.update(usage_columns(g.usage))  # cached answers keep their usage: cost of the config
         row.update(_judged_columns(g, it, j))
-        row.update(_diagnostic_columns(d, j[5] if j is not None else None))
+        row.update(diagnostic_columns(d, j[5] if j is not None else None))
     return timings, calls
 
 
