@@ -4,7 +4,9 @@
   verdict parser, faithfulness / key-fact recall / correctness, the :class:`Judge` protocol);
 - :mod:`.heuristic`: :class:`HeuristicJudge`, the deterministic offline default;
 - :mod:`.llm`: :class:`LLMJudge` (OpenAI-compatible endpoint) and :class:`LocalLLMJudge` (GGUF on the
-  embedded llama.cpp server).
+  embedded llama.cpp server);
+- :mod:`.cached`: any judge behind the stage cache (claims, verdicts and their token usage) and the
+  claim-level diagnostics stage the pipeline runs after judging.
 
 The public names are re-exported here, so ``rag_experiments.stages.judging.HeuristicJudge`` (the
 config ``_target_``s) and ``from rag_experiments.stages.judging import Verdict`` keep working.
