@@ -31,7 +31,14 @@ from rag_experiments.evaluation.labels import RATE_LABELS, failure_label
 from rag_experiments.evaluation.registry import GENERATION_METRICS
 from rag_experiments.progress import Progress, track
 from rag_experiments.stages.chunking import chunk_corpus
-from rag_experiments.types import Chunk, Document, EvalItem, Generation, Verdict
+from rag_experiments.stages.judging.cached import (
+    cached_claims,
+    cached_verdicts,
+    diagnostic_columns,
+    diagnostics_stage,
+    last_usage,
+)
+from rag_experiments.types import Chunk, Document, EvalItem, Generation
 
 log = logging.getLogger(__name__)
 
@@ -178,35 +185,22 @@ def generation_stage(
 
 
 def _judge_one(judge, item: EvalItem, answer: str, context: str, cache: StageCache, calls: Counter):
-    """(claims, verdicts, relevance, method, seconds) for one answer; each part cached and committed."""
+    """(claims, verdicts, relevance, method, seconds, usage tally) for one answer; each part cached."""
     t0 = time.perf_counter()
-    ck = stage_key("claims", judge.identity, answer)
-    got = cache.get_json_many("claims", [ck])
-    if ck in got:
-        claims = got[ck]
-    else:
-        claims = judge.split(answer)
-        calls["claims"] += 1
-        cache.put_json_many("claims", {ck: claims})
-    vkeys = [stage_key("verdict", judge.identity, c, context) for c in claims]
-    found = cache.get_json_many("verdicts", vkeys)
-    missing = list(dict.fromkeys(c for c, k in zip(claims, vkeys, strict=True) if k not in found))
-    if missing:
-        fresh = judge.verdicts(missing, context)
-        calls["verdicts"] += len(missing)
-        new = {stage_key("verdict", judge.identity, v.claim, context): asdict(v) for v in fresh}
-        cache.put_json_many("verdicts", {k: v for k, v in new.items() if not v.get("error")})
-        found.update(new)
-    verdicts = [Verdict(**found[k]) for k in vkeys]
+    tally: dict[str, dict | None] = {}
+    claims = cached_claims(judge, answer, cache, calls, tally)
+    verdicts = cached_verdicts(judge, claims, context, cache, calls, tally, "verdicts")
     rk = stage_key("relevance", judge.identity, item.query, answer)
     got = cache.get_json_many("relevance", [rk])
     if rk in got:
-        rel, method = got[rk]
+        rel, method, *usage = got[rk]
+        tally[rk] = usage[0] if usage else None
     else:
         rel, method = judge.answer_relevance(item.query, answer)
+        tally[rk] = last_usage(judge)
         calls["relevance"] += 1
-        cache.put_json_many("relevance", {rk: [rel, method]})
-    return claims, verdicts, rel, method, time.perf_counter() - t0
+        cache.put_json_many("relevance", {rk: [rel, method, tally[rk]]})
+    return claims, verdicts, rel, method, time.perf_counter() - t0, tally
 
 
 def judge_stage(
@@ -279,7 +273,7 @@ def _judged_columns(g: Generation, it: EvalItem, j) -> dict[str, Any]:
             "relevance_method": "",
             "latency_judge_s": 0.0,
         }
-    claims, verdicts, rel, method, lat = j
+    claims, verdicts, rel, method, lat, _ = j
     faith, n_claims, n_unp = faithfulness(verdicts)
     verdict_rows = [
         {"claim": v.claim, "label": v.label, "score": v.score, "rationale": v.rationale} for v in verdicts
@@ -313,8 +307,11 @@ def _label_rows(rows, items, k: int, thresholds: dict | None, generated: list[bo
         )
 
 
-def _generate_and_judge(rows, items, ranked, k, subset, generator, prompt, judge, cache, progress):
-    """Generate and judge the ``subset`` of items; fills their rows. Returns (timings, calls)."""
+def _generate_and_judge(
+    rows, items, ranked, k, subset, generator, prompt, judge, cache, progress, min_coverage=0.5
+):
+    """Generate and judge the ``subset`` of items (with the claim-level diagnostics); fills their
+    rows. Returns (timings, calls)."""
     timings: dict[str, float] = {}
     calls: Counter = Counter()
     sub_items = [items[i] for i in subset]
@@ -328,14 +325,18 @@ def _generate_and_judge(rows, items, ranked, k, subset, generator, prompt, judge
     contexts = ["\n\n".join(c.text for c in cs) for cs in contexts_chunks]
     t = time.perf_counter()
     judged, jcalls = judge_stage(judge, sub_items, answers, contexts, cache, progress)
-    calls.update({f"judge_{k_}": v for k_, v in jcalls.items()})
+    diags, dcalls = diagnostics_stage(
+        judge, sub_items, answers, contexts_chunks, judged, cache, min_coverage, progress
+    )
+    calls.update({f"judge_{k_}": v for k_, v in (jcalls + dcalls).items()})
     timings["judging_s"] = time.perf_counter() - t
-    for qi, it, g, j, ctx in zip(subset, sub_items, gens, judged, contexts, strict=True):
+    for qi, it, g, j, ctx, d in zip(subset, sub_items, gens, judged, contexts, diags, strict=True):
         row = rows[qi]
         row.update(answer=g.text, context=ctx, error=g.error)  # context: exactly what both saw
         row.update(latency_generation_s=g.latency_s, generation_cached=g.cached)
         row.update(usage_columns(g.usage))  # cached answers keep their usage: cost of the config
         row.update(_judged_columns(g, it, j))
+        row.update(diagnostic_columns(d, j[5] if j is not None else None))
     return timings, calls
 
 
@@ -405,6 +406,8 @@ def _run_aggregates(
     aggregates.update(cost_metrics(df, pricing))
     if n_generated is not None:
         aggregates["n_generated"] = n_generated
+        if "n_unparseable_diagnostics" in df:
+            aggregates["n_unparseable_diagnostic_verdicts"] = int(df["n_unparseable_diagnostics"].sum())
     return aggregates
 
 
@@ -466,7 +469,7 @@ def run_pipeline(
     subset = stratified_subset(items, generation_subset) if generator is not None else []
     if generator is not None:
         gt, gc = _generate_and_judge(
-            rows, items, ranked, k, subset, generator, prompt, judge, cache, progress
+            rows, items, ranked, k, subset, generator, prompt, judge, cache, progress, min_coverage
         )
         timings.update(gt)
         calls.update(gc)

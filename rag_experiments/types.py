@@ -85,3 +85,5 @@ class Verdict:
     rationale: str = ""
     raw: str = ""
     error: str | None = None
+    # OpenAI-style usage of the judge call(s) behind it; None: no model call or none reported
+    usage: dict[str, Any] | None = None

@@ -12,7 +12,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from rag_experiments.config_schema import validate
-from rag_experiments.evaluation.cost import cost_metrics, price, serving_latency_ms, usage_columns
+from rag_experiments.evaluation.cost import add_usage, cost_metrics, price, serving_latency_ms, usage_columns
 from rag_experiments.evaluation.registry import higher_is_better, spec
 from rag_experiments.stages.generation import LocalLlamaGenerator, OpenAICompatibleGenerator
 from rag_experiments.sweep import _priced
@@ -31,6 +31,16 @@ def test_usage_columns_never_invent_zero():
     got = usage_columns({"prompt_tokens": None, "attempts": 1})
     assert math.isnan(got["tokens_in_generation"]) and math.isnan(got["tokens_out_generation"])
     assert set(usage_columns(None, "judge")) == {"tokens_in_judge", "tokens_out_judge"}
+
+
+def test_add_usage_sums_and_unknown_stays_unknown():
+    a, b = (
+        {"prompt_tokens": 10, "completion_tokens": 2, "attempts": 1},
+        {"prompt_tokens": 5, "completion_tokens": 1},
+    )
+    assert add_usage(a, b) == {"prompt_tokens": 15, "completion_tokens": 3}
+    assert add_usage() == {"prompt_tokens": 0, "completion_tokens": 0}  # no call: 0 tokens
+    assert add_usage(a, None) is None and add_usage(a, {"prompt_tokens": 3}) is None
 
 
 def test_cost_formula_worked_example_and_percentiles():
@@ -88,9 +98,9 @@ def tiny(tmp_path_factory):
     return tiny_inputs(tmp_path_factory.mktemp("cost"), n_items=4)
 
 
-def _pipeline(tiny, generator, pricing=None):
+def _pipeline(tiny, generator, pricing=None, judge=None):
     prompt = instantiate(OmegaConf.load(CONF / "prompt" / "concise.yaml"))
-    judge = instantiate(OmegaConf.load(CONF / "judge" / "heuristic.yaml"))
+    judge = judge or instantiate(OmegaConf.load(CONF / "judge" / "heuristic.yaml"))
     return tiny_pipeline(tiny, generator=generator, prompt=prompt, judge=judge, pricing=pricing)
 
 
@@ -105,9 +115,35 @@ def test_usage_reaches_the_per_query_table_and_the_run_metrics(tiny, fake_llm):
     assert agg["tokens_in/generation"] == n and agg["tokens_out/generation"] == n
     assert agg["cost_usd"] == pytest.approx(n / 1000 * 2.0 + n / 1000 * 4.0)
     assert agg["latency_p95_ms/generation"] >= agg["latency_p50_ms/generation"] > 0
+    # the heuristic judge makes no model call: its tokens are unknown-by-construction, not 0
+    assert df["tokens_in_judge"].isna().all() and "tokens_in/judge" not in agg
     # a second run answers from the cache: the usage (cost of the config) is kept
     again = _pipeline(tiny, gen, pricing)
     assert again.per_query["generation_cached"].all()
+    assert again.aggregates["cost_usd"] == pytest.approx(agg["cost_usd"])
+
+
+def test_llm_judge_tokens_are_recorded_and_cached_calls_report_the_same(tmp_path, fake_llm):
+    from rag_experiments.stages.judging import LLMJudge
+
+    tiny = tiny_inputs(tmp_path, n_items=3)
+    gen = OpenAICompatibleGenerator(base_url=fake_llm.base_url, model="ok", max_retries=0, timeout_s=10)
+    judge = LLMJudge(fake_llm.base_url, model="judge-ok", max_retries=0, backoff_s=0.0, n_questions=1)
+    pricing = {"judge": {"price_per_1k_in": 1.0, "price_per_1k_out": 2.0}}
+    res = _pipeline(tiny, gen, pricing, judge=judge)
+    df, agg = res.per_query, res.aggregates
+    requests = sum(n for (model, _), n in fake_llm.attempts.items() if model == "judge-ok")
+    # every judge call reports 1 + 1 tokens; a query counts each call it needs, the server saw each
+    # distinct call once, so the per-query sums cover at least every request
+    assert (df["tokens_in_judge"] >= 1).all() and (df["tokens_in_judge"] == df["tokens_out_judge"]).all()
+    assert agg["tokens_in/judge"] == df["tokens_in_judge"].sum() >= requests > 0
+    assert agg["cost_usd"] == pytest.approx(
+        agg["tokens_in/judge"] / 1000 * 1.0 + agg["tokens_out/judge"] / 1000 * 2.0
+    )
+    # the re-run is answered from the cache and reports the same tokens and cost (cost of the config)
+    again = _pipeline(tiny, gen, pricing, judge=judge)
+    assert sum(n for (model, _), n in fake_llm.attempts.items() if model == "judge-ok") == requests
+    assert again.per_query["tokens_in_judge"].tolist() == df["tokens_in_judge"].tolist()
     assert again.aggregates["cost_usd"] == pytest.approx(agg["cost_usd"])
 
 

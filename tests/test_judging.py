@@ -183,6 +183,12 @@ def test_local_llm_judge_scores_with_logprobs():
     assert judge.split("I don't know.") == []
     rel, method = judge.answer_relevance("How long do webhooks retry?", "Webhooks retry for 24 hours.")
     assert method == "generated-questions(2)" and (math.isnan(rel) or -1 <= rel <= 1)
+    # token usage of every call (docs/metrics.md, "Judge tokens"): the llama.cpp server reports it
+    assert judge.last_usage()["prompt_tokens"] >= 10 and judge.last_usage()["completion_tokens"] >= 1
+    for v in vs:
+        assert v.usage["prompt_tokens"] >= 20 and 1 <= v.usage["completion_tokens"] <= 32
+    judge.split("I don't know.")  # a decline has no claims: no call, 0 tokens (not unknown)
+    assert judge.last_usage() == {"prompt_tokens": 0, "completion_tokens": 0}
 
 
 def test_llm_judge_garbage_is_unparseable_not_unsupported(fake_llm):
@@ -190,6 +196,8 @@ def test_llm_judge_garbage_is_unparseable_not_unsupported(fake_llm):
     vs = judge.verdicts(["Webhooks retry for 24 hours.", "Another claim here."], CONTEXT)
     assert [v.label for v in vs] == ["unparseable", "unparseable"]
     assert vs[0].raw == "banana split"
+    # no logprobs, so a constrained retry: both calls' usage (1 + 1 per call on the fake server)
+    assert vs[0].usage == {"prompt_tokens": 2, "completion_tokens": 2}
     assert faithfulness(vs)[2] == 2
     # decomposition of an unusable reply falls back to the sentence splitter
     assert judge.split("Webhooks retry for 24 hours. They are then marked failed.") == [
@@ -203,4 +211,5 @@ def test_llm_judge_endpoint_errors_are_unparseable(fake_llm):
     judge = LLMJudge(fake_llm.base_url, model="always503", max_retries=1, backoff_s=0.0)
     v = judge.verdicts(["Webhooks retry for 24 hours."], CONTEXT)[0]
     assert v.label == "unparseable" and "503" in v.error
+    assert v.usage is None  # a failed call reported no usage: unknown, never 0
     assert sum(fake_llm.attempts.values()) == 2  # 1 try + 1 retry, then given up

@@ -13,6 +13,7 @@ import socket
 from collections import Counter
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -107,10 +108,19 @@ def test_full_pipeline_then_cache_reuse(setup):
     assert sum(agg[f"rate_{lab}"] for lab in FAILURE_LABELS) == pytest.approx(1.0)
     unanswerable = df[df["gold_spans"] == "[]"]
     assert len(unanswerable) == 1 and math.isnan(unanswerable["hit_at_3"].iloc[0])
+    # claim-level diagnostics: NaN with a reason for the unanswerable item, proportions elsewhere
+    diag = ["claim_recall", "context_utilization", "hallucination", "self_knowledge"]
+    assert unanswerable[diag].isna().all(axis=None)
+    assert "unanswerable item" in unanswerable["diagnostics_nan_reason"].iloc[0]
+    answerable = df[df["gold_spans"] != "[]"]
+    assert answerable["claim_recall"].between(0, 1).all() and first.calls["judge_diagnostic_verdicts"] > 0
+    assert agg["n_scored/claim_recall"] == len(answerable) and "claim_recall_ci_high" in agg
+    assert df["tokens_in_judge"].isna().all()  # heuristic judge: no model call, no tokens (not 0)
 
     again = _run(setup, gen)  # identical re-run: no model is called at all
     assert not any(again.calls.values()), again.calls
     assert again.per_query["answer"].tolist() == df["answer"].tolist()
+    pd.testing.assert_frame_equal(again.per_query[diag], df[diag])  # diagnostics from the cache
 
     other_prompt = _run(setup, gen, prompt="cite")  # prompt change: generation only
     assert other_prompt.calls.get("retrieval", 0) == 0 and other_prompt.calls["generation"] == n

@@ -280,6 +280,10 @@ def test_generation_sections_appear_with_generation_metrics(tiny_sweep, tmp_path
         t["faithfulness"] = rng.integers(0, 2, n).astype(float)
         t["correctness"] = rng.random(n)
         t["answer_relevance"] = rng.random(n)
+        t["claim_recall"] = rng.random(n)
+        t["hallucination"] = rng.random(n)
+        t["diagnostics_nan_reason"] = json.dumps({})
+        t.loc[0, "diagnostics_nan_reason"] = json.dumps({"hallucination": "declining answer"})
         t["failure_label"] = np.where(t["hit_at_5"] == 1, "ok", "retrieval_failure")
         t.loc[0, "failure_label"] = "generation_failure"
         tags = {k: v for k, v in kid.data.tags.items() if not k.startswith("mlflow.")}
@@ -296,7 +300,7 @@ def test_generation_sections_appear_with_generation_metrics(tiny_sweep, tmp_path
         rid = run.info.run_id
         client.log_batch(rid, params=[Param(k, v) for k, v in kid.data.params.items()])
         metrics = dict(kid.data.metrics)
-        for m in ("faithfulness", "correctness", "answer_relevance"):
+        for m in ("faithfulness", "correctness", "answer_relevance", "claim_recall", "hallucination"):
             metrics.update(
                 {
                     m: t[m].mean(),
@@ -333,7 +337,11 @@ def test_generation_sections_appear_with_generation_metrics(tiny_sweep, tmp_path
     assert "### Generation" in md and "| config | faithfulness | answer_relevance | correctness |" in md
     assert "baseline = **chunking=fixed** (given with --baseline)" in md
     assert "chunking=markdown | faithfulness |" in md  # attributed
-    assert "rag_experiments.stages.judging.faithfulness" in md and "HeuristicJudge" in md
+    assert "rag_experiments.stages.judging.claims.faithfulness" in md and "HeuristicJudge" in md
     assert "(same as generator!)" in md and "| answer |" in md
+    # claim-level diagnostics: means with CIs per config, an explanation each, why values are undefined
+    assert "## Claim-level diagnostics" in md and "| config | claim_recall | hallucination |" in md
+    assert "`hallucination`: share of answer claims in no retrieved chunk and wrong" in md
+    assert "| chunking=fixed | declining answer | 1 |" in md
     assert (out / "generation.png").exists() and (out / "per_tag_correctness.png").exists()
     assert {a.path for a in client.list_artifacts(new_parent.info.run_id, "report")} >= {"report/report.html"}

@@ -162,7 +162,13 @@ def test_second_run_reuses_the_dataset_and_traces_off_writes_none(retrieval_run)
 def test_generating_run_has_chat_and_judge_spans_and_generation_feedback(tmp_path):
     docs, ev = make_tiny(tmp_path, n_items=3)
     run_sweep(tmp_path, *sweep_args(tmp_path, docs, ev), "generator=local", "generator.max_tokens=24")
-    _, _, _, traces, df = _store(tmp_path)
+    _, _, run, traces, df = _store(tmp_path)
+    # the claim-level diagnostics reach MLflow with CIs and counts (docs/metrics.md)
+    m = run.data.metrics
+    for key in ("claim_recall", "context_utilization", "hallucination", "self_knowledge"):
+        assert f"n_scored/{key}" in m and m[f"n_scored/{key}"] <= 3, key
+    assert "claim_recall_ci_low" in m and "n_unparseable_diagnostic_verdicts" in m
+    assert "tokens_in/judge" not in m  # the heuristic judge makes no model call: nothing to log
     by = _by_item(traces)
     assert len(traces) == len(df) == 3
     for _, row in df.iterrows():

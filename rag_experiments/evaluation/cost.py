@@ -31,6 +31,23 @@ def usage_columns(usage: Mapping[str, Any] | None, stage: str = "generation") ->
     return {f"tokens_in_{stage}": num("prompt_tokens"), f"tokens_out_{stage}": num("completion_tokens")}
 
 
+def add_usage(*usages: Mapping[str, Any] | None) -> dict[str, float] | None:
+    """Sum of OpenAI-style usages (``prompt_tokens``, ``completion_tokens``) of several calls.
+
+    None (unknown, never 0) when any usage is None or lacks a count; no usages at all: 0 tokens.
+    """
+    total = {"prompt_tokens": 0.0, "completion_tokens": 0.0}
+    for u in usages:
+        if u is None:
+            return None
+        for key in total:
+            v = u.get(key)
+            if not isinstance(v, int | float) or isinstance(v, bool) or math.isnan(v):
+                return None
+            total[key] += v
+    return total
+
+
 def price(pricing: Mapping[str, Any] | None) -> tuple[float, float]:
     """``(price_per_1k_in, price_per_1k_out)`` in USD from a config ``pricing`` mapping; absent = 0
     (local models). A negative or non-numeric price raises ValueError naming the key."""

@@ -28,6 +28,7 @@ from rag_experiments.evaluation.labels import FAILURE_LABELS, RATE_LABELS
 
 __all__ = [
     "FORMS",
+    "DIAGNOSTIC_METRICS",
     "GENERATION_METRICS",
     "REGISTRY",
     "Form",
@@ -40,7 +41,7 @@ __all__ = [
     "wrap",
 ]
 
-Side = Literal["retrieval", "generation", "label", "cost", "count"]
+Side = Literal["retrieval", "generation", "diagnostic", "label", "cost", "count"]
 ValueType = Literal["binary", "proportion", "continuous", "count"]
 
 #: What each pattern placeholder may be; anything else in a pattern is literal text.
@@ -142,6 +143,7 @@ _AGGREGATE_FORMS = frozenset({"ci_low", "ci_high", "n_scored", "by_tag"})
 _M = "rag_experiments.evaluation.metrics."
 _J = "rag_experiments.stages.judging."
 _B = "rag_experiments.evaluation.budget."
+_D = "rag_experiments.evaluation.diagnostics."
 _TOKEN_UNION = "the union of the top-k chunks' character ranges (overlaps counted once)"
 _BUDGET = (
     "the B-token context (the ranked chunks in order up to B tokens of the fixed MiniLM tokenizer "
@@ -279,6 +281,59 @@ REGISTRY: tuple[MetricSpec, ...] = (
         _J + "correctness",
         headline=12,
     ),
+    # -- claim-level diagnostics (docs/metrics.md, "Claim-level diagnostics")
+    MetricSpec(
+        "claim_recall",
+        "diagnostic",
+        True,
+        "proportion",
+        "share of the gold claims (the judge's claims of gold_answer, else key_facts) the judge finds "
+        "entailed by the retrieved top-k context; unanswerable items: NaN",
+        _D + "claim_recall",
+    ),
+    MetricSpec(
+        "context_utilization",
+        "diagnostic",
+        True,
+        "proportion",
+        "of the gold claims the retrieved context entails, the share the answer entails (a declining "
+        "answer: 0); NaN when the context entails no gold claim",
+        _D + "context_utilization",
+    ),
+    MetricSpec(
+        "noise_sensitivity_relevant",
+        "diagnostic",
+        False,
+        "proportion",
+        "share of the answer claims that are incorrect (not entailed by the gold answer) yet entailed "
+        "by a relevant retrieved chunk (one relevant to a gold span)",
+        _D + "answer_claim_shares",
+    ),
+    MetricSpec(
+        "noise_sensitivity_irrelevant",
+        "diagnostic",
+        False,
+        "proportion",
+        "share of the answer claims that are incorrect and entailed only by irrelevant retrieved chunks",
+        _D + "answer_claim_shares",
+    ),
+    MetricSpec(
+        "hallucination",
+        "diagnostic",
+        False,
+        "proportion",
+        "share of the answer claims that no retrieved chunk entails and that are incorrect",
+        _D + "answer_claim_shares",
+    ),
+    MetricSpec(
+        "self_knowledge",
+        "diagnostic",
+        False,  # as in RAGChecker: a RAG answer should rest on the context, not on the model
+        "proportion",
+        "share of the answer claims that no retrieved chunk entails but that are correct (entailed by "
+        "the gold answer)",
+        _D + "answer_claim_shares",
+    ),
     # -- failure labels: one indicator column per label, its mean the rate
     MetricSpec(
         "rate_{label}",
@@ -411,6 +466,23 @@ REGISTRY: tuple[MetricSpec, ...] = (
         per_query=False,
     ),
     MetricSpec(
+        "n_unparseable_diagnostic_verdicts",
+        "count",
+        False,
+        "count",
+        "number of claim-level diagnostic verdicts that could not be parsed (left out of the diagnostics), "
+        "summed over queries",
+        per_query=False,
+    ),
+    MetricSpec(
+        "n_unparseable_diagnostics",
+        "count",
+        False,
+        "count",
+        "number of the query's claim-level diagnostic verdicts that could not be parsed",
+        per_query=False,
+    ),
+    MetricSpec(
         "n_claims", "count", None, "count", "number of claims the answer was split into", per_query=False
     ),
     MetricSpec(
@@ -436,6 +508,8 @@ _LABEL_DIRECTION: dict[str, bool] = {
 }
 #: Per-query columns the judge fills (NaN when a query has no answer to judge).
 GENERATION_METRICS = tuple(s.pattern for s in REGISTRY if s.side == "generation")
+#: Per-query claim-level diagnostics (evaluation.diagnostics; NaN outside the judged answers).
+DIAGNOSTIC_METRICS = tuple(s.pattern for s in REGISTRY if s.side == "diagnostic")
 
 assert set(_LABEL_DIRECTION) == set(FAILURE_LABELS), "every failure label needs a direction"
 

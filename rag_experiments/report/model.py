@@ -83,7 +83,11 @@ def metric_definitions(logged: Iterable[str], judge_choice: str | None) -> list[
         ("failure_label and rate_{label}", labels.failure_label),
     ]
     if any(s.side == "generation" for s in found_specs):
-        fns += side("generation") + [
+        merged: dict[Callable, str] = {}
+        for name, fn in side("diagnostic"):  # the four answer-claim shares are one function
+            merged[fn] = f"{merged[fn]}, {name}" if fn in merged else name
+        fns += side("generation") + [(n, f) for f, n in merged.items()]
+        fns += [
             ("claims (answer → atomic claims)", judging.split_claims),
             ("key-fact match", judging.key_fact_recall),
             ("text normalisation for key facts", judging.normalise_text),

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from rag_experiments.analysis.attribution import SweepAttribution, is_bookkeeping
 from rag_experiments.evaluation.headline import CHUNKING_REASON, headline_metrics, headline_reason
+from rag_experiments.report.diagnostics import diagnostics_section
 from rag_experiments.report.figures import plots_section
 from rag_experiments.report.load import Config, ReportInput, level
 from rag_experiments.report.model import (
@@ -175,6 +176,8 @@ COST_KEYS = {
     "cost_usd": 6,
     "tokens_in/generation": 0,
     "tokens_out/generation": 0,
+    "tokens_in/judge": 0,
+    "tokens_out/judge": 0,
     "latency_p95_ms/retrieval": 1,
     "latency_p95_ms/generation": 1,
 }
@@ -331,9 +334,11 @@ def build_report(
     """The report of the loaded runs: statistics first, then each section from them, in order."""
     an = analyse(inp, baseline, primary, n_worst, seed, n_resamples)
     plots, curve_notes = plots_section(an)
+    diag = diagnostics_section(an)
     body = [
         question(an),
         results(an),
+        *([diag] if diag else []),
         attribution(an),
         plots,
         worst_queries(an),
