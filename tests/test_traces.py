@@ -4,15 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
 
 import mlflow
 import pandas as pd
@@ -21,6 +13,7 @@ from mlflow.entities import AssessmentSourceType
 from mlflow.tracking import MlflowClient
 
 from tests.llm_fixtures import requires_smollm2
+from tests.mlflow_ui import SCREENSHOTS, chromium, mlflow_server
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 
 
@@ -204,94 +197,29 @@ def test_run_page_lists_headline_metrics_first(retrieval_run):
     assert keys.index("mrr_ci_low") + 1 == keys.index("mrr_ci_high")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _chromium(url: str, profile: Path, screenshot: Path | None = None) -> str:
-    """The DOM of ``url`` after 20 s of virtual time (and a screenshot when asked)."""
-    chromium = shutil.which("chromium")
-    assert chromium, "chromium missing: scripts/test.sh installs it (apt-get install chromium)"
-    flags = [
-        chromium,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--no-first-run",
-        "--disable-sync",
-        f"--user-data-dir={profile}",
-        "--virtual-time-budget=20000",
-        "--window-size=1600,2000",
-    ]
-    if screenshot is not None:
-        subprocess.run([*flags, f"--screenshot={screenshot}", url], capture_output=True, timeout=120)
-    return subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
-
-
 def test_mlflow_ui_shows_the_runs_traces_with_assessments(retrieval_run, tmp_path):
     """A real ``mlflow server`` on the store; headless Chromium renders the run's Traces tab.
 
-    Screenshots go to ``$RAG_SCREENSHOT_DIR`` when set (``reports/screenshots/`` in docs/tracing.md).
+    Screenshots: ``reports/screenshots/run_traces.png``, ``run_overview.png``.
     """
     root, *_ = retrieval_run
     c, exp, run, traces, df = _store(root)
-    port = _free_port()
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{root}/mlflow.db",
-            "--default-artifact-root",
-            str(root / "mlruns"),
-            "--workers",
-            "1",
-            "--port",
-            str(port),
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    shots = Path(os.environ["RAG_SCREENSHOT_DIR"]) if os.environ.get("RAG_SCREENSHOT_DIR") else None
-    try:
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(240):
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.5)
+    with mlflow_server(root) as base:
         run_url = f"{base}/#/experiments/{exp.experiment_id}/runs/{run.info.run_id}"
-        if shots:
-            shots.mkdir(parents=True, exist_ok=True)
-        dom = _chromium(f"{run_url}/traces", tmp_path / "p1", shots / "run_traces.png" if shots else None)
-        queries = [q for q in df["query"] if q[:40] in dom]
-        assert len(queries) == len(df), "the run's Traces tab lists every eval query"
-        names = {a.name for t in traces for a in t.info.assessments if a.feedback is not None}
-        m = re.search(r"Assessments\W*\((\d+)/(\d+)\)", re.sub(r"<[^>]+>", " ", dom))
-        assert m and int(m.group(2)) == len(names), "every feedback name is an assessment column"
-        assert "expected_retrieved_context" in dom and "Expected facts" in dom
-        overview = _chromium(
-            f"{run_url}/overview", tmp_path / "p0", shots / "run_overview.png" if shots else None
-        )
-        text = re.sub(r"<[^>]+>", "|", overview[overview.index("Metrics (") :])
-        listed = [k for k in re.split(r"\|+", text) if re.fullmatch(r"[a-z][a-z_/0-9]*", k)]
-        assert listed[:4] == ["hit_at_1", "hit_at_3", "hit_at_5", "hit_at_10"], (
-            "the run page lists headline metrics first"
-        )
-        assert listed.index("mrr") < min(i for i, k in enumerate(listed) if "_ci_" in k)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+        dom = chromium(f"{run_url}/traces", tmp_path / "p1", SCREENSHOTS / "run_traces.png")
+        overview = chromium(f"{run_url}/overview", tmp_path / "p0", SCREENSHOTS / "run_overview.png")
+    queries = [q for q in df["query"] if q[:40] in dom]
+    assert len(queries) == len(df), "the run's Traces tab lists every eval query"
+    names = {a.name for t in traces for a in t.info.assessments if a.feedback is not None}
+    m = re.search(r"Assessments\W*\((\d+)/(\d+)\)", re.sub(r"<[^>]+>", " ", dom))
+    assert m and int(m.group(2)) == len(names), "every feedback name is an assessment column"
+    assert "expected_retrieved_context" in dom and "Expected facts" in dom
+    text = re.sub(r"<[^>]+>", "|", overview[overview.index("Metrics (") :])
+    listed = [k for k in re.split(r"\|+", text) if re.fullmatch(r"[a-z][a-z_/0-9]*", k)]
+    assert listed[:4] == ["hit_at_1", "hit_at_3", "hit_at_5", "hit_at_10"], (
+        "the run page lists headline metrics first"
+    )
+    assert listed.index("mrr") < min(i for i, k in enumerate(listed) if "_ci_" in k)
 
 
 def test_batched_and_per_trace_writes_store_the_same(retrieval_run, tmp_path):
