@@ -181,6 +181,47 @@ def test_generating_run_has_chat_and_judge_spans_and_generation_feedback(tmp_pat
         for claim in unsupported:
             assert claim in fb["faithfulness"].rationale
         assert fb["failure_label"].value == row["failure_label"]
+        # token counts from the server's usage: on the chat span and the trace (the UI's Tokens column)
+        usage = {
+            "input_tokens": int(row["tokens_in_generation"]),
+            "output_tokens": int(row["tokens_out_generation"]),
+        }
+        usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
+        assert usage["input_tokens"] > 0 and usage["output_tokens"] > 0
+        assert chat.get_attribute("mlflow.chat.tokenUsage") == usage
+        assert t.info.token_usage == usage
+
+
+def test_judge_tokens_go_on_the_judge_span_and_into_the_trace_total():
+    """``tokens_in_judge``/``tokens_out_judge`` (when a judge reports usage) are counted once."""
+    from mlflow.tracing.utils import aggregate_usage_from_spans
+
+    from rag_experiments.tracking.traces import _new_ids, build_spans
+    from rag_experiments.types import EvalItem
+
+    retrieved = [{"chunk_id": "d#0-5", "doc_id": "d", "start": 0, "end": 5, "score": 1.0, "rank": 1}]
+    row = {
+        "id": "q1", "retrieved": json.dumps(retrieved), "answer": "hello", "verdicts": "[]", "claims": "[]",
+        "latency_retrieval_s": 0.1, "latency_generation_s": 1.0, "latency_judge_s": 0.5,
+        "tokens_in_generation": 100.0, "tokens_out_generation": 7.0,
+        "tokens_in_judge": 40.0, "tokens_out_judge": 3.0,
+    }  # fmt: skip
+    item = EvalItem(id="q1", query="q?", gold_spans=[], tags=["exact"])
+    spans, _ = build_spans(_new_ids(), row, item, {"d": "hello world"}, 0, 1)
+    usage = {s.name: s.get_attribute("mlflow.chat.tokenUsage") for s in spans}
+    assert usage["generate"] == {"input_tokens": 100, "output_tokens": 7, "total_tokens": 107}
+    assert usage["judge.faithfulness"] == {"input_tokens": 40, "output_tokens": 3, "total_tokens": 43}
+    assert usage["judge.answer_relevance"] is None and usage["rag_query"] is None
+    assert aggregate_usage_from_spans(spans) == {
+        "input_tokens": 140,
+        "output_tokens": 10,
+        "total_tokens": 150,
+    }
+    row.update(tokens_in_judge=float("nan"), tokens_out_judge=float("nan"), tokens_in_generation=float("nan"))
+    spans, _ = build_spans(_new_ids(), row, item, {"d": "hello world"}, 0, 1)
+    usage = {s.name: s.get_attribute("mlflow.chat.tokenUsage") for s in spans}
+    assert usage["judge.faithfulness"] is None  # no usage reported: no attribute, never 0
+    assert usage["generate"] is None  # only one side reported: left out, not half-invented
 
 
 def test_run_page_lists_headline_metrics_first(retrieval_run):
@@ -235,9 +276,9 @@ def test_batched_and_per_trace_writes_store_the_same(retrieval_run, tmp_path):
     uri = f"sqlite:///{tmp_path}/m.db"
     c = MlflowClient(tracking_uri=uri)
     exp = c.create_experiment("x", artifact_location=(tmp_path / "a").as_uri())
-    got = {}
+    got, runs = {}, {}
     for batch in (True, False):
-        run = c.create_run(exp).info.run_id
+        run = runs[batch] = c.create_run(exp).info.run_id
         write_traces(uri, run, exp, df, evalset.items, corpus.docs, 5, evalset.digest, batch=batch)
         mlflow.set_tracking_uri(uri)
         traces = mlflow.search_traces(locations=[exp], run_id=run, return_type="list")
@@ -255,6 +296,46 @@ def test_batched_and_per_trace_writes_store_the_same(retrieval_run, tmp_path):
             for t in traces
         }
     assert len(got[True]) == len(df) and got[True] == got[False]
+    # the raw rows too: span content, tags and metadata keys, trace columns, as MLflow's log_spans writes
+    import sqlite3
+
+    def content(c: str) -> str:  # without what differs between two writes: ids and start times
+        d = json.loads(c)
+        d["attributes"].pop("mlflow.traceRequestId")
+        d["duration"] = d.pop("end_time_unix_nano") - d.pop("start_time_unix_nano")
+        return json.dumps({k: v for k, v in d.items() if not k.endswith("_id")}, sort_keys=True)
+
+    db = sqlite3.connect(tmp_path / "m.db")
+    rows = {}
+    for batch, run in runs.items():
+        ids = [
+            r[0] for r in db.execute("SELECT request_id FROM trace_request_metadata WHERE value = ?", (run,))
+        ]
+        q = ",".join("?" * len(ids))
+        spans = db.execute(
+            f"SELECT name, type, status, model_name, content FROM spans WHERE trace_id IN ({q})", ids
+        )
+        rows[batch] = (
+            sorted((n, t, st, m, content(c)) for n, t, st, m, c in spans),
+            sorted(
+                db.execute(
+                    f"SELECT key, COUNT(*) FROM trace_tags WHERE request_id IN ({q}) GROUP BY key", ids
+                )
+            ),
+            sorted(
+                db.execute(
+                    f"SELECT key, COUNT(*) FROM trace_request_metadata WHERE request_id IN ({q}) GROUP BY key",
+                    ids,
+                )
+            ),
+            sorted(
+                db.execute(
+                    f"SELECT status, request_preview, trace_name FROM trace_info WHERE request_id IN ({q})",
+                    ids,
+                )
+            ),
+        )
+    assert rows[True][0] and rows[True] == rows[False]
 
 
 @requires_smollm2
