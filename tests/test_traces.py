@@ -130,6 +130,10 @@ def test_eval_set_is_one_genai_dataset_linked_to_the_run(retrieval_run):
         rec["expectations"]["expected_retrieved_context"][0]["doc_uri"] == first["gold_evidence"][0]["doc_id"]
     )
     assert ds.name in [d.dataset.name for d in run.inputs.dataset_inputs]
+    from rag_experiments.tracking.genai_dataset import run_input_entity
+
+    with mlflow.tracking._tracking_service.utils._use_tracking_uri(c.tracking_uri):
+        assert run_input_entity(ds).to_dictionary() == ds._to_mlflow_entity().to_dictionary()
 
 
 def test_second_run_reuses_the_dataset_and_traces_off_writes_none(retrieval_run):

@@ -1,11 +1,12 @@
 """Writing many traces to a SQL tracking store in one transaction (used by ``tracking.traces``).
 
 ``TracingClient.start_trace`` costs one transaction per trace (~80 ms on sqlite on a busy 2-core
-machine, 14 s for 168 items); :func:`start_traces` writes what its happy path writes
-(``SqlAlchemyStore._start_trace_once`` in mlflow 3.17.2, which ``pyproject.toml`` pins) for all
-traces of a run at once, as executemany inserts. Any other store gets the per-trace public call.
+machine, 14 s for 168 items) and ``log_spans`` a tag merge per trace; :func:`start_traces` writes
+what their happy paths write (``SqlAlchemyStore._start_trace_once`` and ``_log_spans_once`` in
+mlflow 3.17.2, which ``pyproject.toml`` pins) for all traces of a run at once, spans included, as
+executemany inserts in one transaction. Any other store gets the per-trace public calls.
 Re-check this module when upgrading mlflow: ``tests/test_traces.py`` reads every value back through
-the public API.
+the public API and compares the raw rows with the public path's.
 """
 
 from __future__ import annotations

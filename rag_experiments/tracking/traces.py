@@ -7,16 +7,16 @@ in the stages). Each trace is linked to its run (trace metadata ``mlflow.sourceR
   the top chunk ids);
 - a RETRIEVER span whose outputs are the ranked chunks as MLflow Documents (``page_content``,
   ``metadata`` doc_id, chunk_id, start, end, score, rank), in rank order;
-- with a generator: a CHAT_MODEL span (prompt messages, completion, latency, token counts when the
-  table has them) and one EVALUATOR span per judge step (claims/verdicts, answer relevance);
+- with a generator: a CHAT_MODEL span (prompt messages, completion, latency, token usage from the
+  ``tokens_in/out_generation`` columns) and one EVALUATOR span per judge step (claims/verdicts, answer relevance);
 - expectations from the eval item (``expected_retrieved_context``: the gold spans with their text,
   ``expected_response``, ``expected_facts``) and one feedback per per-query metric column plus the
   failure label, with the metric's definition (``evaluation.registry``) as rationale.
 
-Writing goes straight to the store with explicit timestamps: all trace infos with their metadata
-and assessments in one transaction (``tracking.trace_store.start_traces``), then the spans with the
-store's ``log_spans``: the path MLflow's own exporter takes, minus its per-span and per-assessment
-round trips. The eval-set dataset: ``tracking.genai_dataset``. See ``docs/tracing.md``.
+Writing goes straight to the store with explicit timestamps: on a SQL store all trace infos with
+their metadata, assessments and spans in one transaction (``tracking.trace_store.start_traces``);
+elsewhere ``start_trace`` per trace, then the store's ``log_spans``: the path MLflow's own exporter
+takes, minus its per-span and per-assessment round trips. The eval-set dataset: ``tracking.genai_dataset``. See ``docs/tracing.md``.
 """
 
 from __future__ import annotations
