@@ -164,7 +164,7 @@ class MultirunParent(Callback):
             _print_sweep(client, exp_id, client.get_run(parent.info.run_id), status)
         if guard is not None:
             guard.ended = True
-        print(f"\nOpen the MLflow UI:\n  {tracking.ui_command(uri, config.tracking.artifact_root)}")
+        print(f"\nOpen the MLflow UI:\n  {tracking.ui_command(uri, config.tracking.artifact_root, exp_id)}")
 
 
 def _config_problems(config: DictConfig) -> tuple[list[str], None]:

@@ -452,7 +452,7 @@ def run_job(cfg: DictConfig) -> float:
     print(timing_table(res.timings))
     print(f"model calls {res.calls or '{}'}; cache {dict(sorted(cache.stats.items()))}")
     if not job.sweep:
-        print(f"\nOpen the MLflow UI:\n  {tracking.ui_command(uri, cfg.tracking.artifact_root)}")
+        print(f"\nOpen the MLflow UI:\n  {tracking.ui_command(uri, cfg.tracking.artifact_root, exp_id)}")
     if every_item_failed(res.aggregates) and not job.sweep:
         sys.exit(1)
     return float(res.aggregates.get(f"hit_at_{k}", float("nan")))

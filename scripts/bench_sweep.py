@@ -10,6 +10,8 @@ Part "retrieval" (issue 3): the 18-config grid of conf/experiment/full_grid.yaml
                 embedded once (static model distilled once), nothing else
 Part "generation" (issue 4): the default full run, then a 3-prompt sweep after it; time per
 stage, model calls made and calls served from cache (read back from the runs' MLflow tags).
+Part "traces" (issue 13): tracing overhead on a retrieval-only run of the sample, traces on vs off,
+interleaved repetitions, fully cached and cold (``scripts/bench_traces.py``, run twice).
 Part "tokps" (issue 11): llama.cpp prompt and decode tokens/s of the packaged SmolLM2 on real
 k=5 prompts of the sample, with the server settings before (2 slots, spinning threads, prompt
 cache) and after (1 slot, poll=0, no prompt cache), read from the server's own per-request timings.
@@ -17,7 +19,7 @@ cache) and after (1 slot, poll=0, no prompt cache), read from the server's own p
 Every scenario runs in a fresh subprocess (imports and model loads included) and its peak RSS
 is read from the child's rusage.
 
-    python scripts/bench_sweep.py [--part retrieval|generation|tokps|all] [--workdir DIR] [--skip-naive]
+    python scripts/bench_sweep.py [--part retrieval|generation|traces|tokps|all] [--workdir DIR] [--skip-naive]
 """
 
 from __future__ import annotations
@@ -226,11 +228,12 @@ def generation(work: Path, limit: int | None) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--part", choices=["retrieval", "generation", "tokps", "all"], default="all")
+    ap.add_argument("--part", choices=["retrieval", "generation", "traces", "tokps", "all"], default="all")
     ap.add_argument("--tokps-n", type=int, default=6, help="tokps part: prompts per setting")
     ap.add_argument("--workdir", help="scratch dir (default: a fresh temp dir, removed afterwards)")
     ap.add_argument("--skip-naive", action="store_true", help="skip the slow no-cache scenario")
     ap.add_argument("--limit", type=int, help="generation part: first N eval items only")
+    ap.add_argument("--repeat", type=int, default=3, help="traces part: interleaved on/off pairs")
     args = ap.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_sweep_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -245,6 +248,12 @@ def main() -> None:
         if args.part in ("generation", "all"):
             (work / "generation").mkdir(exist_ok=True)
             generation(work / "generation", args.limit)
+        if args.part in ("traces", "all"):
+            for mode in ([], ["--cold"]):
+                print(f"\n== traces: {'cold' if mode else 'fully cached'} re-runs", flush=True)
+                subprocess.run(
+                    [PY, str(REPO / "scripts" / "bench_traces.py"), "--repeat", str(args.repeat), *mode]
+                )
         if args.part in ("tokps", "all"):
             tokps(work, args.tokps_n)
     finally:

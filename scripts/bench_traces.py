@@ -73,18 +73,32 @@ def main() -> None:
         for _ in range(a.repeat):
             for traces in (False, True):
                 rows[traces].append(run(root, "store", traces, a.limit, a.cold))
-    off, on = rows[False], rows[True]
-    w_off, w_on = statistics.median(w for w, _ in off), statistics.median(w for w, _ in on)
-    print(f"{'':<28}{'traces=false':>14}{'traces=true':>14}{'overhead':>10}")
-    print(f"{'process wall time (s)':<28}{w_off:>14.1f}{w_on:>14.1f}{(w_on / w_off - 1) * 100:>9.1f}%")
-    secs = statistics.median(i["seconds"] for _, i in on)
+    report(rows[False], rows[True], first)
+
+
+def report(off: list[tuple[float, dict]], on: list[tuple[float, dict]], first: tuple[float, dict]) -> None:
+    """Medians over the interleaved repetitions; ratios per pair (off_i, on_i), then their median:
+    pairs run back to back, so a load change between them moves both alike."""
     print(
-        f"log_traces: {on[-1][1]['n']} traces in {secs:.2f} s (dataset + spans + assessments) "
-        f"= {secs / w_off * 100:.1f}% of the traces=false run"
+        f"{'rep':<6}{'traces=false s':>16}{'traces=true s':>15}{'log_traces s':>14}{'wall ratio':>12}{'log_traces/off':>16}"
+    )
+    for i, ((w0, _), (w1, info)) in enumerate(zip(off, on, strict=True)):
+        print(
+            f"{i:<6}{w0:>16.2f}{w1:>15.2f}{info['seconds']:>14.2f}{w1 / w0:>12.3f}{info['seconds'] / w0:>16.3f}"
+        )
+    med = statistics.median
+    w_off, w_on = med(w for w, _ in off), med(w for w, _ in on)
+    secs = med(i["seconds"] for _, i in on)
+    print(
+        f"median: traces=false {w_off:.2f} s, traces=true {w_on:.2f} s, wall overhead "
+        f"{(med(w1 / w0 for (w0, _), (w1, _) in zip(off, on, strict=True)) - 1) * 100:.1f}%; "
+        f"log_traces {secs:.2f} s for {on[-1][1]['n']} traces = "
+        f"{med(i['seconds'] / w0 for (w0, _), (_, i) in zip(off, on, strict=True)) * 100:.1f}% of the traces=false run"
     )
     print(
         f"first traced run in a fresh store (also creates the eval-set dataset): log_traces {first[1]['seconds']} s"
     )
+    print(f"load average {os.getloadavg()[0]:.1f} (2 cores; timings inflated by other jobs when > 2)")
 
 
 if __name__ == "__main__":

@@ -4,15 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
 
 import mlflow
 import pandas as pd
@@ -21,6 +13,7 @@ from mlflow.entities import AssessmentSourceType
 from mlflow.tracking import MlflowClient
 
 from tests.llm_fixtures import requires_smollm2
+from tests.mlflow_ui import SCREENSHOTS, chromium, mlflow_server
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 
 
@@ -137,6 +130,10 @@ def test_eval_set_is_one_genai_dataset_linked_to_the_run(retrieval_run):
         rec["expectations"]["expected_retrieved_context"][0]["doc_uri"] == first["gold_evidence"][0]["doc_id"]
     )
     assert ds.name in [d.dataset.name for d in run.inputs.dataset_inputs]
+    from rag_experiments.tracking.genai_dataset import run_input_entity
+
+    with mlflow.tracking._tracking_service.utils._use_tracking_uri(c.tracking_uri):
+        assert run_input_entity(ds).to_dictionary() == ds._to_mlflow_entity().to_dictionary()
 
 
 def test_second_run_reuses_the_dataset_and_traces_off_writes_none(retrieval_run):
@@ -194,6 +191,47 @@ def test_generating_run_has_chat_and_judge_spans_and_generation_feedback(tmp_pat
         for claim in unsupported:
             assert claim in fb["faithfulness"].rationale
         assert fb["failure_label"].value == row["failure_label"]
+        # token counts from the server's usage: on the chat span and the trace (the UI's Tokens column)
+        usage = {
+            "input_tokens": int(row["tokens_in_generation"]),
+            "output_tokens": int(row["tokens_out_generation"]),
+        }
+        usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
+        assert usage["input_tokens"] > 0 and usage["output_tokens"] > 0
+        assert chat.get_attribute("mlflow.chat.tokenUsage") == usage
+        assert t.info.token_usage == usage
+
+
+def test_judge_tokens_go_on_the_judge_span_and_into_the_trace_total():
+    """``tokens_in_judge``/``tokens_out_judge`` (when a judge reports usage) are counted once."""
+    from mlflow.tracing.utils import aggregate_usage_from_spans
+
+    from rag_experiments.tracking.traces import _new_ids, build_spans
+    from rag_experiments.types import EvalItem
+
+    retrieved = [{"chunk_id": "d#0-5", "doc_id": "d", "start": 0, "end": 5, "score": 1.0, "rank": 1}]
+    row = {
+        "id": "q1", "retrieved": json.dumps(retrieved), "answer": "hello", "verdicts": "[]", "claims": "[]",
+        "latency_retrieval_s": 0.1, "latency_generation_s": 1.0, "latency_judge_s": 0.5,
+        "tokens_in_generation": 100.0, "tokens_out_generation": 7.0,
+        "tokens_in_judge": 40.0, "tokens_out_judge": 3.0,
+    }  # fmt: skip
+    item = EvalItem(id="q1", query="q?", gold_spans=[], tags=["exact"])
+    spans, _ = build_spans(_new_ids(), row, item, {"d": "hello world"}, 0, 1)
+    usage = {s.name: s.get_attribute("mlflow.chat.tokenUsage") for s in spans}
+    assert usage["generate"] == {"input_tokens": 100, "output_tokens": 7, "total_tokens": 107}
+    assert usage["judge.faithfulness"] == {"input_tokens": 40, "output_tokens": 3, "total_tokens": 43}
+    assert usage["judge.answer_relevance"] is None and usage["rag_query"] is None
+    assert aggregate_usage_from_spans(spans) == {
+        "input_tokens": 140,
+        "output_tokens": 10,
+        "total_tokens": 150,
+    }
+    row.update(tokens_in_judge=float("nan"), tokens_out_judge=float("nan"), tokens_in_generation=float("nan"))
+    spans, _ = build_spans(_new_ids(), row, item, {"d": "hello world"}, 0, 1)
+    usage = {s.name: s.get_attribute("mlflow.chat.tokenUsage") for s in spans}
+    assert usage["judge.faithfulness"] is None  # no usage reported: no attribute, never 0
+    assert usage["generate"] is None  # only one side reported: left out, not half-invented
 
 
 def test_run_page_lists_headline_metrics_first(retrieval_run):
@@ -210,94 +248,29 @@ def test_run_page_lists_headline_metrics_first(retrieval_run):
     assert keys.index("mrr_ci_low") + 1 == keys.index("mrr_ci_high")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _chromium(url: str, profile: Path, screenshot: Path | None = None) -> str:
-    """The DOM of ``url`` after 20 s of virtual time (and a screenshot when asked)."""
-    chromium = shutil.which("chromium")
-    assert chromium, "chromium missing: scripts/test.sh installs it (apt-get install chromium)"
-    flags = [
-        chromium,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--no-first-run",
-        "--disable-sync",
-        f"--user-data-dir={profile}",
-        "--virtual-time-budget=20000",
-        "--window-size=1600,2000",
-    ]
-    if screenshot is not None:
-        subprocess.run([*flags, f"--screenshot={screenshot}", url], capture_output=True, timeout=120)
-    return subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
-
-
 def test_mlflow_ui_shows_the_runs_traces_with_assessments(retrieval_run, tmp_path):
     """A real ``mlflow server`` on the store; headless Chromium renders the run's Traces tab.
 
-    Screenshots go to ``$RAG_SCREENSHOT_DIR`` when set (``reports/screenshots/`` in docs/tracing.md).
+    Screenshots: ``reports/screenshots/run_traces.png``, ``run_overview.png``.
     """
     root, *_ = retrieval_run
     c, exp, run, traces, df = _store(root)
-    port = _free_port()
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{root}/mlflow.db",
-            "--default-artifact-root",
-            str(root / "mlruns"),
-            "--workers",
-            "1",
-            "--port",
-            str(port),
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    shots = Path(os.environ["RAG_SCREENSHOT_DIR"]) if os.environ.get("RAG_SCREENSHOT_DIR") else None
-    try:
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(240):
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.5)
+    with mlflow_server(root) as base:
         run_url = f"{base}/#/experiments/{exp.experiment_id}/runs/{run.info.run_id}"
-        if shots:
-            shots.mkdir(parents=True, exist_ok=True)
-        dom = _chromium(f"{run_url}/traces", tmp_path / "p1", shots / "run_traces.png" if shots else None)
-        queries = [q for q in df["query"] if q[:40] in dom]
-        assert len(queries) == len(df), "the run's Traces tab lists every eval query"
-        names = {a.name for t in traces for a in t.info.assessments if a.feedback is not None}
-        m = re.search(r"Assessments\W*\((\d+)/(\d+)\)", re.sub(r"<[^>]+>", " ", dom))
-        assert m and int(m.group(2)) == len(names), "every feedback name is an assessment column"
-        assert "expected_retrieved_context" in dom and "Expected facts" in dom
-        overview = _chromium(
-            f"{run_url}/overview", tmp_path / "p0", shots / "run_overview.png" if shots else None
-        )
-        text = re.sub(r"<[^>]+>", "|", overview[overview.index("Metrics (") :])
-        listed = [k for k in re.split(r"\|+", text) if re.fullmatch(r"[a-z][a-z_/0-9]*", k)]
-        assert listed[:4] == ["hit_at_1", "hit_at_3", "hit_at_5", "hit_at_10"], (
-            "the run page lists headline metrics first"
-        )
-        assert listed.index("mrr") < min(i for i, k in enumerate(listed) if "_ci_" in k)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+        dom = chromium(f"{run_url}/traces", tmp_path / "p1", SCREENSHOTS / "run_traces.png")
+        overview = chromium(f"{run_url}/overview", tmp_path / "p0", SCREENSHOTS / "run_overview.png")
+    queries = [q for q in df["query"] if q[:40] in dom]
+    assert len(queries) == len(df), "the run's Traces tab lists every eval query"
+    names = {a.name for t in traces for a in t.info.assessments if a.feedback is not None}
+    m = re.search(r"Assessments\W*\((\d+)/(\d+)\)", re.sub(r"<[^>]+>", " ", dom))
+    assert m and int(m.group(2)) == len(names), "every feedback name is an assessment column"
+    assert "expected_retrieved_context" in dom and "Expected facts" in dom
+    text = re.sub(r"<[^>]+>", "|", overview[overview.index("Metrics (") :])
+    listed = [k for k in re.split(r"\|+", text) if re.fullmatch(r"[a-z][a-z_/0-9]*", k)]
+    assert listed[:4] == ["hit_at_1", "hit_at_3", "hit_at_5", "hit_at_10"], (
+        "the run page lists headline metrics first"
+    )
+    assert listed.index("mrr") < min(i for i, k in enumerate(listed) if "_ci_" in k)
 
 
 def test_batched_and_per_trace_writes_store_the_same(retrieval_run, tmp_path):
@@ -313,9 +286,9 @@ def test_batched_and_per_trace_writes_store_the_same(retrieval_run, tmp_path):
     uri = f"sqlite:///{tmp_path}/m.db"
     c = MlflowClient(tracking_uri=uri)
     exp = c.create_experiment("x", artifact_location=(tmp_path / "a").as_uri())
-    got = {}
+    got, runs = {}, {}
     for batch in (True, False):
-        run = c.create_run(exp).info.run_id
+        run = runs[batch] = c.create_run(exp).info.run_id
         write_traces(uri, run, exp, df, evalset.items, corpus.docs, 5, evalset.digest, batch=batch)
         mlflow.set_tracking_uri(uri)
         traces = mlflow.search_traces(locations=[exp], run_id=run, return_type="list")
@@ -333,6 +306,46 @@ def test_batched_and_per_trace_writes_store_the_same(retrieval_run, tmp_path):
             for t in traces
         }
     assert len(got[True]) == len(df) and got[True] == got[False]
+    # the raw rows too: span content, tags and metadata keys, trace columns, as MLflow's log_spans writes
+    import sqlite3
+
+    def content(c: str) -> str:  # without what differs between two writes: ids and start times
+        d = json.loads(c)
+        d["attributes"].pop("mlflow.traceRequestId")
+        d["duration"] = d.pop("end_time_unix_nano") - d.pop("start_time_unix_nano")
+        return json.dumps({k: v for k, v in d.items() if not k.endswith("_id")}, sort_keys=True)
+
+    db = sqlite3.connect(tmp_path / "m.db")
+    rows = {}
+    for batch, run in runs.items():
+        ids = [
+            r[0] for r in db.execute("SELECT request_id FROM trace_request_metadata WHERE value = ?", (run,))
+        ]
+        q = ",".join("?" * len(ids))
+        spans = db.execute(
+            f"SELECT name, type, status, model_name, content FROM spans WHERE trace_id IN ({q})", ids
+        )
+        rows[batch] = (
+            sorted((n, t, st, m, content(c)) for n, t, st, m, c in spans),
+            sorted(
+                db.execute(
+                    f"SELECT key, COUNT(*) FROM trace_tags WHERE request_id IN ({q}) GROUP BY key", ids
+                )
+            ),
+            sorted(
+                db.execute(
+                    f"SELECT key, COUNT(*) FROM trace_request_metadata WHERE request_id IN ({q}) GROUP BY key",
+                    ids,
+                )
+            ),
+            sorted(
+                db.execute(
+                    f"SELECT status, request_preview, trace_name FROM trace_info WHERE request_id IN ({q})",
+                    ids,
+                )
+            ),
+        )
+    assert rows[True][0] and rows[True] == rows[False]
 
 
 @requires_smollm2

@@ -55,6 +55,23 @@ def link_dataset(
             )
             ds.merge_records(dataset_records(items, {d.doc_id: d.text for d in docs}, evalset_digest))
             ds = client.get_dataset(ds.dataset_id)
-        entity = ds._to_mlflow_entity()
+        entity = run_input_entity(ds)
     client.log_inputs(run_id, datasets=[DatasetInput(entity, tags=[InputTag("mlflow.data.context", "eval")])])
     return ds.dataset_id
+
+
+def run_input_entity(ds):
+    """``ds._to_mlflow_entity()`` without loading every record: that goes through the evaluation
+    dataset's ``to_dict``, which reads all records only to drop them (~0.2-0.7 s per run here)."""
+    from mlflow.data.dataset import Dataset
+    from mlflow.entities import Dataset as DatasetEntity
+
+    base = Dataset.to_dict(ds)  # name, digest, source, source_type
+    return DatasetEntity(
+        name=base["name"],
+        digest=base["digest"],
+        source_type=base["source_type"],
+        source=base["source"],
+        schema=ds.schema,
+        profile=ds.profile,
+    )

@@ -7,16 +7,16 @@ in the stages). Each trace is linked to its run (trace metadata ``mlflow.sourceR
   the top chunk ids);
 - a RETRIEVER span whose outputs are the ranked chunks as MLflow Documents (``page_content``,
   ``metadata`` doc_id, chunk_id, start, end, score, rank), in rank order;
-- with a generator: a CHAT_MODEL span (prompt messages, completion, latency, token counts when the
-  table has them) and one EVALUATOR span per judge step (claims/verdicts, answer relevance);
+- with a generator: a CHAT_MODEL span (prompt messages, completion, latency, token usage from the
+  ``tokens_in/out_generation`` columns) and one EVALUATOR span per judge step (claims/verdicts, answer relevance);
 - expectations from the eval item (``expected_retrieved_context``: the gold spans with their text,
   ``expected_response``, ``expected_facts``) and one feedback per per-query metric column plus the
   failure label, with the metric's definition (``evaluation.registry``) as rationale.
 
-Writing goes straight to the store with explicit timestamps: all trace infos with their metadata
-and assessments in one transaction (``tracking.trace_store.start_traces``), then the spans with the
-store's ``log_spans``: the path MLflow's own exporter takes, minus its per-span and per-assessment
-round trips. The eval-set dataset: ``tracking.genai_dataset``. See ``docs/tracing.md``.
+Writing goes straight to the store with explicit timestamps: on a SQL store all trace infos with
+their metadata, assessments and spans in one transaction (``tracking.trace_store.start_traces``);
+elsewhere ``start_trace`` per trace, then the store's ``log_spans``: the path MLflow's own exporter
+takes, minus its per-span and per-assessment round trips. The eval-set dataset: ``tracking.genai_dataset``. See ``docs/tracing.md``.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from mlflow.entities import (
 from mlflow.entities.span import Span
 from mlflow.tracing.client import TracingClient
 from mlflow.tracing.constant import SpanAttributeKey, TraceMetadataKey, TraceTagKey
+from mlflow.tracing.utils import aggregate_usage_from_spans
 
 from rag_experiments.tracking.runs import parse_json  # NaN cells: items outside generation_subset
 from rag_experiments.types import Document, EvalItem
@@ -149,22 +150,16 @@ def _num(row: dict, key: str) -> float | None:
     return None if math.isnan(v) else v
 
 
-def _token_usage(row: dict) -> dict[str, int] | None:
-    """``{input_tokens, output_tokens, total_tokens}`` from the table's token columns, if any."""
-    names = {
-        "input_tokens": ("input_tokens", "prompt_tokens", "tokens_in"),
-        "output_tokens": ("output_tokens", "completion_tokens", "tokens_out"),
-    }
-    usage = {}
-    for key, cols in names.items():
-        for c in cols:
-            v = _num(row, c)
-            if v is not None:
-                usage[key] = int(v)
-                break
-    if not usage:
+def _token_usage(row: dict, stage: str) -> dict[str, int] | None:
+    """MLflow's span token usage (``mlflow.chat.tokenUsage``: ``input_tokens``, ``output_tokens``,
+    ``total_tokens`` = their sum) from the table's ``tokens_in_{stage}`` / ``tokens_out_{stage}``
+    columns (``evaluation.cost.usage_columns``); None when either is missing (NaN: the endpoint
+    reported no usage), never a made-up 0."""
+    tin, tout = _num(row, f"tokens_in_{stage}"), _num(row, f"tokens_out_{stage}")
+    if tin is None or tout is None:
         return None
-    usage["total_tokens"] = sum(usage.values())
+    usage = {"input_tokens": int(tin), "output_tokens": int(tout)}
+    usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
     return usage
 
 
@@ -209,7 +204,7 @@ def build_spans(
     attrs: dict[str, Any] = {"cached": bool(row.get("generation_cached", False))}
     if generator_model:
         attrs[SpanAttributeKey.MODEL] = generator_model
-    if usage := _token_usage(row):
+    if usage := _token_usage(row, "generation"):
         attrs[SpanAttributeKey.CHAT_USAGE] = usage
     w.add(
         "generate",
@@ -236,6 +231,8 @@ def build_spans(
             {"answer": row["answer"], "claims": parse_json(row.get("claims"), [])},
             {"verdicts": verdicts, "faithfulness": _num(row, "faithfulness")},
             root,
+            # the table has one judge token count per query, for both steps: it goes here, once
+            {SpanAttributeKey.CHAT_USAGE: usage} if (usage := _token_usage(row, "judge")) else None,
         )
         w.add(
             "judge.answer_relevance",
@@ -443,6 +440,12 @@ def write_traces(
                 "mlflow.trace_schema.version": "3",
                 TraceMetadataKey.INPUTS: _preview(root.inputs),
                 TraceMetadataKey.OUTPUTS: _preview(root.outputs),
+                # what MLflow's exporter aggregates on trace end: the UI's Tokens column reads it
+                **(
+                    {TraceMetadataKey.TOKEN_USAGE: json.dumps(u)}
+                    if (u := aggregate_usage_from_spans(trace_spans))
+                    else {}
+                ),
             },
             tags={TraceTagKey.TRACE_NAME: TRACE_NAME, "item_id": item.id, "eval_tags": ",".join(item.tags)},
         )
@@ -452,9 +455,9 @@ def write_traces(
         t = end + 1_000_000  # traces in item order, 1 ms apart
     from rag_experiments.tracking.trace_store import start_traces
 
-    start_traces(tc, infos, pending, root_ids, run_id, batch)
-    for i in range(0, len(spans), SPANS_PER_BATCH):
-        tc.log_spans(experiment_id, spans[i : i + SPANS_PER_BATCH])
+    if not start_traces(tc, infos, pending, root_ids, run_id, batch, spans if batch else None):
+        for i in range(0, len(spans), SPANS_PER_BATCH):
+            tc.log_spans(experiment_id, spans[i : i + SPANS_PER_BATCH])
     return trace_ids
 
 

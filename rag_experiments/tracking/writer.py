@@ -425,18 +425,26 @@ def log_results(
     # start_run/end_run above would mark FINISHED; the caller sets the final status explicitly.
 
 
-def ui_command(uri: str, artifact_root: str | None) -> str:
-    """A UI command that works from any shell: this venv's Python, absolute store and artifact paths."""
+def eval_runs_url(base: str, experiment_id: str | None) -> str:
+    """The experiment's evaluation-runs view in the MLflow 3 UI (runs with their per-query traces;
+    select one and "compare to" another for the side-by-side view); the UI root without an id."""
+    base = base.rstrip("/")
+    return f"{base}/#/experiments/{experiment_id}/evaluation-runs" if experiment_id else base
+
+
+def ui_command(uri: str, artifact_root: str | None, experiment_id: str | None = None) -> str:
+    """A UI command that works from any shell: this venv's Python, absolute store and artifact
+    paths, and the URL of the experiment's evaluation-runs view (:func:`eval_runs_url`)."""
     import shlex
     import sys
 
     if is_server(uri):
-        return f"open {uri}"
+        return f"open {eval_runs_url(uri, experiment_id)}"
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):  # relative to the cwd
         uri = "sqlite:///" + str(Path(uri.removeprefix("sqlite:///")).resolve())
     root = Path(artifact_root or "mlartifacts").resolve()
     return (
         f"MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false {shlex.quote(sys.executable)} -m mlflow server "
         f"--backend-store-uri {shlex.quote(uri)} --default-artifact-root {shlex.quote(str(root))} "
-        f"--workers 1 --port 5000   # then open http://127.0.0.1:5000"
+        f"--workers 1 --port 5000   # then open {eval_runs_url('http://127.0.0.1:5000', experiment_id)}"
     )
