@@ -444,7 +444,8 @@ def ui_command(uri: str, artifact_root: str | None, experiment_id: str | None = 
         uri = "sqlite:///" + str(Path(uri.removeprefix("sqlite:///")).resolve())
     root = Path(artifact_root or "mlartifacts").resolve()
     return (
-        f"MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false {shlex.quote(sys.executable)} -m mlflow server "
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false MLFLOW_DISABLE_TELEMETRY=true "
+        f"{shlex.quote(sys.executable)} -m mlflow server "
         f"--backend-store-uri {shlex.quote(uri)} --default-artifact-root {shlex.quote(str(root))} "
         f"--workers 1 --port 5000   # then open {eval_runs_url('http://127.0.0.1:5000', experiment_id)}"
     )
