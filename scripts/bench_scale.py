@@ -168,6 +168,120 @@ def bench_size(n: int, n_q: int, work: Path) -> dict:
     return res
 
 
+def _ray_node(num_cpus: int, tmp: Path, env: dict) -> tuple[subprocess.Popen, str]:
+    """A local Ray head (``ray start --block``, own process group) offering ``num_cpus`` CPUs."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = tmp / f"head{num_cpus}.log"
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    args = [ray_bin, "start", "--block", "--head", f"--port={port}", f"--num-cpus={num_cpus}"]
+    args += [f"--temp-dir={tmp}", "--include-dashboard=false", "--object-store-memory=100000000"]
+    p = subprocess.Popen(
+        args, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )  # noqa: SIM115
+    deadline = time.monotonic() + 300
+    while "Ray runtime started" not in log.read_text():
+        if p.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"ray head did not start:\n{log.read_text()[-2000:]}")
+        time.sleep(0.5)
+    return p, f"127.0.0.1:{port}"
+
+
+def _stop_node(p: subprocess.Popen) -> None:
+    import signal
+
+    os.killpg(p.pid, signal.SIGTERM)
+    try:
+        p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+
+
+RAY_SWEEP = ["chunking=fixed,sentence,recursive,markdown", "generator=none", "cache_enabled=false"]
+
+
+def bench_ray_sweep(work: Path) -> list[dict]:
+    """Wall time of one 4-config sweep (retrieval only, MiniLM dense, bundled sample, no stage
+    cache so the configs share no work) on a local Ray head offering 1, then 2 CPUs.
+
+    One BLAS/torch thread per job (``OMP_NUM_THREADS=1``), so a job uses one CPU and the
+    number of CPUs Ray offers is the parallelism. Ray's start-up is outside the timing; the
+    driver's own work (composing and validating every job) is inside it, in both.
+    """
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    out = []
+    for cpus in (1, 2):
+        root = work / f"ray_sweep_{cpus}"
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix="rb"))  # short: Ray puts Unix sockets in here
+        head, address = _ray_node(cpus, tmp, env)
+        try:
+            load = os.getloadavg()
+            t = time.perf_counter()
+            args = [sys.executable, "-m", "rag_experiments.sweep", "-m", "hydra/launcher=ray"]
+            args += [f"hydra.launcher.ray.init.address={address}", *RAY_SWEEP, "progress=false"]
+            args += [f"tracking.uri=sqlite:///{root}/mlflow.db", f"tracking.artifact_root={root}/mlruns"]
+            args += [f"cache_dir={root}/cache", f"hydra.sweep.dir={root}/multirun", "experiment_name=bench"]
+            p = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=3600)
+            wall = time.perf_counter() - t
+            if p.returncode != 0:
+                raise RuntimeError(f"sweep failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+            out.append({"cpus": cpus, "wall_s": wall, "load_before": load, "load_after": os.getloadavg()})
+        finally:
+            _stop_node(head)
+    return out
+
+
+def bench_ray_embedding(n: int, work: Path, static_cache: Path | None) -> dict:
+    """Static-embedder throughput into the memmap store: in this process vs Ray Data (2 actors)."""
+    import ray
+
+    from rag_experiments.stages.embedding import StaticEmbedder
+    from rag_experiments.stages.vector_store import embed_to_memmap, embed_to_memmap_ray
+
+    texts = corpus_texts(n)
+    static = StaticEmbedder(cache_dir=str(static_cache or work / "cache_static"))
+    static.encode(texts[:8])
+    t = time.perf_counter()
+    a = embed_to_memmap(lambda b: static.encode(b), texts, work / "ray_local.npy", "float32", 4096)
+    local = time.perf_counter() - t
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=300_000_000)
+    try:
+        t = time.perf_counter()
+        b = embed_to_memmap_ray(static, texts, work / "ray_data.npy", "float32", 4096, 2)
+        on_ray = time.perf_counter() - t
+    finally:
+        ray.shutdown()
+    return {
+        "n": len(texts),
+        "local_per_s": len(texts) / local,
+        "ray_per_s": len(texts) / on_ray,
+        "equal": bool(np.array_equal(a, b)),
+        "load": os.getloadavg(),
+    }
+
+
+def report_ray(work: Path, embed_n: int, static_cache: Path | None) -> None:
+    e = bench_ray_embedding(embed_n, work, static_cache)
+    print(
+        f"Ray Data embedding (static, {e['n']} chunks, 2 actors on a local 2-CPU Ray): "
+        f"local {e['local_per_s']:.0f}/s, Ray {e['ray_per_s']:.0f}/s, ratio Ray/local "
+        f"{e['ray_per_s'] / e['local_per_s']:.2f}; vectors equal: {e['equal']}; load average {e['load']}"
+    )
+    runs = bench_ray_sweep(work)
+    for r in runs:
+        print(
+            f"4-config sweep on Ray with {r['cpus']} CPU(s): {r['wall_s']:.1f}s wall "
+            f"(load average before {r['load_before'][0]:.1f}, after {r['load_after'][0]:.1f})"
+        )
+    print(f"speed-up 1 -> 2 CPUs: {runs[0]['wall_s'] / runs[1]['wall_s']:.2f}x")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
@@ -175,9 +289,14 @@ def main() -> None:
     p.add_argument("--queries", type=int, default=200)
     p.add_argument("--workdir", type=Path)
     p.add_argument("--static-cache", type=Path, help="a cache_dir that already holds the distilled model")
+    p.add_argument("--ray", action="store_true", help="only the Ray figures (embedding, 1 vs 2 CPUs)")
+    p.add_argument("--ray-embed", type=int, default=50_000, help="chunks for the Ray Data embedding ratio")
     p.add_argument("--_size", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench_scale_"))
+    if args.ray:
+        report_ray(work, args.ray_embed, args.static_cache)
+        return
     if args._size:
         print(json.dumps(bench_size(args._size, args.queries, work)))
         return
