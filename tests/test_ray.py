@@ -35,6 +35,9 @@ def _free_port() -> int:
 
 def _env() -> dict[str, str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    # Ray 2.60's ray.init() turns token auth on and writes ~/.ray/auth_token, which later
+    # `ray start` nodes pick up: throwaway test clusters stay without it
+    env["RAY_AUTH_MODE"] = "disabled"
     # Ray workers are children of the node processes: they import our code from the same place
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env.pop("MLFLOW_TRACKING_URI", None)
@@ -152,6 +155,7 @@ def local_ray(monkeypatch):
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # no ~/.ray/auth_token left behind (see _env)
     monkeypatch.setenv(
         "PYTHONPATH", os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     )
