@@ -140,7 +140,11 @@ def start_sweep_child(
     parent_id, sweep_id = tracking.get_or_create_parent(client, experiment_id, sweep, force)
     parent_id = settle_parent(client, experiment_id, sweep["invocation"]) or parent_id
     run_id = start_child(parent_id, sweep_id)
-    return run_id, settle_parent(client, experiment_id, sweep["invocation"]) or parent_id
+    try:
+        return run_id, settle_parent(client, experiment_id, sweep["invocation"]) or parent_id
+    except BaseException as e:  # a signal before the caller's try: the child is never left RUNNING
+        client.set_terminated(run_id, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+        raise
 
 
 class _SweepGuard:
