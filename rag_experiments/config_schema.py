@@ -184,6 +184,10 @@ def _embedding(g: _Group) -> None:
     g.int_at_least("batch_size", 1)
     g.int_at_least("pca_dims", 1)
     g.int_at_least("max_seq_length", 1)
+    if "ray" in g.node and str(g.node["ray"]).lower() not in ("auto", "true", "false"):
+        g.bad("ray", "must be one of auto, true, false", g.node["ray"])
+    g.int_at_least("ray_min_chunks", 1)
+    g.int_at_least("ray_concurrency", 1)
 
 
 def _retriever(g: _Group) -> None:

@@ -176,6 +176,10 @@ PLACE_KEYS = frozenset(
         "paths",
         "force",
         "experiment_name",
+        # where embeddings are computed, not what they are (same vectors: docs/scale.md)
+        "ray",
+        "ray_min_chunks",
+        "ray_concurrency",
     }
 )
 #: Input locations whose content is covered by a digest (``corpus_digest``, ``evalset_digest``).

@@ -11,11 +11,14 @@ import atexit
 import json
 import signal
 import sys
+import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from hydra.utils import instantiate
+from mlflow.exceptions import MlflowException
 from omegaconf import DictConfig, OmegaConf
 
 from rag_experiments.sweep import _container, _input_error, _problems_of, print_problems, run_name_from
@@ -74,6 +77,76 @@ def validate_multirun(config: DictConfig) -> list[str]:
     return problems
 
 
+def sweep_parents(client, experiment_id: str, invocation: str) -> list:
+    """Live parent runs of one multirun, in election order: (start_time, run_id) ascending."""
+    runs = client.search_runs(
+        [experiment_id], filter_string=f"tags.sweep_invocation = '{invocation}'", max_results=1000
+    )
+    return sorted(runs, key=lambda r: (r.info.start_time, r.info.run_id))
+
+
+def settle_parent(client, experiment_id: str, invocation: str) -> str | None:
+    """The multirun's one parent, elected by the tracking store; the others' children move to it.
+
+    Jobs on different hosts share no lock directory, so two first jobs can each create a parent
+    (``tracking.writer.get_or_create_parent`` locks only per host). The store arbitrates:
+    winner = the earliest-created live parent tagged with this invocation, ties broken by the
+    smaller run id, the same answer for every job that sees the same runs. Every child of the
+    sweep (tag ``sweep_id``, fixed by the driver, so equal on every host) whose
+    ``mlflow.parentRunId`` names another parent is moved under the winner; the other parents are
+    tagged ``superseded_by`` and deleted. Each job calls this after creating its child and the
+    driver once more after the last job: that pass sees every parent and child, so the sweep
+    ends with one parent holding all children (``docs/scale.md``). None when there is no parent.
+    """
+    from mlflow.entities import ViewType
+
+    parents = sweep_parents(client, experiment_id, invocation)
+    if not parents:
+        return None
+    winner, losers = parents[0], parents[1:]
+    win_id = winner.info.run_id
+    for sweep_id in {winner.data.tags.get("sweep_id")} | {p.data.tags.get("sweep_id") for p in losers}:
+        children = client.search_runs(
+            [experiment_id],
+            filter_string=f"tags.sweep_id = '{sweep_id}'",
+            run_view_type=ViewType.ACTIVE_ONLY,
+            max_results=5000,
+        )
+        for c in children:
+            if c.data.tags.get("is_parent") != "true" and c.data.tags.get("mlflow.parentRunId") != win_id:
+                client.set_tag(c.info.run_id, "mlflow.parentRunId", win_id)
+                client.set_tag(c.info.run_id, "sweep_id", winner.data.tags.get("sweep_id", ""))
+    for p in losers:
+        try:
+            client.set_tag(p.info.run_id, "superseded_by", win_id)
+            client.set_terminated(p.info.run_id, "KILLED")
+            client.delete_run(p.info.run_id)
+        except MlflowException:  # another job settled it first: it is deleted already
+            pass
+    return win_id
+
+
+def start_sweep_child(
+    client, experiment_id: str, sweep: dict, force: bool, start_child: Callable[[str, str], str]
+) -> tuple[str, str]:
+    """(child run id, parent run id) of one job of a multirun, under the parent the store elects.
+
+    ``start_child(parent_id, sweep_id)`` creates the child run. The parent is found or created
+    under this host's lock, then settled across hosts (``settle_parent``) before the child is
+    created and once more after it, in case a parent another host created meanwhile won.
+    """
+    from rag_experiments.tracking import writer as tracking
+
+    parent_id, sweep_id = tracking.get_or_create_parent(client, experiment_id, sweep, force)
+    parent_id = settle_parent(client, experiment_id, sweep["invocation"]) or parent_id
+    run_id = start_child(parent_id, sweep_id)
+    try:
+        return run_id, settle_parent(client, experiment_id, sweep["invocation"]) or parent_id
+    except BaseException as e:  # a signal before the caller's try: the child is never left RUNNING
+        client.set_terminated(run_id, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+        raise
+
+
 class _SweepGuard:
     """Closes the parent run when a multirun ends early (signal between jobs, a job's exit 2).
 
@@ -99,6 +172,9 @@ class _SweepGuard:
         from rag_experiments.tracking import writer as tracking
 
         client = MlflowClient(tracking_uri=self.uri)
+        exp = client.get_experiment_by_name(self.experiment_name)
+        if exp is not None:
+            settle_parent(client, exp.experiment_id, self.invocation)
         exp_id, parent = tracking.find_parent(client, self.experiment_name, self.invocation)
         if parent is not None and client.get_run(parent.info.run_id).info.status == "RUNNING":
             status = tracking.close_parent(
@@ -129,9 +205,12 @@ class MultirunParent(Callback):
         overrides = list(config.hydra.overrides.task)
         params = config.hydra.sweeper.get("params") or {}
         params = OmegaConf.to_container(params) if OmegaConf.is_config(params) else dict(params)
+        invocation = uuid.uuid4().hex
         sweep = {
             "sweep_hash": stable_hash("sweep", config.experiment_name, sorted(overrides), params)[:16],
-            "invocation": uuid.uuid4().hex,
+            "invocation": invocation,
+            # fixed here, once: parents created by jobs on different hosts carry the same sweep_id
+            "sweep_id": time.strftime("%Y%m%d-%H%M%S-") + invocation[:6],
             "overrides": overrides,
             "command": "python -m rag_experiments.sweep " + " ".join(sys.argv[1:]),
         }
@@ -158,6 +237,9 @@ class MultirunParent(Callback):
             return
         uri = tracking.resolve_uri(config.tracking.uri)
         client = MlflowClient(tracking_uri=uri)
+        exp = client.get_experiment_by_name(config.experiment_name)
+        if exp is not None:  # every job has ended: this pass sees every parent any host created
+            settle_parent(client, exp.experiment_id, sweep["invocation"])
         exp_id, parent = tracking.find_parent(client, config.experiment_name, sweep["invocation"])
         if parent is not None:
             status = tracking.close_parent(client, exp_id, parent.info.run_id, complete=True)

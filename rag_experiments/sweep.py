@@ -399,11 +399,15 @@ def start_run(client, exp_id: str, job: Job) -> tuple[str, str | None]:
     from rag_experiments.tracking import writer as tracking
 
     tags = run_tags(job)
-    parent_id = None
-    if job.sweep:
-        parent_id, sweep_id = tracking.get_or_create_parent(client, exp_id, job.sweep, bool(job.cfg.force))
+    if not job.sweep:
+        return tracking.start_child(client, exp_id, job.run_name, tags, run_params(job)), None
+    from rag_experiments.multirun import start_sweep_child  # the store elects the parent (cross-host)
+
+    def child(parent_id: str, sweep_id: str) -> str:
         tags.update({"mlflow.parentRunId": parent_id, "sweep_id": sweep_id})
-    return tracking.start_child(client, exp_id, job.run_name, tags, run_params(job)), parent_id
+        return tracking.start_child(client, exp_id, job.run_name, tags, run_params(job))
+
+    return start_sweep_child(client, exp_id, job.sweep, bool(job.cfg.force), child)
 
 
 def run_job(cfg: DictConfig) -> float:

@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -34,6 +35,9 @@ def _free_port() -> int:
 
 def _env() -> dict[str, str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    # Ray 2.60's ray.init() turns token auth on and writes ~/.ray/auth_token, which later
+    # `ray start` nodes pick up: throwaway test clusters stay without it
+    env["RAY_AUTH_MODE"] = "disabled"
     # Ray workers are children of the node processes: they import our code from the same place
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env.pop("MLFLOW_TRACKING_URI", None)
@@ -142,3 +146,77 @@ def test_submitit_local_sweep(tmp_path):
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert len(children) == 2 and all(r.info.status == "FINISHED" for r in children)
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parents[0].info.run_id}
+
+
+@pytest.fixture
+def local_ray(monkeypatch):
+    """No Ray running here yet; whatever the test starts in-process is shut down afterwards."""
+    import ray
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # no ~/.ray/auth_token left behind (see _env)
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    )
+    assert not ray.is_initialized()
+    yield ray
+    ray.shutdown()
+
+
+def _texts(n: int) -> list[str]:
+    words = "retry webhook signature invoice refund region audit token limit key rotate page".split()
+    return [" ".join(words[(i * 7 + j) % len(words)] for j in range(3 + i % 11)) + f" {i}" for i in range(n)]
+
+
+def test_ray_data_embedding_gives_the_local_vectors(local_ray, tmp_path):
+    """MiniLM (the static embedder's equality is printed by ``bench_scale.py --ray``: its
+    distillation takes minutes on a contended machine)."""
+    from rag_experiments.cache import CachedEmbedder, StageCache
+    from rag_experiments.stages.embedding import SentenceTransformerEmbedder
+    from rag_experiments.stages.retrieval import DenseRetriever
+    from rag_experiments.types import Chunk
+
+    def embedder(**ray):
+        return SentenceTransformerEmbedder(show_progress=False, **ray)
+
+    chunks = [Chunk(f"c{i}", "d", 0, len(t), t, {}) for i, t in enumerate(_texts(70))]
+    mats, caches = {}, {}
+    for path in ("local", "ray"):
+        ray_cfg = {"ray": "true", "ray_min_chunks": 50, "ray_concurrency": 2} if path == "ray" else {}
+        cache = caches[path] = StageCache(tmp_path / path)
+        ret = DenseRetriever(CachedEmbedder(embedder(**ray_cfg), cache), embed_batch=16)
+        ret.index(chunks)
+        mats[path] = np.asarray(ret._matrix)
+        assert cache.stats["vectors_mm.miss"] == 1
+        assert local_ray.is_initialized() == (path == "ray"), (
+            "the ray path started Ray, the local one did not"
+        )
+    assert np.array_equal(mats["local"], mats["ray"])  # the same vectors, bit for bit
+    # identity (hence every cache key) does not say where the vectors were computed
+    files = {
+        p: sorted(x.relative_to(tmp_path / p) for x in (tmp_path / p / "vectors_mm").rglob("*.npy"))
+        for p in mats
+    }
+    assert files["local"] == files["ray"] and len(files["local"]) == 1
+    # below the threshold the local path is used even with ray=true
+    small = DenseRetriever(
+        CachedEmbedder(embedder(ray="true", ray_min_chunks=1000), StageCache(tmp_path / "s"))
+    )
+    assert not small.embedder.inner.ray_plan.use_ray(len(chunks))
+
+
+def test_ray_keys_are_validated_and_not_in_config_hash():
+    from rag_experiments.config_schema import ConfigError, _embedding, _Group
+    from rag_experiments.identity import semantic_config
+
+    g = _Group("embedding", {"ray": "sometimes", "ray_min_chunks": 0, "ray_concurrency": 2})
+    _embedding(g)
+    assert g.problems == [
+        "conf/embedding: ray: must be one of auto, true, false (got 'sometimes')",
+        "conf/embedding: ray_min_chunks: must be an integer >= 1 (got 0)",
+    ]
+    assert ConfigError
+    a = {"embedding": {"name": "m", "ray": False, "ray_min_chunks": 10}}
+    b = {"embedding": {"name": "m", "ray": "true", "ray_min_chunks": 99, "ray_concurrency": 4}}
+    assert semantic_config(a) == semantic_config(b) == {"embedding": {"name": "m"}}

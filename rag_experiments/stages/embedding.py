@@ -12,6 +12,7 @@ import importlib.resources
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -41,6 +42,48 @@ def _normalise(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(norms, 1e-12)
 
 
+@dataclass(frozen=True)
+class RayPlan:
+    """When passage vectors are embedded on a Ray cluster (Ray Data) instead of in this process.
+
+    ``mode``: ``false`` never; ``true`` from ``min_chunks`` texts on (connects to ``RAY_ADDRESS``
+    or starts a local Ray); ``auto`` likewise, but only when a cluster is known (Ray already
+    initialised here, or ``RAY_ADDRESS`` set). ``concurrency`` encoder actors, one CPU each.
+    Where vectors are computed is not part of their identity: both paths give the same vectors
+    (``docs/scale.md``), so this never enters a cache key or ``config_hash``.
+    """
+
+    mode: str = "false"
+    min_chunks: int = 100_000
+    concurrency: int = 2
+
+    @classmethod
+    def of(cls, mode: str | bool, min_chunks: int, concurrency: int) -> RayPlan:
+        m = str(mode).lower()
+        if m not in RAY_MODES:
+            raise ValueError(f"embedding.ray={mode!r}: expected one of {', '.join(RAY_MODES)}")
+        return cls(m, int(min_chunks), int(concurrency))
+
+    def use_ray(self, n_texts: int) -> bool:
+        if self.mode == "false" or n_texts < self.min_chunks:
+            return False
+        if self.mode == "true":
+            return True
+        import ray
+
+        return ray.is_initialized() or bool(os.environ.get("RAY_ADDRESS"))
+
+
+RAY_MODES = ("auto", "true", "false")
+
+
+class _NoModelPickle:
+    """Embedders travel to Ray actors without their loaded model; each actor loads its own."""
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_model": None}
+
+
 _MODELS: dict[str, object] = {}  # one load per process per model dir; sweeps reuse it
 _REUSE = {"models": True}
 
@@ -52,7 +95,7 @@ def set_model_reuse(flag: bool) -> None:
         _MODELS.clear()
 
 
-class SentenceTransformerEmbedder:
+class SentenceTransformerEmbedder(_NoModelPickle):
     """Any sentence-transformers model directory; MiniLM from its package when ``path`` is None.
 
     ``query_prefix`` / ``passage_prefix`` serve e5/bge-style models ("query: ", "passage: ").
@@ -67,7 +110,11 @@ class SentenceTransformerEmbedder:
         batch_size: int = 64,
         max_seq_length: int | None = None,
         show_progress: bool = True,
+        ray: str | bool = False,
+        ray_min_chunks: int = 100_000,
+        ray_concurrency: int = 2,
     ) -> None:
+        self.ray_plan = RayPlan.of(ray, ray_min_chunks, ray_concurrency)
         self.path = Path(path).expanduser() if path else minilm_path()
         if not self.path.is_dir():
             raise FileNotFoundError(f"embedding.path: model directory not found: {self.path}")
@@ -127,7 +174,7 @@ class SentenceTransformerEmbedder:
         return int(self.model.get_sentence_embedding_dimension())
 
 
-class StaticEmbedder:
+class StaticEmbedder(_NoModelPickle):
     """model2vec static embeddings distilled once from a sentence-transformers model.
 
     The distilled model is saved under ``cache_dir/model2vec/<hash>`` and reused: distillation
@@ -140,7 +187,11 @@ class StaticEmbedder:
         pca_dims: int = 256,
         cache_dir: str | None = ".cache/rag_experiments",
         batch_size: int = 1024,
+        ray: str | bool = False,
+        ray_min_chunks: int = 100_000,
+        ray_concurrency: int = 2,
     ) -> None:
+        self.ray_plan = RayPlan.of(ray, ray_min_chunks, ray_concurrency)
         self.teacher_path = Path(teacher_path).expanduser() if teacher_path else minilm_path()
         self.pca_dims = pca_dims
         self.batch_size = batch_size

@@ -171,7 +171,12 @@ class DenseRetriever:
         vkey = vectors_key(self.embedder.identity, texts, self.vector_dtype)
         if store is not None:
             self._matrix, hit = store.vectors(
-                vkey, lambda b: inner.encode(b, kind="passage"), texts, self.vector_dtype, self.embed_batch
+                vkey,
+                lambda b: inner.encode(b, kind="passage"),
+                texts,
+                self.vector_dtype,
+                self.embed_batch,
+                inner,
             )
             cache.stats[f"vectors_mm.{'hit' if hit else 'miss'}"] += 1
         else:

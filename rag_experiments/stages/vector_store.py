@@ -54,6 +54,53 @@ def embed_to_memmap(
     return np.load(path, mmap_mode="r")
 
 
+class _RayEncoder:
+    """A Ray Data actor: the embedder (its model loaded once per actor) over batches of texts."""
+
+    def __init__(self, embedder) -> None:
+        self.embedder = embedder
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        vecs = self.embedder.encode([str(t) for t in batch["text"]], kind="passage")
+        return {"i": batch["i"], "vec": np.asarray(vecs, dtype=np.float32)}
+
+
+def embed_to_memmap_ray(embedder, texts: list[str], path: Path, dtype: str, batch: int, concurrency: int):
+    """``embed_to_memmap`` on a Ray cluster: ``map_batches`` over ``concurrency`` encoder actors.
+
+    The texts go in as Arrow blocks of ``batch`` rows cut at the same offsets as the local path
+    (0, batch, 2·batch …) and each block is one ``encode`` call, so every text is embedded in
+    the same company as locally and the vectors are equal; rows are written back by index, in
+    whatever order the actors finish. Ray is initialised here when it is not yet (``RAY_ADDRESS``
+    or a local instance).
+    """
+    import pyarrow as pa
+    import ray
+
+    if not texts:
+        raise ValueError("no texts to embed")
+    if not ray.is_initialized():
+        address = os.environ.get("RAY_ADDRESS")
+        local = {} if address else {"include_dashboard": False}  # options only for a new instance
+        ray.init(address=address, log_to_driver=False, **local)
+    table = pa.table({"i": np.arange(len(texts), dtype=np.int64), "text": texts})
+    ds = ray.data.from_arrow([table.slice(i, batch) for i in range(0, len(texts), batch)])
+    ds = ds.map_batches(
+        _RayEncoder, fn_constructor_args=(embedder,), batch_size=batch, concurrency=concurrency
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp, out = _tmp(path), None
+    for b in ds.iter_batches(batch_size=None, batch_format="numpy"):
+        if out is None:
+            shape = (len(texts), b["vec"].shape[1])
+            out = np.lib.format.open_memmap(tmp, mode="w+", dtype=DTYPES[dtype], shape=shape)
+        out[b["i"]] = b["vec"]
+    out.flush()
+    del out
+    os.replace(tmp, path)
+    return np.load(path, mmap_mode="r")
+
+
 class VectorStore:
     """Memory-mapped passage matrices under ``root/vectors_mm`` and FAISS indexes under ``root/ann``."""
 
@@ -64,12 +111,24 @@ class VectorStore:
         return self.root / stage / key[:2] / f"{key}{suffix}"
 
     def vectors(
-        self, key: str, encode: Callable[[list[str]], np.ndarray], texts: list[str], dtype: str, batch: int
+        self,
+        key: str,
+        encode: Callable[[list[str]], np.ndarray],
+        texts: list[str],
+        dtype: str,
+        batch: int,
+        embedder=None,
     ) -> tuple[np.ndarray, bool]:
-        """(the matrix memory-mapped read-only, whether it was already on disk)."""
+        """(the matrix memory-mapped read-only, whether it was already on disk).
+
+        With an ``embedder`` whose ``ray_plan`` says so, a miss is embedded on Ray instead.
+        """
         path = self._path("vectors_mm", key, ".npy")
         if path.exists():
             return np.load(path, mmap_mode="r"), True
+        plan = getattr(embedder, "ray_plan", None)
+        if plan is not None and plan.use_ray(len(texts)):
+            return embed_to_memmap_ray(embedder, texts, path, dtype, batch, plan.concurrency), False
         return embed_to_memmap(encode, texts, path, dtype, batch), False
 
     def index(self, key: str, build: Callable[[], object]):

@@ -213,7 +213,8 @@ def get_or_create_parent(
 
     Created lazily so that a sweep whose input is rejected leaves no empty parent behind. An
     identical earlier sweep's parent is reused (its finished children are skipped anyway) unless
-    ``force``; a file lock keeps parallel workers from creating two parents.
+    ``force``; a file lock keeps parallel workers on one host from creating two parents (across
+    hosts ``multirun.settle_parent`` keeps one).
     """
     lock = Path(tempfile.gettempdir()) / "rag_experiments_locks" / f"{sweep['invocation']}.lock"
     with file_lock(lock):
@@ -231,7 +232,8 @@ def get_or_create_parent(
                 if r.info.status != "RUNNING":  # a re-run resumes a KILLED/FAILED sweep
                     client.update_run(r.info.run_id, status="RUNNING")
                 return r.info.run_id, r.data.tags["sweep_id"]
-        sweep_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        # the driver fixes sweep_id (same on every host); older contexts lack it
+        sweep_id = sweep.get("sweep_id") or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         run = client.create_run(
             experiment_id,
             run_name=f"sweep {sweep_id}",
