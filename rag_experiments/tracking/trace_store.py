@@ -96,6 +96,37 @@ def _span_rows(store, spans: list[Span], experiment_id: int) -> list[dict[str, A
     return rows
 
 
+def _trace_rows(store, experiment, info: TraceInfo, with_spans: bool) -> tuple[dict, list[dict], list[dict]]:
+    """One trace's ``trace_info`` row, tag rows and metadata rows, as ``_start_trace_once`` (and,
+    ``with_spans``, ``_log_spans_once``'s spans-location tag) write them in mlflow 3.17.2."""
+    from mlflow.store.tracking import sqlalchemy_store as S
+
+    meta = dict(info.trace_metadata)
+    info_row = dict(
+        request_id=info.trace_id,
+        experiment_id=int(info.experiment_id),
+        timestamp_ms=info.request_time,
+        execution_time_ms=info.execution_duration,
+        status=info.state.value,
+        client_request_id=info.client_request_id,
+        request_preview=info.request_preview,
+        response_preview=info.response_preview,
+        trace_name=S.validate_trace_name(info.tags.get(TraceTagKey.TRACE_NAME)),
+        **S.analytics_columns_from_metadata(meta),
+    )
+    location = store._get_trace_artifact_location_tag(experiment, info.trace_id)
+    tags = {k: v for k, v in info.tags.items() if k != TraceTagKey.TRACE_NAME}
+    tags[location.key] = location.value
+    if with_spans:  # what log_spans tags: the spans live in this store's spans table
+        tags[TraceTagKey.SPANS_LOCATION] = SpansLocation.TRACKING_STORE.value
+    for key in S.PROMOTED_TRACE_METADATA_KEYS:
+        meta.pop(key, None)
+    meta[TraceMetadataKey.TRACE_INFO_FINALIZED] = "true"
+    tag_rows = [dict(request_id=info.trace_id, key=k, value=v) for k, v in tags.items()]
+    meta_rows = [dict(request_id=info.trace_id, key=k, value=v) for k, v in sorted(meta.items())]
+    return info_row, tag_rows, meta_rows
+
+
 def start_traces(
     tc: TracingClient,
     infos: list[TraceInfo],
@@ -129,31 +160,10 @@ def start_traces(
     infos_rows, tag_rows, meta_rows, assessment_rows = [], [], [], []
     now, meta_json = int(time.time() * 1000), json.dumps({AssessmentMetadataKey.SOURCE_RUN_ID: run_id})
     for info, ps, span_id in zip(infos, pending, root_span_ids, strict=True):
-        meta = dict(info.trace_metadata)
-        infos_rows.append(
-            dict(
-                request_id=info.trace_id,
-                experiment_id=int(info.experiment_id),
-                timestamp_ms=info.request_time,
-                execution_time_ms=info.execution_duration,
-                status=info.state.value,
-                client_request_id=info.client_request_id,
-                request_preview=info.request_preview,
-                response_preview=info.response_preview,
-                trace_name=S.validate_trace_name(info.tags.get(TraceTagKey.TRACE_NAME)),
-                **S.analytics_columns_from_metadata(meta),
-            )
-        )
-        location = store._get_trace_artifact_location_tag(experiment, info.trace_id)
-        tags = {k: v for k, v in info.tags.items() if k != TraceTagKey.TRACE_NAME}
-        tags[location.key] = location.value
-        if spans is not None:  # what log_spans tags: the spans live in this store's spans table
-            tags[TraceTagKey.SPANS_LOCATION] = SpansLocation.TRACKING_STORE.value
-        tag_rows += [dict(request_id=info.trace_id, key=k, value=v) for k, v in tags.items()]
-        for key in S.PROMOTED_TRACE_METADATA_KEYS:
-            meta.pop(key, None)
-        meta[TraceMetadataKey.TRACE_INFO_FINALIZED] = "true"
-        meta_rows += [dict(request_id=info.trace_id, key=k, value=v) for k, v in sorted(meta.items())]
+        info_row, tags, metas = _trace_rows(store, experiment, info, spans is not None)
+        infos_rows.append(info_row)
+        tag_rows += tags
+        meta_rows += metas
         assessment_rows += [_assessment_row(p, info, span_id, now, meta_json) for p in ps]
     span_rows = _span_rows(store, spans, int(experiment.experiment_id)) if spans is not None else []
     with store.ManagedSessionMaker(read_only=False) as session:

@@ -221,29 +221,34 @@ def build_spans(
     )
     t += t_gen
     if not error:
-        verdicts = parse_json(row.get("verdicts"), [])
-        half = t_jud // 2  # the table has one judge latency per query: split evenly between the steps
-        w.add(
-            "judge.faithfulness",
-            SpanType.EVALUATOR,
-            t,
-            t + half,
-            {"answer": row["answer"], "claims": parse_json(row.get("claims"), [])},
-            {"verdicts": verdicts, "faithfulness": _num(row, "faithfulness")},
-            root,
-            # the table has one judge token count per query, for both steps: it goes here, once
-            {SpanAttributeKey.CHAT_USAGE: usage} if (usage := _token_usage(row, "judge")) else None,
-        )
-        w.add(
-            "judge.answer_relevance",
-            SpanType.EVALUATOR,
-            t + half,
-            t + t_jud,
-            {"query": item.query, "answer": row["answer"]},
-            {"answer_relevance": _num(row, "answer_relevance"), "method": row.get("relevance_method", "")},
-            root,
-        )
+        _judge_spans(w, root, row, item, t, t_jud)
     return w.spans, end_ns
+
+
+def _judge_spans(w: _SpanWriter, root, row: dict, item: EvalItem, t: int, t_jud: int) -> None:
+    """The two judge steps of a generated answer, from ``t`` for ``t_jud`` ns."""
+    verdicts = parse_json(row.get("verdicts"), [])
+    half = t_jud // 2  # the table has one judge latency per query: split evenly between the steps
+    w.add(
+        "judge.faithfulness",
+        SpanType.EVALUATOR,
+        t,
+        t + half,
+        {"answer": row["answer"], "claims": parse_json(row.get("claims"), [])},
+        {"verdicts": verdicts, "faithfulness": _num(row, "faithfulness")},
+        root,
+        # the table has one judge token count per query, for both steps: it goes here, once
+        {SpanAttributeKey.CHAT_USAGE: usage} if (usage := _token_usage(row, "judge")) else None,
+    )
+    w.add(
+        "judge.answer_relevance",
+        SpanType.EVALUATOR,
+        t + half,
+        t + t_jud,
+        {"query": item.query, "answer": row["answer"]},
+        {"answer_relevance": _num(row, "answer_relevance"), "method": row.get("relevance_method", "")},
+        root,
+    )
 
 
 def _chunk(doc: dict):
