@@ -174,6 +174,7 @@ def bench_size(n: int, n_q: int, work: Path) -> dict:
     t = time.perf_counter()
     truth, _ = exact_search(q, m, 10)
     res["exact"] = {"p50_ms": pct(lat, 50), "p95_ms": pct(lat, 95), "batched_s": time.perf_counter() - t}
+    # base row: narrow beams (ef_search 64, nprobe 16); _recall_curve adds the wider ones incl. the defaults
     params = {"hnsw_m": 32, "ef_construction": 80, "ef_search": 64, "ivf_nlist": 0, "ivf_nprobe": 16}
     for kind in ("faiss_hnsw", "faiss_ivf"):
         t = time.perf_counter()

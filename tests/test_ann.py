@@ -139,6 +139,19 @@ def test_pipeline_logs_ann_recall_and_caches_vectors_and_index(tiny):
     )
 
 
+def test_a_wider_search_beam_reuses_the_built_index(tiny, tmp_path):
+    cache = StageCache(tmp_path / "cache")
+    _run(tiny, cache, index="faiss_ivf", ivf_nlist=4, ivf_nprobe=1)
+    narrow = dict(cache.stats)
+    wide = _run(tiny, cache, index="faiss_ivf", ivf_nlist=4, ivf_nprobe=4)
+    # nprobe is applied at search time: same index file, one build in all
+    assert narrow["ann_index.miss"] == 1 and cache.stats["ann_index.miss"] == 1
+    assert cache.stats["ann_index.hit"] == 1
+    assert len(list((tmp_path / "cache" / "ann").rglob("*.faiss"))) == 1
+    # every cell probed: exhaustive, so the wide beam's rankings are exact
+    assert wide.aggregates["ann_recall_at_10"] == pytest.approx(1.0)
+
+
 def test_index_choice_is_part_of_the_identity_and_validated():
     st = SentenceTransformerEmbedder(show_progress=False)
     exact = DenseRetriever(st)

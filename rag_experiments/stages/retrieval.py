@@ -95,6 +95,8 @@ def ann_recall(ann_idx: np.ndarray, exact_idx: np.ndarray, k: int) -> np.ndarray
 
 
 INDEX_KINDS = ("exact", "faiss_hnsw", "faiss_ivf", "auto")
+#: ANN parameters applied at search time only (the built index does not depend on them).
+SEARCH_PARAMS = ("ef_search", "ivf_nprobe")
 
 
 class DenseRetriever:
@@ -117,9 +119,9 @@ class DenseRetriever:
         embed_batch: int = 4096,
         hnsw_m: int = 32,
         ef_construction: int = 80,
-        ef_search: int = 64,
+        ef_search: int = 128,
         ivf_nlist: int = 0,
-        ivf_nprobe: int = 16,
+        ivf_nprobe: int = 128,
         ann_check_queries: int = 200,
         block_rows: int = 65536,
     ) -> None:
@@ -191,7 +193,9 @@ class DenseRetriever:
         if store is None:
             self._ann = build()
         else:
-            self._ann, hit = store.index(stable_hash("ann_index", vkey, kind, self.ann_params), build)
+            # search-time beams (ef_search, ivf_nprobe) do not change the index: not in its key
+            build_params = {p: v for p, v in self.ann_params.items() if p not in SEARCH_PARAMS}
+            self._ann, hit = store.index(stable_hash("ann_index", vkey, kind, build_params), build)
             cache.stats[f"ann_index.{'hit' if hit else 'miss'}"] += 1
 
     def _ann_search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
