@@ -6,7 +6,6 @@ import contextlib
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -14,22 +13,28 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.sweep_helpers import REPO
+from tests.sweep_helpers import REPO, free_port
 
 SCREENSHOTS = REPO / "reports" / "screenshots"  # gitignored (reports/); docs/tracing.md shows them
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+#: Headless Chromium without sandbox, GPU or any background traffic (the machine is offline).
+HEADLESS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+]
 
 
 @contextlib.contextmanager
 def mlflow_server(root: Path) -> Iterator[str]:
     """``mlflow server`` on ``root/mlflow.db`` (artifacts ``root/mlruns``); yields its base URL."""
-    port = _free_port()
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    port = free_port()
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
     env.pop("MLFLOW_TRACKING_URI", None)
     server = subprocess.Popen(
         [
@@ -71,13 +76,7 @@ def chromium(url: str, profile: Path, screenshot: Path | None = None, budget_ms:
     assert exe, "chromium missing: scripts/test.sh installs it (apt-get install chromium)"
     flags = [
         exe,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--no-first-run",
-        "--disable-sync",
+        *HEADLESS,
         f"--user-data-dir={profile}",
         f"--virtual-time-budget={budget_ms}",
         "--window-size=1600,2000",
@@ -109,13 +108,7 @@ class Page:
         self.proc = subprocess.Popen(
             [
                 exe,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--no-first-run",
-                "--disable-sync",
+                *HEADLESS,
                 f"--user-data-dir={profile}",
                 "--remote-debugging-port=0",
                 f"--window-size={size}",

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.sweep_helpers import free_port, make_tiny, run_sweep, sweep_args
+from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 
 
 @pytest.fixture(scope="module")
@@ -136,43 +136,12 @@ def test_joblib_launcher_two_workers_share_the_sqlite_store(tmp_path):
 
 def test_mlflow_ui_serves_the_parent_with_its_children_and_metrics(grid, tmp_path):
     """A real `mlflow server` (as the README starts it) and headless Chromium on its runs page."""
-    import os
-    import shutil
-    import subprocess
-    import sys
-    import time
     import urllib.request
-    from pathlib import Path
+
+    from tests.mlflow_ui import chromium, mlflow_server
 
     root, *_ = grid
-    port = free_port()
-    mlflow_bin = Path(sys.executable).with_name("mlflow")
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    server = subprocess.Popen(
-        [
-            str(mlflow_bin),
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{root}/mlflow.db",
-            "--default-artifact-root",
-            str(root / "mlruns"),
-            "--workers",
-            "1",
-            "--port",
-            str(port),
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(120):
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.5)
+    with mlflow_server(root) as base:
         c, runs = _runs(root)
         exp_id = runs[0].info.experiment_id
         req = urllib.request.Request(
@@ -193,33 +162,8 @@ def test_mlflow_ui_serves_the_parent_with_its_children_and_metrics(grid, tmp_pat
         ]
         assert len(children) >= 4
         assert all(any(m["key"] == "hit_at_5" for m in r["data"]["metrics"]) for r in children)
-
-        chromium = shutil.which("chromium")
-        assert chromium, "chromium missing: scripts/test.sh installs it (apt-get install chromium)"
-        dom = subprocess.run(
-            [
-                chromium,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--no-first-run",
-                "--disable-sync",
-                f"--user-data-dir={tmp_path}/chr",
-                "--virtual-time-budget=20000",
-                "--window-size=1400,900",
-                "--dump-dom",
-                f"{base}/#/experiments/{exp_id}/runs",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        ).stdout
+        dom = chromium(f"{base}/#/experiments/{exp_id}/runs", tmp_path / "chr")
         assert parent["info"]["run_name"] in dom, "the UI's runs page lists the sweep's parent run"
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def test_a_run_that_dies_is_marked_failed_not_left_running(tmp_path):
