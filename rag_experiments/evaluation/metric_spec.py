@@ -1,0 +1,89 @@
+"""The type of one metric declaration: a key pattern with its side, direction, value type,
+definition and computing function (docs/metrics.md). The declarations are in
+:mod:`rag_experiments.evaluation.metric_table`; lookups by logged key in
+:mod:`rag_experiments.evaluation.registry`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import string
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rag_experiments.evaluation.labels import FAILURE_LABELS
+
+Side = Literal["retrieval", "generation", "diagnostic", "label", "cost", "count"]
+ValueType = Literal["binary", "proportion", "continuous", "count"]
+
+#: What each pattern placeholder may be; anything else in a pattern is literal text.
+_PLACEHOLDERS: dict[str, str] = {
+    "k": r"[1-9]\d*",  # rank cut-off
+    "B": r"[1-9]\d*",  # token budget of the context
+    "label": "|".join(FAILURE_LABELS),
+    "stage": "retrieval|generation|judge",  # a pipeline stage with its own latency / tokens
+}
+_INT_PLACEHOLDERS = frozenset({"k", "B"})
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric key pattern and everything a consumer needs to know about it.
+
+    ``higher_is_better`` is None for descriptive counts (``n_queries``) that have no better side.
+    ``per_query``: a per-query column whose mean (with a bootstrap CI, ``n_scored/`` and
+    ``by_tag/``) is the logged aggregate; otherwise the key is logged as is (counts) or not
+    aggregated at all (latencies: compared only when asked for by name).
+    ``headline``: position in the run summary (None = not shown there); ``every_k``: the summary
+    also lists it at every ``metrics.ks``, not only at the context k.
+    ``compute``: dotted path of the pure function that computes the per-query value (resolved
+    lazily by :meth:`function`, so importing the registry loads no judge or model code).
+    """
+
+    pattern: str
+    side: Side
+    higher_is_better: bool | None
+    value_type: ValueType
+    definition: str
+    compute: str | None = None
+    per_query: bool = True
+    headline: int | None = None
+    every_k: bool = False
+    params: tuple[str, ...] = field(init=False)
+    _regex: re.Pattern = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        names = [f for _, f, _, _ in string.Formatter().parse(self.pattern) if f]
+        unknown = set(names) - set(_PLACEHOLDERS)
+        if unknown:
+            raise ValueError(f"{self.pattern}: unknown placeholder(s) {sorted(unknown)}")
+        rx = "".join(
+            re.escape(lit) + (f"(?P<{name}>{_PLACEHOLDERS[name]})" if name else "")
+            for lit, name, _, _ in string.Formatter().parse(self.pattern)
+        )
+        object.__setattr__(self, "params", tuple(names))
+        object.__setattr__(self, "_regex", re.compile(rx))
+
+    def match(self, key: str) -> dict[str, Any] | None:
+        """The placeholder values when ``key`` is an instance of this pattern (ints for k and B)."""
+        m = self._regex.fullmatch(key)
+        if m is None:
+            return None
+        return {n: (int(v) if n in _INT_PLACEHOLDERS else v) for n, v in m.groupdict().items()}
+
+    def render(self, **params: Any) -> str:
+        missing = set(self.params) - set(params)
+        if missing:
+            raise ValueError(f"{self.pattern}: missing parameter(s) {sorted(missing)}")
+        key = self.pattern.format(**{n: params[n] for n in self.params})
+        if self.match(key) is None:
+            raise ValueError(f"{self.pattern}: {params} does not give a valid key ({key!r})")
+        return key
+
+    def function(self) -> Callable | None:
+        if self.compute is None:
+            return None
+        module, _, name = self.compute.rpartition(".")
+        return getattr(importlib.import_module(module), name)

@@ -1,0 +1,365 @@
+"""Every metric the pipeline logs, declared once as a :class:`MetricSpec` (docs/metrics.md).
+
+One declaration per metric (pattern, side, direction, value type, definition text, the dotted path
+of the pure function that computes it); :mod:`rag_experiments.evaluation.registry` reads this table
+to parse, render, order and judge the direction of logged keys.
+"""
+
+from __future__ import annotations
+
+from rag_experiments.evaluation.metric_spec import MetricSpec
+
+_M = "rag_experiments.evaluation.metrics."
+_J = "rag_experiments.stages.judging."
+_B = "rag_experiments.evaluation.budget."
+_D = "rag_experiments.evaluation.diagnostics."
+_TOKEN_UNION = "the union of the top-k chunks' character ranges (overlaps counted once)"
+_BUDGET = (
+    "the B-token context (the ranked chunks in order up to B tokens of the fixed MiniLM tokenizer "
+    "named in the run tag token_budget_tokenizer, the last one cut at B)"
+)
+
+REGISTRY: tuple[MetricSpec, ...] = (
+    # -- retrieval
+    MetricSpec(
+        "hit_at_{k}",
+        "retrieval",
+        True,
+        "binary",
+        "1 if any relevant chunk is in the top k, else 0 (the seed article's recall@k)",
+        _M + "hit_at_k",
+        headline=1,
+        every_k=True,
+    ),
+    MetricSpec(
+        "evidence_recall_at_{k}",
+        "retrieval",
+        True,
+        "proportion",
+        "share of the query's evidence spans of which the union of the top-k chunks covers at least "
+        "metrics.min_coverage of the characters (a chunk credits only the characters it covers)",
+        _M + "evidence_recall_at_k",
+        headline=2,
+    ),
+    MetricSpec(
+        "mrr",
+        "retrieval",
+        True,
+        "continuous",
+        "per query 1/rank of the first relevant chunk within the top metrics.rank_depth (default 100, "
+        "independent of metrics.ks and retriever.k; 0 if none); the mean is MRR",
+        _M + "reciprocal_rank",
+        headline=3,
+    ),
+    MetricSpec(
+        "context_precision_at_{k}",
+        "retrieval",
+        True,
+        "proportion",
+        "relevant chunks in the top k / k (missing ranks count as not relevant)",
+        _M + "context_precision_at_k",
+        headline=4,
+    ),
+    MetricSpec(
+        "ndcg_at_{k}",
+        "retrieval",
+        True,
+        "continuous",
+        "DCG@k / ideal DCG@k with binary gains and log2(rank + 1) discount; the ideal ranking puts "
+        "every relevant chunk of the chunk set first",
+        _M + "ndcg_at_k",
+        headline=5,
+    ),
+    MetricSpec(
+        "token_recall_at_{k}",
+        "retrieval",
+        True,
+        "proportion",
+        f"share of the gold-evidence characters covered by {_TOKEN_UNION}",
+        _M + "token_recall_at_k",
+    ),
+    MetricSpec(
+        "token_precision_at_{k}",
+        "retrieval",
+        True,
+        "proportion",
+        f"share of the characters of {_TOKEN_UNION} that are gold evidence (nothing retrieved: 0)",
+        _M + "token_precision_at_k",
+    ),
+    MetricSpec(
+        "token_iou_at_{k}",
+        "retrieval",
+        True,
+        "proportion",
+        f"characters in gold ∩ retrieved / characters in gold ∪ retrieved, retrieved = {_TOKEN_UNION}",
+        _M + "token_iou_at_k",
+    ),
+    MetricSpec(
+        "evidence_recall_at_{B}tok",
+        "retrieval",
+        True,
+        "proportion",
+        f"share of the query's evidence spans of which {_BUDGET} covers at least "
+        "metrics.min_coverage of the characters",
+        _B + "budgeted_metrics",
+    ),
+    MetricSpec(
+        "hit_at_{B}tok",
+        "retrieval",
+        True,
+        "binary",
+        f"1 if a chunk (or the cut part of one) of {_BUDGET} is relevant to a gold span (covers "
+        "metrics.min_coverage of it or lies inside it), else 0",
+        _B + "budgeted_metrics",
+    ),
+    MetricSpec(
+        "token_precision_at_{B}tok",
+        "retrieval",
+        True,
+        "proportion",
+        f"share of the characters of {_BUDGET} that are gold evidence (overlaps counted once)",
+        _B + "budgeted_metrics",
+    ),
+    # -- generation
+    MetricSpec(
+        "faithfulness",
+        "generation",
+        True,
+        "proportion",
+        "supported claims / judged claims; unparseable verdicts are counted (n_unparseable_verdicts) "
+        'and excluded, never read as "no"; NaN when no claim is scorable',
+        _J + "faithfulness",
+        headline=10,
+    ),
+    MetricSpec(
+        "answer_relevance",
+        "generation",
+        True,
+        "continuous",
+        "heuristic judge: cosine(answer, query); LLM judge: mean cosine of N generated questions to "
+        "the query; always with the fixed MiniLM metric embedder",
+        None,  # a judge method (HeuristicJudge / LLMJudge .answer_relevance), not a free function
+        headline=11,
+    ),
+    MetricSpec(
+        "correctness",
+        "generation",
+        True,
+        "proportion",
+        "share of key_facts present in the answer (normalised match); unanswerable: 1 if the answer declines",
+        _J + "correctness",
+        headline=12,
+    ),
+    # -- claim-level diagnostics (docs/metrics.md, "Claim-level diagnostics")
+    MetricSpec(
+        "claim_recall",
+        "diagnostic",
+        True,
+        "proportion",
+        "share of the gold claims (the judge's claims of gold_answer, else key_facts) the judge finds "
+        "entailed by the retrieved top-k context; unanswerable items: NaN",
+        _D + "claim_recall",
+    ),
+    MetricSpec(
+        "context_utilization",
+        "diagnostic",
+        True,
+        "proportion",
+        "of the gold claims the retrieved context entails, the share the answer entails (a declining "
+        "answer: 0); NaN when the context entails no gold claim",
+        _D + "context_utilization",
+    ),
+    MetricSpec(
+        "noise_sensitivity_relevant",
+        "diagnostic",
+        False,
+        "proportion",
+        "share of the answer claims that are incorrect (not entailed by the gold answer) yet entailed "
+        "by a relevant retrieved chunk (one relevant to a gold span)",
+        _D + "answer_claim_shares",
+    ),
+    MetricSpec(
+        "noise_sensitivity_irrelevant",
+        "diagnostic",
+        False,
+        "proportion",
+        "share of the answer claims that are incorrect and entailed only by irrelevant retrieved chunks",
+        _D + "answer_claim_shares",
+    ),
+    MetricSpec(
+        "hallucination",
+        "diagnostic",
+        False,
+        "proportion",
+        "share of the answer claims that no retrieved chunk entails and that are incorrect",
+        _D + "answer_claim_shares",
+    ),
+    MetricSpec(
+        "self_knowledge",
+        "diagnostic",
+        False,  # as in RAGChecker: a RAG answer should rest on the context, not on the model
+        "proportion",
+        "share of the answer claims that no retrieved chunk entails but that are correct (entailed by "
+        "the gold answer)",
+        _D + "answer_claim_shares",
+    ),
+    # -- failure labels: one indicator column per label, its mean the rate
+    MetricSpec(
+        "rate_{label}",
+        "label",
+        None,  # per label: see _LABEL_DIRECTION
+        "binary",
+        "share of queries with that failure label (decision table in evaluation.labels.failure_label)",
+        None,
+        headline=20,
+    ),
+    # -- cost (per-query columns, not aggregated; compared only when asked for by name)
+    MetricSpec(
+        "latency_retrieval_s",
+        "cost",
+        False,
+        "continuous",
+        "retrieval wall time of the whole eval set divided by its number of queries, seconds",
+        per_query=False,
+    ),
+    MetricSpec(
+        "latency_generation_s",
+        "cost",
+        False,
+        "continuous",
+        "wall time of the query's generation call, seconds",
+        per_query=False,
+    ),
+    MetricSpec(
+        "latency_judge_s",
+        "cost",
+        False,
+        "continuous",
+        "wall time of judging the query's answer (claims, verdicts, relevance), seconds",
+        per_query=False,
+    ),
+    MetricSpec(
+        "tokens_in_{stage}",
+        "cost",
+        False,
+        "count",
+        "prompt tokens the endpoint reported (usage.prompt_tokens) for the query's stage calls; NaN when "
+        "it reported none",
+        "rag_experiments.evaluation.cost.usage_columns",
+        per_query=False,
+    ),
+    MetricSpec(
+        "tokens_out_{stage}",
+        "cost",
+        False,
+        "count",
+        "completion tokens the endpoint reported (usage.completion_tokens) for the query's stage calls; "
+        "NaN when it reported none",
+        "rag_experiments.evaluation.cost.usage_columns",
+        per_query=False,
+    ),
+    MetricSpec(
+        "tokens_in/{stage}",
+        "cost",
+        False,
+        "count",
+        "sum over queries of tokens_in_{stage} (queries without a count left out)",
+        "rag_experiments.evaluation.cost.cost_metrics",
+        per_query=False,
+    ),
+    MetricSpec(
+        "tokens_out/{stage}",
+        "cost",
+        False,
+        "count",
+        "sum over queries of tokens_out_{stage} (queries without a count left out)",
+        "rag_experiments.evaluation.cost.cost_metrics",
+        per_query=False,
+    ),
+    MetricSpec(
+        "cost_usd",
+        "cost",
+        False,
+        "continuous",
+        "sum over generation and judge of tokens_in/1000 x pricing.price_per_1k_in + tokens_out/1000 x "
+        "pricing.price_per_1k_out (the stage's generator/judge config; absent: 0 USD); NaN when a priced "
+        "stage lacks token counts",
+        "rag_experiments.evaluation.cost.cost_metrics",
+        per_query=False,
+    ),
+    MetricSpec(
+        "latency_p50_ms/{stage}",
+        "cost",
+        False,
+        "continuous",
+        "median over queries of latency_{stage}_s, in milliseconds",
+        "rag_experiments.evaluation.cost.cost_metrics",
+        per_query=False,
+    ),
+    MetricSpec(
+        "latency_p95_ms/{stage}",
+        "cost",
+        False,
+        "continuous",
+        "95th percentile (linear interpolation) over queries of latency_{stage}_s, in milliseconds",
+        "rag_experiments.evaluation.cost.cost_metrics",
+        per_query=False,
+    ),
+    # -- counts
+    MetricSpec("n_queries", "count", None, "count", "number of eval items in the run", per_query=False),
+    MetricSpec(
+        "n_unanswerable",
+        "count",
+        None,
+        "count",
+        "number of eval items without gold evidence (excluded from retrieval means)",
+        per_query=False,
+    ),
+    MetricSpec(
+        "n_generated",
+        "count",
+        None,
+        "count",
+        "number of eval items generated and judged (generation_subset; generation means cover these)",
+        per_query=False,
+    ),
+    MetricSpec(
+        "n_errors", "count", False, "count", "number of queries whose generation failed", per_query=False
+    ),
+    MetricSpec(
+        "n_unparseable_verdicts",
+        "count",
+        False,
+        "count",
+        "number of judge verdicts that could not be parsed, summed over queries",
+        per_query=False,
+    ),
+    MetricSpec(
+        "n_unparseable_diagnostic_verdicts",
+        "count",
+        False,
+        "count",
+        "number of claim-level diagnostic verdicts that could not be parsed (left out of the diagnostics), "
+        "summed over queries",
+        per_query=False,
+    ),
+    MetricSpec(
+        "n_unparseable_diagnostics",
+        "count",
+        False,
+        "count",
+        "number of the query's claim-level diagnostic verdicts that could not be parsed",
+        per_query=False,
+    ),
+    MetricSpec(
+        "n_claims", "count", None, "count", "number of claims the answer was split into", per_query=False
+    ),
+    MetricSpec(
+        "n_unparseable",
+        "count",
+        False,
+        "count",
+        "number of the query's claim verdicts that could not be parsed",
+        per_query=False,
+    ),
+)
