@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from rag_experiments.evaluation.defaults import RANK_DEPTH, TOKEN_BUDGETS, metrics_problems
+
 Problems = list[str]
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LOOPBACK = ("localhost", "127.0.0.1", "::1", "0.0.0.0")
@@ -290,6 +292,8 @@ def _metrics(g: _Group) -> None:
     if not isinstance(ks, list) or not ks or not all(_is_int(k) and k >= 1 for k in ks):
         g.bad("ks", "must be a non-empty list of integers >= 1", ks)
     g.num_in("min_coverage", 0, 1, low_open=True)
+    depth, budgets = g.node.get("rank_depth", RANK_DEPTH), g.node.get("token_budgets", TOKEN_BUDGETS)
+    g.problems += [f"conf/config: {p}" for p in metrics_problems(rank_depth=depth, token_budgets=budgets)]
     v = g.node.get("bootstrap_resamples")
     if not _is_int(v) or v < MIN_RESAMPLES:
         g.bad("bootstrap_resamples", f"must be an integer >= {MIN_RESAMPLES} (CIs need resamples)", v)

@@ -21,7 +21,10 @@ from hydra.utils import instantiate
 from mlflow.exceptions import MlflowException
 from omegaconf import DictConfig, OmegaConf
 
-from rag_experiments.sweep import _container, _input_error, _problems_of, print_problems, run_name_from
+from rag_experiments.assemble import container as _container
+from rag_experiments.assemble import input_error as _input_error
+from rag_experiments.assemble import print_problems, run_name_from
+from rag_experiments.assemble import problems_of as _problems_of
 
 
 def multirun_job_configs(config: DictConfig) -> list[tuple[list[str], DictConfig]] | None:

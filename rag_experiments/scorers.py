@@ -32,6 +32,7 @@ from mlflow.entities import AssessmentError, AssessmentSource, AssessmentSourceT
 from mlflow.genai.scorers import scorer
 
 from rag_experiments.evaluation import metrics as M
+from rag_experiments.evaluation.defaults import MIN_COVERAGE
 from rag_experiments.types import Chunk, Span
 
 SOURCE = AssessmentSource(AssessmentSourceType.CODE, "rag_experiments.scorers")
@@ -92,7 +93,7 @@ def _recalled(top: list[dict], gold: dict, min_coverage: float) -> bool:
     return covered > 0 and covered >= min_coverage * (int(ge) - int(gs))
 
 
-def span_hits(trace, expectations: dict | None, min_coverage: float = 0.5) -> np.ndarray | str:
+def span_hits(trace, expectations: dict | None, min_coverage: float = MIN_COVERAGE) -> np.ndarray | str:
     """Bool (n_retrieved, n_spans): document r is relevant to gold span s; a reason string when the
     retrieval metrics do not apply to this row."""
     docs = retrieved_documents(trace)
@@ -108,7 +109,7 @@ def span_hits(trace, expectations: dict | None, min_coverage: float = 0.5) -> np
     )
 
 
-def hit_at(k: int, min_coverage: float = 0.5):
+def hit_at(k: int, min_coverage: float = MIN_COVERAGE):
     """Scorer ``hit_at_{k}``: 1 if any of the top k retrieved documents is relevant, else 0."""
 
     def fn(trace, expectations) -> Feedback:
@@ -121,7 +122,7 @@ def hit_at(k: int, min_coverage: float = 0.5):
     return scorer(fn, name=f"hit_at_{k}")
 
 
-def evidence_recall_at(k: int, min_coverage: float = 0.5):
+def evidence_recall_at(k: int, min_coverage: float = MIN_COVERAGE):
     """Scorer ``evidence_recall_at_{k}``: share of the gold spans covered by some top-k document."""
 
     def fn(trace, expectations) -> Feedback:
@@ -212,7 +213,7 @@ def faithfulness(k: int | None = None):
     return scorer(fn, name="faithfulness")
 
 
-def failure_label(k: int, min_coverage: float = 0.5, thresholds: Any = None):
+def failure_label(k: int, min_coverage: float = MIN_COVERAGE, thresholds: Any = None):
     """Scorer ``failure_label``: the decision table of ``evaluation.labels.failure_label`` on
     hit@k, correctness (``expected_facts`` found in the answer; declining for unanswerable items)
     and heuristic faithfulness."""

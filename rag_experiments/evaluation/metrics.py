@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rag_experiments.evaluation.defaults import MIN_COVERAGE, check_metrics_config
 from rag_experiments.types import Chunk, ScoredChunk, Span
 
 __all__ = [
@@ -62,7 +63,7 @@ def _relevance_mask(c_doc, c_start, c_end, s_doc, s_start, s_end, min_coverage: 
     return (np.asarray(c_doc) == np.asarray(s_doc)) & (overlap > 0) & (enough | inside)
 
 
-def relevance(chunk: Chunk, span: Span, min_coverage: float = 0.5) -> bool:
+def relevance(chunk: Chunk, span: Span, min_coverage: float = MIN_COVERAGE) -> bool:
     """Is ``chunk`` relevant to the gold evidence ``span``?
 
     True when both are in the same document, they share at least one character, and either
@@ -144,7 +145,7 @@ def relevance_arrays(
     ranked: Sequence[Sequence[Chunk | ScoredChunk]],
     gold: Sequence[Sequence[Span]],
     all_chunks: Iterable[Chunk],
-    min_coverage: float = 0.5,
+    min_coverage: float = MIN_COVERAGE,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Relevance of ranked chunks to each query's gold spans, via :func:`relevance` (vectorised).
 
@@ -271,7 +272,7 @@ def hit_at_k(rel: np.ndarray, k: int) -> np.ndarray:
 
 
 def evidence_recall_at_k(
-    span_new: np.ndarray, span_len: np.ndarray, n_spans: np.ndarray, k: int, min_coverage: float = 0.5
+    span_new: np.ndarray, span_len: np.ndarray, n_spans: np.ndarray, k: int, min_coverage: float = MIN_COVERAGE
 ) -> np.ndarray:
     """evidence_recall@k: share of the query's evidence spans that the top k chunks cover.
 
@@ -377,7 +378,7 @@ def retrieval_metrics(
     gold: Sequence[Sequence[Span]],
     all_chunks: Iterable[Chunk],
     ks: Iterable[int],
-    min_coverage: float = 0.5,
+    min_coverage: float = MIN_COVERAGE,
     rank_depth: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Every chunk-level retrieval metric at every k from one ranking per query.
@@ -417,19 +418,6 @@ def token_metrics(
         out[f"token_precision_at_{k}"] = token_precision_at_k(cov.new_gold, cov.new_text, k)
         out[f"token_iou_at_{k}"] = token_iou_at_k(cov.new_gold, cov.new_text, cov.gold_len, k)
     return mask_unanswerable(out, a.n_spans)
-
-
-def check_metrics_config(ks: Iterable[int], k: int, rank_depth: int, token_budgets: Iterable[int]) -> None:
-    """Raise ValueError naming the config key when a depth, k or budget is not a positive integer."""
-    for key, values in (
-        ("metrics.ks", ks),
-        ("retriever.k", [k]),
-        ("metrics.rank_depth", [rank_depth]),
-        ("metrics.token_budgets", token_budgets),
-    ):
-        for v in values:
-            if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
-                raise ValueError(f"{key}: every value must be an integer >= 1, got {v!r}")
 
 
 def mask_unanswerable(out: dict[str, np.ndarray], n_spans: np.ndarray) -> dict[str, np.ndarray]:
