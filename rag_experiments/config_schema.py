@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from rag_experiments.evalset import conf_dir
+from rag_experiments.evaluation.cost import price
 from rag_experiments.evaluation.defaults import RANK_DEPTH, TOKEN_BUDGETS, metrics_problems
 
 Problems = list[str]
@@ -224,8 +226,6 @@ def _llm_client(g: _Group) -> None:
 
 def _pricing(g: _Group) -> None:
     """``pricing``: USD per 1000 tokens in / out for cost_usd (evaluation.cost.price)."""
-    from rag_experiments.evaluation.cost import price
-
     node = g.node.get("pricing")
     if node is None:
         return
@@ -389,8 +389,6 @@ def unknown_group_options(argv: list[str]) -> list[str]:
     Checked before Hydra composes (whose own error exits 1 with a traceback hint); skipped when
     the user adds a config dir (``-cd``/``--config-dir``), where their own options live.
     """
-    from rag_experiments.evalset import conf_dir
-
     if any(a in ("-cd", "--config-dir") or a.startswith("--config-dir=") for a in argv):
         return []
     problems = []

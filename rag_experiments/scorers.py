@@ -33,6 +33,9 @@ from mlflow.genai.scorers import scorer
 
 from rag_experiments.evaluation import metrics as M
 from rag_experiments.evaluation.defaults import MIN_COVERAGE
+from rag_experiments.evaluation.labels import failure_label as label_of
+from rag_experiments.stages.judging import HeuristicJudge, correctness
+from rag_experiments.stages.judging import faithfulness as faith_of
 from rag_experiments.types import Chunk, Span
 
 SOURCE = AssessmentSource(AssessmentSourceType.CODE, "rag_experiments.scorers")
@@ -163,8 +166,6 @@ def heuristic_judge():
     """The offline judge with the shipped calibration (``conf/judge/heuristic.yaml``)."""
     import yaml
 
-    from rag_experiments.stages.judging import HeuristicJudge
-
     cfg = yaml.safe_load(
         (resources.files("rag_experiments") / "conf" / "judge" / "heuristic.yaml").read_text()
     )
@@ -178,8 +179,6 @@ def _context(trace, k: int | None) -> str | None:
 
 
 def _faithfulness(outputs: Any, trace, k: int | None) -> tuple[float, list[str]] | str:
-    from rag_experiments.stages.judging import faithfulness as faith_of
-
     if not isinstance(outputs, str):
         return "the app's output is not an answer string"
     context = _context(trace, k)
@@ -217,8 +216,6 @@ def failure_label(k: int, min_coverage: float = MIN_COVERAGE, thresholds: Any = 
     """Scorer ``failure_label``: the decision table of ``evaluation.labels.failure_label`` on
     hit@k, correctness (``expected_facts`` found in the answer; declining for unanswerable items)
     and heuristic faithfulness."""
-    from rag_experiments.evaluation.labels import failure_label as label_of
-    from rag_experiments.stages.judging import correctness
 
     def fn(outputs, trace, expectations) -> Feedback:
         gold = (expectations or {}).get(GOLD_KEY)

@@ -5,8 +5,8 @@ imports of our own modules, ``run_pipeline`` arguments, string look-ups of stage
     python scripts/import_graph.py --cycles   # also list each cycle's modules
 
 Static (AST) only: nothing is imported. An edge ``a -> b`` is an import of ``b`` by ``a`` at
-module level (class bodies and module-level ``if``/``try`` count; ``if TYPE_CHECKING:`` does not,
-it never runs). ``from pkg import name`` points at ``pkg.name`` when that is a module, else at
+module level (class bodies and module-level ``if``/``try`` count; ``if TYPE_CHECKING:`` and
+``if __name__ == "__main__":`` do not, see ``_never_imported``). ``from pkg import name`` points at ``pkg.name`` when that is a module, else at
 ``pkg``. The same walk with in-function imports added gives the "runtime" graph.
 """
 
@@ -52,8 +52,12 @@ def _targets(node: ast.AST, module: str, is_pkg: bool, modules: dict) -> list[st
     return out
 
 
-def _is_type_checking(node: ast.If) -> bool:
+def _never_imported(node: ast.If) -> bool:
+    """``if TYPE_CHECKING:`` never runs; ``if __name__ == "__main__":`` runs only as ``__main__``,
+    a different module object, so its imports close no cycle."""
     t = node.test
+    if isinstance(t, ast.Compare) and isinstance(t.left, ast.Name) and t.left.id == "__name__":
+        return True
     return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
         isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
     )
@@ -68,7 +72,7 @@ def imports_of(module: str, path: Path, modules: dict) -> tuple[set[str], list[t
 
     def walk(node: ast.AST, in_func: bool) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
+            if isinstance(child, ast.If) and _never_imported(child):
                 continue
             if isinstance(child, ast.Import | ast.ImportFrom):
                 for t in _targets(child, module, is_pkg, modules):

@@ -17,6 +17,7 @@ import pandas as pd
 
 from rag_experiments.analysis.stats import PairedResult, as_series, holm, paired_delta
 from rag_experiments.evaluation.aggregate import mean_ci
+from rag_experiments.identity import is_place_key
 
 # ---------------------------------------------------------------------------------------------
 # Config diff and sweep factors
@@ -39,8 +40,6 @@ KNOWN_GROUPS = (
 
 def is_bookkeeping(key: str) -> bool:
     """Params that never change results (places: paths, cache dirs, tracking) at any depth."""
-    from rag_experiments.identity import is_place_key
-
     return is_place_key(key)
 
 

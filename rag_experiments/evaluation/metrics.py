@@ -272,7 +272,11 @@ def hit_at_k(rel: np.ndarray, k: int) -> np.ndarray:
 
 
 def evidence_recall_at_k(
-    span_new: np.ndarray, span_len: np.ndarray, n_spans: np.ndarray, k: int, min_coverage: float = MIN_COVERAGE
+    span_new: np.ndarray,
+    span_len: np.ndarray,
+    n_spans: np.ndarray,
+    k: int,
+    min_coverage: float = MIN_COVERAGE,
 ) -> np.ndarray:
     """evidence_recall@k: share of the query's evidence spans that the top k chunks cover.
 
