@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from rag_experiments.evalset import conf_dir
+from rag_experiments.conf_groups import conf_dir
 from rag_experiments.evaluation.cost import price
 from rag_experiments.evaluation.defaults import RANK_DEPTH, TOKEN_BUDGETS, metrics_problems
 

@@ -30,6 +30,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from rag_experiments.conf_groups import conf_dir
 from rag_experiments.datasets.corpus import files_fingerprint
 from rag_experiments.types import Document, EvalItem, Span
 
@@ -183,11 +184,6 @@ class _Resolver:
         if doc_id not in per_doc:
             per_doc[doc_id] = build_reference_chunker(reference).split(self.docs[doc_id])
         return per_doc[doc_id]
-
-
-def conf_dir() -> Path:
-    """The Hydra config tree, package data inside ``rag_experiments``."""
-    return Path(str(resources.files("rag_experiments") / "conf"))
 
 
 def build_reference_chunker(reference: Any):

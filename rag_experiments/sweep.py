@@ -45,6 +45,7 @@ from rag_experiments.assemble import (  # noqa: E402
 )
 from rag_experiments.assemble import priced as _priced  # noqa: E402, F401 - tests price a stage config
 from rag_experiments.cache import StageCache  # noqa: E402
+from rag_experiments.conf_groups import STAGE_GROUPS  # noqa: E402
 from rag_experiments.config_schema import unknown_group_options  # noqa: E402
 from rag_experiments.evalset import sample_dir  # noqa: E402
 from rag_experiments.evaluation.registry import metric_keys, spec, wrap  # noqa: E402
@@ -56,7 +57,6 @@ from rag_experiments.tracking import writer as tracking  # noqa: E402
 from rag_experiments.tracking.traces import log_traces  # noqa: E402
 
 log = logging.getLogger("rag_experiments")
-GROUPS = ("corpus", "evalset", "chunking", "embedding", "retriever", "generator", "prompt", "judge")
 
 if not OmegaConf.has_resolver("sample_dir"):
     OmegaConf.register_new_resolver("sample_dir", lambda: str(sample_dir()))
@@ -158,7 +158,7 @@ def run_params(job: Job) -> dict[str, str]:
     params = {
         k: v for k, v in tracking.flatten(job.full).items() if not k.startswith(("tracking.", "hydra."))
     }
-    params.update({g: str(v) for g, v in HydraConfig.get().runtime.choices.items() if g in GROUPS})
+    params.update({g: str(v) for g, v in HydraConfig.get().runtime.choices.items() if g in STAGE_GROUPS})
     return params
 
 

@@ -19,6 +19,7 @@ from functools import partial
 from typing import Any, ClassVar
 
 from rag_experiments.analysis.attribution import SweepAttribution, factor_effects
+from rag_experiments.conf_groups import option_class
 from rag_experiments.evaluation import aggregate, labels, registry
 from rag_experiments.evaluation import metrics as M
 from rag_experiments.evaluation.headline import headline_metrics, headline_reason, varies_chunking  # noqa: F401
@@ -91,14 +92,11 @@ def metric_definitions(logged: Iterable[str], judge_choice: str | None) -> list[
             ("key-fact match", judging.key_fact_recall),
             ("text normalisation for key facts", judging.normalise_text),
         ]
-        judge_cls = {
-            "heuristic": judging.HeuristicJudge,
-            "openai": judging.LLMJudge,
-            "local": judging.LocalLLMJudge,
-        }.get(judge_choice or "")
+        judge_cls = option_class("judge", judge_choice) if judge_choice else None  # conf/judge/*.yaml
         if judge_cls is not None:
             fns.append((f"judge ({judge_choice}): verdicts", judge_cls))
-            fns.append((f"judge ({judge_choice}): answer_relevance", judge_cls.answer_relevance))
+            if hasattr(judge_cls, "answer_relevance"):
+                fns.append((f"judge ({judge_choice}): answer_relevance", judge_cls.answer_relevance))
     fns.append(("attribution: factor effects", factor_effects))
     out = []
     for name, fn in fns:

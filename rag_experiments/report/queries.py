@@ -11,7 +11,7 @@ import pandas as pd
 from rag_experiments.evaluation import metrics as M
 from rag_experiments.report.load import Config
 from rag_experiments.report.tables import fmt_num
-from rag_experiments.tracking.runs import parse_json  # noqa: F401  (re-used by report modules)
+from rag_experiments.run_record import parse_json
 from rag_experiments.types import Chunk, Span
 
 
