@@ -16,7 +16,6 @@ import logging
 import math
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -30,6 +29,7 @@ from rag_experiments.evaluation.budget import budgeted_metrics
 from rag_experiments.evaluation.cost import cost_metrics, usage_columns
 from rag_experiments.evaluation.labels import RATE_LABELS, failure_label
 from rag_experiments.evaluation.registry import GENERATION_METRICS
+from rag_experiments.parallel import as_they_complete
 from rag_experiments.progress import Progress, track
 from rag_experiments.run_types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.chunking import chunk_corpus
@@ -184,18 +184,14 @@ def generation_stage(
     todo = list({k: i for i, k in enumerate(keys) if k not in found}.items())
     fresh: dict[str, Generation] = {}
     workers = max(1, int(getattr(generator, "concurrency", 1) or 1))
-    pool = ThreadPoolExecutor(max_workers=workers)
-    try:
-        with Progress("generation", len(todo), enabled=progress and bool(todo), unit="answers") as bar:
-            futures = {pool.submit(_generate_one, generator, prompts[i]): k for k, i in todo}
-            for fut in as_completed(futures):
-                k, g = futures[fut], fut.result()
-                fresh[k] = g
-                if not g.error:
-                    cache.put_json_many("generations", {k: asdict(g)})
-                bar.update()
-    finally:  # on Ctrl-C / SIGTERM do not wait for the queued requests
-        pool.shutdown(wait=False, cancel_futures=True)
+    with Progress("generation", len(todo), enabled=progress and bool(todo), unit="answers") as bar:
+        asked = [prompts[i] for _, i in todo]
+        for j, g in as_they_complete(lambda p: _generate_one(generator, p), asked, workers):
+            k = todo[j][0]
+            fresh[k] = g
+            if not g.error:
+                cache.put_json_many("generations", {k: asdict(g)})
+            bar.update()
     gens = []
     for k in keys:
         if k in fresh:

@@ -87,13 +87,9 @@ def _recalled(top: list[dict], gold: dict, min_coverage: float) -> bool:
         if None in (gs, ge, m.get("start"), m.get("end")):
             return any(_relevant(x, gold, min_coverage) for x in top)
         if str(m.get("doc_id") or m.get("doc_uri")) == str(g_id):
-            ranges.append((max(int(m["start"]), int(gs)), min(int(m["end"]), int(ge))))
-    covered, reach = 0, int(gs)  # union of the clipped ranges, overlaps counted once
-    for lo, hi in sorted(r for r in ranges if r[1] > r[0]):
-        lo = max(lo, reach)
-        if hi > lo:
-            covered, reach = covered + hi - lo, hi
-    return covered > 0 and covered >= min_coverage * (int(ge) - int(gs))
+            ranges.append((int(m["start"]), int(m["end"])))
+    covered = M.covered_chars(ranges, int(gs), int(ge))
+    return bool(M.span_recalled(covered, int(ge) - int(gs), min_coverage))
 
 
 def span_hits(trace, expectations: dict | None, min_coverage: float = MIN_COVERAGE) -> np.ndarray | str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import signal
 import sys
@@ -49,6 +48,7 @@ from rag_experiments.conf_groups import STAGE_GROUPS  # noqa: E402
 from rag_experiments.config_schema import unknown_group_options  # noqa: E402
 from rag_experiments.evalset import sample_dir  # noqa: E402
 from rag_experiments.evaluation.registry import metric_keys, spec, wrap  # noqa: E402
+from rag_experiments.formatting import fmt_num  # noqa: E402
 from rag_experiments.identity import code_fingerprint  # noqa: E402
 from rag_experiments.multirun import MultirunParent, start_sweep_child  # noqa: E402, F401 - conf names the callback here
 from rag_experiments.pipeline import PipelineResult, run_pipeline  # noqa: E402
@@ -63,7 +63,7 @@ if not OmegaConf.has_resolver("sample_dir"):
 
 
 def _fmt(v: float) -> str:
-    return "   n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:6.3f}"
+    return fmt_num(v, 3, missing="n/a", width=6)
 
 
 def summary_table(agg: dict[str, float], k: int, ks: list[int]) -> str:

@@ -37,8 +37,6 @@ DIAGNOSTICS = (
     "hallucination",
     "self_knowledge",
 )
-#: Answer-claim classes (:func:`classify_answer_claim`); the shares of the first four are metrics.
-CLASSES = ("noise_relevant", "noise_irrelevant", "hallucination", "self_knowledge", "grounded_correct")
 _CLASS_METRIC = {
     "noise_relevant": "noise_sensitivity_relevant",
     "noise_irrelevant": "noise_sensitivity_irrelevant",

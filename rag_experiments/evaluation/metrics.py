@@ -35,7 +35,9 @@ __all__ = [
     "check_metrics_config",
     "context_precision_at_k",
     "coverage_arrays",
+    "covered_chars",
     "evidence_recall_at_k",
+    "span_recalled",
     "hit_at_k",
     "mask_unanswerable",
     "ndcg_at_k",
@@ -271,6 +273,25 @@ def hit_at_k(rel: np.ndarray, k: int) -> np.ndarray:
     return np.asarray(rel, dtype=bool)[:, :k].any(axis=1).astype(float)
 
 
+def span_recalled(covered, span_len, min_coverage: float = MIN_COVERAGE):
+    """The recall rule (scalars or arrays): ``covered > 0 and covered >= min_coverage * span_len``,
+    ``covered`` the span's characters inside the union of the top k (``covered_chars``)."""
+    return np.logical_and(
+        np.greater(covered, 0), np.greater_equal(covered, min_coverage * np.asarray(span_len))
+    )
+
+
+def covered_chars(ranges: Iterable[tuple[int, int]], start: int, end: int) -> int:
+    """Characters of ``[start, end)`` inside the union of the half-open ``ranges`` (one document),
+    overlaps counted once: the scalar form of ``Coverage.span_new`` summed over the top k."""
+    covered, reach = 0, start
+    for lo, hi in sorted((max(lo, start), min(hi, end)) for lo, hi in ranges):
+        lo = max(lo, reach)
+        if hi > lo:
+            covered, reach = covered + hi - lo, hi
+    return covered
+
+
 def evidence_recall_at_k(
     span_new: np.ndarray,
     span_len: np.ndarray,
@@ -290,8 +311,7 @@ def evidence_recall_at_k(
     """
     _check_k(k)
     cov = np.asarray(span_new, dtype=float)[:, :k, :].sum(axis=1)
-    span_len = np.asarray(span_len, dtype=float)
-    recalled = (cov > 0) & (cov >= min_coverage * span_len)
+    recalled = span_recalled(cov, np.asarray(span_len, dtype=float), min_coverage)
     n_spans = np.asarray(n_spans, dtype=float)
     return _ratio(recalled.sum(axis=1).astype(float), n_spans, np.nan)
 
