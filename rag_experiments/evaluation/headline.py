@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from rag_experiments.evaluation.defaults import TOKEN_BUDGETS
 from rag_experiments.evaluation.registry import parse
 
 __all__ = ["CHUNKING_REASON", "headline_metrics", "headline_reason", "varies_chunking"]
 
 CHUNKING_REASON = "chunkers of different sizes compared at equal context cost"
-DEFAULT_BUDGETS = (256, 512, 1024)
+DEFAULT_BUDGETS = TOKEN_BUDGETS  # the metrics.token_budgets default
 _BUDGETED = ("evidence_recall", "hit", "token_precision")
 
 
