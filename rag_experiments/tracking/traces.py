@@ -473,10 +473,15 @@ def log_traces(
     client, run_id: str, experiment_id: str, per_query: pd.DataFrame, evalset, corpus, cfg, stages
 ) -> None:
     """The sweep's one call: eval-set dataset + one trace per eval item, unless ``tracking.traces=false``."""
+    from rag_experiments.tracking.writer import TRACES_EXPECTED
+
     if not cfg.tracking.get("traces", True):
+        client.set_tag(run_id, TRACES_EXPECTED, "0")
         return
     gen = stages.get("generator")
     t0 = time.perf_counter()
+    # before the first trace: resume compares it with the ``traces`` tag set after the last one
+    client.set_tag(run_id, TRACES_EXPECTED, str(len(per_query)))
     from rag_experiments.tracking.genai_dataset import link_dataset
 
     link_dataset(client, run_id, experiment_id, evalset.items, corpus.docs, evalset.digest)

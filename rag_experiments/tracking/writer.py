@@ -23,12 +23,15 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Dataset as DatasetEntity
+from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
 from rag_experiments.tracking.uri import artifact_location, is_server  # noqa: F401
 from rag_experiments.tracking.uri import tracking_uri as resolve_uri  # noqa: F401  (sweep.py's name)
 
+TRACES_EXPECTED = "traces_expected"  # tag: traces a run should have, set before they are written
 SWEEP_FILE = ".sweep.json"  # the multirun context, in hydra.sweep.dir (read by every job)
 
 
@@ -104,6 +107,27 @@ def find_finished(client: MlflowClient, experiment_id: str, chash: str):
     return runs[0] if runs else None
 
 
+def incomplete_reason(client: MlflowClient, run) -> str:
+    """Why a FINISHED run cannot be reused ("" when it is complete): no ``per_query.parquet``, or
+    fewer traces written (tag ``traces`` = ``{"n": ...}``, set after the last trace) than the run
+    should have (tag ``traces_expected``, set before the first). A run from before
+    ``traces_expected`` existed counts as complete only with its ``traces`` tag.
+
+    The run's status is set last (``sweep.execute``), so this catches runs that an older version
+    (or a kill in that window) left FINISHED without their traces."""
+    tags = run.data.tags
+    names = {Path(a.path).name for a in client.list_artifacts(run.info.run_id)}
+    if "per_query.parquet" not in names:
+        return "no per_query.parquet artifact"
+    written = json.loads(tags.get("traces") or "{}").get("n")
+    expected = tags.get(TRACES_EXPECTED)
+    if expected is None:
+        return "" if written is not None else "no traces recorded"
+    if int(expected) > 0 and (written is None or int(written) < int(expected)):
+        return f"{written or 0} of {expected} traces written"
+    return ""
+
+
 def resume_decision(client: MlflowClient, experiment_id: str, chash: str, fingerprint: str):
     """(run to reuse or None, why) for a config about to run.
 
@@ -117,15 +141,21 @@ def resume_decision(client: MlflowClient, experiment_id: str, chash: str, finger
             f"tags.config_hash = '{chash}' and tags.code_fingerprint = '{fingerprint}' "
             "and attributes.status = 'FINISHED'"
         ),
-        max_results=1,
+        max_results=10,
         order_by=["attributes.start_time DESC"],
     )
-    if same:
-        rid = same[0].info.run_id
-        return same[0], (
+    gaps = []
+    for run in same:
+        rid = run.info.run_id
+        if gap := incomplete_reason(client, run):
+            gaps.append(f"run {rid} is FINISHED but incomplete ({gap})")
+            continue
+        return run, (
             f"config_hash {chash} and code_fingerprint {fingerprint} already FINISHED as run {rid} "
             "(force=true re-runs)"
         )
+    if gaps:
+        return None, "; ".join(gaps)
     old = find_finished(client, experiment_id, chash)
     if old is None:
         return None, ""
@@ -415,16 +445,14 @@ def log_results(
             client.log_artifact(run_id, str(p), artifact_path=str(Path(name).parent) if "/" in name else None)
     with warnings.catch_warnings():  # schema-inference hints about int columns are noise here
         warnings.simplefilter("ignore", UserWarning)
-        mlflow.log_table(per_query, artifact_file="per_query.json", run_id=run_id)
-        with mlflow.start_run(run_id=run_id):
-            ds = mlflow.data.from_pandas(
-                evalset_df,
-                source=str(Path(evalset_path).resolve()),
-                name="evalset",
-                digest=evalset_digest[:16],
-            )
-            mlflow.log_input(ds, context="eval")
-    # start_run/end_run above would mark FINISHED; the caller sets the final status explicitly.
+        client.log_table(run_id, data=per_query, artifact_file="per_query.json")
+        ds = mlflow.data.from_pandas(
+            evalset_df, source=str(Path(evalset_path).resolve()), name="evalset", digest=evalset_digest[:16]
+        )
+    # client calls only: a fluent ``start_run`` here would mark the run FINISHED on exit, before its
+    # traces and final checks exist (the caller sets the final status last, ``sweep.execute``)
+    eval_input = DatasetInput(DatasetEntity(**ds.to_dict()), tags=[InputTag(MLFLOW_DATASET_CONTEXT, "eval")])
+    client.log_inputs(run_id, datasets=[eval_input])
 
 
 def eval_runs_url(base: str, experiment_id: str | None) -> str:
