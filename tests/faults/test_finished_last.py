@@ -30,7 +30,11 @@ runpy.run_module("rag_experiments.sweep", run_name="__main__", alter_sys=True)
 def _runs(root):
     client = MlflowClient(tracking_uri=f"sqlite:///{root}/mlflow.db")
     exp = client.get_experiment_by_name("test")
-    return client, exp.experiment_id, client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])
+    return (
+        client,
+        exp.experiment_id,
+        client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"]),
+    )
 
 
 def test_kill_between_table_and_traces_leaves_no_finished_run_and_resume_reruns(tmp_path):
