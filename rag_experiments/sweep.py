@@ -371,7 +371,11 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
         from rag_experiments.tracking.traces import log_traces  # one trace per eval item (docs/tracing.md)
 
         st = job.stages
-        log_traces(client, run_id, exp_id, res.per_query, st["evalset"], st["corpus"], job.cfg, st)
+        res.timings["traces_s"] = log_traces(
+            client, run_id, exp_id, res.per_query, st["evalset"], st["corpus"], job.cfg, st
+        )
+        res.timings["total_s"] = time.perf_counter() - job.t_start
+        client.set_tag(run_id, "timings", json.dumps({k: round(v, 3) for k, v in res.timings.items()}))
         if every_item_failed(res.aggregates):
             why = (
                 f"every one of the {int(res.aggregates['n_queries'])} queries errored (see per_query 'error')"
