@@ -490,7 +490,9 @@ def __getattr__(name: str):
 
 
 if __name__ == "__main__":
-    if bad := unknown_group_options(sys.argv[1:]):
+    from rag_experiments.launchers import missing_launcher_plugins
+
+    if bad := unknown_group_options(sys.argv[1:]) + missing_launcher_plugins(sys.argv[1:]):
         print_problems(bad)
         sys.exit(2)
     main()

@@ -15,9 +15,9 @@ are inflated by other jobs on a shared 2-core machine, the load average is print
 - cold retrieval-only run, traces off, and the same run with traces on (process wall time);
 - ``traces`` stage time (the run's ``timings`` tag / per-stage table) and its share of the
   traces-off run;
-- store growth of one traced run (a second traced run, so the one-off eval-set dataset is left
-  out) per item, and the dataset's one-off size;
-- ``compare`` of two traced runs (``python -m rag_experiments.compare A B``, its wall time);
+- store growth of the traced run per item, without the eval-set dataset it creates once per eval
+  set (its tables' bytes, sqlite ``dbstat``), and the dataset's size;
+- ``compare`` of the two runs (``python -m rag_experiments.compare A B``, its wall time);
 - reading one run's traces back (``mlflow.search_traces(run_id=...)``, full traces with spans).
 """
 
@@ -136,16 +136,24 @@ print(len(traces), sum(len(t.data.spans) for t in traces), sum(len(t.info.assess
 """
 
 
+def _dataset_bytes(store: Path) -> int:
+    """Bytes of the eval-set dataset's tables (written once per eval set, not per run)."""
+    import sqlite3
+
+    with sqlite3.connect(store) as db:
+        got = db.execute("SELECT COALESCE(SUM(pgsize), 0) FROM dbstat WHERE name LIKE '%dataset%'").fetchone()
+    return int(got[0])
+
+
 def bench_size(root: Path, corpus: Path, evalset: Path, n: int) -> dict:
     work = root / f"n{n}"
     work.mkdir()
     store = work / "mlflow.db"
-    first = sweep(work, store, corpus, evalset, n, True)  # creates the eval-set dataset (once)
-    size0 = store.stat().st_size
     off = sweep(work, store, corpus, evalset, n, False)
-    size1 = store.stat().st_size
-    on = sweep(work, store, corpus, evalset, n, True)
-    size2 = store.stat().st_size
+    size1, ds1 = store.stat().st_size, _dataset_bytes(store)
+    on = sweep(work, store, corpus, evalset, n, True)  # also creates the eval-set dataset (once)
+    size2, ds2 = store.stat().st_size, _dataset_bytes(store)
+    first = off
     uri = f"sqlite:///{store}"
     compare_s = timed(
         [
@@ -179,9 +187,8 @@ def bench_size(root: Path, corpus: Path, evalset: Path, n: int) -> dict:
         "n_traces": n_traces,
         "n_spans": n_spans,
         "n_assessments": n_assess,
-        "growth_per_item_kb": (size2 - size1) / n / 1024,
-        "off_growth_per_item_kb": (size1 - size0) / n / 1024,
-        "first_kb": size0 / 1024,
+        "growth_per_item_kb": (size2 - size1 - (ds2 - ds1)) / n / 1024,
+        "dataset_kb": (ds2 - ds1) / 1024,
         "compare_s": compare_s,
         "read_s": read_s,
         "stage_table": on["stdout"][on["stdout"].find("stage") :].split("\nmodel calls")[0],
@@ -219,8 +226,7 @@ def report(rows: list[dict]) -> None:
     for r in rows:
         print(
             f"\n{r['n']} items: {r['n_spans']} spans, {r['n_assessments']} assessments read back; "
-            f"the traces-off run grew the store {r['off_growth_per_item_kb']:.2f} KB/item; the first traced "
-            f"run (it also creates the eval-set dataset) left a {r['first_kb'] / 1024:.1f} MB store"
+            f"the eval-set dataset (once per eval set, not counted per run): {r['dataset_kb'] / 1024:.1f} MB"
         )
         print(f"per-stage table of the traced run:\n{r['stage_table']}")
     print(f"\nload average {os.getloadavg()[0]:.1f} (2 cores; timings inflated by other jobs when > 2)")
@@ -239,8 +245,8 @@ def main() -> None:
         rows = []
         for n in a.sizes:
             rows.append(bench_size(root, corpus, evalset, n))
-            print(f"[{n} items done, load {os.getloadavg()[0]:.1f}]", file=sys.stderr)
-        report(rows)
+            report(rows)  # after every size: a long session still leaves the finished rows
+            print(f"[{n} items done, load {os.getloadavg()[0]:.1f}]", flush=True)
 
 
 if __name__ == "__main__":
