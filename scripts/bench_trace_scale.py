@@ -24,6 +24,7 @@ are inflated by other jobs on a shared 2-core machine, the load average is print
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -43,12 +44,12 @@ def synth(root: Path, n_docs: int, n_items: int, seed: int = 0) -> tuple[Path, P
     rng = random.Random(seed)
     letters = "abcdefghijklmnopqrstuvwxyz"
     vocab = sorted({"".join(rng.choice(letters) for _ in range(rng.randint(3, 9))) for _ in range(30000)})
-    weights = [1 / (i + 1) for i in range(len(vocab))]
+    cum = list(itertools.accumulate(1 / (i + 1) for i in range(len(vocab))))  # Zipf, cumulated once
     docs, sentences = [], []
     for d in range(n_docs):
         sents = []
         for _ in range(40):
-            words = rng.choices(vocab, weights, k=rng.randint(8, 18))
+            words = rng.choices(vocab, cum_weights=cum, k=rng.randint(8, 18))
             sents.append(" ".join(words).capitalize() + ".")
         doc_id = f"doc{d:05d}.md"
         docs.append({"doc_id": doc_id, "title": doc_id, "text": " ".join(sents)})

@@ -34,7 +34,7 @@ from mlflow.tracing.constant import (
     TraceMetadataKey,
     TraceTagKey,
 )
-from mlflow.tracing.utils import aggregate_usage_from_spans, generate_assessment_id
+from mlflow.tracing.utils import aggregate_usage_from_spans, dump_span_attribute_value, generate_assessment_id
 
 from rag_experiments.tracking.assessments import Pending
 
@@ -115,7 +115,7 @@ class _SpanWriter:
                     "start_time_unix_nano": start_ns,
                     "end_time_unix_nano": max(end_ns, start_ns),
                     # MLflow stores every attribute value JSON-encoded
-                    "attributes": {k: json.dumps(v, default=str) for k, v in attrs.items()},
+                    "attributes": {k: dump_span_attribute_value(v) for k, v in attrs.items()},
                     "status": {
                         "code": "STATUS_CODE_ERROR" if error else "STATUS_CODE_OK",
                         "message": error or "",
