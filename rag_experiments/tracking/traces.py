@@ -417,7 +417,7 @@ def log_traces(
     # before the first trace: resume compares it with the ``traces`` tag set after the last one
     client.set_tag(run_id, TRACES_EXPECTED, str(len(traced)))
     client.set_tag(run_id, TRACES_SAMPLED, json.dumps(record))
-    gen = stages.get("generator")
+    gen = stages.generator  # run_types.Stages
     from rag_experiments.tracking.genai_dataset import link_dataset
 
     link_dataset(client, run_id, experiment_id, evalset.items, corpus.docs, evalset.digest)
@@ -431,9 +431,9 @@ def log_traces(
         corpus.docs,
         int(cfg.retriever.k),
         evalset.digest,
-        prompt=stages.get("prompt"),
+        prompt=stages.prompt,
         generator_model=getattr(gen, "model", None) if gen is not None else None,
-        judge=stages.get("judge"),
+        judge=stages.judge,
         path=os.environ.get("RAG_EXPERIMENTS_TRACES", "auto") or "auto",
     )
     seconds = time.perf_counter() - t0
