@@ -8,6 +8,7 @@ read it too) and sets the parent's final status from its configs' final states.
 from __future__ import annotations
 
 import atexit
+import itertools
 import json
 import signal
 import sys
@@ -33,12 +34,25 @@ from rag_experiments.tracking import writer as tracking
 from rag_experiments.tracking.runs import sweep_children
 
 
+def split_sweep(overrides) -> list[list[str]]:
+    """The jobs of a basic sweep: the cartesian product of the overrides' values in order, as
+    Hydra's ``BasicSweeper.split_arguments`` forms them, through the public ``Override`` API (no
+    private Hydra import). Range/interval sweeps are refused as the basic sweeper refuses them."""
+    choices: dict[str, list[str]] = {}
+    for o in overrides:
+        key = o.get_key_element()
+        if o.is_sweep_override() and not o.is_discrete_sweep():
+            raise ValueError(f"the basic sweeper does not support sweep type {o.value_type.name} ({key})")
+        vals = o.sweep_string_iterator() if o.is_sweep_override() else [o.get_value_element_as_str()]
+        choices[key] = [f"{key}={v}" for v in vals]
+    return [list(job) for job in itertools.product(*choices.values())]
+
+
 def multirun_job_configs(config: DictConfig) -> list[tuple[list[str], DictConfig]] | None:
     """(overrides, composed config) of every job the basic sweeper will launch, before any runs.
 
     None for other sweepers (Optuna, Ax …), whose jobs depend on earlier results.
     """
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -48,7 +62,7 @@ def multirun_job_configs(config: DictConfig) -> list[tuple[list[str], DictConfig
     params = config.hydra.sweeper.get("params") or {}
     args = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
     parsed = OverridesParser.create(config_loader=loader).parse_overrides(args)
-    jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    jobs = split_sweep(parsed)
     return [(list(job), loader.load_sweep_config(config, list(job))) for job in jobs]
 
 

@@ -224,10 +224,12 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
         inputs = job.inputs
         res = run_pipeline(inputs.stages, inputs.data, run_settings(job.cfg), job.cache)
         _log(client, run_id, job, res)
-        # one trace per eval item (docs/tracing.md)
-        log_traces(
+        # one trace per eval item (docs/tracing.md); its time is a row of the per-stage table
+        res.timings["traces_s"] = log_traces(
             client, run_id, exp_id, res.per_query, inputs.evalset, inputs.corpus, job.cfg, inputs.stages
         )
+        res.timings["total_s"] = time.perf_counter() - job.t_start
+        client.set_tag(run_id, "timings", json.dumps({k: round(v, 3) for k, v in res.timings.items()}))
         if every_item_failed(res.aggregates):
             why = (
                 f"every one of the {int(res.aggregates['n_queries'])} queries errored (see per_query 'error')"
@@ -323,7 +325,9 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    if bad := unknown_group_options(sys.argv[1:]):
+    from rag_experiments.launchers import missing_launcher_plugins
+
+    if bad := unknown_group_options(sys.argv[1:]) + missing_launcher_plugins(sys.argv[1:]):
         print_problems(bad)
         sys.exit(2)
     main()

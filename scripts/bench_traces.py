@@ -3,6 +3,7 @@
     python scripts/bench_traces.py            # all 168 items, generator=none
     python scripts/bench_traces.py --limit 40
     python scripts/bench_traces.py --cold     # measured runs recompute every stage (a first run)
+    python scripts/bench_traces.py --cold --public   # also the public-API writer (no fast path)
 
 A first traced run fills the stage cache and creates the eval-set dataset (as the first run of a
 sweep does), then each variant runs ``--repeat`` times in a fresh process (``force=true``) into the
@@ -24,7 +25,9 @@ import time
 from pathlib import Path
 
 
-def run(root: Path, store: str, traces: bool, limit: int | None, cold: bool = False) -> tuple[float, dict]:
+def run(
+    root: Path, store: str, traces: bool, limit: int | None, cold: bool = False, path: str = "auto"
+) -> tuple[float, dict]:
     args = (
         [
             sys.executable,
@@ -43,7 +46,7 @@ def run(root: Path, store: str, traces: bool, limit: int | None, cold: bool = Fa
         + ([f"evalset.limit={limit}"] if limit else [])
         + (["cache_enabled=false"] if cold else [])
     )
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "RAG_EXPERIMENTS_TRACES": path}
     env.pop("MLFLOW_TRACKING_URI", None)
     t = time.perf_counter()
     p = subprocess.run(args, env=env, capture_output=True, text=True)
@@ -65,15 +68,23 @@ def main() -> None:
     ap.add_argument(
         "--cold", action="store_true", help="measured runs recompute every stage (cache_enabled=false)"
     )
+    ap.add_argument(
+        "--public", action="store_true", help="also traces=true through the public MLflow API (no fast path)"
+    )
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         first = run(root, "store", True, a.limit)  # fills the stage cache, creates the eval-set dataset
-        rows = {False: [], True: []}
+        rows = {False: [], True: [], "public": []}
         for _ in range(a.repeat):
             for traces in (False, True):
                 rows[traces].append(run(root, "store", traces, a.limit, a.cold))
+            if a.public:
+                rows["public"].append(run(root, "store", True, a.limit, a.cold, path="public"))
     report(rows[False], rows[True], first)
+    if a.public:
+        print("public MLflow API path (RAG_EXPERIMENTS_TRACES=public), same pairs:")
+        report(rows[False], rows["public"], first)
 
 
 def report(off: list[tuple[float, dict]], on: list[tuple[float, dict]], first: tuple[float, dict]) -> None:

@@ -12,19 +12,12 @@ _spec = importlib.util.spec_from_file_location("import_graph", REPO / "scripts" 
 import_graph = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(import_graph)
 
-#: The one cycle left through in-function imports: tracking/traces <-> trace_store <-> genai_dataset
-#: (issue 20 item 3, the MLflow adapter, removes it; then this set is empty).
-PENDING_CYCLES: list[list[str]] = [
-    [
-        "rag_experiments.tracking.genai_dataset",
-        "rag_experiments.tracking.trace_store",
-        "rag_experiments.tracking.traces",
-    ]
-]
+#: Cycles through in-function imports still allowed: none (the MLflow adapter broke the last one).
+PENDING_CYCLES: list[list[str]] = []
 #: The modules allowed to import private (``_``-prefixed) MLflow or Hydra names.
 ADAPTERS = {"rag_experiments/tracking/mlflow_adapter.py"}
-#: Private imports still outside an adapter, until the MLflow/Hydra adapters land (issue 20 item 3).
-PENDING_PRIVATE = {"rag_experiments/multirun.py", "rag_experiments/tracking/genai_dataset.py"}
+#: Private imports still outside an adapter: none (Hydra's sweep split uses the public Override API).
+PENDING_PRIVATE: set[str] = set()
 
 
 def test_module_top_import_graph_has_no_cycle() -> None:

@@ -89,10 +89,11 @@ def test_feedback_values_equal_the_per_query_table(retrieval_run):
     root, docs, _ = retrieval_run
     *_, traces, df = _store(root)
     by = _by_item(traces)
-    metric_cols = [
-        c for c in df.columns if c.startswith(("hit_at_", "mrr", "ndcg_at_", "evidence_recall_at_"))
-    ]
-    assert "mrr" in metric_cols and "hit_at_5" in metric_cols
+    from rag_experiments.tracking.assessments import assessed_columns
+
+    metric_cols, more_cols = assessed_columns(df, 5)
+    assert {"mrr", "hit_at_1", "hit_at_5", "ndcg_at_5", "evidence_recall_at_5"} <= set(metric_cols)
+    assert "ndcg_at_3" in more_cols and "token_iou_at_5" in more_cols
     checked = 0
     for _, row in df.iterrows():
         fb, ex = _assessments(by[row["id"]])
@@ -103,15 +104,21 @@ def test_feedback_values_equal_the_per_query_table(retrieval_run):
         for e in ex["expected_retrieved_context"]:
             assert e["content"] == (docs / e["doc_uri"]).read_text()[e["start"] : e["end"]]
         if not gold:  # unanswerable: retrieval metrics are not applicable, so no feedback
-            assert not set(metric_cols) & set(fb)
+            assert not set(metric_cols) & set(fb) and "more_metrics" not in fb
             continue
         for col in metric_cols:
             assert fb[col].value == pytest.approx(row[col]), (row["id"], col)
             assert fb[col].source.source_type == AssessmentSourceType.CODE
             checked += 1
-        assert fb["hit_at_5"].rationale.startswith("1 if any relevant chunk")
+        assert fb["more_metrics"].value == pytest.approx({c: row[c] for c in more_cols})
+        assert fb["hit_at_5"].rationale is None  # definitions: once per run, metric_definitions.json
         assert fb["hit_at_5"].span_id == by[row["id"]].data._get_root_span().span_id
     assert checked >= 7 * len(metric_cols)
+    c, _, run, *_ = _store(root)
+    defs = json.loads(
+        open(c.download_artifacts(run.info.run_id, "metric_definitions.json", str(root))).read()
+    )
+    assert defs["hit_at_5"].startswith("1 if any relevant chunk") and "ndcg_at_3" in defs
 
 
 def test_eval_set_is_one_genai_dataset_linked_to_the_run(retrieval_run):
@@ -206,7 +213,8 @@ def test_judge_tokens_go_on_the_judge_span_and_into_the_trace_total():
     """``tokens_in_judge``/``tokens_out_judge`` (when a judge reports usage) are counted once."""
     from mlflow.tracing.utils import aggregate_usage_from_spans
 
-    from rag_experiments.tracking.traces import _new_ids, build_spans
+    from rag_experiments.tracking.mlflow_adapter import to_spans
+    from rag_experiments.tracking.traces import build_spans
     from rag_experiments.types import EvalItem
 
     retrieved = [{"chunk_id": "d#0-5", "doc_id": "d", "start": 0, "end": 5, "score": 1.0, "rank": 1}]
@@ -217,7 +225,7 @@ def test_judge_tokens_go_on_the_judge_span_and_into_the_trace_total():
         "tokens_in_judge": 40.0, "tokens_out_judge": 3.0,
     }  # fmt: skip
     item = EvalItem(id="q1", query="q?", gold_spans=[], tags=["exact"])
-    spans, _ = build_spans(_new_ids(), row, item, {"d": "hello world"}, 0, 1)
+    spans = to_spans(build_spans(row, item, {"d": "hello world"}, 0, 1)[0])
     usage = {s.name: s.get_attribute("mlflow.chat.tokenUsage") for s in spans}
     assert usage["generate"] == {"input_tokens": 100, "output_tokens": 7, "total_tokens": 107}
     assert usage["judge.faithfulness"] == {"input_tokens": 40, "output_tokens": 3, "total_tokens": 43}
@@ -228,7 +236,7 @@ def test_judge_tokens_go_on_the_judge_span_and_into_the_trace_total():
         "total_tokens": 150,
     }
     row.update(tokens_in_judge=float("nan"), tokens_out_judge=float("nan"), tokens_in_generation=float("nan"))
-    spans, _ = build_spans(_new_ids(), row, item, {"d": "hello world"}, 0, 1)
+    spans = to_spans(build_spans(row, item, {"d": "hello world"}, 0, 1)[0])
     usage = {s.name: s.get_attribute("mlflow.chat.tokenUsage") for s in spans}
     assert usage["judge.faithfulness"] is None  # no usage reported: no attribute, never 0
     assert usage["generate"] is None  # only one side reported: left out, not half-invented
@@ -273,12 +281,32 @@ def test_mlflow_ui_shows_the_runs_traces_with_assessments(retrieval_run, tmp_pat
     assert listed.index("mrr") < min(i for i, k in enumerate(listed) if "_ci_" in k)
 
 
-def test_batched_and_per_trace_writes_store_the_same(retrieval_run, tmp_path):
-    """The one-transaction SQL path and the public per-trace path give identical traces."""
+# what MLflow's public path adds and the fast path leaves out: the client's environment (user,
+# git, entry point) and the trace's size statistics
+PUBLIC_ONLY_METADATA = (
+    "mlflow.user",
+    "mlflow.source.name",
+    "mlflow.source.type",
+    "mlflow.source.git.branch",
+    "mlflow.source.git.commit",
+    "mlflow.source.git.repoURL",
+    "mlflow.trace.sizeBytes",
+    "mlflow.trace.sizeStats",
+)
+
+
+def test_fast_and_public_paths_store_the_same(retrieval_run, tmp_path):
+    """The adapter's fast paths (one SQL transaction; per-trace client calls) store what MLflow's
+    public API stores: read back through the public API and as raw rows. This is the check that
+    puts an MLflow version into ``mlflow_adapter.VERIFIED``."""
+    import mlflow as _mlflow
+
     from rag_experiments.datasets.corpus import Corpus
     from rag_experiments.evalset import EvalSet
+    from rag_experiments.tracking import mlflow_adapter
     from rag_experiments.tracking.traces import write_traces
 
+    assert _mlflow.__version__ in mlflow_adapter.VERIFIED, "re-run this test, then add the version"
     root, docs, ev = retrieval_run
     *_, df = _store(root)
     corpus = Corpus(str(docs))
@@ -286,46 +314,53 @@ def test_batched_and_per_trace_writes_store_the_same(retrieval_run, tmp_path):
     uri = f"sqlite:///{tmp_path}/m.db"
     c = MlflowClient(tracking_uri=uri)
     exp = c.create_experiment("x", artifact_location=(tmp_path / "a").as_uri())
-    got, runs = {}, {}
-    for batch in (True, False):
-        run = runs[batch] = c.create_run(exp).info.run_id
-        write_traces(uri, run, exp, df, evalset.items, corpus.docs, 5, evalset.digest, batch=batch)
-        mlflow.set_tracking_uri(uri)
+    mlflow.set_tracking_uri(uri)
+    got, runs, durations = {}, {}, {}
+    for path in ("fast", "fast-per-trace", "public"):
+        run = runs[path] = c.create_run(exp).info.run_id
+        write_traces(uri, run, exp, df, evalset.items, corpus.docs, 5, evalset.digest, path=path)
         traces = mlflow.search_traces(locations=[exp], run_id=run, return_type="list")
-        got[batch] = {
+        got[path] = {
             t.info.tags["item_id"]: (
                 sorted(
-                    (a.name, json.dumps(a.value), a.rationale or "", a.source.source_type)
+                    (a.name, json.dumps(a.value), a.rationale or "", a.source.source_type, a.span_id is None)
                     for a in t.info.assessments
                     if a.feedback is not None or a.expectation is not None
                 ),
-                [(s.name, s.span_type, json.dumps(s.outputs)) for s in t.data.spans],
+                [(s.name, s.span_type, json.dumps(s.outputs), s.status.status_code) for s in t.data.spans],
                 t.info.request_preview,
+                t.info.response_preview,
                 t.info.state,
+                {k: v for k, v in t.info.tags.items() if k != "mlflow.artifactLocation"},
             )
             for t in traces
         }
-    assert len(got[True]) == len(df) and got[True] == got[False]
+        durations[path] = {t.info.tags["item_id"]: t.info.execution_duration for t in traces}
+    assert len(got["fast"]) == len(df) and got["fast"] == got["public"] == got["fast-per-trace"]
+    for item, ms in durations["fast"].items():  # MLflow moves a span's start by its API latency: ±1 ms
+        assert abs(ms - durations["public"][item]) <= 1 and abs(ms - durations["fast-per-trace"][item]) <= 1
     # the raw rows too: span content, tags and metadata keys, trace columns, as MLflow's log_spans writes
     import sqlite3
 
     def content(c: str) -> str:  # without what differs between two writes: ids and start times
         d = json.loads(c)
         d["attributes"].pop("mlflow.traceRequestId")
+        d["attributes"].pop("mlflow.spanStartTimeNs")
         d["duration"] = d.pop("end_time_unix_nano") - d.pop("start_time_unix_nano")
         return json.dumps({k: v for k, v in d.items() if not k.endswith("_id")}, sort_keys=True)
 
     db = sqlite3.connect(tmp_path / "m.db")
     rows = {}
-    for batch, run in runs.items():
+    for path, run in runs.items():
         ids = [
             r[0] for r in db.execute("SELECT request_id FROM trace_request_metadata WHERE value = ?", (run,))
         ]
         q = ",".join("?" * len(ids))
+        skip = ",".join("?" * len(PUBLIC_ONLY_METADATA))
         spans = db.execute(
             f"SELECT name, type, status, model_name, content FROM spans WHERE trace_id IN ({q})", ids
         )
-        rows[batch] = (
+        rows[path] = (
             sorted((n, t, st, m, content(c)) for n, t, st, m, c in spans),
             sorted(
                 db.execute(
@@ -334,18 +369,81 @@ def test_batched_and_per_trace_writes_store_the_same(retrieval_run, tmp_path):
             ),
             sorted(
                 db.execute(
-                    f"SELECT key, COUNT(*) FROM trace_request_metadata WHERE request_id IN ({q}) GROUP BY key",
-                    ids,
+                    f"SELECT key, COUNT(*) FROM trace_request_metadata WHERE request_id IN ({q}) "
+                    f"AND key NOT IN ({skip}) GROUP BY key",
+                    [*ids, *PUBLIC_ONLY_METADATA],
                 )
             ),
             sorted(
                 db.execute(
-                    f"SELECT status, request_preview, trace_name FROM trace_info WHERE request_id IN ({q})",
+                    f"SELECT status, request_preview, response_preview, trace_name FROM trace_info WHERE request_id IN ({q})",
+                    ids,
+                )
+            ),
+            sorted(
+                tuple(str(v).replace(run, "RUN") for v in r)
+                for r in db.execute(
+                    "SELECT name, assessment_type, value, error, source_type, source_id, rationale, "
+                    "assessment_metadata, span_id IS NULL, aggregate_value, is_numeric_value, valid, "
+                    f"overrides, run_id FROM assessments WHERE trace_id IN ({q})",
                     ids,
                 )
             ),
         )
-    assert rows[True][0] and rows[True] == rows[False]
+    assert rows["fast"][0] and rows["fast"] == rows["public"] == rows["fast-per-trace"]
+
+
+def test_unverified_mlflow_falls_back_to_the_public_path_with_one_warning(monkeypatch, tmp_path, caplog):
+    from rag_experiments.tracking import mlflow_adapter, traces
+    from tests.sweep_helpers import tiny_inputs, tiny_pipeline
+
+    inputs = tiny_inputs(tmp_path, n_items=3)
+    res = tiny_pipeline(inputs)
+    corpus, items, _ = inputs
+    uri = f"sqlite:///{tmp_path}/m.db"
+    c = MlflowClient(tracking_uri=uri)
+    exp = c.create_experiment("x", artifact_location=(tmp_path / "a").as_uri())
+    monkeypatch.setattr(mlflow_adapter, "VERIFIED", ())
+    monkeypatch.setattr(mlflow_adapter, "write_fast", lambda *a, **k: pytest.fail("fast path used"))
+    monkeypatch.setattr(traces, "_warned", set())
+    for _ in range(2):
+        run = c.create_run(exp).info.run_id
+        ids = traces.write_traces(uri, run, exp, res.per_query, items, corpus.docs, 3, "d" * 16)
+        assert len(ids) == 3
+    warned = [r for r in caplog.records if "not one the fast path was verified against" in r.message]
+    assert len(warned) == 1, "one warning per process, not one per run"
+    mlflow.set_tracking_uri(uri)
+    got = mlflow.search_traces(locations=[exp], run_id=run, return_type="list")
+    names = {a.name for t in got for a in t.info.assessments}
+    assert len(got) == 3 and names >= {
+        "hit_at_1",
+        "more_metrics",
+        "failure_label",
+        "expected_retrieved_context",
+    }
+
+
+def test_trace_sample_rule():
+    """All items up to the cap; beyond it exactly ``cap``: a seeded half shared by every run, then
+    failures, then the seeded fill."""
+    from rag_experiments.tracking.traces import select_traced
+
+    n = 1000
+    df = pd.DataFrame({"id": [f"q{i}" for i in range(n)], "error": None})
+    df["failure_label"] = ["retrieval_failure" if i % 10 == 0 else "retrieved" for i in range(n)]
+    same, rec = select_traced(df, 1000, 0)
+    assert len(same) == n and rec["rule"] == "all"
+    got, rec = select_traced(df, 200, 0)
+    assert len(got) == 200 and rec["failures"] == 100 and rec["failures_traced"] == 100
+    other = df.assign(failure_label="retrieved")  # another run of the same eval set: no failures
+    got2, rec2 = select_traced(other, 200, 0)
+    assert len(got2) == 200 and rec2["failures_traced"] == 0
+    assert len(set(got["id"]) & set(got2["id"])) >= 100, "the seeded half is common to both runs"
+    assert select_traced(df, 200, 0)[0]["id"].tolist() == got["id"].tolist()  # deterministic
+    assert set(select_traced(df, 200, 1)[0]["id"]) != set(got["id"])  # the seed matters
+    many = df.assign(failure_label="retrieval_failure")
+    got3, rec3 = select_traced(many, 200, 0)
+    assert len(got3) == 200 and rec3["failures_traced"] == 200
 
 
 @requires_smollm2

@@ -24,7 +24,6 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from rag_experiments.evaluation.aggregate import mean_ci
 from rag_experiments.evaluation.labels import FAILURE_LABELS
 from rag_experiments.run_record import as_series
 
@@ -37,6 +36,7 @@ __all__ = [
     "mcnemar_exact",
     "pair",
     "paired_delta",
+    "paired_deltas",
     "sign_flip_p",
     "transition_matrix",
 ]
@@ -124,31 +124,156 @@ def paired_delta(
 
     delta = mean(b) - mean(a) over the ids non-NaN in both; CI = percentile paired bootstrap of the
     mean delta; p = exact McNemar when both are binary, else a sign-flip permutation test.
+    (:func:`paired_deltas` for one metric.)
     """
-    xa, xb, _ = pair(as_series(a), as_series(b))
-    n = int(xa.size)
-    if n == 0:
-        nan = float("nan")
-        return PairedResult(metric, nan, nan, nan, nan, nan, nan, "none (no pairs)", 0, False)
+    ta = pd.DataFrame({"m": as_series(a)})
+    tb = pd.DataFrame({"m": as_series(b)})
+    (res,) = paired_deltas(ta, tb, ["m"], seed=seed, n_resamples=n_resamples, confidence=confidence)
+    res.metric = metric
+    return res
+
+
+def paired_deltas(
+    ta: pd.DataFrame,
+    tb: pd.DataFrame,
+    metrics: Sequence[str],
+    seed: int = 0,
+    n_resamples: int = 9999,
+    confidence: float = 0.95,
+) -> list[PairedResult]:
+    """:func:`paired_delta` for many metrics at once, vectorised (compare of two 20k-item runs).
+
+    ``ta``/``tb``: per-query tables indexed by eval id (or with an ``id`` column). Metrics whose
+    pairs are the same ids are resampled together. A metric whose deltas take few distinct values
+    (hit@k, labels, MRR on short rankings: at most 512) is resampled through its value counts,
+    exact in distribution and O(values) per resample: bootstrap means = Multinomial(n, c/n) · u / n,
+    sign-flipped sums = sum_j u_j (2 Binomial(c_j, 1/2) - c_j). The others share one index draw
+    (``mean_ci``'s draws for that n and seed, as counts: ``counts @ D / n``) and one sign draw.
+    Sign-flip p, two-sided as ``scipy.stats.permutation_test``: ``min(1, 2 min(P(T* >= T),
+    P(T* <= T)))``, each ``(hits + 1) / (n_resamples + 1)``; exact (every sign pattern, through
+    scipy) when ``2**n <= n_resamples``.
+    """
+    ia = ta.set_index("id") if "id" in ta.columns else ta
+    ib = tb.set_index("id") if "id" in tb.columns else tb
+    groups: dict[tuple, list[tuple[str, np.ndarray, np.ndarray]]] = {}
+    out: dict[str, PairedResult] = {}
+    for m in metrics:
+        xa, xb, ids = pair(as_series(ia[m]), as_series(ib[m]))
+        if xa.size == 0:
+            nan = float("nan")
+            out[m] = PairedResult(m, nan, nan, nan, nan, nan, nan, "none (no pairs)", 0, False)
+        else:
+            key = (len(ids), pd.util.hash_pandas_object(ids, index=False).to_numpy().tobytes())
+            groups.setdefault(key, []).append((m, xa, xb))
+    for members in groups.values():
+        out.update(_paired_group(members, seed, n_resamples, confidence))
+    return [out[m] for m in metrics]
+
+
+_FEW = 512  # at most this many distinct deltas: resample the value counts, not the items
+
+
+def _paired_group(members, seed: int, n_resamples: int, confidence: float) -> dict[str, PairedResult]:
+    xa = np.column_stack([a for _, a, _ in members])
+    xb = np.column_stack([b for _, _, b in members])
     d = xb - xa
-    binary = is_binary(xa, xb)
-    _, lo, hi, _ = mean_ci(d, n_resamples=n_resamples, seed=seed, confidence=confidence)
-    if binary:
-        p, test = mcnemar_exact(xa, xb), "mcnemar-exact"
-    else:
-        p, test = sign_flip_p(d, seed=seed, n_resamples=n_resamples), "sign-flip"
-    return PairedResult(
-        metric=metric,
-        mean_a=float(xa.mean()),
-        mean_b=float(xb.mean()),
-        delta=float(d.mean()),
-        ci_low=lo,
-        ci_high=hi,
-        p_value=p,
-        test=test,
-        n_pairs=n,
-        binary=binary,
-    )
+    n = d.shape[0]
+    binary = [is_binary(xa[:, j], xb[:, j]) for j in range(d.shape[1])]
+    rng = np.random.default_rng(seed)
+    boot, flip = np.empty((max(n_resamples, 0), d.shape[1])), {}
+    dense = []  # columns with many distinct deltas: one shared index / sign draw for all of them
+    for j in range(d.shape[1]):
+        u, c = np.unique(d[:, j], return_counts=True)
+        if u.size > _FEW:
+            dense.append(j)
+            continue
+        # the bootstrap mean of n draws from the values u with frequencies c/n (exact in distribution)
+        boot[:, j] = rng.multinomial(n, c / n, size=n_resamples) @ u / n if n_resamples > 0 else []
+        if not binary[j]:
+            flip[j] = _sign_flip_p(d[:, j], u, c, rng, n_resamples)
+    if dense:
+        boot[:, dense] = _resampled_mean_matrix(d[:, dense], n_resamples, seed)
+        flips_dense = [j for j in dense if not binary[j]]
+        if flips_dense:
+            flip.update(
+                zip(flips_dense, _sign_flip_matrix(d[:, flips_dense], seed, n_resamples), strict=True)
+            )
+    alpha = (1.0 - confidence) / 2.0
+    res = {}
+    for j, (m, _, _) in enumerate(members):
+        mean = float(d[:, j].mean())
+        if n == 1 or n_resamples <= 0:
+            lo = hi = mean
+        else:
+            lo, hi = np.quantile(boot[:, j], [alpha, 1.0 - alpha])
+            lo, hi = float(min(lo, mean)), float(max(hi, mean))
+        if binary[j]:
+            p, test = mcnemar_exact(xa[:, j], xb[:, j]), "mcnemar-exact"
+        else:
+            p, test = float(flip[j]), "sign-flip"
+        res[m] = PairedResult(
+            m, float(xa[:, j].mean()), float(xb[:, j].mean()), mean, lo, hi, p, test, n, binary[j]
+        )
+    return res
+
+
+def _two_sided(stat: np.ndarray, obs: np.ndarray, n_resamples: int) -> np.ndarray:
+    """``min(1, 2 min(P(T* >= T), P(T* <= T)))``, each ``(hits + 1) / (n_resamples + 1)``."""
+    eps = 1e-12 * np.maximum(1.0, np.abs(obs))  # float ties count as ties
+    ge = ((stat >= obs - eps).sum(axis=0) + 1) / (n_resamples + 1)
+    le = ((stat <= obs + eps).sum(axis=0) + 1) / (n_resamples + 1)
+    return np.minimum(1.0, 2 * np.minimum(ge, le))
+
+
+def _sign_flip_p(d: np.ndarray, u: np.ndarray, c: np.ndarray, rng, n_resamples: int) -> float:
+    """Sign-flip p of mean(d) == 0 from d's distinct values ``u`` (counts ``c``): the flipped sum
+    of the c_j items equal to u_j is u_j (2 Binomial(c_j, 1/2) - c_j) (exact in distribution)."""
+    n = d.size
+    if np.all(d == 0):
+        return 1.0
+    if 2**n <= n_resamples:
+        return sign_flip_p(d, 0, n_resamples)
+    keep = u != 0
+    u, c = u[keep], c[keep]
+    stat = ((2 * rng.binomial(c, 0.5, size=(n_resamples, u.size)) - c) @ u) / n
+    return float(_two_sided(stat, np.array(d.mean()), n_resamples))
+
+
+def _resampled_mean_matrix(d: np.ndarray, n_resamples: int, seed: int) -> np.ndarray:
+    """Bootstrap means of every column of ``d`` (n × m): the index draws of
+    ``aggregate._resampled_means`` (same seed, same blocks), as counts times ``d``."""
+    n = d.shape[0]
+    rng = np.random.default_rng(seed)
+    block = max(1, min(n_resamples, 4_000_000 // n))
+    means = np.empty((max(n_resamples, 0), d.shape[1]))
+    offsets = (np.arange(block) * n)[:, None]
+    for lo in range(0, n_resamples, block):
+        hi = min(lo + block, n_resamples)
+        idx = rng.integers(0, n, size=(hi - lo, n))
+        if d.shape[1] <= 4:  # a gather per column is cheaper than counting for a few columns
+            for j in range(d.shape[1]):
+                means[lo:hi, j] = d[idx, j].mean(axis=1)
+            continue
+        idx += offsets[: hi - lo]
+        counts = np.bincount(idx.ravel(), minlength=(hi - lo) * n).reshape(hi - lo, n)
+        means[lo:hi] = counts @ d / n
+    return means
+
+
+def _sign_flip_matrix(d: np.ndarray, seed: int, n_resamples: int) -> np.ndarray:
+    """Two-sided sign-flip p-values of mean(d[:, j]) == 0 for every column, one shared sign draw."""
+    n, m = d.shape
+    if 2**n <= n_resamples:  # exact: scipy enumerates every sign pattern
+        return np.array([sign_flip_p(d[:, j], seed, n_resamples) for j in range(m)])
+    rng = np.random.default_rng(seed)
+    block = max(1, min(n_resamples, 4_000_000 // n))
+    stats_ = np.empty((n_resamples, m))
+    for lo in range(0, n_resamples, block):
+        hi = min(lo + block, n_resamples)
+        stats_[lo:hi] = (rng.integers(0, 2, size=(hi - lo, n), dtype=np.int8) * 2 - 1) @ d / n
+    p = _two_sided(stats_, d.mean(axis=0), n_resamples)
+    p[np.all(d == 0, axis=0)] = 1.0
+    return p
 
 
 def holm(pvalues: Sequence[float] | np.ndarray) -> np.ndarray:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from rag_experiments.tracking.traces import expectations
+from rag_experiments.tracking.assessments import expectations
 from rag_experiments.types import Document, EvalItem
 
 
@@ -37,25 +37,26 @@ def link_dataset(
     The dataset is named ``evalset-<digest16>`` and tagged ``evalset_digest``: the same eval set
     content is one dataset however many runs or experiments use it.
     """
+    import mlflow
     from mlflow.entities import DatasetInput, InputTag
-    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 
     name = f"evalset-{evalset_digest[:16]}"
-    with _use_tracking_uri(client.tracking_uri):
-        found = client.search_datasets(filter_string=f"name = '{name}'", max_results=1)
-        if found:
-            ds = found[0]
-            if experiment_id not in (ds.experiment_ids or []):
-                from mlflow.genai.datasets import add_dataset_to_experiments
+    if mlflow.get_tracking_uri() != client.tracking_uri:  # the dataset's own calls use it
+        mlflow.set_tracking_uri(client.tracking_uri)
+    found = client.search_datasets(filter_string=f"name = '{name}'", max_results=1)
+    if found:
+        ds = found[0]
+        if experiment_id not in (ds.experiment_ids or []):
+            from mlflow.genai.datasets import add_dataset_to_experiments
 
-                add_dataset_to_experiments(ds.dataset_id, [experiment_id])
-        else:
-            ds = client.create_dataset(
-                name, experiment_id=[experiment_id], tags={"evalset_digest": evalset_digest}
-            )
-            ds.merge_records(dataset_records(items, {d.doc_id: d.text for d in docs}, evalset_digest))
-            ds = client.get_dataset(ds.dataset_id)
-        entity = run_input_entity(ds)
+            add_dataset_to_experiments(ds.dataset_id, [experiment_id])
+    else:
+        ds = client.create_dataset(
+            name, experiment_id=[experiment_id], tags={"evalset_digest": evalset_digest}
+        )
+        ds.merge_records(dataset_records(items, {d.doc_id: d.text for d in docs}, evalset_digest))
+        ds = client.get_dataset(ds.dataset_id)
+    entity = run_input_entity(ds)
     client.log_inputs(run_id, datasets=[DatasetInput(entity, tags=[InputTag("mlflow.data.context", "eval")])])
     return ds.dataset_id
 

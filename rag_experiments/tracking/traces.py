@@ -1,4 +1,4 @@
-"""One MLflow trace per eval item per run, so MLflow's own evaluation UI shows our per-query results.
+"""One MLflow trace per traced eval item per run, so MLflow's own evaluation UI shows our per-query results.
 
 Built after the fact from the per-query table ``run_pipeline`` returns and the eval items (no hooks
 in the stages). Each trace is linked to its run (trace metadata ``mlflow.sourceRun``) and holds:
@@ -9,116 +9,82 @@ in the stages). Each trace is linked to its run (trace metadata ``mlflow.sourceR
   ``metadata`` doc_id, chunk_id, start, end, score, rank), in rank order;
 - with a generator: a CHAT_MODEL span (prompt messages, completion, latency, token usage from the
   ``tokens_in/out_generation`` columns) and one EVALUATOR span per judge step (claims/verdicts, answer relevance);
-- expectations from the eval item (``expected_retrieved_context``: the gold spans with their text,
-  ``expected_response``, ``expected_facts``) and one feedback per per-query metric column plus the
-  failure label, with the metric's definition (``evaluation.registry``) as rationale.
+- the assessments of ``tracking.assessments`` (expectations from the eval item, feedback on the
+  headline metrics, the rest in one dict, the failure label).
 
-Writing goes straight to the store with explicit timestamps: on a SQL store all trace infos with
-their metadata, assessments and spans in one transaction (``tracking.trace_store.start_traces``);
-elsewhere ``start_trace`` per trace, then the store's ``log_spans``: the path MLflow's own exporter
-takes, minus its per-span and per-assessment round trips. The eval-set dataset: ``tracking.genai_dataset``. See ``docs/tracing.md``.
+Which items get a trace: every item up to ``tracking.trace_sample`` items, beyond that a seeded
+sample with every failure that fits (:func:`select_traced`, docs/tracing.md). How they are written:
+MLflow's public tracing API (:func:`write_public`), or on an MLflow version it was verified against
+the fast path of ``tracking.mlflow_adapter`` (all traces of a run in one transaction). The eval-set
+dataset: ``tracking.genai_dataset``. See ``docs/tracing.md``.
 """
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import json
-import math
+import logging
 import os
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
+import mlflow
 import pandas as pd
-from mlflow.entities import (
-    AssessmentError,
-    AssessmentSource,
-    AssessmentSourceType,
-    Expectation,
-    Feedback,
-    SpanType,
-    TraceInfo,
-    TraceLocation,
-    TraceState,
-)
-from mlflow.entities.span import Span
-from mlflow.tracing.client import TracingClient
-from mlflow.tracing.constant import SpanAttributeKey, TraceMetadataKey, TraceTagKey
-from mlflow.tracing.utils import aggregate_usage_from_spans
+from mlflow import MlflowClient
+from mlflow.entities import SpanStatus, SpanStatusCode, SpanType
+from mlflow.tracing.constant import SpanAttributeKey
 
+from rag_experiments.tracking.assessments import (
+    Pending,
+    assessed_columns,
+    expectations,
+    feedbacks,
+    judge_source,
+    metric_definitions,
+)
+from rag_experiments.tracking.assessments import _num as _num
 from rag_experiments.tracking.runs import parse_json  # NaN cells: items outside generation_subset
 from rag_experiments.types import Document, EvalItem
 
+log = logging.getLogger(__name__)
 TRACE_NAME = "rag_query"
-SPANS_PER_BATCH = 2000  # spans per log_spans transaction
-CODE_SOURCE = "rag_experiments.evaluation.metrics"
-# Per-query columns that are not per-query metrics of their own (the label is logged as a string).
-_NOT_ASSESSED_PREFIXES = ("rate_",)
+DEFAULT_SAMPLE = 2000  # tracking.trace_sample: every item up to this many, then a sample
+TRACES_SAMPLED = "traces_sampled"  # run tag: the sampling rule's inputs and outcome
 _PREVIEW_CHARS = 1000
+_warned: set[str] = set()
 
 
 # ------------------------------------------------------------------------------ span building
 
 
-def _b64_id(n: int, nbytes: int) -> str:
-    import base64
+class SpanSpec(NamedTuple):
+    """One span before it is written: ``parent`` is the index of its parent span (None: root)."""
 
-    return base64.b64encode(n.to_bytes(nbytes, "big")).decode()
+    name: str
+    span_type: str
+    start_ns: int
+    end_ns: int
+    inputs: Any
+    outputs: Any
+    parent: int | None = None
+    attributes: dict[str, Any] | None = None
+    error: str | None = None
 
 
-def _new_ids() -> tuple[int, str]:
-    """(OTel trace id, MLflow trace id ``tr-<32 hex>``), as MLflow's own v3 processor forms them."""
-    otel = int.from_bytes(os.urandom(16), "big") or 1
-    return otel, f"tr-{otel:032x}"
-
-
-class _SpanWriter:
-    """Builds the immutable spans of one trace (parents before children, explicit times)."""
-
-    def __init__(self, otel_trace_id: int, trace_id: str) -> None:
-        self.otel_trace_id, self.trace_id = otel_trace_id, trace_id
-        self.spans: list[Span] = []
+class _Specs:
+    def __init__(self) -> None:
+        self.spans: list[SpanSpec] = []
 
     def add(
-        self,
-        name: str,
-        span_type: str,
-        start_ns: int,
-        end_ns: int,
-        inputs: Any,
-        outputs: Any,
-        parent: int | None = None,
-        attributes: dict[str, Any] | None = None,
-        error: str | None = None,
-    ) -> int:
-        span_id = int.from_bytes(os.urandom(8), "big") or 1
-        attrs = {
-            SpanAttributeKey.REQUEST_ID: self.trace_id,
-            SpanAttributeKey.SPAN_TYPE: span_type,
-            SpanAttributeKey.INPUTS: inputs,
-            SpanAttributeKey.OUTPUTS: outputs,
-            **(attributes or {}),
-        }
+        self, name, span_type, start_ns, end_ns, inputs, outputs, parent=None, attributes=None, error=None
+    ):
         self.spans.append(
-            Span.from_dict(
-                {
-                    "trace_id": _b64_id(self.otel_trace_id, 16),
-                    "span_id": _b64_id(span_id, 8),
-                    "parent_span_id": _b64_id(parent, 8) if parent else None,
-                    "name": name,
-                    "start_time_unix_nano": start_ns,
-                    "end_time_unix_nano": max(end_ns, start_ns),
-                    # MLflow stores every attribute value JSON-encoded
-                    "attributes": {k: json.dumps(v, default=str) for k, v in attrs.items()},
-                    "status": {
-                        "code": "STATUS_CODE_ERROR" if error else "STATUS_CODE_OK",
-                        "message": error or "",
-                    },
-                    "events": [],
-                }
+            SpanSpec(
+                name, span_type, start_ns, max(end_ns, start_ns), inputs, outputs, parent, attributes, error
             )
         )
-        return span_id
+        return len(self.spans) - 1
 
 
 def _documents(retrieved: list[dict], doc_text: dict[str, str]) -> list[dict]:
@@ -141,15 +107,6 @@ def _documents(retrieved: list[dict], doc_text: dict[str, str]) -> list[dict]:
     ]
 
 
-def _num(row: dict, key: str) -> float | None:
-    v = row.get(key)
-    try:
-        v = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(v) else v
-
-
 def _token_usage(row: dict, stage: str) -> dict[str, int] | None:
     """MLflow's span token usage (``mlflow.chat.tokenUsage``: ``input_tokens``, ``output_tokens``,
     ``total_tokens`` = their sum) from the table's ``tokens_in_{stage}`` / ``tokens_out_{stage}``
@@ -164,7 +121,6 @@ def _token_usage(row: dict, stage: str) -> dict[str, int] | None:
 
 
 def build_spans(
-    trace_id_pair: tuple[int, str],
     row: dict,
     item: EvalItem,
     doc_text: dict[str, str],
@@ -172,11 +128,10 @@ def build_spans(
     k: int,
     prompt=None,
     generator_model: str | None = None,
-) -> tuple[list[Span], int]:
-    """The spans of one query's trace and its end time (ns). Durations are the table's latencies;
-    retrieval runs as one batch, so each query's retrieval span lasts the batch time / n queries."""
-    otel, trace_id = trace_id_pair
-    w = _SpanWriter(otel, trace_id)
+) -> tuple[list[SpanSpec], int]:
+    """The spans of one query's trace (root first) and its end time (ns). Durations are the table's
+    latencies; retrieval runs as one batch, so each query's retrieval span lasts the batch time / n."""
+    w = _Specs()
     retrieved = json.loads(row["retrieved"])
     generated = "answer" in row and isinstance(row.get("answer"), str)
     t_ret = int((_num(row, "latency_retrieval_s") or 0.0) * 1e9)
@@ -225,7 +180,7 @@ def build_spans(
     return w.spans, end_ns
 
 
-def _judge_spans(w: _SpanWriter, root, row: dict, item: EvalItem, t: int, t_jud: int) -> None:
+def _judge_spans(w: _Specs, root, row: dict, item: EvalItem, t: int, t_jud: int) -> None:
     """The two judge steps of a generated answer, from ``t`` for ``t_jud`` ns."""
     verdicts = parse_json(row.get("verdicts"), [])
     half = t_jud // 2  # the table has one judge latency per query: split evenly between the steps
@@ -258,140 +213,153 @@ def _chunk(doc: dict):
     return Chunk(m["chunk_id"], m["doc_id"], m["start"], m["end"], doc["page_content"])
 
 
-# ------------------------------------------------------------------------------ assessments
+# ------------------------------------------------------------------------------ which items
 
 
-class Pending(NamedTuple):
-    """An assessment before it is written: building 3,000 ``Feedback`` entities per run was a
-    fifth of the tracing time, so the SQL path writes rows from these and only the per-trace
-    fallback builds entities (:meth:`entity`)."""
-
-    kind: str  # "feedback" | "expectation"
-    name: str
-    value: Any
-    source: AssessmentSource
-    rationale: str | None = None
-    error: AssessmentError | None = None
-
-    def entity(self, trace_id: str, span_id: str | None, metadata: dict[str, str]):
-        if self.kind == "expectation":
-            return Expectation(self.name, self.value, source=self.source, trace_id=trace_id)
-        return Feedback(
-            self.name,
-            self.value,
-            error=self.error,
-            source=self.source,
-            trace_id=trace_id,
-            span_id=span_id,
-            metadata=metadata,
-            rationale=self.rationale,
-        )
+def _rank(seed: int, item_id: str) -> str:
+    return hashlib.sha256(f"{seed}:{item_id}".encode()).hexdigest()
 
 
-@functools.lru_cache(maxsize=1024)
-def _definition(col: str) -> tuple[str, str]:
-    """(side, definition) of a per-query column from the metric registry ('' when unregistered)."""
-    from rag_experiments.evaluation import registry
+def select_traced(per_query: pd.DataFrame, cap: int | None, seed: int) -> tuple[pd.DataFrame, dict]:
+    """The rows to trace and the rule's record (run tag ``traces_sampled``).
 
-    got = registry.parse(col)
-    return (got[0].side, got[0].definition) if got else ("", "")
-
-
-def assessed_columns(per_query: pd.DataFrame) -> list[str]:
-    """Per-query metric columns that become feedback, in registry order (``evaluation.aggregate``)."""
-    from rag_experiments.evaluation.aggregate import metric_columns
-
-    return [c for c in metric_columns(per_query) if not c.startswith(_NOT_ASSESSED_PREFIXES)]
-
-
-def expectations(item: EvalItem, doc_text: dict[str, str], evalset_digest: str) -> list[Pending]:
-    """The eval item's gold data under MLflow's standard expectation names (so its judges read them)."""
-    src = AssessmentSource(AssessmentSourceType.HUMAN, f"evalset:{evalset_digest[:16]}")
-    gold = [
-        {
-            "doc_uri": s.doc_id,
-            "start": s.start,
-            "end": s.end,
-            "content": doc_text.get(s.doc_id, "")[s.start : s.end],
-        }
-        for s in item.gold_spans
-    ]
-    out = [Pending("expectation", "expected_retrieved_context", gold, src)]
-    if item.gold_answer:
-        out.append(Pending("expectation", "expected_response", item.gold_answer, src))
-    if item.key_facts:
-        out.append(Pending("expectation", "expected_facts", list(item.key_facts), src))
-    return out
-
-
-def _unsupported(row: dict) -> str:
-    verdicts = parse_json(row.get("verdicts"), [])
-    bad = [v["claim"] for v in verdicts if v.get("label") != "supported"]
-    return ("; unsupported or unparseable claims: " + " | ".join(bad)) if bad else ""
-
-
-def _label_rationale(row: dict, k: int) -> str:
-    """The inputs of the decision table that produced the label (``evaluation.labels.failure_label``)."""
-    parts = [f"hit_at_{k}={_num(row, f'hit_at_{k}')}"]
-    for col in ("correctness", "faithfulness"):
-        if col in row:
-            parts.append(f"{col}={_num(row, col)}")
-    if isinstance(row.get("error"), str):
-        parts.append(f"error={row['error'][:200]}")
-    return ", ".join(parts) + " (decision table: rag_experiments.evaluation.labels.failure_label)"
-
-
-def feedbacks(
-    row: dict,
-    item: EvalItem,
-    cols: Sequence[str],
-    judge_source: AssessmentSource,
-    k: int,
-) -> list[Pending]:
-    """One feedback per metric column and one for the failure label.
-
-    A retrieval metric of an unanswerable item is not applicable and gets no feedback; any other
-    missing value is logged as a feedback *error* (``NOT_SCORED`` with the reason), never dropped.
+    Every row when ``cap`` is None or ``len(per_query) <= cap``. Otherwise exactly ``cap`` rows:
+    the ``cap // 2`` items first in a seeded order (sha256 of ``seed:item_id``: the same items in
+    every run of the eval set, so two runs can be compared trace by trace), then every failure
+    (a failure label whose rate is better lower, ``evaluation.registry``, or an error) in the
+    same order while room is left, then the next items in that order.
     """
-    code = AssessmentSource(AssessmentSourceType.CODE, CODE_SOURCE)
-    out = []
-    for col in cols:
-        side, definition = _definition(col)
-        if side == "retrieval" and not item.answerable:
+    n = len(per_query)
+    if cap is None or n <= cap:
+        return per_query, {"rule": "all", "n": n, "traced": n}
+    order = per_query.assign(_rank=[_rank(seed, str(i)) for i in per_query["id"]]).sort_values("_rank")
+    failed = _failed(order)
+    common = order.index[: cap // 2]
+    rest = order.index[cap // 2 :]
+    fails = [i for i in rest if failed[i]][: cap - len(common)]
+    chosen = set(common) | set(fails)
+    fill = [i for i in rest if i not in chosen][: cap - len(chosen)]
+    keep = per_query.index.isin(chosen | set(fill))
+    record = {
+        "rule": "seeded half + failures first + seeded fill",
+        "cap": cap,
+        "seed": seed,
+        "n": n,
+        "traced": int(keep.sum()),
+        "failures": int(failed.sum()),
+        "failures_traced": int(failed[keep].sum()),
+    }
+    return per_query[keep], record
+
+
+def _failed(df: pd.DataFrame) -> pd.Series:
+    from rag_experiments.evaluation.registry import higher_is_better
+
+    bad = set()
+    for label in df.get("failure_label", pd.Series(dtype=object)).dropna().unique():
+        try:
+            if higher_is_better(f"rate_{label}") is False:
+                bad.add(label)
+        except KeyError:
             continue
-        source = judge_source if col in ("faithfulness", "answer_relevance") else code
-        value = _num(row, col)
-        rationale = definition + (_unsupported(row) if col == "faithfulness" else "")
-        if value is None:
-            reason = (
-                row.get("error") if isinstance(row.get("error"), str) else "value undefined for this query"
-            )
-            err = AssessmentError(error_code="NOT_SCORED", error_message=str(reason)[:1000])
-            out.append(Pending("feedback", col, None, source, rationale, err))
-        else:
-            out.append(Pending("feedback", col, value, source, rationale or None))
-    label = row.get("failure_label")
-    if isinstance(label, str):
-        out.append(Pending("feedback", "failure_label", label, code, _label_rationale(row, k)))
-    return out
-
-
-def judge_source(judge) -> AssessmentSource:
-    """LLM_JUDGE with the model name for model judges; CODE for the offline heuristic judge."""
-    if judge is None:
-        return AssessmentSource(AssessmentSourceType.CODE, CODE_SOURCE)
-    model = getattr(judge, "model", None)
-    if model:
-        return AssessmentSource(AssessmentSourceType.LLM_JUDGE, str(model))
-    return AssessmentSource(AssessmentSourceType.CODE, type(judge).__name__)
+    err = df["error"].map(lambda e: isinstance(e, str)) if "error" in df.columns else False
+    label = df["failure_label"].isin(bad) if "failure_label" in df.columns else False
+    return pd.Series(label | err, index=df.index).astype(bool)
 
 
 # ------------------------------------------------------------------------------ writing
 
 
+class TraceRecord(NamedTuple):
+    """One query's trace before it is written: spans (root first), tags, assessments."""
+
+    spans: list[SpanSpec]
+    tags: dict[str, str]
+    assessments: list[Pending]
+
+
 def _preview(v: Any) -> str:
     s = v if isinstance(v, str) else json.dumps(v, default=str)
     return s[:_PREVIEW_CHARS]
+
+
+def build_records(
+    per_query: pd.DataFrame,
+    items: Iterable[EvalItem],
+    docs: Iterable[Document],
+    k: int,
+    evalset_digest: str,
+    prompt=None,
+    generator_model: str | None = None,
+    judge=None,
+) -> list[TraceRecord]:
+    """One :class:`TraceRecord` per row of ``per_query`` (matched to its eval item by id), 1 ms apart."""
+    by_id = {it.id: it for it in items}
+    doc_text = {d.doc_id: d.text for d in docs}
+    cols = assessed_columns(per_query, k)
+    jsrc = judge_source(judge)
+    t = time.time_ns()
+    out = []
+    for row in per_query.to_dict("records"):
+        item = by_id[row["id"]]
+        specs, end = build_spans(row, item, doc_text, t, k, prompt, generator_model)
+        pending = [*expectations(item, doc_text, evalset_digest), *feedbacks(row, item, cols, jsrc, k)]
+        out.append(TraceRecord(specs, {"item_id": item.id, "eval_tags": ",".join(item.tags)}, pending))
+        t = end + 1_000_000  # traces in item order, 1 ms apart
+    return out
+
+
+def write_public(
+    tracking_uri: str, experiment_id: str, run_id: str, records: Sequence[TraceRecord]
+) -> list[str]:
+    """Write the traces with MLflow's public API only (any MLflow 3.x): ``MlflowClient.start_trace``
+    / ``start_span`` / ``end_span`` / ``end_trace`` with the table's times, then one
+    ``mlflow.log_feedback`` / ``log_expectation`` per assessment. MLflow forms the ids, the schema
+    version, previews and token totals itself. One store round trip per trace and per assessment."""
+    client = MlflowClient(tracking_uri=tracking_uri)
+    if mlflow.get_tracking_uri() != tracking_uri:  # the tracing exporter and log_feedback use it
+        mlflow.set_tracking_uri(tracking_uri)
+    roots = []
+    for rec in records:
+        root = rec.spans[0]
+        span = client.start_trace(
+            root.name, root.span_type, inputs=root.inputs, attributes=root.attributes, tags=rec.tags,
+            experiment_id=experiment_id, start_time_ns=root.start_ns, run_id=run_id,
+        )  # fmt: skip
+        ids = [span.span_id]
+        for sp in rec.spans[1:]:
+            child = client.start_span(
+                sp.name, span.trace_id, ids[sp.parent], sp.span_type, inputs=sp.inputs,
+                attributes=sp.attributes, start_time_ns=sp.start_ns,
+            )  # fmt: skip
+            ids.append(child.span_id)
+            client.end_span(
+                span.trace_id,
+                child.span_id,
+                outputs=sp.outputs,
+                status=_status(sp.error),
+                end_time_ns=sp.end_ns,
+            )
+        client.end_trace(
+            span.trace_id, outputs=root.outputs, status=_status(root.error), end_time_ns=root.end_ns
+        )
+        roots.append((span.trace_id, span.span_id))
+    mlflow.flush_trace_async_logging()
+    meta = {"mlflow.assessment.sourceRunId": run_id}
+    for rec, (trace_id, root_id) in zip(records, roots, strict=True):
+        for p in rec.assessments:
+            if p.kind == "expectation":
+                mlflow.log_expectation(trace_id=trace_id, name=p.name, value=p.value, source=p.source)
+            else:
+                mlflow.log_feedback(
+                    trace_id=trace_id, name=p.name, value=p.value, source=p.source, error=p.error,
+                    rationale=p.rationale, metadata=meta, span_id=root_id,
+                )  # fmt: skip
+    return [t for t, _ in roots]
+
+
+def _status(error: str | None) -> SpanStatus:
+    return SpanStatus(SpanStatusCode.ERROR, error) if error else SpanStatus(SpanStatusCode.OK)
 
 
 def write_traces(
@@ -406,64 +374,28 @@ def write_traces(
     prompt=None,
     generator_model: str | None = None,
     judge=None,
-    batch: bool = True,
+    path: str = "auto",
 ) -> list[str]:
-    """Write one trace per row of ``per_query`` (matched to its eval item by id); returns trace ids.
+    """Write one trace per row of ``per_query``; returns the trace ids.
 
-    ``batch=False`` creates the traces one public ``start_trace`` call at a time (what non-SQL
-    stores always get); the stored result is the same.
+    ``path``: ``"public"`` (:func:`write_public`), ``"fast"`` (the adapter's one-transaction SQL
+    path, or its per-trace client path off SQL), ``"fast-per-trace"``, or ``"auto"``: the fast path
+    when ``mlflow_adapter.fast_path_problem()`` is empty, else the public one with one warning.
     """
-    tc = TracingClient(tracking_uri)
-    by_id = {it.id: it for it in items}
-    doc_text = {d.doc_id: d.text for d in docs}
-    cols = assessed_columns(per_query)
-    jsrc = judge_source(judge)
-    t = time.time_ns()
-    spans: list[Span] = []
-    infos: list[TraceInfo] = []
-    pending: list[list[Pending]] = []
-    root_ids: list[str] = []
-    trace_ids = []
-    for row in per_query.to_dict("records"):
-        item = by_id[row["id"]]
-        ids = _new_ids()
-        trace_spans, end = build_spans(ids, row, item, doc_text, t, k, prompt, generator_model)
-        root = trace_spans[0]
-        pending.append([*expectations(item, doc_text, evalset_digest), *feedbacks(row, item, cols, jsrc, k)])
-        root_ids.append(root.span_id)
-        error = isinstance(row.get("error"), str)
-        info = TraceInfo(
-            trace_id=ids[1],
-            trace_location=TraceLocation.from_experiment_id(experiment_id),
-            request_time=t // 1_000_000,
-            execution_duration=(end - t) // 1_000_000,
-            state=TraceState.ERROR if error else TraceState.OK,
-            request_preview=_preview(root.inputs),
-            response_preview=_preview(root.outputs),
-            trace_metadata={
-                TraceMetadataKey.SOURCE_RUN: run_id,
-                "mlflow.trace_schema.version": "3",
-                TraceMetadataKey.INPUTS: _preview(root.inputs),
-                TraceMetadataKey.OUTPUTS: _preview(root.outputs),
-                # what MLflow's exporter aggregates on trace end: the UI's Tokens column reads it
-                **(
-                    {TraceMetadataKey.TOKEN_USAGE: json.dumps(u)}
-                    if (u := aggregate_usage_from_spans(trace_spans))
-                    else {}
-                ),
-            },
-            tags={TraceTagKey.TRACE_NAME: TRACE_NAME, "item_id": item.id, "eval_tags": ",".join(item.tags)},
-        )
-        infos.append(info)
-        spans += trace_spans
-        trace_ids.append(ids[1])
-        t = end + 1_000_000  # traces in item order, 1 ms apart
-    from rag_experiments.tracking.trace_store import start_traces
+    records = build_records(per_query, items, docs, k, evalset_digest, prompt, generator_model, judge)
+    if path == "auto":
+        from rag_experiments.tracking.mlflow_adapter import fast_path_problem
 
-    if not start_traces(tc, infos, pending, root_ids, run_id, batch, spans if batch else None):
-        for i in range(0, len(spans), SPANS_PER_BATCH):
-            tc.log_spans(experiment_id, spans[i : i + SPANS_PER_BATCH])
-    return trace_ids
+        problem = fast_path_problem()
+        path = "public" if problem else "fast"
+        if problem and problem not in _warned and not problem.endswith("=public"):
+            _warned.add(problem)
+            log.warning("traces: %s; writing through MLflow's public API (slower, same content)", problem)
+    if path == "public":
+        return write_public(tracking_uri, experiment_id, run_id, records)
+    from rag_experiments.tracking.mlflow_adapter import write_fast
+
+    return write_fast(tracking_uri, experiment_id, run_id, records, _preview, batch=path == "fast")
 
 
 # ------------------------------------------------------------------------------ sweep entry point
@@ -471,20 +403,30 @@ def write_traces(
 
 def log_traces(
     client, run_id: str, experiment_id: str, per_query: pd.DataFrame, evalset, corpus, cfg, stages
-) -> None:
-    """The sweep's one call: eval-set dataset + one trace per eval item, unless ``tracking.traces=false``."""
-    if not cfg.tracking.get("traces", True):
-        return
-    gen = stages.generator  # run_types.Stages
+) -> float:
+    """The sweep's one call: eval-set dataset + the traces, unless ``tracking.traces=false``.
+    Returns the seconds spent (the per-stage table's ``traces`` row)."""
+    from rag_experiments.tracking.writer import TRACES_EXPECTED
+
     t0 = time.perf_counter()
+    if not cfg.tracking.get("traces", True):
+        client.set_tag(run_id, TRACES_EXPECTED, "0")
+        return time.perf_counter() - t0
+    cap = cfg.tracking.get("trace_sample", DEFAULT_SAMPLE)
+    traced, record = select_traced(per_query, None if cap is None else int(cap), int(cfg.get("seed", 0)))
+    # before the first trace: resume compares it with the ``traces`` tag set after the last one
+    client.set_tag(run_id, TRACES_EXPECTED, str(len(traced)))
+    client.set_tag(run_id, TRACES_SAMPLED, json.dumps(record))
+    gen = stages.generator  # run_types.Stages
     from rag_experiments.tracking.genai_dataset import link_dataset
 
     link_dataset(client, run_id, experiment_id, evalset.items, corpus.docs, evalset.digest)
+    client.log_dict(run_id, metric_definitions(per_query), "metric_definitions.json")
     ids = write_traces(
         client.tracking_uri,
         run_id,
         experiment_id,
-        per_query,
+        traced,
         evalset.items,
         corpus.docs,
         int(cfg.retriever.k),
@@ -492,8 +434,9 @@ def log_traces(
         prompt=stages.prompt,
         generator_model=getattr(gen, "model", None) if gen is not None else None,
         judge=stages.judge,
+        path=os.environ.get("RAG_EXPERIMENTS_TRACES", "auto") or "auto",
     )
+    seconds = time.perf_counter() - t0
     # how long tracing took, so its overhead is visible per run (scripts/bench_traces.py)
-    client.set_tag(
-        run_id, "traces", json.dumps({"n": len(ids), "seconds": round(time.perf_counter() - t0, 3)})
-    )
+    client.set_tag(run_id, "traces", json.dumps({"n": len(ids), "seconds": round(seconds, 3)}))
+    return seconds

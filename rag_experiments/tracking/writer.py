@@ -1,45 +1,51 @@
-"""Everything MLflow: experiment, parent/child runs, params, metrics, artifacts, resume.
+"""Writing runs: experiment, child runs, params, metrics, artifacts, and the resume decision.
 
 The layout is a contract that ``compare``, ``gate``, ``report`` and users' dashboards rely on:
-one parent run per multirun (tag ``sweep_id``), one child per resolved config, params = the
-flattened config plus the Hydra group choices, metrics with the registry keys (docs/metrics.md), the per-query
-table as ``per_query.json`` (``mlflow.log_table``) and ``per_query.parquet``.
+one parent run per multirun (tag ``sweep_id``, ``tracking.parents``), one child per resolved config,
+params = the flattened config plus the Hydra group choices, metrics with the registry keys
+(docs/metrics.md), the per-query table as ``per_query.json`` (``MlflowClient.log_table``) and
+``per_query.parquet``. Locks: ``tracking.locks``; git, versions, runner, UI command:
+``tracking.run_info`` (re-exported here under their old names).
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
-import os
-import socket
-import subprocess
 import tempfile
 import time
-import uuid
 import warnings
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import mlflow
 import pandas as pd
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Dataset as DatasetEntity
+from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
+from rag_experiments.tracking.locks import config_lock, file_lock, store_lock  # noqa: F401
+from rag_experiments.tracking.parents import (  # noqa: F401
+    SWEEP_FILE,
+    close_parent,
+    find_parent,
+    get_or_create_parent,
+    read_sweep_context,
+    sweep_status,
+    write_sweep_context,
+)
+from rag_experiments.tracking.run_info import (  # noqa: F401
+    _runner_alive,
+    eval_runs_url,
+    git_info,
+    package_versions,
+    runner_id,
+    ui_command,
+)
 from rag_experiments.tracking.uri import artifact_location, is_server  # noqa: F401
 from rag_experiments.tracking.uri import tracking_uri as resolve_uri  # noqa: F401  (sweep.py's name)
 
-SWEEP_FILE = ".sweep.json"  # the multirun context, in hydra.sweep.dir (read by every job)
-
-
-def store_lock(uri: str) -> contextlib.AbstractContextManager:
-    """Serialises the first touch of a store: two processes creating one fresh sqlite schema race
-    on its migrations ("table already exists")."""
-    from rag_experiments.cache import stable_hash
-
-    return file_lock(
-        Path(tempfile.gettempdir()) / "rag_experiments_locks" / f"store-{stable_hash(uri)[:16]}.lock"
-    )
+TRACES_EXPECTED = "traces_expected"  # tag: traces a run should have, set before they are written
 
 
 def open_store(uri: str) -> MlflowClient:
@@ -104,6 +110,27 @@ def find_finished(client: MlflowClient, experiment_id: str, chash: str):
     return runs[0] if runs else None
 
 
+def incomplete_reason(client: MlflowClient, run) -> str:
+    """Why a FINISHED run cannot be reused ("" when it is complete): no ``per_query.parquet``, or
+    fewer traces written (tag ``traces`` = ``{"n": ...}``, set after the last trace) than the run
+    should have (tag ``traces_expected``, set before the first). A run from before
+    ``traces_expected`` existed counts as complete only with its ``traces`` tag.
+
+    The run's status is set last (``sweep.execute``), so this catches runs that an older version
+    (or a kill in that window) left FINISHED without their traces."""
+    tags = run.data.tags
+    names = {Path(a.path).name for a in client.list_artifacts(run.info.run_id)}
+    if "per_query.parquet" not in names:
+        return "no per_query.parquet artifact"
+    written = json.loads(tags.get("traces") or "{}").get("n")
+    expected = tags.get(TRACES_EXPECTED)
+    if expected is None:
+        return "" if written is not None else "no traces recorded"
+    if int(expected) > 0 and (written is None or int(written) < int(expected)):
+        return f"{written or 0} of {expected} traces written"
+    return ""
+
+
 def resume_decision(client: MlflowClient, experiment_id: str, chash: str, fingerprint: str):
     """(run to reuse or None, why) for a config about to run.
 
@@ -117,15 +144,21 @@ def resume_decision(client: MlflowClient, experiment_id: str, chash: str, finger
             f"tags.config_hash = '{chash}' and tags.code_fingerprint = '{fingerprint}' "
             "and attributes.status = 'FINISHED'"
         ),
-        max_results=1,
+        max_results=10,
         order_by=["attributes.start_time DESC"],
     )
-    if same:
-        rid = same[0].info.run_id
-        return same[0], (
+    gaps = []
+    for run in same:
+        rid = run.info.run_id
+        if gap := incomplete_reason(client, run):
+            gaps.append(f"run {rid} is FINISHED but incomplete ({gap})")
+            continue
+        return run, (
             f"config_hash {chash} and code_fingerprint {fingerprint} already FINISHED as run {rid} "
             "(force=true re-runs)"
         )
+    if gaps:
+        return None, "; ".join(gaps)
     old = find_finished(client, experiment_id, chash)
     if old is None:
         return None, ""
@@ -133,200 +166,7 @@ def resume_decision(client: MlflowClient, experiment_id: str, chash: str, finger
     return None, f"code changed since run {old.info.run_id} (fingerprint {before} -> {fingerprint})"
 
 
-def git_info(root: Path | None = None) -> dict[str, str]:
-    root = root or Path(__file__).resolve().parents[2]
-
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(
-                ["git", *args], cwd=root, capture_output=True, text=True, timeout=10
-            ).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    commit = git("rev-parse", "HEAD")
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no")) if commit else False
-    return {"git_commit": commit or "unknown", "git_dirty": str(dirty).lower()}
-
-
-def package_versions() -> dict[str, str]:
-    out = {}
-    for pkg in (
-        "rag-experiments",
-        "mlflow",
-        "hydra-core",
-        "sentence-transformers",
-        "transformers",
-        "torch",
-        "numpy",
-        "pandas",
-        "bm25s",
-        "model2vec",
-        "semantic-text-splitter",
-        "xllamacpp",
-        "openai",
-    ):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = "absent"
-    return out
-
-
-# ------------------------------------------------------------------------------ parent runs
-
-
-def write_sweep_context(sweep_dir: str | Path, sweep: dict) -> Path:
-    """Written once by the multirun callback; every job (in-process, joblib or Ray) reads it."""
-    path = Path(sweep_dir) / SWEEP_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{SWEEP_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(sweep, indent=2), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
-
-
-def read_sweep_context(sweep_dir: str | Path | None) -> dict | None:
-    """The context of the multirun whose sweep dir is ``sweep_dir``; None for a single job."""
-    if sweep_dir is None:
-        return None
-    path = Path(sweep_dir) / SWEEP_FILE
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-
-
-@contextlib.contextmanager
-def file_lock(path: Path):
-    """An exclusive ``flock`` on ``path``: released by the kernel when the process dies (kill -9)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def get_or_create_parent(
-    client: MlflowClient, experiment_id: str, sweep: dict, force: bool
-) -> tuple[str, str]:
-    """(parent run id, sweep_id) for this multirun, created by the first job that needs it.
-
-    Created lazily so that a sweep whose input is rejected leaves no empty parent behind. An
-    identical earlier sweep's parent is reused (its finished children are skipped anyway) unless
-    ``force``; a file lock keeps parallel workers on one host from creating two parents (across
-    hosts ``multirun.settle_parent`` keeps one).
-    """
-    lock = Path(tempfile.gettempdir()) / "rag_experiments_locks" / f"{sweep['invocation']}.lock"
-    with file_lock(lock):
-        filters = [f"tags.sweep_invocation = '{sweep['invocation']}'"]
-        if not force:
-            filters.append(f"tags.sweep_hash = '{sweep['sweep_hash']}'")
-        for flt in filters:
-            runs = client.search_runs(
-                [experiment_id], filter_string=flt, max_results=1, order_by=["attributes.start_time DESC"]
-            )
-            if runs:
-                r = runs[0]
-                if r.data.tags.get("sweep_invocation") != sweep["invocation"]:
-                    client.set_tag(r.info.run_id, "sweep_invocation", sweep["invocation"])
-                if r.info.status != "RUNNING":  # a re-run resumes a KILLED/FAILED sweep
-                    client.update_run(r.info.run_id, status="RUNNING")
-                return r.info.run_id, r.data.tags["sweep_id"]
-        # the driver fixes sweep_id (same on every host); older contexts lack it
-        sweep_id = sweep.get("sweep_id") or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
-        run = client.create_run(
-            experiment_id,
-            run_name=f"sweep {sweep_id}",
-            tags={
-                "sweep_id": sweep_id,
-                "sweep_hash": sweep["sweep_hash"],
-                "sweep_invocation": sweep["invocation"],
-                "is_parent": "true",
-                "sweep_overrides": json.dumps(sweep.get("overrides", [])),
-                "command": sweep.get("command", ""),
-                **git_info(),
-            },
-        )
-        return run.info.run_id, sweep_id
-
-
-def sweep_status(client: MlflowClient, experiment_id: str, parent_id: str) -> tuple[str, int, int]:
-    """(status, configs finished, configs) of a sweep from its children's final states.
-
-    A config is one ``config_hash``; it counts as finished when any of its runs FINISHED, so
-    a child killed and then re-run does not hold the sweep back. FINISHED when every config
-    finished, else FAILED.
-    """
-    children = client.search_runs(
-        [experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'", max_results=5000
-    )
-    by_config: dict[str, bool] = {}
-    for c in children:
-        key = c.data.tags.get("config_hash", c.info.run_id)
-        by_config[key] = by_config.get(key, False) or c.info.status == "FINISHED"
-    done = sum(by_config.values())
-    return ("FINISHED" if done == len(by_config) else "FAILED"), done, len(by_config)
-
-
-def close_parent(
-    client: MlflowClient, experiment_id: str, parent_id: str, complete: bool = True, interrupted: str = ""
-) -> str:
-    """Set a sweep parent's final status and tag ``configs_finished`` = ``done/total``.
-
-    ``complete`` (every job of the multirun ran): FINISHED when every config FINISHED, else
-    FAILED. An incomplete sweep is KILLED when ``interrupted`` names the signal, else FAILED;
-    a re-run that finishes the remaining configs turns it FINISHED.
-    """
-    status, done, total = sweep_status(client, experiment_id, parent_id)
-    if not complete:
-        status = "KILLED" if interrupted else "FAILED"
-    client.set_tag(parent_id, "configs_finished", f"{done}/{total}")
-    if interrupted:
-        client.set_tag(parent_id, "killed_by", interrupted[:200])
-    client.set_terminated(parent_id, status)
-    return status
-
-
-def find_parent(client: MlflowClient, experiment_name: str, invocation: str):
-    exp = client.get_experiment_by_name(experiment_name)
-    if exp is None:
-        return None, None
-    runs = client.search_runs(
-        [exp.experiment_id], filter_string=f"tags.sweep_invocation = '{invocation}'", max_results=1
-    )
-    return exp.experiment_id, (runs[0] if runs else None)
-
-
 # ------------------------------------------------------------------------------ child runs
-
-
-def runner_id() -> str:
-    """``host:pid`` of this process: tagged on each child so a later run can tell a dead one."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _runner_alive(runner: str | None) -> bool:
-    if not runner or ":" not in runner:
-        return False
-    host, pid = runner.rsplit(":", 1)
-    if host != socket.gethostname():
-        return True  # another machine: we cannot tell, so never touch it
-    try:
-        os.kill(int(pid), 0)
-    except (ProcessLookupError, ValueError):
-        return False
-    except PermissionError:
-        return True
-    return int(pid) != os.getpid()  # our own pid: a leftover of an earlier job in this process
-
-
-def config_lock(uri: str, experiment_id: str, chash: str) -> contextlib.AbstractContextManager:
-    """One lock per (store, experiment, config_hash): the skip check and the run are atomic, so
-    two identical sweeps started together run each config once (the second one skips it)."""
-    from rag_experiments.cache import stable_hash
-
-    key = stable_hash("config-lock", uri, experiment_id, chash)[:24]
-    return file_lock(Path(tempfile.gettempdir()) / "rag_experiments_locks" / f"{key}.lock")
 
 
 def heal_stale_runs(client: MlflowClient, experiment_id: str, chash: str) -> list[str]:
@@ -383,8 +223,6 @@ def log_results(
 ) -> None:
     import math
 
-    import mlflow
-
     now = int(time.time() * 1000)
     from rag_experiments.tracking.run_page import metric_order
 
@@ -415,39 +253,11 @@ def log_results(
             client.log_artifact(run_id, str(p), artifact_path=str(Path(name).parent) if "/" in name else None)
     with warnings.catch_warnings():  # schema-inference hints about int columns are noise here
         warnings.simplefilter("ignore", UserWarning)
-        mlflow.log_table(per_query, artifact_file="per_query.json", run_id=run_id)
-        with mlflow.start_run(run_id=run_id):
-            ds = mlflow.data.from_pandas(
-                evalset_df,
-                source=str(Path(evalset_path).resolve()),
-                name="evalset",
-                digest=evalset_digest[:16],
-            )
-            mlflow.log_input(ds, context="eval")
-    # start_run/end_run above would mark FINISHED; the caller sets the final status explicitly.
-
-
-def eval_runs_url(base: str, experiment_id: str | None) -> str:
-    """The experiment's evaluation-runs view in the MLflow 3 UI (runs with their per-query traces;
-    select one and "compare to" another for the side-by-side view); the UI root without an id."""
-    base = base.rstrip("/")
-    return f"{base}/#/experiments/{experiment_id}/evaluation-runs" if experiment_id else base
-
-
-def ui_command(uri: str, artifact_root: str | None, experiment_id: str | None = None) -> str:
-    """A UI command that works from any shell: this venv's Python, absolute store and artifact
-    paths, and the URL of the experiment's evaluation-runs view (:func:`eval_runs_url`)."""
-    import shlex
-    import sys
-
-    if is_server(uri):
-        return f"open {eval_runs_url(uri, experiment_id)}"
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):  # relative to the cwd
-        uri = "sqlite:///" + str(Path(uri.removeprefix("sqlite:///")).resolve())
-    root = Path(artifact_root or "mlartifacts").resolve()
-    return (
-        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false MLFLOW_DISABLE_TELEMETRY=true "
-        f"{shlex.quote(sys.executable)} -m mlflow server "
-        f"--backend-store-uri {shlex.quote(uri)} --default-artifact-root {shlex.quote(str(root))} "
-        f"--workers 1 --port 5000   # then open {eval_runs_url('http://127.0.0.1:5000', experiment_id)}"
-    )
+        client.log_table(run_id, data=per_query, artifact_file="per_query.json")
+        ds = mlflow.data.from_pandas(
+            evalset_df, source=str(Path(evalset_path).resolve()), name="evalset", digest=evalset_digest[:16]
+        )
+    # client calls only: a fluent ``start_run`` here would mark the run FINISHED on exit, before its
+    # traces and final checks exist (the caller sets the final status last, ``sweep.execute``)
+    eval_input = DatasetInput(DatasetEntity(**ds.to_dict()), tags=[InputTag(MLFLOW_DATASET_CONTEXT, "eval")])
+    client.log_inputs(run_id, datasets=[eval_input])

@@ -1,0 +1,41 @@
+"""File locks that order MLflow store access between processes on one host (``flock``: released
+by the kernel when the process dies, kill -9 included)."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import tempfile
+from pathlib import Path
+
+
+def store_lock(uri: str) -> contextlib.AbstractContextManager:
+    """Serialises the first touch of a store: two processes creating one fresh sqlite schema race
+    on its migrations ("table already exists")."""
+    from rag_experiments.cache import stable_hash
+
+    return file_lock(
+        Path(tempfile.gettempdir()) / "rag_experiments_locks" / f"store-{stable_hash(uri)[:16]}.lock"
+    )
+
+
+
+@contextlib.contextmanager
+def file_lock(path: Path):
+    """An exclusive ``flock`` on ``path``: released by the kernel when the process dies (kill -9)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def config_lock(uri: str, experiment_id: str, chash: str) -> contextlib.AbstractContextManager:
+    """One lock per (store, experiment, config_hash): the skip check and the run are atomic, so
+    two identical sweeps started together run each config once (the second one skips it)."""
+    from rag_experiments.cache import stable_hash
+
+    key = stable_hash("config-lock", uri, experiment_id, chash)[:24]
+    return file_lock(Path(tempfile.gettempdir()) / "rag_experiments_locks" / f"{key}.lock")

@@ -1,0 +1,365 @@
+"""The one home of MLflow internals: writing a run's traces straight to the store (the fast path).
+
+``tracking.traces`` writes through MLflow's public API (``MlflowClient.start_trace`` /
+``start_span`` / ``end_span`` / ``end_trace``, ``mlflow.log_feedback`` / ``log_expectation``): one
+store transaction per trace and one per assessment. This module writes what those calls write,
+for all traces of a run at once, with MLflow's internals: hand-built trace and span ids, the trace
+schema version, ``SqlAlchemyStore`` ORM tables and private store methods (``_start_trace_once``
+and ``_log_spans_once``'s happy paths as executemany inserts in one transaction) on a SQL store,
+``TracingClient.start_trace`` (assessments attached) + ``log_spans`` elsewhere (a tracking server).
+
+It is used only on the MLflow versions in :data:`VERIFIED` — the ones
+``tests/test_traces.py::test_fast_and_public_paths_store_the_same`` compared, raw rows included,
+with the public path — and never when ``RAG_EXPERIMENTS_TRACES=public``; otherwise
+:func:`fast_path_problem` names why and ``tracking.traces`` falls back to the public path with one
+warning. Nothing else in ``rag_experiments`` imports private MLflow names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from importlib import metadata
+from typing import Any
+
+from mlflow.entities import TraceInfo, TraceLocation, TraceState
+from mlflow.entities.span import Span, default_log_level_for_span_type
+from mlflow.store.tracking.sqlalchemy_store import assessment_aggregate
+from mlflow.tracing.client import TracingClient
+from mlflow.tracing.constant import (
+    AssessmentMetadataKey,
+    SpanAttributeKey,
+    SpansLocation,
+    TraceMetadataKey,
+    TraceTagKey,
+)
+from mlflow.tracing.utils import aggregate_usage_from_spans, dump_span_attribute_value, generate_assessment_id
+
+from rag_experiments.tracking.assessments import Pending
+
+#: MLflow versions whose stored traces the fast path reproduces (checked by the test above)
+VERIFIED = ("3.17.2",)
+ENV = "RAG_EXPERIMENTS_TRACES"  # "public": always the public path; "fast" / unset: fast when verified
+SPANS_PER_BATCH = 2000  # spans per log_spans call (non-SQL stores)
+
+
+def fast_path_problem() -> str:
+    """Why the fast path must not be used here ("" when it may): a forced public path, or an
+    MLflow version it was not verified against."""
+    if os.environ.get(ENV, "").lower() == "public":
+        return f"{ENV}=public"
+    version = metadata.version("mlflow")
+    if version not in VERIFIED:
+        return f"mlflow {version} is not one the fast path was verified against ({', '.join(VERIFIED)})"
+    return ""
+
+
+# ------------------------------------------------------------------------------ spans and trace infos
+
+
+def _b64_id(n: int, nbytes: int) -> str:
+    import base64
+
+    return base64.b64encode(n.to_bytes(nbytes, "big")).decode()
+
+
+def _new_ids() -> tuple[int, str]:
+    """(OTel trace id, MLflow trace id ``tr-<32 hex>``), as MLflow's own v3 processor forms them."""
+    otel = int.from_bytes(os.urandom(16), "big") or 1
+    return otel, f"tr-{otel:032x}"
+
+
+class _SpanWriter:
+    """Builds the immutable spans of one trace (parents before children, explicit times)."""
+
+    def __init__(self, otel_trace_id: int, trace_id: str, experiment_id: str | None = None) -> None:
+        self.otel_trace_id, self.trace_id, self.experiment_id = otel_trace_id, trace_id, experiment_id
+        self.spans: list[Span] = []
+
+    def add(
+        self,
+        name: str,
+        span_type: str,
+        start_ns: int,
+        end_ns: int,
+        inputs: Any,
+        outputs: Any,
+        parent: int | None = None,
+        attributes: dict[str, Any] | None = None,
+        error: str | None = None,
+    ) -> int:
+        span_id = int.from_bytes(os.urandom(8), "big") or 1
+        attrs = {
+            SpanAttributeKey.REQUEST_ID: self.trace_id,
+            SpanAttributeKey.SPAN_TYPE: span_type,
+            SpanAttributeKey.INPUTS: inputs,
+            SpanAttributeKey.OUTPUTS: outputs,
+            # what the public start_span/start_trace with an explicit start time record
+            SpanAttributeKey.START_TIME_NS: start_ns,
+            SpanAttributeKey.LOG_LEVEL: int(default_log_level_for_span_type(span_type)),
+            **(
+                {SpanAttributeKey.EXPERIMENT_ID: self.experiment_id}
+                if parent is None and self.experiment_id
+                else {}
+            ),
+            **(attributes or {}),
+        }
+        self.spans.append(
+            Span.from_dict(
+                {
+                    "trace_id": _b64_id(self.otel_trace_id, 16),
+                    "span_id": _b64_id(span_id, 8),
+                    "parent_span_id": _b64_id(parent, 8) if parent else None,
+                    "name": name,
+                    "start_time_unix_nano": start_ns,
+                    "end_time_unix_nano": max(end_ns, start_ns),
+                    # MLflow stores every attribute value JSON-encoded
+                    "attributes": {k: dump_span_attribute_value(v) for k, v in attrs.items()},
+                    "status": {
+                        "code": "STATUS_CODE_ERROR" if error else "STATUS_CODE_OK",
+                        "message": error or "",
+                    },
+                    "events": [],
+                }
+            )
+        )
+        return span_id
+
+
+def to_spans(specs, trace_ids: tuple[int, str] | None = None, experiment_id: str | None = None) -> list[Span]:
+    """Immutable MLflow spans of one trace from ``tracking.traces.SpanSpec``s (parents first)."""
+    w = _SpanWriter(*(trace_ids or _new_ids()), experiment_id)
+    ids: list[int] = []
+    for sp in specs:
+        parent = ids[sp.parent] if sp.parent is not None else None
+        ids.append(
+            w.add(
+                sp.name,
+                sp.span_type,
+                sp.start_ns,
+                sp.end_ns,
+                sp.inputs,
+                sp.outputs,
+                parent,
+                sp.attributes,
+                sp.error,
+            )
+        )
+    return w.spans
+
+
+def trace_info(
+    trace_id: str, experiment_id: str, run_id: str, spans: list[Span], tags: dict[str, str], preview
+) -> TraceInfo:
+    """The finished trace's info as MLflow's v3 processor and exporter fill it (schema version 3,
+    source run, inputs/outputs previews, aggregated token usage)."""
+    root = spans[0]
+    start, end = root.start_time_ns, root.end_time_ns
+    return TraceInfo(
+        trace_id=trace_id,
+        trace_location=TraceLocation.from_experiment_id(experiment_id),
+        request_time=start // 1_000_000,
+        execution_duration=(end - start) // 1_000_000,
+        state=TraceState.ERROR if root.status.status_code == "ERROR" else TraceState.OK,
+        request_preview=preview(root.inputs),
+        response_preview=preview(root.outputs),
+        trace_metadata={
+            TraceMetadataKey.SOURCE_RUN: run_id,
+            "mlflow.trace_schema.version": "3",
+            TraceMetadataKey.INPUTS: preview(root.inputs),
+            TraceMetadataKey.OUTPUTS: preview(root.outputs),
+            # what MLflow's exporter aggregates on trace end: the UI's Tokens column reads it
+            **(
+                {TraceMetadataKey.TOKEN_USAGE: json.dumps(u)}
+                if (u := aggregate_usage_from_spans(spans))
+                else {}
+            ),
+        },
+        tags={TraceTagKey.TRACE_NAME: root.name, **tags},
+    )
+
+
+def write_fast(
+    tracking_uri: str, experiment_id: str, run_id: str, records, preview, batch: bool = True
+) -> list[str]:
+    """Write ``records`` (``tracking.traces.TraceRecord``) with the fast path; returns trace ids.
+    ``batch=False``: the per-trace ``TracingClient.start_trace`` + ``log_spans`` (what a tracking
+    server gets)."""
+    tc = TracingClient(tracking_uri)
+    infos, spans, pending, root_ids = [], [], [], []
+    for rec in records:
+        ids = _new_ids()
+        trace_spans = to_spans(rec.spans, ids, experiment_id)
+        infos.append(trace_info(ids[1], experiment_id, run_id, trace_spans, rec.tags, preview))
+        spans += trace_spans
+        pending.append(rec.assessments)
+        root_ids.append(trace_spans[0].span_id)
+    if not start_traces(tc, infos, pending, root_ids, run_id, batch, spans if batch else None):
+        for i in range(0, len(spans), SPANS_PER_BATCH):
+            tc.log_spans(experiment_id, spans[i : i + SPANS_PER_BATCH])
+    return [i.trace_id for i in infos]
+
+
+# ------------------------------------------------------------------------------ SQL store rows
+
+
+def _assessment_row(
+    p: Pending, info: TraceInfo, span_id: str, now: int, meta_json: str, run_id: str
+) -> dict[str, Any]:
+    """The ``assessments`` table row of one assessment: the columns and encoding of
+    ``SqlAssessments.from_mlflow_entity`` (mlflow 3.17.2), without building entities or ORM objects.
+    ``now``: creation time (ms); ``meta_json``: the feedback metadata, JSON (the same for a run)."""
+    feedback = p.kind == "feedback"
+    aggregate_value, is_numeric = assessment_aggregate(p.value)
+    return dict(
+        assessment_id=generate_assessment_id(),
+        trace_id=info.trace_id,
+        name=p.name,
+        assessment_type=p.kind,
+        value=json.dumps(p.value),
+        error=json.dumps(p.error.to_dictionary()) if p.error else None,
+        created_timestamp=now,
+        last_updated_timestamp=now,
+        source_type=p.source.source_type,
+        source_id=p.source.source_id,
+        run_id=run_id if feedback else None,  # the store copies the feedback's source run here
+        span_id=span_id if feedback else None,
+        rationale=p.rationale if feedback else None,
+        overrides=None,
+        valid=True,
+        assessment_metadata=meta_json if feedback else None,
+        aggregate_value=aggregate_value,
+        is_numeric_value=is_numeric,
+        experiment_id=int(info.experiment_id),
+        trace_timestamp_ms=info.request_time,
+    )
+
+
+def _span_rows(store, spans: list[Span], experiment_id: int) -> list[dict[str, Any]]:
+    """The ``spans`` table rows of ``SqlAlchemyStore._log_spans_once`` (mlflow 3.17.2) for spans
+    without cost, session or user attributes (ours): same content encoding, model columns."""
+    from mlflow.store.tracking import sqlalchemy_store as S
+
+    rows = []
+    for span in spans:
+        span_dict = S.translate_span_when_storing(span)
+        attrs = span_dict.get("attributes", {})
+        rows.append(
+            dict(
+                trace_id=span.trace_id,
+                experiment_id=experiment_id,
+                span_id=span.span_id,
+                parent_span_id=span.parent_id,
+                name=span.name,
+                type=span.span_type,
+                status=span.status.status_code,
+                start_time_unix_nano=span.start_time_ns,
+                end_time_unix_nano=span.end_time_ns,
+                content=json.dumps(span_dict, cls=S.TraceJSONEncoder, ensure_ascii=store.db_type == S.MSSQL),
+                input_cost=None,
+                output_cost=None,
+                total_cost=None,
+                model_name=S.bounded_model_dimension(
+                    S._try_parse_json_string(attrs.get(SpanAttributeKey.MODEL))
+                ),
+                model_provider=S.bounded_model_dimension(
+                    S._try_parse_json_string(attrs.get(SpanAttributeKey.MODEL_PROVIDER))
+                ),
+            )
+        )
+    return rows
+
+
+def _trace_rows(store, experiment, info: TraceInfo, with_spans: bool) -> tuple[dict, list[dict], list[dict]]:
+    """One trace's ``trace_info`` row, tag rows and metadata rows, as ``_start_trace_once`` (and,
+    ``with_spans``, ``_log_spans_once``'s spans-location tag) write them in mlflow 3.17.2."""
+    from mlflow.store.tracking import sqlalchemy_store as S
+
+    meta = dict(info.trace_metadata)
+    info_row = dict(
+        request_id=info.trace_id,
+        experiment_id=int(info.experiment_id),
+        timestamp_ms=info.request_time,
+        execution_time_ms=info.execution_duration,
+        status=info.state.value,
+        client_request_id=info.client_request_id,
+        request_preview=info.request_preview,
+        response_preview=info.response_preview,
+        trace_name=S.validate_trace_name(info.tags.get(TraceTagKey.TRACE_NAME)),
+        **S.analytics_columns_from_metadata(meta),
+    )
+    location = store._get_trace_artifact_location_tag(experiment, info.trace_id)
+    tags = {k: v for k, v in info.tags.items() if k != TraceTagKey.TRACE_NAME}
+    tags[location.key] = location.value
+    if with_spans:  # what log_spans tags: the spans live in this store's spans table
+        tags[TraceTagKey.SPANS_LOCATION] = SpansLocation.TRACKING_STORE.value
+    for key in S.PROMOTED_TRACE_METADATA_KEYS:
+        meta.pop(key, None)
+    meta[TraceMetadataKey.TRACE_INFO_FINALIZED] = "true"
+    tag_rows = [dict(request_id=info.trace_id, key=k, value=v) for k, v in tags.items()]
+    meta_rows = [dict(request_id=info.trace_id, key=k, value=v) for k, v in sorted(meta.items())]
+    return info_row, tag_rows, meta_rows
+
+
+def start_traces(
+    tc: TracingClient,
+    infos: list[TraceInfo],
+    pending: list[list[Pending]],
+    root_span_ids: list[str],
+    run_id: str,
+    batch: bool = True,
+    spans: list[Span] | None = None,
+) -> bool:
+    """Create the traces (info, tags, metadata, assessments, and ``spans`` when given), in one
+    transaction on a SQL store; True when the spans were written too (else: ``log_spans`` them).
+
+    ``TracingClient.start_trace`` costs one transaction (~80 ms on sqlite here) per trace and
+    ``log_spans`` one tag merge (a SELECT + INSERT) per trace; this does what their happy paths do
+    (``SqlAlchemyStore._start_trace_once`` and ``_log_spans_once`` in mlflow 3.17.2, pinned) for all
+    traces at once, for traces that are new and finished. Other stores (a tracking server), or
+    ``batch=False``, get the per-trace call.
+    """
+    import sqlalchemy
+    from mlflow.store.tracking import sqlalchemy_store as S
+
+    store = tc.store
+    if not (batch and isinstance(store, S.SqlAlchemyStore)) or not infos:
+        meta = {AssessmentMetadataKey.SOURCE_RUN_ID: run_id}
+        for info, ps, span_id in zip(infos, pending, root_span_ids, strict=True):
+            info.assessments = [p.entity(info.trace_id, span_id, meta) for p in ps]
+            tc.start_trace(info)
+        return False
+    experiment = store.get_experiment(infos[0].experiment_id)
+    store._check_experiment_is_active(experiment)
+    infos_rows, tag_rows, meta_rows, assessment_rows = [], [], [], []
+    now, meta_json = int(time.time() * 1000), json.dumps({AssessmentMetadataKey.SOURCE_RUN_ID: run_id})
+    for info, ps, span_id in zip(infos, pending, root_span_ids, strict=True):
+        info_row, tags, metas = _trace_rows(store, experiment, info, spans is not None)
+        infos_rows.append(info_row)
+        tag_rows += tags
+        meta_rows += metas
+        assessment_rows += [_assessment_row(p, info, span_id, now, meta_json, run_id) for p in ps]
+    span_rows = _span_rows(store, spans, int(experiment.experiment_id)) if spans is not None else []
+    with store.ManagedSessionMaker(read_only=False) as session:
+        families = [S.RollupFamily.TRACE_METRIC, S.RollupFamily.ASSESSMENT]
+        partitions = [
+            (f, int(experiment.experiment_id), sorted({i.request_time for i in infos})) for f in families
+        ]
+        if span_rows:
+            stamps = sorted({r["start_time_unix_nano"] // 1_000_000 for r in span_rows})
+            partitions.append((S.RollupFamily.SPAN_COST, int(experiment.experiment_id), stamps))
+        S.enqueue_rollup_rebuild_partitions(session, partitions)
+        # Core executemany inserts: the ORM's per-object bookkeeping was most of the cost
+        for model, rows in (
+            (S.SqlTraceInfo, infos_rows),
+            (S.SqlTraceTag, tag_rows),
+            (S.SqlTraceMetadata, meta_rows),
+            (S.SqlAssessments, assessment_rows),
+            (S.SqlSpan, span_rows),
+        ):
+            if rows:
+                session.execute(sqlalchemy.insert(model.__table__), rows)
+        if span_rows:  # log_spans' guard against a concurrent archival of these traces
+            store._advance_db_payload_generations_for_db_span_writes(session, [i.trace_id for i in infos])
+    return spans is not None
