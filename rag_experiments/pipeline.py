@@ -27,6 +27,7 @@ from rag_experiments.evaluation import metrics as M
 from rag_experiments.evaluation.aggregate import aggregate
 from rag_experiments.evaluation.budget import budgeted_metrics
 from rag_experiments.evaluation.cost import cost_metrics, usage_columns
+from rag_experiments.evaluation.judge_repeats import repeat_columns
 from rag_experiments.evaluation.labels import RATE_LABELS, failure_label
 from rag_experiments.evaluation.registry import GENERATION_METRICS
 from rag_experiments.progress import Progress, track
@@ -308,7 +309,7 @@ def _label_rows(rows, items, k: int, thresholds: dict | None, generated: list[bo
 
 
 def _generate_and_judge(
-    rows, items, ranked, k, subset, generator, prompt, judge, cache, progress, min_coverage=0.5
+    rows, items, ranked, k, subset, generator, prompt, judge, cache, progress, min_coverage=0.5, repeats=()
 ):
     """Generate and judge the ``subset`` of items (with the claim-level diagnostics); fills their
     rows. Returns (timings, calls)."""
@@ -328,15 +329,17 @@ def _generate_and_judge(
     diags, dcalls = diagnostics_stage(
         judge, sub_items, answers, contexts_chunks, judged, cache, min_coverage, progress
     )
+    flips = repeat_columns(repeats, judged, contexts, cache, jcalls)  # judge.repeats
     calls.update({f"judge_{k_}": v for k_, v in (jcalls + dcalls).items()})
     timings["judging_s"] = time.perf_counter() - t
-    for qi, it, g, j, ctx, d in zip(subset, sub_items, gens, judged, contexts, diags, strict=True):
+    for qi, it, g, j, ctx, d, fl in zip(subset, sub_items, gens, judged, contexts, diags, flips, strict=True):
         row = rows[qi]
         row.update(answer=g.text, context=ctx, error=g.error)  # context: exactly what both saw
         row.update(latency_generation_s=g.latency_s, generation_cached=g.cached)
         row.update(usage_columns(g.usage))  # cached answers keep their usage: cost of the config
         row.update(_judged_columns(g, it, j))
         row.update(diagnostic_columns(d, j[5] if j is not None else None))
+        row.update(fl)
     return timings, calls
 
 
@@ -424,6 +427,7 @@ def run_pipeline(
     generator=None,
     prompt=None,
     judge=None,
+    judge_repeats=(),
     min_coverage: float = 0.5,
     thresholds: dict | None = None,
     n_resamples: int = 1000,
@@ -469,7 +473,8 @@ def run_pipeline(
     subset = stratified_subset(items, generation_subset) if generator is not None else []
     if generator is not None:
         gt, gc = _generate_and_judge(
-            rows, items, ranked, k, subset, generator, prompt, judge, cache, progress, min_coverage
+            rows, items, ranked, k, subset, generator, prompt, judge, cache, progress, min_coverage,
+            judge_repeats or (),
         )
         timings.update(gt)
         calls.update(gc)

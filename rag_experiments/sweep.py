@@ -36,7 +36,12 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from rag_experiments.config_schema import unknown_group_options  # noqa: E402
 from rag_experiments.evalset import sample_dir  # noqa: E402
-from rag_experiments.identity import code_fingerprint, is_place_key, model_identities  # noqa: E402
+from rag_experiments.identity import (  # noqa: E402
+    code_fingerprint,
+    is_place_key,
+    judge_fingerprint,
+    model_identities,
+)
 
 log = logging.getLogger("rag_experiments")
 GROUPS = ("corpus", "evalset", "chunking", "embedding", "retriever", "generator", "prompt", "judge")
@@ -70,10 +75,16 @@ def build_stages(cfg: DictConfig, cache) -> dict[str, Any]:
     embedder = CachedEmbedder(instantiate(cfg.embedding, **extra), cache)
     retriever = instantiate(cfg.retriever, embedder=embedder)
     generator = prompt = judge = None
+    judge_repeats: list = []
     if cfg.generator.get("_target_"):
+        from rag_experiments.evaluation.judge_validity import instantiate_judge, repeat_judges
+
         generator = instantiate(_priced(cfg.generator))
         prompt = instantiate(cfg.prompt)
-        judge = instantiate(_priced(cfg.judge))
+        judge = instantiate_judge(cfg.judge)
+        judge_repeats, warning = repeat_judges(cfg.judge, cfg.judge.get("repeats", 1))
+        if warning:
+            log.warning(warning)
     return dict(
         corpus=corpus,
         evalset=evalset,
@@ -83,6 +94,7 @@ def build_stages(cfg: DictConfig, cache) -> dict[str, Any]:
         generator=generator,
         prompt=prompt,
         judge=judge,
+        judge_repeats=judge_repeats,  # judge.repeats: the judges of repeats 2..N (docs/judges.md)
     )
 
 
@@ -206,6 +218,7 @@ class Job:
     overrides: list[str]
     sweep: dict | None
     t_start: float
+    card: dict | None = None  # the judge's validity card, once computed (docs/judges.md)
 
     @property
     def k(self) -> int:
@@ -247,6 +260,8 @@ def run_tags(job: Job) -> dict[str, str]:
     if gen is not None:
         tags["generator_model"] = getattr(gen, "model", "")
         tags["judge_model"] = str(getattr(judge, "model", None))
+        tags["judge_identity"] = judge_fingerprint(judge) or ""  # compare/gate/select: one judge
+        tags["judge_repeats"] = str(1 + len(job.stages.get("judge_repeats") or []))
         if getattr(judge, "model", None) and judge.model == getattr(gen, "model", None):
             log.warning(
                 "the judge model equals the generator model (%s): expect self-preference bias", gen.model
@@ -284,6 +299,7 @@ def _pipeline(job: Job):
         generator=stages["generator"],
         prompt=stages["prompt"],
         judge=stages["judge"],
+        judge_repeats=stages.get("judge_repeats"),
         min_coverage=cfg.metrics.min_coverage,
         thresholds=load_thresholds() if "attribution" not in cfg else _container(cfg.attribution),
         n_resamples=cfg.metrics.bootstrap_resamples,
@@ -297,6 +313,24 @@ def _pipeline(job: Job):
             "judge": _container(cfg.judge.get("pricing")),
         },
     )
+
+
+def _judge_card(job: Job, res) -> None:
+    """The judge's validity card into the run's metrics (``judge_card/*``) and tags (docs/judges.md)."""
+    from rag_experiments.evaluation.judge_validity import run_card
+
+    st = job.stages
+    if st["judge"] is None:
+        return
+    t = time.perf_counter()
+    metrics, tags, card = run_card(
+        job.cfg.get("judge_card"), st["judge"], st.get("judge_repeats") or [], st["corpus"].docs,
+        job.cache, job.cfg.get("progress", True),
+    )
+    res.aggregates.update(metrics)
+    res.tags.update(tags)
+    res.timings["judge_card_s"] = time.perf_counter() - t
+    job.card = card
 
 
 def _log(client, run_id: str, job: Job, res) -> None:
@@ -367,6 +401,7 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
 
     try:
         res = _pipeline(job)
+        _judge_card(job, res)
         _log(client, run_id, job, res)
         from rag_experiments.tracking.traces import log_traces  # one trace per eval item (docs/tracing.md)
 
@@ -444,6 +479,10 @@ def run_job(cfg: DictConfig) -> float:
         res = execute(client, exp_id, run_id, job, parent_id)
     print(f"\n== {run_name}  (run {run_id}, {res.n_chunks} chunks, {time.perf_counter() - t_start:.1f}s)")
     print(summary_table(res.aggregates, k, job.ks))
+    if job.card is not None:
+        from rag_experiments.analysis.judge_card import card_line
+
+        print(card_line(job.card, res.tags.get("judge_card_source", "")))
     n_items = len(job.stages["evalset"].items)
     if job.stages["generator"] is not None and res.n_generated < n_items:
         print(
