@@ -83,8 +83,8 @@ def build_stages(cfg: DictConfig, cache) -> dict[str, Any]:
         prompt = instantiate(cfg.prompt)
         judge = instantiate_judge(cfg.judge)
         judge_repeats, warning = repeat_judges(cfg.judge, cfg.judge.get("repeats", 1))
-        if warning:
-            log.warning(warning)
+        if warning:  # a deterministic judge: N asks would return the same verdicts
+            print(f"warning: {warning}", file=sys.stderr)
     return dict(
         corpus=corpus,
         evalset=evalset,
