@@ -36,12 +36,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from rag_experiments.config_schema import unknown_group_options  # noqa: E402
 from rag_experiments.evalset import sample_dir  # noqa: E402
-from rag_experiments.identity import (  # noqa: E402
-    code_fingerprint,
-    is_place_key,
-    judge_fingerprint,
-    model_identities,
-)
+from rag_experiments.identity import code_fingerprint, is_place_key, judge_fingerprint, model_identities  # noqa: E402
 
 log = logging.getLogger("rag_experiments")
 GROUPS = ("corpus", "evalset", "chunking", "embedding", "retriever", "generator", "prompt", "judge")
@@ -75,16 +70,12 @@ def build_stages(cfg: DictConfig, cache) -> dict[str, Any]:
     embedder = CachedEmbedder(instantiate(cfg.embedding, **extra), cache)
     retriever = instantiate(cfg.retriever, embedder=embedder)
     generator = prompt = judge = None
-    judge_repeats: list = []
+    judge_repeats: list = []  # judge.repeats: the judges of repeats 2..N (docs/judges.md)
     if cfg.generator.get("_target_"):
-        from rag_experiments.evaluation.judge_validity import instantiate_judge, repeat_judges
-
+        from rag_experiments.evaluation.judge_validity import judge_with_repeats
         generator = instantiate(_priced(cfg.generator))
         prompt = instantiate(cfg.prompt)
-        judge = instantiate_judge(cfg.judge)
-        judge_repeats, warning = repeat_judges(cfg.judge, cfg.judge.get("repeats", 1))
-        if warning:  # a deterministic judge: N asks would return the same verdicts
-            print(f"warning: {warning}", file=sys.stderr)
+        judge, judge_repeats = judge_with_repeats(cfg.judge)
     return dict(
         corpus=corpus,
         evalset=evalset,
@@ -94,7 +85,7 @@ def build_stages(cfg: DictConfig, cache) -> dict[str, Any]:
         generator=generator,
         prompt=prompt,
         judge=judge,
-        judge_repeats=judge_repeats,  # judge.repeats: the judges of repeats 2..N (docs/judges.md)
+        judge_repeats=judge_repeats,
     )
 
 
@@ -260,8 +251,7 @@ def run_tags(job: Job) -> dict[str, str]:
     if gen is not None:
         tags["generator_model"] = getattr(gen, "model", "")
         tags["judge_model"] = str(getattr(judge, "model", None))
-        tags["judge_identity"] = judge_fingerprint(judge) or ""  # compare/gate/select: one judge
-        tags["judge_repeats"] = str(1 + len(job.stages.get("judge_repeats") or []))
+        tags.update(judge_identity=judge_fingerprint(judge) or "", judge_repeats=str(1 + len(job.stages.get("judge_repeats") or [])))
         if getattr(judge, "model", None) and judge.model == getattr(gen, "model", None):
             log.warning(
                 "the judge model equals the generator model (%s): expect self-preference bias", gen.model
@@ -313,24 +303,6 @@ def _pipeline(job: Job):
             "judge": _container(cfg.judge.get("pricing")),
         },
     )
-
-
-def _judge_card(job: Job, res) -> None:
-    """The judge's validity card into the run's metrics (``judge_card/*``) and tags (docs/judges.md)."""
-    from rag_experiments.evaluation.judge_validity import run_card
-
-    st = job.stages
-    if st["judge"] is None:
-        return
-    t = time.perf_counter()
-    metrics, tags, card = run_card(
-        job.cfg.get("judge_card"), st["judge"], st.get("judge_repeats") or [], st["corpus"].docs,
-        job.cache, job.cfg.get("progress", True),
-    )
-    res.aggregates.update(metrics)
-    res.tags.update(tags)
-    res.timings["judge_card_s"] = time.perf_counter() - t
-    job.card = card
 
 
 def _log(client, run_id: str, job: Job, res) -> None:
@@ -401,7 +373,8 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
 
     try:
         res = _pipeline(job)
-        _judge_card(job, res)
+        from rag_experiments.evaluation.judge_validity import add_card  # judge_card/* (docs/judges.md)
+        job.card = add_card(job.cfg.get("judge_card"), job.stages, job.cache, res, job.cfg.get("progress", True))
         _log(client, run_id, job, res)
         from rag_experiments.tracking.traces import log_traces  # one trace per eval item (docs/tracing.md)
 
@@ -478,11 +451,7 @@ def run_job(cfg: DictConfig) -> float:
         run_id, parent_id = start_run(client, exp_id, job)
         res = execute(client, exp_id, run_id, job, parent_id)
     print(f"\n== {run_name}  (run {run_id}, {res.n_chunks} chunks, {time.perf_counter() - t_start:.1f}s)")
-    print(summary_table(res.aggregates, k, job.ks))
-    if job.card is not None:
-        from rag_experiments.analysis.judge_card import card_line
-
-        print(card_line(job.card, res.tags.get("judge_card_source", "")))
+    print(summary_table(res.aggregates, k, job.ks) + (f"\n{job.card['line']}" if job.card else ""))
     n_items = len(job.stages["evalset"].items)
     if job.stages["generator"] is not None and res.n_generated < n_items:
         print(

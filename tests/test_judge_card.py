@@ -37,13 +37,28 @@ MONTHLY_CTX = (
     "access to the paid features until the end of the billing period."
 )
 RAW_PAIRS = [
-    ("Annual plans can be cancelled within 30 days for a prorated refund.", REFUND_CTX, "supported", "support"),
-    ("Annual plans can be cancelled within 90 days for a prorated refund.", REFUND_CTX, "unsupported", "number"),
+    (
+        "Annual plans can be cancelled within 30 days for a prorated refund.",
+        REFUND_CTX,
+        "supported",
+        "support",
+    ),
+    (
+        "Annual plans can be cancelled within 90 days for a prorated refund.",
+        REFUND_CTX,
+        "unsupported",
+        "number",
+    ),
     ("Annual plans cannot be cancelled for a refund.", REFUND_CTX, "unsupported", "negation"),
     ("The refund covers the unused months of the term.", REFUND_CTX, "supported", "support"),
     ("Monthly plans are not refunded except for billing errors.", MONTHLY_CTX, "supported", "support"),
     ("Monthly plans are always refunded in full.", MONTHLY_CTX, "unsupported", "negation"),
-    ("You keep access to paid features until the end of the billing period.", MONTHLY_CTX, "supported", "support"),
+    (
+        "You keep access to paid features until the end of the billing period.",
+        MONTHLY_CTX,
+        "supported",
+        "support",
+    ),
     ("Webhooks are retried 12 times over 3 days.", MONTHLY_CTX, "unsupported", "other_document"),
     ("Refunds are paid in bitcoin to the account owner.", REFUND_CTX, "unsupported", "other_document"),
     ("Monthly plans keep paid features until the billing period ends.", MONTHLY_CTX, "supported", "support"),
@@ -117,7 +132,15 @@ def test_card_cli_json_keys_and_ci_shapes(tmp_path, capsys):
     argv = ["card", "--judge", "heuristic", "--pairs", str(pairs), "--json", "--resamples", "200"]
     assert judge_main([*argv, "--cache-dir", str(tmp_path / "cache")]) == 0
     card = json.loads(capsys.readouterr().out)
-    need = ("n", "kappa", "balanced_accuracy", "accuracy", "accept_by_type", "unparseable_rate", "seconds_per_verdict")
+    need = (
+        "n",
+        "kappa",
+        "balanced_accuracy",
+        "accuracy",
+        "accept_by_type",
+        "unparseable_rate",
+        "seconds_per_verdict",
+    )
     assert set(need) <= set(card)
     assert card["n"] == len(RAW_PAIRS)
     assert card["pairs_digest"] == pairs_digest(load_pairs(pairs))
@@ -160,18 +183,23 @@ def test_deterministic_judge_repeats_warn_and_cost_nothing():
     assert judges == [] and "deterministic" in warning and "no temperature" in warning
     judges, warning = repeat_judges(judge_config("local", ["temperature=0"]), 3)
     assert judges == [] and "temperature is 0" in warning
-    seeds, warning = repeat_judges(judge_config("local", ["temperature=0.8", "seed=5"]), 3, lambda c, seed: seed)
+    seeds, warning = repeat_judges(
+        judge_config("local", ["temperature=0.8", "seed=5"]), 3, lambda c, seed: seed
+    )
     assert seeds == [6, 7] and warning is None  # one distinct seed per repeat
     assert repeat_judges(judge_config("heuristic"), 1) == ([], None)
 
 
+@pytest.mark.slow
 @requires_smollm2
 def test_stochastic_judge_repeats_flip_rate_cached_per_repeat(tmp_path):
     cfg = judge_config("local", ["temperature=1.0", "use_logprobs=false", "decompose=false", "max_tokens=16"])
-    judge = build_judge("local", ["temperature=1.0", "use_logprobs=false", "decompose=false", "max_tokens=16"])
+    judge = build_judge(
+        "local", ["temperature=1.0", "use_logprobs=false", "decompose=false", "max_tokens=16"]
+    )
     repeats, warning = repeat_judges(cfg, 3)
     assert warning is None and len({judge.identity, *(j.identity for j in repeats)}) == 3
-    pairs = select_pairs(load_pairs(write_pairs(tmp_path / "p.jsonl")), 6)
+    pairs = select_pairs(load_pairs(write_pairs(tmp_path / "p.jsonl")), 3)
     cache = StageCache(tmp_path / "cache")
     card = validity_card(judge, pairs, cache, repeats, n_resamples=100, progress=False)
     assert card["repeats"] == 3 and 0.0 <= card["flip_rate"]["value"] <= 1.0
@@ -179,17 +207,18 @@ def test_stochastic_judge_repeats_flip_rate_cached_per_repeat(tmp_path):
     # per query in the pipeline: the repeats' labels per claim, and the flip rate they imply
     from collections import Counter
 
-    claims = [p.claim for p in pairs[:3]]
+    claims = [p.claim for p in pairs[:2]]
     verdicts = judge.verdicts(claims, REFUND_CTX)
     cols = repeat_columns(repeats, [(claims, verdicts, 0, "", 0, {})], [REFUND_CTX], cache, Counter())
     labels = json.loads(cols[0]["judge_repeat_labels"])
-    assert len(labels) == 3 and all(len(ls) == 3 for ls in labels)
+    assert len(labels) == 2 and all(len(ls) == 3 for ls in labels)
     assert cols[0]["judge_flip_rate"] == query_flip_rate(labels)
 
 
 # ----------------------------------------------------------------------------- a run logs its card
 
 
+@pytest.mark.slow
 def test_run_logs_judge_card_digest_and_identity(tmp_path, fake_llm):  # noqa: F811
     from mlflow.tracking import MlflowClient
 
@@ -230,7 +259,10 @@ def test_config_rejects_bad_judge_card_and_repeats():
     cfg = OmegaConf.to_container(OmegaConf.load(conf_dir() / "config.yaml"))
     cfg["judge_card"].update(pairs="/no/such/pairs.jsonl", max_pairs=0, typo=1)
     cfg["generator"] = {"_target_": "rag_experiments.stages.generation.OpenAICompatibleGenerator"}
-    cfg["judge"] = {**OmegaConf.to_container(OmegaConf.load(conf_dir() / "judge" / "heuristic.yaml")), "repeats": 0}
+    cfg["judge"] = {
+        **OmegaConf.to_container(OmegaConf.load(conf_dir() / "judge" / "heuristic.yaml")),
+        "repeats": 0,
+    }
     problems = "\n".join(validate(cfg))
     assert "conf/config: judge_card.pairs: file not found" in problems
     assert "conf/config: judge_card.max_pairs: must be an integer >= 1" in problems

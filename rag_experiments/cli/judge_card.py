@@ -40,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--judge", required=True, metavar="NAME", help="a conf/judge/NAME.yaml (heuristic, local, ...)")
+    p.add_argument(
+        "--judge", required=True, metavar="NAME", help="a conf/judge/NAME.yaml (heuristic, local, ...)"
+    )
     p.add_argument("--pairs", metavar="FILE", help="judge_pairs JSONL (id, claim, context, label, type)")
     p.add_argument("--corpus", metavar="DIR", help="corpus for synthetic pairs when --pairs is absent")
     p.add_argument("--max-pairs", type=int, metavar="N", help="at most N pairs, interleaved by type")
@@ -49,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--cache-dir", default=".cache/rag_experiments", help="the stage cache (verdicts, cards)")
     p.add_argument("--no-cache", action="store_true", help="judge every pair again")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="judge config overrides, e.g. threshold=-1")
+    p.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="judge config overrides, e.g. threshold=-1"
+    )
     return p
 
 

@@ -17,7 +17,7 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
-from rag_experiments.analysis.judge_card import card_metrics, judge_card
+from rag_experiments.analysis.judge_card import card_line, card_metrics, judge_card
 from rag_experiments.cache import StageCache, stage_key
 from rag_experiments.datasets.judge_pairs import JudgePair, load_pairs, pairs_digest
 from rag_experiments.progress import track
@@ -77,7 +77,9 @@ def is_stochastic(cfg) -> bool:
     return "seed" in cfg and temp is not None and float(temp) > 0
 
 
-def repeat_judges(cfg, repeats: int, build: Callable[..., Any] = instantiate_judge) -> tuple[list, str | None]:
+def repeat_judges(
+    cfg, repeats: int, build: Callable[..., Any] = instantiate_judge
+) -> tuple[list, str | None]:
     """(the judges of repeats 2..N, a warning or None) for ``judge.repeats = N``.
 
     Repeat r (0-based) is the judge with ``seed = judge.seed + r``: its identity differs, so its
@@ -95,6 +97,17 @@ def repeat_judges(cfg, repeats: int, build: Callable[..., Any] = instantiate_jud
         )
     seed = int(cfg.get("seed") or 0)
     return [build(cfg, seed=seed + r) for r in range(1, repeats)], None
+
+
+def judge_with_repeats(cfg) -> tuple[Any, list]:
+    """(the run's judge, the judges of repeats 2..N) from a judge config; a deterministic judge with
+    ``repeats > 1`` prints a warning on stderr and is asked once (:func:`repeat_judges`)."""
+    import sys
+
+    repeats, warning = repeat_judges(cfg, cfg.get("repeats", 1))
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+    return instantiate_judge(cfg), repeats
 
 
 # ------------------------------------------------------------------------------ pairs
@@ -151,7 +164,10 @@ def pair_verdicts(judge, pairs: Sequence[JudgePair], cache: StageCache, progress
     for i in track(todo, "judge card: verdicts", enabled=progress and len(todo) > 20, unit="pairs"):
         t0 = time.perf_counter()
         v = judge.verdicts([pairs[i].claim], pairs[i].context)[0]
-        row = {"label": v.label if not v.error else "unparseable", "seconds": time.perf_counter() - t0 + prep_s}
+        row = {
+            "label": v.label if not v.error else "unparseable",
+            "seconds": time.perf_counter() - t0 + prep_s,
+        }
         found[keys[i]] = row
         if not v.error:
             fresh[keys[i]] = row
@@ -221,3 +237,19 @@ def run_card(card_cfg, judge, repeats: Sequence[Any], docs, cache: StageCache, p
         "judge_card_ci": card["ci_method"],
     }
     return card_metrics(card), tags, card
+
+
+def add_card(card_cfg, stages: dict, cache: StageCache, res, progress: bool = True) -> dict | None:
+    """The run's judge card into its results (``PipelineResult``): ``judge_card/*`` metrics, the
+    pairs' source and digest as tags, ``judge_card_s`` in the timings. Returns the card (None: no
+    judge, card disabled or no pairs)."""
+    if stages.get("judge") is None:
+        return None
+    t = time.perf_counter()
+    metrics, tags, card = run_card(
+        card_cfg, stages["judge"], stages.get("judge_repeats") or [], stages["corpus"].docs, cache, progress
+    )
+    res.aggregates.update(metrics)
+    res.tags.update(tags)
+    res.timings["judge_card_s"] = time.perf_counter() - t
+    return None if card is None else {**card, "line": card_line(card, tags["judge_card_source"])}
