@@ -329,7 +329,7 @@ def _generate_and_judge(
     diags, dcalls = diagnostics_stage(
         judge, sub_items, answers, contexts_chunks, judged, cache, min_coverage, progress
     )
-    flips = repeat_columns(repeats, judged, contexts, cache, jcalls)  # judge.repeats
+    flips = repeat_columns(repeats or (), judged, contexts, cache, jcalls)  # judge.repeats
     calls.update({f"judge_{k_}": v for k_, v in (jcalls + dcalls).items()})
     timings["judging_s"] = time.perf_counter() - t
     for qi, it, g, j, ctx, d, fl in zip(subset, sub_items, gens, judged, contexts, diags, flips, strict=True):
@@ -473,8 +473,7 @@ def run_pipeline(
     subset = stratified_subset(items, generation_subset) if generator is not None else []
     if generator is not None:
         gt, gc = _generate_and_judge(
-            rows, items, ranked, k, subset, generator, prompt, judge, cache, progress, min_coverage,
-            judge_repeats or (),
+            rows, items, ranked, k, subset, generator, prompt, judge, cache, progress, min_coverage, judge_repeats
         )
         timings.update(gt)
         calls.update(gc)

@@ -105,7 +105,7 @@ def test_cluster_bootstrap_is_seeded_and_brackets_the_value():
     assert math.isnan(c1["flip_rate"]["value"])  # no repeats: nothing to flip
     metrics = card_metrics(c1)
     assert all(parse(k) is not None for k in metrics), [k for k in metrics if parse(k) is None]
-    assert "judge_card/kappa_ci_low" in metrics and "judge_card/accept/a" in metrics
+    assert "judge_card/kappa/ci_low" in metrics and "judge_card/accept/a" in metrics
     assert "judge_card/flip_rate" not in metrics  # NaN is left out, never logged
 
 
@@ -244,7 +244,7 @@ def test_run_logs_judge_card_digest_and_identity(tmp_path, fake_llm):  # noqa: F
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     (run,) = client.search_runs([client.get_experiment_by_name("test").experiment_id])
     m, tags = run.data.metrics, run.data.tags
-    assert {"judge_card/kappa", "judge_card/kappa_ci_low", "judge_card/balanced_accuracy"} <= set(m)
+    assert {"judge_card/kappa", "judge_card/kappa/ci_low", "judge_card/balanced_accuracy"} <= set(m)
     assert m["judge_card/n_pairs"] == len(RAW_PAIRS)
     assert tags["judge_card_pairs_digest"] == pairs_digest(load_pairs(pairs))
     assert tags["judge_card_source"] == "file:pairs.jsonl"

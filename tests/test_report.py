@@ -313,7 +313,7 @@ def test_generation_sections_appear_with_generation_metrics(tiny_sweep, tmp_path
         metrics["rate_ok"] = float((t["failure_label"] == "ok").mean())
         card = {"kappa": 0.31, "balanced_accuracy": 0.65, "unparseable_rate": 0.0, "seconds_per_verdict": 0.01}
         for k, v in card.items():  # the judge card a run logs (judge_card/*, docs/judges.md)
-            metrics.update({f"judge_card/{k}": v, f"judge_card/{k}_ci_low": v / 2, f"judge_card/{k}_ci_high": v})
+            metrics.update({f"judge_card/{k}": v, f"judge_card/{k}/ci_low": v / 2, f"judge_card/{k}/ci_high": v})
         metrics.update({"judge_card/n_pairs": 200, "spotcheck/kappa": 0.4})
         client.log_batch(rid, metrics=[Metric(k, float(v), 0, 0) for k, v in metrics.items()])
         with tempfile.TemporaryDirectory() as tmp:

@@ -162,13 +162,13 @@ def judge_card(
 
 
 def card_metrics(card: Mapping[str, Any], prefix: str = "judge_card/") -> dict[str, float]:
-    """The card as MLflow metrics: ``judge_card/{figure}`` with ``_ci_low`` / ``_ci_high``,
+    """The card as MLflow metrics: ``judge_card/{figure}`` with ``/ci_low`` and ``/ci_high``,
     ``judge_card/accept/{type}`` likewise, and ``judge_card/n_pairs``. NaN figures are left out
     (a NaN metric would plot as a value)."""
     out: dict[str, float] = {f"{prefix}n_pairs": float(card["n"])}
 
     def put(name: str, cell: Mapping[str, Any]) -> None:
-        for suffix, v in (("", cell["value"]), ("_ci_low", cell["ci"][0]), ("_ci_high", cell["ci"][1])):
+        for suffix, v in (("", cell["value"]), ("/ci_low", cell["ci"][0]), ("/ci_high", cell["ci"][1])):
             if v is not None and not math.isnan(v):
                 out[f"{prefix}{name}{suffix}"] = float(v)
 

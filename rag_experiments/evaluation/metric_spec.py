@@ -24,8 +24,8 @@ _PLACEHOLDERS: dict[str, str] = {
     "B": r"[1-9]\d*",  # token budget of the context
     "label": "|".join(FAILURE_LABELS),
     "stage": "retrieval|generation|judge",  # a pipeline stage with its own latency / tokens
-    "ci": "|_ci_low|_ci_high",  # a judge-card figure or a bound of its bootstrap CI
-    "ptype": r"[A-Za-z0-9_.\-]+?",  # a judge_pairs pair type
+    "ci": "|/ci_low|/ci_high",  # a judge-card figure or a bound of its bootstrap CI
+    "ptype": r"(?!\S*_ci_(?:low|high)$)[A-Za-z0-9_.\-]+?",  # a judge_pairs pair type (not a CI form)
 }
 _INT_PLACEHOLDERS = frozenset({"k", "B"})
 

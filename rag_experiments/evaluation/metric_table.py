@@ -391,7 +391,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
             "judge",
             better,
             "proportion" if name != "seconds_per_verdict" else "continuous",
-            f"the judge's validity card on labelled pairs: {what}; _ci_low / _ci_high: 95 % cluster "
+            f"the judge's validity card on labelled pairs: {what}; /ci_low, /ci_high: 95 % cluster "
             "bootstrap CI (claim groups resampled)",
             "rag_experiments.analysis.judge_card.judge_card",
             per_query=False,

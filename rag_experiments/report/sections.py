@@ -242,6 +242,13 @@ CARD_KEYS = (
 )
 
 
+def _card_cell(m: dict[str, float], key: str) -> str:
+    """``value [lo, hi]``: card figures log their CI as ``{key}/ci_low`` (spot-check: ``_ci_low``)."""
+    if key + "/ci_low" not in m:
+        return with_ci(m, key)
+    return f"{f3(m[key])} [{f3(m.get(key + '/ci_low'))}, {f3(m.get(key + '/ci_high'))}]"
+
+
 def judge_card_table(an: Analysis) -> list:
     """The judge's validity card per config (``judge_card/*``, docs/judges.md), with the human
     spot-check's κ when labels exist (``spotcheck/kappa``): both measure the same judge."""
@@ -253,7 +260,7 @@ def judge_card_table(an: Analysis) -> list:
             c.label,
             c.params.get("judge", "?"),
             f"{c.tags.get('judge_card_source', '?')} ({f3(c.metrics.get('judge_card/n_pairs'), nd=0)})",
-            *(with_ci(c.metrics, key) for key, _ in CARD_KEYS),
+            *(_card_cell(c.metrics, key) for key, _ in CARD_KEYS),
         ]
         for c in configs
     ]
