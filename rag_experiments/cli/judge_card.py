@@ -101,7 +101,6 @@ def _sample_docs(corpus_dir: str | None):
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from rag_experiments.cache import StageCache
-    from rag_experiments.datasets.judge_pairs import JudgePairsError
     from rag_experiments.evaluation.judge_validity import (
         JudgeNameError,
         card_pairs,
@@ -118,8 +117,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         cfg = judge_config(args.judge, args.overrides)
-        pairs, source = card_pairs(args.pairs, None if args.pairs else _sample_docs(args.corpus), args.seed)
-    except (JudgeNameError, JudgePairsError) as e:
+        docs = None if args.pairs else _sample_docs(args.corpus)
+        pairs, source = card_pairs(args.pairs, docs, args.seed, n_max=args.max_pairs)
+    except (JudgeNameError, ValueError) as e:  # JudgePairsError FILE:LINE, or a corpus too small
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not pairs:

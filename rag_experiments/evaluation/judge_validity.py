@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import sys
 import time
 from collections.abc import Callable, Sequence
 from itertools import zip_longest
@@ -19,7 +20,7 @@ from typing import Any
 
 from rag_experiments.analysis.judge_card import card_line, card_metrics, judge_card
 from rag_experiments.cache import StageCache, stage_key
-from rag_experiments.datasets.judge_pairs import JudgePair, load_pairs, pairs_digest
+from rag_experiments.datasets.judge_pairs import JudgePair, JudgePairsError, load_pairs, pairs_digest
 from rag_experiments.progress import track
 
 log = logging.getLogger(__name__)
@@ -125,19 +126,21 @@ def select_pairs(pairs: list[JudgePair], max_pairs: int | None) -> list[JudgePai
     return mixed[:max_pairs]
 
 
-def card_pairs(pairs_path: str | None, docs=None, seed: int = 0) -> tuple[list[JudgePair], str]:
+def card_pairs(
+    pairs_path: str | None, docs=None, seed: int = 0, n_max: int | None = None
+) -> tuple[list[JudgePair], str]:
     """(pairs, source): human-labelled pairs from ``pairs_path`` (source ``file:<name>``), else
-    synthetic pairs made from the corpus ``docs`` (source ``synthetic``), else ([], ``none``) when
-    the synthetic-pairs module is not installed. Bad pairs files raise ``JudgePairsError``."""
+    synthetic pairs made from the corpus ``docs`` (``datasets.synthetic_pairs``, at most ``n_max``;
+    source ``synthetic``). Bad pairs files raise ``JudgePairsError``; a corpus too small for
+    synthetic pairs raises its ``SyntheticPairsError`` (a ValueError naming the count and minimum);
+    ([], ``none``) when no pairs file is given and the synthetic-pairs module is not installed."""
     if pairs_path:
         return load_pairs(pairs_path), f"file:{Path(pairs_path).name}"
     try:
         from rag_experiments.datasets.synthetic_pairs import synthetic_pairs
     except ImportError:
         return [], "none"
-    if not docs:
-        return [], "none"
-    return synthetic_pairs(docs, seed=seed), "synthetic"
+    return synthetic_pairs(list(docs or []), seed=seed, n_max=n_max), "synthetic"
 
 
 # ------------------------------------------------------------------------------ verdicts
@@ -220,11 +223,17 @@ def run_card(card_cfg, judge, repeats: Sequence[Any], docs, cache: StageCache, p
     if card_cfg is None or not card_cfg.get("enabled", True) or judge is None:
         return {}, {"judge_card_source": "disabled"}, None
     seed = int(card_cfg.get("seed", 0) or 0)
-    pairs, source = card_pairs(card_cfg.get("pairs"), docs, seed=seed)
-    if not pairs:
-        log.warning("judge card: no pairs (judge_card.pairs is null and no synthetic-pairs module)")
-        return {}, {"judge_card_source": source}, None
     cap = card_cfg.get("max_pairs_model") if _is_model_judge(judge) else card_cfg.get("max_pairs")
+    try:
+        pairs, source = card_pairs(card_cfg.get("pairs"), docs, seed=seed, n_max=cap)
+    except ValueError as e:  # a corpus too small for synthetic pairs: the run goes on, said loudly
+        if isinstance(e, JudgePairsError):
+            raise
+        print(f"warning: judge card skipped: {e}", file=sys.stderr)
+        return {}, {"judge_card_source": f"none: {str(e)[:200]}"}, None
+    if not pairs:
+        print("warning: judge card skipped: judge_card.pairs is null and no synthetic pairs", file=sys.stderr)
+        return {}, {"judge_card_source": source}, None
     chosen = select_pairs(pairs, cap)
     t0 = time.perf_counter()
     card = validity_card(
