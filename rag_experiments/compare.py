@@ -3,7 +3,8 @@
     python -m rag_experiments.compare RUN_A RUN_B [--out FILE.md] [--log] [--metric KEY ...]
     python -m rag_experiments.compare --sweep SWEEP_ID --baseline RUN [--out FILE.md]
 
-Exit codes: 0 ok, 2 bad input (unknown run, missing per_query.parquet, different eval sets).
+Exit codes: 0 ok, 2 bad input (unknown run, missing per_query.parquet, different eval sets, runs
+scored by different judges without --allow-judge-change: docs/judges.md).
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ is underpowered for that margin.
 
 Default metrics: {", ".join(DEFAULT_METRICS)} (faithfulness only when both runs have it).
 Exit codes: 0 pass, 1 some metric failed, 2 bad input (unknown run, different eval sets, missing
-metric or per_query.parquet)."""
+metric or per_query.parquet, runs scored by different judges without --allow-judge-change)."""
 
 
 def _parse_margins(values: Sequence[str] | None) -> tuple[float | None, dict[str, float]]:

@@ -6,7 +6,8 @@
 Prints one row per config (mean [CI], delta vs the best, Holm-adjusted p, tie?, constraints ok?,
 cost) and, with ``--out``, writes the chosen run's resolved config as ``DIR/NAME.yaml`` that
 ``python -m rag_experiments.sweep --config-dir DIR --config-name NAME`` runs unchanged.
-Exit 0 a config was chosen, 1 none passes the constraints, 2 bad input.
+Exit 0 a config was chosen, 1 none passes the constraints, 2 bad input (configs scored by different
+judges without --allow-judge-change: docs/judges.md).
 """
 
 from __future__ import annotations
