@@ -180,7 +180,7 @@ def test_card_cli_unknown_judge_exits_2(tmp_path, capsys):
 
 def test_deterministic_judge_repeats_warn_and_cost_nothing():
     judges, warning = repeat_judges(judge_config("heuristic", ["repeats=3"]), 3)
-    assert judges == [] and "deterministic" in warning and "no temperature" in warning
+    assert judges == [] and "deterministic: it has no temperature" in warning
     judges, warning = repeat_judges(judge_config("local", ["temperature=0"]), 3)
     assert judges == [] and "temperature is 0" in warning
     seeds, warning = repeat_judges(
@@ -188,6 +188,8 @@ def test_deterministic_judge_repeats_warn_and_cost_nothing():
     )
     assert seeds == [6, 7] and warning is None  # one distinct seed per repeat
     assert repeat_judges(judge_config("heuristic"), 1) == ([], None)
+    judges, warning = repeat_judges(judge_config("mlflow", ["temperature=0.7"]), 2)
+    assert judges == [] and "takes no seed" in warning
 
 
 @pytest.mark.slow

@@ -91,10 +91,15 @@ def repeat_judges(
     if repeats <= 1:
         return [], None
     if not is_stochastic(cfg):
-        why = "it has no temperature" if cfg.get("temperature") is None else "temperature is 0"
+        if cfg.get("temperature") is None or float(cfg.get("temperature")) <= 0:
+            why = "deterministic: " + (
+                "it has no temperature" if cfg.get("temperature") is None else "temperature is 0"
+            )
+        else:  # sampling, but one seed: every repeat would be the same cached call
+            why = "it takes no seed, so repeats cannot be told apart"
         return [], (
-            f"judge.repeats={repeats} ignored: this judge is deterministic ({why}), so its repeats "
-            "cannot differ; judging once (judge_flip_rate is not logged)"
+            f"judge.repeats={repeats} ignored: this judge's repeats cannot differ ({why}); "
+            "judging once (judge_flip_rate is not logged)"
         )
     seed = int(cfg.get("seed") or 0)
     return [build(cfg, seed=seed + r) for r in range(1, repeats)], None
