@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import re
-from importlib import resources
 from typing import Any
 
 import numpy as np
@@ -160,15 +159,9 @@ def reciprocal_rank(trace, expectations) -> Feedback:
 @functools.lru_cache(maxsize=1)
 def heuristic_judge():
     """The offline judge with the shipped calibration (``conf/judge/heuristic.yaml``)."""
-    import yaml
+    from rag_experiments.evaluation.judge_validity import build_judge  # the one way to build a judge
 
-    from rag_experiments.stages.judging import HeuristicJudge
-
-    cfg = yaml.safe_load(
-        (resources.files("rag_experiments") / "conf" / "judge" / "heuristic.yaml").read_text()
-    )
-    cfg.pop("_target_", None)
-    return HeuristicJudge(**cfg)
+    return build_judge("heuristic")
 
 
 def _context(trace, k: int | None) -> str | None:
