@@ -87,7 +87,8 @@ def _sample_docs(corpus_dir: str | None):
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from rag_experiments.evalset import conf_dir, sample_dir
+    from rag_experiments.conf_groups import conf_dir
+    from rag_experiments.evalset import sample_dir
 
     if corpus_dir:
         from rag_experiments.datasets.corpus import Corpus

@@ -33,12 +33,12 @@ def query_flip_rate(labels: Sequence[Sequence[str]]) -> float:
 
 def repeat_columns(
     repeats: Sequence[Any],
-    judged: Sequence[tuple | None],
+    judged: Sequence[Any],
     contexts: Sequence[str],
     cache: StageCache,
     calls: Counter,
 ) -> list[dict[str, Any]]:
-    """Per judged answer (``judge_stage``'s tuples), its claims re-judged by each repeat judge:
+    """Per judged answer (``judge_stage``'s ``JudgedAnswer``), its claims re-judged by each repeat judge:
     ``{"judge_flip_rate", "judge_repeat_labels"}`` ({} for a query not judged). The repeats' token
     usage joins the query's judge tally, so judge tokens and cost count every repeat."""
     out: list[dict[str, Any]] = []
@@ -46,7 +46,7 @@ def repeat_columns(
         if j is None or not repeats:
             out.append({})
             continue
-        claims, verdicts, tally = j[0], j[1], j[5]
+        claims, verdicts, tally = j.claims, j.verdicts, j.usage
         per_repeat = [[v.label for v in verdicts]]
         for rj in repeats:
             vs = cached_verdicts(rj, claims, context, cache, calls, tally, "repeat_verdicts")

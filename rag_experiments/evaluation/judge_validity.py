@@ -20,6 +20,7 @@ from typing import Any
 
 from rag_experiments.analysis.judge_card import card_line, card_metrics, judge_card
 from rag_experiments.cache import StageCache, stage_key
+from rag_experiments.conf_groups import conf_dir, options
 from rag_experiments.datasets.judge_pairs import JudgePair, JudgePairsError, load_pairs, pairs_digest
 from rag_experiments.progress import track
 
@@ -35,17 +36,13 @@ class JudgeNameError(ValueError):
 
 
 def judge_names() -> list[str]:
-    """The judges a user can name: ``conf/judge/*.yaml``."""
-    from rag_experiments.evalset import conf_dir
-
-    return sorted(p.stem for p in (conf_dir() / "judge").glob("*.yaml"))
+    """The judges a user can name: ``conf/judge/*.yaml`` (``conf_groups.options``)."""
+    return options("judge")
 
 
 def judge_config(name: str, overrides: Sequence[str] = ()):
     """``conf/judge/NAME.yaml`` with ``key=value`` overrides (a DictConfig)."""
     from omegaconf import OmegaConf
-
-    from rag_experiments.evalset import conf_dir
 
     path = conf_dir() / "judge" / f"{name}.yaml"
     if not path.is_file():
@@ -253,16 +250,15 @@ def run_card(card_cfg, judge, repeats: Sequence[Any], docs, cache: StageCache, p
     return card_metrics(card), tags, card
 
 
-def add_card(card_cfg, stages: dict, cache: StageCache, res, progress: bool = True) -> dict | None:
+def add_card(card_cfg, stages, docs, cache: StageCache, res, progress: bool = True) -> dict | None:
     """The run's judge card into its results (``PipelineResult``): ``judge_card/*`` metrics, the
-    pairs' source and digest as tags, ``judge_card_s`` in the timings. Returns the card (None: no
+    pairs' source and digest as tags, ``judge_card_s`` in the timings. ``stages``: the run's
+    ``run_types.Stages``; ``docs``: its corpus (for synthetic pairs). Returns the card (None: no
     judge, card disabled or no pairs)."""
-    if stages.get("judge") is None:
+    if stages.judge is None:
         return None
     t = time.perf_counter()
-    metrics, tags, card = run_card(
-        card_cfg, stages["judge"], stages.get("judge_repeats") or [], stages["corpus"].docs, cache, progress
-    )
+    metrics, tags, card = run_card(card_cfg, stages.judge, stages.judge_repeats, docs, cache, progress)
     res.aggregates.update(metrics)
     res.tags.update(tags)
     res.timings["judge_card_s"] = time.perf_counter() - t
