@@ -20,6 +20,7 @@ from rag_experiments.config_schema import ConfigError, check
 from rag_experiments.datasets.corpus import Corpus, CorpusError
 from rag_experiments.evalset import EvalSet, EvalSetError
 from rag_experiments.evaluation.defaults import RANK_DEPTH, TOKEN_BUDGETS
+from rag_experiments.evaluation.judge_validity import judge_with_repeats
 from rag_experiments.evaluation.labels import load_thresholds
 from rag_experiments.identity import is_place_key
 from rag_experiments.run_types import PipelineData, RunSettings, Stages
@@ -64,10 +65,11 @@ def build(cfg: DictConfig, cache: StageCache) -> Loaded:
     extra = {} if cache.enabled or "cache_dir" not in cfg.embedding else {"cache_dir": None}
     embedder = CachedEmbedder(instantiate(cfg.embedding, **extra), cache)
     generator = prompt = judge = None
+    repeats: tuple = ()
     if cfg.generator.get("_target_"):
         generator = instantiate(priced(cfg.generator))
         prompt = instantiate(cfg.prompt)
-        judge = instantiate(priced(cfg.judge))
+        judge, repeats = judge_with_repeats(cfg.judge)  # masks pricing and repeats
     stages = Stages(
         chunker=instantiate(cfg.chunking),
         chunking_cfg=container(cfg.chunking),
@@ -76,6 +78,7 @@ def build(cfg: DictConfig, cache: StageCache) -> Loaded:
         generator=generator,
         prompt=prompt,
         judge=judge,
+        judge_repeats=tuple(repeats),
     )
     return Loaded(corpus, evalset, stages)
 

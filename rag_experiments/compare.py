@@ -3,7 +3,8 @@
     python -m rag_experiments.compare RUN_A RUN_B [--out FILE.md] [--log] [--metric KEY ...]
     python -m rag_experiments.compare --sweep SWEEP_ID --baseline RUN [--out FILE.md]
 
-Exit codes: 0 ok, 2 bad input (unknown run, missing per_query.parquet, different eval sets).
+Exit codes: 0 ok, 2 bad input (unknown run, missing per_query.parquet, different eval sets, runs
+scored by different judges without --allow-judge-change: docs/judges.md).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from rag_experiments.report.tables import (
 )
 from rag_experiments.report.tables import fmt_num as _f
 from rag_experiments.report.tables import fmt_p as _p
+from rag_experiments.tracking.judge_runs import ALLOW_FLAG, check_same_judge
 from rag_experiments.tracking.runs import (
     RunInputError,
     check_same_evalset,
@@ -118,8 +120,9 @@ def build_comparison(
     metrics: Sequence[str] | None = None,
     seed: int = 0,
     n_resamples: int = 9999,
+    allow_judge_change: bool = False,
 ) -> Comparison:
-    warnings = [w for w in [check_same_evalset(run_a, run_b)] if w]
+    warnings = [w for w in [check_same_evalset(run_a, run_b), check_same_judge([run_a, run_b], allow_judge_change)] if w]
     ta, tb = load_per_query(client, run_a), load_per_query(client, run_b)
     labels: list[str] = []
     if "failure_label" in ta.columns and "failure_label" in tb.columns:
@@ -330,6 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--experiment", metavar="NAME", help="look run names up in this experiment only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resamples", type=int, default=9999, help="bootstrap / permutation resamples")
+    p.add_argument(ALLOW_FLAG, action="store_true", help="compare runs scored by different judges (noted in the output)")
     return p
 
 
@@ -356,7 +360,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise RunInputError("give exactly two runs (RUN_A RUN_B), or --sweep SWEEP_ID --baseline RUN")
         run_a = resolve_run(client, args.runs[0], args.experiment)
         run_b = resolve_run(client, args.runs[1], args.experiment)
-        comp = build_comparison(client, run_a, run_b, args.metric, seed=args.seed, n_resamples=args.resamples)
+        comp = build_comparison(
+            client, run_a, run_b, args.metric, args.seed, args.resamples, args.allow_judge_change
+        )
     except RunInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -388,6 +394,9 @@ def _main_sweep(client: MlflowClient, args: argparse.Namespace) -> int:
         base_run = resolve_run(client, args.baseline, args.experiment)
     for r in children:
         check_same_evalset(base_run, r)
+    judge_note = check_same_judge([base_run, *children], args.allow_judge_change)
+    if judge_note:
+        print(judge_note)
     data = [run_data(client, r) for r in children]
     base = next((d for d in data if d.run_id == base_run.info.run_id), None) or run_data(client, base_run)
     tables = [d.table for d in data if d.table is not None]

@@ -250,6 +250,7 @@ def _generator(g: _Group) -> None:
 def _judge(g: _Group) -> None:
     for key in ("sim_threshold", "coverage_threshold", "entity_threshold"):
         g.num_in(key, 0, 1)
+    g.int_at_least("repeats", 1)
     g.one_of("constrained", CONSTRAINED)
     if str(g.node.get("_target_") or "").endswith(".MLflowJudge"):
         _mlflow_judge(g)
@@ -325,10 +326,26 @@ def _top_level(cfg: dict) -> Problems:
         problems.append(
             f"conf/config: generation_subset: must be a positive number of items or null (got {subset!r})"
         )
+    problems += _judge_card(cfg.get("judge_card"))
     m = _Group("metrics", cfg.get("metrics") or {})
     _metrics(m)
     problems += [p.replace("conf/metrics: ", "conf/config: metrics.") for p in m.problems]
     return problems
+
+
+def _judge_card(node: Any) -> Problems:
+    """``judge_card``: the validity card every generating run logs (docs/judges.md)."""
+    if node is None:
+        return []
+    g = _Group("judge_card", node if isinstance(node, dict) else {})
+    unknown = set(g.node) - {"enabled", "pairs", "max_pairs", "max_pairs_model", "bootstrap_resamples", "seed"}
+    for key in sorted(unknown):
+        g.bad(key, "unknown key", g.node[key])
+    g.path_exists("pairs", "file")
+    for key in ("max_pairs", "max_pairs_model"):
+        g.int_at_least(key, 1)
+    g.int_at_least("bootstrap_resamples", MIN_RESAMPLES)
+    return [p.replace("conf/judge_card: ", "conf/config: judge_card.") for p in g.problems]
 
 
 def validate(cfg: dict) -> Problems:
@@ -344,7 +361,7 @@ def validate(cfg: dict) -> Problems:
             continue
         g = _Group(name, node)
         check(g)
-        g.known_keys(extra={"pricing"} if name in ("generator", "judge") else set())
+        g.known_keys(extra={"pricing", "repeats"} if name == "judge" else {"pricing"} if name == "generator" else set())
         problems += g.problems
     return problems
 

@@ -18,6 +18,7 @@ from rag_experiments.analysis.gate import GateResult, non_inferiority
 from rag_experiments.compare import text_table
 from rag_experiments.evaluation.registry import higher_is_better
 from rag_experiments.formatting import fmt_num
+from rag_experiments.tracking.judge_runs import ALLOW_FLAG, check_same_judge
 from rag_experiments.tracking.runs import (
     RunInputError,
     check_same_evalset,
@@ -48,7 +49,7 @@ is underpowered for that margin.
 
 Default metrics: {", ".join(DEFAULT_METRICS)} (faithfulness only when both runs have it).
 Exit codes: 0 pass, 1 some metric failed, 2 bad input (unknown run, different eval sets, missing
-metric or per_query.parquet)."""
+metric or per_query.parquet, runs scored by different judges without --allow-judge-change)."""
 
 
 def _parse_margins(values: Sequence[str] | None) -> tuple[float | None, dict[str, float]]:
@@ -97,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--experiment", metavar="NAME", help="look run names up in this experiment only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resamples", type=int, default=9999)
+    p.add_argument(ALLOW_FLAG, action="store_true", help="gate runs scored by different judges (noted in the output)")
     return p
 
 
@@ -124,11 +126,12 @@ def run_gate(
     experiment: str | None = None,
     seed: int = 0,
     n_resamples: int = 9999,
+    allow_judge_change: bool = False,
 ) -> tuple[list[GateResult], list[str]]:
     default_m, per_metric = _parse_margins(margins)
     rb = resolve_run(client, baseline, experiment)
     rc = resolve_run(client, candidate, experiment)
-    notes = [w for w in [check_same_evalset(rb, rc)] if w]
+    notes = [w for w in [check_same_evalset(rb, rc), check_same_judge([rb, rc], allow_judge_change)] if w]
     notes.insert(0, f"baseline  {run_label(rb)}\ncandidate {run_label(rc)}")
     tb, tc = load_per_query(client, rb), load_per_query(client, rc)
 
@@ -182,6 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             experiment=args.experiment,
             seed=args.seed,
             n_resamples=args.resamples,
+            allow_judge_change=args.allow_judge_change,
         )
     except RunInputError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -82,6 +82,8 @@ STAGE_CODE: dict[str, tuple[str, ...]] = {
     "claims": _JUDGE_CODE,
     "verdict": _JUDGE_CODE,
     "relevance": _JUDGE_CODE,
+    "card_verdict": _JUDGE_CODE,  # a judge's verdict on a labelled pair, with its seconds
+    "judge_card": (*_JUDGE_CODE, "rag_experiments.analysis.judge_card", "rag_experiments.evaluation.judge_validity"),
 }
 
 #: Everything that computes a run's numbers (resume compares their fingerprint). Reports,
@@ -184,7 +186,7 @@ PLACE_KEYS = frozenset(
     }
 )
 #: Input locations whose content is covered by a digest (``corpus_digest``, ``evalset_digest``).
-PLACE_PATHS = ("corpus.path", "evalset.path")
+PLACE_PATHS = ("corpus.path", "evalset.path", "judge_card.pairs")  # judge_card.pairs: tag judge_card_pairs_digest
 
 
 def is_place_key(key: str) -> bool:
@@ -213,3 +215,11 @@ def model_identities(stages: Mapping[str, Any]) -> dict[str, str]:
         for name, obj in sorted(stages.items())
         if obj is not None and getattr(obj, "identity", None) is not None
     }
+
+
+def judge_fingerprint(judge: Any) -> str | None:
+    """The run tag ``judge_identity``: sha256 of the judge's ``identity`` (its kind, settings, model
+    bytes and embedder), first 16 hex digits; None without a judge. compare / gate / select refuse
+    runs whose fingerprints differ (``tracking.judge_runs``)."""
+    ident = getattr(judge, "identity", None)
+    return None if ident is None else hashlib.sha256(str(ident).encode()).hexdigest()[:16]

@@ -27,6 +27,7 @@ from rag_experiments.evaluation import metrics as M
 from rag_experiments.evaluation.aggregate import aggregate
 from rag_experiments.evaluation.budget import budgeted_metrics
 from rag_experiments.evaluation.cost import cost_metrics, usage_columns
+from rag_experiments.evaluation.judge_repeats import repeat_columns
 from rag_experiments.evaluation.labels import RATE_LABELS, failure_label
 from rag_experiments.evaluation.registry import GENERATION_METRICS
 from rag_experiments.parallel import as_they_complete
@@ -345,15 +346,17 @@ def _generate_and_judge(
     diags, dcalls = diagnostics_stage(
         judge, sub_items, answers, contexts_chunks, judged, cache, settings.min_coverage, progress
     )
+    flips = repeat_columns(stages.judge_repeats, judged, contexts, cache, jcalls)  # judge.repeats
     calls.update({f"judge_{k_}": v for k_, v in (jcalls + dcalls).items()})
     timings["judging_s"] = time.perf_counter() - t
-    for qi, it, g, j, ctx, d in zip(subset, sub_items, gens, judged, contexts, diags, strict=True):
+    for qi, it, g, j, ctx, d, fl in zip(subset, sub_items, gens, judged, contexts, diags, flips, strict=True):
         row = rows[qi]
         row.update(answer=g.text, context=ctx, error=g.error)  # context: exactly what both saw
         row.update(latency_generation_s=g.latency_s, generation_cached=g.cached)
         row.update(usage_columns(g.usage))  # cached answers keep their usage: cost of the config
         row.update(_judged_columns(g, it, j))
         row.update(diagnostic_columns(d, j.usage if j is not None else None))
+        row.update(fl)
 
 
 def _per_query_table(

@@ -43,6 +43,7 @@ class Stages:
     generator: Generator | None = None
     prompt: PromptTemplate | None = None
     judge: Judge | None = None
+    judge_repeats: tuple[Judge, ...] = ()  # judge.repeats: the judges of repeats 2..N (docs/judges.md)
 
     @property
     def generates(self) -> bool:

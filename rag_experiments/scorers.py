@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import re
-from importlib import resources
 from typing import Any
 
 import numpy as np
@@ -34,7 +33,7 @@ from mlflow.genai.scorers import scorer
 from rag_experiments.evaluation import metrics as M
 from rag_experiments.evaluation.defaults import MIN_COVERAGE
 from rag_experiments.evaluation.labels import failure_label as label_of
-from rag_experiments.stages.judging import HeuristicJudge, correctness
+from rag_experiments.stages.judging import correctness
 from rag_experiments.stages.judging import faithfulness as faith_of
 from rag_experiments.types import Chunk, Span
 
@@ -160,13 +159,9 @@ def reciprocal_rank(trace, expectations) -> Feedback:
 @functools.lru_cache(maxsize=1)
 def heuristic_judge():
     """The offline judge with the shipped calibration (``conf/judge/heuristic.yaml``)."""
-    import yaml
+    from rag_experiments.evaluation.judge_validity import build_judge  # the one way to build a judge
 
-    cfg = yaml.safe_load(
-        (resources.files("rag_experiments") / "conf" / "judge" / "heuristic.yaml").read_text()
-    )
-    cfg.pop("_target_", None)
-    return HeuristicJudge(**cfg)
+    return build_judge("heuristic")
 
 
 def _context(trace, k: int | None) -> str | None:

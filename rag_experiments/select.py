@@ -6,7 +6,8 @@
 Prints one row per config (mean [CI], delta vs the best, Holm-adjusted p, tie?, constraints ok?,
 cost) and, with ``--out``, writes the chosen run's resolved config as ``DIR/NAME.yaml`` that
 ``python -m rag_experiments.sweep --config-dir DIR --config-name NAME`` runs unchanged.
-Exit 0 a config was chosen, 1 none passes the constraints, 2 bad input.
+Exit 0 a config was chosen, 1 none passes the constraints, 2 bad input (configs scored by different
+judges without --allow-judge-change: docs/judges.md).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from mlflow.tracking import MlflowClient
 from rag_experiments.analysis.select import Constraints, Selection, runnable_config, select_config
 from rag_experiments.evaluation.registry import higher_is_better
 from rag_experiments.report.tables import fmt_num, fmt_p, text_table
+from rag_experiments.tracking.judge_runs import ALLOW_FLAG, check_same_judge
 from rag_experiments.tracking.runs import (
     RunInputError,
     download_text,
@@ -47,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
     p.add_argument("--experiment", metavar="NAME", help="look the sweep up in this experiment only")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(ALLOW_FLAG, action="store_true", help="select among configs scored by different judges")
     return p
 
 
@@ -106,6 +109,7 @@ def run_select(client: MlflowClient, args: argparse.Namespace) -> tuple[Selectio
     children = sweep_children(client, args.sweep, args.experiment)
     if not children:
         raise RunInputError(f"unknown sweep {args.sweep!r}: no finished child run has that sweep_id")
+    judge_note = check_same_judge(children, args.allow_judge_change)
     runs = [run_data(client, r) for r in children]
     missing = [r.name for r in runs if args.metric not in r.table.columns]
     if missing:
@@ -128,6 +132,8 @@ def run_select(client: MlflowClient, args: argparse.Namespace) -> tuple[Selectio
         )
     except ValueError as e:  # e.g. no config has a value of the metric
         raise RunInputError(str(e)) from None
+    if judge_note:
+        sel.notes.append(judge_note)
     return sel, {r.info.run_id: r for r in children}
 
 

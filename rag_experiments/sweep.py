@@ -47,9 +47,10 @@ from rag_experiments.cache import StageCache  # noqa: E402
 from rag_experiments.conf_groups import STAGE_GROUPS  # noqa: E402
 from rag_experiments.config_schema import unknown_group_options  # noqa: E402
 from rag_experiments.evalset import sample_dir  # noqa: E402
+from rag_experiments.evaluation.judge_validity import add_card  # noqa: E402
 from rag_experiments.evaluation.registry import metric_keys, spec, wrap  # noqa: E402
 from rag_experiments.formatting import fmt_num  # noqa: E402
-from rag_experiments.identity import code_fingerprint  # noqa: E402
+from rag_experiments.identity import code_fingerprint, judge_fingerprint  # noqa: E402
 from rag_experiments.multirun import MultirunParent, start_sweep_child  # noqa: E402, F401 - conf names the callback here
 from rag_experiments.pipeline import PipelineResult, run_pipeline  # noqa: E402
 from rag_experiments.progress import Progress, timing_table  # noqa: E402
@@ -108,6 +109,7 @@ class Job:
     overrides: list[str]
     sweep: dict | None
     t_start: float
+    card: dict | None = None  # the judge's validity card, once computed (docs/judges.md)
 
     @property
     def k(self) -> int:
@@ -145,6 +147,8 @@ def run_tags(job: Job) -> dict[str, str]:
     if gen is not None:
         tags["generator_model"] = getattr(gen, "model", "")
         tags["judge_model"] = str(getattr(judge, "model", None))
+        tags["judge_identity"] = judge_fingerprint(judge) or ""  # compare/gate/select: one judge
+        tags["judge_repeats"] = str(1 + len(job.inputs.stages.judge_repeats))
         if getattr(judge, "model", None) and judge.model == getattr(gen, "model", None):
             log.warning(
                 "the judge model equals the generator model (%s): expect self-preference bias", gen.model
@@ -223,6 +227,8 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
     try:
         inputs = job.inputs
         res = run_pipeline(inputs.stages, inputs.data, run_settings(job.cfg), job.cache)
+        card_cfg, progress = job.cfg.get("judge_card"), job.cfg.get("progress", True)  # docs/judges.md
+        job.card = add_card(card_cfg, inputs.stages, inputs.corpus.docs, job.cache, res, progress)
         _log(client, run_id, job, res)
         # one trace per eval item (docs/tracing.md); its time is a row of the per-stage table
         res.timings["traces_s"] = log_traces(
@@ -295,6 +301,8 @@ def run_job(cfg: DictConfig) -> float:
         res = execute(client, exp_id, run_id, job, parent_id)
     print(f"\n== {run_name}  (run {run_id}, {res.n_chunks} chunks, {time.perf_counter() - t_start:.1f}s)")
     print(summary_table(res.aggregates, k, job.ks))
+    if job.card is not None:
+        print(job.card["line"])
     n_items = len(job.inputs.evalset.items)
     if job.inputs.stages.generates and res.n_generated < n_items:
         print(

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from rag_experiments.config_schema import validate
 from rag_experiments.evaluation.cost import add_usage, cost_metrics, price, serving_latency_ms, usage_columns
+from rag_experiments.evaluation.judge_validity import build_judge
 from rag_experiments.evaluation.registry import higher_is_better, spec
 from rag_experiments.stages.generation import LocalLlamaGenerator, OpenAICompatibleGenerator
 from rag_experiments.sweep import _priced
@@ -100,7 +101,7 @@ def tiny(tmp_path_factory):
 
 def _pipeline(tiny, generator, pricing=None, judge=None):
     prompt = instantiate(OmegaConf.load(CONF / "prompt" / "concise.yaml"))
-    judge = judge or instantiate(OmegaConf.load(CONF / "judge" / "heuristic.yaml"))
+    judge = judge or build_judge("heuristic")
     return tiny_pipeline(tiny, generator=generator, prompt=prompt, judge=judge, pricing=pricing)
 
 

@@ -127,13 +127,10 @@ CONTEXT = (
 
 @pytest.fixture(scope="module")
 def heuristic():
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
+    from rag_experiments.evaluation.judge_validity import instantiate_judge, judge_config
     from rag_experiments.stages.embedding import metric_embedder
 
-    cfg = OmegaConf.load("rag_experiments/conf/judge/heuristic.yaml")
-    return instantiate(cfg, embedder=metric_embedder())
+    return instantiate_judge(judge_config("heuristic"), embedder=metric_embedder())
 
 
 def test_heuristic_numbers_negation_and_relevance(heuristic):

@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from rag_experiments.cache import CachedEmbedder, StageCache
 from rag_experiments.datasets.corpus import Corpus
 from rag_experiments.evalset import EvalSet
+from rag_experiments.evaluation.judge_validity import build_judge
 from rag_experiments.evaluation.labels import RATE_LABELS as FAILURE_LABELS
 from rag_experiments.pipeline import run_pipeline, stratified_subset
 from rag_experiments.progress import Progress, eta_s, timing_table
@@ -28,7 +29,6 @@ from rag_experiments.run_types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.chunking import MarkdownChunker
 from rag_experiments.stages.embedding import SentenceTransformerEmbedder
 from rag_experiments.stages.generation import LocalLlamaGenerator, OpenAICompatibleGenerator
-from rag_experiments.stages.judging import HeuristicJudge
 from rag_experiments.stages.retrieval import DenseRetriever
 from rag_experiments.types import EvalItem
 from tests.llm_fixtures import requires_smollm2
@@ -49,13 +49,7 @@ def setup(tmp_path_factory):
     items = EvalSet(str(ev), corpus).items
     cache = StageCache(root / "cache")
     embedder = CachedEmbedder(SentenceTransformerEmbedder(show_progress=False), cache)
-    judge = HeuristicJudge(
-        **{
-            k: v
-            for k, v in OmegaConf.to_container(OmegaConf.load(CONF / "judge" / "heuristic.yaml")).items()
-            if k != "_target_"
-        }
-    )
+    judge = build_judge("heuristic")  # conf/judge/heuristic.yaml
     return corpus, items, cache, embedder, judge
 
 

@@ -10,6 +10,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from rag_experiments.evaluation.aggregate import metric_columns
+from rag_experiments.evaluation.judge_validity import build_judge
 from rag_experiments.evaluation.labels import FAILURE_LABELS
 from rag_experiments.evaluation.registry import (
     FORMS,
@@ -28,7 +29,7 @@ from tests.sweep_helpers import REPO, tiny_inputs, tiny_pipeline
 
 CONF = REPO / "rag_experiments" / "conf"
 DOCS = (REPO / "docs" / "metrics.md").read_text()
-EXAMPLE = {"k": 5, "B": 512, "label": "ok", "stage": "generation"}
+EXAMPLE = {"k": 5, "B": 512, "label": "ok", "stage": "generation", "ci": "", "ptype": "support_evidence"}
 
 
 def _example(s) -> dict:
@@ -192,8 +193,7 @@ def test_retrieval_only_run_logs_only_registered_keys(tiny):
 
 
 def test_generating_run_logs_only_registered_keys(tiny, fake_llm):  # noqa: F811
-    cfg = OmegaConf.to_container(OmegaConf.load(CONF / "judge" / "heuristic.yaml"))
-    judge = instantiate(cfg)
+    judge = build_judge("heuristic")
     gen = OpenAICompatibleGenerator(base_url=fake_llm.base_url, model="garbage", max_retries=0, timeout_s=10)
     res = _run(tiny, gen, judge)
     _check_run(res, generation=True)

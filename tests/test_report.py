@@ -294,6 +294,7 @@ def test_generation_sections_appear_with_generation_metrics(tiny_sweep, tmp_path
                 "generator_model": "SmolLM2",
                 "judge_model": "SmolLM2",
                 "judge_is_generator": "true",
+                "judge_card_source": "synthetic",
             }
         )
         run = client.create_run(exp_id, run_name=kid.info.run_name, tags=tags)
@@ -310,6 +311,10 @@ def test_generation_sections_appear_with_generation_metrics(tiny_sweep, tmp_path
                 }
             )
         metrics["rate_ok"] = float((t["failure_label"] == "ok").mean())
+        card = {"kappa": 0.31, "balanced_accuracy": 0.65, "unparseable_rate": 0.0, "seconds_per_verdict": 0.01}
+        for k, v in card.items():  # the judge card a run logs (judge_card/*, docs/judges.md)
+            metrics.update({f"judge_card/{k}": v, f"judge_card/{k}/ci_low": v / 2, f"judge_card/{k}/ci_high": v})
+        metrics.update({"judge_card/n_pairs": 200, "spotcheck/kappa": 0.4})
         client.log_batch(rid, metrics=[Metric(k, float(v), 0, 0) for k, v in metrics.items()])
         with tempfile.TemporaryDirectory() as tmp:
             p = Path(tmp) / "per_query.parquet"
@@ -335,6 +340,10 @@ def test_generation_sections_appear_with_generation_metrics(tiny_sweep, tmp_path
     )
     md = (out / "report.md").read_text()
     assert "### Generation" in md and "| config | faithfulness | answer_relevance | correctness |" in md
+    # the judge's card beside the generation metrics, with the spot-check κ joined
+    card_md = md.split("### Judge validity card")[1].split("###")[0]
+    assert "| κ | balanced accuracy |" in card_md and "spot-check κ" in card_md
+    assert "0.310 [0.155, 0.310]" in card_md and "synthetic (200)" in card_md and "0.400" in card_md
     assert "baseline = **chunking=fixed** (given with --baseline)" in md
     assert "chunking=markdown | faithfulness |" in md  # attributed
     assert "rag_experiments.stages.judging.claims.faithfulness" in md and "HeuristicJudge" in md

@@ -19,6 +19,19 @@ _BUDGET = (
     "named in the run tag token_budget_tokenizer, the last one cut at B)"
 )
 
+#: The judge card's figures (analysis.judge_card): name, higher is better, definition.
+_CARD = (
+    ("kappa", True, "Cohen's kappa of the judge's label vs the gold label, unparseable a third class"),
+    ("balanced_accuracy", True, "mean over the two gold labels of the share the judge got right"),
+    ("accuracy", True, "share of pairs where the judge's label equals the gold label"),
+    ("precision_supported", True, "share of the pairs judged supported whose gold label is supported"),
+    ("recall_supported", True, "share of the gold-supported pairs the judge judged supported"),
+    ("unparseable_rate", False, "share of pairs whose verdict could not be parsed"),
+    ("seconds_per_verdict", False, "mean wall seconds per verdict"),
+    ("flip_rate", False, "with judge.repeats > 1, share of pairs whose repeated verdicts differ"),
+    ("accept/{ptype}", None, "share of the pairs of type ptype judged supported"),
+)
+
 REGISTRY: tuple[MetricSpec, ...] = (
     # -- retrieval
     MetricSpec(
@@ -360,6 +373,38 @@ REGISTRY: tuple[MetricSpec, ...] = (
         False,
         "count",
         "number of the query's claim verdicts that could not be parsed",
+        per_query=False,
+    ),
+    # -- the judge (docs/judges.md)
+    MetricSpec(
+        "judge_flip_rate",
+        "judge",
+        False,
+        "proportion",
+        "with judge.repeats = N > 1 on a stochastic judge: share of the query's claims whose N verdicts "
+        "are not all equal (repeat r asks with seed + r); the run's value is the mean over queries",
+        "rag_experiments.evaluation.judge_repeats.query_flip_rate",
+    ),
+    *(
+        MetricSpec(
+            f"judge_card/{name}{{ci}}",
+            "judge",
+            better,
+            "proportion" if name != "seconds_per_verdict" else "continuous",
+            f"the judge's validity card on labelled pairs: {what}; /ci_low, /ci_high: 95 % cluster "
+            "bootstrap CI (claim groups resampled)",
+            "rag_experiments.analysis.judge_card.judge_card",
+            per_query=False,
+        )
+        for name, better, what in _CARD
+    ),
+    MetricSpec(
+        "judge_card/n_pairs",
+        "judge",
+        None,
+        "count",
+        "number of labelled pairs the judge card was measured on (judge_card.max_pairs of them at most)",
+        "rag_experiments.analysis.judge_card.card_metrics",
         per_query=False,
     ),
 )

@@ -212,6 +212,9 @@ def results(an: Analysis) -> Section:
     )
     if an.gen_keys:
         s.subsections.append(Subsection("Generation", [results_table(an, an.gen_keys)]))
+        card = judge_card_table(an)
+        if card:  # beside the generation metrics: how far the judge behind them can be trusted
+            s.subsections.append(Subsection("Judge validity card", card))
     if an.rate_keys:
         s.subsections.append(Subsection("Failure-label rates", [results_table(an, an.rate_keys, False)]))
     spot = spotcheck_table(an)
@@ -226,6 +229,49 @@ def results(an: Analysis) -> Section:
         cost = [[c.label, *(f3(c.metrics.get(k), nd=nd) for k, nd in COST_KEYS.items())] for c in an.configs]
         s.subsections.append(Subsection("Cost", [table(["config", *COST_KEYS], cost)]))
     return s
+
+
+#: The card's columns: (metric key, header).
+CARD_KEYS = (
+    ("judge_card/kappa", "κ"),
+    ("judge_card/balanced_accuracy", "balanced accuracy"),
+    ("judge_card/unparseable_rate", "unparseable"),
+    ("judge_card/seconds_per_verdict", "s / verdict"),
+    ("judge_card/flip_rate", "flip rate (repeats, pairs)"),
+    ("judge_flip_rate", "flip rate (repeats, run claims)"),
+    ("spotcheck/kappa", "spot-check κ (this run)"),
+)
+
+
+def _card_cell(m: dict[str, float], key: str) -> str:
+    """``value [lo, hi]``: card figures log their CI as ``{key}/ci_low`` (spot-check: ``_ci_low``)."""
+    if key + "/ci_low" not in m:
+        return with_ci(m, key)
+    return f"{f3(m[key])} [{f3(m.get(key + '/ci_low'))}, {f3(m.get(key + '/ci_high'))}]"
+
+
+def judge_card_table(an: Analysis) -> list:
+    """The judge's validity card per config (``judge_card/*``, docs/judges.md), with the human
+    spot-check's κ when labels exist (``spotcheck/kappa``): both measure the same judge."""
+    configs = [c for c in an.configs if "judge_card/kappa" in c.metrics]
+    if not configs:
+        return []
+    rows = [
+        [
+            c.label,
+            c.params.get("judge", "?"),
+            f"{c.tags.get('judge_card_source', '?')} ({f3(c.metrics.get('judge_card/n_pairs'), nd=0)})",
+            *(_card_cell(c.metrics, key) for key, _ in CARD_KEYS),
+        ]
+        for c in configs
+    ]
+    note = text(
+        "The judge's agreement with labelled (claim, evidence) pairs, 95 % cluster-bootstrap CI over "
+        "claim groups; pairs: human labels (file) or synthetic pairs from the run's corpus. An "
+        "unparseable verdict counts as a disagreement. Spot-check κ: the judge against this run's "
+        "human labels (spotcheck score). Definitions: docs/judges.md."
+    )
+    return [Paragraph(note), table(["config", "judge", "pairs (n)", *(h for _, h in CARD_KEYS)], rows)]
 
 
 def spotcheck_table(an: Analysis) -> list:

@@ -1,0 +1,272 @@
+"""The judge's validity card: pure figures, the ``judge card`` CLI, judge repeats (flip rate) and the
+card every generating run logs. Real judges: the heuristic; the packaged SmolLM2 only for repeats."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from rag_experiments.analysis.judge_card import card_metrics, flip_rate, judge_card, point_figures
+from rag_experiments.cache import StageCache
+from rag_experiments.datasets.judge_pairs import load_pairs, pairs_digest
+from rag_experiments.evaluation.judge_repeats import query_flip_rate, repeat_columns
+from rag_experiments.evaluation.judge_validity import (
+    build_judge,
+    judge_config,
+    repeat_judges,
+    select_pairs,
+    validity_card,
+)
+from rag_experiments.evaluation.registry import parse
+from rag_experiments.judge import main as judge_main
+from tests.llm_fixtures import fake_llm, requires_smollm2, smollm2_path  # noqa: F401
+from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
+
+# (claim, context, label, type): sentences of the bundled sample's refunds page
+REFUND_CTX = (
+    "Annual plans can be cancelled within 30 days of purchase or renewal for a prorated refund. "
+    "The refund covers the unused months of the term."
+)
+MONTHLY_CTX = (
+    "Monthly plans are not refunded except for billing errors. When you cancel a monthly plan, you keep "
+    "access to the paid features until the end of the billing period."
+)
+RAW_PAIRS = [
+    (
+        "Annual plans can be cancelled within 30 days for a prorated refund.",
+        REFUND_CTX,
+        "supported",
+        "support",
+    ),
+    (
+        "Annual plans can be cancelled within 90 days for a prorated refund.",
+        REFUND_CTX,
+        "unsupported",
+        "number",
+    ),
+    ("Annual plans cannot be cancelled for a refund.", REFUND_CTX, "unsupported", "negation"),
+    ("The refund covers the unused months of the term.", REFUND_CTX, "supported", "support"),
+    ("Monthly plans are not refunded except for billing errors.", MONTHLY_CTX, "supported", "support"),
+    ("Monthly plans are always refunded in full.", MONTHLY_CTX, "unsupported", "negation"),
+    (
+        "You keep access to paid features until the end of the billing period.",
+        MONTHLY_CTX,
+        "supported",
+        "support",
+    ),
+    ("Webhooks are retried 12 times over 3 days.", MONTHLY_CTX, "unsupported", "other_document"),
+    ("Refunds are paid in bitcoin to the account owner.", REFUND_CTX, "unsupported", "other_document"),
+    ("Monthly plans keep paid features until the billing period ends.", MONTHLY_CTX, "supported", "support"),
+]
+
+
+def write_pairs(path: Path, rows=RAW_PAIRS) -> Path:
+    path.write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "claim": c, "context": x, "label": lab, "type": t}) + "\n"
+            for i, (c, x, lab, t) in enumerate(rows)
+        )
+    )
+    return path
+
+
+# ----------------------------------------------------------------------------- pure figures
+
+
+def test_unparseable_is_a_disagreement_never_a_no():
+    gold = ["supported", "unsupported", "unsupported", "supported"]
+    as_no = point_figures(gold, ["supported", "unsupported", "unsupported", "unsupported"])
+    unparsed = point_figures(gold, ["supported", "unsupported", "unparseable", "unsupported"])
+    assert as_no["accuracy"] == 0.75 and unparsed["accuracy"] == 0.5  # "unparseable" is not a "no"
+    assert unparsed["unparseable_rate"] == 0.25
+    assert unparsed["balanced_accuracy"] == pytest.approx((0.5 + 0.5) / 2)
+    assert unparsed["kappa"] < as_no["kappa"]
+    assert as_no["precision_supported"] == 1.0 and as_no["recall_supported"] == 0.5
+
+
+def test_cluster_bootstrap_is_seeded_and_brackets_the_value():
+    rng = np.random.default_rng(1)
+    gold = rng.choice(["supported", "unsupported"], 120).tolist()
+    pred = [g if rng.random() < 0.8 else "unsupported" for g in gold]
+    groups = [f"c{i // 3}" for i in range(120)]  # 3 pairs per claim
+    types = ["a" if i % 2 else "b" for i in range(120)]
+    args = (gold, pred, types, groups, [0.01] * 120)
+    c1, c2 = judge_card(*args, n_resamples=300, seed=3), judge_card(*args, n_resamples=300, seed=3)
+    assert c1 == c2 and c1["n"] == 120 and c1["n_groups"] == 40
+    for key in ("kappa", "balanced_accuracy", "accuracy", "unparseable_rate"):
+        lo, hi = c1[key]["ci"]
+        assert lo <= c1[key]["value"] <= hi
+    assert c1["kappa"]["ci"][1] - c1["kappa"]["ci"][0] > 0.05  # an interval, not a point
+    assert math.isnan(c1["flip_rate"]["value"])  # no repeats: nothing to flip
+    metrics = card_metrics(c1)
+    assert all(parse(k) is not None for k in metrics), [k for k in metrics if parse(k) is None]
+    assert "judge_card/kappa/ci_low" in metrics and "judge_card/accept/a" in metrics
+    assert "judge_card/flip_rate" not in metrics  # NaN is left out, never logged
+
+
+def test_flip_rate_counts_items_whose_repeats_differ():
+    reps = [["supported", "unsupported", "supported"], ["supported", "supported", "unparseable"]]
+    assert flip_rate(reps) == pytest.approx(2 / 3)
+    assert math.isnan(flip_rate(reps[:1]))
+    assert query_flip_rate([["supported", "supported"], ["supported", "unsupported"]]) == 0.5
+    assert math.isnan(query_flip_rate([]))
+
+
+def test_select_pairs_is_deterministic_and_covers_every_type(tmp_path):
+    pairs = load_pairs(write_pairs(tmp_path / "p.jsonl"))
+    chosen = select_pairs(pairs, 4)
+    assert len(chosen) == 4 and {p.type for p in chosen} == {p.type for p in pairs}
+    assert select_pairs(list(reversed(pairs)), 4) == chosen  # the file order does not matter
+
+
+# ----------------------------------------------------------------------------- the CLI
+
+
+def test_card_cli_json_keys_and_ci_shapes(tmp_path, capsys):
+    pairs = write_pairs(tmp_path / "pairs.jsonl")
+    argv = ["card", "--judge", "heuristic", "--pairs", str(pairs), "--json", "--resamples", "200"]
+    assert judge_main([*argv, "--cache-dir", str(tmp_path / "cache")]) == 0
+    card = json.loads(capsys.readouterr().out)
+    need = (
+        "n",
+        "kappa",
+        "balanced_accuracy",
+        "accuracy",
+        "accept_by_type",
+        "unparseable_rate",
+        "seconds_per_verdict",
+    )
+    assert set(need) <= set(card)
+    assert card["n"] == len(RAW_PAIRS)
+    assert card["pairs_digest"] == pairs_digest(load_pairs(pairs))
+    for key in need[1:]:
+        cells = card[key].values() if key == "accept_by_type" else [card[key]]
+        for cell in cells:
+            assert set(cell) == {"value", "ci"} and len(cell["ci"]) == 2
+    assert set(card["accept_by_type"]) == {t for *_, t in RAW_PAIRS}
+    assert card["seconds_per_verdict"]["value"] > 0 and card["unparseable_rate"]["value"] == 0.0
+    # the heuristic judges its own sentences supported more often than other documents' claims
+    acc = card["accept_by_type"]
+    assert acc["support"]["value"] > acc["other_document"]["value"]
+    # again: the cached card, same figures
+    assert judge_main([*argv, "--cache-dir", str(tmp_path / "cache")]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["cached"] and again["kappa"] == card["kappa"]
+
+
+def test_card_cli_bad_labels_exit_2_with_file_line(tmp_path, capsys):
+    pairs = write_pairs(tmp_path / "bad.jsonl", RAW_PAIRS[:3])
+    lines = pairs.read_text().splitlines()
+    lines[1] = lines[1].replace('"unsupported"', '"maybe"')
+    pairs.write_text("\n".join(lines) + "\n")
+    assert judge_main(["card", "--judge", "heuristic", "--pairs", str(pairs)]) == 2
+    err = capsys.readouterr().err
+    assert f"{pairs}:2: unknown label 'maybe'" in err
+
+
+def test_card_cli_unknown_judge_exits_2(tmp_path, capsys):
+    pairs = write_pairs(tmp_path / "pairs.jsonl")
+    assert judge_main(["card", "--judge", "nosuch", "--pairs", str(pairs)]) == 2
+    assert "unknown judge 'nosuch'" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- repeats
+
+
+def test_deterministic_judge_repeats_warn_and_cost_nothing():
+    judges, warning = repeat_judges(judge_config("heuristic", ["repeats=3"]), 3)
+    assert judges == [] and "deterministic: it has no temperature" in warning
+    judges, warning = repeat_judges(judge_config("local", ["temperature=0"]), 3)
+    assert judges == [] and "temperature is 0" in warning
+    seeds, warning = repeat_judges(
+        judge_config("local", ["temperature=0.8", "seed=5"]), 3, lambda c, seed: seed
+    )
+    assert seeds == [6, 7] and warning is None  # one distinct seed per repeat
+    assert repeat_judges(judge_config("heuristic"), 1) == ([], None)
+    judges, warning = repeat_judges(judge_config("mlflow", ["temperature=0.7"]), 2)
+    assert judges == [] and "takes no seed" in warning
+
+
+@pytest.mark.slow
+@requires_smollm2
+def test_stochastic_judge_repeats_flip_rate_cached_per_repeat(tmp_path):
+    cfg = judge_config("local", ["temperature=1.0", "use_logprobs=false", "decompose=false", "max_tokens=16"])
+    judge = build_judge(
+        "local", ["temperature=1.0", "use_logprobs=false", "decompose=false", "max_tokens=16"]
+    )
+    repeats, warning = repeat_judges(cfg, 3)
+    assert warning is None and len({judge.identity, *(j.identity for j in repeats)}) == 3
+    pairs = select_pairs(load_pairs(write_pairs(tmp_path / "p.jsonl")), 3)
+    cache = StageCache(tmp_path / "cache")
+    card = validity_card(judge, pairs, cache, repeats, n_resamples=100, progress=False)
+    assert card["repeats"] == 3 and 0.0 <= card["flip_rate"]["value"] <= 1.0
+    assert cache.stats["card_verdict.miss"] == 3 * len(pairs)  # each repeat asked, cached apart
+    # per query in the pipeline: the repeats' labels per claim, and the flip rate they imply
+    from collections import Counter
+
+    claims = [p.claim for p in pairs[:2]]
+    verdicts = judge.verdicts(claims, REFUND_CTX)
+    cols = repeat_columns(repeats, [(claims, verdicts, 0, "", 0, {})], [REFUND_CTX], cache, Counter())
+    labels = json.loads(cols[0]["judge_repeat_labels"])
+    assert len(labels) == 2 and all(len(ls) == 3 for ls in labels)
+    assert cols[0]["judge_flip_rate"] == query_flip_rate(labels)
+
+
+# ----------------------------------------------------------------------------- a run logs its card
+
+
+@pytest.mark.slow
+def test_run_logs_judge_card_digest_and_identity(tmp_path, fake_llm):  # noqa: F811
+    from mlflow.tracking import MlflowClient
+
+    docs, ev = make_tiny(tmp_path, n_items=4)
+    pairs = write_pairs(tmp_path / "pairs.jsonl")
+    p = run_sweep(
+        tmp_path,
+        *sweep_args(tmp_path, docs, ev),
+        "generator=openai",
+        f"generator.base_url={fake_llm.base_url}",
+        "generator.model=ok",
+        "generator.api_key_env=null",
+        "generator.max_retries=0",
+        "retriever=bm25",
+        "generation_subset=2",
+        "metrics.bootstrap_resamples=100",
+        f"judge_card.pairs={pairs}",
+        "judge_card.bootstrap_resamples=200",
+        "judge.repeats=2",
+    )
+    assert "deterministic" in p.stderr  # heuristic + repeats=2: warned, judged once
+    assert "judge card (10 file:pairs.jsonl pairs" in p.stdout
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    (run,) = client.search_runs([client.get_experiment_by_name("test").experiment_id])
+    m, tags = run.data.metrics, run.data.tags
+    assert {"judge_card/kappa", "judge_card/kappa/ci_low", "judge_card/balanced_accuracy"} <= set(m)
+    assert m["judge_card/n_pairs"] == len(RAW_PAIRS)
+    assert tags["judge_card_pairs_digest"] == pairs_digest(load_pairs(pairs))
+    assert tags["judge_card_source"] == "file:pairs.jsonl"
+    assert len(tags["judge_identity"]) == 16 and tags["judge_repeats"] == "1"
+    assert "judge_flip_rate" not in m  # deterministic: no flip rate
+
+
+def test_config_rejects_bad_judge_card_and_repeats():
+    from rag_experiments.config_schema import validate
+    from rag_experiments.evalset import conf_dir
+
+    cfg = OmegaConf.to_container(OmegaConf.load(conf_dir() / "config.yaml"))
+    cfg["judge_card"].update(pairs="/no/such/pairs.jsonl", max_pairs=0, typo=1)
+    cfg["generator"] = {"_target_": "rag_experiments.stages.generation.OpenAICompatibleGenerator"}
+    cfg["judge"] = {
+        **OmegaConf.to_container(OmegaConf.load(conf_dir() / "judge" / "heuristic.yaml")),
+        "repeats": 0,
+    }
+    problems = "\n".join(validate(cfg))
+    assert "conf/config: judge_card.pairs: file not found" in problems
+    assert "conf/config: judge_card.max_pairs: must be an integer >= 1" in problems
+    assert "conf/config: judge_card.typo: unknown key" in problems
+    assert "conf/judge: repeats: must be an integer >= 1" in problems
