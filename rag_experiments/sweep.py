@@ -352,9 +352,13 @@ def _log(client, run_id: str, job: Job, res) -> None:
 
 
 def every_item_failed(aggregates: dict[str, float]) -> bool:
-    """True when every query errored (dead endpoint): such a run must be retried, not skipped."""
-    n, errors = aggregates.get("n_queries", 0), aggregates.get("n_errors", 0)
-    return n > 0 and errors >= n
+    """True when every generated query errored (dead endpoint): such a run must be retried, not skipped.
+
+    Errors are counted over the items actually generated (``n_generated``, the
+    ``generation_subset``), not over all ``n_queries``: with the default subset of 24 a dead
+    endpoint errors on 24 of 168 items and the run must still fail."""
+    n = aggregates.get("n_generated", aggregates.get("n_queries", 0))
+    return n > 0 and aggregates.get("n_errors", 0) >= n
 
 
 def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
@@ -373,9 +377,8 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
         st = job.stages
         log_traces(client, run_id, exp_id, res.per_query, st["evalset"], st["corpus"], job.cfg, st)
         if every_item_failed(res.aggregates):
-            why = (
-                f"every one of the {int(res.aggregates['n_queries'])} queries errored (see per_query 'error')"
-            )
+            n = int(res.aggregates.get("n_generated", res.aggregates["n_queries"]))
+            why = f"every one of the {n} generated queries errored (see per_query 'error')"
             client.set_tag(run_id, "failure_reason", why)
             client.set_terminated(run_id, "FAILED")
             print(f"[failed] {job.run_name}: {why}; marked FAILED so a re-run retries it", file=sys.stderr)
