@@ -195,11 +195,14 @@ def read_sweep_context(sweep_dir: str | Path | None) -> dict | None:
 
 
 @contextlib.contextmanager
-def file_lock(path: Path):
-    """An exclusive ``flock`` on ``path``: released by the kernel when the process dies (kill -9)."""
+def file_lock(path: Path, what: str = ""):
+    """An exclusive ``flock`` on ``path``: released by the kernel when the process dies (kill -9).
+    Waiting for it prints the holder (``tracking.lock_wait``)."""
+    from rag_experiments.tracking.lock_wait import acquire
+
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        acquire(f, path, what)
         try:
             yield
         finally:
@@ -326,7 +329,8 @@ def config_lock(uri: str, experiment_id: str, chash: str) -> contextlib.Abstract
     from rag_experiments.cache import stable_hash
 
     key = stable_hash("config-lock", uri, experiment_id, chash)[:24]
-    return file_lock(Path(tempfile.gettempdir()) / "rag_experiments_locks" / f"{key}.lock")
+    lock = Path(tempfile.gettempdir()) / "rag_experiments_locks" / f"{key}.lock"
+    return file_lock(lock, f"config_hash {chash[:12]}")
 
 
 def heal_stale_runs(client: MlflowClient, experiment_id: str, chash: str) -> list[str]:
