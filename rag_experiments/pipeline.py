@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rag_experiments.cache import StageCache, stage_key
+from rag_experiments.cache import StageCache, chunks_mismatch, stage_key
 from rag_experiments.evaluation import metrics as M
 from rag_experiments.evaluation.aggregate import aggregate
 from rag_experiments.evaluation.budget import budgeted_metrics
@@ -65,6 +65,9 @@ def chunk_stage(
 ):
     key = stage_key("chunks", corpus_digest, chunking_cfg)
     chunks = cache.get_chunks(key)
+    if chunks is not None and (why := chunks_mismatch(docs, chunks)):
+        cache.drop("chunks", key, ".parquet", why)  # reported with its path; recomputed below
+        chunks = None
     if chunks is None:
         chunks = []
         # same order as chunk_corpus(chunker, docs); a line per 10 % only for large corpora
