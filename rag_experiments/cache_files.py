@@ -36,6 +36,9 @@ _SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 class StorageError(OSError):
     """The disk under the cache failed us (full, read-only, quota): infrastructure, exit 2."""
 
+    def __str__(self) -> str:  # the message already names the path; no "[Errno 28]" prefix
+        return str(self.strerror)
+
 
 def file_digest(path: Path) -> str:
     h = hashlib.sha256()

@@ -34,6 +34,7 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.utils import instantiate  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
+from rag_experiments.cache_files import StorageError  # noqa: E402
 from rag_experiments.config_schema import unknown_group_options  # noqa: E402
 from rag_experiments.evalset import sample_dir  # noqa: E402
 from rag_experiments.identity import code_fingerprint, is_place_key, model_identities  # noqa: E402
@@ -392,7 +393,7 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
         if parent_id:  # the multirun stops here too: its parent must not stay RUNNING
             interrupted = (str(e) or "KeyboardInterrupt") if status == "KILLED" else ""
             tracking.close_parent(client, exp_id, parent_id, complete=False, interrupted=interrupted)
-        if status == "FAILED":
+        if status == "FAILED" and not isinstance(e, StorageError):  # main() names the file
             traceback.print_exc()
         raise
 
@@ -475,7 +476,11 @@ def main(cfg: DictConfig) -> float:
         signal.signal(signal.SIGTERM, _terminate)
     for noisy in ("mlflow", "httpx", "httpx2", "openai"):  # one line per HTTP call drowns the summary
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    return run_job(cfg)
+    try:
+        return run_job(cfg)
+    except StorageError as e:  # disk full / read-only under the cache: infrastructure, exit 2
+        print(f"[failed] {e}; the run is marked FAILED, free space and re-run", file=sys.stderr)
+        sys.exit(2)
 
 
 def __getattr__(name: str):
