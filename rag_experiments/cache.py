@@ -186,6 +186,7 @@ class StageCache:
         )
         if "digest" not in {r[1] for r in conn.execute("PRAGMA table_info(kv)")}:
             conn.execute("ALTER TABLE kv ADD COLUMN digest TEXT")  # older rows: misses, recomputed
+        conn.text_factory = bytes  # a flipped bit may make invalid UTF-8: decoded (and judged) by us
         return conn
 
     def _db(self) -> sqlite3.Connection | None:
@@ -203,6 +204,7 @@ class StageCache:
                 conn = self._open_rw()
         elif self.db_path.exists():  # read-only: no WAL files can be created, nothing changes
             conn = sqlite3.connect(f"file:{self.db_path}?mode=ro&immutable=1", uri=True)
+            conn.text_factory = bytes
             try:
                 if "digest" not in {r[1] for r in conn.execute("PRAGMA table_info(kv)")}:
                     return None
@@ -212,12 +214,16 @@ class StageCache:
         self._local.conn = conn
         return conn
 
-    def _quarantine(self, e: Exception) -> None:
-        """Move a corrupt index (and its WAL files) aside: reported, its entries recomputed."""
+    def close(self) -> None:
+        """Close this thread's connection to the index (others close with their threads)."""
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             conn.close()
             self._local.conn = None
+
+    def _quarantine(self, e: Exception) -> None:
+        """Move a corrupt index (and its WAL files) aside: reported, its entries recomputed."""
+        self.close()
         aside = self.db_path.with_name(f"kv.sqlite.corrupt-{os.getpid()}")
         print(
             f"[cache] corrupt index {self.db_path} ({e}): moved to {aside}; its entries are recomputed",
@@ -260,14 +266,16 @@ class StageCache:
                 self._quarantine(e)
                 rows = []
             bad = []
-            for k, v, digest in rows:
-                if digest is None:
+            for raw_k, raw_v, raw_digest in rows:
+                if raw_digest is None:
                     continue  # written before digests existed: recomputed
+                k = raw_k.decode("utf-8", "replace")
                 try:
+                    v, digest = raw_v.decode("utf-8"), raw_digest.decode("utf-8")
                     if digest != self._digest(stage, k, v):
                         raise ValueError(f"digest {digest} does not match the value")
                     found[k] = json.loads(v)
-                except (ValueError, TypeError) as e:
+                except (ValueError, TypeError, AttributeError) as e:  # UnicodeDecodeError is a ValueError
                     bad.append(k)
                     print(
                         f"[cache] corrupt entry {self.db_path} [{stage}/{k}]: {e}; recomputing",
