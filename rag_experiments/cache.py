@@ -74,6 +74,12 @@ def chunks_mismatch(docs, chunks: list[Chunk]) -> str:
     return ""
 
 
+def _has_digest(conn: sqlite3.Connection) -> bool:
+    """Whether the index has the ``digest`` column (older caches do not)."""
+    cols = {r[1] for r in conn.execute("PRAGMA table_info(kv)")}
+    return "digest" in cols or b"digest" in cols
+
+
 class StageCache:
     """On-disk cache rooted at ``root``; ``enabled=False`` makes every lookup a miss."""
 
@@ -184,7 +190,7 @@ class StageCache:
             "CREATE TABLE IF NOT EXISTS kv (stage TEXT, key TEXT, value TEXT, digest TEXT, "
             "PRIMARY KEY (stage, key))"
         )
-        if "digest" not in {r[1] for r in conn.execute("PRAGMA table_info(kv)")}:
+        if not _has_digest(conn):
             conn.execute("ALTER TABLE kv ADD COLUMN digest TEXT")  # older rows: misses, recomputed
         conn.text_factory = bytes  # a flipped bit may make invalid UTF-8: decoded (and judged) by us
         return conn
@@ -203,16 +209,33 @@ class StageCache:
                 self._quarantine(e)
                 conn = self._open_rw()
         elif self.db_path.exists():  # read-only: no WAL files can be created, nothing changes
-            conn = sqlite3.connect(f"file:{self.db_path}?mode=ro&immutable=1", uri=True)
+            conn = self._open_ro()
             conn.text_factory = bytes
             try:
-                if "digest" not in {r[1] for r in conn.execute("PRAGMA table_info(kv)")}:
+                if not _has_digest(conn):
                     return None
             except sqlite3.DatabaseError as e:
                 print(f"[cache] corrupt index {self.db_path} ({e}): not used (read-only)", file=sys.stderr)
                 return None
         self._local.conn = conn
         return conn
+
+    def _open_ro(self) -> sqlite3.Connection:
+        """A read-only connection: through the WAL a writer left (its -shm must exist), else as an
+        immutable file (no -wal/-shm needed on a read-only mount)."""
+        wal = self.db_path.with_name(self.db_path.name + "-wal")
+        if wal.exists() and wal.stat().st_size:
+            conn = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True)
+            try:
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+                return conn
+            except sqlite3.OperationalError:
+                conn.close()
+                print(
+                    f"[cache] {wal} cannot be read (read-only, no -shm): its entries are misses",
+                    file=sys.stderr,
+                )
+        return sqlite3.connect(f"file:{self.db_path}?mode=ro&immutable=1", uri=True)
 
     def close(self) -> None:
         """Close this thread's connection to the index (others close with their threads)."""
