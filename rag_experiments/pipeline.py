@@ -31,6 +31,7 @@ from rag_experiments.evaluation.labels import RATE_LABELS, failure_label
 from rag_experiments.evaluation.registry import GENERATION_METRICS
 from rag_experiments.progress import Progress, track
 from rag_experiments.stages.chunking import chunk_corpus
+from rag_experiments.stages.context_fit import fit_contexts
 from rag_experiments.stages.judging.cached import (
     cached_claims,
     cached_verdicts,
@@ -319,6 +320,10 @@ def _generate_and_judge(
     calls: Counter = Counter()
     sub_items = [items[i] for i in subset]
     contexts_chunks = [ranked[i][:k] for i in subset]
+    # cut to the model's window (stages.context_fit): what the generator, the judge and the table see
+    contexts_chunks, truncated = fit_contexts(
+        generator, prompt, [it.query for it in sub_items], contexts_chunks, cache
+    )
     prompts = [prompt.render(it.query, cs) for it, cs in zip(sub_items, contexts_chunks, strict=True)]
     t = time.perf_counter()
     gens, n_gen = generation_stage(generator, prompts, cache, progress)
@@ -333,9 +338,13 @@ def _generate_and_judge(
     )
     calls.update({f"judge_{k_}": v for k_, v in (jcalls + dcalls).items()})
     timings["judging_s"] = time.perf_counter() - t
-    for qi, it, g, j, ctx, d in zip(subset, sub_items, gens, judged, contexts, diags, strict=True):
+    for row in rows:
+        row["context_truncated"] = False
+    for qi, it, g, j, ctx, d, cut in zip(
+        subset, sub_items, gens, judged, contexts, diags, truncated, strict=True
+    ):
         row = rows[qi]
-        row.update(answer=g.text, context=ctx, error=g.error)  # context: exactly what both saw
+        row.update(answer=g.text, context=ctx, error=g.error, context_truncated=cut)  # what both saw
         row.update(latency_generation_s=g.latency_s, generation_cached=g.cached)
         row.update(usage_columns(g.usage))  # cached answers keep their usage: cost of the config
         row.update(_judged_columns(g, it, j))
@@ -409,6 +418,7 @@ def _run_aggregates(
     aggregates.update(cost_metrics(df, pricing))
     if n_generated is not None:
         aggregates["n_generated"] = n_generated
+        aggregates["n_context_truncated"] = int(df["context_truncated"].sum()) if n_generated else 0
         if "n_unparseable_diagnostics" in df:
             aggregates["n_unparseable_diagnostic_verdicts"] = int(df["n_unparseable_diagnostics"].sum())
     return aggregates

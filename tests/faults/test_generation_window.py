@@ -3,10 +3,12 @@ local model's window: neither may give a FINISHED run that a re-run then skips."
 
 from __future__ import annotations
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from rag_experiments.sweep import every_item_failed
 from rag_experiments.tracking import writer
+from tests.llm_fixtures import requires_smollm2
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 
 
@@ -39,3 +41,72 @@ def test_dead_endpoint_with_a_generation_subset_fails_and_is_retried(tmp_path):
     assert writer.find_finished(client, exp_id, run.data.tags["config_hash"]) is None
     again = run_sweep(tmp_path, *args, check=False)
     assert "[skip]" not in again.stdout and len(client.search_runs([exp_id])) == 2
+
+
+# -- contexts over the local model's window (chunking=whole) ---------------------------------------
+
+
+def _prompt():
+    from rag_experiments.stages.prompts import PromptTemplate
+
+    return PromptTemplate("t", "Answer from the context.", "Context:\n{context}\n\nQuestion: {question}")
+
+
+def test_fit_context_keeps_rank_order_and_spans(tmp_path):
+    from rag_experiments.stages.context_fit import fit_context
+    from rag_experiments.types import Chunk
+
+    doc = "abcdefghij" * 300
+    chunks = [Chunk(f"c{i}", "d", i * 1000, (i + 1) * 1000, doc[i * 1000 : (i + 1) * 1000]) for i in range(3)]
+    count = lambda msgs: sum(len(m["content"]) for m in msgs) // 4  # noqa: E731  (4 characters a token)
+    fitted, cut = fit_context(_prompt(), "q?", chunks, 400, count)
+    assert cut and 0 < len(fitted) <= 2 and fitted[0] == chunks[0]
+    assert count(_prompt().render("q?", fitted)) <= 400
+    assert all(doc[c.start : c.end] == c.text for c in fitted)  # still spans of the document
+    assert fit_context(_prompt(), "q?", chunks[:1], 4000, count) == (chunks[:1], False)
+    with pytest.raises(ValueError, match="generator.ctx_size"):
+        fit_context(_prompt(), "q?" * 2000, chunks, 400, count)
+
+
+@requires_smollm2
+def test_whole_documents_over_the_local_window_are_fitted_not_http_400(tmp_path):
+    from rag_experiments.cache import StageCache
+    from rag_experiments.datasets.corpus import Corpus
+    from rag_experiments.evalset import EvalSet
+    from rag_experiments.pipeline import run_pipeline
+    from rag_experiments.stages.chunking import WholeDocumentChunker
+    from rag_experiments.stages.generation import LocalLlamaGenerator
+    from rag_experiments.stages.judging.heuristic import HeuristicJudge
+    from rag_experiments.stages.retrieval import BM25Retriever
+
+    docs, ev = make_tiny(tmp_path, n_items=3)
+    corpus = Corpus(str(docs))
+    # 4 whole documents at k=3 are ≈ 3,000 tokens: over a 1,024-token slot as `whole` is over 4,096
+    gen = LocalLlamaGenerator(ctx_size=1024, n_threads=1, n_parallel=1, max_tokens=16, max_retries=0)
+
+    def run():
+        return run_pipeline(
+            docs=corpus.docs,
+            corpus_digest=corpus.digest,
+            items=EvalSet(str(ev), corpus).items,
+            chunker=WholeDocumentChunker(),
+            chunking_cfg={"_target_": "whole"},
+            retriever=BM25Retriever(k=3),
+            k=3,
+            ks=[1, 3],
+            cache=StageCache(tmp_path / "cache"),
+            generator=gen,
+            prompt=_prompt(),
+            judge=HeuristicJudge(),
+            n_resamples=20,
+            progress=False,
+        )
+
+    res = run()
+    df = res.per_query
+    assert res.aggregates["n_errors"] == 0, df["error"].tolist()
+    assert res.aggregates["n_context_truncated"] == int(df["context_truncated"].sum()) >= 2
+    assert df["context"].str.len().max() < 3 * 1024 * 4  # cut: not the whole documents
+    again = run()  # the fit is cached: same contexts, answers from the cache
+    assert again.per_query["context"].tolist() == df["context"].tolist()
+    assert again.calls.get("generation", 0) == 0
