@@ -26,19 +26,21 @@ def holder_of(path: Path) -> str:
 
 
 def acquire(f: IO[str], path: Path, what: str = "") -> None:
-    """Exclusive ``flock`` on the open file ``f`` (at ``path``); says so on stderr when it waits."""
+    """Exclusive ``flock`` on the open file ``f`` (at ``path``); a named lock (``what``, e.g. a
+    config_hash) says on stderr when it waits. Unnamed locks (store creation, parent election) are
+    held for milliseconds and wait silently."""
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB if what else fcntl.LOCK_EX)
     except BlockingIOError:
         t0 = time.perf_counter()
         print(
-            f"[waiting] {what or 'lock'} is held by {holder_of(path)} ({path}); "
+            f"[waiting] {what} is held by {holder_of(path)} ({path}); "
             "waiting for it to finish (Ctrl-C to stop)",
             file=sys.stderr,
             flush=True,
         )
         fcntl.flock(f, fcntl.LOCK_EX)
-        print(f"[waiting] got {what or 'the lock'} after {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+        print(f"[waiting] got {what} after {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     f.seek(0)
     f.truncate()
     f.write(f"{socket.gethostname()}:{os.getpid()}\n")
