@@ -479,7 +479,7 @@ def main(cfg: DictConfig) -> float:
     try:
         return run_job(cfg)
     except StorageError as e:  # disk full / read-only under the cache: infrastructure, exit 2
-        print(f"[failed] {e}; the run is marked FAILED, free space and re-run", file=sys.stderr)
+        print(f"[failed] {e}; the run is marked FAILED (re-run once the disk is fixed)", file=sys.stderr)
         sys.exit(2)
 
 
