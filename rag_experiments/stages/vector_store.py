@@ -45,25 +45,32 @@ def _open_preallocated(tmp: Path, dtype: str, shape: tuple[int, int]) -> np.memm
     return out
 
 
-def _publish(tmp: Path, path: Path) -> Path:
-    """Rename the finished ``tmp`` to ``{key}.{digest}.npy`` beside ``path`` (``{key}.npy``)."""
-    final = path.with_name(f"{path.name[: -len('.npy')]}.{file_digest(tmp)}.npy")
-    os.replace(tmp, final)
-    return final
+def _publish(path: Path) -> Path:
+    """Rename the finished ``{key}.npy`` to ``{key}.{digest}.npy``, the name readers verify."""
+    key = path.name[: -len(".npy")]
+    try:
+        final = path.with_name(f"{key}.{file_digest(path)}.npy")
+        os.replace(path, final)
+        return final
+    except FileNotFoundError:  # a parallel worker published the same vectors a moment before
+        found = find_verified(path.parent, key, ".npy", True, memo=True)
+        if found is None:
+            raise
+        return found
 
 
 def _fill_memmap(tmp: Path, path: Path, fill: Callable[[Path], None]) -> np.ndarray:
-    """``fill(tmp)`` then publish; any error removes ``tmp``, a full disk names the file."""
+    """``fill(tmp)`` then rename it to ``path``; any error removes ``tmp``, a full disk names the file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fill(tmp)
-        final = _publish(tmp, path)
+        os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         if isinstance(e, OSError):
             raise storage_error(e, path, "vector file") from e
         raise
-    return np.load(final, mmap_mode="r")
+    return np.load(path, mmap_mode="r")
 
 
 def embed_to_memmap(
@@ -71,7 +78,7 @@ def embed_to_memmap(
 ) -> np.ndarray:
     """Embed ``texts`` ``batch`` at a time into an ``.npy`` for ``path``; returns it memory-mapped.
 
-    The file appears only when complete (temp file + rename to ``{key}.{digest}.npy``): an
+    The file appears only when complete (temp file + rename): an
     interrupted run leaves no half-written matrix for the next one to trust. Its blocks are
     reserved before the first write (``posix_fallocate``): a full disk raises ``StorageError``
     naming the file and the temp file is removed.
@@ -180,8 +187,10 @@ class VectorStore:
             return np.asarray(encode(texts), dtype=DTYPES[dtype]), False
         plan = getattr(embedder, "ray_plan", None)
         if plan is not None and plan.use_ray(len(texts)):
-            return embed_to_memmap_ray(embedder, texts, path, dtype, batch, plan.concurrency), False
-        return embed_to_memmap(encode, texts, path, dtype, batch), False
+            embed_to_memmap_ray(embedder, texts, path, dtype, batch, plan.concurrency)
+        else:
+            embed_to_memmap(encode, texts, path, dtype, batch)
+        return np.load(_publish(path), mmap_mode="r"), False
 
     def index(self, key: str, build: Callable[[], object]):
         """The FAISS index stored under ``key``, built by ``build()`` and written once on a miss."""
