@@ -42,6 +42,8 @@ from rag_experiments.cache_files import (
     storage_error,
     write_verified,
 )
+from rag_experiments.identity import code_version
+from rag_experiments.progress import Progress
 from rag_experiments.types import Chunk
 
 
@@ -57,8 +59,6 @@ def stage_key(stage: str, *parts: Any) -> str:
     The code version makes a changed chunker, embedder, retriever, generator or judge a miss
     instead of serving results its old code computed.
     """
-    from rag_experiments.identity import code_version
-
     return stable_hash(stage, code_version(stage), *parts)
 
 
@@ -351,8 +351,6 @@ class CachedEmbedder:
             embedder.show_progress = False
 
     def encode(self, texts: list[str], kind: str = "passage") -> np.ndarray:
-        from rag_experiments.progress import Progress
-
         blocks = [texts[i : i + self.block] for i in range(0, len(texts), self.block)] or [texts]
         out = []
         show = self.progress and len(blocks) > 1

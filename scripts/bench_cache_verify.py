@@ -54,6 +54,7 @@ def bench_sample(repeat: int) -> None:
     from rag_experiments.datasets.corpus import Corpus
     from rag_experiments.evalset import EvalSet, sample_dir
     from rag_experiments.pipeline import run_pipeline
+    from rag_experiments.run_types import PipelineData, RunSettings, Stages
     from rag_experiments.stages.chunking import MarkdownChunker
     from rag_experiments.stages.embedding import SentenceTransformerEmbedder
     from rag_experiments.stages.retrieval import DenseRetriever
@@ -65,19 +66,13 @@ def bench_sample(repeat: int) -> None:
     def run():
         cache = StageCache(root)
         t = time.perf_counter()
-        run_pipeline(
-            docs=corpus.docs,
-            corpus_digest=corpus.digest,
-            items=items,
+        stages = Stages(
             chunker=MarkdownChunker(),
             chunking_cfg={"_target_": "markdown"},
             retriever=DenseRetriever(CachedEmbedder(SentenceTransformerEmbedder(show_progress=False), cache)),
-            k=5,
-            ks=[1, 3, 5, 10],
-            cache=cache,
-            n_resamples=200,
-            progress=False,
         )
+        settings = RunSettings(k=5, ks=(1, 3, 5, 10), n_resamples=200, progress=False)
+        run_pipeline(stages, PipelineData(corpus.docs, corpus.digest, items), settings, cache)
         return time.perf_counter() - t
 
     run()  # fills the cache

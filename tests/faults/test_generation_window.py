@@ -74,6 +74,7 @@ def test_whole_documents_over_the_local_window_are_fitted_not_http_400(tmp_path)
     from rag_experiments.datasets.corpus import Corpus
     from rag_experiments.evalset import EvalSet
     from rag_experiments.pipeline import run_pipeline
+    from rag_experiments.run_types import PipelineData, RunSettings, Stages
     from rag_experiments.stages.chunking import WholeDocumentChunker
     from rag_experiments.stages.generation import LocalLlamaGenerator
     from rag_experiments.stages.judging.heuristic import HeuristicJudge
@@ -84,23 +85,19 @@ def test_whole_documents_over_the_local_window_are_fitted_not_http_400(tmp_path)
     # 4 whole documents at k=3 are ≈ 3,000 tokens: over a 1,024-token slot as `whole` is over 4,096
     gen = LocalLlamaGenerator(ctx_size=1024, n_threads=1, n_parallel=1, max_tokens=16, max_retries=0)
 
+    stages = Stages(
+        chunker=WholeDocumentChunker(),
+        chunking_cfg={"_target_": "whole"},
+        retriever=BM25Retriever(k=3),
+        generator=gen,
+        prompt=_prompt(),
+        judge=HeuristicJudge(),
+    )
+    data = PipelineData(corpus.docs, corpus.digest, EvalSet(str(ev), corpus).items)
+    settings = RunSettings(k=3, ks=(1, 3), n_resamples=20, progress=False)
+
     def run():
-        return run_pipeline(
-            docs=corpus.docs,
-            corpus_digest=corpus.digest,
-            items=EvalSet(str(ev), corpus).items,
-            chunker=WholeDocumentChunker(),
-            chunking_cfg={"_target_": "whole"},
-            retriever=BM25Retriever(k=3),
-            k=3,
-            ks=[1, 3],
-            cache=StageCache(tmp_path / "cache"),
-            generator=gen,
-            prompt=_prompt(),
-            judge=HeuristicJudge(),
-            n_resamples=20,
-            progress=False,
-        )
+        return run_pipeline(stages, data, settings, StageCache(tmp_path / "cache"))
 
     res = run()
     df = res.per_query
