@@ -117,13 +117,8 @@ class StageCache:
     def _find(self, stage: str, key: str, suffix: str) -> Path | None:
         return find_verified(self._dir(stage, key), key, suffix, self.writable) if self.enabled else None
 
-    def drop(self, stage: str, key: str, suffix: str, why: str) -> None:
-        """Report and drop an entry found wrong by a check its reader made (e.g. chunk offsets)."""
-        path = self._find(stage, key, suffix)
-        if path is not None:
-            bad_entry(path, ValueError(why), self.writable)
-
-    def get_chunks(self, key: str) -> list[Chunk] | None:
+    def get_chunks(self, key: str, docs=None) -> list[Chunk] | None:
+        """The cached chunks of ``key``; with ``docs``, only if each is ``doc.text[start:end]``."""
         path = self._find("chunks", key, ".parquet")
         chunks = None
         if path is not None:
@@ -133,7 +128,10 @@ class StageCache:
                     Chunk(r.chunk_id, r.doc_id, int(r.start), int(r.end), r.text, json.loads(r.metadata))
                     for r in df.itertuples(index=False)
                 ]
-            except Exception as e:  # noqa: BLE001 - any unreadable entry is a miss, named
+                if docs is not None and (why := chunks_mismatch(docs, chunks)):
+                    raise ValueError(why)
+            except Exception as e:  # noqa: BLE001 - any unreadable or wrong entry is a miss, named
+                chunks = None
                 bad_entry(path, e, self.writable)
         self._count("chunks", chunks is not None)
         return chunks

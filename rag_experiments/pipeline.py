@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rag_experiments.cache import StageCache, chunks_mismatch, stage_key
+from rag_experiments.cache import StageCache, stage_key
 from rag_experiments.evaluation import metrics as M
 from rag_experiments.evaluation.aggregate import aggregate
 from rag_experiments.evaluation.budget import budgeted_metrics
@@ -70,10 +70,7 @@ def chunk_stage(
     progress: bool = True,
 ):
     key = stage_key("chunks", corpus_digest, chunking_cfg)
-    chunks = cache.get_chunks(key)
-    if chunks is not None and (why := chunks_mismatch(docs, chunks)):
-        cache.drop("chunks", key, ".parquet", why)  # reported with its path; recomputed below
-        chunks = None
+    chunks = cache.get_chunks(key, docs)  # verified: bytes, and every chunk a span of its doc
     if chunks is None:
         chunks = []
         # same order as chunk_corpus(chunker, docs); a line per 10 % only for large corpora
@@ -337,10 +334,7 @@ def _generate_and_judge(
     judge, progress = stages.judge, settings.progress
     sub_items = [items[i] for i in subset]
     contexts_chunks = [ranked[i][: settings.k] for i in subset]
-    # cut to the model's window (stages.context_fit): what the generator, the judge and the table see
-    contexts_chunks, truncated = fit_contexts(
-        stages.generator, stages.prompt, [it.query for it in sub_items], contexts_chunks, cache
-    )
+    contexts_chunks = fit_contexts(stages, rows, subset, contexts_chunks, cache)  # to the model's window
     prompts = [stages.prompt.render(it.query, cs) for it, cs in zip(sub_items, contexts_chunks, strict=True)]
     t = time.perf_counter()
     gens, n_gen = generation_stage(stages.generator, prompts, cache, progress)
@@ -355,13 +349,9 @@ def _generate_and_judge(
     )
     calls.update({f"judge_{k_}": v for k_, v in (jcalls + dcalls).items()})
     timings["judging_s"] = time.perf_counter() - t
-    for row in rows:
-        row["context_truncated"] = False
-    for qi, it, g, j, ctx, d, cut in zip(
-        subset, sub_items, gens, judged, contexts, diags, truncated, strict=True
-    ):
+    for qi, it, g, j, ctx, d in zip(subset, sub_items, gens, judged, contexts, diags, strict=True):
         row = rows[qi]
-        row.update(answer=g.text, context=ctx, error=g.error, context_truncated=cut)  # what both saw
+        row.update(answer=g.text, context=ctx, error=g.error)  # context: exactly what both saw
         row.update(latency_generation_s=g.latency_s, generation_cached=g.cached)
         row.update(usage_columns(g.usage))  # cached answers keep their usage: cost of the config
         row.update(_judged_columns(g, it, j))

@@ -108,22 +108,28 @@ def fit_context(prompt, query: str, chunks: list[Chunk], budget: int, count) -> 
     return [], True
 
 
-def fit_contexts(
-    generator, prompt, queries: list[str], contexts: list[list[Chunk]], cache: StageCache
-) -> tuple[list[list[Chunk]], list[bool]]:
-    """``fit_context`` per query for a generator with a window; unchanged for one without."""
-    budget = prompt_budget(generator)
+def fit_contexts(stages, rows: list[dict], subset: list[int], contexts: list[list[Chunk]], cache: StageCache):
+    """The top-k ``contexts`` of the ``subset`` items, each fitted by ``fit_context`` to the window
+    of ``stages.generator`` (unchanged for a generator without a known window). Sets every per-query
+    row's ``context_truncated`` (False outside the subset)."""
+    for row in rows:
+        row["context_truncated"] = False
+    budget = prompt_budget(stages.generator)
     if budget is None:
-        return contexts, [False] * len(contexts)
-    count = _counter(generator, cache)
-    fitted = [fit_context(prompt, q, cs, int(budget), count) for q, cs in zip(queries, contexts, strict=True)]
-    n_cut = sum(cut for _, cut in fitted)
+        return contexts
+    count = _counter(stages.generator, cache)
+    fitted = []
+    for i, cs in zip(subset, contexts, strict=True):
+        chunks, cut = fit_context(stages.prompt, rows[i]["query"], cs, budget, count)
+        rows[i]["context_truncated"] = cut
+        fitted.append(chunks)
+    n_cut = sum(rows[i]["context_truncated"] for i in subset)
     if n_cut:
         log.warning(
             "context cut to the generator's window (generator.ctx_size minus max_tokens = %d tokens) "
             "for %d of %d queries: see the per-query column context_truncated",
             budget,
             n_cut,
-            len(fitted),
+            len(subset),
         )
-    return [cs for cs, _ in fitted], [cut for _, cut in fitted]
+    return fitted
