@@ -14,6 +14,10 @@ completes: a killed run loses only the work in flight.
 
 Writes are atomic (temp file + rename) and the sqlite store uses WAL with a busy timeout, so
 parallel workers (Hydra's joblib launcher) can share one cache. No pickle anywhere.
+
+Every entry is verified on read (``cache_files``): files carry the sha256 of their bytes in their
+name, sqlite values a sha256 in a ``digest`` column. A bad entry is reported with its path, dropped
+and recomputed, never used. A read-only cache serves its hits; misses are computed, not stored.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import sys
 import threading
 from collections import Counter
 from pathlib import Path
@@ -30,6 +35,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rag_experiments.cache_files import (
+    bad_entry,
+    find_verified,
+    is_writable,
+    storage_error,
+    write_verified,
+)
 from rag_experiments.identity import code_version
 from rag_experiments.progress import Progress
 from rag_experiments.types import Chunk
@@ -50,6 +62,24 @@ def stage_key(stage: str, *parts: Any) -> str:
     return stable_hash(stage, code_version(stage), *parts)
 
 
+def chunks_mismatch(docs, chunks: list[Chunk]) -> str:
+    """Why cached ``chunks`` are not spans of ``docs`` (``doc.text[start:end] == chunk.text``), or ""."""
+    text = {d.doc_id: d.text for d in docs}
+    for c in chunks:
+        doc = text.get(c.doc_id)
+        if doc is None:
+            return f"chunk {c.chunk_id!r} names unknown doc_id {c.doc_id!r}"
+        if doc[c.start : c.end] != c.text:
+            return f"chunk {c.chunk_id!r} is not {c.doc_id}[{c.start}:{c.end}]"
+    return ""
+
+
+def _has_digest(conn: sqlite3.Connection) -> bool:
+    """Whether the index has the ``digest`` column (older caches do not)."""
+    cols = {r[1] for r in conn.execute("PRAGMA table_info(kv)")}
+    return "digest" in cols or b"digest" in cols
+
+
 class StageCache:
     """On-disk cache rooted at ``root``; ``enabled=False`` makes every lookup a miss."""
 
@@ -58,36 +88,56 @@ class StageCache:
         self.enabled = enabled
         self.stats: Counter = Counter()  # "<stage>.hit" / "<stage>.miss"
         self._local = threading.local()
+        self.writable = False
         if enabled:
-            self.root.mkdir(parents=True, exist_ok=True)
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                pass  # a read-only parent: the cache may still exist and be read
+            self.writable = is_writable(self.root)
+        self._warned = False
 
     # ----------------------------------------------------------------- files
-    def _path(self, stage: str, key: str, suffix: str) -> Path:
-        return self.root / stage / key[:2] / f"{key}{suffix}"
+    def _dir(self, stage: str, key: str) -> Path:
+        return self.root / stage / key[:2]
 
-    def _atomic(self, path: Path, write) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        write(tmp)
-        os.replace(tmp, path)
+    def _can_write(self) -> bool:
+        if self.enabled and not self.writable and not self._warned:
+            self._warned = True
+            print(
+                f"[cache] {self.root} is read-only: cache hits are used, new results are computed "
+                "but not stored",
+                file=sys.stderr,
+            )
+        return self.enabled and self.writable
 
     def _count(self, stage: str, hit: bool) -> None:
         self.stats[f"{stage}.{'hit' if hit else 'miss'}"] += 1
 
-    def get_chunks(self, key: str) -> list[Chunk] | None:
-        path = self._path("chunks", key, ".parquet")
-        if not (self.enabled and path.exists()):
-            self._count("chunks", False)
-            return None
-        self._count("chunks", True)
-        df = pd.read_parquet(path)
-        return [
-            Chunk(r.chunk_id, r.doc_id, int(r.start), int(r.end), r.text, json.loads(r.metadata))
-            for r in df.itertuples(index=False)
-        ]
+    def _find(self, stage: str, key: str, suffix: str) -> Path | None:
+        return find_verified(self._dir(stage, key), key, suffix, self.writable) if self.enabled else None
+
+    def get_chunks(self, key: str, docs=None) -> list[Chunk] | None:
+        """The cached chunks of ``key``; with ``docs``, only if each is ``doc.text[start:end]``."""
+        path = self._find("chunks", key, ".parquet")
+        chunks = None
+        if path is not None:
+            try:
+                df = pd.read_parquet(path)
+                chunks = [
+                    Chunk(r.chunk_id, r.doc_id, int(r.start), int(r.end), r.text, json.loads(r.metadata))
+                    for r in df.itertuples(index=False)
+                ]
+                if docs is not None and (why := chunks_mismatch(docs, chunks)):
+                    raise ValueError(why)
+            except Exception as e:  # noqa: BLE001 - any unreadable or wrong entry is a miss, named
+                chunks = None
+                bad_entry(path, e, self.writable)
+        self._count("chunks", chunks is not None)
+        return chunks
 
     def put_chunks(self, key: str, chunks: list[Chunk]) -> None:
-        if not self.enabled:
+        if not self._can_write():
             return
         df = pd.DataFrame(
             {
@@ -99,66 +149,184 @@ class StageCache:
                 "metadata": [json.dumps(c.metadata, sort_keys=True) for c in chunks],
             }
         )
-        self._atomic(self._path("chunks", key, ".parquet"), lambda p: df.to_parquet(p, index=False))
+        write_verified(self._dir("chunks", key), key, ".parquet", lambda p: df.to_parquet(p, index=False))
 
     def get_array(self, stage: str, key: str) -> dict[str, np.ndarray] | None:
-        path = self._path(stage, key, ".npz")
-        if not (self.enabled and path.exists()):
-            self._count(stage, False)
-            return None
-        self._count(stage, True)
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
+        path = self._find(stage, key, ".npz")
+        arrays = None
+        if path is not None:
+            try:
+                with np.load(path, allow_pickle=False) as z:
+                    arrays = {k: z[k] for k in z.files}
+            except Exception as e:  # noqa: BLE001 - any unreadable entry is a miss, named
+                bad_entry(path, e, self.writable)
+        self._count(stage, arrays is not None)
+        return arrays
 
     def put_array(self, stage: str, key: str, **arrays: np.ndarray) -> None:
-        if not self.enabled:
+        if not self._can_write():
             return
 
         def write(p: Path) -> None:
             with open(p, "wb") as f:
                 np.savez(f, **arrays)
 
-        self._atomic(self._path(stage, key, ".npz"), write)
+        write_verified(self._dir(stage, key), key, ".npz", write)
 
     # ----------------------------------------------------------------- sqlite key/value
-    def _db(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(self.root / "kv.sqlite", timeout=60)
-            # WAL: readers never block the writer, so concurrent sweeps share one cache file;
-            # synchronous=NORMAL keeps every committed batch across a process kill (not power loss)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS kv (stage TEXT, key TEXT, value TEXT, PRIMARY KEY (stage, key))"
-            )
-            self._local.conn = conn
+    @property
+    def db_path(self) -> Path:
+        return self.root / "kv.sqlite"
+
+    def _open_rw(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.db_path, timeout=60)
+        # WAL: readers never block the writer, so concurrent sweeps share one cache file;
+        # synchronous=NORMAL keeps every committed batch across a process kill (not power loss)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS kv (stage TEXT, key TEXT, value TEXT, digest TEXT, "
+            "PRIMARY KEY (stage, key))"
+        )
+        if not _has_digest(conn):
+            conn.execute("ALTER TABLE kv ADD COLUMN digest TEXT")  # older rows: misses, recomputed
+        conn.text_factory = bytes  # a flipped bit may make invalid UTF-8: decoded (and judged) by us
         return conn
 
+    def _db(self) -> sqlite3.Connection | None:
+        """This thread's connection; None for a read-only cache without a usable index."""
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn
+        if self.writable:
+            try:
+                conn = self._open_rw()
+            except sqlite3.OperationalError as e:
+                raise storage_error(OSError(0, str(e)), self.db_path, "cache index") from e
+            except sqlite3.DatabaseError as e:  # not a database / malformed: set aside, start anew
+                self._quarantine(e)
+                conn = self._open_rw()
+        elif self.db_path.exists():  # read-only: no WAL files can be created, nothing changes
+            conn = self._open_ro()
+            conn.text_factory = bytes
+            try:
+                if not _has_digest(conn):
+                    return None
+            except sqlite3.DatabaseError as e:
+                print(f"[cache] corrupt index {self.db_path} ({e}): not used (read-only)", file=sys.stderr)
+                return None
+        self._local.conn = conn
+        return conn
+
+    def _open_ro(self) -> sqlite3.Connection:
+        """A read-only connection: through the WAL a writer left (its -shm must exist), else as an
+        immutable file (no -wal/-shm needed on a read-only mount)."""
+        wal = self.db_path.with_name(self.db_path.name + "-wal")
+        if wal.exists() and wal.stat().st_size:
+            conn = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True)
+            try:
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+                return conn
+            except sqlite3.OperationalError:
+                conn.close()
+                print(
+                    f"[cache] {wal} cannot be read (read-only, no -shm): its entries are misses",
+                    file=sys.stderr,
+                )
+        return sqlite3.connect(f"file:{self.db_path}?mode=ro&immutable=1", uri=True)
+
+    def close(self) -> None:
+        """Close this thread's connection to the index (others close with their threads)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    def _quarantine(self, e: Exception) -> None:
+        """Move a corrupt index (and its WAL files) aside: reported, its entries recomputed."""
+        self.close()
+        aside = self.db_path.with_name(f"kv.sqlite.corrupt-{os.getpid()}")
+        print(
+            f"[cache] corrupt index {self.db_path} ({e}): moved to {aside}; its entries are recomputed",
+            file=sys.stderr,
+        )
+        for ext in ("", "-wal", "-shm"):
+            src = self.db_path.with_name(self.db_path.name + ext)
+            if src.exists():
+                os.replace(src, aside.with_name(aside.name + ext))
+
+    @staticmethod
+    def _digest(stage: str, key: str, value: str) -> str:
+        """sha256 of (stage, key, value): a changed value or a value under another key is caught."""
+        return hashlib.sha256(f"{stage}\0{key}\0{value}".encode()).hexdigest()[:32]
+
+    def _select(self, stage: str, keys: list[str]) -> list[tuple[str, str, str | None]]:
+        db = self._db()
+        if db is None:
+            return []
+        rows = []
+        for i in range(0, len(keys), 500):
+            batch = keys[i : i + 500]
+            q = f"SELECT key, value, digest FROM kv WHERE stage=? AND key IN ({','.join('?' * len(batch))})"
+            rows += db.execute(q, [stage, *batch]).fetchall()
+        return rows
+
     def get_json_many(self, stage: str, keys: list[str]) -> dict[str, Any]:
-        """Values found for ``keys`` (missing keys are absent); counts hits and misses."""
+        """Values found for ``keys`` (missing keys are absent); counts hits and misses.
+
+        A value whose digest does not match is reported, deleted and left out (a miss)."""
         found: dict[str, Any] = {}
         if self.enabled and keys:
-            db = self._db()
-            for i in range(0, len(keys), 500):
-                batch = keys[i : i + 500]
-                q = f"SELECT key, value FROM kv WHERE stage=? AND key IN ({','.join('?' * len(batch))})"
-                for k, v in db.execute(q, [stage, *batch]):
+            try:
+                rows = self._select(stage, keys)
+            except sqlite3.OperationalError:
+                raise
+            except sqlite3.DatabaseError as e:  # corrupt pages: the whole index is set aside
+                if not self.writable:
+                    raise storage_error(OSError(0, f"corrupt ({e})"), self.db_path, "cache index") from e
+                self._quarantine(e)
+                rows = []
+            bad = []
+            for raw_k, raw_v, raw_digest in rows:
+                if raw_digest is None:
+                    continue  # written before digests existed: recomputed
+                k = raw_k.decode("utf-8", "replace")
+                try:
+                    v, digest = raw_v.decode("utf-8"), raw_digest.decode("utf-8")
+                    if digest != self._digest(stage, k, v):
+                        raise ValueError(f"digest {digest} does not match the value")
                     found[k] = json.loads(v)
+                except (ValueError, TypeError, AttributeError) as e:  # UnicodeDecodeError is a ValueError
+                    bad.append(k)
+                    print(
+                        f"[cache] corrupt entry {self.db_path} [{stage}/{k}]: {e}; recomputing",
+                        file=sys.stderr,
+                    )
+            if bad and self.writable:
+                with self._db() as db:
+                    db.executemany("DELETE FROM kv WHERE stage=? AND key=?", [(stage, k) for k in bad])
         self.stats[f"{stage}.hit"] += len(found)
         self.stats[f"{stage}.miss"] += len(set(keys)) - len(found)
         return found
 
     def put_json_many(self, stage: str, items: dict[str, Any]) -> None:
         """Store and commit ``items`` now: a killed run keeps every batch put before the kill."""
-        if not (self.enabled and items):
+        if not (items and self._can_write()):
             return
+        rows = []
+        for k, v in items.items():
+            text = json.dumps(v, ensure_ascii=False)
+            rows.append((stage, k, text, self._digest(stage, k, text)))
         db = self._db()
-        with db:
-            db.executemany(
-                "INSERT OR REPLACE INTO kv (stage, key, value) VALUES (?, ?, ?)",
-                [(stage, k, json.dumps(v, ensure_ascii=False)) for k, v in items.items()],
-            )
+        try:
+            with db:
+                db.executemany(
+                    "INSERT OR REPLACE INTO kv (stage, key, value, digest) VALUES (?, ?, ?, ?)", rows
+                )
+        except sqlite3.OperationalError as e:
+            if "full" in str(e) or "readonly" in str(e):
+                raise storage_error(OSError(0, str(e)), self.db_path, "cache index") from e
+            raise
 
 
 class CachedEmbedder:

@@ -34,6 +34,7 @@ from rag_experiments.parallel import as_they_complete
 from rag_experiments.progress import Progress, track
 from rag_experiments.run_types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.chunking import chunk_corpus
+from rag_experiments.stages.context_fit import fit_contexts
 from rag_experiments.stages.judging import correctness, faithfulness
 from rag_experiments.stages.judging.cached import (
     JudgedAnswer,
@@ -70,7 +71,7 @@ def chunk_stage(
     progress: bool = True,
 ):
     key = stage_key("chunks", corpus_digest, chunking_cfg)
-    chunks = cache.get_chunks(key)
+    chunks = cache.get_chunks(key, docs)  # verified: bytes, and every chunk a span of its doc
     if chunks is None:
         chunks = []
         # same order as chunk_corpus(chunker, docs); a line per 10 % only for large corpora
@@ -334,6 +335,7 @@ def _generate_and_judge(
     judge, progress = stages.judge, settings.progress
     sub_items = [items[i] for i in subset]
     contexts_chunks = [ranked[i][: settings.k] for i in subset]
+    contexts_chunks = fit_contexts(stages, rows, subset, contexts_chunks, cache)  # to the model's window
     prompts = [stages.prompt.render(it.query, cs) for it, cs in zip(sub_items, contexts_chunks, strict=True)]
     t = time.perf_counter()
     gens, n_gen = generation_stage(stages.generator, prompts, cache, progress)
@@ -434,6 +436,7 @@ def _run_aggregates(
     aggregates.update(cost_metrics(df, pricing))
     if n_generated is not None:
         aggregates["n_generated"] = n_generated
+        aggregates["n_context_truncated"] = int(df["context_truncated"].sum()) if n_generated else 0
         if "n_unparseable_diagnostics" in df:
             aggregates["n_unparseable_diagnostic_verdicts"] = int(df["n_unparseable_diagnostics"].sum())
     return aggregates

@@ -44,6 +44,7 @@ from rag_experiments.assemble import (  # noqa: E402
 )
 from rag_experiments.assemble import priced as _priced  # noqa: E402, F401 - tests price a stage config
 from rag_experiments.cache import StageCache  # noqa: E402
+from rag_experiments.cache_files import StorageError  # noqa: E402
 from rag_experiments.conf_groups import STAGE_GROUPS  # noqa: E402
 from rag_experiments.config_schema import unknown_group_options  # noqa: E402
 from rag_experiments.evalset import sample_dir  # noqa: E402
@@ -213,9 +214,13 @@ def _log(client, run_id: str, job: Job, res: PipelineResult) -> None:
 
 
 def every_item_failed(aggregates: dict[str, float]) -> bool:
-    """True when every query errored (dead endpoint): such a run must be retried, not skipped."""
-    n, errors = aggregates.get("n_queries", 0), aggregates.get("n_errors", 0)
-    return n > 0 and errors >= n
+    """True when every generated query errored (dead endpoint): such a run must be retried, not skipped.
+
+    Errors are counted over the items actually generated (``n_generated``, the
+    ``generation_subset``), not over all ``n_queries``: with the default subset of 24 a dead
+    endpoint errors on 24 of 168 items and the run must still fail."""
+    n = aggregates.get("n_generated", aggregates.get("n_queries", 0))
+    return n > 0 and aggregates.get("n_errors", 0) >= n
 
 
 def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
@@ -237,9 +242,8 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
         res.timings["total_s"] = time.perf_counter() - job.t_start
         client.set_tag(run_id, "timings", json.dumps({k: round(v, 3) for k, v in res.timings.items()}))
         if every_item_failed(res.aggregates):
-            why = (
-                f"every one of the {int(res.aggregates['n_queries'])} queries errored (see per_query 'error')"
-            )
+            n = int(res.aggregates.get("n_generated", res.aggregates["n_queries"]))
+            why = f"every one of the {n} generated queries errored (see per_query 'error')"
             client.set_tag(run_id, "failure_reason", why)
             client.set_terminated(run_id, "FAILED")
             print(f"[failed] {job.run_name}: {why}; marked FAILED so a re-run retries it", file=sys.stderr)
@@ -253,7 +257,7 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
         if parent_id:  # the multirun stops here too: its parent must not stay RUNNING
             interrupted = (str(e) or "KeyboardInterrupt") if status == "KILLED" else ""
             tracking.close_parent(client, exp_id, parent_id, complete=False, interrupted=interrupted)
-        if status == "FAILED":
+        if status == "FAILED" and not isinstance(e, StorageError):  # main() names the file
             traceback.print_exc()
         raise
 
@@ -329,7 +333,11 @@ def main(cfg: DictConfig) -> float:
         signal.signal(signal.SIGTERM, _terminate)
     for noisy in ("mlflow", "httpx", "httpx2", "openai"):  # one line per HTTP call drowns the summary
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    return run_job(cfg)
+    try:
+        return run_job(cfg)
+    except StorageError as e:  # disk full / read-only under the cache: infrastructure, exit 2
+        print(f"[failed] {e}; the run is marked FAILED (re-run once the disk is fixed)", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -340,6 +340,15 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "n_errors", "count", False, "count", "number of queries whose generation failed", per_query=False
     ),
     MetricSpec(
+        "n_context_truncated",
+        "count",
+        False,
+        "count",
+        "number of generated queries whose top-k context was cut to fit the generator's window "
+        "(generator.ctx_size - max_tokens; per-query column context_truncated)",
+        per_query=False,
+    ),
+    MetricSpec(
         "n_unparseable_verdicts",
         "count",
         False,

@@ -6,18 +6,29 @@ file, so peak memory is one batch of vectors whatever the corpus size, and searc
 matrix block by block. Files are content-addressed like the rest of the stage cache
 (``docs/scale.md``): vectors by (embedder identity, texts, dtype), an index by (vectors key,
 index parameters); writes go to a temp file renamed into place, so parallel workers can share them.
+Each file carries the sha256 of its bytes in its name and is verified on read (``cache_files``);
+the vector file is preallocated, so a full disk is a ``StorageError`` naming it, never a SIGBUS.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from rag_experiments.cache import stage_key
+from rag_experiments.cache_files import (
+    bad_entry,
+    file_digest,
+    find_verified,
+    is_writable,
+    preallocate,
+    storage_error,
+    tmp_path,
+    write_verified,
+)
 
 DTYPES = {"float32": np.float32, "float16": np.float16}
 
@@ -27,31 +38,64 @@ def vectors_key(embedder_identity: str, texts: list[str], dtype: str) -> str:
     return stage_key("vectors", "memmap", embedder_identity, texts, dtype)
 
 
-def _tmp(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+def _open_preallocated(tmp: Path, dtype: str, shape: tuple[int, int]) -> np.memmap:
+    """A new ``.npy`` memmap at ``tmp`` with all its blocks reserved (ENOSPC raised here)."""
+    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=DTYPES[dtype], shape=shape)
+    preallocate(tmp, os.path.getsize(tmp))
+    return out
+
+
+def _publish(path: Path) -> Path:
+    """Rename the finished ``{key}.npy`` to ``{key}.{digest}.npy``, the name readers verify."""
+    key = path.name[: -len(".npy")]
+    try:
+        final = path.with_name(f"{key}.{file_digest(path)}.npy")
+        os.replace(path, final)
+        return final
+    except FileNotFoundError:  # a parallel worker published the same vectors a moment before
+        found = find_verified(path.parent, key, ".npy", True, memo=True)
+        if found is None:
+            raise
+        return found
+
+
+def _fill_memmap(tmp: Path, path: Path, fill: Callable[[Path], None]) -> np.ndarray:
+    """``fill(tmp)`` then rename it to ``path``; any error removes ``tmp``, a full disk names the file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fill(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise storage_error(e, path, "vector file") from e
+        raise
+    return np.load(path, mmap_mode="r")
 
 
 def embed_to_memmap(
     encode: Callable[[list[str]], np.ndarray], texts: list[str], path: Path, dtype: str, batch: int
 ) -> np.ndarray:
-    """Embed ``texts`` ``batch`` at a time into an ``.npy`` at ``path``; returns it memory-mapped.
+    """Embed ``texts`` ``batch`` at a time into an ``.npy`` for ``path``; returns it memory-mapped.
 
-    The file appears only when complete (temp file + rename): an interrupted run leaves no
-    half-written matrix for the next one to trust.
+    The file appears only when complete (temp file + rename): an
+    interrupted run leaves no half-written matrix for the next one to trust. Its blocks are
+    reserved before the first write (``posix_fallocate``): a full disk raises ``StorageError``
+    naming the file and the temp file is removed.
     """
     if not texts:
         raise ValueError("no texts to embed")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp(path)
-    first = np.asarray(encode(texts[:batch]))
-    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=DTYPES[dtype], shape=(len(texts), first.shape[1]))
-    out[: len(first)] = first
-    for i in range(len(first), len(texts), batch):
-        out[i : i + batch] = encode(texts[i : i + batch])
-    out.flush()
-    del out
-    os.replace(tmp, path)
-    return np.load(path, mmap_mode="r")
+
+    def fill(tmp: Path) -> None:
+        first = np.asarray(encode(texts[:batch]))
+        out = _open_preallocated(tmp, dtype, (len(texts), first.shape[1]))
+        out[: len(first)] = first
+        for i in range(len(first), len(texts), batch):
+            out[i : i + batch] = encode(texts[i : i + batch])
+        out.flush()
+        del out
+
+    return _fill_memmap(tmp_path(path), path, fill)
 
 
 class _RayEncoder:
@@ -88,17 +132,17 @@ def embed_to_memmap_ray(embedder, texts: list[str], path: Path, dtype: str, batc
     ds = ds.map_batches(
         _RayEncoder, fn_constructor_args=(embedder,), batch_size=batch, concurrency=concurrency
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp, out = _tmp(path), None
-    for b in ds.iter_batches(batch_size=None, batch_format="numpy"):
-        if out is None:
-            shape = (len(texts), b["vec"].shape[1])
-            out = np.lib.format.open_memmap(tmp, mode="w+", dtype=DTYPES[dtype], shape=shape)
-        out[b["i"]] = b["vec"]
-    out.flush()
-    del out
-    os.replace(tmp, path)
-    return np.load(path, mmap_mode="r")
+
+    def fill(tmp: Path) -> None:
+        out = None
+        for b in ds.iter_batches(batch_size=None, batch_format="numpy"):
+            if out is None:
+                out = _open_preallocated(tmp, dtype, (len(texts), b["vec"].shape[1]))
+            out[b["i"]] = b["vec"]
+        out.flush()
+        del out
+
+    return _fill_memmap(tmp_path(path), path, fill)
 
 
 class VectorStore:
@@ -106,9 +150,15 @@ class VectorStore:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
+        self.writable = is_writable(self.root)
 
     def _path(self, stage: str, key: str, suffix: str) -> Path:
         return self.root / stage / key[:2] / f"{key}{suffix}"
+
+    def _find(self, stage: str, key: str, suffix: str) -> Path | None:
+        """The verified file of ``key`` (vectors: verified once per process while unchanged)."""
+        path = self._path(stage, key, suffix)
+        return find_verified(path.parent, key, suffix, self.writable, memo=stage == "vectors_mm")
 
     def vectors(
         self,
@@ -123,26 +173,39 @@ class VectorStore:
 
         With an ``embedder`` whose ``ray_plan`` says so, a miss is embedded on Ray instead.
         """
+        found = self._find("vectors_mm", key, ".npy")
+        if found is not None:
+            try:
+                m = np.load(found, mmap_mode="r", allow_pickle=False)
+                if m.ndim == 2 and m.shape[0] == len(texts):
+                    return m, True
+                raise ValueError(f"shape {m.shape}, expected {len(texts)} rows")
+            except Exception as e:  # noqa: BLE001 - an unloadable entry is a miss, named
+                bad_entry(found, e, self.writable)
         path = self._path("vectors_mm", key, ".npy")
-        if path.exists():
-            return np.load(path, mmap_mode="r"), True
+        if not self.writable:  # read-only cache: computed in memory, not stored
+            return np.asarray(encode(texts), dtype=DTYPES[dtype]), False
         plan = getattr(embedder, "ray_plan", None)
         if plan is not None and plan.use_ray(len(texts)):
-            return embed_to_memmap_ray(embedder, texts, path, dtype, batch, plan.concurrency), False
-        return embed_to_memmap(encode, texts, path, dtype, batch), False
+            embed_to_memmap_ray(embedder, texts, path, dtype, batch, plan.concurrency)
+        else:
+            embed_to_memmap(encode, texts, path, dtype, batch)
+        return np.load(_publish(path), mmap_mode="r"), False
 
     def index(self, key: str, build: Callable[[], object]):
         """The FAISS index stored under ``key``, built by ``build()`` and written once on a miss."""
         import faiss
 
-        path = self._path("ann", key, ".faiss")
-        if path.exists():
-            return faiss.read_index(str(path)), True
+        found = self._find("ann", key, ".faiss")
+        if found is not None:
+            try:
+                return faiss.read_index(str(found)), True
+            except Exception as e:  # noqa: BLE001 - an unloadable entry is a miss, named
+                bad_entry(found, e, self.writable)
         index = build()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = _tmp(path)
-        faiss.write_index(index, str(tmp))
-        os.replace(tmp, path)
+        if self.writable:
+            path = self._path("ann", key, ".faiss")
+            write_verified(path.parent, key, ".faiss", lambda p: faiss.write_index(index, str(p)))
         return index, False
 
 

@@ -8,6 +8,8 @@ import fcntl
 import tempfile
 from pathlib import Path
 
+from rag_experiments.tracking.lock_wait import acquire
+
 
 def store_lock(uri: str) -> contextlib.AbstractContextManager:
     """Serialises the first touch of a store: two processes creating one fresh sqlite schema race
@@ -21,11 +23,12 @@ def store_lock(uri: str) -> contextlib.AbstractContextManager:
 
 
 @contextlib.contextmanager
-def file_lock(path: Path):
-    """An exclusive ``flock`` on ``path``: released by the kernel when the process dies (kill -9)."""
+def file_lock(path: Path, what: str = ""):
+    """An exclusive ``flock`` on ``path``: released by the kernel when the process dies (kill -9).
+    Waiting for it prints the holder (``tracking.lock_wait``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        acquire(f, path, what)
         try:
             yield
         finally:
@@ -38,4 +41,5 @@ def config_lock(uri: str, experiment_id: str, chash: str) -> contextlib.Abstract
     from rag_experiments.cache import stable_hash
 
     key = stable_hash("config-lock", uri, experiment_id, chash)[:24]
-    return file_lock(Path(tempfile.gettempdir()) / "rag_experiments_locks" / f"{key}.lock")
+    lock = Path(tempfile.gettempdir()) / "rag_experiments_locks" / f"{key}.lock"
+    return file_lock(lock, f"config_hash {chash[:12]}")

@@ -121,7 +121,7 @@ def test_sweep_context_is_a_file_in_the_sweep_dir(tmp_path):
 
 
 def test_every_item_failed():
-    assert every_item_failed({"n_queries": 3, "n_errors": 3})
+    assert every_item_failed({"n_queries": 3, "n_errors": 3})  # n_generated absent: all items
     assert not every_item_failed({"n_queries": 3, "n_errors": 2})
     assert not every_item_failed({"n_queries": 0, "n_errors": 0})
 

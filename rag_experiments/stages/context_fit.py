@@ -1,0 +1,135 @@
+"""Fit the retrieved context into the generator's window instead of sending a prompt it rejects.
+
+The local llama.cpp generator (``generator=local``) has a known window: a prompt may use
+``ctx_size - max_tokens`` tokens (:func:`prompt_budget`; llama.cpp answers HTTP 400 beyond it), counted
+as its server templates and tokenizes the messages (:func:`llama_count_tokens`). For it, each query's top-k chunks are kept in rank
+order and the context is cut, at a character boundary, to the longest prefix whose rendered prompt
+fits; chunks past the cut are dropped and the last kept chunk is shortened (its ``end`` moves with
+it, so it stays a span of its document). The generator, the judge and the per-query ``context``
+column all see the fitted context; ``context_truncated`` says which queries were cut and the run
+logs how many (``n_context_truncated``). Generators without a known window (remote endpoints) are
+left alone.
+
+Counting is skipped when a prompt cannot exceed the budget: a byte-level BPE token covers at least
+one byte, so ``utf8 bytes + TEMPLATE_SLACK`` tokens bounds any prompt. Counts are cached by
+(generator identity, messages), so a cached run starts no server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import replace
+
+from rag_experiments.cache import StageCache, stage_key
+from rag_experiments.types import Chunk
+
+log = logging.getLogger(__name__)
+
+TEMPLATE_SLACK = 64  # chat-template tokens (role markers, BOS) on top of the messages' bytes
+
+
+def _upper_bound(messages: list[dict]) -> int:
+    return sum(len(str(m.get("content", "")).encode()) for m in messages) + TEMPLATE_SLACK
+
+
+def prompt_budget(generator) -> int | None:
+    """Tokens a prompt may use (``ctx_size - max_tokens``) for a generator with a ``ctx_size``
+    (the local llama.cpp server); None for endpoints whose window we do not know."""
+    ctx = getattr(generator, "ctx_size", None)
+    if not ctx:
+        return None
+    return int(ctx) - int(json.loads(generator.identity).get("max_tokens", 0))
+
+
+def llama_count_tokens(generator, messages: list[dict]) -> int:
+    """Tokens of ``messages`` as the llama.cpp server templates (``/apply-template``) and
+    tokenizes (``/tokenize``) them."""
+    import httpx
+
+    root = generator.base_url.removesuffix("/v1")
+    prompt = httpx.post(f"{root}/apply-template", json={"messages": messages}, timeout=60).json()["prompt"]
+    body = {"content": prompt, "add_special": True}
+    return len(httpx.post(f"{root}/tokenize", json=body, timeout=60).json()["tokens"])
+
+
+def _counter(generator, cache: StageCache):
+    def count(messages: list[dict]) -> int:
+        key = stage_key("generation", "prompt_tokens", generator.identity, messages)
+        hit = cache.get_json_many("prompt_tokens", [key])
+        if key in hit:
+            return int(hit[key])
+        n = llama_count_tokens(generator, messages)
+        cache.put_json_many("prompt_tokens", {key: n})
+        return n
+
+    return count
+
+
+def _cut(chunks: list[Chunk], n_chars: int) -> list[Chunk]:
+    """The first ``n_chars`` characters of the chunks' texts, in rank order (whole chunks first)."""
+    out, left = [], n_chars
+    for c in chunks:
+        if left <= 0:
+            break
+        if len(c.text) <= left:
+            out.append(c)
+        else:
+            out.append(replace(c, end=c.start + left, text=c.text[:left]))
+        left -= len(c.text)
+    return out
+
+
+def fit_context(prompt, query: str, chunks: list[Chunk], budget: int, count) -> tuple[list[Chunk], bool]:
+    """(chunks whose rendered prompt fits ``budget`` tokens, whether they were cut).
+
+    Starts from the proportional estimate ``chars * budget / tokens`` and shrinks by 10 % until
+    the count fits (a few counts per over-long query). Raises ValueError when even the prompt
+    without any context does not fit.
+    """
+    messages = prompt.render(query, chunks)
+    if _upper_bound(messages) <= budget:
+        return chunks, False
+    total = count(messages)
+    if total <= budget:
+        return chunks, False
+    chars = sum(len(c.text) for c in chunks)
+    n = int(chars * budget / total)
+    while n > 0:
+        cut = _cut(chunks, n)
+        if count(prompt.render(query, cut)) <= budget:
+            return cut, True
+        n = int(n * 0.9)
+    if count(prompt.render(query, [])) > budget:
+        raise ValueError(
+            f"the prompt without any context needs more than {budget} tokens: raise generator.ctx_size "
+            "or lower generator.max_tokens"
+        )
+    return [], True
+
+
+def fit_contexts(stages, rows: list[dict], subset: list[int], contexts: list[list[Chunk]], cache: StageCache):
+    """The top-k ``contexts`` of the ``subset`` items, each fitted by ``fit_context`` to the window
+    of ``stages.generator`` (unchanged for a generator without a known window). Sets every per-query
+    row's ``context_truncated`` (False outside the subset)."""
+    for row in rows:
+        row["context_truncated"] = False
+    budget = prompt_budget(stages.generator)
+    if budget is None:
+        return contexts
+    count = _counter(stages.generator, cache)
+    fitted = []
+    for i, cs in zip(subset, contexts, strict=True):
+        chunks, cut = fit_context(stages.prompt, rows[i]["query"], cs, budget, count)
+        rows[i]["context_truncated"] = cut
+        fitted.append(chunks)
+    n_cut = sum(rows[i]["context_truncated"] for i in subset)
+    if n_cut:
+        log.warning(
+            "context cut to the generator's window (generator.ctx_size minus max_tokens = %d tokens) "
+            "for %d of %d queries: see the per-query column context_truncated",
+            budget,
+            n_cut,
+            len(subset),
+        )
+    return fitted
