@@ -167,6 +167,12 @@ class _SweepGuard:
     def on_exit(self) -> None:
         if self.ended:
             return
+        from rag_experiments.tracking.bounds import best_effort  # the store may be what failed
+
+        with best_effort("close the sweep's parent run"):
+            self._close_parent()
+
+    def _close_parent(self) -> None:
         from mlflow.tracking import MlflowClient
 
         from rag_experiments.tracking import writer as tracking
@@ -196,7 +202,9 @@ class MultirunParent(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from rag_experiments.cache import stable_hash
+        from rag_experiments.cli.errors import infrastructure_exits_2
         from rag_experiments.tracking import writer as tracking
+        from rag_experiments.tracking.bounds import bound_tracking_calls
 
         problems = validate_multirun(config)
         if problems:
@@ -216,17 +224,24 @@ class MultirunParent(Callback):
         }
         tracking.write_sweep_context(config.hydra.sweep.dir, sweep)
         uri = tracking.resolve_uri(config.tracking.uri)
+        bound_tracking_calls(config.tracking.get("timeout_s"))
         self._guard = _SweepGuard(uri, config.experiment_name, sweep["invocation"])
         atexit.register(self._guard.on_exit)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._guard.on_signal)
         # Create the store and experiment here, once: parallel workers (joblib) that each
         # initialise a fresh sqlite schema race on its migrations.
-
-        client = tracking.open_store(uri)
-        tracking.get_experiment_id(client, config.experiment_name, config.tracking.artifact_root)
+        with infrastructure_exits_2():
+            client = tracking.open_store(uri)
+            tracking.get_experiment_id(client, config.experiment_name, config.tracking.artifact_root)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from rag_experiments.cli.errors import infrastructure_exits_2
+
+        with infrastructure_exits_2():  # the store went away during the sweep: URI named, exit 2
+            self._end(config)
+
+    def _end(self, config: DictConfig) -> None:
         from mlflow.tracking import MlflowClient
 
         from rag_experiments.tracking import writer as tracking

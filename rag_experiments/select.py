@@ -21,6 +21,7 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 from rag_experiments.analysis.select import Constraints, Selection, runnable_config, select_config
+from rag_experiments.cli.errors import cli_main
 from rag_experiments.evaluation.registry import higher_is_better
 from rag_experiments.report.tables import fmt_num, fmt_p, text_table
 from rag_experiments.tracking.runs import (
@@ -131,6 +132,7 @@ def run_select(client: MlflowClient, args: argparse.Namespace) -> tuple[Selectio
     return sel, {r.info.run_id: r for r in children}
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     client = MlflowClient(tracking_uri=tracking_uri(args.tracking_uri))

@@ -383,13 +383,17 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
             client.set_terminated(run_id, "FINISHED")
         return res
     except BaseException as e:
+        from rag_experiments.cli.errors import infrastructure_error
+        from rag_experiments.tracking.bounds import best_effort  # the store may be what failed
+
         status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
-        client.set_tag(run_id, "error", f"{type(e).__name__}: {e}"[:5000])
-        client.set_terminated(run_id, status)
-        if parent_id:  # the multirun stops here too: its parent must not stay RUNNING
-            interrupted = (str(e) or "KeyboardInterrupt") if status == "KILLED" else ""
-            tracking.close_parent(client, exp_id, parent_id, complete=False, interrupted=interrupted)
-        if status == "FAILED":
+        with best_effort(f"mark run {run_id} {status}"):
+            client.set_tag(run_id, "error", f"{type(e).__name__}: {e}"[:5000])
+            client.set_terminated(run_id, status)
+            if parent_id:  # the multirun stops here too: its parent must not stay RUNNING
+                interrupted = (str(e) or "KeyboardInterrupt") if status == "KILLED" else ""
+                tracking.close_parent(client, exp_id, parent_id, complete=False, interrupted=interrupted)
+        if status == "FAILED" and infrastructure_error(e) is None:
             traceback.print_exc()
         raise
 
@@ -421,11 +425,13 @@ def run_job(cfg: DictConfig) -> float:
 
     from rag_experiments.cache import StageCache
     from rag_experiments.tracking import writer as tracking
+    from rag_experiments.tracking.bounds import bound_tracking_calls
 
     t_start = time.perf_counter()
     cache = StageCache(cfg.cache_dir, enabled=cfg.get("cache_enabled", True))
     job = describe_job(cfg, load_inputs(cfg, cache), cache, t_start)
     uri = tracking.resolve_uri(cfg.tracking.uri)
+    bound_tracking_calls(cfg.tracking.get("timeout_s"))  # every MLflow call ends within the budget
     client = tracking.open_store(uri)
     mlflow.set_tracking_uri(uri)
     exp_id = tracking.get_experiment_id(client, cfg.experiment_name, cfg.tracking.artifact_root)
@@ -472,7 +478,10 @@ def main(cfg: DictConfig) -> float:
         signal.signal(signal.SIGTERM, _terminate)
     for noisy in ("mlflow", "httpx", "httpx2", "openai"):  # one line per HTTP call drowns the summary
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    return run_job(cfg)
+    from rag_experiments.cli.errors import infrastructure_exits_2
+
+    with infrastructure_exits_2():  # a store that fails: its URI named, exit 2 (cli/errors.py)
+        return run_job(cfg)
 
 
 def __getattr__(name: str):
