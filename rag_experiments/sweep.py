@@ -384,17 +384,18 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
         return res
     except BaseException as e:
         from rag_experiments.cli.errors import infrastructure_error
+        from rag_experiments.redaction import error_text, redact
         from rag_experiments.tracking.bounds import best_effort  # the store may be what failed
 
         status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
         with best_effort(f"mark run {run_id} {status}"):
-            client.set_tag(run_id, "error", f"{type(e).__name__}: {e}"[:5000])
+            client.set_tag(run_id, "error", error_text(e, 5000))
             client.set_terminated(run_id, status)
             if parent_id:  # the multirun stops here too: its parent must not stay RUNNING
                 interrupted = (str(e) or "KeyboardInterrupt") if status == "KILLED" else ""
                 tracking.close_parent(client, exp_id, parent_id, complete=False, interrupted=interrupted)
         if status == "FAILED" and infrastructure_error(e) is None:
-            traceback.print_exc()
+            print(redact(traceback.format_exc()), file=sys.stderr, end="")
         raise
 
 

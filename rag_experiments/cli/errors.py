@@ -14,6 +14,7 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 
+from rag_experiments.redaction import redact
 from rag_experiments.tracking.bounds import bound_tracking_calls, current_budget_s
 from rag_experiments.tracking.uri import last_tracking_uri
 
@@ -100,14 +101,14 @@ def report_error(e: BaseException, uri: str | None = None) -> int:
     from rag_experiments.tracking.runs import RunInputError
 
     if isinstance(e, RunInputError):
-        print(f"error: {e}", file=sys.stderr)
+        print(redact(f"error: {e}"), file=sys.stderr)
         return EXIT_INPUT
     msg = infrastructure_error(e, uri)
     if msg is None:
-        traceback.print_exc()
+        print(redact(traceback.format_exc()), file=sys.stderr, end="")
         print("error: internal error (a bug: please report the traceback above)", file=sys.stderr)
         return EXIT_BUG
-    print(f"error: {msg}", file=sys.stderr)
+    print(redact(f"error: {msg}"), file=sys.stderr)
     return EXIT_INPUT
 
 
@@ -136,5 +137,5 @@ def infrastructure_exits_2() -> Iterator[None]:
         msg = infrastructure_error(e)
         if msg is None:
             raise
-        print(f"error: {msg}", file=sys.stderr)
+        print(redact(f"error: {msg}"), file=sys.stderr)
         raise SystemExit(EXIT_INPUT) from None

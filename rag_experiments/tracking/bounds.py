@@ -4,7 +4,7 @@ MLflow 3.17's defaults (120 s timeout, 7 retries, backoff factor 2, Retry-After 
 call to a stopped server retry for ≈ 4 min. The sweep (``tracking.timeout_s``) and every CLI
 (``cli.errors.cli_main``) set MLflow's own environment variables from one budget instead,
 default :data:`DEFAULT_TIMEOUT_S`; one of those variables the user exported wins.
-Cleanup after an error or a signal uses :func:`quick_calls` (one try, short timeout), so a
+Cleanup after an error or a signal runs under :func:`best_effort` (one try, short timeout), so a
 SIGTERM while the server is away ends the process in seconds; a run that could not be marked is
 left RUNNING and healed by the next start (``writer.heal_stale_runs``).
 """
@@ -99,30 +99,13 @@ def current_budget_s() -> float:
 
 
 @contextlib.contextmanager
-def quick_calls() -> Iterator[None]:
-    """One try of at most :data:`QUICK_TIMEOUT_S` per call inside the block (cleanup after an
-    error or a signal: the store may be the thing that failed), then the previous settings."""
-    old, old_written = {k: os.environ.get(k) for k in _KEYS}, dict(_written)
-    _apply(HttpBudget(QUICK_TIMEOUT_S, 0).env(), force=True)
-    try:
-        yield
-    finally:
-        _written.clear()
-        _written.update(old_written)
-        for key, value in old.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-@contextlib.contextmanager
 def best_effort(what: str) -> Iterator[None]:
-    """Cleanup calls under :func:`quick_calls`; a failure is noted on stderr, never raised (the
-    store may be what failed): a run it could not mark stays RUNNING until the next start heals it."""
-    with quick_calls():
-        try:
-            yield
-        except Exception as e:  # noqa: BLE001 - cleanup must not hide the error being handled
-            why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-            print(f"note: could not {what} ({why}); the next start of this config heals it", file=sys.stderr)
+    """Cleanup on the way out (after an error or a signal) with the quick budget from then on; a
+    failure is noted on stderr, never raised (the store may be what failed): a run it could not
+    mark stays RUNNING until the next start heals it."""
+    _apply(HttpBudget(QUICK_TIMEOUT_S, 0).env(), force=True)  # kept: the process is ending, and
+    try:  # MLflow's own exit hooks must not wait a full budget on a store that is away either
+        yield
+    except Exception as e:  # noqa: BLE001 - cleanup must not hide the error being handled
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        print(f"note: could not {what} ({why}); the next start of this config heals it", file=sys.stderr)

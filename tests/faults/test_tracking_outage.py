@@ -245,5 +245,5 @@ def test_sigterm_while_the_server_hangs_ends_promptly(tmp_path, server):
     _, err = p.communicate(timeout=120)
     took = time.monotonic() - t0
     proxy.close()
-    assert p.returncode != 0 and took < 15, (took, err[-3000:])  # before: 120 s per try, 8 tries
+    assert p.returncode != 0 and took < 30, (took, err[-3000:])  # before: 120 s per try, 8 tries
     assert "could not mark run" in err, err[-3000:]
