@@ -203,6 +203,7 @@ class MultirunParent(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from rag_experiments.cache import stable_hash
         from rag_experiments.cli.errors import infrastructure_exits_2
+        from rag_experiments.sanitize import shell_line
         from rag_experiments.tracking import writer as tracking
         from rag_experiments.tracking.bounds import bound_tracking_calls
 
@@ -220,7 +221,7 @@ class MultirunParent(Callback):
             # fixed here, once: parents created by jobs on different hosts carry the same sweep_id
             "sweep_id": time.strftime("%Y%m%d-%H%M%S-") + invocation[:6],
             "overrides": overrides,
-            "command": "python -m rag_experiments.sweep " + " ".join(sys.argv[1:]),
+            "command": "python -m rag_experiments.sweep " + shell_line(sys.argv[1:]),
         }
         tracking.write_sweep_context(config.hydra.sweep.dir, sweep)
         uri = tracking.resolve_uri(config.tracking.uri)

@@ -37,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from rag_experiments.config_schema import unknown_group_options  # noqa: E402
 from rag_experiments.evalset import sample_dir  # noqa: E402
 from rag_experiments.identity import code_fingerprint, is_place_key, model_identities  # noqa: E402
+from rag_experiments.sanitize import shell_line, terminal_output  # noqa: E402
 
 log = logging.getLogger("rag_experiments")
 GROUPS = ("corpus", "evalset", "chunking", "embedding", "retriever", "generator", "prompt", "judge")
@@ -238,7 +239,7 @@ def run_tags(job: Job) -> dict[str, str]:
         "corpus_digest": job.stages["corpus"].digest,
         "evalset_digest": job.stages["evalset"].digest,
         "overrides": json.dumps(job.overrides),
-        "command": " ".join(sys.argv),
+        "command": shell_line(sys.argv),  # copy-pasted, it reruns exactly this
         "runner": tracking.runner_id(),
         **tracking.git_info(),
         **{f"version.{p}": v for p, v in tracking.package_versions().items()},
@@ -481,7 +482,7 @@ def main(cfg: DictConfig) -> float:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from rag_experiments.cli.errors import infrastructure_exits_2
 
-    with infrastructure_exits_2():  # a store that fails: its URI named, exit 2 (cli/errors.py)
+    with terminal_output(), infrastructure_exits_2():  # the store named, exit 2 (cli/errors.py)
         return run_job(cfg)
 
 

@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 
 from rag_experiments.redaction import redact
+from rag_experiments.sanitize import terminal_output
 from rag_experiments.tracking.bounds import bound_tracking_calls, current_budget_s
 from rag_experiments.tracking.uri import last_tracking_uri
 
@@ -119,10 +120,11 @@ def cli_main(fn: Callable[[Sequence[str] | None], int]) -> Callable[[Sequence[st
     @functools.wraps(fn)
     def main(argv: Sequence[str] | None = None) -> int:
         bound_tracking_calls()
-        try:
-            return fn(argv)
-        except Exception as e:  # noqa: BLE001 - the one place that turns errors into exit codes
-            return report_error(e)
+        with terminal_output():  # data (ids, queries) printed shows its control characters
+            try:
+                return fn(argv)
+            except Exception as e:  # noqa: BLE001 - the one place that turns errors into exit codes
+                return report_error(e)
 
     return main
 
