@@ -108,6 +108,12 @@ class _TerminalStream(io.TextIOBase):
     def isatty(self) -> bool:
         return self.raw.isatty()
 
+    def fileno(self) -> int:  # subprocesses and faulthandler write to the real stream
+        return self.raw.fileno()
+
+    def __getattr__(self, name: str):  # buffer, errors, … of the real stream
+        return getattr(self.raw, name)
+
     @property
     def encoding(self):
         return getattr(self.raw, "encoding", "utf-8")

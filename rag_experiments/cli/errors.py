@@ -21,6 +21,7 @@ from rag_experiments.tracking.uri import last_tracking_uri
 
 EXIT_INPUT = 2
 EXIT_BUG = 3
+_CORRUPT = ("not a database", "malformed", "disk image", "file is encrypted", "no such table")
 
 
 def _chain(e: BaseException | None) -> Iterator[BaseException]:
@@ -82,11 +83,13 @@ def infrastructure_error(e: BaseException, uri: str | None = None) -> str | None
                 "(--tracking-uri, tracking.uri, $MLFLOW_TRACKING_URI)?"
             )
         if isinstance(x, sqlalchemy.exc.SQLAlchemyError):
-            orig = getattr(x, "orig", None) or x
-            return (
-                f"{_store(uri)} cannot be read: {_first_line(orig)}. Is it a corrupted or "
-                "non-MLflow database? Restore it from a backup, or point --tracking-uri elsewhere."
-            )
+            orig = _first_line(getattr(x, "orig", None) or x)
+            if isinstance(x, sqlalchemy.exc.DatabaseError) and any(w in orig for w in _CORRUPT):
+                return (
+                    f"{_store(uri)} cannot be read: {orig}. Is it a corrupted or non-MLflow "
+                    "database? Restore it from a backup, or point --tracking-uri elsewhere."
+                )
+            return f"{_store(uri)} failed: {orig}"
     for x in _chain(e):
         if isinstance(x, MlflowException) and "API request to" in str(x) and "failed" in str(x):
             return f"{_store(uri)} failed: {_first_line(x)}"

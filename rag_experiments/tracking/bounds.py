@@ -25,6 +25,7 @@ JITTER = "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER"
 RETRY_AFTER = "MLFLOW_HTTP_RESPECT_RETRY_AFTER_HEADER"  # a server's Retry-After is unbounded
 _KEYS = (TIMEOUT, RETRIES, BACKOFF, JITTER, RETRY_AFTER)
 _written: dict[str, str] = {}  # what this module set last: any other value was set by the user
+_plan: list[HttpBudget] = []  # the budget planned for this process (cleanup does not change it)
 MAX_RETRIES = 3
 MIN_REQUEST_TIMEOUT_S = 5
 QUICK_TIMEOUT_S = 2
@@ -86,15 +87,26 @@ def bound_tracking_calls(total_s: float | None = None) -> HttpBudget:
     """
     budget = plan_budget(DEFAULT_TIMEOUT_S if total_s is None else float(total_s))
     _apply(budget.env())
+    _plan[:] = [budget]
     return budget
 
 
 def current_budget_s() -> float:
-    """The worst case of one call under the settings in force now (what a message can promise)."""
+    """The worst case of one call: the planned budget, with any variable the user exported."""
+    b = _plan[0] if _plan else plan_budget()
+    user = {
+        k: os.environ[k]
+        for k in (TIMEOUT, RETRIES, BACKOFF)
+        if os.environ.get(k, _written.get(k)) != _written.get(k)
+    }
     try:
-        b = HttpBudget(int(os.environ[TIMEOUT]), int(os.environ[RETRIES]), int(os.environ.get(BACKOFF, 1)))
-    except (KeyError, ValueError):
-        return plan_budget().worst_case_s()
+        b = HttpBudget(
+            int(user.get(TIMEOUT, b.timeout_s)),
+            int(user.get(RETRIES, b.max_retries)),
+            int(user.get(BACKOFF, b.backoff_factor)),
+        )
+    except ValueError:
+        pass
     return b.worst_case_s()
 
 
