@@ -42,13 +42,17 @@ def visible_controls(s: str) -> str:
 
 
 # ------------------------------------------------------------------------------------ Markdown
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|])")
+#: What lets data become markup: ``<`` opening a tag, comment or autolink; ``]`` closing a link
+#: text (``](``, ``][``) or a reference definition (``]:``); a backtick opening a code span; a
+#: backslash that would undo one of these escapes. Emphasis from data (``*``, ``_``) is harmless
+#: and left alone, so ``hit_at_5`` and ``[0.43, 1.00]`` read as they are in the .md source.
+_MD_ACTIVE = re.compile(r"\\(?=[!-/:-@\[-`{-~])|`|<(?=[A-Za-z/!?])|\](?=[(\[:])")
 
 
 def md_text(s: str) -> str:
-    """Plain text for Markdown: ``\\ ` * _ [ ] < > |`` backslash-escaped (so no raw HTML, no
-    ``[x](javascript:…)`` link, no emphasis comes from data), controls made visible."""
-    return _MD_SPECIAL.sub(r"\\\1", visible_controls(s))
+    """Plain text for Markdown: every character that could start markup backslash-escaped (no raw
+    HTML, no ``[x](javascript:…)`` link, no code span comes from data), controls made visible."""
+    return _MD_ACTIVE.sub(lambda m: "\\" + m.group(0), visible_controls(s))
 
 
 def _longest_run(s: str, ch: str = "`") -> int:
