@@ -9,7 +9,8 @@ terminal. Every capture site builds its text with :func:`error_text` (or passes 
   (``*.api_key_env``, registered by the stage with :func:`register_secret_env`),
 - the value of any environment variable whose name says it is secret (``*API_KEY*``,
   ``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``, ``*CREDENTIAL*``),
-- anything shaped like a credential: ``Bearer <token>``, ``api_key=<value>``, ``sk-…`` keys.
+- anything shaped like a credential: ``Bearer <token>``, ``api_key=<value>``, ``sk-…`` keys,
+  the password in ``postgresql://user:password@host/db``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ _SHAPES = (
         r"(\"?'?\s*[:=]\s*\"?'?\s*|\s+)(?!\[REDACTED)([A-Za-z0-9._~+/=-]{12,})"
     ),
     re.compile(r"\b(sk|pk|rk)(-)(?!\[REDACTED)([A-Za-z0-9_-]{12,})"),  # OpenAI-style keys
+    re.compile(r"([a-z][a-z0-9+.-]*://[^:/@\s]+)(:)(?!\[REDACTED)([^@\s]+)(?=@)"),  # user:password@ in URIs
 )
 _registered: set[str] = set()
 

@@ -30,6 +30,7 @@ ENV = "RAG_FAULTS_ECHO"
         ("Incorrect API key provided: sk-proj-abcdefghijklmnopqrstu", "abcdefghijklmnopqrstu", "provided:"),
         ('{"api_key": "zzzzzzzzzzzzzzzz"}', "zzzzzzzzzzzzzzzz", "api_key"),
         ("connection refused", None, "connection refused"),
+        ("store postgresql://mlflow:s3cr3t-pw@db:5432/mlflow failed", "s3cr3t-pw", "postgresql://mlflow:"),
     ],
 )
 def test_credential_shapes_are_redacted(text, gone, kept):
