@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rag_experiments import evalset as evalset_cli
+from rag_experiments.cli import evalset as evalset_cli
 from tests.sweep_helpers import make_tiny
 
 MB10 = 10 * 1024 * 1024
