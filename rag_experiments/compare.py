@@ -23,6 +23,7 @@ from mlflow.tracking import MlflowClient
 
 from rag_experiments.analysis.attribution import SweepAttribution, config_diff, factor_effects, infer_factors
 from rag_experiments.analysis.stats import PairedResult, flips, holm, paired_deltas, transition_matrix
+from rag_experiments.cli.errors import cli_main
 from rag_experiments.evaluation.aggregate import metric_columns
 from rag_experiments.evaluation.headline import headline_metrics
 from rag_experiments.evaluation.registry import higher_is_better, parse, render_key
@@ -348,6 +349,7 @@ def _default_sweep_metrics(tables: Sequence[pd.DataFrame], factors: Sequence[str
     return lead + [m for m in default if m not in lead]
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     client = MlflowClient(tracking_uri=tracking_uri(args.tracking_uri))

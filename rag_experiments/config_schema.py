@@ -327,6 +327,9 @@ def _top_level(cfg: dict) -> Problems:
             f"conf/config: generation_subset: must be a positive number of items or null (got {subset!r})"
         )
     problems += _judge_card(cfg.get("judge_card"))
+    timeout = (cfg.get("tracking") or {}).get("timeout_s")
+    if timeout is not None and (not _is_num(timeout) or not timeout > 0):
+        problems.append(f"conf/tracking: timeout_s: must be a number of seconds > 0 (got {timeout!r})")
     m = _Group("metrics", cfg.get("metrics") or {})
     _metrics(m)
     problems += [p.replace("conf/metrics: ", "conf/config: metrics.") for p in m.problems]

@@ -24,6 +24,7 @@ import hashlib
 import json
 import re
 import sys
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 from importlib import resources
@@ -32,6 +33,7 @@ from typing import Any
 
 from rag_experiments.conf_groups import conf_dir
 from rag_experiments.datasets.corpus import files_fingerprint
+from rag_experiments.tracking.keys import tag_problem
 from rag_experiments.types import Document, EvalItem, Span
 
 _WS = re.compile(r"\s+")
@@ -274,6 +276,23 @@ def _gold_spans(row: dict, where: str, resolver: _Resolver) -> tuple[list[Span],
     return spans, problems
 
 
+def _text_problems(row: dict, where: str) -> list[str]:
+    """Control characters in ``id`` (any, e.g. ``\\u0000``), NUL in any other text: PostgreSQL
+    stores no NUL, and an id is printed, logged and used as a key."""
+    problems = []
+    bad = sorted({c for c in row["id"] if unicodedata.category(c) == "Cc"})
+    if bad:
+        shown = ", ".join(f"U+{ord(c):04X}" for c in bad[:5])
+        problems.append(f"{where}: id: contains control characters ({shown}); use printable text")
+    for name in ("query", "gold_answer"):
+        if isinstance(row.get(name), str) and "\x00" in row[name]:
+            problems.append(f"{where}: {name}: contains a NUL character (U+0000)")
+    for name in ("key_facts", "tags"):
+        if any(isinstance(v, str) and "\x00" in v for v in row.get(name) or []):
+            problems.append(f"{where}: {name}: contains a NUL character (U+0000)")
+    return problems
+
+
 def _item_of(row: dict, lineno: int, where: str, resolver: _Resolver) -> tuple[EvalItem, list[str]]:
     """A well-typed row → (EvalItem, problems of its values: strings, evidence, unanswerable tag)."""
     problems = []
@@ -281,6 +300,9 @@ def _item_of(row: dict, lineno: int, where: str, resolver: _Resolver) -> tuple[E
         for j, v in enumerate(row.get(name) or []):
             if not isinstance(v, str) or not v.strip():
                 problems.append(f"{where}: {name}[{j}]: must be a non-empty string")
+            elif name == "tags" and (why := tag_problem(v)):
+                problems.append(f"{where}: tags[{j}]: {v!r} cannot name a by_tag/ metric: {why}")
+    problems += _text_problems(row, where)
     spans, pr = _gold_spans(row, where, resolver)
     problems += pr
     tags = list(row.get("tags") or [])

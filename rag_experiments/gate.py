@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from mlflow.tracking import MlflowClient
 
 from rag_experiments.analysis.gate import GateResult, non_inferiority
+from rag_experiments.cli.errors import cli_main
 from rag_experiments.compare import text_table
 from rag_experiments.evaluation.registry import higher_is_better
 from rag_experiments.formatting import fmt_num
@@ -171,6 +172,7 @@ def run_gate(
     return results, notes
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     client = MlflowClient(tracking_uri=tracking_uri(args.tracking_uri))

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import sys
 
+from rag_experiments.cli.errors import cli_main
+
 USAGE = "usage: python -m rag_experiments.judge {fit,card} [options]  (--help after the command for its options)"
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in ("fit", "card"):

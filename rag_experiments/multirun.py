@@ -27,10 +27,13 @@ from rag_experiments.assemble import input_error as _input_error
 from rag_experiments.assemble import print_problems, run_name_from
 from rag_experiments.assemble import problems_of as _problems_of
 from rag_experiments.cache import stable_hash
+from rag_experiments.cli.errors import infrastructure_exits_2
 from rag_experiments.config_schema import ConfigError, check
 from rag_experiments.datasets.corpus import CorpusError
 from rag_experiments.evalset import EvalSetError
+from rag_experiments.sanitize import shell_line
 from rag_experiments.tracking import writer as tracking
+from rag_experiments.tracking.bounds import best_effort, bound_tracking_calls
 from rag_experiments.tracking.runs import sweep_children
 
 
@@ -184,6 +187,10 @@ class _SweepGuard:
     def on_exit(self) -> None:
         if self.ended:
             return
+        with best_effort("close the sweep's parent run"):
+            self._close_parent()
+
+    def _close_parent(self) -> None:
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(tracking_uri=self.uri)
@@ -224,21 +231,26 @@ class MultirunParent(Callback):
             # fixed here, once: parents created by jobs on different hosts carry the same sweep_id
             "sweep_id": time.strftime("%Y%m%d-%H%M%S-") + invocation[:6],
             "overrides": overrides,
-            "command": "python -m rag_experiments.sweep " + " ".join(sys.argv[1:]),
+            "command": "python -m rag_experiments.sweep " + shell_line(sys.argv[1:]),
         }
         tracking.write_sweep_context(config.hydra.sweep.dir, sweep)
         uri = tracking.resolve_uri(config.tracking.uri)
+        bound_tracking_calls(config.tracking.get("timeout_s"))
         self._guard = _SweepGuard(uri, config.experiment_name, sweep["invocation"])
         atexit.register(self._guard.on_exit)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._guard.on_signal)
         # Create the store and experiment here, once: parallel workers (joblib) that each
         # initialise a fresh sqlite schema race on its migrations.
-
-        client = tracking.open_store(uri)
-        tracking.get_experiment_id(client, config.experiment_name, config.tracking.artifact_root)
+        with infrastructure_exits_2():
+            client = tracking.open_store(uri)
+            tracking.get_experiment_id(client, config.experiment_name, config.tracking.artifact_root)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        with infrastructure_exits_2():  # the store went away during the sweep: URI named, exit 2
+            self._end(config)
+
+    def _end(self, config: DictConfig) -> None:
         from mlflow.tracking import MlflowClient
 
         sweep = tracking.read_sweep_context(config.hydra.sweep.dir)

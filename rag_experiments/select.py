@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from collections.abc import Sequence
 from importlib.resources import files
@@ -22,6 +23,7 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 from rag_experiments.analysis.select import Constraints, Selection, runnable_config, select_config
+from rag_experiments.cli.errors import cli_main
 from rag_experiments.evaluation.registry import higher_is_better
 from rag_experiments.report.tables import fmt_num, fmt_p, text_table
 from rag_experiments.tracking.judge_runs import ALLOW_FLAG, check_same_judge
@@ -137,10 +139,24 @@ def run_select(client: MlflowClient, args: argparse.Namespace) -> tuple[Selectio
     return sel, {r.info.run_id: r for r in children}
 
 
+_CONFIG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
+
+
+def _check_name(name: str | None) -> None:
+    """``--name`` is a file stem inside ``--out`` (and a Hydra config name), never a path."""
+    if name is not None and (not _CONFIG_NAME.fullmatch(name) or ".." in name):
+        raise RunInputError(
+            f"--name {name!r}: must be a plain config name (letters, digits, '_', '-', '.'; "
+            "no '/' or '..'): the file is written inside --out"
+        )
+
+
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     client = MlflowClient(tracking_uri=tracking_uri(args.tracking_uri))
     try:
+        _check_name(args.name)
         sel, by_id = run_select(client, args)
         print(render(sel))
         if sel.chosen is None:

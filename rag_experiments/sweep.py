@@ -44,7 +44,7 @@ from rag_experiments.assemble import (  # noqa: E402
 )
 from rag_experiments.assemble import priced as _priced  # noqa: E402, F401 - tests price a stage config
 from rag_experiments.cache import StageCache  # noqa: E402
-from rag_experiments.cache_files import StorageError  # noqa: E402
+from rag_experiments.cli.errors import infrastructure_error, infrastructure_exits_2  # noqa: E402
 from rag_experiments.conf_groups import STAGE_GROUPS  # noqa: E402
 from rag_experiments.config_schema import unknown_group_options  # noqa: E402
 from rag_experiments.evalset import sample_dir  # noqa: E402
@@ -55,7 +55,10 @@ from rag_experiments.identity import code_fingerprint, judge_fingerprint  # noqa
 from rag_experiments.multirun import MultirunParent, start_sweep_child  # noqa: E402, F401 - conf names the callback here
 from rag_experiments.pipeline import PipelineResult, run_pipeline  # noqa: E402
 from rag_experiments.progress import Progress, timing_table  # noqa: E402
+from rag_experiments.redaction import error_text, redact  # noqa: E402
+from rag_experiments.sanitize import shell_line, terminal_output  # noqa: E402
 from rag_experiments.tracking import writer as tracking  # noqa: E402
+from rag_experiments.tracking.bounds import best_effort, bound_tracking_calls  # noqa: E402
 from rag_experiments.tracking.traces import log_traces  # noqa: E402
 
 log = logging.getLogger("rag_experiments")
@@ -139,7 +142,7 @@ def run_tags(job: Job) -> dict[str, str]:
         "corpus_digest": job.inputs.corpus.digest,
         "evalset_digest": job.inputs.evalset.digest,
         "overrides": json.dumps(job.overrides),
-        "command": " ".join(sys.argv),
+        "command": shell_line(sys.argv),  # copy-pasted, it reruns exactly this
         "runner": tracking.runner_id(),
         **tracking.git_info(),
         **{f"version.{p}": v for p, v in tracking.package_versions().items()},
@@ -252,13 +255,14 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
         return res
     except BaseException as e:
         status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
-        client.set_tag(run_id, "error", f"{type(e).__name__}: {e}"[:5000])
-        client.set_terminated(run_id, status)
-        if parent_id:  # the multirun stops here too: its parent must not stay RUNNING
-            interrupted = (str(e) or "KeyboardInterrupt") if status == "KILLED" else ""
-            tracking.close_parent(client, exp_id, parent_id, complete=False, interrupted=interrupted)
-        if status == "FAILED" and not isinstance(e, StorageError):  # main() names the file
-            traceback.print_exc()
+        with best_effort(f"mark run {run_id} {status}"):
+            client.set_tag(run_id, "error", error_text(e, 5000))
+            client.set_terminated(run_id, status)
+            if parent_id:  # the multirun stops here too: its parent must not stay RUNNING
+                interrupted = (str(e) or "KeyboardInterrupt") if status == "KILLED" else ""
+                tracking.close_parent(client, exp_id, parent_id, complete=False, interrupted=interrupted)
+        if status == "FAILED" and infrastructure_error(e) is None:
+            print(redact(traceback.format_exc()), file=sys.stderr, end="")
         raise
 
 
@@ -287,6 +291,7 @@ def run_job(cfg: DictConfig) -> float:
     cache = StageCache(cfg.cache_dir, enabled=cfg.get("cache_enabled", True))
     job = describe_job(cfg, load_inputs(cfg, cache), cache, t_start)
     uri = tracking.resolve_uri(cfg.tracking.uri)
+    bound_tracking_calls(cfg.tracking.get("timeout_s"))  # every MLflow call ends within the budget
     client = tracking.open_store(uri)
     mlflow.set_tracking_uri(uri)
     exp_id = tracking.get_experiment_id(client, cfg.experiment_name, cfg.tracking.artifact_root)
@@ -333,11 +338,8 @@ def main(cfg: DictConfig) -> float:
         signal.signal(signal.SIGTERM, _terminate)
     for noisy in ("mlflow", "httpx", "httpx2", "openai"):  # one line per HTTP call drowns the summary
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    try:
+    with terminal_output(), infrastructure_exits_2():  # the store named, exit 2 (cli/errors.py)
         return run_job(cfg)
-    except StorageError as e:  # disk full / read-only under the cache: infrastructure, exit 2
-        print(f"[failed] {e}; the run is marked FAILED (re-run once the disk is fixed)", file=sys.stderr)
-        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,8 @@ class FakeLLM:
 
     ok · flaky500 (500 on the first attempt per prompt, then ok) · always503 · slow (sleeps
     ``slow_s`` before answering) · malformed (200, body not JSON) · nochoices (200, no choices) ·
-    bad400 · garbage (200, content "banana split", no logprobs). ``attempts[(model, prompt)]``
+    bad400 · garbage (200, content "banana split", no logprobs) · echokey (401 whose message
+    repeats the API key it was sent). ``attempts[(model, prompt)]``
     counts requests on the server side.
     """
 
@@ -81,6 +82,10 @@ class FakeLLM:
                     return self._send(503, b'{"error": {"message": "overloaded"}}')
                 if model == "bad400":
                     return self._send(400, b'{"error": {"message": "bad request"}}')
+                if model == "echokey":  # a careless endpoint: the key it was sent, in its error
+                    auth = self.headers.get("Authorization", "")
+                    msg = f"Incorrect API key provided: {auth.removeprefix('Bearer ')} (header {auth})"
+                    return self._send(401, json.dumps({"error": {"message": msg}}).encode())
                 if model == "slow":
                     time.sleep(fake.slow_s)
                 if model == "malformed":

@@ -216,7 +216,7 @@ def test_render_escapes_and_styles_rich_text():
     )
     md = render_markdown(rep)
     assert md == (
-        "# T <1>\n\n## Q\n\na `x|y` and **<b>**\n\n- one\n- two\n\n### S\n\n"
+        "# T <1>\n\n## Q\n\na `x|y` and **\\<b>**\n\n- one\n- two\n\n### S\n\n"
         "| h\\|1 | h2 |\n|---|---|\n| a\\|b | **1.000** |\n\n```\nline 1\n\nline 3\n```\n\nend\n"
     )
     page = render_html(rep, {})

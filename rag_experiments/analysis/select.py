@@ -161,12 +161,23 @@ def select_config(
     )
 
 
+def _literal(node):
+    """Every string in ``node`` escaped for OmegaConf (``sanitize.omegaconf_literal``)."""
+    from rag_experiments.sanitize import omegaconf_literal
+
+    if isinstance(node, dict):
+        return {k: _literal(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_literal(v) for v in node]
+    return omegaconf_literal(node) if isinstance(node, str) else node
+
+
 def runnable_config(config_yaml: str, primary_yaml: str) -> str:
     """A primary config that ``python -m rag_experiments.sweep --config-dir DIR --config-name NAME``
     runs unchanged: the run's resolved ``config.yaml`` without ``hydra``, a ``defaults`` list with
     only the primary config's ``override hydra/...`` entries and ``_self_`` (so no group default
     is composed on top of the resolved groups), and the primary config's ``hydra`` section."""
-    cfg = yaml.safe_load(config_yaml) or {}
+    cfg = _literal(yaml.safe_load(config_yaml) or {})  # a resolved value's "${" is text, not a reference
     cfg.pop("hydra", None)
     cfg.pop("defaults", None)
     primary = yaml.safe_load(primary_yaml) or {}

@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from rag_experiments.cli.errors import cli_main
 from rag_experiments.datasets.corpus import CorpusError, load_corpus
 from rag_experiments.datasets.generate import cli as generate_cli
 from rag_experiments.datasets.importers import import_beir, import_squad
@@ -74,6 +75,7 @@ def _add_generate_parsers(sub) -> None:
     a.add_argument("--out", required=True)
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rag_experiments.evalset", description=DESCRIPTION)
     sub = ap.add_subparsers(dest="cmd", required=True)

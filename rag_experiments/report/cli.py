@@ -23,6 +23,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+from rag_experiments.cli.errors import cli_main
 from rag_experiments.report.load import load_input, resolve_target
 from rag_experiments.report.render import ReportFiles, write_report
 from rag_experiments.report.sections import build_report
@@ -58,6 +59,7 @@ def log_report(client: MlflowClient, run_id: str, files: ReportFiles) -> None:
         client.log_artifact(run_id, str(path), artifact_path="report")
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     client = MlflowClient(tracking_uri=tracking_uri(args.tracking_uri))

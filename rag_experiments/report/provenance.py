@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable, Sequence
 
 from rag_experiments.report.load import Config
@@ -20,6 +19,7 @@ from rag_experiments.report.model import (
     text,
 )
 from rag_experiments.run_record import parse_json
+from rag_experiments.sanitize import shell_line
 
 
 def definitions(an: Analysis) -> Section:
@@ -38,7 +38,7 @@ def definitions(an: Analysis) -> Section:
 def reproduce_command(c: Config) -> str:
     """The sweep command that reruns this config alone (its logged Hydra overrides)."""
     ov = parse_json(c.tags.get("overrides"), [])
-    return "python -m rag_experiments.sweep " + " ".join(shlex.quote(o) for o in ov if isinstance(o, str))
+    return "python -m rag_experiments.sweep " + shell_line(o for o in ov if isinstance(o, str))
 
 
 def constant_or_per_config(configs: Sequence[Config], get: Callable[[Config], str | None]) -> str:

@@ -17,17 +17,19 @@ from markupsafe import Markup, escape
 
 from rag_experiments.report.model import Report, Span, plain
 from rag_experiments.report.plots import draw
+from rag_experiments.sanitize import md_code, md_code_block, md_text, visible_controls
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
-_MD = {"": "{}", "code": "`{}`", "bold": "**{}**"}
+_MD = {"": md_text, "code": md_code, "bold": lambda s: f"**{md_text(s)}**"}
 _HTML = {"": "{}", "code": "<code>{}</code>", "bold": "<strong>{}</strong>"}
 
 
 def md_inline(t: Iterable[Span] | str) -> str:
-    """Rich text as Markdown (``code`` in backticks, **bold**); text is not escaped."""
+    """Rich text as Markdown (``code`` in backticks, **bold**); the text itself is escaped
+    (``sanitize.md_text``): queries and ids bring no HTML, links or emphasis of their own."""
     if isinstance(t, str):
-        return t
-    return "".join(_MD[s.style].format(s.text) for s in t)
+        return md_text(t)
+    return "".join(_MD[s.style](s.text) for s in t)
 
 
 def md_cell(t: Iterable[Span] | str) -> str:
@@ -38,8 +40,8 @@ def md_cell(t: Iterable[Span] | str) -> str:
 def html_inline(t: Iterable[Span] | str) -> Markup:
     """Rich text as HTML: every span escaped, then wrapped in ``<code>`` or ``<strong>``."""
     if isinstance(t, str):
-        return escape(t)
-    return Markup("".join(_HTML[s.style].format(escape(s.text)) for s in t))
+        return escape(visible_controls(t))
+    return Markup("".join(_HTML[s.style].format(escape(visible_controls(s.text))) for s in t))
 
 
 @cache
@@ -52,7 +54,7 @@ def _env() -> jinja2.Environment:
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
-    env.filters.update(md=md_inline, md_cell=md_cell, html=html_inline, plain=plain)
+    env.filters.update(md=md_inline, md_cell=md_cell, md_block=md_code_block, html=html_inline, plain=plain)
     return env
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+from rag_experiments.cli.errors import cli_main
 from rag_experiments.spotcheck.claims import COLUMNS, judge_threshold, judged_claims, sample_claims
 from rag_experiments.spotcheck.labels import LabelFileError, read_labels
 from rag_experiments.spotcheck.scoring import faithfulness_estimates, score_labels, self_preference_warning
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     client = MlflowClient(tracking_uri=tracking_uri(args.tracking_uri))

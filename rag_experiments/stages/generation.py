@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from rag_experiments.identity import file_sha256
 from rag_experiments.parallel import thread_map
+from rag_experiments.redaction import error_text, redact, register_secret_env
 from rag_experiments.types import Generation
 
 log = logging.getLogger(__name__)
@@ -77,9 +78,9 @@ def _classify(exc: Exception) -> bool:
 def _describe(exc: Exception) -> str:
     import openai
 
-    if isinstance(exc, openai.APIStatusError):
-        return f"HTTP {exc.status_code}: {str(exc)[:200]}"
-    return f"{type(exc).__name__}: {str(exc)[:200]}"
+    if isinstance(exc, openai.APIStatusError):  # an endpoint may echo the key: redacted first
+        return f"HTTP {exc.status_code}: {redact(str(exc))[:200]}"
+    return error_text(exc, 200 + len(type(exc).__name__) + 2)
 
 
 class OpenAICompatibleGenerator:
@@ -112,6 +113,7 @@ class OpenAICompatibleGenerator:
         self.base_url = str(base_url).rstrip("/")
         self.model = str(model)
         self.api_key_env = api_key_env
+        register_secret_env(api_key_env)  # its value is redacted from every error (redaction.py)
         self.temperature = float(temperature)
         self.seed = None if seed is None else int(seed)
         self.max_tokens = int(max_tokens)

@@ -35,6 +35,7 @@ from typing import Any
 
 from rag_experiments.identity import file_sha256, source_hash
 from rag_experiments.parallel import thread_map
+from rag_experiments.redaction import error_text, redact, register_secret_env
 from rag_experiments.stages.generation import local_server, resolve_model_path
 from rag_experiments.stages.judging import split_claims
 from rag_experiments.types import Verdict
@@ -129,6 +130,7 @@ class MLflowJudge:
             endpoint = {"model_sha256": file_sha256(path), "ctx_size": int(ctx_size)}
         self.model_uri = f"openai:/{self.model}"
         self._api_key = (os.environ.get(api_key_env) if api_key_env else None) or _NO_KEY
+        register_secret_env(api_key_env)  # its value is redacted from every error (redaction.py)
         self.inference_params = {"temperature": float(temperature), "max_tokens": int(max_tokens)}
         self.num_retries = int(num_retries)
         self.timeout_s = float(timeout_s)
@@ -164,13 +166,14 @@ class MLflowJudge:
             if msg.startswith(_PARSE_FAILURE):  # the model answered, not in JSON: a reply problem
                 raw = msg.split("Response: ", 1)[-1]
                 return "unparseable", "reply is not JSON (or was cut at max_tokens)", raw[:500], None
-            return "unparseable", "", "", f"MlflowException: {msg[:500]}"
+            return "unparseable", "", "", error_text(exc)
         except KeyError as exc:  # JSON without "result"
             return "unparseable", f"reply JSON has no {exc}", "", None
         except Exception as exc:  # noqa: BLE001 - a judge never raises per claim
-            return "unparseable", "", "", f"{type(exc).__name__}: {str(exc)[:500]}"
+            return "unparseable", "", "", error_text(exc)
         if fb.error is not None:
-            return "unparseable", "", "", f"feedback error: {fb.error.error_message or fb.error.error_code}"
+            why = redact(str(fb.error.error_message or fb.error.error_code))
+            return "unparseable", "", "", f"feedback error: {why}"[:500]
         label = read_feedback_value(fb.value)
         rationale = str(fb.rationale or "")[:500]
         if label == "unparseable":

@@ -15,6 +15,7 @@ DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 ENV = "MLFLOW_TRACKING_URI"
 _SERVER_SCHEMES = ("http://", "https://")
 _noted: set[tuple[str, str]] = set()
+_last: list[str] = []  # the store this process resolved last: error messages name it
 
 
 def tracking_uri(explicit: str | None = None) -> str:
@@ -27,7 +28,14 @@ def tracking_uri(explicit: str | None = None) -> str:
     if env and explicit and explicit != env and (explicit, env) not in _noted:
         _noted.add((explicit, env))
         print(f"note: {ENV}={env} is used; it overrides {explicit}", file=sys.stderr)
-    return env or explicit or DEFAULT_TRACKING_URI
+    uri = env or explicit or DEFAULT_TRACKING_URI
+    _last[:] = [uri]
+    return uri
+
+
+def last_tracking_uri() -> str:
+    """The URI :func:`tracking_uri` resolved last in this process (else what it would resolve)."""
+    return _last[0] if _last else os.environ.get(ENV) or DEFAULT_TRACKING_URI
 
 
 def is_server(uri: str) -> bool:

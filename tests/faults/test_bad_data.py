@@ -219,6 +219,25 @@ EVALSET_CASES = [
         _mutate(0, key_facts=[24]),
         "evalset.jsonl:1: key_facts[0]: must be a non-empty string",
     ),
+    # MLflow rejects by_tag/<tag>/... keys with these; found at load, not after the run's work
+    ("evalset-tag-angle-brackets", _mutate(0, tags=["a<b>=c"]), "evalset.jsonl:1: tags[0]: 'a<b>=c'"),
+    ("evalset-tag-emoji", _mutate(1, tags=["fast\U0001f680"]), "evalset.jsonl:2: tags[0]: 'fast"),
+    ("evalset-tag-dot-dot", _mutate(0, tags=["../up"]), "evalset.jsonl:1: tags[0]: '../up' cannot name"),
+    (
+        "evalset-id-nul-escape",
+        _raw_line(
+            1,
+            rb'{"id": "n\u0000", "query": "q", "gold_evidence": [], '
+            rb'"tags": ["unanswerable"]}',
+        ),
+        "evalset.jsonl:2: id: contains control characters (U+0000)",
+    ),
+    (
+        "evalset-id-escape-char",
+        _mutate(0, id="q\x1b[31m"),
+        "evalset.jsonl:1: id: contains control characters (U+001B)",
+    ),
+    ("evalset-query-nul", _mutate(0, query="what\u0000"), "evalset.jsonl:1: query: contains a NUL"),
     ("evalset-empty-file", _ev_file(b""), "evalset.jsonl: eval set is empty"),
     ("evalset-blank-lines-only", _ev_file(b"\n\n  \n"), "evalset.jsonl: eval set is empty"),
 ]
@@ -341,3 +360,23 @@ def test_evalset_limit_below_one_is_an_error_not_a_slice(limit, tiny):
     docs, ev = tiny
     with pytest.raises(EvalSetError, match="limit: must be a positive number of items"):
         load_evalset(ev, load_corpus(docs), limit=limit)
+
+
+@pytest.mark.parametrize(
+    "tag", ["ok tag", "a<b", "x=y", "fast\U0001f680", "a//b", "../x", "é-ü", "a\nb", "t/"]
+)
+def test_tag_rule_is_mlflows_rule(tag, tmp_path):
+    """``tracking.keys.tag_problem`` accepts a tag exactly when MLflow accepts its by_tag key."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from rag_experiments.tracking.keys import tag_problem
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    run = client.create_run(client.create_experiment("keys"))
+    try:
+        client.log_metric(run.info.run_id, f"by_tag/{tag}/hit_at_5", 1.0)
+        accepted = True
+    except MlflowException:
+        accepted = False
+    assert (tag_problem(tag) is None) == accepted, (tag, tag_problem(tag))

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from rag_experiments.redaction import error_text
 from rag_experiments.stages.embedding import metric_embedder
 from rag_experiments.stages.judging.claims import _plain, split_claims
 from rag_experiments.stages.text import sentence_texts
@@ -423,7 +424,7 @@ class HeuristicJudge:
         try:
             feats = self.features(claims, context)
         except Exception as exc:  # noqa: BLE001 - a judge never raises per claim
-            return [Verdict(c, "unparseable", error=f"{type(exc).__name__}: {exc}") for c in claims]
+            return [Verdict(c, "unparseable", error=error_text(exc)) for c in claims]
         out = []
         for claim, rows in zip(claims, feats, strict=True):
             label, score, why = self.decide(rows)

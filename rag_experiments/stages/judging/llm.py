@@ -19,6 +19,7 @@ import numpy as np
 
 from rag_experiments.evaluation.cost import add_usage
 from rag_experiments.identity import file_sha256
+from rag_experiments.redaction import error_text
 from rag_experiments.stages.embedding import metric_embedder
 from rag_experiments.stages.generation import OpenAICompatibleGenerator, local_server, resolve_model_path
 from rag_experiments.stages.judging.claims import _CITATION, parse_verdict, split_claims
@@ -198,7 +199,7 @@ class LLMJudge:
                 return Verdict(claim, "unparseable", error=c.error)
             return Verdict(claim, parse_verdict(c.text), raw=c.text, rationale="constrained")
         except Exception as exc:  # noqa: BLE001 - a judge never raises per claim
-            return Verdict(claim, "unparseable", error=f"{type(exc).__name__}: {exc}")
+            return Verdict(claim, "unparseable", error=error_text(exc))
 
     def last_usage(self) -> dict | None:
         """Summed usage of this thread's last :meth:`split` or :meth:`answer_relevance` (0 tokens
