@@ -321,6 +321,11 @@ def _top_level(cfg: dict) -> Problems:
         problems.append(
             f"conf/config: generation_subset: must be a positive number of items or null (got {subset!r})"
         )
+    reps = cfg.get("replicates", 1)
+    if not _is_int(reps) or reps < 1:
+        problems.append(
+            f"conf/config: replicates: must be an integer >= 1 (generations per item; got {reps!r})"
+        )
     m = _Group("metrics", cfg.get("metrics") or {})
     _metrics(m)
     problems += [p.replace("conf/metrics: ", "conf/config: metrics.") for p in m.problems]

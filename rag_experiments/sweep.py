@@ -292,6 +292,7 @@ def _pipeline(job: Job):
         rank_depth=cfg.metrics.get("rank_depth", 100),
         token_budgets=list(cfg.metrics.get("token_budgets", [256, 512, 1024])),
         generation_subset=cfg.get("generation_subset"),
+        replicates=int(cfg.get("replicates", 1)),
         pricing={
             "generation": _container(cfg.generator.get("pricing")),
             "judge": _container(cfg.judge.get("pricing")),

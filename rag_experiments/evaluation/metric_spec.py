@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from rag_experiments.evaluation.labels import FAILURE_LABELS
 
-Side = Literal["retrieval", "generation", "diagnostic", "label", "cost", "count"]
+Side = Literal["retrieval", "generation", "diagnostic", "label", "cost", "count", "noise"]
 ValueType = Literal["binary", "proportion", "continuous", "count"]
 
 #: What each pattern placeholder may be; anything else in a pattern is literal text.
@@ -24,6 +24,8 @@ _PLACEHOLDERS: dict[str, str] = {
     "B": r"[1-9]\d*",  # token budget of the context
     "label": "|".join(FAILURE_LABELS),
     "stage": "retrieval|generation|judge",  # a pipeline stage with its own latency / tokens
+    "metric": r"[a-z][a-z0-9_]*",  # a per-query metric key (var_share/{metric}/...)
+    "component": "query|generation|judge",  # a variance component (analysis.variance)
 }
 _INT_PLACEHOLDERS = frozenset({"k", "B"})
 

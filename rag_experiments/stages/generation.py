@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import importlib.util
 import json
 import logging
@@ -215,6 +216,16 @@ class OpenAICompatibleGenerator:
         """``complete`` over many prompts on the thread pool, order preserved."""
         return self._map(lambda m: self.complete(m, **kwargs), requests)
 
+    def with_seed(self, seed: int) -> OpenAICompatibleGenerator:
+        """The same endpoint and sampling with another ``seed`` (a replicate, ``replicates: R``);
+        the identity, and so the generation cache key, names the new seed."""
+        other = copy.copy(self)
+        other.seed = int(seed)
+        ident = json.loads(self.identity)
+        ident["seed"] = other.seed
+        other.identity = json.dumps(ident, sort_keys=True)
+        return other
+
     # -- internals --------------------------------------------------------------------------------
     def _map(self, fn, items: list) -> list:
         if len(items) <= 1 or self.concurrency == 1:
@@ -395,6 +406,7 @@ class LocalLlamaGenerator:
         self.n_batch, self.n_ubatch = int(n_batch), int(n_ubatch)
         self.poll = int(poll)
         self.concurrency = max(1, int(concurrency))  # requests the pipeline keeps in flight
+        self.temperature, self.seed = float(temperature), int(seed)
         self._lock = threading.Lock()
         self._client_kwargs = dict(
             temperature=temperature,
@@ -445,7 +457,48 @@ class LocalLlamaGenerator:
                 )
             return self._client
 
+    def with_seed(self, seed: int) -> LocalLlamaGenerator:
+        """The same model and server with another sampling ``seed`` (llama.cpp honours it); the
+        identity names the new seed, so each replicate is cached separately."""
+        other = copy.copy(self)
+        other.seed = int(seed)
+        other._client_kwargs = {**self._client_kwargs, "seed": other.seed}
+        ident = json.loads(self.identity)
+        ident["seed"] = other.seed
+        other.identity = json.dumps(ident, sort_keys=True)
+        other._lock, other._client = threading.Lock(), None
+        return other
+
     def generate(self, prompts: list[Messages]) -> list[Generation]:
         if not prompts:
             return []
         return self.client.generate(prompts)
+
+
+class _Reseeded:
+    """A generator without ``with_seed`` under a replicate seed: calls go to it unchanged (the seed
+    cannot reach it), but the identity names the seed so each replicate is cached separately."""
+
+    def __init__(self, inner: Any, seed: int) -> None:
+        self.inner, self.seed = inner, int(seed)
+        self.model = getattr(inner, "model", "")
+        self.concurrency = getattr(inner, "concurrency", 1)
+        self.identity = json.dumps({"generator": inner.identity, "replicate_seed": self.seed}, sort_keys=True)
+
+    def generate(self, prompts: list[Messages]) -> list[Generation]:
+        return self.inner.generate(prompts)
+
+
+def reseeded(generator: Any, seed: int) -> Any:
+    """``generator`` with sampling seed ``seed`` (replicates): its own ``with_seed`` when it has one;
+    otherwise a wrapper whose cache identity names the seed, with a warning that the generator's own
+    sampling alone decides whether replicate answers differ."""
+    with_seed = getattr(generator, "with_seed", None)
+    if with_seed is not None:
+        return with_seed(seed)
+    log.warning(
+        "%s has no with_seed(seed): replicate seeds cannot reach it; its own sampling decides whether "
+        "replicate answers differ",
+        type(generator).__name__,
+    )
+    return _Reseeded(generator, seed)
