@@ -28,7 +28,14 @@ from tests.sweep_helpers import REPO, tiny_inputs, tiny_pipeline
 
 CONF = REPO / "rag_experiments" / "conf"
 DOCS = (REPO / "docs" / "metrics.md").read_text()
-EXAMPLE = {"k": 5, "B": 512, "label": "ok", "stage": "generation", "metric": "faithfulness", "component": "query"}
+EXAMPLE = {
+    "k": 5,
+    "B": 512,
+    "label": "ok",
+    "stage": "generation",
+    "metric": "faithfulness",
+    "component": "query",
+}
 
 
 def _example(s) -> dict:

@@ -100,8 +100,10 @@ def _cube(df: pd.DataFrame, col: str) -> np.ndarray:
         return s.unstack("replicate").to_numpy()[:, :, None]
     wide = s.unstack(["replicate", "judge_repeat"]).sort_index(axis=1)
     reps, jr = wide.columns.levels
-    return wide.reindex(columns=pd.MultiIndex.from_product([reps, jr])).to_numpy().reshape(
-        len(wide), len(reps), len(jr)
+    return (
+        wide.reindex(columns=pd.MultiIndex.from_product([reps, jr]))
+        .to_numpy()
+        .reshape(len(wide), len(reps), len(jr))
     )
 
 
