@@ -371,8 +371,11 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
         _log(client, run_id, job, res)
         from rag_experiments.tracking.traces import log_traces  # one trace per eval item (docs/tracing.md)
 
+        from rag_experiments.evaluation.replicates import collapse_replicates  # one trace per item
+
         st = job.stages
-        log_traces(client, run_id, exp_id, res.per_query, st["evalset"], st["corpus"], job.cfg, st)
+        per_item = collapse_replicates(res.per_query)
+        log_traces(client, run_id, exp_id, per_item, st["evalset"], st["corpus"], job.cfg, st)
         if every_item_failed(res.aggregates):
             why = (
                 f"every one of the {int(res.aggregates['n_queries'])} queries errored (see per_query 'error')"

@@ -16,7 +16,14 @@ import math
 import numpy as np
 import pandas as pd
 
-__all__ = ["COMPONENTS", "nested_components", "one_way_components", "shares", "variance_metrics"]
+__all__ = [
+    "COMPONENTS",
+    "nested_components",
+    "one_way_components",
+    "pilot_components",
+    "shares",
+    "variance_metrics",
+]
 
 COMPONENTS = ("query", "generation", "judge")
 
@@ -128,3 +135,22 @@ def variance_metrics(df: pd.DataFrame) -> dict[str, float]:
         for comp, share in shares(nested_components(_cube(rows, m))).items():
             out[f"var_share/{m}/{comp}"] = share
     return out
+
+
+def pilot_components(df: pd.DataFrame, metric: str) -> tuple[int, int, float, float]:
+    """(queries scored, replicates, σ²_query, σ²_generation) of one metric from a pilot run's table.
+
+    Replicated (a ``replicate`` column): the one-way components of :func:`nested_components`.
+    Unreplicated: σ²_query is the sample variance (ddof 1) of the per-query values, which then
+    includes any generation noise, and σ²_generation is NaN (not measured).
+    """
+    rows = df[df[metric].notna()] if metric in df else df.iloc[0:0]
+    if "error" in rows:
+        rows = rows[rows["error"].isna()]
+    n = int(rows["id"].nunique()) if "id" in rows else len(rows)
+    if "replicate" not in rows.columns or rows.empty:
+        v = rows[metric].to_numpy(dtype=float) if metric in rows else np.array([])
+        return n, 1, (float(np.var(v, ddof=1)) if v.size >= 2 else math.nan), math.nan
+    reps = int(rows.groupby("id").size().max())
+    comps = nested_components(_cube(rows, metric))
+    return n, reps, comps["query"], comps.get("generation", math.nan)

@@ -83,8 +83,12 @@ def _no_progress_bar():
             os.environ[key] = old
 
 
-def load_per_query(client: MlflowClient, run: Run) -> pd.DataFrame:
-    """The run's ``per_query.parquet`` artifact as a DataFrame (``id`` as str)."""
+def load_per_query(client: MlflowClient, run: Run, long: bool = False) -> pd.DataFrame:
+    """The run's ``per_query.parquet`` artifact as a DataFrame (``id`` as str), one row per query:
+    a replicated run's table is collapsed (``evaluation.replicates.collapse_replicates``) unless
+    ``long`` (then one row per query and replicate)."""
+    from rag_experiments.evaluation.replicates import collapse_replicates
+
     with tempfile.TemporaryDirectory() as tmp, _no_progress_bar():
         try:
             path = client.download_artifacts(run.info.run_id, PER_QUERY_ARTIFACT, tmp)
@@ -98,6 +102,9 @@ def load_per_query(client: MlflowClient, run: Run) -> pd.DataFrame:
     if "id" not in df.columns:
         raise RunInputError(f"run {run_label(run)}: {PER_QUERY_ARTIFACT} has no 'id' column")
     df["id"] = df["id"].astype(str)
+    if long:
+        return df
+    df = collapse_replicates(df)
     dup = df["id"][df["id"].duplicated()].unique()
     if len(dup):
         raise RunInputError(
