@@ -192,3 +192,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def pilot_mde_line(
+    client, experiment_id: str, evalset_digest: str, metric: str, n: int, replicates: int
+) -> str | None:
+    """One line for the sweep's start: the MDE of ``metric`` at this sweep's ``n`` and
+    ``replicates``, from the latest FINISHED run of the same eval set in the experiment (the pilot).
+    None when there is no such run or it cannot tell (metric missing, < 10 scored queries)."""
+    from rag_experiments.analysis.power import mde, paired_variance
+    from rag_experiments.analysis.variance import pilot_components
+    from rag_experiments.tracking.runs import RunInputError, load_per_query, run_label
+
+    digest = evalset_digest.replace("'", "")
+    found = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.evalset_digest = '{digest}' and attributes.status = 'FINISHED'",
+        max_results=1,
+        order_by=["attributes.start_time DESC"],
+    )
+    if not found:
+        return None
+    try:
+        df = load_per_query(client, found[0], long=True)
+    except RunInputError:
+        return None
+    if metric not in df.columns:
+        return None
+    n_p, r_p, vq, vg = pilot_components(df, metric)
+    if n_p < MIN_SCORED:
+        return None
+    pv = paired_variance(vq, vg)
+    value = mde(pv.between, n, pv.within, replicates)
+    return (
+        f"[plan] {metric}: minimum detectable paired effect {value:.4f} at n={n}, R={replicates} "
+        f"(alpha 0.05 two-sided, power 0.8; pilot {run_label(found[0])}, same eval set; "
+        f"python -m rag_experiments.plan --pilot {found[0].info.run_id} for the rest)"
+    )
