@@ -361,20 +361,6 @@ def evalset_digest(raw_items: list[dict]) -> str:
     return hashlib.sha256(canon.encode()).hexdigest()
 
 
-def file_digest(path: str | Path) -> str:
-    """:func:`evalset_digest` of an eval-set file's items without a corpus (the digest runs carry in
-    their ``evalset_digest`` tag); raises ``EvalSetError`` on a line that is not a JSON object."""
-    rows, problems = [], []
-    for lineno, raw in enumerate(Path(path).read_bytes().split(b"\n"), 1):
-        row, pr = _parse_line(raw, lineno, f"{path}:{lineno}")
-        problems += pr
-        if row is not None:
-            rows.append(row)
-    if problems:
-        raise EvalSetError(problems)
-    return evalset_digest(rows)
-
-
 def tag_counts(items: list[EvalItem]) -> Counter:
     return Counter(t for it in items for t in it.tags)
 

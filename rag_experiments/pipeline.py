@@ -17,11 +17,13 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from rag_experiments.analysis.variance import replicate_metrics
 from rag_experiments.cache import StageCache, stage_key
 from rag_experiments.evaluation import metrics as M
 from rag_experiments.evaluation.aggregate import aggregate
@@ -29,7 +31,6 @@ from rag_experiments.evaluation.budget import budgeted_metrics
 from rag_experiments.evaluation.cost import cost_metrics, usage_columns
 from rag_experiments.evaluation.labels import RATE_LABELS, failure_label
 from rag_experiments.evaluation.registry import GENERATION_METRICS
-from rag_experiments.evaluation.replicates import flip_rates
 from rag_experiments.progress import Progress, track
 from rag_experiments.stages.chunking import chunk_corpus
 from rag_experiments.stages.judging.cached import (
@@ -39,6 +40,7 @@ from rag_experiments.stages.judging.cached import (
     diagnostics_stage,
     last_usage,
 )
+from rag_experiments.stages.replicates import run_replicates
 from rag_experiments.types import Chunk, Document, EvalItem, Generation
 
 log = logging.getLogger(__name__)
@@ -341,60 +343,6 @@ def _generate_and_judge(
     return timings, calls
 
 
-def replicate_generators(generator, replicates: int) -> list:
-    """The generator of each replicate: replicate 0 as configured, replicate r with seed
-    ``seed + r`` (``with_seed``; a generator without it is wrapped so its cache key still names the
-    replicate). At temperature 0 the answers cannot differ: replicates r > 0 are None (reuse
-    replicate 0's answers and judgements, no model call) and a warning says so."""
-    if replicates <= 1:
-        return [generator]
-    if getattr(generator, "temperature", None) == 0:
-        log.warning(
-            "replicates=%d at generator.temperature=0: a deterministic server returns the same answer "
-            "%d times, so replicates 1..%d reuse replicate 0 (no extra calls; generation variance 0). "
-            "Set generator.temperature > 0 to measure generation noise.",
-            replicates,
-            replicates,
-            replicates - 1,
-        )
-        return [generator] + [None] * (replicates - 1)
-    from rag_experiments.stages.generation import reseeded
-
-    base = getattr(generator, "seed", None) or 0
-    return [generator] + [reseeded(generator, base + r) for r in range(1, replicates)]
-
-
-def _replicated(rows, items, ranked, k, subset, stages, cache, progress, min_coverage, labels, replicates):
-    """Generate, judge and label every replicate; returns (long rows, item index of each row,
-    timings, calls). One replicate (R = 1): the rows as before, without replicate columns."""
-    generator, prompt, judge = stages
-    thresholds, generated = labels
-    timings: Counter = Counter()
-    calls: Counter = Counter()
-    reps: list[list[dict]] = []
-    for r, gen_r in enumerate(replicate_generators(generator, replicates)):
-        if gen_r is None:  # deterministic: replicate 0's rows, no cost of their own
-            rows_r = [dict(row, replicate=r, generation_cached=True) for row in reps[0]]
-            for row in rows_r:
-                row.update({c: 0.0 for c in row if c.startswith(("tokens_in_", "tokens_out_"))})
-            reps.append(rows_r)
-            continue
-        rows_r = [dict(row) for row in rows] if replicates > 1 else rows
-        gt, gc = _generate_and_judge(
-            rows_r, items, ranked, k, subset, gen_r, prompt, judge, cache, progress, min_coverage
-        )
-        timings.update(gt)
-        calls.update(gc)
-        _label_rows(rows_r, items, k, thresholds, generated)
-        if replicates > 1:
-            seed = getattr(gen_r, "seed", None)
-            for row in rows_r:
-                row.update(replicate=r, generation_seed=-1 if seed is None else int(seed))
-        reps.append(rows_r)
-    long = [reps[r][i] for i in range(len(rows)) for r in range(len(reps))]
-    return long, [i for i in range(len(rows)) for _ in reps], dict(timings), calls
-
-
 def _per_query_table(
     rows: list[dict[str, Any]], generated: list[bool], with_generation: bool
 ) -> pd.DataFrame:
@@ -453,9 +401,11 @@ def _run_aggregates(
     n_generated: int | None,
     n_resamples: int,
     seed: int,
+    thresholds: dict | None = None,
 ) -> dict[str, float]:
     """The run's metrics: bootstrap means and CIs of the per-query table, the retriever's run-level
-    metrics, cost, and ``n_generated`` when the run generates (``n_generated`` not None)."""
+    metrics, cost, and ``n_generated`` when the run generates (``n_generated`` not None); with
+    replicates the flip rates and variance shares (``analysis.variance.replicate_metrics``)."""
     aggregates = aggregate(df, n_resamples=n_resamples, seed=seed)
     aggregates.update(run_metrics)
     aggregates.update(cost_metrics(df, pricing))
@@ -463,6 +413,8 @@ def _run_aggregates(
         aggregates["n_generated"] = n_generated
         if "n_unparseable_diagnostics" in df:
             aggregates["n_unparseable_diagnostic_verdicts"] = int(df["n_unparseable_diagnostics"].sum())
+    if "replicate" in df:
+        aggregates.update(replicate_metrics(df, thresholds))
     return aggregates
 
 
@@ -496,8 +448,7 @@ def run_pipeline(
     generation metrics and label rates are NaN, so every generation mean covers the subset only
     (``n_scored/{key}``) and the rates share one denominator. ``pricing``: ``{"generation": {...},
     "judge": {...}}`` price tables for ``cost_usd`` (evaluation.cost.cost_metrics). ``replicates``:
-    generate and judge the subset R times (seeds ``seed + r``); the table is then long (one row per
-    item and replicate) and the aggregates average replicates within a query first.
+    R generations per item (seeds ``seed + r``), one row per item and replicate (docs/metrics.md).
     """
     timings: dict[str, float] = {}
     calls: Counter = Counter()
@@ -525,28 +476,18 @@ def run_pipeline(
     rows = _retrieval_rows(items, [r[:shown] for r in ranked], scores, per_q, latency)
 
     subset = stratified_subset(items, generation_subset) if generator is not None else []
+    args = dict(items=items, ranked=ranked, k=k, subset=subset, prompt=prompt, judge=judge, cache=cache)
+    one = partial(_generate_and_judge, **args, progress=progress, min_coverage=min_coverage)
+    rows, row_items, gt, gc = run_replicates(rows, generator, replicates, one)  # docs/metrics.md
+    timings.update(gt)
+    calls.update(gc)
     chosen = set(subset)
-    generated = [i in chosen for i in range(len(items))]
-    if generator is not None:  # replicates: one row per (item, replicate), docs/metrics.md
-        rows, row_items, gt, gc = _replicated(
-            rows, items, ranked, k, subset, (generator, prompt, judge), cache, progress,
-            min_coverage, (thresholds, generated), replicates,
-        )  # fmt: skip
-        timings.update(gt)
-        calls.update(gc)
-        generated = [generated[i] for i in row_items]
-    else:
-        _label_rows(rows, items, k, thresholds, generated)
+    generated = [i in chosen for i in row_items]
+    _label_rows(rows, [items[i] for i in row_items], k, thresholds, generated)
 
     df = _per_query_table(rows, generated, with_generation=generator is not None)
     n_generated = len(subset) if generator is not None else None
-    aggregates = _run_aggregates(df, run_metrics, pricing, n_generated, n_resamples, seed)
-    if generator is not None and replicates > 1:  # flip rates and the variance split (docs/metrics.md)
-        from rag_experiments.analysis.variance import variance_metrics
-        from rag_experiments.evaluation.labels import as_thresholds
-
-        aggregates.update(flip_rates(df, as_thresholds(thresholds).correct))
-        aggregates.update(variance_metrics(df))
+    aggregates = _run_aggregates(df, run_metrics, pricing, n_generated, n_resamples, seed, thresholds)
     return PipelineResult(
         per_query=df,
         aggregates=aggregates,

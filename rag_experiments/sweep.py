@@ -372,8 +372,7 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
         from rag_experiments.evaluation.replicates import collapse_replicates  # one trace per item
         from rag_experiments.tracking.traces import log_traces  # one trace per eval item (docs/tracing.md)
 
-        st = job.stages
-        per_item = collapse_replicates(res.per_query)
+        st, per_item = job.stages, collapse_replicates(res.per_query)
         log_traces(client, run_id, exp_id, per_item, st["evalset"], st["corpus"], job.cfg, st)
         if every_item_failed(res.aggregates):
             why = (
@@ -413,34 +412,6 @@ def start_run(client, exp_id: str, job: Job) -> tuple[str, str | None]:
     return start_sweep_child(client, exp_id, job.sweep, bool(job.cfg.force), child)
 
 
-def _print_pilot_mde(client, exp_id: str, job: Job) -> None:
-    """At the start (first job of a multirun): the MDE of the primary metric when a run of the same
-    eval set exists in the experiment (``cli.plan.pilot_mde_line``); nothing when none does."""
-    from omegaconf import OmegaConf
-
-    from rag_experiments.cli.plan import pilot_mde_line
-    from rag_experiments.pipeline import stratified_subset
-
-    if job.sweep and HydraConfig.get().job.get("num", 0) != 0:
-        return
-    items = job.stages["evalset"].items
-    metric = OmegaConf.select(job.cfg, "racing.primary", default=None) or f"hit_at_{job.k}"
-    gen = metric in ("faithfulness", "answer_relevance", "correctness") or metric.startswith("rate_")
-    n = (
-        len(stratified_subset(items, job.cfg.get("generation_subset")))
-        if gen
-        else len([it for it in items if it.gold_spans])
-    )
-    reps = int(job.cfg.get("replicates", 1)) if gen else 1
-    try:
-        line = pilot_mde_line(client, exp_id, job.stages["evalset"].digest, metric, n, reps)
-    except Exception as e:  # noqa: BLE001 - advice only: never stops a run
-        log.debug("pilot MDE lookup failed: %s", e)
-        line = None
-    if line:
-        print(line)
-
-
 def run_job(cfg: DictConfig) -> float:
     """One resolved config → one MLflow run. Returns the context hit rate (Hydra's objective).
 
@@ -460,7 +431,9 @@ def run_job(cfg: DictConfig) -> float:
     client = tracking.open_store(uri)
     mlflow.set_tracking_uri(uri)
     exp_id = tracking.get_experiment_id(client, cfg.experiment_name, cfg.tracking.artifact_root)
-    _print_pilot_mde(client, exp_id, job)
+    from rag_experiments.cli.plan import print_pilot_mde  # the primary metric's MDE, from a pilot run
+
+    print_pilot_mde(client, exp_id, job)
     with tracking.config_lock(uri, exp_id, job.chash):
         for rid in tracking.heal_stale_runs(client, exp_id, job.chash):
             print(f"[healed] run {rid} of config_hash {job.chash} was left RUNNING by a dead process: KILLED")

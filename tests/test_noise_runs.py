@@ -152,9 +152,7 @@ def test_plan_refuses_a_pilot_of_another_eval_set_naming_both_digests(store, tmp
     rid = log("other-pilot", _pilot(20, 2), digest="a" * 64)
     ev = tmp_path / "evalset.jsonl"
     ev.write_text('{"id": "x", "query": "q?"}\n')
-    from rag_experiments.evalset import file_digest
-
     assert plan.main(["--pilot", rid, "--tracking-uri", uri, "--evalset", str(ev)]) == 2
     err = capsys.readouterr().err
-    assert "a" * 64 in err and file_digest(ev) in err
+    assert "a" * 64 in err and plan.file_digest(ev) in err
     assert plan.main(["--pilot", rid, "--tracking-uri", uri, "--evalset", "a" * 64]) == 0

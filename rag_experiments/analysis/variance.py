@@ -21,6 +21,7 @@ __all__ = [
     "nested_components",
     "one_way_components",
     "pilot_components",
+    "replicate_metrics",
     "shares",
     "variance_metrics",
 ]
@@ -154,3 +155,12 @@ def pilot_components(df: pd.DataFrame, metric: str) -> tuple[int, int, float, fl
     reps = int(rows.groupby("id").size().max())
     comps = nested_components(_cube(rows, metric))
     return n, reps, comps["query"], comps.get("generation", math.nan)
+
+
+def replicate_metrics(df: pd.DataFrame, thresholds=None) -> dict[str, float]:
+    """The run-level metrics of a replicated table: flip rates (``evaluation.replicates.flip_rates``,
+    correct = correctness >= the attribution threshold) and :func:`variance_metrics`."""
+    from rag_experiments.evaluation.labels import as_thresholds
+    from rag_experiments.evaluation.replicates import flip_rates
+
+    return {**flip_rates(df, as_thresholds(thresholds).correct), **variance_metrics(df)}

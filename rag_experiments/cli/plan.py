@@ -9,11 +9,13 @@ replicates (at n) needed to detect ``--effect``. Formulas: ``analysis.power`` (d
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import re
 import sys
 from collections.abc import Sequence
 
+log = logging.getLogger(__name__)
 MIN_SCORED = 10  # fewer scored queries than this: a per-query SD is not a basis for planning
 
 HELP = """\
@@ -51,16 +53,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def file_digest(path: str) -> str:
+    """``evalset.evalset_digest`` of an eval-set file's items, without a corpus: the digest runs
+    carry in their ``evalset_digest`` tag (``evalset.limit`` not applied)."""
+    import json
+    from pathlib import Path
+
+    from rag_experiments.evalset import evalset_digest
+
+    text = Path(path).read_text(encoding="utf-8-sig")
+    return evalset_digest([json.loads(line) for line in text.splitlines() if line.strip()])
+
+
 def expected_digest(evalset: str) -> str:
     """The digest of ``--evalset``: a sha256 hex digest as given, or the digest of the file."""
-    from rag_experiments.evalset import EvalSetError, file_digest
     from rag_experiments.tracking.runs import RunInputError
 
     if re.fullmatch(r"[0-9a-f]{64}", evalset):
         return evalset
     try:
         return file_digest(evalset)
-    except (OSError, EvalSetError) as e:
+    except (OSError, ValueError) as e:
         raise RunInputError(f"--evalset {evalset}: cannot read the eval set ({e})") from None
 
 
@@ -229,3 +242,32 @@ def pilot_mde_line(
         f"(alpha 0.05 two-sided, power 0.8; pilot {run_label(found[0])}, same eval set; "
         f"python -m rag_experiments.plan --pilot {found[0].info.run_id} for the rest)"
     )
+
+
+def print_pilot_mde(client, exp_id: str, job) -> None:
+    """At the start (first job of a multirun): the MDE of the primary metric when a run of the same
+    eval set exists in the experiment (``cli.plan.pilot_mde_line``); nothing when none does."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from rag_experiments.evaluation.registry import GENERATION_METRICS
+    from rag_experiments.pipeline import stratified_subset
+
+    if job.sweep and HydraConfig.get().job.get("num", 0) != 0:
+        return
+    items = job.stages["evalset"].items
+    metric = OmegaConf.select(job.cfg, "racing.primary", default=None) or f"hit_at_{job.k}"
+    gen = metric in GENERATION_METRICS or metric.startswith("rate_")
+    n = (
+        len(stratified_subset(items, job.cfg.get("generation_subset")))
+        if gen
+        else len([it for it in items if it.gold_spans])
+    )
+    reps = int(job.cfg.get("replicates", 1)) if gen else 1
+    try:
+        line = pilot_mde_line(client, exp_id, job.stages["evalset"].digest, metric, n, reps)
+    except Exception as e:  # noqa: BLE001 - advice only: never stops a run
+        log.debug("pilot MDE lookup failed: %s", e)
+        line = None
+    if line:
+        print(line)

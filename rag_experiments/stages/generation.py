@@ -474,31 +474,3 @@ class LocalLlamaGenerator:
             return []
         return self.client.generate(prompts)
 
-
-class _Reseeded:
-    """A generator without ``with_seed`` under a replicate seed: calls go to it unchanged (the seed
-    cannot reach it), but the identity names the seed so each replicate is cached separately."""
-
-    def __init__(self, inner: Any, seed: int) -> None:
-        self.inner, self.seed = inner, int(seed)
-        self.model = getattr(inner, "model", "")
-        self.concurrency = getattr(inner, "concurrency", 1)
-        self.identity = json.dumps({"generator": inner.identity, "replicate_seed": self.seed}, sort_keys=True)
-
-    def generate(self, prompts: list[Messages]) -> list[Generation]:
-        return self.inner.generate(prompts)
-
-
-def reseeded(generator: Any, seed: int) -> Any:
-    """``generator`` with sampling seed ``seed`` (replicates): its own ``with_seed`` when it has one;
-    otherwise a wrapper whose cache identity names the seed, with a warning that the generator's own
-    sampling alone decides whether replicate answers differ."""
-    with_seed = getattr(generator, "with_seed", None)
-    if with_seed is not None:
-        return with_seed(seed)
-    log.warning(
-        "%s has no with_seed(seed): replicate seeds cannot reach it; its own sampling decides whether "
-        "replicate answers differ",
-        type(generator).__name__,
-    )
-    return _Reseeded(generator, seed)

@@ -192,7 +192,6 @@ def build_spans(
         end_ns,
         {"query": item.query, "item_id": item.id, "tags": list(item.tags)},
         outputs,
-        # replicates: R > 1 (evaluation.replicates): each replicate's seed, answer, label, scores
         attributes={"rag.replicates": parse_json(row["replicates"], [])} if "replicates" in row else None,
         error=error,
     )
