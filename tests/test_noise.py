@@ -207,3 +207,29 @@ def test_replicates_below_one_is_a_config_problem_naming_the_key(bad):
     assert any(p.startswith("conf/config: replicates: must be an integer >= 1") for p in problems), problems
     cfg["replicates"] = 3
     assert not any("replicates" in p for p in validate(cfg))
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def test_report_variance_bars_from_logged_shares(tmp_path):
+    from types import SimpleNamespace
+
+    from rag_experiments.report.figures import variance_shares
+    from rag_experiments.report.plots import VarianceShares, draw
+
+    metrics = {
+        "var_share/correctness/query": 0.6,
+        "var_share/correctness/generation": 0.4,
+        "var_share/faithfulness/query": 0.2,
+        "var_share/faithfulness/generation": 0.8,
+        "correctness": 0.5,
+    }
+    one = variance_shares([SimpleNamespace(label="a", metrics=metrics)])
+    assert list(one.columns) == ["query", "generation"]  # no judge repeats: no judge column
+    assert one.loc["faithfulness", "generation"] == 0.8
+    two = variance_shares([SimpleNamespace(label=x, metrics=metrics) for x in ("a", "b")])
+    assert "b · correctness" in two.index
+    assert variance_shares([SimpleNamespace(label="a", metrics={"correctness": 0.5})]).empty
+    png = draw(VarianceShares(one), tmp_path / "v.png")
+    assert png.stat().st_size > 1000
