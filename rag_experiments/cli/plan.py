@@ -140,7 +140,7 @@ def render(rows, effect: float, alpha: float, power: float, rho: float) -> str:
             )
             continue
         if r["r_needed"] is None:
-            r_need = f"none (n >= {r['n_needed']})"
+            r_need = f"– (needs n >= {r['n_needed']})"
         elif not r["r_measured"]:
             r_need = "? (pilot R=1)"
         else:
