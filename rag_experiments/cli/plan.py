@@ -255,7 +255,7 @@ def print_pilot_mde(client, exp_id: str, job) -> None:
 
     if job.sweep and HydraConfig.get().job.get("num", 0) != 0:
         return
-    items = job.stages["evalset"].items
+    items = job.inputs.evalset.items
     metric = OmegaConf.select(job.cfg, "racing.primary", default=None) or f"hit_at_{job.k}"
     gen = metric in GENERATION_METRICS or metric.startswith("rate_")
     n = (
@@ -265,7 +265,7 @@ def print_pilot_mde(client, exp_id: str, job) -> None:
     )
     reps = int(job.cfg.get("replicates", 1)) if gen else 1
     try:
-        line = pilot_mde_line(client, exp_id, job.stages["evalset"].digest, metric, n, reps)
+        line = pilot_mde_line(client, exp_id, job.inputs.evalset.digest, metric, n, reps)
     except Exception as e:  # noqa: BLE001 - advice only: never stops a run
         log.debug("pilot MDE lookup failed: %s", e)
         line = None
