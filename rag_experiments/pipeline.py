@@ -16,7 +16,7 @@ import logging
 import math
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
@@ -329,7 +329,7 @@ def _label_rows(rows, items, k: int, thresholds: dict | None, generated: list[bo
 
 
 def _generate_and_judge(
-    rows, items, ranked, subset, stages: Stages, settings: RunSettings, cache, timings, calls
+    items, ranked, subset, settings: RunSettings, cache, rows, stages: Stages, timings, calls
 ) -> None:
     """Generate and judge the ``subset`` of items (with the claim-level diagnostics); fills their
     rows and adds to ``timings`` and ``calls``."""
@@ -357,16 +357,6 @@ def _generate_and_judge(
         row.update(usage_columns(g.usage))  # cached answers keep their usage: cost of the config
         row.update(_judged_columns(g, it, j))
         row.update(diagnostic_columns(d, j.usage if j is not None else None))
-
-
-def _judged_replicate(items, ranked, subset, stages: Stages, settings: RunSettings, cache, rows, generator):
-    """One replicate (``stages.replicates.run_replicates``): :func:`_generate_and_judge` of ``rows``
-    with ``generator``; returns its (timings, calls)."""
-    timings: dict[str, float] = {}
-    calls: Counter = Counter()
-    one = replace(stages, generator=generator)
-    _generate_and_judge(rows, items, ranked, subset, one, settings, cache, timings, calls)
-    return timings, calls
 
 
 def _per_query_table(
@@ -436,11 +426,9 @@ def _run_aggregates(
     n_generated: int | None,
     n_resamples: int,
     seed: int,
-    thresholds: dict | None = None,
 ) -> dict[str, float]:
     """The run's metrics: bootstrap means and CIs of the per-query table, the retriever's run-level
-    metrics, cost, and ``n_generated`` when the run generates (``n_generated`` not None); with
-    replicates the flip rates and variance shares (``analysis.variance.replicate_metrics``)."""
+    metrics, cost, and ``n_generated`` when the run generates (``n_generated`` not None)."""
     aggregates = aggregate(df, n_resamples=n_resamples, seed=seed)
     aggregates.update(run_metrics)
     aggregates.update(cost_metrics(df, pricing))
@@ -448,8 +436,6 @@ def _run_aggregates(
         aggregates["n_generated"] = n_generated
         if "n_unparseable_diagnostics" in df:
             aggregates["n_unparseable_diagnostic_verdicts"] = int(df["n_unparseable_diagnostics"].sum())
-    if "replicate" in df:
-        aggregates.update(replicate_metrics(df, thresholds))
     return aggregates
 
 
@@ -490,10 +476,8 @@ def run_pipeline(
     rows = _retrieval_rows(items, [r[:shown] for r in ranked], ranking.scores, scored.per_query, latency)
 
     subset = stratified_subset(items, settings.generation_subset) if stages.generates else []
-    one = partial(_judged_replicate, items, ranked, subset, stages, settings, cache)
-    rows, row_items, gt, gc = run_replicates(rows, stages.generator, settings.replicates, one)
-    timings.update(gt)
-    calls.update(gc)
+    run_one = partial(_generate_and_judge, items, ranked, subset, settings, cache)  # (rows, stages, …)
+    rows, row_items = run_replicates(rows, stages, settings.replicates, run_one, timings, calls)
     chosen = set(subset)
     generated = [i in chosen for i in row_items]  # replicates: one row per (item, replicate)
     _label_rows(rows, [items[i] for i in row_items], settings.k, settings.thresholds, generated)
@@ -501,9 +485,9 @@ def run_pipeline(
     df = _per_query_table(rows, generated, with_generation=stages.generates)
     n_generated = len(subset) if stages.generates else None
     aggregates = _run_aggregates(
-        df, scored.run_metrics, settings.pricing, n_generated, settings.n_resamples, settings.seed,
-        settings.thresholds,
-    )  # fmt: skip
+        df, scored.run_metrics, settings.pricing, n_generated, settings.n_resamples, settings.seed
+    )
+    aggregates.update(replicate_metrics(df, settings.thresholds))  # R > 1: flip rates, variance shares
     return PipelineResult(
         per_query=df,
         aggregates=aggregates,

@@ -44,6 +44,7 @@ from rag_experiments.assemble import (  # noqa: E402
 )
 from rag_experiments.assemble import priced as _priced  # noqa: E402, F401 - tests price a stage config
 from rag_experiments.cache import StageCache  # noqa: E402
+from rag_experiments.cli.plan import print_pilot_mde  # noqa: E402
 from rag_experiments.conf_groups import STAGE_GROUPS  # noqa: E402
 from rag_experiments.config_schema import unknown_group_options  # noqa: E402
 from rag_experiments.evalset import sample_dir  # noqa: E402
@@ -278,9 +279,7 @@ def run_job(cfg: DictConfig) -> float:
     client = tracking.open_store(uri)
     mlflow.set_tracking_uri(uri)
     exp_id = tracking.get_experiment_id(client, cfg.experiment_name, cfg.tracking.artifact_root)
-    from rag_experiments.cli.plan import print_pilot_mde  # the primary metric's MDE, from a pilot run
-
-    print_pilot_mde(client, exp_id, job)
+    print_pilot_mde(client, exp_id, job)  # the primary metric's MDE, from a pilot run
     with tracking.config_lock(uri, exp_id, job.chash):
         for rid in tracking.heal_stale_runs(client, exp_id, job.chash):
             print(f"[healed] run {rid} of config_hash {job.chash} was left RUNNING by a dead process: KILLED")

@@ -54,7 +54,6 @@ def replicated(tmp_path_factory):
     return tiny, stages, r2, again, r1
 
 
-@pytest.mark.slow
 def test_a_replicated_run_is_long_cached_per_replicate_and_logs_noise_metrics(replicated):
     _, _, r2, again, r1 = replicated
     df = r2.per_query
@@ -76,7 +75,6 @@ def test_a_replicated_run_is_long_cached_per_replicate_and_logs_noise_metrics(re
     assert "replicate_flip/correctness" not in r1.aggregates
 
 
-@pytest.mark.slow
 def test_temperature_zero_reuses_replicate_zero_with_a_warning(tmp_path, caplog):
     tiny = tiny_inputs(tmp_path, n_items=2)
     judge = instantiate(OmegaConf.to_container(OmegaConf.load(CONF / "judge" / "heuristic.yaml")))
@@ -91,7 +89,6 @@ def test_temperature_zero_reuses_replicate_zero_with_a_warning(tmp_path, caplog)
     assert res.aggregates["replicate_flip/correctness"] == 0.0
 
 
-@pytest.mark.slow
 def test_compare_and_gate_read_a_replicated_run(replicated, store, capsys):
     _, _, r2, _, r1 = replicated
     uri, log = store

@@ -16,6 +16,10 @@ import math
 import numpy as np
 import pandas as pd
 
+from rag_experiments.evaluation.labels import as_thresholds
+from rag_experiments.evaluation.registry import GENERATION_METRICS
+from rag_experiments.evaluation.replicates import flip_rates
+
 __all__ = [
     "COMPONENTS",
     "nested_components",
@@ -122,7 +126,6 @@ def variance_metrics(df: pd.DataFrame) -> dict[str, float]:
     not logged: without a ``judge_repeat`` column there is no judge share (see
     :func:`nested_components`). Unreplicated tables give {}.
     """
-    from rag_experiments.evaluation.registry import GENERATION_METRICS
 
     if "replicate" not in df.columns:
         return {}
@@ -160,7 +163,5 @@ def pilot_components(df: pd.DataFrame, metric: str) -> tuple[int, int, float, fl
 def replicate_metrics(df: pd.DataFrame, thresholds=None) -> dict[str, float]:
     """The run-level metrics of a replicated table: flip rates (``evaluation.replicates.flip_rates``,
     correct = correctness >= the attribution threshold) and :func:`variance_metrics`."""
-    from rag_experiments.evaluation.labels import as_thresholds
-    from rag_experiments.evaluation.replicates import flip_rates
 
     return {**flip_rates(df, as_thresholds(thresholds).correct), **variance_metrics(df)}

@@ -15,6 +15,21 @@ import re
 import sys
 from collections.abc import Sequence
 
+from rag_experiments.analysis.power import mde, n_for_effect, paired_variance, replicates_for_effect
+from rag_experiments.analysis.variance import pilot_components
+from rag_experiments.compare import text_table
+from rag_experiments.evalset import evalset_digest
+from rag_experiments.evaluation.headline import headline_metrics
+from rag_experiments.evaluation.registry import GENERATION_METRICS
+from rag_experiments.pipeline import stratified_subset
+from rag_experiments.tracking.runs import (
+    RunInputError,
+    load_per_query,
+    resolve_run,
+    run_label,
+    tracking_uri,
+)
+
 log = logging.getLogger(__name__)
 MIN_SCORED = 10  # fewer scored queries than this: a per-query SD is not a basis for planning
 
@@ -59,15 +74,12 @@ def file_digest(path: str) -> str:
     import json
     from pathlib import Path
 
-    from rag_experiments.evalset import evalset_digest
-
     text = Path(path).read_text(encoding="utf-8-sig")
     return evalset_digest([json.loads(line) for line in text.splitlines() if line.strip()])
 
 
 def expected_digest(evalset: str) -> str:
     """The digest of ``--evalset``: a sha256 hex digest as given, or the digest of the file."""
-    from rag_experiments.tracking.runs import RunInputError
 
     if re.fullmatch(r"[0-9a-f]{64}", evalset):
         return evalset
@@ -79,7 +91,6 @@ def expected_digest(evalset: str) -> str:
 
 def check_pilot_evalset(pilot_digest: str | None, expected: str, pilot_label: str) -> None:
     """RunInputError naming both digests when the pilot ran on another eval set."""
-    from rag_experiments.tracking.runs import RunInputError
 
     if pilot_digest != expected:
         raise RunInputError(
@@ -90,9 +101,6 @@ def check_pilot_evalset(pilot_digest: str | None, expected: str, pilot_label: st
 
 def planned_metrics(df, k: int, asked: Sequence[str] | None) -> list[str]:
     """``--metric`` or the headline metrics (``evaluation.headline``) plus the generation metrics."""
-    from rag_experiments.evaluation.headline import headline_metrics
-    from rag_experiments.evaluation.registry import GENERATION_METRICS
-    from rag_experiments.tracking.runs import RunInputError
 
     if asked:
         missing = [m for m in asked if m not in df.columns]
@@ -104,8 +112,6 @@ def planned_metrics(df, k: int, asked: Sequence[str] | None) -> list[str]:
 
 def plan_rows(df, metrics: Sequence[str], effect: float, alpha: float, power: float, rho: float):
     """One dict per metric: n, R, σ_query, σ_generation, MDE, queries / replicates for ``effect``."""
-    from rag_experiments.analysis.power import mde, n_for_effect, paired_variance, replicates_for_effect
-    from rag_experiments.analysis.variance import pilot_components
 
     rows = []
     for m in metrics:
@@ -129,7 +135,6 @@ def _fmt(x: float | None, d: int = 4) -> str:
 
 
 def render(rows, effect: float, alpha: float, power: float, rho: float) -> str:
-    from rag_experiments.compare import text_table
 
     headers = ["metric", "n", "R", "sd query", "sd gen", "MDE", f"n for {effect:g}", f"R for {effect:g}"]
     body = []
@@ -158,14 +163,6 @@ def render(rows, effect: float, alpha: float, power: float, rho: float) -> str:
 
 def run_plan(args) -> str:
     from mlflow.tracking import MlflowClient
-
-    from rag_experiments.tracking.runs import (
-        RunInputError,
-        load_per_query,
-        resolve_run,
-        run_label,
-        tracking_uri,
-    )
 
     for name, v in (("--alpha", args.alpha), ("--power", args.power)):
         if not 0 < v < 1:
@@ -196,7 +193,6 @@ def run_plan(args) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from rag_experiments.tracking.runs import RunInputError
 
     args = build_parser().parse_args(argv)
     try:
@@ -213,9 +209,6 @@ def pilot_mde_line(
     """One line for the sweep's start: the MDE of ``metric`` at this sweep's ``n`` and
     ``replicates``, from the latest FINISHED run of the same eval set in the experiment (the pilot).
     None when there is no such run or it cannot tell (metric missing, < 10 scored queries)."""
-    from rag_experiments.analysis.power import mde, paired_variance
-    from rag_experiments.analysis.variance import pilot_components
-    from rag_experiments.tracking.runs import RunInputError, load_per_query, run_label
 
     digest = evalset_digest.replace("'", "")
     found = client.search_runs(
@@ -249,9 +242,6 @@ def print_pilot_mde(client, exp_id: str, job) -> None:
     eval set exists in the experiment (``cli.plan.pilot_mde_line``); nothing when none does."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
-
-    from rag_experiments.evaluation.registry import GENERATION_METRICS
-    from rag_experiments.pipeline import stratified_subset
 
     if job.sweep and HydraConfig.get().job.get("num", 0) != 0:
         return

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from rag_experiments.evaluation.labels import FAILURE_LABELS
+from rag_experiments.evaluation.registry import parse
 from rag_experiments.report.load import Config
 from rag_experiments.report.model import Analysis, Figure, Paragraph, Section, bold, code, f3, text
 from rag_experiments.report.plots import (
@@ -178,7 +179,6 @@ def _main_effects(an: Analysis) -> Figure | None:
 
 def variance_shares(configs: Sequence[Config]) -> pd.DataFrame:
     """``var_share/{metric}/{component}`` per config and metric (rows ``config · metric``)."""
-    from rag_experiments.evaluation.registry import parse
 
     rows: dict[str, dict[str, float]] = {}
     for c in configs:

@@ -12,6 +12,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from rag_experiments.types import Generation
@@ -71,19 +72,22 @@ def replicate_generators(generator: Any, replicates: int) -> list:
 
 
 def run_replicates(
-    rows: list[dict], generator: Any, replicates: int, run_one: Callable[[list[dict], Any], tuple]
-) -> tuple[list[dict], list[int], dict[str, float], Counter]:
-    """Every replicate of the per-item ``rows``: (long rows, item index of each row, summed timings,
-    calls). ``run_one(rows_r, generator_r)`` generates, judges and labels one replicate's copy of
-    the rows in place and returns (timings, calls). One replicate: ``rows`` themselves, without
-    replicate columns; no generator: ``rows`` untouched. Long rows are item-major (item 0
-    replicates 0 … R−1, item 1 …)."""
-    if generator is None:
-        return rows, list(range(len(rows))), {}, Counter()
-    timings: Counter = Counter()
-    calls: Counter = Counter()
+    rows: list[dict],
+    stages: Any,
+    replicates: int,
+    run_one: Callable[..., None],
+    timings: dict,
+    calls: Counter,
+) -> tuple[list[dict], list[int]]:
+    """Every replicate of the per-item ``rows``: (long rows, item index of each row); adds each
+    replicate's seconds to ``timings`` and model calls to ``calls``. ``run_one(rows_r, stages=…,
+    timings=…, calls=…)`` generates and judges one replicate's copy of the rows in place with
+    ``stages`` whose generator is the replicate's. One replicate: ``rows`` themselves, without
+    replicate columns; no generator: ``rows`` untouched. Long rows are item-major."""
+    if stages.generator is None:
+        return rows, list(range(len(rows)))
     reps: list[list[dict]] = []
-    for r, gen_r in enumerate(replicate_generators(generator, replicates)):
+    for r, gen_r in enumerate(replicate_generators(stages.generator, replicates)):
         if gen_r is None:  # deterministic: replicate 0's rows, with no cost of their own
             rows_r = [dict(row, replicate=r, generation_cached=True) for row in reps[0]]
             for row in rows_r:
@@ -91,8 +95,11 @@ def run_replicates(
             reps.append(rows_r)
             continue
         rows_r = [dict(row) for row in rows] if replicates > 1 else rows
-        t, c = run_one(rows_r, generator=gen_r)
-        timings.update(t)
+        t: dict[str, float] = {}
+        c: Counter = Counter()
+        run_one(rows_r, stages=replace(stages, generator=gen_r), timings=t, calls=c)
+        for key, v in t.items():
+            timings[key] = timings.get(key, 0.0) + v
         calls.update(c)
         if replicates > 1:
             seed = getattr(gen_r, "seed", None)
@@ -100,4 +107,4 @@ def run_replicates(
                 row.update(replicate=r, generation_seed=-1 if seed is None else int(seed))
         reps.append(rows_r)
     long = [reps[r][i] for i in range(len(rows)) for r in range(len(reps))]
-    return long, [i for i in range(len(rows)) for _ in reps], dict(timings), calls
+    return long, [i for i in range(len(rows)) for _ in reps]

@@ -16,6 +16,7 @@ from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from rag_experiments.evaluation.replicates import collapse_replicates
 from rag_experiments.run_record import RunData, group_choice_keys, parse_json  # noqa: F401  (re-exported)
 from rag_experiments.tracking.uri import DEFAULT_TRACKING_URI, tracking_uri  # noqa: F401  (the CLIs import it here)
 
@@ -84,7 +85,6 @@ def load_per_query(client: MlflowClient, run: Run, long: bool = False) -> pd.Dat
     """The run's ``per_query.parquet`` artifact as a DataFrame (``id`` as str), one row per query:
     a replicated run's table is collapsed (``evaluation.replicates.collapse_replicates``) unless
     ``long`` (then one row per query and replicate)."""
-    from rag_experiments.evaluation.replicates import collapse_replicates
 
     with tempfile.TemporaryDirectory() as tmp, _no_progress_bar():
         try:
