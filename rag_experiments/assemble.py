@@ -95,6 +95,7 @@ def run_settings(cfg: DictConfig) -> RunSettings:
         n_resamples=m.bootstrap_resamples,
         seed=cfg.seed,
         generation_subset=cfg.get("generation_subset"),
+        replicates=int(cfg.get("replicates", 1)),
         thresholds=load_thresholds() if "attribution" not in cfg else container(cfg.attribution),
         pricing={
             "generation": container(cfg.generator.get("pricing")),

@@ -330,6 +330,11 @@ def _top_level(cfg: dict) -> Problems:
     timeout = (cfg.get("tracking") or {}).get("timeout_s")
     if timeout is not None and (not _is_num(timeout) or not timeout > 0):
         problems.append(f"conf/tracking: timeout_s: must be a number of seconds > 0 (got {timeout!r})")
+    reps = cfg.get("replicates", 1)
+    if not _is_int(reps) or reps < 1:
+        problems.append(
+            f"conf/config: replicates: must be an integer >= 1 (generations per item; got {reps!r})"
+        )
     m = _Group("metrics", cfg.get("metrics") or {})
     _metrics(m)
     problems += [p.replace("conf/metrics: ", "conf/config: metrics.") for p in m.problems]

@@ -17,11 +17,13 @@ import math
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from rag_experiments.analysis.variance import replicate_metrics
 from rag_experiments.cache import StageCache, stage_key
 from rag_experiments.evaluation import metrics as M
 from rag_experiments.evaluation.aggregate import aggregate
@@ -44,6 +46,7 @@ from rag_experiments.stages.judging.cached import (
     diagnostics_stage,
     last_usage,
 )
+from rag_experiments.stages.replicates import run_replicates
 from rag_experiments.stages.text import token_ends, tokenizer_identity
 from rag_experiments.types import Chunk, Document, EvalItem, Generation
 
@@ -328,7 +331,7 @@ def _label_rows(rows, items, k: int, thresholds: dict | None, generated: list[bo
 
 
 def _generate_and_judge(
-    rows, items, ranked, subset, stages: Stages, settings: RunSettings, cache, timings, calls
+    items, ranked, subset, settings: RunSettings, cache, rows, stages: Stages, timings, calls
 ) -> None:
     """Generate and judge the ``subset`` of items (with the claim-level diagnostics); fills their
     rows and adds to ``timings`` and ``calls``."""
@@ -479,17 +482,18 @@ def run_pipeline(
     rows = _retrieval_rows(items, [r[:shown] for r in ranked], ranking.scores, scored.per_query, latency)
 
     subset = stratified_subset(items, settings.generation_subset) if stages.generates else []
-    if stages.generates:
-        _generate_and_judge(rows, items, ranked, subset, stages, settings, cache, timings, calls)
+    run_one = partial(_generate_and_judge, items, ranked, subset, settings, cache)  # (rows, stages, …)
+    rows, row_items = run_replicates(rows, stages, settings.replicates, run_one, timings, calls)
     chosen = set(subset)
-    generated = [i in chosen for i in range(len(items))]
-    _label_rows(rows, items, settings.k, settings.thresholds, generated)
+    generated = [i in chosen for i in row_items]  # replicates: one row per (item, replicate)
+    _label_rows(rows, [items[i] for i in row_items], settings.k, settings.thresholds, generated)
 
     df = _per_query_table(rows, generated, with_generation=stages.generates)
     n_generated = len(subset) if stages.generates else None
     aggregates = _run_aggregates(
         df, scored.run_metrics, settings.pricing, n_generated, settings.n_resamples, settings.seed
     )
+    aggregates.update(replicate_metrics(df, settings.thresholds))  # R > 1: flip rates, variance shares
     return PipelineResult(
         per_query=df,
         aggregates=aggregates,

@@ -84,7 +84,8 @@ class RunSettings:
     is scored at each k and at ``k``; ``min_coverage``, ``rank_depth``, ``token_budgets``,
     ``n_resamples`` (metrics.*): docs/metrics.md; ``seed``: bootstrap seed; ``generation_subset``:
     items generated and judged (None: all; ``pipeline.stratified_subset``); ``thresholds``
-    (attribution): failure-label thresholds (None: the defaults); ``pricing``:
+    (attribution): failure-label thresholds (None: the defaults); ``replicates``: generations per
+    item, seeds ``seed + r`` (``stages.replicates``, docs/metrics.md); ``pricing``:
     ``{"generation": {...}, "judge": {...}}`` price tables for ``cost_usd``; ``progress``: progress
     lines for slow stages.
     """
@@ -98,6 +99,7 @@ class RunSettings:
     seed: int = 0
     generation_subset: int | None = None
     thresholds: dict | None = None
+    replicates: int = 1
     pricing: dict | None = None
     progress: bool = True
 

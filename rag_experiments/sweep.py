@@ -45,11 +45,13 @@ from rag_experiments.assemble import (  # noqa: E402
 from rag_experiments.assemble import priced as _priced  # noqa: E402, F401 - tests price a stage config
 from rag_experiments.cache import StageCache  # noqa: E402
 from rag_experiments.cli.errors import infrastructure_error, infrastructure_exits_2  # noqa: E402
+from rag_experiments.cli.plan import print_pilot_mde  # noqa: E402
 from rag_experiments.conf_groups import STAGE_GROUPS  # noqa: E402
 from rag_experiments.config_schema import unknown_group_options  # noqa: E402
 from rag_experiments.evalset import sample_dir  # noqa: E402
 from rag_experiments.evaluation.judge_validity import add_card  # noqa: E402
 from rag_experiments.evaluation.registry import metric_keys, spec, wrap  # noqa: E402
+from rag_experiments.evaluation.replicates import collapse_replicates  # noqa: E402
 from rag_experiments.formatting import fmt_num  # noqa: E402
 from rag_experiments.identity import code_fingerprint, judge_fingerprint  # noqa: E402
 from rag_experiments.multirun import MultirunParent, start_sweep_child  # noqa: E402, F401 - conf names the callback here
@@ -238,9 +240,11 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
         card_cfg, progress = job.cfg.get("judge_card"), job.cfg.get("progress", True)  # docs/judges.md
         job.card = add_card(card_cfg, inputs.stages, inputs.corpus.docs, job.cache, res, progress)
         _log(client, run_id, job, res)
-        # one trace per eval item (docs/tracing.md); its time is a row of the per-stage table
+        # one trace per eval item (docs/tracing.md); replicates collapsed (evaluation.replicates);
+        # its time is a row of the per-stage table
+        per_item = collapse_replicates(res.per_query)
         res.timings["traces_s"] = log_traces(
-            client, run_id, exp_id, res.per_query, inputs.evalset, inputs.corpus, job.cfg, inputs.stages
+            client, run_id, exp_id, per_item, inputs.evalset, inputs.corpus, job.cfg, inputs.stages
         )
         res.timings["total_s"] = time.perf_counter() - job.t_start
         client.set_tag(run_id, "timings", json.dumps({k: round(v, 3) for k, v in res.timings.items()}))
@@ -295,6 +299,7 @@ def run_job(cfg: DictConfig) -> float:
     client = tracking.open_store(uri)
     mlflow.set_tracking_uri(uri)
     exp_id = tracking.get_experiment_id(client, cfg.experiment_name, cfg.tracking.artifact_root)
+    print_pilot_mde(client, exp_id, job)  # the primary metric's MDE, from a pilot run
     with tracking.config_lock(uri, exp_id, job.chash):
         for rid in tracking.heal_stale_runs(client, exp_id, job.chash):
             print(f"[healed] run {rid} of config_hash {job.chash} was left RUNNING by a dead process: KILLED")

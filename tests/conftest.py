@@ -44,6 +44,7 @@ SLOW_MODULES = {
     "test_interrupts",
     "test_kill_resume",
     "test_mlflow_ui",
+    "test_noise_runs",
     "test_parent_dedup",
     "test_ray",
     "test_report",

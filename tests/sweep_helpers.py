@@ -60,17 +60,20 @@ def tiny_inputs(root: Path, n_items: int) -> TinyInputs:
 def tiny_pipeline(inputs: TinyInputs, ks: tuple[int, ...] = (1, 3), **stages) -> PipelineResult:
     """``run_pipeline`` on ``tiny_inputs``: markdown chunks, BM25 at k=3, 50 bootstrap resamples.
 
-    ``stages``: ``generator``, ``prompt``, ``judge``, ``pricing`` (none: a retrieval-only run).
+    ``stages``: ``generator``, ``prompt``, ``judge``, ``pricing``, ``replicates`` (none: a
+    retrieval-only run).
     """
     corpus, items, cache = inputs
-    pricing = stages.pop("pricing", None)
+    pricing, replicates = stages.pop("pricing", None), stages.pop("replicates", 1)
     built = Stages(
         chunker=MarkdownChunker(),
         chunking_cfg={"_target_": "rag_experiments.stages.chunking.MarkdownChunker"},
         retriever=BM25Retriever(k=3),
         **stages,
     )
-    settings = RunSettings(k=3, ks=tuple(ks), n_resamples=50, progress=False, pricing=pricing)
+    settings = RunSettings(
+        k=3, ks=tuple(ks), n_resamples=50, progress=False, pricing=pricing, replicates=replicates
+    )
     return run_pipeline(built, PipelineData(corpus.docs, corpus.digest, items), settings, cache)
 
 

@@ -29,7 +29,16 @@ from tests.sweep_helpers import REPO, tiny_inputs, tiny_pipeline
 
 CONF = REPO / "rag_experiments" / "conf"
 DOCS = (REPO / "docs" / "metrics.md").read_text()
-EXAMPLE = {"k": 5, "B": 512, "label": "ok", "stage": "generation", "ci": "", "ptype": "support_evidence"}
+EXAMPLE = {
+    "k": 5,
+    "B": 512,
+    "label": "ok",
+    "stage": "generation",
+    "ci": "",
+    "ptype": "support_evidence",
+    "metric": "faithfulness",
+    "component": "query",
+}
 
 
 def _example(s) -> dict:

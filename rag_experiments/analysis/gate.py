@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
+from rag_experiments.analysis.power import mde
 from rag_experiments.analysis.stats import as_series, pair
 from rag_experiments.evaluation.aggregate import mean_ci
 
@@ -109,7 +109,8 @@ def min_detectable_effect(
     a: pd.Series | np.ndarray, b: pd.Series | np.ndarray, alpha: float = 0.05, power: float = 0.8
 ) -> float:
     """Smallest true mean shift the one-sided test detects with ``power``: normal approximation
-    ``(z_{1−α} + z_{power}) · sd(b − a) / √n`` from the observed paired SD."""
+    ``(z_{1−α} + z_{power}) · sd(b − a) / √n`` from the observed paired SD (``analysis.power.mde``
+    with σ²_between = the paired variance, replicates already averaged into it)."""
     if isinstance(a, pd.Series) and isinstance(b, pd.Series):
         xa, xb, _ = pair(as_series(a), as_series(b))
     else:
@@ -119,5 +120,5 @@ def min_detectable_effect(
     n = xa.size
     if n < 2:
         return float("nan")
-    sd = float(np.std(xb - xa, ddof=1))
-    return float((stats.norm.ppf(1 - alpha) + stats.norm.ppf(power)) * sd / math.sqrt(n))
+    var = float(np.var(xb - xa, ddof=1))
+    return mde(var, n, alpha=alpha, power=power, sides=1)

@@ -3,6 +3,9 @@
 Which columns are metrics, and in which order they are shown, comes from the metric registry
 (:mod:`rag_experiments.evaluation.registry`). :func:`mean_ci` is the one bootstrap confidence
 interval of the project: the aggregates and the paired statistics (``analysis.stats``) both use it.
+A replicated table (``replicates: R``, one row per item and replicate) is first collapsed to one row
+per query (``evaluation.replicates.collapse_replicates``), so every CI is a cluster bootstrap over
+queries of the replicate means (:func:`cluster_mean_ci`, docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import numpy as np
 import pandas as pd
 
 from rag_experiments.evaluation.registry import REGISTRY, parse, render_key
+from rag_experiments.evaluation.replicates import collapse_replicates
 
-__all__ = ["aggregate", "mean_ci", "metric_columns"]
+__all__ = ["aggregate", "cluster_mean_ci", "mean_ci", "metric_columns"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +74,27 @@ def mean_ci(
     return mean, low, high, n
 
 
+def cluster_mean_ci(
+    values: Sequence[float] | np.ndarray,
+    clusters: Sequence | np.ndarray,
+    n_resamples: int = 1000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> tuple[float, float, float, int]:
+    """Two-level (cluster) bootstrap: average the values within each cluster (a query's replicates,
+    NaN left out), then :func:`mean_ci` over the cluster means. Returns ``(mean, low, high, n)``
+    with n the number of clusters with a value.
+
+    Resampling whole queries keeps the replicate noise in the interval: a query mean of R replicates
+    varies by σ²_between + σ²_within/R, so Var(grand mean) = σ²_between/n + σ²_within/(n·R), which
+    is what resampling the n query means estimates. Resampling the replicates again inside each
+    drawn query would count σ²_within/R twice (Davison & Hinkley 1997, §3.8).
+    """
+    frame = pd.DataFrame({"c": np.asarray(clusters), "v": np.asarray(values, dtype=float)})
+    means = frame.groupby("c", sort=False)["v"].mean().to_numpy()
+    return mean_ci(means, n_resamples=n_resamples, seed=seed, confidence=confidence)
+
+
 def _resampled_means(v: np.ndarray, n_resamples: int, seed: int) -> np.ndarray:
     n = v.size
     rng = np.random.default_rng(seed)
@@ -121,8 +146,11 @@ def aggregate(df: pd.DataFrame, n_resamples: int = 1000, seed: int = 0) -> dict[
     """Means with bootstrap CIs (:func:`mean_ci`), per-tag means and counts; keys as registered.
 
     NaN values (undefined for that query, e.g. retrieval metrics of unanswerable items) are not
-    averaged in; how many queries each mean covers is logged as ``n_scored/{key}``.
+    averaged in; how many queries each mean covers is logged as ``n_scored/{key}``. A replicated
+    table is collapsed to its query means first (:func:`cluster_mean_ci`'s cluster bootstrap);
+    ``n_unparseable_verdicts`` still counts every replicate's verdicts.
     """
+    long, df = df, collapse_replicates(df)
     out: dict[str, float] = {}
     tags = sorted({t for ts in df["tags"] for t in ts})
     masks = {tag: df["tags"].map(lambda ts, tag=tag: tag in ts).to_numpy() for tag in tags}
@@ -140,6 +168,6 @@ def aggregate(df: pd.DataFrame, n_resamples: int = 1000, seed: int = 0) -> dict[
                 out[render_key(s.pattern, "by_tag", tag=tag, **p)] = float(np.nanmean(vals))
     out["n_queries"] = len(df)
     out["n_errors"] = int(df["error"].notna().sum()) if "error" in df else 0
-    out["n_unparseable_verdicts"] = int(df["n_unparseable"].sum()) if "n_unparseable" in df else 0
+    out["n_unparseable_verdicts"] = int(long["n_unparseable"].sum()) if "n_unparseable" in long else 0
     out["n_unanswerable"] = int(df["gold_spans"].eq("[]").sum())
     return out

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from rag_experiments.evaluation.labels import FAILURE_LABELS
 
-Side = Literal["retrieval", "generation", "diagnostic", "label", "cost", "count", "judge"]
+Side = Literal["retrieval", "generation", "diagnostic", "label", "cost", "count", "judge", "noise"]
 ValueType = Literal["binary", "proportion", "continuous", "count"]
 
 #: What each pattern placeholder may be; anything else in a pattern is literal text.
@@ -26,6 +26,8 @@ _PLACEHOLDERS: dict[str, str] = {
     "stage": "retrieval|generation|judge",  # a pipeline stage with its own latency / tokens
     "ci": "|/ci_low|/ci_high",  # a judge-card figure or a bound of its bootstrap CI
     "ptype": r"(?!\S*_ci_(?:low|high)$)[A-Za-z0-9_.\-]+?",  # a judge_pairs pair type (not a CI form)
+    "metric": r"[a-z][a-z0-9_]*",  # a per-query metric key (var_share/{metric}/...)
+    "component": "query|generation|judge",  # a variance component (analysis.variance)
 }
 _INT_PLACEHOLDERS = frozenset({"k", "B"})
 

@@ -318,6 +318,38 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "rag_experiments.evaluation.cost.cost_metrics",
         per_query=False,
     ),
+    # -- noise (replicates: R > 1; docs/metrics.md, "Replicates")
+    MetricSpec(
+        "replicate_flip/failure_label",
+        "noise",
+        False,
+        "proportion",
+        "share of the generated queries (with >= 2 successful replicates) whose failure label is not "
+        "the same in every replicate",
+        "rag_experiments.evaluation.replicates.flip_rates",
+        per_query=False,
+    ),
+    MetricSpec(
+        "replicate_flip/correctness",
+        "noise",
+        False,
+        "proportion",
+        "share of the generated queries (with >= 2 successful replicates) that are correct (correctness "
+        ">= attribution.correct) in some replicates and not in others",
+        "rag_experiments.evaluation.replicates.flip_rates",
+        per_query=False,
+    ),
+    MetricSpec(
+        "var_share/{metric}/{component}",
+        "noise",
+        None,
+        "proportion",
+        "share of the metric's variance due to queries, generation samples (replicates) or judge "
+        "repeats: nested random-effects method-of-moments components over their sum (judge only with "
+        "judge repeats)",
+        "rag_experiments.analysis.variance.variance_metrics",
+        per_query=False,
+    ),
     # -- counts
     MetricSpec("n_queries", "count", None, "count", "number of eval items in the run", per_query=False),
     MetricSpec(

@@ -10,9 +10,17 @@ import numpy as np
 import pandas as pd
 
 from rag_experiments.evaluation.labels import FAILURE_LABELS
+from rag_experiments.evaluation.registry import parse
 from rag_experiments.report.load import Config
 from rag_experiments.report.model import Analysis, Figure, Paragraph, Section, bold, code, f3, text
-from rag_experiments.report.plots import HitCurves, LabelShares, MainEffects, MetricBars, TagBars
+from rag_experiments.report.plots import (
+    HitCurves,
+    LabelShares,
+    MainEffects,
+    MetricBars,
+    TagBars,
+    VarianceShares,
+)
 from rag_experiments.report.queries import min_coverage, relevance_matrix, tag_list
 
 
@@ -169,10 +177,38 @@ def _main_effects(an: Analysis) -> Figure | None:
     )
 
 
+def variance_shares(configs: Sequence[Config]) -> pd.DataFrame:
+    """``var_share/{metric}/{component}`` per config and metric (rows ``config · metric``)."""
+
+    rows: dict[str, dict[str, float]] = {}
+    for c in configs:
+        for key, v in c.metrics.items():
+            got = parse(key)
+            if got and got[0].pattern == "var_share/{metric}/{component}" and got[1]["form"] == "mean":
+                label = f"{c.label} · {got[1]['metric']}" if len(configs) > 1 else got[1]["metric"]
+                rows.setdefault(label, {})[got[1]["component"]] = v
+    df = pd.DataFrame(rows).T
+    return df[[x for x in ("query", "generation", "judge") if x in df.columns]] if len(df) else df
+
+
+def _variance_figure(an: Analysis) -> Figure | None:
+    shares = variance_shares(an.configs)
+    if shares.empty:
+        return None
+    caption = (
+        "Variance of each generation metric split into queries and generation samples (replicates: R)"
+        + (" and judge repeats" if "judge" in shares.columns else "; no judge repeats, so judge noise on "
+           "different answers is inside the generation share")
+        + " (nested random-effects ANOVA estimates, docs/metrics.md)"
+    )  # fmt: skip
+    return Figure("variance_shares.png", text(caption), VarianceShares(shares))
+
+
 def plots_section(an: Analysis) -> tuple[Section, list[str]]:
     """The Plots section, and the hit@k mismatch notes (also printed by the CLI)."""
     s = Section("plots", "Plots")
     notes = _hit_figure(an, s)
     s.blocks.append(_recall_vs_mrr(an))
-    s.blocks += [f for f in (_label_figure(an), *_tag_figures(an), _main_effects(an)) if f is not None]
+    figs = (_label_figure(an), *_tag_figures(an), _main_effects(an), _variance_figure(an))
+    s.blocks += [f for f in figs if f is not None]
     return s, notes

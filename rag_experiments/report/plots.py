@@ -65,7 +65,14 @@ class MainEffects:
     metric: str
 
 
-PlotData = HitCurves | MetricBars | LabelShares | TagBars | MainEffects
+@dataclass
+class VarianceShares:
+    """Variance shares (columns: query, generation, judge) per bar (rows: ``config · metric``)."""
+
+    shares: pd.DataFrame
+
+
+PlotData = HitCurves | MetricBars | LabelShares | TagBars | MainEffects | VarianceShares
 
 
 def _plt():
@@ -212,4 +219,30 @@ def _(plot: MainEffects, path: Path) -> Path:
         ax.set_ylabel(f"marginal mean {metric}")
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle(f"Factor main effects on {metric} (95 % bootstrap CI over queries)", fontsize=11)
+    return _save(fig, path)
+
+
+VARIANCE_COLORS = {"query": "#1f77b4", "generation": "#ff7f0e", "judge": "#9467bd"}
+
+
+@draw.register
+def _(plot: VarianceShares, path: Path) -> Path:
+    shares = plot.shares
+    fig, ax = _plt().subplots(figsize=(7.5, 0.45 * len(shares) + 1.6))
+    y = np.arange(len(shares))
+    left = np.zeros(len(shares))
+    for comp in shares.columns:
+        vals = shares[comp].fillna(0.0).to_numpy()
+        ax.barh(y, vals, 0.6, left=left, label=comp, color=VARIANCE_COLORS.get(comp, "#bcbd22"))
+        for yi, (lft, v) in enumerate(zip(left, vals, strict=True)):
+            if v >= 0.08:
+                ax.text(lft + v / 2, yi, f"{v:.0%}", ha="center", va="center", fontsize=7)
+        left += vals
+    ax.set_yticks(y)
+    ax.set_yticklabels(list(shares.index), fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.0)
+    ax.set_xlabel("share of the metric's variance")
+    ax.set_title("Where the variance comes from")
+    ax.legend(fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left")
     return _save(fig, path)

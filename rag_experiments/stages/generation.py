@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import importlib.util
 import json
 import logging
@@ -213,6 +214,16 @@ class OpenAICompatibleGenerator:
         log.warning("%s: %s", self.base_url, msg)
         return Completion("", msg, time.perf_counter() - t0, self.max_retries + 1)
 
+    def with_seed(self, seed: int) -> OpenAICompatibleGenerator:
+        """The same endpoint and sampling with another ``seed`` (a replicate, ``replicates: R``);
+        the identity, and so the generation cache key, names the new seed."""
+        other = copy.copy(self)
+        other.seed = int(seed)
+        ident = json.loads(self.identity)
+        ident["seed"] = other.seed
+        other.identity = json.dumps(ident, sort_keys=True)
+        return other
+
     # -- internals --------------------------------------------------------------------------------
     def _map(self, fn, items: list) -> list:
         # SIGTERM/Ctrl-C: abort so in-flight requests fail now instead of timing out
@@ -380,6 +391,7 @@ class LocalLlamaGenerator:
         self.n_batch, self.n_ubatch = int(n_batch), int(n_ubatch)
         self.poll = int(poll)
         self.concurrency = max(1, int(concurrency))  # requests the pipeline keeps in flight
+        self.temperature, self.seed = float(temperature), int(seed)
         self._lock = threading.Lock()
         self._client_kwargs = dict(
             temperature=temperature,
@@ -429,6 +441,18 @@ class LocalLlamaGenerator:
                     **self._client_kwargs,
                 )
             return self._client
+
+    def with_seed(self, seed: int) -> LocalLlamaGenerator:
+        """The same model and server with another sampling ``seed`` (llama.cpp honours it); the
+        identity names the new seed, so each replicate is cached separately."""
+        other = copy.copy(self)
+        other.seed = int(seed)
+        other._client_kwargs = {**self._client_kwargs, "seed": other.seed}
+        ident = json.loads(self.identity)
+        ident["seed"] = other.seed
+        other.identity = json.dumps(ident, sort_keys=True)
+        other._lock, other._client = threading.Lock(), None
+        return other
 
     def generate(self, prompts: list[Messages]) -> list[Generation]:
         if not prompts:

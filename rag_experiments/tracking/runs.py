@@ -16,6 +16,7 @@ from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from rag_experiments.evaluation.replicates import collapse_replicates
 from rag_experiments.run_record import RunData, group_choice_keys, parse_json  # noqa: F401  (re-exported)
 from rag_experiments.tracking.uri import DEFAULT_TRACKING_URI, tracking_uri  # noqa: F401  (the CLIs import it here)
 
@@ -80,8 +81,11 @@ def _no_progress_bar():
             os.environ[key] = old
 
 
-def load_per_query(client: MlflowClient, run: Run) -> pd.DataFrame:
-    """The run's ``per_query.parquet`` artifact as a DataFrame (``id`` as str)."""
+def load_per_query(client: MlflowClient, run: Run, long: bool = False) -> pd.DataFrame:
+    """The run's ``per_query.parquet`` artifact as a DataFrame (``id`` as str), one row per query:
+    a replicated run's table is collapsed (``evaluation.replicates.collapse_replicates``) unless
+    ``long`` (then one row per query and replicate)."""
+
     with tempfile.TemporaryDirectory() as tmp, _no_progress_bar():
         try:
             path = client.download_artifacts(run.info.run_id, PER_QUERY_ARTIFACT, tmp)
@@ -95,6 +99,9 @@ def load_per_query(client: MlflowClient, run: Run) -> pd.DataFrame:
     if "id" not in df.columns:
         raise RunInputError(f"run {run_label(run)}: {PER_QUERY_ARTIFACT} has no 'id' column")
     df["id"] = df["id"].astype(str)
+    if long:
+        return df
+    df = collapse_replicates(df)
     dup = df["id"][df["id"].duplicated()].unique()
     if len(dup):
         raise RunInputError(

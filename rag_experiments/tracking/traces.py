@@ -147,6 +147,7 @@ def build_spans(
         end_ns,
         {"query": item.query, "item_id": item.id, "tags": list(item.tags)},
         outputs,
+        attributes={"rag.replicates": parse_json(row["replicates"], [])} if "replicates" in row else None,
         error=error,
     )
     docs = _documents(retrieved, doc_text)

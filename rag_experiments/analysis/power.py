@@ -1,0 +1,100 @@
+"""Power planning: the one home of the minimum detectable effect (MDE) formula (docs/metrics.md).
+
+A paired comparison of two configs on n queries with R replicates each estimates the mean per-query
+difference d̄. Under the nested model of ``analysis.variance`` its variance is
+
+    Var(d̄) = σ²_between / n + σ²_within / (n·R)
+
+with σ²_between the variance across queries of the true per-query difference and σ²_within the
+replicate (generation) variance of one replicate's difference. A test at level α (``sides`` = 2:
+two-sided, z_{1−α/2}; 1: one-sided, z_{1−α}) detects a true shift δ with probability ``power`` when
+δ ≥ MDE = (z_α + z_power)·√Var(d̄) (normal approximation). ``gate`` (one-sided, the observed paired
+SD, R folded into it) and ``plan`` (two-sided, components from a pilot) both call :func:`mde`.
+No MLflow, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from scipy import stats
+
+__all__ = ["PairedVariance", "mde", "n_for_effect", "paired_variance", "replicates_for_effect", "z_sum"]
+
+
+def z_sum(alpha: float = 0.05, power: float = 0.8, sides: int = 2) -> float:
+    """z_{1−α/sides} + z_{power}: 2.80 for α = 0.05 two-sided at 80 % power, 2.49 one-sided."""
+    if not 0 < alpha < 1 or not 0 < power < 1 or sides not in (1, 2):
+        raise ValueError(f"alpha and power must be in (0, 1), sides 1 or 2 (got {alpha}, {power}, {sides})")
+    return float(stats.norm.ppf(1 - alpha / sides) + stats.norm.ppf(power))
+
+
+def mde(
+    var_between: float,
+    n: int,
+    var_within: float = 0.0,
+    replicates: int = 1,
+    alpha: float = 0.05,
+    power: float = 0.8,
+    sides: int = 2,
+) -> float:
+    """MDE = (z_{1−α/sides} + z_power) · √(σ²_between/n + σ²_within/(n·R)); NaN when n < 2."""
+    if n < 2 or math.isnan(var_between):
+        return math.nan
+    within = 0.0 if math.isnan(var_within) else var_within
+    return z_sum(alpha, power, sides) * math.sqrt(var_between / n + within / (n * max(1, replicates)))
+
+
+def n_for_effect(
+    effect: float,
+    var_between: float,
+    var_within: float = 0.0,
+    replicates: int = 1,
+    alpha: float = 0.05,
+    power: float = 0.8,
+    sides: int = 2,
+) -> int:
+    """Queries needed so that MDE <= ``effect``: ⌈(z_α + z_power)² (σ²_b + σ²_w/R) / δ²⌉."""
+    v = var_between + (0.0 if math.isnan(var_within) else var_within) / max(1, replicates)
+    return max(2, math.ceil(z_sum(alpha, power, sides) ** 2 * v / effect**2))
+
+
+def replicates_for_effect(
+    effect: float,
+    n: int,
+    var_between: float,
+    var_within: float,
+    alpha: float = 0.05,
+    power: float = 0.8,
+    sides: int = 2,
+) -> int | None:
+    """Replicates needed at n queries so that MDE <= ``effect``: ⌈σ²_w / (n·δ²/z² − σ²_b)⌉, at
+    least 1; None when no R reaches it (σ²_between/n alone exceeds (δ/z)²: more queries needed)."""
+    room = n * effect**2 / z_sum(alpha, power, sides) ** 2 - var_between
+    if room <= 0:
+        return None
+    if var_within <= 0 or math.isnan(var_within):
+        return 1
+    return max(1, math.ceil(var_within / room))
+
+
+class PairedVariance(NamedTuple):
+    """(σ²_between, σ²_within) of a paired difference, as :func:`paired_variance` derives them."""
+
+    between: float
+    within: float
+
+
+def paired_variance(var_query: float, var_generation: float, rho: float = 0.5) -> PairedVariance:
+    """The components of a *difference* of two configs from one pilot run's components.
+
+    Two configs A, B measured on the same queries: d_q = B_q − A_q. With the per-query true scores
+    correlated ρ across configs and the pilot's σ²_query for both, Var(true d_q) = 2(1 − ρ)·σ²_query
+    (ρ = 0.5 gives σ²_query: the pilot's own between-query variance); independent replicate noise
+    in both gives σ²_within = 2·σ²_generation.
+    """
+    if not -1 <= rho <= 1:
+        raise ValueError(f"rho must be in [-1, 1], got {rho}")
+    gen = 0.0 if math.isnan(var_generation) else var_generation
+    return PairedVariance(2 * (1 - rho) * var_query, 2 * gen)

@@ -1,0 +1,263 @@
+"""``python -m rag_experiments.plan --pilot RUN``: how large an effect the eval set can detect.
+
+Per headline metric of the pilot run (and each generation metric it has): the minimum detectable
+paired effect (MDE) at the pilot's eval-set size n and replicates R, and the queries (at R) or
+replicates (at n) needed to detect ``--effect``. Formulas: ``analysis.power`` (docs/metrics.md,
+"Replicates, noise and power"). Exit codes: 0 ok, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import re
+import sys
+from collections.abc import Sequence
+
+from rag_experiments.analysis.power import mde, n_for_effect, paired_variance, replicates_for_effect
+from rag_experiments.analysis.variance import pilot_components
+from rag_experiments.compare import text_table
+from rag_experiments.evalset import evalset_digest
+from rag_experiments.evaluation.headline import headline_metrics
+from rag_experiments.evaluation.registry import GENERATION_METRICS
+from rag_experiments.pipeline import stratified_subset
+from rag_experiments.tracking.runs import (
+    RunInputError,
+    load_per_query,
+    resolve_run,
+    run_label,
+    tracking_uri,
+)
+
+log = logging.getLogger(__name__)
+MIN_SCORED = 10  # fewer scored queries than this: a per-query SD is not a basis for planning
+
+HELP = """\
+MDE = (z_{1-alpha/2} + z_power) * sqrt(s2_between/n + s2_within/(n*R)): the smallest true mean
+difference between two configs that a two-sided paired test at level alpha detects with the given
+power on n queries with R replicates each (normal approximation). From one pilot run:
+s2_between = 2(1-rho) * s2_query (rho: correlation of per-query scores between the two configs;
+default 0.5, i.e. the pilot's own between-query variance) and s2_within = 2 * s2_generation (each
+config's replicate noise; 0 for retrieval metrics and for an unreplicated pilot, where it is not
+separable from s2_query). Needed n = (z sum)^2 (s2_between + s2_within/R) / effect^2; needed R at n =
+s2_within / (n effect^2 / (z sum)^2 - s2_between), impossible when s2_between alone is too large.
+Exit codes: 0 ok, 2 bad input (unknown run, < 10 scored queries, pilot of another eval set)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m rag_experiments.plan",
+        description="Power planning from a pilot run: minimum detectable effects and sample sizes.",
+        epilog=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--pilot", required=True, metavar="RUN", help="run id or run name of the pilot run")
+    p.add_argument("--effect", type=float, default=0.03, help="target paired effect (default 0.03)")
+    p.add_argument("--alpha", type=float, default=0.05, help="two-sided level (default 0.05)")
+    p.add_argument("--power", type=float, default=0.8, help="power (default 0.8)")
+    p.add_argument(
+        "--rho", type=float, default=0.5, help="per-query correlation of two configs (default 0.5)"
+    )
+    p.add_argument("--metric", action="append", metavar="KEY", help="metric to plan (repeatable)")
+    p.add_argument(
+        "--evalset", metavar="PATH|DIGEST", help="refuse a pilot run of another eval set (file or digest)"
+    )
+    p.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
+    p.add_argument("--experiment", metavar="NAME", help="look run names up in this experiment only")
+    return p
+
+
+def file_digest(path: str) -> str:
+    """``evalset.evalset_digest`` of an eval-set file's items, without a corpus: the digest runs
+    carry in their ``evalset_digest`` tag (``evalset.limit`` not applied)."""
+    import json
+    from pathlib import Path
+
+    text = Path(path).read_text(encoding="utf-8-sig")
+    return evalset_digest([json.loads(line) for line in text.splitlines() if line.strip()])
+
+
+def expected_digest(evalset: str) -> str:
+    """The digest of ``--evalset``: a sha256 hex digest as given, or the digest of the file."""
+
+    if re.fullmatch(r"[0-9a-f]{64}", evalset):
+        return evalset
+    try:
+        return file_digest(evalset)
+    except (OSError, ValueError) as e:
+        raise RunInputError(f"--evalset {evalset}: cannot read the eval set ({e})") from None
+
+
+def check_pilot_evalset(pilot_digest: str | None, expected: str, pilot_label: str) -> None:
+    """RunInputError naming both digests when the pilot ran on another eval set."""
+
+    if pilot_digest != expected:
+        raise RunInputError(
+            f"pilot run {pilot_label} was evaluated on another eval set: evalset_digest "
+            f"{pilot_digest or '(none)'} vs {expected} (the eval set planned for)"
+        )
+
+
+def planned_metrics(df, k: int, asked: Sequence[str] | None) -> list[str]:
+    """``--metric`` or the headline metrics (``evaluation.headline``) plus the generation metrics."""
+
+    if asked:
+        missing = [m for m in asked if m not in df.columns]
+        if missing:
+            raise RunInputError(f"metric(s) {', '.join(missing)} not in the pilot's per-query table")
+        return list(asked)
+    return headline_metrics([], list(df.columns), k=k) + [m for m in GENERATION_METRICS if m in df.columns]
+
+
+def plan_rows(df, metrics: Sequence[str], effect: float, alpha: float, power: float, rho: float):
+    """One dict per metric: n, R, σ_query, σ_generation, MDE, queries / replicates for ``effect``."""
+
+    rows = []
+    for m in metrics:
+        n, r, vq, vg = pilot_components(df, m)
+        pv = paired_variance(vq, vg, rho)
+        row = {"metric": m, "n": n, "R": r, "sd_query": math.sqrt(vq) if vq == vq else math.nan}
+        row["sd_generation"] = math.sqrt(vg) if vg == vg else math.nan
+        if n < MIN_SCORED:
+            rows.append({**row, "mde": math.nan, "n_needed": None, "r_needed": None})
+            continue
+        row["mde"] = mde(pv.between, n, pv.within, r, alpha, power)
+        row["n_needed"] = n_for_effect(effect, pv.between, pv.within, r, alpha, power)
+        row["r_needed"] = replicates_for_effect(effect, n, pv.between, pv.within, alpha, power)
+        row["r_measured"] = vg == vg
+        rows.append(row)
+    return rows
+
+
+def _fmt(x: float | None, d: int = 4) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{d}f}"
+
+
+def render(rows, effect: float, alpha: float, power: float, rho: float) -> str:
+
+    headers = ["metric", "n", "R", "sd query", "sd gen", "MDE", f"n for {effect:g}", f"R for {effect:g}"]
+    body = []
+    for r in rows:
+        if r["n"] < MIN_SCORED:
+            body.append(
+                [r["metric"], str(r["n"]), str(r["R"]), "", "", f"n < {MIN_SCORED}: not planned", "", ""]
+            )
+            continue
+        if r["r_needed"] is None:
+            r_need = f"– (needs n >= {r['n_needed']})"
+        elif not r["r_measured"]:
+            r_need = "? (pilot R=1)"
+        else:
+            r_need = str(r["r_needed"])
+        body.append(
+            [r["metric"], str(r["n"]), str(r["R"]), _fmt(r["sd_query"]), _fmt(r["sd_generation"]),
+             _fmt(r["mde"]), str(r["n_needed"]), r_need]
+        )  # fmt: skip
+    head = (
+        f"two-sided alpha={alpha:g}, power={power:g}, rho={rho:g} (per-query correlation of the two "
+        "configs); MDE at the pilot's n and R"
+    )
+    return head + "\n" + text_table(headers, body)
+
+
+def run_plan(args) -> str:
+    from mlflow.tracking import MlflowClient
+
+    for name, v in (("--alpha", args.alpha), ("--power", args.power)):
+        if not 0 < v < 1:
+            raise RunInputError(f"{name} {v}: must be in (0, 1)")
+    if not args.effect > 0:
+        raise RunInputError(f"--effect {args.effect}: must be > 0")
+    if not -1 <= args.rho <= 1:
+        raise RunInputError(f"--rho {args.rho}: must be in [-1, 1]")
+    client = MlflowClient(tracking_uri=tracking_uri(args.tracking_uri))
+    run = resolve_run(client, args.pilot, args.experiment)
+    if args.evalset:
+        check_pilot_evalset(
+            run.data.tags.get("evalset_digest"), expected_digest(args.evalset), run_label(run)
+        )
+    df = load_per_query(client, run, long=True)
+    k = int(run.data.params.get("retriever.k", 5))
+    rows = plan_rows(df, planned_metrics(df, k, args.metric), args.effect, args.alpha, args.power, args.rho)
+    best = max((r["n"] for r in rows), default=0)
+    if best < MIN_SCORED:
+        raise RunInputError(
+            f"pilot run {run_label(run)} has {best} scored queries (< {MIN_SCORED}): too few to estimate "
+            "a per-query SD; run a pilot on more queries"
+        )
+    out = f"pilot {run_label(run)}\n" + render(rows, args.effect, args.alpha, args.power, args.rho)
+    if not any(r.get("r_measured") for r in rows):
+        out += "\nnote: the pilot has one replicate: generation noise is inside sd query (replicates=R to split it)"
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+
+    args = build_parser().parse_args(argv)
+    try:
+        print(run_plan(args))
+    except RunInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def pilot_mde_line(
+    client, experiment_id: str, evalset_digest: str, metric: str, n: int, replicates: int
+) -> str | None:
+    """One line for the sweep's start: the MDE of ``metric`` at this sweep's ``n`` and
+    ``replicates``, from the latest FINISHED run of the same eval set in the experiment (the pilot).
+    None when there is no such run or it cannot tell (metric missing, < 10 scored queries)."""
+
+    digest = evalset_digest.replace("'", "")
+    found = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.evalset_digest = '{digest}' and attributes.status = 'FINISHED'",
+        max_results=1,
+        order_by=["attributes.start_time DESC"],
+    )
+    if not found:
+        return None
+    try:
+        df = load_per_query(client, found[0], long=True)
+    except RunInputError:
+        return None
+    if metric not in df.columns:
+        return None
+    n_p, r_p, vq, vg = pilot_components(df, metric)
+    if n_p < MIN_SCORED:
+        return None
+    pv = paired_variance(vq, vg)
+    value = mde(pv.between, n, pv.within, replicates)
+    return (
+        f"[plan] {metric}: minimum detectable paired effect {value:.4f} at n={n}, R={replicates} "
+        f"(alpha 0.05 two-sided, power 0.8; pilot {run_label(found[0])}, same eval set; "
+        f"python -m rag_experiments.plan --pilot {found[0].info.run_id} for the rest)"
+    )
+
+
+def print_pilot_mde(client, exp_id: str, job) -> None:
+    """At the start (first job of a multirun): the MDE of the primary metric when a run of the same
+    eval set exists in the experiment (``cli.plan.pilot_mde_line``); nothing when none does."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    if job.sweep and HydraConfig.get().job.get("num", 0) != 0:
+        return
+    items = job.inputs.evalset.items
+    metric = OmegaConf.select(job.cfg, "racing.primary", default=None) or f"hit_at_{job.k}"
+    gen = metric in GENERATION_METRICS or metric.startswith("rate_")
+    n = (
+        len(stratified_subset(items, job.cfg.get("generation_subset")))
+        if gen
+        else len([it for it in items if it.gold_spans])
+    )
+    reps = int(job.cfg.get("replicates", 1)) if gen else 1
+    try:
+        line = pilot_mde_line(client, exp_id, job.inputs.evalset.digest, metric, n, reps)
+    except Exception as e:  # noqa: BLE001 - advice only: never stops a run
+        log.debug("pilot MDE lookup failed: %s", e)
+        line = None
+    if line:
+        print(line)

@@ -1,0 +1,155 @@
+"""Replicated runs end to end: the real SmolLM2 generator on 3 items, a real sqlite MLflow store,
+compare / gate reading the long table, and the ``plan`` CLI's bad input."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pandas as pd
+import pytest
+from hydra.utils import instantiate
+from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
+
+from rag_experiments import compare, gate
+from rag_experiments.cli import plan
+from rag_experiments.stages.generation import LocalLlamaGenerator
+from tests.sweep_helpers import REPO, tiny_inputs, tiny_pipeline
+
+CONF = REPO / "rag_experiments" / "conf"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("noise_store")
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("noise", artifact_location=str(tmp / "mlruns"))
+
+    def log(name: str, table: pd.DataFrame, digest: str = "e" * 64) -> str:
+        rid = client.create_run(exp, run_name=name, tags={"evalset_digest": digest}).info.run_id
+        client.log_param(rid, "retriever.k", "3")
+        path = tmp / rid / "per_query.parquet"
+        path.parent.mkdir()
+        table.to_parquet(path)
+        client.log_artifact(rid, str(path))
+        client.set_terminated(rid)
+        return rid
+
+    return uri, log
+
+
+@pytest.fixture(scope="module")
+def replicated(tmp_path_factory):
+    """The same 3 tiny items at temperature 0.8: R=2 and R=1 (replicate 0 comes from the cache)."""
+    tiny = tiny_inputs(tmp_path_factory.mktemp("noise_tiny"), n_items=3)
+    judge = instantiate(OmegaConf.to_container(OmegaConf.load(CONF / "judge" / "heuristic.yaml")))
+    prompt = instantiate(OmegaConf.load(CONF / "prompt" / "concise.yaml"))
+    gen = LocalLlamaGenerator(max_tokens=16, temperature=0.8, n_threads=1, n_parallel=1, poll=0)
+    stages = dict(generator=gen, prompt=prompt, judge=judge)
+    r2 = tiny_pipeline(tiny, **stages, replicates=2)
+    again = tiny_pipeline(tiny, **stages, replicates=2)
+    r1 = tiny_pipeline(tiny, **stages)
+    return tiny, stages, r2, again, r1
+
+
+def test_a_replicated_run_is_long_cached_per_replicate_and_logs_noise_metrics(replicated):
+    _, _, r2, again, r1 = replicated
+    df = r2.per_query
+    assert len(df) == 6 and sorted(df.groupby("id")["replicate"].apply(list).iloc[0]) == [0, 1]
+    assert set(df["generation_seed"]) == {0, 1}
+    assert r2.calls["generation"] == 6 - 0  # 3 items x 2 seeds, each its own cache entry
+    assert again.calls.get("generation", 0) == 0 and r1.calls.get("generation", 0) == 0
+    # replicate 0 is the unreplicated run's answer (same seed, same cache key)
+    rep0 = df[df["replicate"] == 0].set_index("id")["answer"]
+    assert rep0.to_dict() == r1.per_query.set_index("id")["answer"].to_dict()
+    agg = r2.aggregates
+    for key in ("replicate_flip/failure_label", "replicate_flip/correctness"):
+        assert 0.0 <= agg[key] <= 1.0
+    assert "var_share/answer_relevance/query" in agg and "var_share/answer_relevance/judge" not in agg
+    assert agg["n_queries"] == 3 and agg["n_scored/answer_relevance"] == 3  # queries, not rows
+    for key in [k for k in agg if not k.startswith(("var_share", "replicate_flip"))]:  # retrieval unchanged
+        if key.startswith(("hit_", "mrr", "evidence_recall_at")):
+            assert agg[key] == pytest.approx(r1.aggregates[key]), key
+    assert "replicate_flip/correctness" not in r1.aggregates
+
+
+def test_temperature_zero_reuses_replicate_zero_with_a_warning(tmp_path, caplog):
+    tiny = tiny_inputs(tmp_path, n_items=2)
+    judge = instantiate(OmegaConf.to_container(OmegaConf.load(CONF / "judge" / "heuristic.yaml")))
+    prompt = instantiate(OmegaConf.load(CONF / "prompt" / "concise.yaml"))
+    gen = LocalLlamaGenerator(max_tokens=8, temperature=0.0, n_threads=1, n_parallel=1, poll=0)
+    with caplog.at_level(logging.WARNING, logger="rag_experiments.pipeline"):
+        res = tiny_pipeline(tiny, generator=gen, prompt=prompt, judge=judge, replicates=3)
+    assert "generator.temperature=0" in caplog.text and "reuse replicate 0" in caplog.text
+    assert res.calls["generation"] == 2  # not 6
+    df = res.per_query
+    assert df.groupby("id")["answer"].nunique().eq(1).all() and len(df) == 6
+    assert res.aggregates["replicate_flip/correctness"] == 0.0
+
+
+def test_compare_and_gate_read_a_replicated_run(replicated, store, capsys):
+    _, _, r2, _, r1 = replicated
+    uri, log = store
+    a, b = log("r1", r1.per_query), log("r2", r2.per_query)
+    args = ["--tracking-uri", uri, "--metric", "hit_at_3", "--metric", "answer_relevance"]
+    assert compare.main([a, b, *args]) == 0
+    out = capsys.readouterr().out
+    assert "answer_relevance" in out and "hit_at_3" in out
+    code = gate.main(["--baseline", a, "--candidate", b, *args, "--margin", "1"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    row = next(line for line in out.splitlines() if line.startswith("hit_at_3"))
+    assert row.split()[-2] == "2"  # paired queries (the unanswerable one has no hit), not rows
+
+
+def _pilot(q: int, r: int, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(q):
+        base, hit = rng.uniform(0.2, 0.8), float(rng.uniform() < 0.7)
+        for rep in range(r):
+            rows.append(
+                {
+                    "id": f"q{i:03d}",
+                    "hit_at_3": hit,
+                    "mrr": hit * 0.5,
+                    "correctness": float(np.clip(base + rng.normal(0, 0.2), 0, 1)),
+                    "error": None,
+                    "replicate": rep,
+                    "generation_seed": rep,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def test_plan_prints_mdes_and_sample_sizes(store, capsys):
+    uri, log = store
+    rid = log("pilot", _pilot(40, 3))
+    assert plan.main(["--pilot", rid, "--tracking-uri", uri, "--effect", "0.05"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("correctness")).split()
+    assert row[1:3] == ["40", "3"]
+    mde = float(row[5])
+    assert 0 < mde < 1 and int(row[6]) > 40  # 0.05 needs more than 40 queries here
+    hit = next(line for line in out.splitlines() if line.startswith("hit_at_3")).split()
+    assert hit[4] == "0.0000"  # retrieval: no replicate noise
+
+
+def test_plan_refuses_fewer_than_10_scored_queries(store, capsys):
+    uri, log = store
+    rid = log("small-pilot", _pilot(9, 2))
+    assert plan.main(["--pilot", rid, "--tracking-uri", uri]) == 2
+    assert "9 scored queries (< 10)" in capsys.readouterr().err
+
+
+def test_plan_refuses_a_pilot_of_another_eval_set_naming_both_digests(store, tmp_path, capsys):
+    uri, log = store
+    rid = log("other-pilot", _pilot(20, 2), digest="a" * 64)
+    ev = tmp_path / "evalset.jsonl"
+    ev.write_text('{"id": "x", "query": "q?"}\n')
+    assert plan.main(["--pilot", rid, "--tracking-uri", uri, "--evalset", str(ev)]) == 2
+    err = capsys.readouterr().err
+    assert "a" * 64 in err and plan.file_digest(ev) in err
+    assert plan.main(["--pilot", rid, "--tracking-uri", uri, "--evalset", "a" * 64]) == 0
