@@ -321,6 +321,9 @@ def _top_level(cfg: dict) -> Problems:
         problems.append(
             f"conf/config: generation_subset: must be a positive number of items or null (got {subset!r})"
         )
+    from rag_experiments.racing_run import problems as racing_problems
+
+    problems += racing_problems(cfg)
     m = _Group("metrics", cfg.get("metrics") or {})
     _metrics(m)
     problems += [p.replace("conf/metrics: ", "conf/config: metrics.") for p in m.problems]

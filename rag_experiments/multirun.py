@@ -213,6 +213,7 @@ class MultirunParent(Callback):
             "sweep_id": time.strftime("%Y%m%d-%H%M%S-") + invocation[:6],
             "overrides": overrides,
             "command": "python -m rag_experiments.sweep " + " ".join(sys.argv[1:]),
+            "n_jobs": len(multirun_job_configs(config) or []),  # K, for racing's α/(K − 1)
         }
         tracking.write_sweep_context(config.hydra.sweep.dir, sweep)
         uri = tracking.resolve_uri(config.tracking.uri)

@@ -433,13 +433,16 @@ def run_pipeline(
     rank_depth: int = 100,
     token_budgets: tuple[int, ...] | list[int] = (256, 512, 1024),
     pricing: dict | None = None,
+    race=None,
 ) -> PipelineResult:
     """Retrieval on every item; generation and judging on ``stratified_subset(items, generation_subset)``.
 
     Items outside the subset keep their retrieval metrics and a retrieval-only failure label; their
     generation metrics and label rates are NaN, so every generation mean covers the subset only
     (``n_scored/{key}``) and the rates share one denominator. ``pricing``: ``{"generation": {...},
-    "judge": {...}}`` price tables for ``cost_usd`` (evaluation.cost.cost_metrics).
+    "judge": {...}}`` price tables for ``cost_usd`` (evaluation.cost.cost_metrics). ``race``: a
+    ``racing_run.Race`` to generate in racing batches, stopping early when significantly worse
+    (the subset then shrinks to the items done; docs/racing.md).
     """
     timings: dict[str, float] = {}
     calls: Counter = Counter()
@@ -468,9 +471,22 @@ def run_pipeline(
 
     subset = stratified_subset(items, generation_subset) if generator is not None else []
     if generator is not None:
-        gt, gc = _generate_and_judge(
-            rows, items, ranked, k, subset, generator, prompt, judge, cache, progress, min_coverage
-        )
+        def run(sub):  # generation and judging of the rows ``sub``
+            return _generate_and_judge(
+                rows, items, ranked, k, sub, generator, prompt, judge, cache, progress, min_coverage
+            )
+
+        if race is None:
+            gt, gc = run(subset)
+        else:
+            from rag_experiments.racing_run import race_generation
+
+            def label(sub):
+                _label_rows([rows[i] for i in sub], [items[i] for i in sub], k, thresholds, [True] * len(sub))
+
+            subset, gt, gc, race_tags = race_generation(race, rows, subset, run, label)
+            subset = sorted(subset)
+            run_tags.update(race_tags)
         timings.update(gt)
         calls.update(gc)
     chosen = set(subset)

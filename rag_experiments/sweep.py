@@ -266,7 +266,7 @@ def run_params(job: Job) -> dict[str, str]:
     return params
 
 
-def _pipeline(job: Job):
+def _pipeline(job: Job, race=None):
     from rag_experiments.evaluation.labels import load_thresholds
     from rag_experiments.pipeline import run_pipeline
 
@@ -296,6 +296,7 @@ def _pipeline(job: Job):
             "generation": _container(cfg.generator.get("pricing")),
             "judge": _container(cfg.judge.get("pricing")),
         },
+        race=race,
     )
 
 
@@ -357,6 +358,15 @@ def every_item_failed(aggregates: dict[str, float]) -> bool:
     return n > 0 and errors >= n
 
 
+def _race(job: Job, run_id: str):
+    """The job's racing state when ``racing=true`` (docs/racing.md), else None."""
+    from rag_experiments import racing_run
+
+    if not racing_run.enabled(job.cfg):
+        return None
+    return racing_run.make_race(job.cfg, job.sweep, job.chash, run_id, job.run_name)
+
+
 def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
     """Run the pipeline into ``run_id`` and set its final status; re-raises after marking it.
 
@@ -366,7 +376,7 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
     from rag_experiments.tracking import writer as tracking
 
     try:
-        res = _pipeline(job)
+        res = _pipeline(job, _race(job, run_id))
         _log(client, run_id, job, res)
         from rag_experiments.tracking.traces import log_traces  # one trace per eval item (docs/tracing.md)
 
@@ -425,6 +435,11 @@ def run_job(cfg: DictConfig) -> float:
     t_start = time.perf_counter()
     cache = StageCache(cfg.cache_dir, enabled=cfg.get("cache_enabled", True))
     job = describe_job(cfg, load_inputs(cfg, cache), cache, t_start)
+    from rag_experiments.racing_run import job_problems
+
+    if bad := job_problems(cfg, job.sweep):  # before any run exists
+        print_problems(bad)
+        sys.exit(2)
     uri = tracking.resolve_uri(cfg.tracking.uri)
     client = tracking.open_store(uri)
     mlflow.set_tracking_uri(uri)
@@ -486,6 +501,9 @@ def __getattr__(name: str):
 
 
 if __name__ == "__main__":
+    from rag_experiments.racing_run import rewrite_argv
+
+    sys.argv[1:] = rewrite_argv(sys.argv[1:])  # racing=true → racing.enabled=true
     if bad := unknown_group_options(sys.argv[1:]):
         print_problems(bad)
         sys.exit(2)

@@ -184,3 +184,58 @@ def race_round(
     return {
         me: decide(values, me, n_configs, alpha, higher_is_better, with_bound=False) for me in values
     }
+
+
+# --------------------------------------------------------------------------------------------- reading
+# How compare / select / report treat a racing sweep's stopped configs: never as if their partial
+# means covered the eval set.
+
+STATUS_TAG = "racing.status"
+
+
+def is_stopped(tags: Mapping[str, str]) -> bool:
+    """True for a run a racing sweep stopped early (tag ``racing.status`` = ``stopped``)."""
+    return tags.get(STATUS_TAG) == "stopped"
+
+
+def split_stopped(runs: Sequence) -> tuple[list, list]:
+    """(runs that covered the eval set, runs stopped by racing); anything with ``.tags`` or
+    ``.data.tags`` (RunData or an MLflow Run)."""
+    def tags(r) -> Mapping[str, str]:
+        return r.tags if hasattr(r, "tags") else r.data.tags
+
+    return [r for r in runs if not is_stopped(tags(r))], [r for r in runs if is_stopped(tags(r))]
+
+
+def stopped_rows(runs: Sequence, metric: str | None = None) -> list[list[str]]:
+    """Table rows for stopped configs: config, stopped at n, stopped by, racing metric and its
+    partial mean over those n items (labelled as such), the anytime-valid upper bound on the
+    difference to the leader. ``runs``: RunData (with per-query tables)."""
+    out = []
+    for r in runs:
+        t = r.tags
+        m = metric or t.get("racing.primary", "")
+        s = r.series(m).dropna() if m else None
+        part = f"{s.mean():.3f} (n={s.size}, partial)" if s is not None and s.size else "–"
+        out.append([
+            r.name,
+            t.get("racing.stopped_at_n", "?"),
+            t.get("racing.stopped_by", "?"),
+            m,
+            part,
+            t.get("racing.delta", "–"),
+            t.get("racing.upper_bound", "–"),
+        ])
+    return out
+
+
+STOPPED_HEADERS = [
+    "config", "stopped at n", "stopped by (leader run)", "metric", "partial mean", "delta vs leader",
+    "upper bound",
+]
+STOPPED_NOTE = (
+    "Stopped by racing (docs/racing.md): each was significantly worse than the leader under an "
+    "anytime-valid betting confidence sequence (its upper bound on the difference < 0, α split over "
+    "the configs); its means cover only the first n items of the racing order, so it is left out of "
+    "the comparisons, the tie set and the winner."
+)
