@@ -68,6 +68,9 @@ def test_racing_stops_the_losing_config_and_saves_generation_calls(tmp_path, fak
         *sweep_args(tmp_path, docs, ev),
         *_gen_args(fake_llm.base_url),
         "retriever=bm25",
+        "retriever.k=1",  # short echoed answers: a cheap judge
+        "metrics.ks=[1]",
+        "metrics.token_budgets=[]",
     )
     runs = {r.data.params["generator.model"]: r for r in _children(tmp_path)}
     ok, bad = runs["ok"], runs["garbage"]
