@@ -244,7 +244,9 @@ def make_race(cfg, sweep: dict, chash: str, run_id: str, name: str) -> Race:
     from rag_experiments.tracking.race_board import Board
 
     s = settings(cfg, sweep)
-    board = Board.in_sweep_dir(HydraConfig.get().sweep.dir, chash, s.wait_timeout_s)
+    # one board per multirun invocation: a re-run into the same sweep dir never reads stale batches
+    root = f"{HydraConfig.get().sweep.dir}/{sweep.get('invocation', '')}".rstrip("/")
+    board = Board.in_sweep_dir(root, chash, s.wait_timeout_s)
     board.start(run_id, name)
     n = int(sweep["n_jobs"])
     print(

@@ -53,8 +53,12 @@ def test_bad_racing_input_exits_2_naming_the_key_without_a_run(tmp_path, extra, 
     assert _children(tmp_path) == []
 
 
-@pytest.mark.parametrize("launcher", [[], ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]])
-def test_racing_stops_the_losing_config_and_saves_generation_calls(tmp_path, fake_llm, launcher):  # noqa: F811
+@pytest.mark.parametrize(
+    "launcher", [[], ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]], ids=["basic", "joblib"]
+)
+def test_racing_stops_the_losing_config_and_saves_generation_calls(
+    tmp_path, fake_llm, launcher, capsys  # noqa: F811
+):
     docs, ev = make_tiny(tmp_path, n_items=40)
     n_items = len(ev.read_text().splitlines())
     run_sweep(
@@ -88,3 +92,27 @@ def test_racing_stops_the_losing_config_and_saves_generation_calls(tmp_path, fak
         _client(tmp_path).download_artifacts(bad.info.run_id, "per_query.parquet", str(tmp_path))
     )
     assert len(table) == n_items and int(table["generated"].sum()) == n_stop  # partial table
+    if not launcher:
+        _readers_keep_stopped_configs_apart(tmp_path, ok, bad, capsys)
+
+
+def _readers_keep_stopped_configs_apart(root, ok, bad, capsys):
+    """select / compare --sweep / report: the stopped config is listed apart with its n, never the
+    winner or part of the comparisons."""
+    from rag_experiments import compare, select
+    from rag_experiments.report import cli as report_cli
+
+    uri = ["--tracking-uri", f"sqlite:///{root}/mlflow.db"]
+    sweep_id = ok.data.tags["sweep_id"]
+    assert select.main([sweep_id, "--metric", "correctness", *uri]) == 0
+    out = capsys.readouterr().out
+    assert "stopped by racing (1)" in out and f"run {ok.info.run_id}" in out
+    assert bad.info.run_name in out.split("stopped by racing")[1]  # listed only in the stopped table
+    assert bad.info.run_name not in out.split("stopped by racing")[0]
+    assert compare.main(["--sweep", sweep_id, "--baseline", ok.info.run_id, "--resamples", "99", *uri]) == 0
+    assert "Stopped by racing (1)" in capsys.readouterr().out
+    assert compare.main(["--sweep", sweep_id, "--baseline", bad.info.run_id, *uri]) == 2
+    out_dir = root / "report"
+    assert report_cli.main([sweep_id, "--out", str(out_dir), "--no-log", "--resamples", "99", *uri]) == 0
+    md = (out_dir / "report.md").read_text()
+    assert "Stopped by racing (1)" in md and "partial" in md

@@ -1,6 +1,7 @@
 """The racing board: what the configs of one racing sweep tell each other (docs/racing.md).
 
-A directory ``hydra.sweep.dir/.racing/`` next to the sweep context (``.sweep.json``), so every
+A directory ``hydra.sweep.dir/<invocation>/.racing/`` next to the sweep context (``.sweep.json``;
+one per multirun invocation, so a re-run into the same sweep dir starts a fresh board), so every
 launcher's workers see it (in-process, joblib, Ray on one host; several hosts need the sweep dir on
 a shared file system). One small JSON file per event, each written atomically (temp file +
 ``os.replace``), never rewritten:
