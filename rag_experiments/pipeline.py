@@ -30,6 +30,7 @@ from rag_experiments.evaluation.cost import cost_metrics, usage_columns
 from rag_experiments.evaluation.labels import RATE_LABELS, failure_label
 from rag_experiments.evaluation.registry import GENERATION_METRICS
 from rag_experiments.progress import Progress, track
+from rag_experiments.racing_run import generate_subset
 from rag_experiments.stages.chunking import chunk_corpus
 from rag_experiments.stages.judging.cached import (
     cached_claims,
@@ -440,9 +441,7 @@ def run_pipeline(
     Items outside the subset keep their retrieval metrics and a retrieval-only failure label; their
     generation metrics and label rates are NaN, so every generation mean covers the subset only
     (``n_scored/{key}``) and the rates share one denominator. ``pricing``: ``{"generation": {...},
-    "judge": {...}}`` price tables for ``cost_usd`` (evaluation.cost.cost_metrics). ``race``: a
-    ``racing_run.Race`` to generate in racing batches, stopping early when significantly worse
-    (the subset then shrinks to the items done; docs/racing.md).
+    "judge": {...}}`` price tables for ``cost_usd`` (evaluation.cost.cost_metrics).
     """
     timings: dict[str, float] = {}
     calls: Counter = Counter()
@@ -470,23 +469,10 @@ def run_pipeline(
     rows = _retrieval_rows(items, [r[:shown] for r in ranked], scores, per_q, latency)
 
     subset = stratified_subset(items, generation_subset) if generator is not None else []
-    if generator is not None:
-        def run(sub):  # generation and judging of the rows ``sub``
-            return _generate_and_judge(
-                rows, items, ranked, k, sub, generator, prompt, judge, cache, progress, min_coverage
-            )
-
-        if race is None:
-            gt, gc = run(subset)
-        else:
-            from rag_experiments.racing_run import race_generation
-
-            def label(sub):
-                _label_rows([rows[i] for i in sub], [items[i] for i in sub], k, thresholds, [True] * len(sub))
-
-            subset, gt, gc, race_tags = race_generation(race, rows, subset, run, label)
-            subset = sorted(subset)
-            run_tags.update(race_tags)
+    if generator is not None:  # in racing batches when ``race`` is set (docs/racing.md)
+        subset, gt, gc = generate_subset(
+            rows, items, ranked, k, subset, (generator, prompt, judge), cache, progress, min_coverage, thresholds, race, run_tags
+        )
         timings.update(gt)
         calls.update(gc)
     chosen = set(subset)

@@ -59,10 +59,12 @@ def _block(cfg: dict) -> dict:
 
 
 def enabled(cfg) -> bool:
+    """``racing.enabled`` of a config (DictConfig or dict; only the ``racing`` node is resolved)."""
     from omegaconf import OmegaConf
 
-    c = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else cfg
-    return bool(_block(c).get("enabled"))
+    r = cfg.get("racing")
+    r = OmegaConf.to_container(r, resolve=True) if OmegaConf.is_config(r) else r
+    return bool(_block({"racing": r}).get("enabled"))
 
 
 def problems(cfg: dict) -> list[str]:
@@ -237,8 +239,18 @@ def job_problems(cfg, sweep: dict | None) -> list[str]:
     return []
 
 
+def race_for(job, run_id: str) -> Race | None:
+    """The sweep job's :class:`Race` when ``racing=true``, else None. The CLI has refused racing
+    without a multirun already (``multirun.MultirunParent``); a library caller gets the same error."""
+    if not enabled(job.cfg):
+        return None
+    if bad := job_problems(job.cfg, job.sweep):
+        raise ValueError("\n".join(bad))
+    return make_race(job.cfg, job.sweep, job.chash, run_id, job.run_name)
+
+
 def make_race(cfg, sweep: dict, chash: str, run_id: str, name: str) -> Race:
-    """The job's :class:`Race` on the board in its sweep dir (``hydra.sweep.dir/.racing``)."""
+    """The job's :class:`Race` on the board in its sweep dir (``hydra.sweep.dir/<invocation>/.racing``)."""
     from hydra.core.hydra_config import HydraConfig
 
     from rag_experiments.tracking.race_board import Board
@@ -254,3 +266,25 @@ def make_race(cfg, sweep: dict, chash: str, run_id: str, name: str) -> Race:
         f"split over {n - 1} comparisons (anytime-valid; docs/racing.md)"
     )
     return Race(s, board, n, name)
+
+
+def generate_subset(rows, items, ranked, k, subset, stages, cache, progress, min_coverage, thresholds, race, tags):
+    """The pipeline's generation and judging of ``subset`` (``stages`` = generator, prompt, judge):
+    all at once, or with a :class:`Race` in racing batches until stopped (its ``racing.*`` run tags
+    go into ``tags``). Returns (indices done, timings, calls)."""
+    from rag_experiments.pipeline import _generate_and_judge, _label_rows
+
+    generator, prompt, judge = stages
+
+    def run(sub):
+        return _generate_and_judge(rows, items, ranked, k, sub, generator, prompt, judge, cache, progress, min_coverage)
+
+    if race is None:
+        return (subset, *run(subset))
+
+    def label(sub):
+        _label_rows([rows[i] for i in sub], [items[i] for i in sub], k, thresholds, [True] * len(sub))
+
+    done, timings, calls, race_tags = race_generation(race, rows, subset, run, label)
+    tags.update(race_tags)
+    return sorted(done), timings, calls

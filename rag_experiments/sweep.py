@@ -358,15 +358,6 @@ def every_item_failed(aggregates: dict[str, float]) -> bool:
     return n > 0 and errors >= n
 
 
-def _race(job: Job, run_id: str):
-    """The job's racing state when ``racing=true`` (docs/racing.md), else None."""
-    from rag_experiments import racing_run
-
-    if not racing_run.enabled(job.cfg):
-        return None
-    return racing_run.make_race(job.cfg, job.sweep, job.chash, run_id, job.run_name)
-
-
 def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
     """Run the pipeline into ``run_id`` and set its final status; re-raises after marking it.
 
@@ -376,7 +367,9 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
     from rag_experiments.tracking import writer as tracking
 
     try:
-        res = _pipeline(job, _race(job, run_id))
+        from rag_experiments.racing_run import race_for  # racing=true: docs/racing.md
+
+        res = _pipeline(job, race_for(job, run_id))
         _log(client, run_id, job, res)
         from rag_experiments.tracking.traces import log_traces  # one trace per eval item (docs/tracing.md)
 
@@ -435,11 +428,6 @@ def run_job(cfg: DictConfig) -> float:
     t_start = time.perf_counter()
     cache = StageCache(cfg.cache_dir, enabled=cfg.get("cache_enabled", True))
     job = describe_job(cfg, load_inputs(cfg, cache), cache, t_start)
-    from rag_experiments.racing_run import job_problems
-
-    if bad := job_problems(cfg, job.sweep):  # before any run exists
-        print_problems(bad)
-        sys.exit(2)
     uri = tracking.resolve_uri(cfg.tracking.uri)
     client = tracking.open_store(uri)
     mlflow.set_tracking_uri(uri)
