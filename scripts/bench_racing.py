@@ -47,7 +47,7 @@ def replay(values: dict[str, np.ndarray], order: list[str], batch: int, alpha: f
         for c in order:
             if c in stop_at:
                 continue
-            peers = order[: order.index(c)] if sequential else order
+            peers = order[: order.index(c) + 1] if sequential else order
             alive = [p for p in peers if p == c or stop_at.get(p, n) >= end]
             if len(alive) < 2:
                 continue
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     vals = {c: v[perm] for c, v in vals.items()}
     names = [r.name for r in runs]  # sweep_children: oldest first = the basic launcher's order
     n, k = len(ids), len(runs)
-    sel = select_config(runs, args.metric, hib, [math.nan] * k, alpha=args.alpha)
+    sel = select_config(runs, args.metric, hib, [math.nan] * k, alpha=0.05)  # select's tie set
     tie = set(sel.table.loc[sel.table["tie"], "config"])
     best = sel.table.loc[sel.table["run_id"] == sel.best, "config"].iloc[0]
     print(f"full sweep {args.sweep}: {k} configs × {n} generated items = {k * n} generation calls")

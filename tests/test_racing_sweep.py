@@ -32,6 +32,15 @@ def _gen_args(url):
         "generator.max_retries=0",
         "generation_subset=null",
         "tracking.traces=false",
+        # an LLM judge on the same fake endpoint: cheap (its verdicts are unparseable and counted;
+        # correctness, the raced metric, is key-fact matching and needs no judge)
+        "judge=openai",
+        f"judge.base_url={url}",
+        "judge.model=ok",
+        "judge.api_key_env=null",
+        "judge.decompose=false",
+        "judge.n_questions=1",
+        "judge.max_retries=0",
     ]
 
 
