@@ -449,8 +449,9 @@ def run_job(cfg: DictConfig) -> float:
     print(summary_table(res.aggregates, k, job.ks))
     n_items = len(job.stages["evalset"].items)
     if job.stages["generator"] is not None and res.n_generated < n_items:
+        what = "stopped by racing after" if res.tags.get("racing.status") == "stopped" else "stratified subset of"
         print(
-            f"generation metrics and label rates: stratified subset of n={res.n_generated} of "
+            f"generation metrics and label rates: {what} n={res.n_generated} of "
             f"{n_items} items (generation_subset={cfg.get('generation_subset')}; "
             "generation_subset=null for all); retrieval metrics: all items"
         )
