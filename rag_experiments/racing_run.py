@@ -268,23 +268,29 @@ def make_race(cfg, sweep: dict, chash: str, run_id: str, name: str) -> Race:
     return Race(s, board, n, name)
 
 
-def generate_subset(rows, items, ranked, k, subset, stages, cache, progress, min_coverage, thresholds, race, tags):
-    """The pipeline's generation and judging of ``subset`` (``stages`` = generator, prompt, judge):
-    all at once, or with a :class:`Race` in racing batches until stopped (its ``racing.*`` run tags
-    go into ``tags``). Returns (indices done, timings, calls)."""
-    from rag_experiments.pipeline import _generate_and_judge, _label_rows
-
-    generator, prompt, judge = stages
+def generate_subset(work, rows, items, subset, stages, settings, cache, timings, calls, race, tags) -> list[int]:
+    """The pipeline's generation and judging of ``subset``: all at once, or with a :class:`Race`
+    in racing batches until stopped (its ``racing.*`` run tags go into ``tags``; ``timings`` and
+    ``calls`` are summed over the batches). ``work``: (the pipeline's generate-and-judge bound to
+    rows, items and rankings, its failure-label function), passed in so this module does not
+    import the pipeline. Returns the indices done."""
+    generate, label_rows = work
+    if race is None:
+        generate(subset, stages, settings, cache, timings, calls)
+        return subset
 
     def run(sub):
-        return _generate_and_judge(rows, items, ranked, k, sub, generator, prompt, judge, cache, progress, min_coverage)
-
-    if race is None:
-        return (subset, *run(subset))
+        t: dict[str, float] = {}
+        c: Counter = Counter()
+        generate(sub, stages, settings, cache, t, c)
+        return t, c
 
     def label(sub):
-        _label_rows([rows[i] for i in sub], [items[i] for i in sub], k, thresholds, [True] * len(sub))
+        label_rows([rows[i] for i in sub], [items[i] for i in sub], settings.k, settings.thresholds, [True] * len(sub))
 
-    done, timings, calls, race_tags = race_generation(race, rows, subset, run, label)
+    done, t, c, race_tags = race_generation(race, rows, subset, run, label)
+    for key, v in t.items():
+        timings[key] = timings.get(key, 0.0) + v
+    calls.update(c)
     tags.update(race_tags)
-    return sorted(done), timings, calls
+    return sorted(done)
