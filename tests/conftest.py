@@ -45,6 +45,7 @@ SLOW_MODULES = {
     "test_kill_resume",
     "test_mlflow_ui",
     "test_parent_dedup",
+    "test_racing_sweep",  # racing sweeps through the CLI (basic and joblib launchers)
     "test_ray",
     "test_report",
     "test_server",
