@@ -22,6 +22,8 @@ from mlflow.entities import Metric, Run
 from mlflow.tracking import MlflowClient
 
 from rag_experiments.analysis.attribution import SweepAttribution, config_diff, factor_effects, infer_factors
+from rag_experiments.analysis.interactions import sweep_interactions
+from rag_experiments.analysis.racing import split_stopped
 from rag_experiments.analysis.stats import PairedResult, flips, holm, paired_deltas, transition_matrix
 from rag_experiments.cli.errors import cli_main
 from rag_experiments.evaluation.aggregate import metric_columns
@@ -252,7 +254,9 @@ def render(comp: Comparison, markdown: bool) -> str:
     return "\n".join(out) + "\n"
 
 
-def render_sweep(att: SweepAttribution, sweep_id: str, markdown: bool) -> str:
+def render_sweep(
+    att: SweepAttribution, sweep_id: str, markdown: bool, interactions=None, stopped: Sequence = ()
+) -> str:
     table = md_table if markdown else text_table
     h = (lambda s: f"## {s}") if markdown else (lambda s: f"\n== {s} ==")
     base = att.baseline
@@ -281,7 +285,26 @@ def render_sweep(att: SweepAttribution, sweep_id: str, markdown: bool) -> str:
     if not att.noise_floor.empty:
         out.append(table(NOISE_HEADERS, noise_rows(att.noise_floor)))
         out.append(f"Method: {att.noise_floor['detail'].iloc[0]}")
+    out += _sweep_extras(table, h, att, interactions, stopped)
     return "\n".join(out) + "\n"
+
+
+def _sweep_extras(table, h, att: SweepAttribution, interactions, stopped: Sequence) -> list[str]:
+    """Interactions (full-factorial sweeps) and the configs racing stopped (docs/racing.md)."""
+    from rag_experiments.analysis.interactions import INTERACTION_HEADERS, interaction_rows
+    from rag_experiments.analysis.racing import STOPPED_HEADERS, STOPPED_NOTE, stopped_rows
+
+    out = []
+    if interactions is not None and not interactions.terms.empty:
+        out += ["", h("Main effects and two-way interactions (full-factorial grid)")]
+        out += [table(INTERACTION_HEADERS, interaction_rows(interactions)), *interactions.lines]
+        out.append(f"Method: {interactions.method}.")
+    elif len(att.factors) > 1:
+        out += ["", "Interactions: not a full-factorial grid, so only the one-factor-at-a-time view above."]
+    if stopped:
+        out += ["", h(f"Stopped by racing ({len(stopped)})"), table(STOPPED_HEADERS, stopped_rows(stopped))]
+        out.append(STOPPED_NOTE)
+    return out
 
 
 # --------------------------------------------------------------------------------------------- CLI
@@ -399,13 +422,17 @@ def _main_sweep(client: MlflowClient, args: argparse.Namespace) -> int:
     judge_note = check_same_judge([base_run, *children], args.allow_judge_change)
     if judge_note:
         print(judge_note)
-    data = [run_data(client, r) for r in children]
+    data, stopped = split_stopped([run_data(client, r) for r in children])  # racing: docs/racing.md
+    if any(d.run_id == base_run.info.run_id for d in stopped):
+        raise RunInputError(f"baseline {args.baseline!r} was stopped early by racing; choose a config that finished")
     base = next((d for d in data if d.run_id == base_run.info.run_id), None) or run_data(client, base_run)
     tables = [d.table for d in data if d.table is not None]
-    metrics = args.metric or _default_sweep_metrics(tables, infer_factors(data))
+    factors = infer_factors(data)
+    metrics = args.metric or _default_sweep_metrics(tables, factors)
     att = factor_effects(data, base, metrics, seed=args.seed, n_resamples=min(args.resamples, 4999))
-    print(render_sweep(att, args.sweep, markdown=False))
-    md = render_sweep(att, args.sweep, markdown=True)
+    inter = sweep_interactions(data, factors, metrics)
+    print(render_sweep(att, args.sweep, markdown=False, interactions=inter, stopped=stopped))
+    md = render_sweep(att, args.sweep, markdown=True, interactions=inter, stopped=stopped)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(md)

@@ -335,6 +335,14 @@ def _top_level(cfg: dict) -> Problems:
         problems.append(
             f"conf/config: replicates: must be an integer >= 1 (generations per item; got {reps!r})"
         )
+    from rag_experiments.racing_run import problems as racing_problems
+
+    problems += racing_problems(cfg)
+    if (cfg.get("racing") or {}).get("enabled") and _is_int(cfg.get("replicates", 1)) and cfg.get("replicates", 1) > 1:
+        problems.append(
+            "conf/config: replicates: racing runs one replicate per item (got replicates="
+            f"{cfg.get('replicates')!r} with racing=true); race first, then replicate the survivors"
+        )
     m = _Group("metrics", cfg.get("metrics") or {})
     _metrics(m)
     problems += [p.replace("conf/metrics: ", "conf/config: metrics.") for p in m.problems]

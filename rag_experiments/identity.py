@@ -183,6 +183,7 @@ PLACE_KEYS = frozenset(
         "ray",
         "ray_min_chunks",
         "ray_concurrency",
+        "wait_timeout_s",  # racing: how long to wait for a silent peer (docs/racing.md)
     }
 )
 #: Input locations whose content is covered by a digest (``corpus_digest``, ``evalset_digest``).

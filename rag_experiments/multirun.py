@@ -211,13 +211,18 @@ class MultirunParent(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         # Before Hydra writes its outputs: a key pasted into api_key_env must not reach them.
-        problems, _ = _config_problems(config)
+        from rag_experiments.racing_run import job_problems
+
+        problems = _config_problems(config)[0] + job_problems(config, None)  # racing needs -m
         if problems:
             print_problems(problems)
             sys.exit(2)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        problems = validate_multirun(config)
+        from rag_experiments.racing_run import job_problems
+
+        n_jobs = len(multirun_job_configs(config) or [])  # K, for racing's α/(K − 1)
+        problems = validate_multirun(config) + job_problems(config, {"n_jobs": n_jobs})
         if problems:
             print_problems(problems, "no run was created: fix these inputs first")
             sys.exit(2)
@@ -232,6 +237,7 @@ class MultirunParent(Callback):
             "sweep_id": time.strftime("%Y%m%d-%H%M%S-") + invocation[:6],
             "overrides": overrides,
             "command": "python -m rag_experiments.sweep " + shell_line(sys.argv[1:]),
+            "n_jobs": n_jobs,
         }
         tracking.write_sweep_context(config.hydra.sweep.dir, sweep)
         uri = tracking.resolve_uri(config.tracking.uri)

@@ -34,6 +34,7 @@ from rag_experiments.evaluation.labels import RATE_LABELS, failure_label
 from rag_experiments.evaluation.registry import GENERATION_METRICS
 from rag_experiments.parallel import as_they_complete
 from rag_experiments.progress import Progress, track
+from rag_experiments.racing_run import generate_subset
 from rag_experiments.run_types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.chunking import chunk_corpus
 from rag_experiments.stages.context_fit import fit_contexts
@@ -446,7 +447,7 @@ def _run_aggregates(
 
 
 def run_pipeline(
-    stages: Stages, data: PipelineData, settings: RunSettings, cache: StageCache
+    stages: Stages, data: PipelineData, settings: RunSettings, cache: StageCache, race=None
 ) -> PipelineResult:
     """Retrieval on every item; generation and judging on
     ``stratified_subset(items, settings.generation_subset)`` when ``stages.generator`` is set.
@@ -482,8 +483,17 @@ def run_pipeline(
     rows = _retrieval_rows(items, [r[:shown] for r in ranked], ranking.scores, scored.per_query, latency)
 
     subset = stratified_subset(items, settings.generation_subset) if stages.generates else []
-    run_one = partial(_generate_and_judge, items, ranked, subset, settings, cache)  # (rows, stages, …)
-    rows, row_items = run_replicates(rows, stages, settings.replicates, run_one, timings, calls)
+    if race is not None:  # racing batches (docs/racing.md); racing runs one replicate (config_schema)
+        def generate(sub, st, se, ca, t, c):
+            _generate_and_judge(items, ranked, sub, se, ca, rows, st, t, c)
+
+        subset = generate_subset(
+            (generate, _label_rows), rows, items, subset, stages, settings, cache, timings, calls, race, scored.tags
+        )
+        row_items = list(range(len(items)))
+    else:
+        run_one = partial(_generate_and_judge, items, ranked, subset, settings, cache)  # (rows, stages, …)
+        rows, row_items = run_replicates(rows, stages, settings.replicates, run_one, timings, calls)
     chosen = set(subset)
     generated = [i in chosen for i in row_items]  # replicates: one row per (item, replicate)
     _label_rows(rows, [items[i] for i in row_items], settings.k, settings.thresholds, generated)

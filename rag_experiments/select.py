@@ -22,6 +22,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+from rag_experiments.analysis.racing import STOPPED_HEADERS, STOPPED_NOTE, split_stopped, stopped_rows
 from rag_experiments.analysis.select import Constraints, Selection, runnable_config, select_config
 from rag_experiments.cli.errors import cli_main
 from rag_experiments.evaluation.registry import higher_is_better
@@ -112,7 +113,9 @@ def run_select(client: MlflowClient, args: argparse.Namespace) -> tuple[Selectio
     if not children:
         raise RunInputError(f"unknown sweep {args.sweep!r}: no finished child run has that sweep_id")
     judge_note = check_same_judge(children, args.allow_judge_change)
-    runs = [run_data(client, r) for r in children]
+    runs, stopped = split_stopped([run_data(client, r) for r in children])  # racing: docs/racing.md
+    if not runs:
+        raise RunInputError(f"every config of sweep {args.sweep!r} was stopped by racing: nothing covers the eval set")
     missing = [r.name for r in runs if args.metric not in r.table.columns]
     if missing:
         raise RunInputError(
@@ -120,7 +123,8 @@ def run_select(client: MlflowClient, args: argparse.Namespace) -> tuple[Selectio
         )
     all_runs = sweep_finished_runs(client, args.sweep, args.experiment)
     replicates = [run_data(client, r) for r in all_runs] if len(all_runs) > len(children) else []
-    costs = [float(r.data.metrics.get("cost_usd", math.nan)) for r in children]
+    by_id = {r.info.run_id: r for r in children}
+    costs = [float(by_id[r.run_id].data.metrics.get("cost_usd", math.nan)) for r in runs]
     try:
         sel = select_config(
             runs,
@@ -136,7 +140,13 @@ def run_select(client: MlflowClient, args: argparse.Namespace) -> tuple[Selectio
         raise RunInputError(str(e)) from None
     if judge_note:
         sel.notes.append(judge_note)
-    return sel, {r.info.run_id: r for r in children}
+    if stopped:
+        sel.notes += [
+            f"stopped by racing ({len(stopped)}): not candidates for best, tie set or choice",
+            text_table(STOPPED_HEADERS, stopped_rows(stopped, args.metric)),
+            STOPPED_NOTE,
+        ]
+    return sel, by_id
 
 
 _CONFIG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")

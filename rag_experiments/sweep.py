@@ -235,8 +235,10 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
     ``failure_reason``) so that a re-run retries it.
     """
     try:
+        from rag_experiments.racing_run import race_for  # racing=true: docs/racing.md
+
         inputs = job.inputs
-        res = run_pipeline(inputs.stages, inputs.data, run_settings(job.cfg), job.cache)
+        res = run_pipeline(inputs.stages, inputs.data, run_settings(job.cfg), job.cache, race_for(job, run_id))
         card_cfg, progress = job.cfg.get("judge_card"), job.cfg.get("progress", True)  # docs/judges.md
         job.card = add_card(card_cfg, inputs.stages, inputs.corpus.docs, job.cache, res, progress)
         _log(client, run_id, job, res)
@@ -319,8 +321,9 @@ def run_job(cfg: DictConfig) -> float:
         print(job.card["line"])
     n_items = len(job.inputs.evalset.items)
     if job.inputs.stages.generates and res.n_generated < n_items:
+        what = "stopped by racing after" if res.tags.get("racing.status") == "stopped" else "stratified subset of"
         print(
-            f"generation metrics and label rates: stratified subset of n={res.n_generated} of "
+            f"generation metrics and label rates: {what} n={res.n_generated} of "
             f"{n_items} items (generation_subset={cfg.get('generation_subset')}; "
             "generation_subset=null for all); retrieval metrics: all items"
         )
@@ -349,7 +352,9 @@ def main(cfg: DictConfig) -> float:
 
 if __name__ == "__main__":
     from rag_experiments.launchers import missing_launcher_plugins
+    from rag_experiments.racing_run import rewrite_argv
 
+    sys.argv[1:] = rewrite_argv(sys.argv[1:])  # racing=true → racing.enabled=true
     if bad := unknown_group_options(sys.argv[1:]) + missing_launcher_plugins(sys.argv[1:]):
         print_problems(bad)
         sys.exit(2)

@@ -46,6 +46,7 @@ SLOW_MODULES = {
     "test_mlflow_ui",
     "test_noise_runs",
     "test_parent_dedup",
+    "test_racing_sweep",  # racing sweeps through the CLI (basic and joblib launchers)
     "test_ray",
     "test_report",
     "test_server",

@@ -182,3 +182,21 @@ def test_a_run_that_dies_is_marked_failed_not_left_running(tmp_path):
     _, (run,) = _runs(tmp_path)
     assert run.info.status == "FAILED"
     assert run.data.tags.get("error")
+
+
+def test_compare_sweep_shows_interactions_of_the_factorial_grid(grid, capsys):
+    """chunking × retriever.k is a 2 × 2 full factorial: main effects, the interaction and a
+    plain-language line appear (analysis/interactions.py)."""
+    from rag_experiments import compare
+
+    root, *_ = grid
+    c, runs = _runs(root)
+    child = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
+    code = compare.main(
+        ["--sweep", child.data.tags["sweep_id"], "--baseline", child.info.run_id,
+         "--tracking-uri", f"sqlite:///{root}/mlflow.db", "--resamples", "199"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "Main effects and two-way interactions (full-factorial grid)" in out
+    assert "chunking × retriever.k" in out and "the chunking effect depends on retriever.k" in out

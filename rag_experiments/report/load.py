@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 from mlflow.entities import Run
@@ -123,6 +123,7 @@ class ReportInput:
     configs: list[Config]
     factors: list[str]
     experiment_name: str  # "?" when the experiment is gone
+    stopped: list[Config] = field(default_factory=list)  # stopped early by racing (docs/racing.md)
 
     @property
     def is_sweep(self) -> bool:
@@ -130,6 +131,11 @@ class ReportInput:
 
 
 def load_input(client: MlflowClient, target: Target) -> ReportInput:
+    from rag_experiments.analysis.racing import split_stopped
+
     configs, factors = load_configs(client, target.runs)
     exp = client.get_experiment(configs[0].run.info.experiment_id)
-    return ReportInput(target, configs, factors, exp.name if exp else "?")
+    kept, stopped = split_stopped(configs)  # partial runs never enter the comparisons
+    if stopped and kept:
+        factors = infer_factors([c.data for c in kept])
+    return ReportInput(target, kept or configs, factors, exp.name if exp else "?", stopped if kept else [])

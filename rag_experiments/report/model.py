@@ -288,6 +288,7 @@ class Analysis:
     att: SweepAttribution | None  # None: a single config or no factor varies
     notes: list[str]  # warnings shown under the question and printed by the CLI
     n_worst: int
+    interactions: Any = None  # analysis.interactions.InteractionResult of a full-factorial sweep
 
     @property
     def configs(self) -> list[Config]:
@@ -322,12 +323,15 @@ def analyse(
             "the runs were evaluated on different eval sets (evalset_digest differs); "
             "paired comparisons below are not meaningful."
         )
-    att = None
+    att = inter = None
     if len(configs) > 1 and inp.factors:
+        from rag_experiments.analysis.interactions import sweep_interactions
+
         metrics = attribution_metrics(primary, k, configs, inp.factors)
         att = factor_effects(
             [c.data for c in configs], base.data, metrics, seed=seed, n_resamples=n_resamples
         )
+        inter = sweep_interactions([c.data for c in configs], inp.factors, metrics)
     return Analysis(
         inp=inp,
         base=base,
@@ -340,4 +344,5 @@ def analyse(
         att=att,
         notes=notes,
         n_worst=n_worst,
+        interactions=inter,
     )

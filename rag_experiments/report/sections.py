@@ -342,6 +342,10 @@ def attribution(an: Analysis) -> Section:
             Paragraph(text(f"Method: {att.noise_floor['detail'].iloc[0]}")),
         ]
         s.subsections.append(Subsection("A/A noise floor", noise))
+    from rag_experiments.report.sweep_extras import interactions_subsection
+
+    if (inter := interactions_subsection(an)) is not None:
+        s.subsections.append(inter)
     return s
 
 
@@ -382,9 +386,13 @@ def build_report(
     an = analyse(inp, baseline, primary, n_worst, seed, n_resamples)
     plots, curve_notes = plots_section(an)
     diag = diagnostics_section(an)
+    from rag_experiments.report.sweep_extras import stopped_section
+
+    stopped = stopped_section(inp)
     body = [
         question(an),
         results(an),
+        *([stopped] if stopped else []),
         *([diag] if diag else []),
         attribution(an),
         plots,
