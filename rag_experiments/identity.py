@@ -80,6 +80,14 @@ STAGE_CODE: dict[str, tuple[str, ...]] = {
     "claims": _JUDGE_CODE,
     "verdict": _JUDGE_CODE,
     "relevance": _JUDGE_CODE,
+    # a fitted claim verifier: its features, its fit and its synthetic training data
+    "verifier_fit": (
+        "rag_experiments.stages.judging.verifier",
+        "rag_experiments.stages.judging.verifier_fit",
+        "rag_experiments.stages.judging.heuristic",
+        "rag_experiments.stages.embedding",
+        "rag_experiments.datasets.synthetic_pairs",
+    ),
 }
 
 #: Everything that computes a run's numbers (resume compares their fingerprint). Reports,
