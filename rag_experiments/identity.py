@@ -191,7 +191,8 @@ PLACE_KEYS = frozenset(
     }
 )
 #: Input locations whose content is covered by a digest (``corpus_digest``, ``evalset_digest``).
-PLACE_PATHS = ("corpus.path", "evalset.path")
+PLACE_PATHS = ("corpus.path", "evalset.path", "judge.path", "judge.corpus_path", "judge.verifier.path")
+PLACE_PATHS += ("judge.verifier.corpus_path",)  # a verifier's content is in the judge's identity
 
 
 def is_place_key(key: str) -> bool:

@@ -270,13 +270,16 @@ def _judged_columns(g: Generation, it: EvalItem, j) -> dict[str, Any]:
             "verdicts": "[]",
             "n_claims": 0,
             "n_unparseable": 0,
+            "n_escalated": 0,
             "relevance_method": "",
             "latency_judge_s": 0.0,
         }
     claims, verdicts, rel, method, lat, _ = j
     faith, n_claims, n_unp = faithfulness(verdicts)
     verdict_rows = [
-        {"claim": v.claim, "label": v.label, "score": v.score, "rationale": v.rationale} for v in verdicts
+        {"claim": v.claim, "label": v.label, "score": v.score, "rationale": v.rationale}
+        | ({"stage": v.stage} if v.stage else {})
+        for v in verdicts
     ]
     return {
         "faithfulness": faith,
@@ -286,6 +289,7 @@ def _judged_columns(g: Generation, it: EvalItem, j) -> dict[str, Any]:
         "verdicts": json.dumps(verdict_rows),
         "n_claims": n_claims,
         "n_unparseable": n_unp,
+        "n_escalated": sum(v.stage == "llm" for v in verdicts),  # judge=cascade: decided by the LLM
         "relevance_method": method,
         "latency_judge_s": lat,
     }
@@ -408,6 +412,8 @@ def _run_aggregates(
         aggregates["n_generated"] = n_generated
         if "n_unparseable_diagnostics" in df:
             aggregates["n_unparseable_diagnostic_verdicts"] = int(df["n_unparseable_diagnostics"].sum())
+        if "n_escalated" in df:
+            aggregates["n_escalated_verdicts"] = int(df["n_escalated"].fillna(0).sum())
     return aggregates
 
 

@@ -157,6 +157,7 @@ def input_problems(cfg: DictConfig, cache=None) -> tuple[list[str], dict | None]
     from rag_experiments.datasets.corpus import CorpusError
     from rag_experiments.evalset import EvalSetError
     from rag_experiments.evaluation.metrics import check_metrics_config
+    from rag_experiments.stages.judging.verifier import VerifierError
 
     try:
         check(cfg)
@@ -166,7 +167,7 @@ def input_problems(cfg: DictConfig, cache=None) -> tuple[list[str], dict | None]
         cache = cache or StageCache(cfg.cache_dir, enabled=cfg.get("cache_enabled", True))
         return [], build_stages(cfg, cache)
     except Exception as e:  # Hydra wraps a stage's error in an InstantiationException
-        cause = _input_error(e, (ConfigError, EvalSetError, CorpusError, FileNotFoundError))
+        cause = _input_error(e, (ConfigError, EvalSetError, CorpusError, FileNotFoundError, VerifierError))
         if cause is None and isinstance(e, ValueError) and str(e).startswith(("metrics.", "retriever.k")):
             return [f"conf/{e}"], None  # check_metrics_config names the key
         if cause is None:

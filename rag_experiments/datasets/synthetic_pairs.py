@@ -81,14 +81,18 @@ _NEVER = {"always": "never", "never": "always"}
 
 
 def negate(s: str) -> str | None:
-    """Flip the first auxiliary's negation ("is" -> "is not", "cannot" -> "can"), or always/never."""
+    """Flip a negation: drop the sentence's first one ("is not" -> "is", "cannot" -> "can"), or,
+    when it has none, add one after the first auxiliary ("is" -> "is not"); else always <-> never."""
     m = re.search(r"\bcannot\b", s, re.I)
-    if m:
+    negated = [x for x in _AUX.finditer(s) if x.group(2)]
+    if m and not (negated and negated[0].start() < m.start()):
         return s[: m.start()] + s[m.start() : m.start() + 3] + s[m.end() :]
+    if negated:
+        x = negated[0]
+        return s[: x.start()] + x.group(1) + s[x.end() :]
     m = _AUX.search(s)
     if m:
-        word, neg = m.group(1), m.group(2)
-        return s[: m.start()] + (word if neg else f"{word} not") + s[m.end() :]
+        return s[: m.start()] + f"{m.group(1)} not" + s[m.end() :]
     for w, o in _NEVER.items():
         m = re.search(rf"\b{w}\b", s, re.I)
         if m:
