@@ -79,7 +79,10 @@ def train(claims, contexts, labels, args, log):
             opt.step()
             sched.step()
             opt.zero_grad()
-            total += float(loss) * len(idx)
+            total += float(loss.detach()) * len(idx)
+            if (b // args.batch) % 20 == 0:
+                log(f"    step {b // args.batch + 1}/{steps // args.epochs}: loss {float(loss.detach()):.3f} "
+                    f"({time.perf_counter() - t0:.0f} s)")
         losses.append(total / n)
         log(f"  epoch {ep + 1}: loss {losses[-1]:.3f} ({time.perf_counter() - t0:.0f} s)")
     return (tok, model), losses, n * args.epochs / (time.perf_counter() - t0)
@@ -121,6 +124,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--folds", type=int, default=3)
+    ap.add_argument("--cv-synthetic", type=int, default=1, help="0: CV folds train on human pairs only")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     if not args.pairs.is_file():
@@ -144,13 +148,14 @@ def main(argv=None) -> int:
     folds = grouped_folds([x.group_key for x in pairs], args.folds)
     oof = np.full(len(pairs), np.nan)
     for k in range(args.folds):
-        tr = [pairs[i] for i in np.flatnonzero(folds != k)] + syn
+        tr = [pairs[i] for i in np.flatnonzero(folds != k)] + (syn if args.cv_synthetic else [])
         te = np.flatnonzero(folds == k)
         log(f"fold {k + 1}/{args.folds}: {len(tr)} training pairs")
         tm, losses, _ = train([p.claim for p in tr], [p.context for p in tr],
                               [p.label == "supported" for p in tr], args, log)
         oof[te], _ = predict(tm, [pairs[i].claim for i in te], [pairs[i].context for i in te], args)
-    f = report(f"cross-encoder, grouped {args.folds}-fold CV (human + synthetic)", pairs, oof)
+    what = "human + synthetic" if args.cv_synthetic else "human only"
+    f = report(f"cross-encoder, grouped {args.folds}-fold CV ({what})", pairs, oof)
     out["grouped_cv"] = {**f, "losses_last_fold": losses}
     if args.json:
         args.json.write_text(json.dumps(out, indent=1, default=float))
