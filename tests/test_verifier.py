@@ -288,3 +288,19 @@ def test_cascade_asks_the_llm_only_inside_the_band_and_records_the_stage(fitted)
     assert json.loads(cascade.identity)["band"] == [lo, hi]
     with pytest.raises(ValueError, match="band"):
         CascadeJudge(verifier, llm, band=[0.8, 0.2])
+
+
+def test_verifier_and_cascade_configs_validate_and_a_bad_band_is_named():
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    import rag_experiments.sweep  # noqa: F401  (registers the sample_dir resolver)
+    from rag_experiments.config_schema import validate
+
+    with initialize_config_dir(str(sample_dir().parent.parent / "conf"), version_base="1.3"):
+        for judge in ("verifier", "cascade"):
+            cfg = OmegaConf.to_container(compose("config", overrides=[f"judge={judge}"]), resolve=True)
+            assert validate({k: v for k, v in cfg.items() if k != "hydra"}) == []
+        cfg = compose("config", overrides=["judge=cascade", "judge.band=[0.9,0.1]"])
+        problems = validate({k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "hydra"})
+        assert any(p.startswith("conf/judge: band") for p in problems), problems
