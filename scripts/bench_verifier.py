@@ -139,6 +139,7 @@ def main(argv=None) -> int:
     h = heuristic_judge()
     fx = FeatureExtractor(h.embedder)
     res: dict = {}
+    fx.prepare([p.claim for p in pairs], [p.context for p in pairs])  # one embedding batch, shared memo
     res["heuristic"] = row("heuristic (calibrated on half of these)", pairs,
                            [h.verdicts([p.claim], p.context)[0].label for p in pairs])
     X = fx.matrix([p.claim for p in pairs], [p.context for p in pairs])
