@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rag_experiments.identity import code_version
+from rag_experiments.progress import Progress
 from rag_experiments.types import Chunk
 
 
@@ -45,8 +47,6 @@ def stage_key(stage: str, *parts: Any) -> str:
     The code version makes a changed chunker, embedder, retriever, generator or judge a miss
     instead of serving results its old code computed.
     """
-    from rag_experiments.identity import code_version
-
     return stable_hash(stage, code_version(stage), *parts)
 
 
@@ -181,8 +181,6 @@ class CachedEmbedder:
             embedder.show_progress = False
 
     def encode(self, texts: list[str], kind: str = "passage") -> np.ndarray:
-        from rag_experiments.progress import Progress
-
         blocks = [texts[i : i + self.block] for i in range(0, len(texts), self.block)] or [texts]
         out = []
         show = self.progress and len(blocks) > 1

@@ -17,6 +17,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from rag_experiments.conf_groups import conf_dir
+from rag_experiments.evaluation.cost import price
+from rag_experiments.evaluation.defaults import RANK_DEPTH, TOKEN_BUDGETS, metrics_problems
+
 Problems = list[str]
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LOOPBACK = ("localhost", "127.0.0.1", "::1", "0.0.0.0")
@@ -222,8 +226,6 @@ def _llm_client(g: _Group) -> None:
 
 def _pricing(g: _Group) -> None:
     """``pricing``: USD per 1000 tokens in / out for cost_usd (evaluation.cost.price)."""
-    from rag_experiments.evaluation.cost import price
-
     node = g.node.get("pricing")
     if node is None:
         return
@@ -295,6 +297,8 @@ def _metrics(g: _Group) -> None:
     if not isinstance(ks, list) or not ks or not all(_is_int(k) and k >= 1 for k in ks):
         g.bad("ks", "must be a non-empty list of integers >= 1", ks)
     g.num_in("min_coverage", 0, 1, low_open=True)
+    depth, budgets = g.node.get("rank_depth", RANK_DEPTH), g.node.get("token_budgets", TOKEN_BUDGETS)
+    g.problems += [f"conf/config: {p}" for p in metrics_problems(rank_depth=depth, token_budgets=budgets)]
     v = g.node.get("bootstrap_resamples")
     if not _is_int(v) or v < MIN_RESAMPLES:
         g.bad("bootstrap_resamples", f"must be an integer >= {MIN_RESAMPLES} (CIs need resamples)", v)
@@ -390,8 +394,6 @@ def unknown_group_options(argv: list[str]) -> list[str]:
     Checked before Hydra composes (whose own error exits 1 with a traceback hint); skipped when
     the user adds a config dir (``-cd``/``--config-dir``), where their own options live.
     """
-    from rag_experiments.evalset import conf_dir
-
     if any(a in ("-cd", "--config-dir") or a.startswith("--config-dir=") for a in argv):
         return []
     problems = []

@@ -20,7 +20,6 @@ cannot find, printing kept / repaired / dropped counts; ``--strict`` lists them 
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import re
@@ -31,8 +30,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from rag_experiments.datasets.corpus import CorpusError, load_corpus
-from rag_experiments.datasets.importers import import_beir, import_squad
+from rag_experiments.conf_groups import conf_dir
+from rag_experiments.datasets.corpus import files_fingerprint
 from rag_experiments.types import Document, EvalItem, Span
 
 _WS = re.compile(r"\s+")
@@ -54,14 +53,14 @@ class EvalSetError(ValueError):
 
 
 @dataclass
-class _Normalised:
+class Normalised:
     """A document's whitespace-collapsed text plus the map back to original offsets."""
 
     text: str
     orig: list[int]  # orig[i] = offset in the original text of normalised character i
 
     @classmethod
-    def of(cls, text: str) -> _Normalised:
+    def of(cls, text: str) -> Normalised:
         out, orig = [], []
         prev_space = False
         for i, ch in enumerate(text):
@@ -94,13 +93,13 @@ class _Resolver:
 
     def __init__(self, docs: dict[str, Document], chunking_dir: Path | None = None):
         self.docs = docs
-        self._norm: dict[str, _Normalised] = {}
+        self._norm: dict[str, Normalised] = {}
         self._chunks: dict[str, dict[str, list]] = {}
         self.chunking_dir = chunking_dir
 
-    def norm(self, doc_id: str) -> _Normalised:
+    def norm(self, doc_id: str) -> Normalised:
         if doc_id not in self._norm:
-            self._norm[doc_id] = _Normalised.of(self.docs[doc_id].text)
+            self._norm[doc_id] = Normalised.of(self.docs[doc_id].text)
         return self._norm[doc_id]
 
     def evidence(self, ev: Any, where: str) -> tuple[Span | None, list[str]]:
@@ -185,11 +184,6 @@ class _Resolver:
         if doc_id not in per_doc:
             per_doc[doc_id] = build_reference_chunker(reference).split(self.docs[doc_id])
         return per_doc[doc_id]
-
-
-def conf_dir() -> Path:
-    """The Hydra config tree, package data inside ``rag_experiments``."""
-    return Path(str(resources.files("rag_experiments") / "conf"))
 
 
 def build_reference_chunker(reference: Any):
@@ -371,8 +365,6 @@ class EvalSet:
     _loaded: dict[tuple, tuple] = {}  # validated once per process per (file, corpus, limit)
 
     def __init__(self, path: str, corpus, limit: int | None = None, name: str = "") -> None:
-        from rag_experiments.datasets.corpus import files_fingerprint
-
         self.path = path
         self.name = name or Path(path).stem
         key = (str(Path(path).resolve()), files_fingerprint(path), corpus.digest, limit)
@@ -382,117 +374,7 @@ class EvalSet:
         self.items = list(items)
 
 
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    with path.open("w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+if __name__ == "__main__":  # the CLI sits above the loader it drives (rag_experiments.cli.evalset)
+    from rag_experiments.cli.evalset import main
 
-
-# --------------------------------------------------------------------------------------- CLI
-
-
-def _validate(corpus_path: str, evalset_path: str, out=None) -> int:
-    out = out or sys.stdout
-    try:
-        docs = load_corpus(corpus_path)
-    except CorpusError as e:
-        print(e, file=sys.stderr)
-        return 2
-    try:
-        items, digest = load_evalset(evalset_path, docs)
-    except EvalSetError as e:
-        for p in e.problems:
-            print(p, file=sys.stderr)
-        print(f"{len(e.problems)} problem(s) in {evalset_path}", file=sys.stderr)
-        return 2
-    n_spans = sum(len(it.gold_spans) for it in items)
-    print(
-        f"corpus   {corpus_path}: {len(docs)} documents, {sum(len(d.text.split()) for d in docs)} words",
-        file=out,
-    )
-    print(
-        f"evalset  {evalset_path}: {len(items)} items, {n_spans} evidence spans, digest {digest[:12]}",
-        file=out,
-    )
-    print("items per tag:", file=out)
-    for tag, n in sorted(tag_counts(items).items(), key=lambda kv: (-kv[1], kv[0])):
-        print(f"  {tag:<14} {n:>5}", file=out)
-    print("OK", file=out)
-    return 0
-
-
-def _add_generate_parsers(sub) -> None:
-    g = sub.add_parser("generate", help="LLM-proposed questions grounded in corpus quotes → review CSV")
-    g.add_argument("--corpus", required=True)
-    g.add_argument("--n", type=int, required=True, help="passages to sample (one generator call each)")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--out", required=True, help="review CSV to write")
-    g.add_argument("--dedup-threshold", type=float, default=0.9, help="drop questions with cosine ≥ this")
-    g.add_argument("--base-url", help="OpenAI-compatible endpoint (default: the packaged local SmolLM2)")
-    g.add_argument("--model", help="model name at --base-url")
-    g.add_argument("--api-key-env", default="OPENAI_API_KEY", help="name of the env var holding the key")
-    g.add_argument("--model-path", help="local GGUF for the llama.cpp server (default: packaged SmolLM2)")
-    g.add_argument("--max-tokens", type=int, default=200)
-    g.add_argument("--temperature", type=float, default=0.0)
-    a = sub.add_parser("accept", help="reviewed CSV (keep=yes) → validated evalset.jsonl")
-    a.add_argument("review")
-    a.add_argument("--corpus", required=True)
-    a.add_argument("--out", required=True)
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rag_experiments.evalset", description=__doc__.split("\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    v = sub.add_parser("validate", help="validate an eval set against a corpus (default: the bundled sample)")
-    v.add_argument("--corpus", default=str(sample_dir() / "docs"))
-    v.add_argument("--evalset", default=str(sample_dir() / "evalset.jsonl"))
-    sq = sub.add_parser("import-squad", help="SQuAD v1.1 JSON → corpus.jsonl + evalset.jsonl")
-    sq.add_argument("file")
-    sq.add_argument("--out", required=True)
-    sq.add_argument("--strict", action="store_true", help="exit 2 on any misaligned or missing answer")
-    be = sub.add_parser("import-beir", help="BEIR dataset dir → corpus.jsonl + evalset.jsonl")
-    be.add_argument("dir")
-    be.add_argument("--out", required=True)
-    be.add_argument("--split", default="test")
-    be.add_argument("--strict", action="store_true", help="exit 2 on any qrel naming a missing document")
-    _add_generate_parsers(sub)
-    args = ap.parse_args(argv)
-    if args.cmd == "validate":
-        return _validate(args.corpus, args.evalset)
-    if args.cmd in ("generate", "accept"):
-        from rag_experiments.datasets.generate import cli
-
-        return cli(args)
-    try:
-        corpus, evals, report = (
-            import_squad(args.file) if args.cmd == "import-squad" else import_beir(args.dir, args.split)
-        )
-    except (OSError, KeyError, ValueError) as e:
-        print(f"{getattr(args, 'file', None) or args.dir}: cannot import: {e!r}", file=sys.stderr)
-        return 2
-    what = "answers" if args.cmd == "import-squad" else "qrels"
-    if args.strict and report.notes:
-        for note in report.notes:
-            print(note, file=sys.stderr)
-        print(
-            f"--strict: {len(report.notes)} {what} do not match the documents; nothing written",
-            file=sys.stderr,
-        )
-        return 2
-    for note in report.notes[:20]:
-        print(note)
-    if len(report.notes) > 20:
-        print(f"... and {len(report.notes) - 20} more")
-    print(report.summary(what))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    _write_jsonl(out / "corpus.jsonl", corpus)
-    _write_jsonl(out / "evalset.jsonl", evals)
-    print(
-        f"wrote {len(corpus)} documents to {out / 'corpus.jsonl'} and {len(evals)} items to {out / 'evalset.jsonl'}"
-    )
-    return _validate(str(out / "corpus.jsonl"), str(out / "evalset.jsonl"))
-
-
-if __name__ == "__main__":
     sys.exit(main())

@@ -17,6 +17,7 @@ from mlflow.tracking import MlflowClient
 from rag_experiments.analysis.gate import GateResult, non_inferiority
 from rag_experiments.compare import text_table
 from rag_experiments.evaluation.registry import higher_is_better
+from rag_experiments.formatting import fmt_num
 from rag_experiments.tracking.runs import (
     RunInputError,
     check_same_evalset,
@@ -97,12 +98,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resamples", type=int, default=9999)
     return p
-
-
-def _fmt(x: float, signed: bool = False) -> str:
-    if x is None or math.isnan(x):
-        return "–"
-    return f"{x:+.4f}" if signed else f"{x:.4f}"
 
 
 def _direction(metric: str) -> bool:
@@ -212,12 +207,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             [
                 r.metric,
                 "higher" if r.higher_is_better else "lower",
-                _fmt(r.baseline),
-                _fmt(r.candidate),
-                _fmt(r.delta, signed=True),
-                ("≥ " if r.higher_is_better else "≤ ") + _fmt(r.bound, signed=True),
-                _fmt(-r.margin if r.higher_is_better else r.margin, signed=True) + margin_src,
-                _fmt(r.mde),
+                fmt_num(r.baseline),
+                fmt_num(r.candidate),
+                fmt_num(r.delta, signed=True),
+                ("≥ " if r.higher_is_better else "≤ ") + fmt_num(r.bound, signed=True),
+                fmt_num(-r.margin if r.higher_is_better else r.margin, signed=True) + margin_src,
+                fmt_num(r.mde),
                 str(r.n_pairs),
                 r.verdict,
             ]

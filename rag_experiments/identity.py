@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from rag_experiments.evaluation.labels import failure_label
+
 # ------------------------------------------------------------------------------ model bytes
 
 _HASHES: dict[tuple[str, int, int], str] = {}
@@ -157,7 +159,6 @@ def code_version(stage: str) -> str:
 
 def _failure_label_module() -> str:
     # follow the function rather than a file name, so the fingerprint survives a module move
-    from rag_experiments.evaluation.labels import failure_label
 
     return failure_label.__module__
 

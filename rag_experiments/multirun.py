@@ -21,7 +21,16 @@ from hydra.utils import instantiate
 from mlflow.exceptions import MlflowException
 from omegaconf import DictConfig, OmegaConf
 
-from rag_experiments.sweep import _container, _input_error, _problems_of, print_problems, run_name_from
+from rag_experiments.assemble import container as _container
+from rag_experiments.assemble import input_error as _input_error
+from rag_experiments.assemble import print_problems, run_name_from
+from rag_experiments.assemble import problems_of as _problems_of
+from rag_experiments.cache import stable_hash
+from rag_experiments.config_schema import ConfigError, check
+from rag_experiments.datasets.corpus import CorpusError
+from rag_experiments.evalset import EvalSetError
+from rag_experiments.tracking import writer as tracking
+from rag_experiments.tracking.runs import sweep_children
 
 
 def multirun_job_configs(config: DictConfig) -> list[tuple[list[str], DictConfig]] | None:
@@ -52,8 +61,6 @@ def validate_multirun(config: DictConfig) -> list[str]:
         job_cfg = OmegaConf.masked_copy(job_cfg, [k for k in job_cfg if k != "hydra"])
         name = run_name_from(overrides)
         try:
-            from rag_experiments.config_schema import ConfigError, check
-
             check(job_cfg)
         except ConfigError as e:
             problems += [f"job {name}: {p}" for p in e.problems]
@@ -64,8 +71,6 @@ def validate_multirun(config: DictConfig) -> list[str]:
         if data_key in seen_data:
             continue
         seen_data.add(data_key)  # loads are cached per process: the jobs reuse them
-        from rag_experiments.datasets.corpus import CorpusError
-        from rag_experiments.evalset import EvalSetError
 
         try:
             instantiate(job_cfg.evalset, corpus=instantiate(job_cfg.corpus))
@@ -135,8 +140,6 @@ def start_sweep_child(
     under this host's lock, then settled across hosts (``settle_parent``) before the child is
     created and once more after it, in case a parent another host created meanwhile won.
     """
-    from rag_experiments.tracking import writer as tracking
-
     parent_id, sweep_id = tracking.get_or_create_parent(client, experiment_id, sweep, force)
     parent_id = settle_parent(client, experiment_id, sweep["invocation"]) or parent_id
     run_id = start_child(parent_id, sweep_id)
@@ -169,8 +172,6 @@ class _SweepGuard:
             return
         from mlflow.tracking import MlflowClient
 
-        from rag_experiments.tracking import writer as tracking
-
         client = MlflowClient(tracking_uri=self.uri)
         exp = client.get_experiment_by_name(self.experiment_name)
         if exp is not None:
@@ -195,9 +196,6 @@ class MultirunParent(Callback):
             sys.exit(2)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from rag_experiments.cache import stable_hash
-        from rag_experiments.tracking import writer as tracking
-
         problems = validate_multirun(config)
         if problems:
             print_problems(problems, "no run was created: fix these inputs first")
@@ -229,8 +227,6 @@ class MultirunParent(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from mlflow.tracking import MlflowClient
 
-        from rag_experiments.tracking import writer as tracking
-
         sweep = tracking.read_sweep_context(config.hydra.sweep.dir)
         guard = getattr(self, "_guard", None)
         if not sweep:
@@ -250,8 +246,6 @@ class MultirunParent(Callback):
 
 
 def _config_problems(config: DictConfig) -> tuple[list[str], None]:
-    from rag_experiments.config_schema import ConfigError, check
-
     try:
         check(OmegaConf.masked_copy(config, [k for k in config if k != "hydra"]))
     except ConfigError as e:
@@ -260,8 +254,6 @@ def _config_problems(config: DictConfig) -> tuple[list[str], None]:
 
 
 def _print_sweep(client, exp_id: str, parent, status: str) -> None:
-    from rag_experiments.tracking.runs import sweep_children
-
     children = sweep_children(client, parent.data.tags["sweep_id"])
     print(
         f"\nsweep {parent.data.tags.get('sweep_id')}: parent run {parent.info.run_id} {status}, "

@@ -1,6 +1,7 @@
 """Run one resolved configuration over the eval set: chunk → retrieve → generate → judge → score.
 
-``run_pipeline`` takes built stages (no Hydra, no MLflow), so tests and scripts call it directly.
+``run_pipeline(stages, data, settings, cache)`` takes built stages (``run_types``: no Hydra, no
+MLflow), so tests and scripts call it directly.
 Every stage goes through the content-addressed ``StageCache``; the per-query records it returns
 carry everything the MLflow table, the failure labels and the statistics need. Results are
 committed to the cache as they complete (each answer, each judged answer, each embedding block),
@@ -15,7 +16,6 @@ import logging
 import math
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -29,15 +29,20 @@ from rag_experiments.evaluation.budget import budgeted_metrics
 from rag_experiments.evaluation.cost import cost_metrics, usage_columns
 from rag_experiments.evaluation.labels import RATE_LABELS, failure_label
 from rag_experiments.evaluation.registry import GENERATION_METRICS
+from rag_experiments.parallel import as_they_complete
 from rag_experiments.progress import Progress, track
+from rag_experiments.run_types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.chunking import chunk_corpus
+from rag_experiments.stages.judging import correctness, faithfulness
 from rag_experiments.stages.judging.cached import (
+    JudgedAnswer,
     cached_claims,
     cached_verdicts,
     diagnostic_columns,
     diagnostics_stage,
     last_usage,
 )
+from rag_experiments.stages.text import token_ends, tokenizer_identity
 from rag_experiments.types import Chunk, Document, EvalItem, Generation
 
 log = logging.getLogger(__name__)
@@ -74,38 +79,56 @@ def chunk_stage(
     return chunks, key
 
 
+@dataclass
+class Ranking:
+    """Every query ranked to ``depth``: chunk indices (-1: none) and scores, row per query."""
+
+    idx: np.ndarray
+    scores: np.ndarray
+    key: str  # the rankings cache key
+    calls: int = 0  # retriever runs (0: from the cache)
+    seconds: float = 0.0
+
+
 def retrieval_stage(
     retriever, chunks: list[Chunk], chunks_key: str, queries: list[str], depth: int, cache: StageCache
-):
+) -> Ranking:
     """Rank once at ``depth`` (the largest k any metric or the generator needs); cached."""
     key = stage_key("rankings", retriever.identity, chunks_key, queries, depth)
     hit = cache.get_array("rankings", key)
     if hit is not None:
-        return hit["idx"], hit["scores"], key
+        return Ranking(hit["idx"], hit["scores"], key)
     retriever.index(chunks)
     idx, scores = retriever.search(queries, depth)
     cache.put_array(
         "rankings", key, idx=np.asarray(idx, dtype=np.int64), scores=np.asarray(scores, dtype=np.float32)
     )
-    return idx, scores, key
+    return Ranking(idx, scores, key, calls=1)
 
 
-def chunk_tokens_stage(chunks: list[Chunk], chunks_key: str, cache: StageCache):
+@dataclass
+class ChunkTokens:
+    """Token end offsets of every chunk (``stages.text.token_ends``) under ``tokenizer``."""
+
+    ends: np.ndarray
+    ptr: np.ndarray
+    tokenizer: str  # the budget tokenizer's identity (run tag token_budget_tokenizer)
+    key: str  # the chunk_tokens cache key
+
+
+def chunk_tokens_stage(chunks: list[Chunk], chunks_key: str, cache: StageCache) -> ChunkTokens:
     """Token end offsets of every chunk under the fixed budget tokenizer, once per chunk set.
 
-    Cached with the chunks: the key is (chunks key, tokenizer identity). Returns
-    ``(ends, ptr, tokenizer_identity, key)`` (see ``stages.text.token_ends``).
+    Cached with the chunks: the key is (chunks key, tokenizer identity).
     """
-    from rag_experiments.stages.text import token_ends, tokenizer_identity
-
     ident = tokenizer_identity()
     key = stage_key("chunk_tokens", chunks_key, ident)
     hit = cache.get_array("chunk_tokens", key)
     if hit is not None:
-        return hit["ends"], hit["ptr"], ident, key
+        return ChunkTokens(hit["ends"], hit["ptr"], ident, key)
     ends, ptr = token_ends([c.text for c in chunks])
     cache.put_array("chunk_tokens", key, ends=ends, ptr=ptr)
-    return ends, ptr, ident, key
+    return ChunkTokens(ends, ptr, ident, key)
 
 
 def stratified_subset(items: list[EvalItem], n: int | None) -> list[int]:
@@ -161,18 +184,14 @@ def generation_stage(
     todo = list({k: i for i, k in enumerate(keys) if k not in found}.items())
     fresh: dict[str, Generation] = {}
     workers = max(1, int(getattr(generator, "concurrency", 1) or 1))
-    pool = ThreadPoolExecutor(max_workers=workers)
-    try:
-        with Progress("generation", len(todo), enabled=progress and bool(todo), unit="answers") as bar:
-            futures = {pool.submit(_generate_one, generator, prompts[i]): k for k, i in todo}
-            for fut in as_completed(futures):
-                k, g = futures[fut], fut.result()
-                fresh[k] = g
-                if not g.error:
-                    cache.put_json_many("generations", {k: asdict(g)})
-                bar.update()
-    finally:  # on Ctrl-C / SIGTERM do not wait for the queued requests
-        pool.shutdown(wait=False, cancel_futures=True)
+    with Progress("generation", len(todo), enabled=progress and bool(todo), unit="answers") as bar:
+        asked = [prompts[i] for _, i in todo]
+        for j, g in as_they_complete(lambda p: _generate_one(generator, p), asked, workers):
+            k = todo[j][0]
+            fresh[k] = g
+            if not g.error:
+                cache.put_json_many("generations", {k: asdict(g)})
+            bar.update()
     gens = []
     for k in keys:
         if k in fresh:
@@ -184,8 +203,10 @@ def generation_stage(
     return gens, len(todo)
 
 
-def _judge_one(judge, item: EvalItem, answer: str, context: str, cache: StageCache, calls: Counter):
-    """(claims, verdicts, relevance, method, seconds, usage tally) for one answer; each part cached."""
+def _judge_one(
+    judge, item: EvalItem, answer: str, context: str, cache: StageCache, calls: Counter
+) -> JudgedAnswer:
+    """Claims, verdicts and answer relevance of one answer; each part cached."""
     t0 = time.perf_counter()
     tally: dict[str, dict | None] = {}
     claims = cached_claims(judge, answer, cache, calls, tally)
@@ -200,7 +221,7 @@ def _judge_one(judge, item: EvalItem, answer: str, context: str, cache: StageCac
         tally[rk] = last_usage(judge)
         calls["relevance"] += 1
         cache.put_json_many("relevance", {rk: [rel, method, tally[rk]]})
-    return claims, verdicts, rel, method, time.perf_counter() - t0, tally
+    return JudgedAnswer(claims, verdicts, rel, method, time.perf_counter() - t0, tally)
 
 
 def judge_stage(
@@ -259,10 +280,8 @@ def _retrieval_rows(items, ranked, scores, per_q, latency_s: float) -> list[dict
     return rows
 
 
-def _judged_columns(g: Generation, it: EvalItem, j) -> dict[str, Any]:
+def _judged_columns(g: Generation, it: EvalItem, j: JudgedAnswer | None) -> dict[str, Any]:
     """Generation metrics and judge bookkeeping of one generated answer (``j`` None: not judged)."""
-    from rag_experiments.stages.judging import correctness, faithfulness
-
     if j is None:
         return {
             **{m: math.nan for m in GENERATION_METRICS},
@@ -274,24 +293,23 @@ def _judged_columns(g: Generation, it: EvalItem, j) -> dict[str, Any]:
             "relevance_method": "",
             "latency_judge_s": 0.0,
         }
-    claims, verdicts, rel, method, lat, _ = j
-    faith, n_claims, n_unp = faithfulness(verdicts)
+    faith, n_claims, n_unp = faithfulness(j.verdicts)
     verdict_rows = [
         {"claim": v.claim, "label": v.label, "score": v.score, "rationale": v.rationale}
         | ({"stage": v.stage} if v.stage else {})
-        for v in verdicts
+        for v in j.verdicts
     ]
     return {
         "faithfulness": faith,
-        "answer_relevance": float(rel),
+        "answer_relevance": float(j.relevance),
         "correctness": correctness(g.text, it.key_facts, it.answerable),
-        "claims": json.dumps(claims),
+        "claims": json.dumps(j.claims),
         "verdicts": json.dumps(verdict_rows),
         "n_claims": n_claims,
         "n_unparseable": n_unp,
-        "n_escalated": sum(v.stage == "llm" for v in verdicts),  # judge=cascade: decided by the LLM
-        "relevance_method": method,
-        "latency_judge_s": lat,
+        "n_escalated": sum(v.stage == "llm" for v in j.verdicts),  # judge=cascade: decided by the LLM
+        "relevance_method": j.method,
+        "latency_judge_s": j.seconds,
     }
 
 
@@ -312,17 +330,16 @@ def _label_rows(rows, items, k: int, thresholds: dict | None, generated: list[bo
 
 
 def _generate_and_judge(
-    rows, items, ranked, k, subset, generator, prompt, judge, cache, progress, min_coverage=0.5
-):
+    rows, items, ranked, subset, stages: Stages, settings: RunSettings, cache, timings, calls
+) -> None:
     """Generate and judge the ``subset`` of items (with the claim-level diagnostics); fills their
-    rows. Returns (timings, calls)."""
-    timings: dict[str, float] = {}
-    calls: Counter = Counter()
+    rows and adds to ``timings`` and ``calls``."""
+    judge, progress = stages.judge, settings.progress
     sub_items = [items[i] for i in subset]
-    contexts_chunks = [ranked[i][:k] for i in subset]
-    prompts = [prompt.render(it.query, cs) for it, cs in zip(sub_items, contexts_chunks, strict=True)]
+    contexts_chunks = [ranked[i][: settings.k] for i in subset]
+    prompts = [stages.prompt.render(it.query, cs) for it, cs in zip(sub_items, contexts_chunks, strict=True)]
     t = time.perf_counter()
-    gens, n_gen = generation_stage(generator, prompts, cache, progress)
+    gens, n_gen = generation_stage(stages.generator, prompts, cache, progress)
     calls["generation"] += n_gen
     timings["generation_s"] = time.perf_counter() - t
     answers = [None if g.error else g.text for g in gens]
@@ -330,7 +347,7 @@ def _generate_and_judge(
     t = time.perf_counter()
     judged, jcalls = judge_stage(judge, sub_items, answers, contexts, cache, progress)
     diags, dcalls = diagnostics_stage(
-        judge, sub_items, answers, contexts_chunks, judged, cache, min_coverage, progress
+        judge, sub_items, answers, contexts_chunks, judged, cache, settings.min_coverage, progress
     )
     calls.update({f"judge_{k_}": v for k_, v in (jcalls + dcalls).items()})
     timings["judging_s"] = time.perf_counter() - t
@@ -340,8 +357,7 @@ def _generate_and_judge(
         row.update(latency_generation_s=g.latency_s, generation_cached=g.cached)
         row.update(usage_columns(g.usage))  # cached answers keep their usage: cost of the config
         row.update(_judged_columns(g, it, j))
-        row.update(diagnostic_columns(d, j[5] if j is not None else None))
-    return timings, calls
+        row.update(diagnostic_columns(d, j.usage if j is not None else None))
 
 
 def _per_query_table(
@@ -363,36 +379,45 @@ def _per_query_table(
     return df
 
 
+@dataclass
+class RetrievalScores:
+    """Per-query retrieval metrics (name -> one value per query), run tags, run-level metrics."""
+
+    per_query: dict[str, np.ndarray]
+    tags: dict[str, str]
+    run_metrics: dict[str, float]
+
+
 def _retrieval_scores(
-    retriever, items, chunks, idx, ranked, scoring: tuple, cache_keys: dict[str, str], cache
-) -> tuple[dict[str, np.ndarray], dict[str, str], dict[str, float]]:
-    """(per-query retrieval metrics, run tags, run-level retriever metrics): chunk-count metrics,
-    token-level and budgeted metrics (docs/metrics.md), and e.g. ANN recall (docs/scale.md).
-    ``scoring`` = (ks, min_coverage, rank_depth, token_budgets)."""
-    all_ks, min_coverage, rank_depth, token_budgets = scoring
+    retriever, items, chunks, idx, ranked, settings: RunSettings, cache_keys: dict[str, str], cache
+) -> RetrievalScores:
+    """Chunk-count metrics, token-level and budgeted metrics (docs/metrics.md), and the retriever's
+    run-level metrics, e.g. ANN recall (docs/scale.md)."""
+    all_ks, min_coverage = settings.all_ks, settings.min_coverage
     gold = [it.gold_spans for it in items]
-    per_q = M.retrieval_metrics(ranked, gold, chunks, all_ks, min_coverage, rank_depth=rank_depth)
+    per_q = M.retrieval_metrics(ranked, gold, chunks, all_ks, min_coverage, rank_depth=settings.rank_depth)
     per_q.update(M.token_metrics(ranked, gold, all_ks))
     run_tags: dict[str, str] = {}
-    if token_budgets:
-        ends, ptr, tok_id, cache_keys["chunk_tokens"] = chunk_tokens_stage(
-            chunks, cache_keys["chunks"], cache
+    if settings.token_budgets:
+        tok = chunk_tokens_stage(chunks, cache_keys["chunks"], cache)
+        cache_keys["chunk_tokens"] = tok.key
+        per_q.update(
+            budgeted_metrics(idx, chunks, gold, tok.ends, tok.ptr, list(settings.token_budgets), min_coverage)
         )
-        per_q.update(budgeted_metrics(idx, chunks, gold, ends, ptr, token_budgets, min_coverage))
-        run_tags["token_budget_tokenizer"] = tok_id
+        run_tags["token_budget_tokenizer"] = tok.tokenizer
     run_metrics = getattr(retriever, "run_metrics", None)
     queries = [it.query for it in items]
     extra = run_metrics(chunks, cache_keys["chunks"], queries, all_ks, cache) if run_metrics else {}
-    return per_q, run_tags, extra
+    return RetrievalScores(per_q, run_tags, extra)
 
 
-def _timed_retrieval(retriever, chunks, chunks_key, queries, depth: int, cache, progress: bool):
-    """(idx, scores, ranking key, retriever calls, seconds): every query ranked to ``depth``."""
+def _timed_retrieval(retriever, chunks, chunks_key, queries, depth: int, cache, progress: bool) -> Ranking:
+    """Every query ranked to ``depth``, with the retriever calls and the seconds it took."""
     t = time.perf_counter()
-    before = cache.stats["rankings.miss"]
     with Progress("retrieval", None, enabled=progress):  # start/done lines; embedding shows blocks
-        idx, scores, ranking_key = retrieval_stage(retriever, chunks, chunks_key, queries, depth, cache)
-    return idx, scores, ranking_key, cache.stats["rankings.miss"] - before, time.perf_counter() - t
+        ranking = retrieval_stage(retriever, chunks, chunks_key, queries, depth, cache)
+    ranking.seconds = time.perf_counter() - t
+    return ranking
 
 
 def _run_aggregates(
@@ -418,79 +443,58 @@ def _run_aggregates(
 
 
 def run_pipeline(
-    docs: list[Document],
-    corpus_digest: str,
-    items: list[EvalItem],
-    chunker,
-    chunking_cfg: dict,
-    retriever,
-    k: int,
-    ks: list[int],
-    cache: StageCache,
-    generator=None,
-    prompt=None,
-    judge=None,
-    min_coverage: float = 0.5,
-    thresholds: dict | None = None,
-    n_resamples: int = 1000,
-    seed: int = 0,
-    progress: bool = True,
-    generation_subset: int | None = None,
-    rank_depth: int = 100,
-    token_budgets: tuple[int, ...] | list[int] = (256, 512, 1024),
-    pricing: dict | None = None,
+    stages: Stages, data: PipelineData, settings: RunSettings, cache: StageCache
 ) -> PipelineResult:
-    """Retrieval on every item; generation and judging on ``stratified_subset(items, generation_subset)``.
+    """Retrieval on every item; generation and judging on
+    ``stratified_subset(items, settings.generation_subset)`` when ``stages.generator`` is set.
 
     Items outside the subset keep their retrieval metrics and a retrieval-only failure label; their
     generation metrics and label rates are NaN, so every generation mean covers the subset only
-    (``n_scored/{key}``) and the rates share one denominator. ``pricing``: ``{"generation": {...},
-    "judge": {...}}`` price tables for ``cost_usd`` (evaluation.cost.cost_metrics).
+    (``n_scored/{key}``) and the rates share one denominator. ``settings.pricing``:
+    ``{"generation": {...}, "judge": {...}}`` price tables for ``cost_usd``
+    (evaluation.cost.cost_metrics).
     """
     timings: dict[str, float] = {}
     calls: Counter = Counter()
-    embedder = getattr(retriever, "embedder", None)
+    items, progress = data.items, settings.progress
+    embedder = getattr(stages.retriever, "embedder", None)
     if hasattr(embedder, "progress"):
         embedder.progress = progress
     t = time.perf_counter()
-    chunks, chunks_key = chunk_stage(docs, corpus_digest, chunker, chunking_cfg, cache, progress)
+    chunks, chunks_key = chunk_stage(
+        data.docs, data.corpus_digest, stages.chunker, stages.chunking_cfg, cache, progress
+    )
     timings["chunking_s"] = time.perf_counter() - t
 
-    all_ks = sorted(set(ks) | {k})
     queries = [it.query for it in items]
-    depth = max(*all_ks, rank_depth)  # MRR and the token budgets read past max(ks)
-    idx, scores, ranking_key, calls["retrieval"], timings["retrieval_s"] = _timed_retrieval(
-        retriever, chunks, chunks_key, queries, depth, cache, progress
+    ranking = _timed_retrieval(stages.retriever, chunks, chunks_key, queries, settings.depth, cache, progress)
+    calls["retrieval"], timings["retrieval_s"] = ranking.calls, ranking.seconds
+    ranked = [[chunks[i] for i in row if i >= 0] for row in ranking.idx]
+    cache_keys = {"chunks": chunks_key, "rankings": ranking.key}
+    scored = _retrieval_scores(
+        stages.retriever, items, chunks, ranking.idx, ranked, settings, cache_keys, cache
     )
-    ranked = [[chunks[i] for i in row if i >= 0] for row in idx]
-    cache_keys = {"chunks": chunks_key, "rankings": ranking_key}
-    scoring = (all_ks, min_coverage, rank_depth, token_budgets)
-    per_q, run_tags, run_metrics = _retrieval_scores(
-        retriever, items, chunks, idx, ranked, scoring, cache_keys, cache
-    )
-    shown = max(all_ks)  # the per-query table lists the ranks the top-k metrics see
+    shown = max(settings.all_ks)  # the per-query table lists the ranks the top-k metrics see
     latency = timings["retrieval_s"] / max(len(items), 1)
-    rows = _retrieval_rows(items, [r[:shown] for r in ranked], scores, per_q, latency)
+    rows = _retrieval_rows(items, [r[:shown] for r in ranked], ranking.scores, scored.per_query, latency)
 
-    subset = stratified_subset(items, generation_subset) if generator is not None else []
-    if generator is not None:
-        gt, gc = _generate_and_judge(
-            rows, items, ranked, k, subset, generator, prompt, judge, cache, progress, min_coverage
-        )
-        timings.update(gt)
-        calls.update(gc)
+    subset = stratified_subset(items, settings.generation_subset) if stages.generates else []
+    if stages.generates:
+        _generate_and_judge(rows, items, ranked, subset, stages, settings, cache, timings, calls)
     chosen = set(subset)
     generated = [i in chosen for i in range(len(items))]
-    _label_rows(rows, items, k, thresholds, generated)
+    _label_rows(rows, items, settings.k, settings.thresholds, generated)
 
-    df = _per_query_table(rows, generated, with_generation=generator is not None)
-    n_generated = len(subset) if generator is not None else None
-    aggregates = _run_aggregates(df, run_metrics, pricing, n_generated, n_resamples, seed)
+    df = _per_query_table(rows, generated, with_generation=stages.generates)
+    n_generated = len(subset) if stages.generates else None
+    aggregates = _run_aggregates(
+        df, scored.run_metrics, settings.pricing, n_generated, settings.n_resamples, settings.seed
+    )
     return PipelineResult(
         per_query=df,
         aggregates=aggregates,
         cache_keys=cache_keys,
-        tags=run_tags,
+        tags=scored.tags,
         timings=timings,
         calls=dict(calls),
         n_chunks=len(chunks),

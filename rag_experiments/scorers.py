@@ -32,6 +32,10 @@ from mlflow.entities import AssessmentError, AssessmentSource, AssessmentSourceT
 from mlflow.genai.scorers import scorer
 
 from rag_experiments.evaluation import metrics as M
+from rag_experiments.evaluation.defaults import MIN_COVERAGE
+from rag_experiments.evaluation.labels import failure_label as label_of
+from rag_experiments.stages.judging import HeuristicJudge, correctness
+from rag_experiments.stages.judging import faithfulness as faith_of
 from rag_experiments.types import Chunk, Span
 
 SOURCE = AssessmentSource(AssessmentSourceType.CODE, "rag_experiments.scorers")
@@ -83,16 +87,12 @@ def _recalled(top: list[dict], gold: dict, min_coverage: float) -> bool:
         if None in (gs, ge, m.get("start"), m.get("end")):
             return any(_relevant(x, gold, min_coverage) for x in top)
         if str(m.get("doc_id") or m.get("doc_uri")) == str(g_id):
-            ranges.append((max(int(m["start"]), int(gs)), min(int(m["end"]), int(ge))))
-    covered, reach = 0, int(gs)  # union of the clipped ranges, overlaps counted once
-    for lo, hi in sorted(r for r in ranges if r[1] > r[0]):
-        lo = max(lo, reach)
-        if hi > lo:
-            covered, reach = covered + hi - lo, hi
-    return covered > 0 and covered >= min_coverage * (int(ge) - int(gs))
+            ranges.append((int(m["start"]), int(m["end"])))
+    covered = M.covered_chars(ranges, int(gs), int(ge))
+    return bool(M.span_recalled(covered, int(ge) - int(gs), min_coverage))
 
 
-def span_hits(trace, expectations: dict | None, min_coverage: float = 0.5) -> np.ndarray | str:
+def span_hits(trace, expectations: dict | None, min_coverage: float = MIN_COVERAGE) -> np.ndarray | str:
     """Bool (n_retrieved, n_spans): document r is relevant to gold span s; a reason string when the
     retrieval metrics do not apply to this row."""
     docs = retrieved_documents(trace)
@@ -108,7 +108,7 @@ def span_hits(trace, expectations: dict | None, min_coverage: float = 0.5) -> np
     )
 
 
-def hit_at(k: int, min_coverage: float = 0.5):
+def hit_at(k: int, min_coverage: float = MIN_COVERAGE):
     """Scorer ``hit_at_{k}``: 1 if any of the top k retrieved documents is relevant, else 0."""
 
     def fn(trace, expectations) -> Feedback:
@@ -121,7 +121,7 @@ def hit_at(k: int, min_coverage: float = 0.5):
     return scorer(fn, name=f"hit_at_{k}")
 
 
-def evidence_recall_at(k: int, min_coverage: float = 0.5):
+def evidence_recall_at(k: int, min_coverage: float = MIN_COVERAGE):
     """Scorer ``evidence_recall_at_{k}``: share of the gold spans covered by some top-k document."""
 
     def fn(trace, expectations) -> Feedback:
@@ -162,8 +162,6 @@ def heuristic_judge():
     """The offline judge with the shipped calibration (``conf/judge/heuristic.yaml``)."""
     import yaml
 
-    from rag_experiments.stages.judging import HeuristicJudge
-
     cfg = yaml.safe_load(
         (resources.files("rag_experiments") / "conf" / "judge" / "heuristic.yaml").read_text()
     )
@@ -177,8 +175,6 @@ def _context(trace, k: int | None) -> str | None:
 
 
 def _faithfulness(outputs: Any, trace, k: int | None) -> tuple[float, list[str]] | str:
-    from rag_experiments.stages.judging import faithfulness as faith_of
-
     if not isinstance(outputs, str):
         return "the app's output is not an answer string"
     context = _context(trace, k)
@@ -212,12 +208,10 @@ def faithfulness(k: int | None = None):
     return scorer(fn, name="faithfulness")
 
 
-def failure_label(k: int, min_coverage: float = 0.5, thresholds: Any = None):
+def failure_label(k: int, min_coverage: float = MIN_COVERAGE, thresholds: Any = None):
     """Scorer ``failure_label``: the decision table of ``evaluation.labels.failure_label`` on
     hit@k, correctness (``expected_facts`` found in the answer; declining for unanswerable items)
     and heuristic faithfulness."""
-    from rag_experiments.evaluation.labels import failure_label as label_of
-    from rag_experiments.stages.judging import correctness
 
     def fn(outputs, trace, expectations) -> Feedback:
         gold = (expectations or {}).get(GOLD_KEY)

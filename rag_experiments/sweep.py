@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import signal
 import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # offline by default: never reach a model hub
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -30,72 +28,48 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 import hydra  # noqa: E402
+import mlflow  # noqa: E402
+import pandas as pd  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from hydra.utils import instantiate  # noqa: E402
+from hydra.types import RunMode  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
+from rag_experiments.assemble import (  # noqa: E402
+    Loaded,
+    container,
+    load_inputs,
+    print_problems,
+    run_name_from,
+    run_settings,
+)
+from rag_experiments.assemble import priced as _priced  # noqa: E402, F401 - tests price a stage config
+from rag_experiments.cache import StageCache  # noqa: E402
+from rag_experiments.conf_groups import STAGE_GROUPS  # noqa: E402
 from rag_experiments.config_schema import unknown_group_options  # noqa: E402
 from rag_experiments.evalset import sample_dir  # noqa: E402
-from rag_experiments.identity import code_fingerprint, is_place_key, model_identities  # noqa: E402
+from rag_experiments.evaluation.registry import metric_keys, spec, wrap  # noqa: E402
+from rag_experiments.formatting import fmt_num  # noqa: E402
+from rag_experiments.identity import code_fingerprint  # noqa: E402
+from rag_experiments.multirun import MultirunParent, start_sweep_child  # noqa: E402, F401 - conf names the callback here
+from rag_experiments.pipeline import PipelineResult, run_pipeline  # noqa: E402
+from rag_experiments.progress import Progress, timing_table  # noqa: E402
+from rag_experiments.tracking import writer as tracking  # noqa: E402
+from rag_experiments.tracking.traces import log_traces  # noqa: E402
 
 log = logging.getLogger("rag_experiments")
-GROUPS = ("corpus", "evalset", "chunking", "embedding", "retriever", "generator", "prompt", "judge")
 
 if not OmegaConf.has_resolver("sample_dir"):
     OmegaConf.register_new_resolver("sample_dir", lambda: str(sample_dir()))
 
 
-def _container(node) -> Any:
-    return OmegaConf.to_container(node, resolve=True) if node is not None else None
-
-
-def _priced(node: DictConfig) -> DictConfig:
-    """The stage config without its ``pricing`` table, which feeds cost_usd only (evaluation.cost)."""
-    if "pricing" not in node:
-        return node
-    return OmegaConf.masked_copy(node, [k for k in node if k != "pricing"])
-
-
-def build_stages(cfg: DictConfig, cache) -> dict[str, Any]:
-    """Instantiate every stage from its config group (a user plugs in a class + a YAML file)."""
-    from rag_experiments.cache import CachedEmbedder
-    from rag_experiments.stages.embedding import set_model_reuse
-
-    corpus = instantiate(cfg.corpus)
-    evalset = instantiate(cfg.evalset, corpus=corpus)
-    chunker = instantiate(cfg.chunking)
-    # cache_enabled=false means no reuse at all: models reloaded, static models re-distilled
-    set_model_reuse(cache.enabled)
-    extra = {} if cache.enabled or "cache_dir" not in cfg.embedding else {"cache_dir": None}
-    embedder = CachedEmbedder(instantiate(cfg.embedding, **extra), cache)
-    retriever = instantiate(cfg.retriever, embedder=embedder)
-    generator = prompt = judge = None
-    if cfg.generator.get("_target_"):
-        generator = instantiate(_priced(cfg.generator))
-        prompt = instantiate(cfg.prompt)
-        judge = instantiate(_priced(cfg.judge))
-    return dict(
-        corpus=corpus,
-        evalset=evalset,
-        chunker=chunker,
-        embedder=embedder,
-        retriever=retriever,
-        generator=generator,
-        prompt=prompt,
-        judge=judge,
-    )
-
-
 def _fmt(v: float) -> str:
-    return "   n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:6.3f}"
+    return fmt_num(v, 3, missing="n/a", width=6)
 
 
 def summary_table(agg: dict[str, float], k: int, ks: list[int]) -> str:
     """Retrieval and generation metrics side by side, never blended, with 95 % CIs and counts.
 
     Which keys, in which order and under which heading: ``evaluation.registry.metric_keys``."""
-    from rag_experiments.evaluation.registry import metric_keys, spec, wrap
-
     titles = {"retrieval": "retrieval", "generation": "generation", "label": "failure labels"}
     keys = [key for key in metric_keys(ks, k, generation=True) if key in agg]
     lines = [f"{'metric':<31} {'mean':>6}  95% CI            n"]
@@ -115,81 +89,8 @@ def summary_table(agg: dict[str, float], k: int, ks: list[int]) -> str:
     return "\n".join(lines)
 
 
-def _input_error(e: BaseException | None, kinds: tuple) -> BaseException | None:
-    """The user-input error behind ``e`` (Hydra wraps it in an InstantiationException)."""
-    while e is not None:
-        if isinstance(e, kinds):
-            return e
-        e = e.__cause__ or e.__context__
-    return None
-
-
-def run_name_from(overrides: list[str]) -> str:
-    """``chunking=fixed,retriever.k=5`` from the job's overrides, without paths and bookkeeping."""
-    keep = [o for o in overrides if not is_place_key(o)]
-    return ",".join(keep) or "default"
-
-
-MAX_PROBLEM_LINES = 50  # a broken 10,000-line eval set must not flood the terminal
-
-
-def print_problems(lines: list[str], header: str = "") -> None:
-    """Input problems on stderr: at most MAX_PROBLEM_LINES lines of at most 500 characters."""
-    if header:
-        print(header, file=sys.stderr)
-    for line in lines[:MAX_PROBLEM_LINES]:
-        print(line if len(line) <= 500 else line[:500] + " …", file=sys.stderr)
-    if len(lines) > MAX_PROBLEM_LINES:
-        print(f"… and {len(lines) - MAX_PROBLEM_LINES} more problem(s)", file=sys.stderr)
-
-
-def _problems_of(e: BaseException) -> list[str]:
-    return list(getattr(e, "problems", None) or str(e).splitlines() or [type(e).__name__])
-
-
-def input_problems(cfg: DictConfig, cache=None) -> tuple[list[str], dict | None]:
-    """(problems, stages): the config checked against ``config_schema``, then the data loaded.
-
-    Problems are user input (config values, corpus, eval set, model paths); anything else raises.
-    """
-    from rag_experiments.cache import StageCache
-    from rag_experiments.config_schema import ConfigError, check
-    from rag_experiments.datasets.corpus import CorpusError
-    from rag_experiments.evalset import EvalSetError
-    from rag_experiments.evaluation.metrics import check_metrics_config
-    from rag_experiments.stages.judging.verifier import VerifierError
-
-    try:
-        check(cfg)
-        m = cfg.metrics
-        depth, budgets = m.get("rank_depth", 100), list(m.get("token_budgets", []))
-        check_metrics_config(list(m.ks), int(cfg.retriever.k), depth, budgets)
-        cache = cache or StageCache(cfg.cache_dir, enabled=cfg.get("cache_enabled", True))
-        return [], build_stages(cfg, cache)
-    except Exception as e:  # Hydra wraps a stage's error in an InstantiationException
-        cause = _input_error(e, (ConfigError, EvalSetError, CorpusError, FileNotFoundError, VerifierError))
-        if cause is None and isinstance(e, ValueError) and str(e).startswith(("metrics.", "retriever.k")):
-            return [f"conf/{e}"], None  # check_metrics_config names the key
-        if cause is None:
-            raise
-        return _problems_of(cause), None
-
-
-def load_inputs(cfg: DictConfig, cache) -> dict[str, Any]:
-    """The stages of ``cfg``, or exit 2 with the problems: bad input never creates a run."""
-    problems, stages = input_problems(cfg, cache)
-    if problems:
-        print_problems(problems)
-        sys.exit(2)
-    return stages
-
-
 def job_sweep_context() -> dict | None:
     """The multirun's context, handed over in ``hydra.sweep.dir/.sweep.json`` (None: single run)."""
-    from hydra.types import RunMode
-
-    from rag_experiments.tracking import writer as tracking
-
     hc = HydraConfig.get()
     return tracking.read_sweep_context(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None
 
@@ -199,8 +100,8 @@ class Job:
     """One resolved config with its loaded inputs: everything a run needs besides MLflow."""
 
     cfg: DictConfig
-    stages: dict[str, Any]
-    cache: Any
+    inputs: Loaded  # the corpus, eval set and built stages
+    cache: StageCache
     full: dict
     chash: str
     run_name: str
@@ -217,34 +118,30 @@ class Job:
         return list(self.cfg.metrics.ks)
 
 
-def describe_job(cfg: DictConfig, stages: dict[str, Any], cache, t_start: float) -> Job:
-    from rag_experiments.tracking import writer as tracking
-
-    full = _container(cfg)
+def describe_job(cfg: DictConfig, inputs: Loaded, cache: StageCache, t_start: float) -> Job:
+    full = container(cfg)
     overrides = list(HydraConfig.get().overrides.task)
     chash = tracking.config_hash(
-        full, stages["corpus"].digest, stages["evalset"].digest, model_identities(stages)
+        full, inputs.corpus.digest, inputs.evalset.digest, inputs.stages.identities()
     )
     return Job(
-        cfg, stages, cache, full, chash, run_name_from(overrides), overrides, job_sweep_context(), t_start
+        cfg, inputs, cache, full, chash, run_name_from(overrides), overrides, job_sweep_context(), t_start
     )
 
 
 def run_tags(job: Job) -> dict[str, str]:
-    from rag_experiments.tracking import writer as tracking
-
     tags = {
         "config_hash": job.chash,
         "code_fingerprint": code_fingerprint(),
-        "corpus_digest": job.stages["corpus"].digest,
-        "evalset_digest": job.stages["evalset"].digest,
+        "corpus_digest": job.inputs.corpus.digest,
+        "evalset_digest": job.inputs.evalset.digest,
         "overrides": json.dumps(job.overrides),
         "command": " ".join(sys.argv),
         "runner": tracking.runner_id(),
         **tracking.git_info(),
         **{f"version.{p}": v for p, v in tracking.package_versions().items()},
     }
-    gen, judge = job.stages["generator"], job.stages["judge"]
+    gen, judge = job.inputs.stages.generator, job.inputs.stages.judge
     if gen is not None:
         tags["generator_model"] = getattr(gen, "model", "")
         tags["judge_model"] = str(getattr(judge, "model", None))
@@ -258,54 +155,15 @@ def run_tags(job: Job) -> dict[str, str]:
 
 def run_params(job: Job) -> dict[str, str]:
     """The flattened resolved config plus the group choices (``chunking`` = ``fixed``)."""
-    from rag_experiments.tracking import writer as tracking
-
     params = {
         k: v for k, v in tracking.flatten(job.full).items() if not k.startswith(("tracking.", "hydra."))
     }
-    params.update({g: str(v) for g, v in HydraConfig.get().runtime.choices.items() if g in GROUPS})
+    params.update({g: str(v) for g, v in HydraConfig.get().runtime.choices.items() if g in STAGE_GROUPS})
     return params
 
 
-def _pipeline(job: Job):
-    from rag_experiments.evaluation.labels import load_thresholds
-    from rag_experiments.pipeline import run_pipeline
-
-    cfg, stages = job.cfg, job.stages
-    return run_pipeline(
-        docs=stages["corpus"].docs,
-        corpus_digest=stages["corpus"].digest,
-        items=stages["evalset"].items,
-        chunker=stages["chunker"],
-        chunking_cfg=_container(cfg.chunking),
-        retriever=stages["retriever"],
-        k=job.k,
-        ks=job.ks,
-        cache=job.cache,
-        generator=stages["generator"],
-        prompt=stages["prompt"],
-        judge=stages["judge"],
-        min_coverage=cfg.metrics.min_coverage,
-        thresholds=load_thresholds() if "attribution" not in cfg else _container(cfg.attribution),
-        n_resamples=cfg.metrics.bootstrap_resamples,
-        seed=cfg.seed,
-        progress=cfg.get("progress", True),
-        rank_depth=cfg.metrics.get("rank_depth", 100),
-        token_budgets=list(cfg.metrics.get("token_budgets", [256, 512, 1024])),
-        generation_subset=cfg.get("generation_subset"),
-        pricing={
-            "generation": _container(cfg.generator.get("pricing")),
-            "judge": _container(cfg.judge.get("pricing")),
-        },
-    )
-
-
-def _log(client, run_id: str, job: Job, res) -> None:
-    import pandas as pd
-
-    from rag_experiments.tracking import writer as tracking
-
-    evalset = job.stages["evalset"]
+def _log(client, run_id: str, job: Job, res: PipelineResult) -> None:
+    evalset = job.inputs.evalset
     evalset_df = pd.DataFrame(
         [
             {
@@ -322,10 +180,8 @@ def _log(client, run_id: str, job: Job, res) -> None:
         "config.yaml": OmegaConf.to_yaml(job.cfg, resolve=True),
         "cache_keys.json": json.dumps(res.cache_keys, indent=2),
     }
-    if job.stages["prompt"] is not None:
-        artifacts["prompt_template.txt"] = job.stages["prompt"].text
-    from rag_experiments.progress import Progress
-
+    if job.inputs.stages.prompt is not None:
+        artifacts["prompt_template.txt"] = job.inputs.stages.prompt.text
     timing = res.timings  # logging_s is measured below; the printed table has it, the tag says 0
     timing.update(logging_s=0.0, total_s=time.perf_counter() - job.t_start)
     extra = {
@@ -364,15 +220,14 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
     FINISHED only when some query succeeded: a run with an error on every item is FAILED (tag
     ``failure_reason``) so that a re-run retries it.
     """
-    from rag_experiments.tracking import writer as tracking
-
     try:
-        res = _pipeline(job)
+        inputs = job.inputs
+        res = run_pipeline(inputs.stages, inputs.data, run_settings(job.cfg), job.cache)
         _log(client, run_id, job, res)
-        from rag_experiments.tracking.traces import log_traces  # one trace per eval item (docs/tracing.md)
-
-        st = job.stages
-        log_traces(client, run_id, exp_id, res.per_query, st["evalset"], st["corpus"], job.cfg, st)
+        # one trace per eval item (docs/tracing.md)
+        log_traces(
+            client, run_id, exp_id, res.per_query, inputs.evalset, inputs.corpus, job.cfg, inputs.stages
+        )
         if every_item_failed(res.aggregates):
             why = (
                 f"every one of the {int(res.aggregates['n_queries'])} queries errored (see per_query 'error')"
@@ -396,13 +251,11 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
 
 
 def start_run(client, exp_id: str, job: Job) -> tuple[str, str | None]:
-    """(child run id, parent run id or None): the run is created only now, inputs all valid."""
-    from rag_experiments.tracking import writer as tracking
-
+    """(child run id, parent run id or None): the run is created only now, inputs all valid.
+    In a multirun the store elects the parent (cross-host, ``multirun.start_sweep_child``)."""
     tags = run_tags(job)
     if not job.sweep:
         return tracking.start_child(client, exp_id, job.run_name, tags, run_params(job)), None
-    from rag_experiments.multirun import start_sweep_child  # the store elects the parent (cross-host)
 
     def child(parent_id: str, sweep_id: str) -> str:
         tags.update({"mlflow.parentRunId": parent_id, "sweep_id": sweep_id})
@@ -418,11 +271,6 @@ def run_job(cfg: DictConfig) -> float:
     together run each config once; RUNNING runs of that config left by a dead process are
     marked KILLED first.
     """
-    import mlflow
-
-    from rag_experiments.cache import StageCache
-    from rag_experiments.tracking import writer as tracking
-
     t_start = time.perf_counter()
     cache = StageCache(cfg.cache_dir, enabled=cfg.get("cache_enabled", True))
     job = describe_job(cfg, load_inputs(cfg, cache), cache, t_start)
@@ -445,15 +293,13 @@ def run_job(cfg: DictConfig) -> float:
         res = execute(client, exp_id, run_id, job, parent_id)
     print(f"\n== {run_name}  (run {run_id}, {res.n_chunks} chunks, {time.perf_counter() - t_start:.1f}s)")
     print(summary_table(res.aggregates, k, job.ks))
-    n_items = len(job.stages["evalset"].items)
-    if job.stages["generator"] is not None and res.n_generated < n_items:
+    n_items = len(job.inputs.evalset.items)
+    if job.inputs.stages.generates and res.n_generated < n_items:
         print(
             f"generation metrics and label rates: stratified subset of n={res.n_generated} of "
             f"{n_items} items (generation_subset={cfg.get('generation_subset')}; "
             "generation_subset=null for all); retrieval metrics: all items"
         )
-    from rag_experiments.progress import timing_table
-
     print(timing_table(res.timings))
     print(f"model calls {res.calls or '{}'}; cache {dict(sorted(cache.stats.items()))}")
     if not job.sweep:
@@ -474,16 +320,6 @@ def main(cfg: DictConfig) -> float:
     for noisy in ("mlflow", "httpx", "httpx2", "openai"):  # one line per HTTP call drowns the summary
         logging.getLogger(noisy).setLevel(logging.WARNING)
     return run_job(cfg)
-
-
-def __getattr__(name: str):
-    # conf/config.yaml names the callback rag_experiments.sweep.MultirunParent; imported lazily
-    # because rag_experiments.multirun imports this module.
-    if name == "MultirunParent":
-        from rag_experiments.multirun import MultirunParent
-
-        return MultirunParent
-    raise AttributeError(name)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
 # Quickstart command 2: set up (idempotent, with the dev extra) and run the test suite.
+#   scripts/test.sh           everything (CI)
+#   scripts/test.sh --fast    the unit tier: pytest -m "not slow" (slow tests: tests/conftest.py)
+# Other arguments go to pytest.
 set -euo pipefail
+args=() fast=0
+for a in "$@"; do
+  if [ "$a" = "--fast" ]; then fast=1; args+=(-m "not slow"); else args+=("$a"); fi
+done
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev
-# Headless Chromium checks the HTML report; install it once (Debian package).
-if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+# Headless Chromium checks the HTML report; install it once (Debian package). Full run only: the
+# fast tier needs neither Chromium nor PostgreSQL.
+if [ "$fast" = 0 ] && ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
     || echo "warning: could not install chromium; the report rendering test will fail" >&2
 fi
 # PostgreSQL backs the tracking-server tests (scripts/mlflow_server.sh); Debian package.
-if [ ! -x /usr/lib/postgresql/15/bin/initdb ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+if [ "$fast" = 0 ] && [ ! -x /usr/lib/postgresql/15/bin/initdb ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null) \
     || echo "warning: could not install postgresql; tests/test_server.py will fail" >&2
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-exec .venv/bin/python -m pytest "$@"
+exec .venv/bin/python -m pytest ${args[@]+"${args[@]}"}

@@ -29,3 +29,79 @@ def shared_datasets() -> Path:
     if not DATASETS.is_dir():
         pytest.skip(f"shared datasets not present at {DATASETS}")
     return DATASETS
+
+
+# ---------------------------------------------------------------------------------- test tiers
+# ``scripts/test.sh --fast`` (= ``pytest -m "not slow"``) is the unit tier for the inner loop
+# (≤ 3 min on 2 cores); ``scripts/test.sh`` runs everything, as CI does. Slow tests are listed here,
+# in one place, instead of a marker in every file: whole modules (end-to-end sweeps, servers,
+# Ray, Chromium) and single tests of otherwise fast modules (a real model, a subprocess sweep, an
+# MLflow store). A test that starts a process, a server or a model belongs on one of the lists.
+SLOW_MODULES = {
+    "test_ann",
+    "test_compare_gate",
+    "test_healing",
+    "test_interrupts",
+    "test_kill_resume",
+    "test_mlflow_ui",
+    "test_parent_dedup",
+    "test_ray",
+    "test_report",
+    "test_server",
+    "test_sweep",
+    "test_traces",
+    "test_wheel",
+}
+SLOW_TESTS = {
+    "test_bad_cli_argument_exits_2",
+    "test_malformed_label_file_exits_2_naming_file_and_line",
+    "test_unknown_option_exits_2_through_the_cli",
+    "test_multirun_with_one_bad_job_creates_nothing",
+    "test_multirun_with_one_bad_data_file_creates_nothing",
+    "test_single_run_bad_value_exits_2_before_hydra_outputs",
+    "test_bad_input_exits_2_naming_file_and_line",
+    "test_tokens_mode_windows_at_most_size_tokens",
+    "test_tokens_mode_offsets_are_characters_on_non_ascii",
+    "test_retrieval_only_run_costs_nothing",
+    "test_local_llama_server_reports_usage",
+    "test_usage_reaches_the_per_query_table_and_the_run_metrics",
+    "test_llm_judge_tokens_are_recorded_and_cached_calls_report_the_same",
+    "test_end_to_end_with_the_packaged_local_model",
+    "test_local_generator_answers_and_reuses_server",
+    "test_openai_client_against_local_server_is_deterministic",
+    "test_same_sized_checkpoints_differing_in_one_byte_miss_the_cache_and_embed_differently",
+    "test_local_generator_identity_is_the_gguf_content_not_its_name",
+    "test_resume_follows_code_and_ignores_places",
+    "test_local_llm_judge_scores_with_logprobs",
+    "test_agrees_with_ranx_on_random_rankings",
+    "test_composed_judge_mlflow_config_is_checked_before_any_run",
+    "test_smollm2_verdicts_through_mlflow",
+    "test_sweep_with_judge_mlflow_finishes_and_records_verdicts",
+    "test_full_pipeline_then_cache_reuse",
+    "test_unreachable_endpoint_is_counted_as_errors_and_the_run_goes_on",
+    "test_score_prints_and_logs_ppi_beside_judge_only",
+    "test_report_shows_judge_only_and_ppi_only_for_spot_checked_configs",
+    "test_generating_run_logs_only_registered_keys",
+    "test_retrieval_only_run_logs_only_registered_keys",
+    "test_config_builds_typed_stages_once",
+    "test_evaluate_with_our_scorers_on_a_traced_app",
+    "test_select_on_a_real_sweep_and_rerun_the_chosen_config",
+    "test_lower_is_better_metric_on_the_sweep",
+    "test_constraints_that_nothing_meets_exit_1",
+    "test_bad_input_exits_2",
+    "test_sample_is_seeded_stratified_and_has_the_columns",
+    "test_score_round_trip_kappa_confusion_and_logging",
+    "test_malformed_label_files_exit_2_with_file_line",
+    "test_retrieval_only_run_is_bad_input",
+    "test_summary_names_the_population_its_figures_describe",
+    "test_pipeline_mrr_independent_of_ks_and_tokens_cached",
+    "test_pipeline_budget_uses_real_token_counts",
+    "test_bad_budget_config_exits_2_without_any_mlflow_run",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.path.stem
+        if module in SLOW_MODULES or item.originalname in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)

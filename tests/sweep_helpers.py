@@ -18,6 +18,7 @@ from rag_experiments.cache import StageCache
 from rag_experiments.datasets.corpus import Corpus
 from rag_experiments.evalset import EvalSet, sample_dir
 from rag_experiments.pipeline import PipelineResult, run_pipeline
+from rag_experiments.run_types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.chunking import MarkdownChunker
 from rag_experiments.stages.retrieval import BM25Retriever
 from rag_experiments.types import EvalItem
@@ -62,20 +63,15 @@ def tiny_pipeline(inputs: TinyInputs, ks: tuple[int, ...] = (1, 3), **stages) ->
     ``stages``: ``generator``, ``prompt``, ``judge``, ``pricing`` (none: a retrieval-only run).
     """
     corpus, items, cache = inputs
-    return run_pipeline(
-        docs=corpus.docs,
-        corpus_digest=corpus.digest,
-        items=items,
+    pricing = stages.pop("pricing", None)
+    built = Stages(
         chunker=MarkdownChunker(),
         chunking_cfg={"_target_": "rag_experiments.stages.chunking.MarkdownChunker"},
         retriever=BM25Retriever(k=3),
-        k=3,
-        ks=list(ks),
-        cache=cache,
-        n_resamples=50,
-        progress=False,
         **stages,
     )
+    settings = RunSettings(k=3, ks=tuple(ks), n_resamples=50, progress=False, pricing=pricing)
+    return run_pipeline(built, PipelineData(corpus.docs, corpus.digest, items), settings, cache)
 
 
 def free_port() -> int:

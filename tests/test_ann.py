@@ -11,6 +11,7 @@ from rag_experiments.cache import CachedEmbedder, StageCache
 from rag_experiments.datasets.corpus import Corpus
 from rag_experiments.evalset import EvalSet
 from rag_experiments.pipeline import run_pipeline
+from rag_experiments.run_types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.chunking import FixedSizeChunker
 from rag_experiments.stages.embedding import SentenceTransformerEmbedder
 from rag_experiments.stages.retrieval import DenseRetriever, ann_recall, exact_search, top_k
@@ -99,19 +100,13 @@ def tiny(tmp_path_factory):
 
 def _run(tiny, cache, **index):
     root, corpus, items, st = tiny
-    return run_pipeline(
-        docs=corpus.docs,
-        corpus_digest=corpus.digest,
-        items=items,
+    stages = Stages(
         chunker=FixedSizeChunker(size=300, overlap=50),
         chunking_cfg={"kind": "fixed", "size": 300, "overlap": 50},
         retriever=DenseRetriever(CachedEmbedder(st, cache), k=3, embed_batch=16, **index),
-        k=3,
-        ks=[1, 3, 10],
-        cache=cache,
-        n_resamples=50,
-        progress=False,
     )
+    settings = RunSettings(k=3, ks=(1, 3, 10), n_resamples=50, progress=False)
+    return run_pipeline(stages, PipelineData(corpus.docs, corpus.digest, items), settings, cache)
 
 
 def test_pipeline_logs_ann_recall_and_caches_vectors_and_index(tiny):

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from rag_experiments.cli.evalset import main
 from rag_experiments.datasets.corpus import load_corpus
 from rag_experiments.datasets.generate import REVIEW_COLUMNS, heuristic_tags, paragraphs, sample_passages
-from rag_experiments.evalset import load_evalset, main
+from rag_experiments.evalset import load_evalset
 from rag_experiments.types import Document
 from tests.llm_fixtures import _completion, requires_smollm2
 

@@ -24,6 +24,7 @@ from rag_experiments.evalset import EvalSet
 from rag_experiments.evaluation.labels import RATE_LABELS as FAILURE_LABELS
 from rag_experiments.pipeline import run_pipeline, stratified_subset
 from rag_experiments.progress import Progress, eta_s, timing_table
+from rag_experiments.run_types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.chunking import MarkdownChunker
 from rag_experiments.stages.embedding import SentenceTransformerEmbedder
 from rag_experiments.stages.generation import LocalLlamaGenerator, OpenAICompatibleGenerator
@@ -61,23 +62,18 @@ def setup(tmp_path_factory):
 def _run(setup, generator, prompt="concise", k=3, generation_subset=None):
     corpus, items, cache, embedder, judge = setup
     chunker = MarkdownChunker()
-    return run_pipeline(
-        docs=corpus.docs,
-        corpus_digest=corpus.digest,
-        items=items,
+    stages = Stages(
         chunker=chunker,
         chunking_cfg={"_target_": "rag_experiments.stages.chunking.MarkdownChunker"},
         retriever=DenseRetriever(embedder, k=k),
-        k=k,
-        ks=[1, 3, 5],
-        cache=cache,
         generator=generator,
         prompt=_prompt(prompt),
         judge=judge,
-        n_resamples=200,
-        progress=False,
-        generation_subset=generation_subset,
     )
+    settings = RunSettings(
+        k=k, ks=(1, 3, 5), n_resamples=200, progress=False, generation_subset=generation_subset
+    )
+    return run_pipeline(stages, PipelineData(corpus.docs, corpus.digest, items), settings, cache)
 
 
 @requires_smollm2

@@ -15,6 +15,7 @@ from rag_experiments.evaluation.budget import budget_ends, budgeted_metrics
 from rag_experiments.evaluation.headline import headline_metrics, headline_reason
 from rag_experiments.evaluation.metrics import check_metrics_config, token_metrics
 from rag_experiments.pipeline import run_pipeline
+from rag_experiments.run_types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.chunking import MarkdownChunker, WholeDocumentChunker
 from rag_experiments.stages.retrieval import BM25Retriever
 from rag_experiments.stages.text import token_ends, tokenizer_identity
@@ -235,20 +236,11 @@ def tiny(tmp_path_factory):
 
 def _run(tiny, cache, chunker, ks, k=3, **kw):
     corpus, items, _ = tiny
-    return run_pipeline(
-        docs=corpus.docs,
-        corpus_digest=corpus.digest,
-        items=items,
-        chunker=chunker,
-        chunking_cfg={"_target_": type(chunker).__name__},
-        retriever=BM25Retriever(k=k),
-        k=k,
-        ks=ks,
-        cache=cache,
-        n_resamples=50,
-        progress=False,
-        **kw,
+    stages = Stages(
+        chunker=chunker, chunking_cfg={"_target_": type(chunker).__name__}, retriever=BM25Retriever(k=k)
     )
+    settings = RunSettings(k=k, ks=tuple(ks), n_resamples=50, progress=False, **kw)
+    return run_pipeline(stages, PipelineData(corpus.docs, corpus.digest, items), settings, cache)
 
 
 def test_pipeline_mrr_independent_of_ks_and_tokens_cached(tiny) -> None:

@@ -195,7 +195,7 @@ def test_sweep_inputs_exit_2_for_missing_and_tampered_verifier(fitted, tmp_path)
     """What ``load_inputs`` turns into exit 2: the problems, no stages built, no run."""
     from hydra import compose, initialize_config_dir
 
-    from rag_experiments.sweep import input_problems
+    from rag_experiments.assemble import input_problems
 
     tampered = tmp_path / "t"
     shutil.copytree(fitted["path"], tampered)
@@ -205,8 +205,8 @@ def test_sweep_inputs_exit_2_for_missing_and_tampered_verifier(fitted, tmp_path)
     with initialize_config_dir(str(sample_dir().parent.parent / "conf"), version_base="1.3"):
         for path, expect in ((tmp_path / "missing", "not found"), (tampered, "does not match")):
             cfg = compose("config", overrides=[*base, "judge=verifier", f"judge.path={path}"])
-            problems, stages = input_problems(cfg)
-            assert stages is None and any(expect in p for p in problems), problems
+            problems, loaded = input_problems(cfg)
+            assert loaded is None and any(expect in p for p in problems), problems
 
 
 def test_verifier_judges_in_the_pipeline_and_its_identity_is_in_the_cache_keys(fitted, tmp_path):

@@ -1,6 +1,6 @@
 """Which config change caused a metric change: config diffs, sweep factors, factor effects, noise floor.
 
-Plain functions over pandas objects and :class:`RunData` (built from MLflow by
+Plain functions over pandas objects and :class:`RunData` (``run_record``, built from MLflow by
 ``tracking.runs.run_data``); no MLflow, no I/O. The paired statistics they use are in
 ``analysis.stats``; method notes in ``docs/metrics.md``.
 """
@@ -15,46 +15,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rag_experiments.analysis.stats import PairedResult, as_series, holm, paired_delta
+from rag_experiments.analysis.stats import PairedResult, holm, paired_delta
 from rag_experiments.evaluation.aggregate import mean_ci
+from rag_experiments.run_record import RunData, group_choice_keys, is_bookkeeping
 
 # ---------------------------------------------------------------------------------------------
 # Config diff and sweep factors
 # ---------------------------------------------------------------------------------------------
-
-#: Hydra config groups; a dot-free param with one of these names is a group choice.
-KNOWN_GROUPS = (
-    "corpus",
-    "evalset",
-    "chunking",
-    "embedding",
-    "retriever",
-    "generator",
-    "prompt",
-    "judge",
-    "metrics",
-    "attribution",
-)
-
-
-def is_bookkeeping(key: str) -> bool:
-    """Params that never change results (places: paths, cache dirs, tracking) at any depth."""
-    from rag_experiments.identity import is_place_key
-
-    return is_place_key(key)
-
-
-def group_choice_keys(params: Mapping[str, str]) -> set[str]:
-    """Dot-free params that name a config group (known group, or has ``key.*`` siblings)."""
-    keys = set(params)
-    return {
-        k
-        for k in keys
-        if "." not in k
-        and not is_bookkeeping(k)
-        and (k in KNOWN_GROUPS or any(o.startswith(k + ".") for o in keys))
-    }
-
 
 def config_diff(
     params_a: Mapping[str, Any], params_b: Mapping[str, Any], collapse_groups: bool = True
@@ -83,22 +50,6 @@ def config_diff(
 
 def _norm(v: Any) -> Any:
     return None if v is None else str(v)
-
-
-@dataclass
-class RunData:
-    """What attribution needs from one run; built from MLflow by ``runs.run_data``."""
-
-    run_id: str
-    name: str
-    params: dict[str, str]
-    tags: dict[str, str] = field(default_factory=dict)
-    table: pd.DataFrame | None = None
-
-    def series(self, metric: str) -> pd.Series:
-        if self.table is None or metric not in self.table.columns:
-            return pd.Series(dtype=float)
-        return as_series(self.table, metric)
 
 
 def _override_keys(tag: str | None) -> dict[str, str]:

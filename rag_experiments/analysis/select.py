@@ -19,10 +19,11 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from rag_experiments.analysis.attribution import RunData, noise_floor
+from rag_experiments.analysis.attribution import noise_floor
 from rag_experiments.analysis.stats import holm, paired_delta
 from rag_experiments.evaluation.aggregate import mean_ci
 from rag_experiments.evaluation.cost import serving_latency_ms
+from rag_experiments.run_record import RunData
 
 #: The order candidates of the tie set are ranked in; the first is chosen.
 TIE_BREAK = (

@@ -26,6 +26,7 @@ from scipy import stats
 
 from rag_experiments.evaluation.aggregate import mean_ci
 from rag_experiments.evaluation.labels import FAILURE_LABELS
+from rag_experiments.run_record import as_series
 
 __all__ = [
     "PairedResult",
@@ -61,16 +62,6 @@ class PairedResult:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def as_series(x: pd.Series | pd.DataFrame, metric: str | None = None) -> pd.Series:
-    if isinstance(x, pd.DataFrame):
-        s = x.set_index("id")[metric] if "id" in x.columns else x[metric]
-    else:
-        s = x
-    s = pd.to_numeric(s, errors="coerce").astype(float)
-    s.index = s.index.astype(str)
-    return s
 
 
 def pair(a: pd.Series, b: pd.Series) -> tuple[np.ndarray, np.ndarray, pd.Index]:

@@ -24,7 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from rag_experiments.evalset import EvalSetError, _Normalised, load_evalset, normalise_ws
+from rag_experiments.datasets.corpus import CorpusError, load_corpus
+from rag_experiments.evalset import EvalSetError, Normalised, load_evalset, normalise_ws
+from rag_experiments.stages.embedding import metric_embedder
+from rag_experiments.stages.generation import LocalLlamaGenerator, OpenAICompatibleGenerator
 from rag_experiments.stages.text import split_sentences
 from rag_experiments.types import Document
 
@@ -153,10 +156,10 @@ def parse_reply(text: str) -> tuple[dict[str, str] | None, str | None]:
     return {k: v.strip() for k, v in vals.items()}, None
 
 
-def resolve_quote(doc: Document, quote: str, norm: _Normalised | None = None) -> tuple[int, int] | str:
+def resolve_quote(doc: Document, quote: str, norm: Normalised | None = None) -> tuple[int, int] | str:
     """The one span the quote occupies (the eval-set resolver's whitespace-normalised match), else
     the reason: ``quote_not_found`` or ``quote_ambiguous``."""
-    hits = (norm or _Normalised.of(doc.text)).find_all(normalise_ws(quote))
+    hits = (norm or Normalised.of(doc.text)).find_all(normalise_ws(quote))
     if not hits:
         return "quote_not_found"
     return hits[0] if len(hits) == 1 else "quote_ambiguous"
@@ -225,7 +228,7 @@ def generate_candidates(
     rep = GenerationReport(calls=len(passages))
     gens = generator.generate([prompt(p) for p in passages])
     cands: list[Candidate] = []
-    norms: dict[str, _Normalised] = {}
+    norms: dict[str, Normalised] = {}
     for p, g in zip(passages, gens, strict=True):
         if g.error:
             rep.rejected["generation_error"] += 1
@@ -235,7 +238,7 @@ def generate_candidates(
             rep.rejected[why] += 1
             continue
         doc = by_id[p.doc_id]
-        norm = norms.setdefault(p.doc_id, _Normalised.of(doc.text))
+        norm = norms.setdefault(p.doc_id, Normalised.of(doc.text))
         span = resolve_quote(doc, obj["quote"], norm)
         if isinstance(span, str):
             rep.rejected[span] += 1
@@ -244,8 +247,6 @@ def generate_candidates(
         cid = "gen-" + hashlib.sha256(key).hexdigest()[:10]
         cands.append(Candidate(cid, obj["question"], p.doc_id, obj["quote"], obj["answer"], *span))
     if encode is None:
-        from rag_experiments.stages.embedding import metric_embedder
-
         emb = metric_embedder()
         encode = lambda texts: emb.encode(texts, kind="query")  # noqa: E731
     kept, n_dup = drop_near_duplicates(cands, encode, dedup_threshold)
@@ -338,8 +339,6 @@ def accept(review: Path, docs: list[Document]) -> tuple[list[dict], list[str]]:
 
 def make_generator(args):
     """``--base-url`` + ``--model``: an OpenAI-compatible endpoint; else the local llama.cpp server."""
-    from rag_experiments.stages.generation import LocalLlamaGenerator, OpenAICompatibleGenerator
-
     common = dict(temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens)
     if args.base_url:
         return OpenAICompatibleGenerator(args.base_url, args.model, api_key_env=args.api_key_env, **common)
@@ -350,8 +349,6 @@ def make_generator(args):
 def cli(args, generator=None) -> int:
     """``generate`` and ``accept`` subcommands of ``python -m rag_experiments.evalset``."""
     import sys
-
-    from rag_experiments.datasets.corpus import CorpusError, load_corpus
 
     try:
         docs = load_corpus(args.corpus)

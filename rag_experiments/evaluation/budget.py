@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from rag_experiments.evaluation.defaults import MIN_COVERAGE
 from rag_experiments.evaluation.metrics import (
     coverage_arrays,
     evidence_recall_at_k,
@@ -70,7 +71,7 @@ def budgeted_metrics(
     tok_ends: np.ndarray,
     tok_ptr: np.ndarray,
     budgets: Iterable[int],
-    min_coverage: float = 0.5,
+    min_coverage: float = MIN_COVERAGE,
 ) -> dict[str, np.ndarray]:
     """Per query, for each budget B: ``evidence_recall_at_{B}tok``, ``hit_at_{B}tok``,
     ``token_precision_at_{B}tok`` on the B-token context (:func:`budget_ends`).

@@ -24,6 +24,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from rag_experiments.evaluation.defaults import MIN_COVERAGE
 from rag_experiments.evaluation.metrics import relevance
 from rag_experiments.types import Chunk, EvalItem, Verdict
 
@@ -36,8 +37,6 @@ DIAGNOSTICS = (
     "hallucination",
     "self_knowledge",
 )
-#: Answer-claim classes (:func:`classify_answer_claim`); the shares of the first four are metrics.
-CLASSES = ("noise_relevant", "noise_irrelevant", "hallucination", "self_knowledge", "grounded_correct")
 _CLASS_METRIC = {
     "noise_relevant": "noise_sensitivity_relevant",
     "noise_irrelevant": "noise_sensitivity_irrelevant",
@@ -162,7 +161,7 @@ def diagnose(
     chunks: Sequence[Chunk],
     verdicts: VerdictFn,
     declined: bool,
-    min_coverage: float = 0.5,
+    min_coverage: float = MIN_COVERAGE,
 ) -> Diagnosis:
     """The six diagnostics of one generated answer (docs/metrics.md, "Claim-level diagnostics").
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from rag_experiments.evaluation.registry import parse
+
 __all__ = ["CHUNKING_REASON", "headline_metrics", "headline_reason", "varies_chunking"]
 
 CHUNKING_REASON = "chunkers of different sizes compared at equal context cost"
@@ -18,8 +20,6 @@ _BUDGETED = ("evidence_recall", "hit", "token_precision")
 
 def _budget_of(key: str) -> int | None:
     """B of a plain budgeted key (``hit_at_512tok`` → 512), read from the metric registry."""
-    from rag_experiments.evaluation.registry import parse
-
     got = parse(key)
     if got is None or got[1].get("form") != "mean":
         return None

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rag_experiments.evaluation.defaults import MIN_COVERAGE, check_metrics_config
 from rag_experiments.types import Chunk, ScoredChunk, Span
 
 __all__ = [
@@ -34,7 +35,9 @@ __all__ = [
     "check_metrics_config",
     "context_precision_at_k",
     "coverage_arrays",
+    "covered_chars",
     "evidence_recall_at_k",
+    "span_recalled",
     "hit_at_k",
     "mask_unanswerable",
     "ndcg_at_k",
@@ -62,7 +65,7 @@ def _relevance_mask(c_doc, c_start, c_end, s_doc, s_start, s_end, min_coverage: 
     return (np.asarray(c_doc) == np.asarray(s_doc)) & (overlap > 0) & (enough | inside)
 
 
-def relevance(chunk: Chunk, span: Span, min_coverage: float = 0.5) -> bool:
+def relevance(chunk: Chunk, span: Span, min_coverage: float = MIN_COVERAGE) -> bool:
     """Is ``chunk`` relevant to the gold evidence ``span``?
 
     True when both are in the same document, they share at least one character, and either
@@ -144,7 +147,7 @@ def relevance_arrays(
     ranked: Sequence[Sequence[Chunk | ScoredChunk]],
     gold: Sequence[Sequence[Span]],
     all_chunks: Iterable[Chunk],
-    min_coverage: float = 0.5,
+    min_coverage: float = MIN_COVERAGE,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Relevance of ranked chunks to each query's gold spans, via :func:`relevance` (vectorised).
 
@@ -270,8 +273,31 @@ def hit_at_k(rel: np.ndarray, k: int) -> np.ndarray:
     return np.asarray(rel, dtype=bool)[:, :k].any(axis=1).astype(float)
 
 
+def span_recalled(covered, span_len, min_coverage: float = MIN_COVERAGE):
+    """The recall rule (scalars or arrays): ``covered > 0 and covered >= min_coverage * span_len``,
+    ``covered`` the span's characters inside the union of the top k (``covered_chars``)."""
+    return np.logical_and(
+        np.greater(covered, 0), np.greater_equal(covered, min_coverage * np.asarray(span_len))
+    )
+
+
+def covered_chars(ranges: Iterable[tuple[int, int]], start: int, end: int) -> int:
+    """Characters of ``[start, end)`` inside the union of the half-open ``ranges`` (one document),
+    overlaps counted once: the scalar form of ``Coverage.span_new`` summed over the top k."""
+    covered, reach = 0, start
+    for lo, hi in sorted((max(lo, start), min(hi, end)) for lo, hi in ranges):
+        lo = max(lo, reach)
+        if hi > lo:
+            covered, reach = covered + hi - lo, hi
+    return covered
+
+
 def evidence_recall_at_k(
-    span_new: np.ndarray, span_len: np.ndarray, n_spans: np.ndarray, k: int, min_coverage: float = 0.5
+    span_new: np.ndarray,
+    span_len: np.ndarray,
+    n_spans: np.ndarray,
+    k: int,
+    min_coverage: float = MIN_COVERAGE,
 ) -> np.ndarray:
     """evidence_recall@k: share of the query's evidence spans that the top k chunks cover.
 
@@ -285,8 +311,7 @@ def evidence_recall_at_k(
     """
     _check_k(k)
     cov = np.asarray(span_new, dtype=float)[:, :k, :].sum(axis=1)
-    span_len = np.asarray(span_len, dtype=float)
-    recalled = (cov > 0) & (cov >= min_coverage * span_len)
+    recalled = span_recalled(cov, np.asarray(span_len, dtype=float), min_coverage)
     n_spans = np.asarray(n_spans, dtype=float)
     return _ratio(recalled.sum(axis=1).astype(float), n_spans, np.nan)
 
@@ -377,7 +402,7 @@ def retrieval_metrics(
     gold: Sequence[Sequence[Span]],
     all_chunks: Iterable[Chunk],
     ks: Iterable[int],
-    min_coverage: float = 0.5,
+    min_coverage: float = MIN_COVERAGE,
     rank_depth: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Every chunk-level retrieval metric at every k from one ranking per query.
@@ -417,19 +442,6 @@ def token_metrics(
         out[f"token_precision_at_{k}"] = token_precision_at_k(cov.new_gold, cov.new_text, k)
         out[f"token_iou_at_{k}"] = token_iou_at_k(cov.new_gold, cov.new_text, cov.gold_len, k)
     return mask_unanswerable(out, a.n_spans)
-
-
-def check_metrics_config(ks: Iterable[int], k: int, rank_depth: int, token_budgets: Iterable[int]) -> None:
-    """Raise ValueError naming the config key when a depth, k or budget is not a positive integer."""
-    for key, values in (
-        ("metrics.ks", ks),
-        ("retriever.k", [k]),
-        ("metrics.rank_depth", [rank_depth]),
-        ("metrics.token_budgets", token_budgets),
-    ):
-        for v in values:
-            if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
-                raise ValueError(f"{key}: every value must be an integer >= 1, got {v!r}")
 
 
 def mask_unanswerable(out: dict[str, np.ndarray], n_spans: np.ndarray) -> dict[str, np.ndarray]:

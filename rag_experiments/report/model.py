@@ -19,12 +19,15 @@ from functools import partial
 from typing import Any, ClassVar
 
 from rag_experiments.analysis.attribution import SweepAttribution, factor_effects
-from rag_experiments.evaluation import registry
+from rag_experiments.conf_groups import option_class
+from rag_experiments.evaluation import aggregate, labels, registry
+from rag_experiments.evaluation import metrics as M
 from rag_experiments.evaluation.headline import headline_metrics, headline_reason, varies_chunking  # noqa: F401
 from rag_experiments.evaluation.labels import FAILURE_LABELS
 from rag_experiments.report.load import Config, ReportInput
 from rag_experiments.report.plots import PlotData
 from rag_experiments.report.tables import fmt_num
+from rag_experiments.stages import judging
 from rag_experiments.tracking.runs import RunInputError
 
 # --------------------------------------------------------------------------------------------- metrics
@@ -65,9 +68,6 @@ def metric_definitions(logged: Iterable[str], judge_choice: str | None) -> list[
     CI, failure labels; with generation metrics claim splitting, key-fact matching and the judge)
     and the attribution.
     """
-    from rag_experiments.evaluation import aggregate, labels
-    from rag_experiments.evaluation import metrics as M
-    from rag_experiments.stages import judging
 
     found = {got[0].pattern for key in logged if (got := registry.parse(key)) is not None}
     found_specs = [s for s in registry.REGISTRY if s.pattern in found]
@@ -92,14 +92,11 @@ def metric_definitions(logged: Iterable[str], judge_choice: str | None) -> list[
             ("key-fact match", judging.key_fact_recall),
             ("text normalisation for key facts", judging.normalise_text),
         ]
-        judge_cls = {
-            "heuristic": judging.HeuristicJudge,
-            "openai": judging.LLMJudge,
-            "local": judging.LocalLLMJudge,
-        }.get(judge_choice or "")
+        judge_cls = option_class("judge", judge_choice) if judge_choice else None  # conf/judge/*.yaml
         if judge_cls is not None:
             fns.append((f"judge ({judge_choice}): verdicts", judge_cls))
-            fns.append((f"judge ({judge_choice}): answer_relevance", judge_cls.answer_relevance))
+            if hasattr(judge_cls, "answer_relevance"):
+                fns.append((f"judge ({judge_choice}): answer_relevance", judge_cls.answer_relevance))
     fns.append(("attribution: factor effects", factor_effects))
     out = []
     for name, fn in fns:

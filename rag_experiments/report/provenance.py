@@ -19,7 +19,7 @@ from rag_experiments.report.model import (
     table,
     text,
 )
-from rag_experiments.report.queries import parse_json
+from rag_experiments.run_record import parse_json
 
 
 def definitions(an: Analysis) -> Section:

@@ -8,9 +8,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rag_experiments.evaluation import metrics as M
 from rag_experiments.report.load import Config
 from rag_experiments.report.tables import fmt_num
-from rag_experiments.tracking.runs import parse_json  # noqa: F401  (re-used by report modules)
+from rag_experiments.run_record import parse_json
+from rag_experiments.types import Chunk, Span
 
 
 def tag_list(tags: Any) -> list[str]:
@@ -32,8 +34,6 @@ def relevance_matrix(table: pd.DataFrame, min_cov: float) -> tuple[np.ndarray, n
     Uses :func:`rag_experiments.evaluation.metrics.relevance_arrays`, the single definition of
     relevance, so hit@k for any k up to the ranking depth is exactly what the pipeline would have logged.
     """
-    from rag_experiments.evaluation import metrics as M
-    from rag_experiments.types import Chunk, Span
 
     ranked, gold = [], []
     for ret, gs in zip(table["retrieved"], table["gold_spans"], strict=True):

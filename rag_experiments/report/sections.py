@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rag_experiments.analysis.attribution import SweepAttribution, is_bookkeeping
+from rag_experiments.analysis.attribution import SweepAttribution
 from rag_experiments.evaluation.headline import CHUNKING_REASON, headline_metrics, headline_reason
 from rag_experiments.report.diagnostics import diagnostics_section
 from rag_experiments.report.figures import plots_section
@@ -45,6 +45,7 @@ from rag_experiments.report.tables import (
     marginal_rows,
     noise_rows,
 )
+from rag_experiments.run_record import is_bookkeeping
 
 # Held-fixed params shown in the question: group choices (no dot) and these few settings.
 SHOWN_SETTINGS = ("retriever.k", "embedding.name", "metrics.ks", "metrics.min_coverage", "evalset.limit")

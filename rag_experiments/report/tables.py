@@ -6,36 +6,13 @@ Markdown file or a terminal. The report lays its tables out with templates (``re
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import pandas as pd
 
+from rag_experiments.formatting import fmt_num, fmt_p  # noqa: F401  (report modules import them here)
+
 Fmt = Callable[..., str]
-
-
-def fmt_num(x: Any, nd: int = 4, signed: bool = False) -> str:
-    """``x`` with ``nd`` decimals (``+`` sign if ``signed``); None and NaN print as ``–``.
-
-    A value that is not a number is printed as it is.
-    """
-    if x is None:
-        return "–"
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return str(x)
-    if math.isnan(v):
-        return "–"
-    return f"{v:+.{nd}f}" if signed else f"{v:.{nd}f}"
-
-
-def fmt_p(p: Any) -> str:
-    """A p-value: 4 decimals, ``<1e-4`` below that, ``–`` when missing."""
-    if p is None or math.isnan(v := float(p)):
-        return "–"
-    return "<1e-4" if v < 1e-4 else f"{v:.4f}"
 
 
 def md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

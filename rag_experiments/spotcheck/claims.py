@@ -10,7 +10,8 @@ import pandas as pd
 from mlflow.entities import Run
 
 from rag_experiments.analysis.agreement import inclusion_probabilities, systematic_pps
-from rag_experiments.tracking.runs import RunInputError, parse_json
+from rag_experiments.run_record import parse_json
+from rag_experiments.tracking.runs import RunInputError
 
 COLUMNS = [
     "item_id",

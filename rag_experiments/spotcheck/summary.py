@@ -11,13 +11,14 @@ from pathlib import Path
 from mlflow.entities import Metric, Run
 from mlflow.tracking import MlflowClient
 
+from rag_experiments.formatting import fmt_num
 from rag_experiments.spotcheck.labels import HUMAN_LABELS
 from rag_experiments.spotcheck.scoring import Agreement
 from rag_experiments.tracking.runs import run_label
 
 
 def _f(x: float, nd: int = 3) -> str:
-    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
+    return fmt_num(x, nd)
 
 
 def _ppi_lines(ag: Agreement) -> list[str]:

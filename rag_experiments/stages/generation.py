@@ -22,12 +22,12 @@ import os
 import random
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from rag_experiments.identity import file_sha256
+from rag_experiments.parallel import thread_map
 from rag_experiments.types import Generation
 
 log = logging.getLogger(__name__)
@@ -211,27 +211,10 @@ class OpenAICompatibleGenerator:
         log.warning("%s: %s", self.base_url, msg)
         return Completion("", msg, time.perf_counter() - t0, self.max_retries + 1)
 
-    def map_complete(self, requests: list[Messages], **kwargs: Any) -> list[Completion]:
-        """``complete`` over many prompts on the thread pool, order preserved."""
-        return self._map(lambda m: self.complete(m, **kwargs), requests)
-
     # -- internals --------------------------------------------------------------------------------
     def _map(self, fn, items: list) -> list:
-        if len(items) <= 1 or self.concurrency == 1:
-            try:
-                return [fn(x) for x in items]
-            except BaseException:
-                self.abort()
-                raise
-        pool = ThreadPoolExecutor(max_workers=min(self.concurrency, len(items)))
-        try:
-            return list(pool.map(fn, items))
-        except BaseException:  # SIGTERM/Ctrl-C: do not wait for in-flight requests to time out
-            self.abort()
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-        finally:
-            pool.shutdown(wait=False)
+        # SIGTERM/Ctrl-C: abort so in-flight requests fail now instead of timing out
+        return thread_map(fn, items, self.concurrency, on_abort=self.abort)
 
     def abort(self) -> None:
         """Stop now: no new attempts, and closing the HTTP client fails the in-flight requests."""

@@ -29,11 +29,13 @@ import math
 import os
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from rag_experiments.identity import file_sha256, source_hash
+from rag_experiments.parallel import thread_map
+from rag_experiments.stages.generation import local_server, resolve_model_path
 from rag_experiments.stages.judging import split_claims
 from rag_experiments.types import Verdict
 
@@ -114,8 +116,6 @@ class MLflowJudge:
     ) -> None:
         import mlflow
 
-        from rag_experiments.identity import file_sha256, source_hash
-
         if base_url:
             if not model:
                 raise ValueError("judge.model: the model name the endpoint serves is required with base_url")
@@ -123,8 +123,6 @@ class MLflowJudge:
             self.model = str(model)
             endpoint: dict[str, Any] = {"base_url": self.base_url, "model": self.model}
         else:
-            from rag_experiments.stages.generation import local_server, resolve_model_path
-
             path = resolve_model_path(model_path)
             self.base_url = local_server(path, ctx_size=ctx_size, n_threads=n_threads, n_parallel=n_parallel)
             self.model = path.name
@@ -181,10 +179,7 @@ class MLflowJudge:
 
     def _map(self, fn, items: list) -> list:
         with _mlflow_env(self._api_key, self.timeout_s):
-            if self.concurrency == 1 or len(items) <= 1:
-                return [fn(x) for x in items]
-            with ThreadPoolExecutor(max_workers=min(self.concurrency, len(items))) as pool:
-                return list(pool.map(fn, items))
+            return thread_map(fn, items, self.concurrency)
 
     # Judge protocol -----------------------------------------------------------------------------
     def split(self, answer: str) -> list[str]:

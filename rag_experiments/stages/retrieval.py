@@ -13,6 +13,8 @@ from typing import Protocol
 
 import numpy as np
 
+from rag_experiments.cache import stable_hash
+from rag_experiments.stages.vector_store import DTYPES, VectorStore, build_faiss, vectors_key
 from rag_experiments.types import Chunk
 
 
@@ -125,8 +127,6 @@ class DenseRetriever:
         ann_check_queries: int = 200,
         block_rows: int = 65536,
     ) -> None:
-        from rag_experiments.stages.vector_store import DTYPES
-
         if index not in INDEX_KINDS:
             raise ValueError(f"retriever.index={index!r}: expected one of {', '.join(INDEX_KINDS)}")
         if vector_dtype not in DTYPES:
@@ -162,9 +162,6 @@ class DenseRetriever:
         return self.index_kind
 
     def index(self, chunks: list[Chunk]) -> None:
-        from rag_experiments.cache import stable_hash
-        from rag_experiments.stages.vector_store import DTYPES, VectorStore, build_faiss, vectors_key
-
         texts = [c.text for c in chunks]
         self._n, self._ann = len(texts), None
         cache = getattr(self.embedder, "cache", None)  # CachedEmbedder carries the stage cache
@@ -226,8 +223,6 @@ class DenseRetriever:
         ``ann_check_queries`` queries (a fixed sample), plus ``ann_check_queries``; ``{}`` when
         the search is exact. Cached by (identity, chunks, sample, ks) in the stage cache.
         """
-        from rag_experiments.cache import stable_hash
-
         if self.resolve_index(len(chunks)) == "exact" or not queries or not chunks:
             return {}
         sample = list(queries)

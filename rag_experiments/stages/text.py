@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from rag_experiments.stages.embedding import minilm_path
+
 __all__ = [
     "ABBREVIATIONS",
     "line_spans",
@@ -157,8 +159,6 @@ def minilm_tokenizer():
     """
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
-
-    from rag_experiments.stages.embedding import minilm_path
 
     tok = AutoTokenizer.from_pretrained(str(minilm_path()))
     backend = Tokenizer.from_str(tok.backend_tokenizer.to_str())

@@ -5,21 +5,18 @@ The client is always passed in; nothing here sets global MLflow state.
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from rag_experiments.analysis.attribution import RunData, group_choice_keys
+from rag_experiments.run_record import RunData, group_choice_keys, parse_json  # noqa: F401  (re-exported)
 from rag_experiments.tracking.uri import DEFAULT_TRACKING_URI, tracking_uri  # noqa: F401  (the CLIs import it here)
 
 PER_QUERY_ARTIFACT = "per_query.parquet"
@@ -176,17 +173,6 @@ def check_same_evalset(run_a: Run, run_b: Run) -> str | None:
     if not (da and db):
         return "warning: evalset_digest tag missing on a run; pairing by eval item id only"
     return None
-
-
-def parse_json(s: Any, default: Any) -> Any:
-    """A JSON-valued per-query column cell (``retrieved``, ``verdicts`` …) as Python data;
-    ``default`` when missing or unparseable."""
-    if s is None or (isinstance(s, float) and math.isnan(s)):
-        return default
-    try:
-        return json.loads(s) if isinstance(s, str) else s
-    except ValueError:
-        return default
 
 
 def sweep_finished_runs(client: MlflowClient, sweep_id: str, experiment: str | None = None) -> list[Run]:

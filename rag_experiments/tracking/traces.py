@@ -475,7 +475,7 @@ def log_traces(
     """The sweep's one call: eval-set dataset + one trace per eval item, unless ``tracking.traces=false``."""
     if not cfg.tracking.get("traces", True):
         return
-    gen = stages.get("generator")
+    gen = stages.generator  # run_types.Stages
     t0 = time.perf_counter()
     from rag_experiments.tracking.genai_dataset import link_dataset
 
@@ -489,9 +489,9 @@ def log_traces(
         corpus.docs,
         int(cfg.retriever.k),
         evalset.digest,
-        prompt=stages.get("prompt"),
+        prompt=stages.prompt,
         generator_model=getattr(gen, "model", None) if gen is not None else None,
-        judge=stages.get("judge"),
+        judge=stages.judge,
     )
     # how long tracing took, so its overhead is visible per run (scripts/bench_traces.py)
     client.set_tag(

@@ -13,8 +13,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 import rag_experiments.sweep  # noqa: F401 - registers the sample_dir resolver
+from rag_experiments.conf_groups import conf_dir
 from rag_experiments.config_schema import ConfigError, check
-from rag_experiments.evalset import conf_dir
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 
 KEY = "sk-proj-Zx81qQ3lM0vN2bT7yU4wE9rA6sD5fG1hJ0kL"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from rag_experiments.cache import StageCache, stage_key
@@ -28,6 +28,19 @@ from rag_experiments.evaluation.diagnostics import (
 from rag_experiments.progress import track
 from rag_experiments.stages.judging.claims import is_decline
 from rag_experiments.types import Verdict
+
+
+@dataclass
+class JudgedAnswer:
+    """One answer as judged: its claims, their verdicts, answer relevance (score and method), the
+    seconds it took, and ``usage``: cache key -> usage of every judge call it needed (the tally)."""
+
+    claims: list[str]
+    verdicts: list[Verdict]
+    relevance: float
+    method: str
+    seconds: float
+    usage: dict[str, dict | None]
 
 
 def cached_claims(judge, text: str, cache: StageCache, calls: Counter, tally: dict) -> list[str]:
@@ -71,7 +84,9 @@ def cached_verdicts(
     return verdicts
 
 
-def diagnostics_stage(judge, items, answers, chunk_lists, judged, cache, min_coverage, progress=True):
+def diagnostics_stage(
+    judge, items, answers, chunk_lists, judged: list[JudgedAnswer | None], cache, min_coverage, progress=True
+):
     """Claim-level diagnostics of every judged answer (evaluation.diagnostics.diagnose), every
     verdict through the stage cache. Adds each query's verdict usages to its judge tally."""
     calls: Counter = Counter()
@@ -83,7 +98,7 @@ def diagnostics_stage(judge, items, answers, chunk_lists, judged, cache, min_cov
         prepare(golds, texts + [reference_text(items[i]) for i in todo])
     out: list[Diagnosis | None] = [None] * len(items)
     for i in track(todo, "diagnostics", enabled=progress, unit="answers"):
-        tally = judged[i][5]
+        tally = judged[i].usage
 
         def verdicts(claims, context, tally=tally):
             return cached_verdicts(judge, claims, context, cache, calls, tally, "diagnostic_verdicts")
@@ -92,7 +107,7 @@ def diagnostics_stage(judge, items, answers, chunk_lists, judged, cache, min_cov
         out[i] = diagnose(
             items[i],
             answers[i],
-            judged[i][0],
+            judged[i].claims,
             gold,
             chunk_lists[i],
             verdicts,

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from rag_experiments.stages.embedding import metric_embedder
 from rag_experiments.stages.judging.claims import _plain, split_claims
 from rag_experiments.stages.text import sentence_texts
 from rag_experiments.types import Verdict
@@ -277,8 +278,6 @@ class HeuristicJudge:
         self.entity_threshold = float(entity_threshold)
         self.check_polarity = bool(check_polarity)
         if embedder is None:  # cheap: the model itself loads on first encode
-            from rag_experiments.stages.embedding import metric_embedder
-
             embedder = metric_embedder()
         self.embedder = embedder
         self.identity = json.dumps(

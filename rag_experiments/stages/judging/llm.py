@@ -18,6 +18,9 @@ from typing import Any
 import numpy as np
 
 from rag_experiments.evaluation.cost import add_usage
+from rag_experiments.identity import file_sha256
+from rag_experiments.stages.embedding import metric_embedder
+from rag_experiments.stages.generation import OpenAICompatibleGenerator, local_server, resolve_model_path
 from rag_experiments.stages.judging.claims import _CITATION, parse_verdict, split_claims
 from rag_experiments.types import Verdict
 
@@ -98,8 +101,6 @@ class LLMJudge:
         embedder: Any = None,
         _identity_model: dict | None = None,
     ) -> None:
-        from rag_experiments.stages.generation import OpenAICompatibleGenerator
-
         if constrained not in ("json_schema", "response_format", "none"):
             raise ValueError("judge.constrained must be json_schema, response_format or none")
         self.model = model
@@ -140,8 +141,6 @@ class LLMJudge:
     @property
     def embedder(self):
         if self._embedder is None:
-            from rag_experiments.stages.embedding import metric_embedder
-
             self._embedder = metric_embedder()
         return self._embedder
 
@@ -271,9 +270,6 @@ class LocalLLMJudge(LLMJudge):
         n_parallel: int = 2,
         **kwargs: Any,
     ) -> None:
-        from rag_experiments.identity import file_sha256
-        from rag_experiments.stages.generation import local_server, resolve_model_path
-
         path = resolve_model_path(model_path)
         base_url = local_server(path, ctx_size=ctx_size, n_threads=n_threads, n_parallel=n_parallel)
         kwargs.setdefault("constrained", "json_schema")

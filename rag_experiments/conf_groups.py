@@ -1,0 +1,47 @@
+"""The Hydra config groups (``conf/<group>/<option>.yaml``): one list, and what an option builds.
+
+``GROUPS`` mirrors the ``defaults`` of ``conf/config.yaml`` (tests/test_run_path.py checks it):
+one group per pipeline stage (``STAGE_GROUPS``, in pipeline order), then the failure-label
+thresholds and the tracking store. The sweep logs the stage-group choices as params, attribution
+reads them as factors, and the report names a judge option's class from its YAML ``_target_``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+STAGE_GROUPS = ("corpus", "evalset", "chunking", "embedding", "retriever", "generator", "prompt", "judge")
+GROUPS = (*STAGE_GROUPS, "attribution", "tracking")
+
+
+def conf_dir() -> Path:
+    """The Hydra config tree, package data inside ``rag_experiments``."""
+    return Path(str(resources.files("rag_experiments") / "conf"))
+
+
+def options(group: str) -> list[str]:
+    """The option names of a group (``conf/<group>/*.yaml``), sorted."""
+    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+
+
+def option_target(group: str, option: str) -> str | None:
+    """The ``_target_`` of ``conf/<group>/<option>.yaml`` (None: no such option, or no target)."""
+    path = conf_dir() / group / f"{option}.yaml"
+    if not path.is_file():
+        return None
+    node = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    target = node.get("_target_") if isinstance(node, dict) else None
+    return str(target) if target else None
+
+
+def option_class(group: str, option: str) -> type | None:
+    """The class ``conf/<group>/<option>.yaml`` instantiates (the report documents the judge's)."""
+    target = option_target(group, option)
+    if target is None:
+        return None
+    module, _, name = target.rpartition(".")
+    return getattr(importlib.import_module(module), name, None)

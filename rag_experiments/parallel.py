@@ -1,0 +1,42 @@
+"""The thread pool the model-calling stages share: ``concurrency`` requests in flight, and on
+Ctrl-C/SIGTERM no wait for the queued ones (a killed run loses only what was in flight)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def thread_map(
+    fn: Callable[[T], R], items: Sequence[T], workers: int, on_abort: Callable[[], None] | None = None
+) -> list[R]:
+    """``[fn(x) for x in items]``, ``workers`` at a time, order kept; in this thread when one
+    worker or one item suffices. ``on_abort`` runs before re-raising (e.g. closing a client)."""
+    try:
+        if workers <= 1 or len(items) <= 1:
+            return [fn(x) for x in items]
+        pool = ThreadPoolExecutor(max_workers=min(workers, len(items)))
+        try:
+            return list(pool.map(fn, items))
+        finally:  # on an exception the queued calls are cancelled, in-flight ones not awaited
+            pool.shutdown(wait=False, cancel_futures=True)
+    except BaseException:
+        if on_abort is not None:
+            on_abort()
+        raise
+
+
+def as_they_complete(fn: Callable[[T], R], items: Sequence[T], workers: int) -> Iterator[tuple[int, R]]:
+    """``(index, fn(items[index]))`` in completion order, ``workers`` at a time, so a caller can
+    commit each result as it arrives."""
+    pool = ThreadPoolExecutor(max_workers=max(1, workers))
+    try:
+        futures = {pool.submit(fn, x): i for i, x in enumerate(items)}
+        for fut in as_completed(futures):
+            yield futures[fut], fut.result()
+    finally:  # on Ctrl-C / SIGTERM do not wait for the queued requests
+        pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,69 @@
+"""The typed run path (run_types, assemble) keeps behaviour: the per-query table and aggregates of a
+retrieval-only run on the bundled sample equal those recorded before ``run_pipeline`` took
+``Stages``/``PipelineData``/``RunSettings`` (21 keyword arguments then)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from rag_experiments.assemble import build, run_settings
+from rag_experiments.cache import StageCache
+from rag_experiments.datasets.corpus import Corpus
+from rag_experiments.evalset import EvalSet, sample_dir
+from rag_experiments.pipeline import run_pipeline
+from rag_experiments.run_types import PipelineData, RunSettings, Stages
+from rag_experiments.stages.chunking import MarkdownChunker
+from rag_experiments.stages.retrieval import BM25Retriever
+from tests.sweep_helpers import REPO
+
+# Recorded with the 21-argument run_pipeline (commit 5f97d8c): markdown chunks, BM25 k=5, ks
+# 1/3/5/10, 50 resamples. A deliberate change of the table (a new column, new sample data) must
+# update these, saying why in the commit.
+PER_QUERY_SHA256 = "f9ebad867d491c87fd392d8d1657825b30a69eb5941427fe1e47cb4596fd26fe"
+AGGREGATES_SHA256 = "2ec3de9bac1901e1d63c47e491bc3e49f900bea5b9c48b067408f44c5902aa55"
+
+
+def _digests(res) -> tuple[str, str]:
+    df = res.per_query.drop(columns=[c for c in res.per_query if c.startswith("latency")])
+    table = df.round(9).to_json(orient="records", double_precision=15)
+    agg = {k: round(v, 9) for k, v in res.aggregates.items() if "latency" not in k}
+    return (
+        hashlib.sha256(table.encode()).hexdigest(),
+        hashlib.sha256(json.dumps(agg, sort_keys=True).encode()).hexdigest(),
+    )
+
+
+def test_retrieval_only_sample_run_unchanged(tmp_path) -> None:
+    d = sample_dir()
+    corpus = Corpus(str(d / "docs"))
+    evalset = EvalSet(str(d / "evalset.jsonl"), corpus)
+    stages = Stages(
+        chunker=MarkdownChunker(),
+        chunking_cfg={"_target_": "rag_experiments.stages.chunking.MarkdownChunker"},
+        retriever=BM25Retriever(k=5),
+    )
+    settings = RunSettings(k=5, ks=(1, 3, 5, 10), n_resamples=50, progress=False)
+    res = run_pipeline(stages, PipelineData.of(corpus, evalset), settings, StageCache(tmp_path))
+    assert len(res.per_query) == len(evalset.items) == 168
+    assert _digests(res) == (PER_QUERY_SHA256, AGGREGATES_SHA256)
+
+
+@pytest.mark.parametrize("overrides", [["generator=none"], ["generator=local", "judge=heuristic"]])
+def test_config_builds_typed_stages_once(tmp_path, overrides) -> None:
+    """``assemble.build`` turns the composed config into Stages (typed fields, no dict look-ups) and
+    ``run_settings`` reads the metrics group with the defaults of evaluation.defaults."""
+    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "rag_experiments" / "conf")):
+        cfg = compose("config", overrides=[*overrides, f"cache_dir={tmp_path}"])
+    loaded = build(cfg, StageCache(tmp_path))
+    st = loaded.stages
+    assert st.retriever.embedder is st.embedder  # one embedder, built once
+    assert st.generates == (overrides[0] != "generator=none")
+    assert (st.prompt is None, st.judge is None) == (not st.generates,) * 2
+    assert set(st.identities()) >= {"embedder", "retriever"}
+    s = run_settings(cfg)
+    assert (s.k, s.ks, s.token_budgets, s.rank_depth) == (5, (1, 3, 5, 10), (256, 512, 1024), 100)
+    assert loaded.data.corpus_digest == loaded.corpus.digest and loaded.data.items == loaded.evalset.items
