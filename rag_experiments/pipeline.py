@@ -289,7 +289,6 @@ def _judged_columns(g: Generation, it: EvalItem, j: JudgedAnswer | None) -> dict
             "verdicts": "[]",
             "n_claims": 0,
             "n_unparseable": 0,
-            "n_escalated": 0,
             "relevance_method": "",
             "latency_judge_s": 0.0,
         }
@@ -437,8 +436,7 @@ def _run_aggregates(
         aggregates["n_generated"] = n_generated
         if "n_unparseable_diagnostics" in df:
             aggregates["n_unparseable_diagnostic_verdicts"] = int(df["n_unparseable_diagnostics"].sum())
-        if "n_escalated" in df:
-            aggregates["n_escalated_verdicts"] = int(df["n_escalated"].fillna(0).sum())
+        aggregates["n_escalated_verdicts"] = int(df.get("n_escalated", pd.Series(dtype=float)).fillna(0).sum())
     return aggregates
 
 

@@ -37,7 +37,7 @@ from rag_experiments.stages.judging.llm import (
     LocalLLMJudge,
     yes_no_score,
 )
-from rag_experiments.stages.judging.verifier import VerifierJudge
+from rag_experiments.stages.judging.verifier_judge import VerifierJudge
 from rag_experiments.types import Verdict
 
 __all__ = [
