@@ -25,9 +25,10 @@ from rag_experiments.evaluation.labels import load_thresholds
 from rag_experiments.identity import is_place_key
 from rag_experiments.run_types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.embedding import set_model_reuse
+from rag_experiments.stages.judging.verifier import VerifierError
 
 #: user-input errors: reported as problems (exit 2), anything else is a bug and raises
-INPUT_ERRORS = (ConfigError, EvalSetError, CorpusError, FileNotFoundError)
+INPUT_ERRORS = (ConfigError, EvalSetError, CorpusError, FileNotFoundError, VerifierError)
 MAX_PROBLEM_LINES = 50  # a broken 10,000-line eval set must not flood the terminal
 
 

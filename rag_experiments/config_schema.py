@@ -252,6 +252,11 @@ def _judge(g: _Group) -> None:
         g.num_in(key, 0, 1)
     g.int_at_least("repeats", 1)
     g.one_of("constrained", CONSTRAINED)
+    if "band" in g.node:  # judge=cascade
+        band = g.node["band"]
+        ok = isinstance(band, list) and len(band) == 2 and all(isinstance(x, int | float) for x in band)
+        if not ok or not 0 <= band[0] <= band[1] <= 1:
+            g.bad("band", "must be [lo, hi] with 0 <= lo <= hi <= 1 (P(supported) escalated to the LLM)", band)
     if str(g.node.get("_target_") or "").endswith(".MLflowJudge"):
         _mlflow_judge(g)
     elif "base_url" in g.node or "model_path" in g.node:

@@ -84,6 +84,14 @@ STAGE_CODE: dict[str, tuple[str, ...]] = {
     "relevance": _JUDGE_CODE,
     "card_verdict": _JUDGE_CODE,  # a judge's verdict on a labelled pair, with its seconds
     "judge_card": (*_JUDGE_CODE, "rag_experiments.analysis.judge_card", "rag_experiments.evaluation.judge_validity"),
+    # a fitted claim verifier: its features, its fit and its synthetic training data
+    "verifier_fit": (
+        "rag_experiments.stages.judging.verifier",
+        "rag_experiments.stages.judging.verifier_fit",
+        "rag_experiments.stages.judging.heuristic",
+        "rag_experiments.stages.embedding",
+        "rag_experiments.datasets.synthetic_pairs",
+    ),
 }
 
 #: Everything that computes a run's numbers (resume compares their fingerprint). Reports,
@@ -187,7 +195,8 @@ PLACE_KEYS = frozenset(
     }
 )
 #: Input locations whose content is covered by a digest (``corpus_digest``, ``evalset_digest``).
-PLACE_PATHS = ("corpus.path", "evalset.path", "judge_card.pairs")  # judge_card.pairs: tag judge_card_pairs_digest
+PLACE_PATHS = ("corpus.path", "evalset.path", "judge_card.pairs", "judge.path", "judge.corpus_path")
+PLACE_PATHS += ("judge.verifier.path", "judge.verifier.corpus_path")  # judge_card.pairs: tag judge_card_pairs_digest; a verifier's content is in the judge's identity
 
 
 def is_place_key(key: str) -> bool:

@@ -300,7 +300,9 @@ def _judged_columns(g: Generation, it: EvalItem, j: JudgedAnswer | None) -> dict
         }
     faith, n_claims, n_unp = faithfulness(j.verdicts)
     verdict_rows = [
-        {"claim": v.claim, "label": v.label, "score": v.score, "rationale": v.rationale} for v in j.verdicts
+        {"claim": v.claim, "label": v.label, "score": v.score, "rationale": v.rationale}
+        | ({"stage": v.stage} if v.stage else {})
+        for v in j.verdicts
     ]
     return {
         "faithfulness": faith,
@@ -310,6 +312,7 @@ def _judged_columns(g: Generation, it: EvalItem, j: JudgedAnswer | None) -> dict
         "verdicts": json.dumps(verdict_rows),
         "n_claims": n_claims,
         "n_unparseable": n_unp,
+        "n_escalated": sum(v.stage == "llm" for v in j.verdicts),  # judge=cascade: decided by the LLM
         "relevance_method": j.method,
         "latency_judge_s": j.seconds,
     }
@@ -443,6 +446,7 @@ def _run_aggregates(
         aggregates["n_context_truncated"] = int(df["context_truncated"].sum()) if n_generated else 0
         if "n_unparseable_diagnostics" in df:
             aggregates["n_unparseable_diagnostic_verdicts"] = int(df["n_unparseable_diagnostics"].sum())
+        aggregates["n_escalated_verdicts"] = int(df.get("n_escalated", pd.Series(dtype=float)).fillna(0).sum())
     return aggregates
 
 

@@ -87,3 +87,5 @@ class Verdict:
     error: str | None = None
     # OpenAI-style usage of the judge call(s) behind it; None: no model call or none reported
     usage: dict[str, Any] | None = None
+    # which stage of a cascade decided it ("verifier" | "llm"); None for single-stage judges
+    stage: str | None = None

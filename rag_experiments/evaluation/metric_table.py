@@ -448,4 +448,20 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "rag_experiments.analysis.judge_card.card_metrics",
         per_query=False,
     ),
+    MetricSpec(
+        "n_escalated",
+        "count",
+        None,
+        "count",
+        "judge=cascade: number of the query's claim verdicts decided by the LLM stage (verifier unsure)",
+        per_query=False,
+    ),
+    MetricSpec(
+        "n_escalated_verdicts",
+        "count",
+        None,
+        "count",
+        "judge=cascade: claim verdicts decided by the LLM stage, summed over queries (0 for other judges)",
+        per_query=False,
+    ),
 )

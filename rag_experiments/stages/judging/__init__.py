@@ -3,6 +3,8 @@
 - :mod:`.claims`: the judge-independent parts (claim splitting, decline detection, the strict
   verdict parser, faithfulness / key-fact recall / correctness, the :class:`Judge` protocol);
 - :mod:`.heuristic`: :class:`HeuristicJudge`, the deterministic offline default;
+- :mod:`.verifier` / :mod:`.verifier_fit`: :class:`VerifierJudge`, a claim verifier trained here;
+  :mod:`.cascade`: :class:`CascadeJudge`, the verifier with an LLM judge for uncertain claims;
 - :mod:`.llm`: :class:`LLMJudge` (OpenAI-compatible endpoint) and :class:`LocalLLMJudge` (GGUF on the
   embedded llama.cpp server);
 - :mod:`.cached`: any judge behind the stage cache (claims, verdicts and their token usage) and the
@@ -12,6 +14,7 @@ The public names are re-exported here, so ``rag_experiments.stages.judging.Heuri
 config ``_target_``s) and ``from rag_experiments.stages.judging import Verdict`` keep working.
 """
 
+from rag_experiments.stages.judging.cascade import CascadeJudge
 from rag_experiments.stages.judging.claims import (
     Judge,
     correctness,
@@ -34,6 +37,7 @@ from rag_experiments.stages.judging.llm import (
     LocalLLMJudge,
     yes_no_score,
 )
+from rag_experiments.stages.judging.verifier_judge import VerifierJudge
 from rag_experiments.types import Verdict
 
 __all__ = [
@@ -43,11 +47,13 @@ __all__ = [
     "VERDICT_SCHEMA",
     "VERDICT_SYSTEM",
     "VERDICT_USER",
+    "CascadeJudge",
     "HeuristicJudge",
     "Judge",
     "LLMJudge",
     "LocalLLMJudge",
     "Verdict",
+    "VerifierJudge",
     "correctness",
     "faithfulness",
     "is_decline",

@@ -1,0 +1,88 @@
+"""``python -m rag_experiments.judge fit``: train the claim verifier used by ``judge=verifier``.
+
+    python -m rag_experiments.judge fit [--corpus PATH] [--labels FILE ...] [--out DIR]
+        [--cache-dir DIR] [--synthetic-max N] [--seed N] [--tracking-uri URI] [--experiment NAME]
+        [--no-mlflow] [--no-progress]
+
+Synthetic pairs of the corpus (default: the bundled sample, the default config's corpus) and
+any human-labelled pairs files train a logistic verifier (docs/judges.md). Same inputs -> same
+fit id -> cache hit. Bad input (corpus, labels ``FILE:LINE``, too-small corpus, an ``--out``
+holding another verifier) exits 2 before anything is trained or logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from rag_experiments.datasets.corpus import CorpusError, corpus_digest, load_corpus
+from rag_experiments.datasets.judge_pairs import JudgePairsError, load_pairs, pairs_digest
+from rag_experiments.datasets.synthetic_pairs import SyntheticPairsError, synthetic_pairs, type_shares
+from rag_experiments.stages.judging.verifier import VerifierError
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m rag_experiments.judge fit", description=__doc__.split("\n")[0])
+    ap.add_argument("--corpus", help="corpus path (default: the bundled sample)")
+    ap.add_argument("--labels", nargs="*", default=[], metavar="FILE", help="human-labelled pairs (judge_pairs format)")
+    ap.add_argument("--out", help="write the verifier here (default: <cache-dir>/verifiers/<corpus>/<fit>)")
+    ap.add_argument("--cache-dir", default=".cache/rag_experiments")
+    ap.add_argument("--synthetic-max", type=int, default=1500, help="synthetic pairs kept (default 1500)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tracking-uri", default=None, help="MLflow store (default: $MLFLOW_TRACKING_URI, sqlite:///mlflow.db)")
+    ap.add_argument("--experiment", default="judge-verifiers")
+    ap.add_argument("--artifact-root", default="mlruns")
+    ap.add_argument("--no-mlflow", action="store_true", help="do not log the fitted verifier to MLflow")
+    ap.add_argument("--no-progress", action="store_true")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from rag_experiments.evalset import sample_dir
+    from rag_experiments.stages.judging.verifier_fit import Recipe, fit_verifier
+
+    if args.synthetic_max < 1:
+        print(f"--synthetic-max: must be >= 1 (got {args.synthetic_max})", file=sys.stderr)
+        return 2
+    corpus = args.corpus or str(sample_dir() / "docs")
+    try:
+        docs = load_corpus(corpus)
+        labelled, meta = [], []
+        for f in args.labels:
+            got = load_pairs(f)
+            labelled += got
+            meta.append({"file": os.path.basename(f), "pairs_digest": pairs_digest(got), "n": len(got)})
+        recipe = Recipe(synthetic_max=args.synthetic_max, seed=args.seed)
+        syn = synthetic_pairs(docs, seed=args.seed, n_max=args.synthetic_max)
+        res = fit_verifier(
+            syn, labelled, corpus_digest(docs), args.cache_dir, args.out, recipe, meta, progress=not args.no_progress
+        )
+    except (CorpusError, JudgePairsError, SyntheticPairsError, VerifierError, FileNotFoundError) as e:
+        for line in str(e).splitlines()[:50]:
+            print(line, file=sys.stderr)
+        return 2
+    shares = ", ".join(f"{t} {v:.0%}" for t, v in type_shares(syn).items())
+    state = "cache hit (nothing trained)" if res.cached else f"fitted in {res.seconds:.1f} s"
+    print(f"verifier {res.fit_id[:16]}: {state}\n  path: {res.path}")
+    print(f"  data: {len(syn)} synthetic pairs ({shares}); {len(labelled)} labelled pairs")
+    for part, f in res.manifest.get("card", {}).items():
+        if "kappa" in f:
+            ci = f.get("ci", {})
+            k_ci = ci.get("kappa", [float("nan")] * 2)
+            print(
+                f"  card ({part}, {f.get('cv', '')}, n={f['n']}): kappa {f['kappa']:.3f} "
+                f"[{k_ci[0]:.3f}, {k_ci[1]:.3f}], balanced accuracy {f['balanced_accuracy']:.3f}"
+            )
+    if not args.no_mlflow:
+        from rag_experiments.tracking.uri import tracking_uri
+        from rag_experiments.tracking.verifier_model import log_verifier
+
+        model_id, new = log_verifier(
+            res.manifest, str(res.path), tracking_uri(args.tracking_uri), args.experiment, args.artifact_root
+        )
+        print(f"  MLflow: logged model {model_id}" + ("" if new else " (already logged)"))
+    return 0

@@ -1,0 +1,186 @@
+"""``judge=verifier``: a claim verifier trained here (docs/judges.md, "The trained verifier").
+
+A calibrated logistic model over cheap features of (claim, context) gives P(supported); the label
+is ``P >= threshold``. The features are the heuristic judge's checks as numbers instead of
+thresholds (MiniLM cosine, content-word coverage, number/unit, negation, direction and entity
+mismatches), taken at the most similar context window and over the whole context.
+
+The judge itself is :class:`~.verifier_judge.VerifierJudge`. A fitted verifier is a directory (:mod:`.verifier_fit` writes it): ``model.json`` (feature names,
+standardisation, coefficients: a few hundred bytes) and ``manifest.json`` (identity: the weights'
+sha256, the training-data digest, the recipe and the code version, plus the validation card).
+Loading re-hashes ``model.json`` and refuses a directory whose hash does not match its manifest
+(:class:`VerifierError`): a changed or corrupted verifier is never used silently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rag_experiments.stages.judging.heuristic import (
+    HeuristicJudge,
+    _content_stems,
+    _entities,
+    _numbers_agree,
+)
+
+FEATURES = (
+    "sim_max",  # MiniLM cosine of the claim and its most similar sentence / 2-sentence window
+    "sim_x_cov",  # sim_max * coverage there: close *and* covering
+    "cov_best",  # content-word coverage of the claim by that window
+    "cov_ctx",  # ... by the whole context
+    "missing_words",  # log1p(claim content words absent from the whole context)
+    "num_mismatch_best",  # a number (with unit) of the claim absent from the window
+    "num_mismatch_ctx",  # ... absent from the whole context
+    "neg_mismatch",  # negation near the shared words in one of claim/window but not the other
+    "dir_mismatch",  # opposite direction words (increase vs decrease)
+    "ent_cov_best",  # share of the claim's names found in the window
+    "ent_cov_ctx",  # ... in the whole context
+    "claim_len",  # log1p(content words of the claim)
+)
+
+
+class VerifierError(ValueError):
+    """A verifier directory that cannot be used (missing, incomplete, or hash mismatch)."""
+
+
+def weights_sha256(path: Path) -> str:
+    return hashlib.sha256((Path(path) / "model.json").read_bytes()).hexdigest()
+
+
+def _features_of(claim: str, context: str, rows: list[dict]) -> list[float]:
+    if not rows:
+        return [0.0, 0.0, 0.0, 0.0, math.log1p(len(_content_stems(claim))), 1.0, 1.0, 0, 0, 0, 0]
+    best = max(rows, key=lambda r: r["sim"])
+    c_stems = _content_stems(claim)
+    ctx_stems = set(_content_stems(context))
+    missing = [s for s in c_stems if s not in ctx_stems]
+    cov_ctx = 1 - len(missing) / len(c_stems) if c_stems else 1.0
+    ents = _entities(claim)
+    ent_ctx = sum(e.lower() in context.lower() for e in ents) / len(ents) if ents else 1.0
+    pol = best["polarity_why"]
+    return [
+        best["sim"],
+        best["sim"] * best["coverage"],
+        best["coverage"],
+        cov_ctx,
+        math.log1p(len(missing)),
+        float(not best["numbers_ok"]),
+        float(not _numbers_agree(claim, context)[0]),
+        float(pol.startswith("negation")),
+        float(pol.startswith("direction")),
+        best["entity_coverage"],
+        ent_ctx,
+        math.log1p(len(c_stems)),
+    ]
+
+
+class FeatureExtractor:
+    """:data:`FEATURES` for (claim, context) pairs, on the heuristic judge's checks (same embedder)."""
+
+    def __init__(self, embedder: Any = None) -> None:
+        self.heuristic = HeuristicJudge(embedder=embedder)
+
+    @property
+    def identity(self) -> str:
+        return self.heuristic.embedder_identity
+
+    def prepare(self, claims: list[str], contexts: list[str]) -> None:
+        """Embed every claim and candidate window in one batch (the heuristic's memo)."""
+        texts = list(claims) + [c for ctx in dict.fromkeys(contexts) for c in self.heuristic.candidates(ctx)]
+        if texts:
+            self.heuristic._encode(list(dict.fromkeys(texts)))
+
+    def matrix(self, claims: list[str], contexts: list[str], progress: bool = False) -> np.ndarray:
+        from rag_experiments.progress import track
+
+        self.prepare(claims, contexts)
+        by_ctx: dict[str, list[int]] = {}
+        for i, ctx in enumerate(contexts):
+            by_ctx.setdefault(ctx, []).append(i)
+        X = np.zeros((len(claims), len(FEATURES)))
+        for ctx, idx in track(list(by_ctx.items()), "verifier features", enabled=progress, unit="contexts"):
+            rows = self.heuristic.features([claims[i] for i in idx], ctx)
+            for i, r in zip(idx, rows, strict=True):
+                X[i] = _features_of(claims[i], ctx, r)
+        return X
+
+
+# -- the logistic model (numpy; no scikit-learn at run time) --------------------------------------
+
+
+def fit_logistic(X: np.ndarray, y: np.ndarray, l2: float = 1.0, balanced: bool = True) -> dict:
+    """Standardised L2 logistic regression by Newton's method (IRLS).
+
+    Minimises Σ w_i·logloss(y_i, σ(b + x̃_i·β)) + l2/2·|β|², x̃ = (x − mean)/scale; ``balanced``
+    weights w_i = n / (2·n_class(y_i)), so P(supported) is calibrated for a 50/50 prior.
+    """
+    X, y = np.asarray(X, float), np.asarray(y, float)
+    mean, scale = X.mean(0), X.std(0)
+    scale[scale < 1e-9] = 1.0
+    Z = np.hstack([np.ones((len(X), 1)), (X - mean) / scale])
+    n_pos = y.sum()
+    w = np.ones(len(y))
+    if balanced and 0 < n_pos < len(y):
+        w = np.where(y == 1, len(y) / (2 * n_pos), len(y) / (2 * (len(y) - n_pos)))
+    beta = np.zeros(Z.shape[1])
+    reg = np.full(Z.shape[1], l2)
+    reg[0] = 0.0  # the intercept is not shrunk
+    for _ in range(50):
+        p = 1 / (1 + np.exp(-np.clip(Z @ beta, -30, 30)))
+        grad = Z.T @ (w * (p - y)) + reg * beta
+        H = (Z * (w * p * (1 - p))[:, None]).T @ Z + np.diag(reg + 1e-9)
+        step = np.linalg.solve(H, grad)
+        beta -= step
+        if np.abs(step).max() < 1e-8:
+            break
+    return {
+        "features": list(FEATURES),
+        "mean": mean.round(10).tolist(),
+        "scale": scale.round(10).tolist(),
+        "intercept": round(float(beta[0]), 10),
+        "coef": beta[1:].round(10).tolist(),
+        "l2": l2,
+    }
+
+
+def predict_logistic(model: dict, X: np.ndarray) -> np.ndarray:
+    """P(supported) = σ(intercept + ((x − mean)/scale)·coef)."""
+    z = model["intercept"] + ((np.asarray(X, float) - model["mean"]) / model["scale"]) @ np.asarray(model["coef"])
+    return 1 / (1 + np.exp(-np.clip(z, -30, 30)))
+
+
+# -- loading a fitted verifier -----------------------------------------------------------------------
+
+
+def load_verifier_dir(path: str | Path) -> tuple[dict, dict]:
+    """(model, manifest) of a verifier directory; :class:`VerifierError` when missing or altered."""
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        raise VerifierError(
+            f"judge.path: verifier directory not found: {path} "
+            "(fit one with: python -m rag_experiments.judge fit --out DIR)"
+        )
+    for name in ("model.json", "manifest.json"):
+        if not (path / name).is_file():
+            raise VerifierError(f"judge.path: {path}: no {name}: not a fitted verifier (or a fit that was killed)")
+    manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+    got = weights_sha256(path)
+    if got != manifest.get("weights_sha256"):
+        raise VerifierError(
+            f"judge.path: {path}: model.json sha256 {got[:16]} does not match the manifest's "
+            f"{str(manifest.get('weights_sha256'))[:16]}: the verifier was changed after it was fitted; "
+            "re-fit it (python -m rag_experiments.judge fit) instead of editing it"
+        )
+    model = json.loads((path / "model.json").read_text(encoding="utf-8"))
+    if model.get("features") != list(FEATURES):
+        raise VerifierError(
+            f"judge.path: {path}: fitted on features {model.get('features')}, this code computes "
+            f"{list(FEATURES)}: re-fit it"
+        )
+    return model, manifest

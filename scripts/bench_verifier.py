@@ -1,0 +1,175 @@
+"""The heuristic judge, the trained verifier and the cascade, side by side on judge_pairs.
+
+    python scripts/bench_verifier.py [--pairs FILE] [--cascade-n 80] [--speed-n 150] [--json OUT]
+
+Prints (measured, never asserted), every figure on pairs the model was not fitted to:
+- heuristic (thresholds calibrated on half of these pairs: its figure is optimistic);
+- verifier, feature-logistic, grouped 5-fold CV by claim (no claim in two folds);
+- verifier trained on synthetic pairs of the bundled sample only, evaluated on all pairs (the
+  honest figure for a new user's corpus with no labels);
+- verdicts/s of heuristic and verifier on the same pairs, cold (embeddings not memoised), as a
+  ratio in this run (the machine is shared: absolute rates depend on its load);
+- the cascade over band widths: verifier (out-of-fold P) + the packaged SmolLM2 judge for claims
+  inside the band, on a type-stratified subset (LLM verdicts computed once per pair, combined per
+  band): LLM calls saved vs agreement;
+- the wall time of ``python -m rag_experiments.judge fit --labels PAIRS`` (bundled sample + pairs).
+Reads ../shared/datasets/judge_pairs/pairs.jsonl; skips (exit 0) when absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import yaml  # noqa: E402
+
+from rag_experiments.analysis.verifier_eval import cross_validated, figures_with_ci  # noqa: E402
+from rag_experiments.datasets.corpus import load_corpus  # noqa: E402
+from rag_experiments.datasets.judge_pairs import load_pairs  # noqa: E402
+from rag_experiments.datasets.synthetic_pairs import synthetic_pairs  # noqa: E402
+from rag_experiments.evalset import sample_dir  # noqa: E402
+from rag_experiments.stages.judging import heuristic as heur  # noqa: E402
+from rag_experiments.stages.judging.verifier import FeatureExtractor, fit_logistic, predict_logistic  # noqa: E402
+
+PAIRS = ROOT.parent / "shared/datasets/judge_pairs/pairs.jsonl"
+
+
+def row(name, pairs, pred, idx=None):
+    idx = np.arange(len(pairs)) if idx is None else idx
+    sub = [pairs[i] for i in idx]
+    f = figures_with_ci([p.label for p in sub], np.asarray(pred)[idx] if len(pred) == len(pairs) else pred,
+                        [p.group_key for p in sub], [p.type for p in sub], n_resamples=1000)
+    ci = f["ci"]
+    acc_c = f["accept_by_type"].get("contradict_evidence", float("nan"))
+    cc = ci.get("accept/contradict_evidence", (float("nan"),) * 2)
+    print(f"{name:<46} n={f['n']:<4} kappa {f['kappa']:.3f} [{ci['kappa'][0]:.3f}, {ci['kappa'][1]:.3f}]  "
+          f"bal.acc {f['balanced_accuracy']:.3f} [{ci['balanced_accuracy'][0]:.3f}, {ci['balanced_accuracy'][1]:.3f}]  "
+          f"contradictions accepted {acc_c:.3f} [{cc[0]:.3f}, {cc[1]:.3f}]", flush=True)
+    return f
+
+
+def labels(p, th=0.5):
+    return np.where(np.asarray(p) >= th, "supported", "unsupported")
+
+
+def heuristic_judge():
+    cfg = yaml.safe_load((ROOT / "rag_experiments/conf/judge/heuristic.yaml").read_text())
+    cfg.pop("_target_")
+    return heur.HeuristicJudge(**cfg)
+
+
+def speed(pairs, n, h, fx, model):
+    """Cold verdicts/s of heuristic and verifier on the same n pairs (memo cleared before each)."""
+    sub = pairs[:n]
+    heur._VEC_MEMO.clear()
+    t0 = time.perf_counter()
+    for p in sub:
+        h.verdicts([p.claim], p.context)
+    th = time.perf_counter() - t0
+    heur._VEC_MEMO.clear()
+    t0 = time.perf_counter()
+    for p in sub:
+        predict_logistic(model, fx.matrix([p.claim], [p.context]))
+    tv = time.perf_counter() - t0
+    return n / th, n / tv
+
+
+def cascade_table(pairs, oof, n, seed=0):
+    from rag_experiments.stages.judging import LocalLLMJudge
+
+    rng = np.random.default_rng(seed)
+    by_type: dict[str, list[int]] = {}
+    for i, p in enumerate(pairs):
+        by_type.setdefault(p.type, []).append(i)
+    idx = np.sort(np.concatenate([rng.choice(v, max(1, round(n * len(v) / len(pairs))), replace=False)
+                                  for v in by_type.values()]))
+    llm = LocalLLMJudge(decompose=False, max_tokens=8, n_parallel=1, n_threads=2)
+    t0 = time.perf_counter()
+    llm_v = [llm.verdicts([pairs[i].claim], pairs[i].context)[0] for i in idx]
+    spv = (time.perf_counter() - t0) / len(idx)
+    llm_lab = np.array([v.label for v in llm_v], dtype=object)
+    print(f"\ncascade on {len(idx)} pairs (type-stratified); SmolLM2 {spv:.1f} s/verdict under load; "
+          f"{int((llm_lab == 'unparseable').sum())} unparseable LLM replies")
+    out = []
+    for lo, hi in ((0.5, 0.5), (0.45, 0.55), (0.4, 0.6), (0.3, 0.7), (0.2, 0.8), (0.0, 1.0)):
+        p = oof[idx]
+        esc = (p >= lo) & (p <= hi) if hi > lo else np.zeros(len(idx), bool)
+        pred = np.where(esc, llm_lab, labels(p))
+        f = row(f"  band [{lo:.2f}, {hi:.2f}]: LLM calls {esc.mean():.0%}", pairs, pred, idx)
+        out.append({"band": [lo, hi], "llm_share": float(esc.mean()), **f})
+    return out, len(idx), spv
+
+
+def fit_time(pairs_path: Path) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "rag_experiments.judge", "fit", "--labels", str(pairs_path),
+                        "--cache-dir", tmp, "--no-mlflow", "--no-progress"], check=True, cwd=tmp,
+                       capture_output=True)
+        return time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pairs", type=Path, default=PAIRS)
+    ap.add_argument("--cascade-n", type=int, default=80)
+    ap.add_argument("--speed-n", type=int, default=150)
+    ap.add_argument("--no-fit-time", action="store_true")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    if not args.pairs.is_file():
+        print(f"skipped: {args.pairs} not found")
+        return 0
+    pairs = load_pairs(args.pairs)
+    print(f"{len(pairs)} pairs; load average {os.getloadavg()[0]:.1f} on 2 shared cores", flush=True)
+    groups = [p.group_key for p in pairs]
+    y = np.array([p.label == "supported" for p in pairs], float)
+    h = heuristic_judge()
+    fx = FeatureExtractor(h.embedder)
+    res: dict = {}
+    fx.prepare([p.claim for p in pairs], [p.context for p in pairs])  # one embedding batch, shared memo
+    res["heuristic"] = row("heuristic (calibrated on half of these)", pairs,
+                           [h.verdicts([p.claim], p.context)[0].label for p in pairs])
+    X = fx.matrix([p.claim for p in pairs], [p.context for p in pairs])
+
+    def fit(tr):
+        m = fit_logistic(X[tr], y[tr])
+        return lambda te: predict_logistic(m, X[te])
+
+    oof = cross_validated(fit, len(pairs), groups, k=5, seed=0)
+    res["verifier_cv"] = row("verifier (features), grouped 5-fold CV", pairs, labels(oof))
+    syn = synthetic_pairs(load_corpus(sample_dir() / "docs"), n_max=1500)
+    Xs = fx.matrix([p.claim for p in syn], [p.context for p in syn])
+    m_syn = fit_logistic(Xs, np.array([p.label == "supported" for p in syn], float))
+    res["verifier_synthetic_only"] = row(f"verifier (features), synthetic only ({len(syn)})", pairs,
+                                         labels(predict_logistic(m_syn, X)))
+    hs, vs = speed(pairs, args.speed_n, h, fx, fit_logistic(X, y))
+    res["speed"] = {"heuristic_verdicts_s": hs, "verifier_verdicts_s": vs, "ratio": vs / hs,
+                    "load": os.getloadavg()[0]}
+    print(f"\nverdicts/s, cold, one claim per call, n={args.speed_n}: heuristic {hs:.1f}, verifier {vs:.1f} "
+          f"(ratio {vs / hs:.2f}; load average {os.getloadavg()[0]:.1f})", flush=True)
+    if args.cascade_n:
+        res["cascade"], res["cascade_n"], res["llm_s_per_verdict"] = cascade_table(pairs, oof, args.cascade_n)
+    if not args.no_fit_time:
+        res["fit_s"] = fit_time(args.pairs)
+        print(f"\njudge fit --labels judge_pairs (bundled sample + {len(pairs)} pairs): {res['fit_s']:.0f} s "
+              f"wall, fresh process (load average {os.getloadavg()[0]:.1f})")
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=1, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,306 @@
+"""The trained claim verifier (``judge=verifier``), its fit CLI, and the cascade (``judge=cascade``).
+
+Real parts: synthetic pairs from sample documents, MiniLM features, the numpy logistic fit, a
+sqlite MLflow store, the packaged SmolLM2 on the llama.cpp server as the cascade's LLM stage.
+Fits are tiny (about 120 synthetic pairs of four sample documents) so the module stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mlflow import MlflowClient
+
+from rag_experiments.datasets.corpus import load_corpus
+from rag_experiments.datasets.synthetic_pairs import (
+    MIN_SENTENCES,
+    NEGATIVE_TYPES,
+    POSITIVE_TYPES,
+    SyntheticPairsError,
+    change_number,
+    drop_clause,
+    negate,
+    synthetic_pairs,
+)
+from rag_experiments.evalset import sample_dir
+from rag_experiments.judge import main as judge_main
+from rag_experiments.stages.judging import CascadeJudge, VerifierJudge
+from rag_experiments.stages.judging.verifier import VerifierError, fit_logistic, predict_logistic
+from rag_experiments.stages.judging.verifier_fit import Recipe, fit_identity
+from tests.llm_fixtures import requires_smollm2
+from tests.sweep_helpers import TINY_DOCS, make_tiny
+
+N_SYN = "120"
+
+
+@pytest.fixture(scope="module")
+def sample_pairs():
+    return synthetic_pairs(load_corpus(sample_dir() / "docs"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """One CLI fit on the tiny corpus, logged to a temporary sqlite MLflow store."""
+    root = tmp_path_factory.mktemp("verifier")
+    docs, _ = make_tiny(root, n_items=2)
+    argv = [
+        "fit", "--corpus", str(docs), "--synthetic-max", N_SYN, "--cache-dir", str(root / "cache"),
+        "--tracking-uri", f"sqlite:///{root}/mlflow.db", "--artifact-root", str(root / "mlruns"), "--no-progress",
+    ]  # fmt: skip
+    assert judge_main(argv) == 0
+    (latest,) = (root / "cache" / "verifiers").glob("*/latest.json")
+    path = Path(json.loads(latest.read_text())["path"])
+    return {"root": root, "docs": docs, "argv": argv, "path": path}
+
+
+# -- synthetic pairs -------------------------------------------------------------------------------
+
+
+def _source(pairs, p):
+    return next(q for q in pairs if q.group == p.group and q.type == "sentence").claim
+
+
+def test_each_perturbation_changes_what_it_claims_to(sample_pairs):
+    pairs = sample_pairs
+    types = {p.type for p in pairs}
+    assert types == set(POSITIVE_TYPES + NEGATIVE_TYPES)
+    for p in pairs:
+        src = _source(pairs, p)
+        assert p.label == ("supported" if p.type in POSITIVE_TYPES else "unsupported")
+        if p.type == "sentence":
+            assert p.claim in p.context
+        elif p.type == "clause_drop":
+            assert src.startswith(p.claim[:-1]) and len(p.claim) < len(src)
+        elif p.type == "negation":
+            negs = re.compile(r"\b(?:not|cannot|never)\b|n't", re.I)
+            assert len(negs.findall(p.claim)) != len(negs.findall(src)) or "always" in src, (src, p.claim)
+        elif p.type == "number":
+            assert p.claim != src and (re.findall(r"[\d,.]+", p.claim) != re.findall(r"[\d,.]+", src)
+                                       or re.sub(r"\d", "", p.claim) != re.sub(r"\d", "", src))  # fmt: skip
+        elif p.type == "entity":
+            new = set(re.findall(r"\w+", p.claim)) - set(re.findall(r"\w+", src))
+            assert new and not any(w.lower() in p.context.lower().split() for w in new), (src, p.claim)
+        elif p.type == "antonym":
+            assert p.claim != src and len(p.claim.split()) == len(src.split())
+        elif p.type == "other_doc":
+            assert p.claim not in p.context  # a sentence of another document
+        elif p.type == "added_clause":
+            assert p.claim.startswith(src.rstrip(".!?")) and ", and " in p.claim[len(src) - 1 :]
+
+
+def test_pairs_are_grouped_by_source_sentence_deterministic_and_capped(sample_pairs):
+    assert all(p.group and p.group.split("#")[0] for p in sample_pairs)
+    again = synthetic_pairs(load_corpus(sample_dir() / "docs"), seed=0)
+    assert [p.id for p in again] == [p.id for p in sample_pairs]
+    capped = synthetic_pairs(load_corpus(sample_dir() / "docs"), seed=0, n_max=300)
+    assert 250 <= len(capped) <= 300
+    full = {}
+    for p in sample_pairs:
+        full.setdefault(p.group, set()).add(p.type)
+    kept = {}
+    for p in capped:
+        kept.setdefault(p.group, set()).add(p.type)
+    assert all(kept[g] <= full[g] and "sentence" in kept[g] for g in kept)  # whole groups
+
+
+def test_perturbation_helpers():
+    assert negate("Refunds are issued within 5 days.") == "Refunds are not issued within 5 days."
+    assert negate("The key cannot be restored.") == "The key can be restored."
+    assert negate("Nothing here to flip at all today.") is None
+    import random
+
+    assert change_number("Refunds take 14 days.", random.Random(0)) == "Refunds take 28 days."
+    assert drop_clause("Webhooks are retried five times, and each retry waits longer.") == "Webhooks are retried five times."
+
+
+def test_too_small_corpus_is_an_error_with_the_count(tmp_path, capsys):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.md").write_text("Refunds are issued within five business days of the request.\n")
+    (docs / "b.md").write_text("Webhooks are retried up to eight times with exponential backoff.\n")
+    with pytest.raises(SyntheticPairsError, match=rf"2 usable sentences in 2 documents \(minimum {MIN_SENTENCES}"):
+        synthetic_pairs(load_corpus(docs))
+    assert judge_main(["fit", "--corpus", str(docs), "--no-mlflow", "--cache-dir", str(tmp_path / "c")]) == 2
+    assert "2 usable sentences" in capsys.readouterr().err
+
+
+# -- fit ------------------------------------------------------------------------------------------
+
+
+def test_logistic_fit_separates_and_is_calibrated_on_a_balanced_prior():
+    rng = np.random.default_rng(0)
+    X = np.vstack([rng.normal(1, 1, (200, 2)), rng.normal(-1, 1, (200, 2))])
+    y = np.r_[np.ones(200), np.zeros(200)]
+    m = fit_logistic(X, y)
+    p = predict_logistic(m, X)
+    assert ((p >= 0.5) == y).mean() > 0.85 and abs(p.mean() - 0.5) < 0.05
+
+
+def test_fit_is_content_hashed_cached_and_logged(fitted, capsys):
+    path = fitted["path"]
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert path.name == manifest["fit_id"][:16] and len(manifest["weights_sha256"]) == 64
+    assert (path / "model.json").stat().st_size < 4000  # tiny: coefficients only
+    assert manifest["data"]["n_synthetic"] <= int(N_SYN) and manifest["code_version"]
+    assert "kappa" in manifest["card"]["fit_data"]  # grouped-CV card on held-out source sentences
+    mtime = (path / "model.json").stat().st_mtime_ns
+    capsys.readouterr()
+    assert judge_main(fitted["argv"]) == 0  # same inputs: a cache hit, nothing trained or re-logged
+    out = capsys.readouterr().out
+    assert "cache hit" in out and "already logged" in out
+    assert (path / "model.json").stat().st_mtime_ns == mtime
+    c = MlflowClient(f"sqlite:///{fitted['root']}/mlflow.db")
+    exp = c.get_experiment_by_name("judge-verifiers")
+    (model,) = c.search_logged_models([exp.experiment_id])
+    assert model.tags["fit_id"] == manifest["fit_id"] and model.status.to_proto() == 2 or str(model.status) == "READY"
+    run = c.get_run(model.source_run_id)
+    assert run.info.status == "FINISHED" and "card/fit_data/kappa" in run.data.metrics
+    # identity is content: other pairs or another recipe -> another fit id
+    syn = synthetic_pairs(load_corpus(fitted["docs"]), n_max=int(N_SYN))
+    base = fit_identity(syn, Recipe(synthetic_max=int(N_SYN)), "e")
+    assert base == fit_identity(list(syn), Recipe(synthetic_max=int(N_SYN)), "e")
+    assert base != fit_identity(syn[1:], Recipe(synthetic_max=int(N_SYN)), "e")
+    assert base != fit_identity(syn, Recipe(synthetic_max=int(N_SYN), l2=2.0), "e")
+
+
+def test_bad_labels_file_exits_2_with_file_and_line(fitted, tmp_path, capsys):
+    bad = tmp_path / "labels.jsonl"
+    good = {"id": "a", "claim": "Refunds take 5 days.", "context": "Refunds take 5 days.", "label": "supported"}
+    bad.write_text(json.dumps(good) + "\n" + json.dumps({**good, "id": "b", "label": "maybe"}) + "\n")
+    argv = ["fit", "--corpus", str(fitted["docs"]), "--labels", str(bad), "--no-mlflow", "--cache-dir", str(tmp_path)]
+    assert judge_main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:2: unknown label 'maybe'" in err
+    assert not (tmp_path / "verifiers").exists()  # nothing trained
+
+
+def test_missing_or_altered_verifier_refused(fitted, tmp_path):
+    with pytest.raises(VerifierError, match="not found"):
+        VerifierJudge(path=str(tmp_path / "nope"))
+    tampered = tmp_path / "tampered"
+    shutil.copytree(fitted["path"], tampered)
+    model = json.loads((tampered / "model.json").read_text())
+    model["intercept"] += 1.0
+    (tampered / "model.json").write_text(json.dumps(model))
+    with pytest.raises(VerifierError, match="does not match the manifest"):
+        VerifierJudge(path=str(tampered))
+
+
+def test_sweep_inputs_exit_2_for_missing_and_tampered_verifier(fitted, tmp_path):
+    """What ``load_inputs`` turns into exit 2: the problems, no stages built, no run."""
+    from hydra import compose, initialize_config_dir
+
+    from rag_experiments.assemble import input_problems
+
+    tampered = tmp_path / "t"
+    shutil.copytree(fitted["path"], tampered)
+    (tampered / "model.json").write_text((tampered / "model.json").read_text() + " ")
+    docs, ev = fitted["docs"], next(fitted["root"].glob("evalset.jsonl"))
+    base = ["corpus=dir", f"corpus.path={docs}", "evalset=file", f"evalset.path={ev}", f"cache_dir={tmp_path}/c"]
+    with initialize_config_dir(str(sample_dir().parent.parent / "conf"), version_base="1.3"):
+        for path, expect in ((tmp_path / "missing", "not found"), (tampered, "does not match")):
+            cfg = compose("config", overrides=[*base, "judge=verifier", f"judge.path={path}"])
+            problems, loaded = input_problems(cfg)
+            assert loaded is None and any(expect in p for p in problems), problems
+
+
+def test_verifier_judges_in_the_pipeline_and_its_identity_is_in_the_cache_keys(fitted, tmp_path):
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from rag_experiments.stages.generation import OpenAICompatibleGenerator
+    from tests.llm_fixtures import FakeLLM
+    from tests.sweep_helpers import tiny_inputs, tiny_pipeline
+
+    fake = FakeLLM()
+    fake.thread.start()
+    try:
+        tiny = tiny_inputs(tmp_path, n_items=3)
+        judge = VerifierJudge(path=str(fitted["path"]))
+        manifest = json.loads((fitted["path"] / "manifest.json").read_text())
+        assert manifest["fit_id"] in judge.identity and manifest["weights_sha256"] in judge.identity
+        gen = OpenAICompatibleGenerator(base_url=fake.base_url, model="ok", max_retries=0, timeout_s=10)
+        prompt = instantiate(OmegaConf.load(sample_dir().parent.parent / "conf" / "prompt" / "concise.yaml"))
+        res = tiny_pipeline(tiny, generator=gen, prompt=prompt, judge=judge)
+    finally:
+        fake.server.shutdown()
+        fake.server.server_close()
+    verdicts = [v for s in res.per_query["verdicts"].dropna() for v in json.loads(s)]
+    assert verdicts and all(0 <= v["score"] <= 1 for v in verdicts)
+    assert all(v["rationale"].startswith("P(supported)=") for v in verdicts)
+    assert res.aggregates["n_escalated_verdicts"] == 0
+    assert 0 <= res.aggregates["faithfulness"] <= 1
+
+
+def test_verifier_without_path_uses_the_latest_fit_for_the_corpus(fitted):
+    judge = VerifierJudge(corpus_path=str(fitted["docs"]), cache_dir=str(fitted["root"] / "cache"), auto_fit=False)
+    assert judge.path == fitted["path"]
+
+
+def test_no_fit_for_the_corpus_and_no_auto_fit_is_an_error(tmp_path):
+    docs, _ = make_tiny(tmp_path, n_items=2)
+    with pytest.raises(VerifierError, match="no verifier fitted for corpus"):
+        VerifierJudge(corpus_path=str(docs), cache_dir=str(tmp_path / "c"), auto_fit=False)
+    assert len(TINY_DOCS) == 4
+
+
+# -- cascade ------------------------------------------------------------------------------------------
+
+
+@requires_smollm2
+def test_cascade_asks_the_llm_only_inside_the_band_and_records_the_stage(fitted):
+    from rag_experiments.stages.judging import LocalLLMJudge
+
+    verifier = VerifierJudge(path=str(fitted["path"]))
+    context = (
+        "Refunds are issued within 5 business days. Webhooks are retried up to 8 times. "
+        "Rate limits reset every minute."
+    )
+    claims = [
+        "Refunds are issued within 5 business days.",
+        "Refunds are not issued within 5 business days.",
+        "Webhooks are retried up to 8 times.",
+        "The Enterprise plan includes phone support.",
+    ]
+    scores = [v.score for v in verifier.verdicts(claims, context)]
+
+    class CountingLLM(LocalLLMJudge):  # the real SmolLM2 judge; counts the claims it is asked
+        asked: list[str] = []
+
+        def verdicts(self, cs, ctx):
+            CountingLLM.asked += list(cs)
+            return super().verdicts(cs, ctx)
+
+    llm = CountingLLM(max_tokens=8, decompose=False, n_parallel=1, n_threads=1)
+    lo, hi = sorted(scores)[1] - 1e-9, sorted(scores)[2] + 1e-9  # the two middle claims are unsure
+    cascade = CascadeJudge(verifier, llm, band=[lo, hi])
+    out = cascade.verdicts(claims, context)
+    inside = [c for c, s in zip(claims, scores, strict=True) if lo <= s <= hi]
+    assert CountingLLM.asked == inside and len(inside) == 2
+    for v, s in zip(out, scores, strict=True):
+        assert v.stage == ("llm" if lo <= s <= hi else "verifier")
+        assert (v.rationale.startswith("escalated") and v.score != s) if v.stage == "llm" else v.score == s
+    assert json.loads(cascade.identity)["band"] == [lo, hi]
+    with pytest.raises(ValueError, match="band"):
+        CascadeJudge(verifier, llm, band=[0.8, 0.2])
+
+
+def test_verifier_and_cascade_configs_validate_and_a_bad_band_is_named():
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    import rag_experiments.sweep  # noqa: F401  (registers the sample_dir resolver)
+    from rag_experiments.config_schema import validate
+
+    with initialize_config_dir(str(sample_dir().parent.parent / "conf"), version_base="1.3"):
+        for judge in ("verifier", "cascade"):
+            cfg = OmegaConf.to_container(compose("config", overrides=[f"judge={judge}"]), resolve=True)
+            assert validate({k: v for k, v in cfg.items() if k != "hydra"}) == []
+        cfg = compose("config", overrides=["judge=cascade", "judge.band=[0.9,0.1]"])
+        problems = validate({k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "hydra"})
+        assert any(p.startswith("conf/judge: band") for p in problems), problems
