@@ -42,6 +42,7 @@ SLOW_MODULES = {
     "test_compare_gate",
     "test_healing",
     "test_interrupts",
+    "test_judge_change",
     "test_kill_resume",
     "test_mlflow_ui",
     "test_parent_dedup",
@@ -97,6 +98,10 @@ SLOW_TESTS = {
     "test_pipeline_mrr_independent_of_ks_and_tokens_cached",
     "test_pipeline_budget_uses_real_token_counts",
     "test_bad_budget_config_exits_2_without_any_mlflow_run",
+    "test_card_cli_json_keys_and_ci_shapes",
+    "test_stochastic_judge_repeats_flip_rate_cached_per_repeat",
+    "test_run_logs_judge_card_digest_and_identity",
+    "test_heuristic_judge_rejects_contradicting_evidence_far_more_than_similarity",
 }
 
 
