@@ -21,7 +21,9 @@ from typing import TextIO, TypeVar
 T = TypeVar("T")
 
 # Stages shown in the timing table, in pipeline order; unknown keys follow in insertion order.
-STAGE_ORDER = ("chunking_s", "retrieval_s", "generation_s", "judging_s", "logging_s", "traces_s", "total_s")
+STAGE_ORDER = (
+    "chunking_s", "retrieval_s", "generation_s", "judging_s", "judge_card_s", "logging_s", "traces_s", "total_s"
+)
 
 
 def eta_s(done: int, total: int, elapsed: float) -> float | None:

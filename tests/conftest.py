@@ -42,6 +42,7 @@ SLOW_MODULES = {
     "test_compare_gate",
     "test_healing",
     "test_interrupts",
+    "test_judge_change",
     "test_kill_resume",
     "test_mlflow_ui",
     "test_noise_runs",
@@ -101,6 +102,10 @@ SLOW_TESTS = {
     "test_bad_budget_config_exits_2_without_any_mlflow_run",
     "test_weighted_leniency_and_kappa_estimate_the_run_not_the_boosted_sample",  # 45 s under load
     "test_pasted_api_key_is_rejected_and_never_written",  # 35 s under load
+    "test_card_cli_json_keys_and_ci_shapes",
+    "test_stochastic_judge_repeats_flip_rate_cached_per_repeat",
+    "test_run_logs_judge_card_digest_and_identity",
+    "test_heuristic_judge_rejects_contradicting_evidence_far_more_than_similarity",
 }
 
 

@@ -192,7 +192,6 @@ def test_deterministic_judge_repeats_warn_and_cost_nothing():
     assert judges == [] and "takes no seed" in warning
 
 
-@pytest.mark.slow
 @requires_smollm2
 def test_stochastic_judge_repeats_flip_rate_cached_per_repeat(tmp_path):
     cfg = judge_config("local", ["temperature=1.0", "use_logprobs=false", "decompose=false", "max_tokens=16"])
@@ -220,7 +219,6 @@ def test_stochastic_judge_repeats_flip_rate_cached_per_repeat(tmp_path):
 # ----------------------------------------------------------------------------- a run logs its card
 
 
-@pytest.mark.slow
 def test_run_logs_judge_card_digest_and_identity(tmp_path, fake_llm):  # noqa: F811
     from mlflow.tracking import MlflowClient
 
