@@ -22,6 +22,7 @@ from rag_experiments.analysis.judge_card import card_line, card_metrics, judge_c
 from rag_experiments.cache import StageCache, stage_key
 from rag_experiments.conf_groups import conf_dir, options
 from rag_experiments.datasets.judge_pairs import JudgePair, JudgePairsError, load_pairs, pairs_digest
+from rag_experiments.datasets.synthetic_pairs import synthetic_pairs
 from rag_experiments.progress import track
 
 log = logging.getLogger(__name__)
@@ -134,14 +135,9 @@ def card_pairs(
     """(pairs, source): human-labelled pairs from ``pairs_path`` (source ``file:<name>``), else
     synthetic pairs made from the corpus ``docs`` (``datasets.synthetic_pairs``, at most ``n_max``;
     source ``synthetic``). Bad pairs files raise ``JudgePairsError``; a corpus too small for
-    synthetic pairs raises its ``SyntheticPairsError`` (a ValueError naming the count and minimum);
-    ([], ``none``) when no pairs file is given and the synthetic-pairs module is not installed."""
+    synthetic pairs raises its ``SyntheticPairsError`` (a ValueError naming the count and minimum)."""
     if pairs_path:
         return load_pairs(pairs_path), f"file:{Path(pairs_path).name}"
-    try:
-        from rag_experiments.datasets.synthetic_pairs import synthetic_pairs
-    except ImportError:
-        return [], "none"
     return synthetic_pairs(list(docs or []), seed=seed, n_max=n_max), "synthetic"
 
 
