@@ -90,16 +90,22 @@ class FeatureExtractor:
     def identity(self) -> str:
         return self.heuristic.embedder_identity
 
-    def prepare(self, claims: list[str], contexts: list[str]) -> None:
-        """Embed every claim and candidate window in one batch (the heuristic's memo)."""
+    def prepare(self, claims: list[str], contexts: list[str], progress: bool = False) -> None:
+        """Embed every claim and candidate window (the heuristic's memo), in blocks of 512 texts
+        so a long fit shows progress with an ETA (embedding is most of a fit's time)."""
+        from rag_experiments.progress import Progress
+
         texts = list(claims) + [c for ctx in dict.fromkeys(contexts) for c in self.heuristic.candidates(ctx)]
-        if texts:
-            self.heuristic._encode(list(dict.fromkeys(texts)))
+        texts = list(dict.fromkeys(texts))
+        with Progress("verifier: embedding", len(texts), enabled=progress and len(texts) > 512, unit="texts") as bar:
+            for i in range(0, len(texts), 512):
+                self.heuristic._encode(texts[i : i + 512])
+                bar.update(len(texts[i : i + 512]))
 
     def matrix(self, claims: list[str], contexts: list[str], progress: bool = False) -> np.ndarray:
         from rag_experiments.progress import track
 
-        self.prepare(claims, contexts)
+        self.prepare(claims, contexts, progress)
         by_ctx: dict[str, list[int]] = {}
         for i, ctx in enumerate(contexts):
             by_ctx.setdefault(ctx, []).append(i)
