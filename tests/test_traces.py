@@ -429,12 +429,13 @@ def test_trace_sample_rule():
     from rag_experiments.tracking.traces import select_traced
 
     n = 1000
-    df = pd.DataFrame({"id": [f"q{i}" for i in range(n)], "error": None})
-    df["failure_label"] = ["retrieval_failure" if i % 10 == 0 else "retrieved" for i in range(n)]
+    df = pd.DataFrame({"id": [f"q{i}" for i in range(n)], "error": None}).sample(frac=1, random_state=1)
+    df["failure_label"] = ["retrieval_failure" if int(i[1:]) % 10 == 0 else "retrieved" for i in df["id"]]
     same, rec = select_traced(df, 1000, 0)
     assert len(same) == n and rec["rule"] == "all"
     got, rec = select_traced(df, 200, 0)
     assert len(got) == 200 and rec["failures"] == 100 and rec["failures_traced"] == 100
+    assert (got["failure_label"] == "retrieval_failure").sum() == 100
     other = df.assign(failure_label="retrieved")  # another run of the same eval set: no failures
     got2, rec2 = select_traced(other, 200, 0)
     assert len(got2) == 200 and rec2["failures_traced"] == 0

@@ -21,7 +21,6 @@ def store_lock(uri: str) -> contextlib.AbstractContextManager:
     )
 
 
-
 @contextlib.contextmanager
 def file_lock(path: Path, what: str = ""):
     """An exclusive ``flock`` on ``path``: released by the kernel when the process dies (kill -9).

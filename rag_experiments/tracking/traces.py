@@ -241,6 +241,7 @@ def select_traced(per_query: pd.DataFrame, cap: int | None, seed: int) -> tuple[
     chosen = set(common) | set(fails)
     fill = [i for i in rest if i not in chosen][: cap - len(chosen)]
     keep = per_query.index.isin(chosen | set(fill))
+    failed = failed.reindex(per_query.index)  # ``order``'s labels, back in the table's order
     record = {
         "rule": "seeded half + failures first + seeded fill",
         "cap": cap,
