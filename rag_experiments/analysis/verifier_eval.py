@@ -3,7 +3,8 @@
 A judge is only as good as its agreement with labels it was not fitted to, so every figure of a
 fitted verifier comes from cross-validation whose folds never split a group (a claim, or a
 synthetic source sentence with its perturbations): :func:`grouped_folds`. CIs resample whole
-groups (pairs of one claim are not independent): :func:`figures_with_ci`.
+groups (pairs of one claim are not independent): :func:`figures_with_ci`, the validity card's
+figures (``analysis.judge_card``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from rag_experiments.analysis.agreement import cohen_kappa
+from rag_experiments.analysis.judge_card import judge_card
+
+POINT_FIGURES = (
+    "kappa", "balanced_accuracy", "accuracy", "precision_supported", "recall_supported", "unparseable_rate"
+)
 
 
 def grouped_folds(groups: Sequence[str], k: int = 5, seed: int = 0) -> np.ndarray:
@@ -36,31 +41,6 @@ def grouped_folds(groups: Sequence[str], k: int = 5, seed: int = 0) -> np.ndarra
     return fold_of_group[inv]
 
 
-def figures(gold: Sequence[str], pred: Sequence[str], types: Sequence[str] | None = None) -> dict:
-    """κ, balanced accuracy (mean recall of both labels), accuracy, precision/recall of
-    ``supported`` and the acceptance rate (share judged supported) per pair type.
-
-    A prediction other than supported/unsupported (unparseable) counts as wrong for both classes.
-    """
-    g, p = np.asarray(gold, dtype=object), np.asarray(pred, dtype=object)
-    sup, uns = g == "supported", g == "unsupported"
-    rec_s = float(np.mean(p[sup] == "supported")) if sup.any() else math.nan
-    rec_u = float(np.mean(p[uns] == "unsupported")) if uns.any() else math.nan
-    n_ps = int(np.sum(p == "supported"))
-    out = {
-        "n": len(g),
-        "kappa": cohen_kappa(g, p) if len(set(g)) > 1 else math.nan,
-        "balanced_accuracy": (rec_s + rec_u) / 2,
-        "accuracy": float(np.mean(g == p)) if len(g) else math.nan,
-        "precision_supported": float(np.sum(sup & (p == "supported")) / n_ps) if n_ps else math.nan,
-        "recall_supported": rec_s,
-    }
-    if types is not None:
-        t = np.asarray(types, dtype=object)
-        out["accept_by_type"] = {str(k): float(np.mean(p[t == k] == "supported")) for k in sorted(set(t))}
-    return out
-
-
 def figures_with_ci(
     gold: Sequence[str],
     pred: Sequence[str],
@@ -70,29 +50,22 @@ def figures_with_ci(
     seed: int = 0,
     confidence: float = 0.95,
 ) -> dict:
-    """:func:`figures` plus ``<name>_ci`` = percentile CI from a bootstrap over whole groups."""
-    g, p = np.asarray(gold, dtype=object), np.asarray(pred, dtype=object)
-    t = None if types is None else np.asarray(types, dtype=object)
-    point = figures(g, p, t)
-    uniq, inv = np.unique(np.asarray(groups, dtype=object).astype(str), return_inverse=True)
-    members = [np.flatnonzero(inv == i) for i in range(len(uniq))]
-    rng = np.random.default_rng(seed)
-    draws: dict[str, list[float]] = {}
-    for _ in range(n_resamples):
-        idx = np.concatenate([members[i] for i in rng.integers(0, len(uniq), len(uniq))])
-        f = figures(g[idx], p[idx], None if t is None else t[idx])
-        for key, v in _flat(f).items():
-            if not math.isnan(v):
-                draws.setdefault(key, []).append(v)
-    a = (1 - confidence) / 2
-    cis = {k: tuple(float(x) for x in np.quantile(v, [a, 1 - a])) for k, v in draws.items() if v}
-    point["ci"] = cis
-    return point
-
-
-def _flat(f: dict) -> dict[str, float]:
-    out = {k: float(v) for k, v in f.items() if isinstance(v, int | float) and k != "n"}
-    out.update({f"accept/{k}": v for k, v in f.get("accept_by_type", {}).items()})
+    """The validity card's figures (:func:`analysis.judge_card.judge_card`, their one definition:
+    unparseable a third class, CIs from a bootstrap over whole groups) in a flat form: the point
+    values, ``accept_by_type`` and ``ci`` = {figure or ``accept/<type>``: (lo, hi)}."""
+    kinds = list(types) if types is not None else ["all"] * len(gold)
+    card = judge_card(
+        gold, pred, kinds, groups, [math.nan] * len(gold),
+        n_resamples=n_resamples, seed=seed, confidence=confidence,
+    )
+    out: dict = {"n": card["n"]}
+    cis: dict[str, tuple[float, float]] = {}
+    for key in POINT_FIGURES:
+        out[key] = card[key]["value"]
+        cis[key] = tuple(card[key]["ci"])
+    out["accept_by_type"] = {t: v["value"] for t, v in card["accept_by_type"].items()}
+    cis.update({f"accept/{t}": tuple(v["ci"]) for t, v in card["accept_by_type"].items()})
+    out["ci"] = cis
     return out
 
 
