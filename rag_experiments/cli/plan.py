@@ -12,11 +12,11 @@ import argparse
 import logging
 import math
 import re
-import sys
 from collections.abc import Sequence
 
 from rag_experiments.analysis.power import mde, n_for_effect, paired_variance, replicates_for_effect
 from rag_experiments.analysis.variance import pilot_components
+from rag_experiments.cli.errors import cli_main
 from rag_experiments.compare import text_table
 from rag_experiments.evalset import evalset_digest
 from rag_experiments.evaluation.headline import headline_metrics
@@ -192,14 +192,9 @@ def run_plan(args) -> str:
     return out
 
 
+@cli_main  # bad input and infrastructure errors: a message and exit 2 (cli/errors.py)
 def main(argv: Sequence[str] | None = None) -> int:
-
-    args = build_parser().parse_args(argv)
-    try:
-        print(run_plan(args))
-    except RunInputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    print(run_plan(build_parser().parse_args(argv)))
     return 0
 
 
