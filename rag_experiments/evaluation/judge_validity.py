@@ -56,9 +56,22 @@ def instantiate_judge(cfg, **kwargs: Any):
     """The judge a judge config describes (without its :data:`NON_ARGS`); ``kwargs`` override keys."""
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
+    from omegaconf.errors import InterpolationKeyError
 
-    node = OmegaConf.masked_copy(cfg, [k for k in cfg if k not in NON_ARGS])
-    return instantiate(node, **kwargs)
+    try:  # a node of the run's config: ${corpus.path} and friends resolve against its root
+        plain = OmegaConf.to_container(cfg, resolve=True)
+    except InterpolationKeyError:  # a standalone conf/judge/NAME.yaml: what lies outside is unset
+        plain = _unset_outside(OmegaConf.to_container(cfg, resolve=False))
+    return instantiate({k: v for k, v in plain.items() if k not in NON_ARGS}, **kwargs)
+
+
+def _unset_outside(node: Any) -> Any:
+    """``${...}`` strings (interpolations into a config this judge is not part of) -> None."""
+    if isinstance(node, dict):
+        return {k: _unset_outside(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_unset_outside(v) for v in node]
+    return None if isinstance(node, str) and node.startswith("${") else node
 
 
 def build_judge(name: str, overrides: Sequence[str] = ()):
