@@ -90,7 +90,7 @@ def test_read_only_cache_serves_hits_and_computes_misses_without_storing(tmp_pat
 def test_sweep_with_a_read_only_cache_where_every_stage_hits(tmp_path):
     docs, ev = make_tiny(tmp_path, n_items=3)
     args = [a for a in sweep_args(tmp_path, docs, ev) if not a.startswith("cache_dir=")]
-    grid = ["generator=none", "retriever=dense", "retriever.k=3"]
+    grid = ["generator=none", "retriever=dense", "retriever.index=faiss_hnsw", "retriever.k=3"]  # + sqlite
     run_sweep(tmp_path, *args, *grid, f"cache_dir={tmp_path}/cache")  # fills the cache
     with read_only(tmp_path / "cache", tmp_path / "ro") as ro:
         p = run_sweep(tmp_path, *args, *grid, f"cache_dir={ro}", "force=true", check=False)
