@@ -90,14 +90,15 @@ def test_read_only_cache_serves_hits_and_computes_misses_without_storing(tmp_pat
 def test_sweep_with_a_read_only_cache_where_every_stage_hits(tmp_path):
     docs, ev = make_tiny(tmp_path, n_items=3)
     args = [a for a in sweep_args(tmp_path, docs, ev) if not a.startswith("cache_dir=")]
-    grid = ["generator=none", "retriever=dense", "retriever.k=3"]
+    grid = ["generator=none", "retriever=dense", "retriever.index=faiss_hnsw", "retriever.k=3"]  # + sqlite
     run_sweep(tmp_path, *args, *grid, f"cache_dir={tmp_path}/cache")  # fills the cache
     with read_only(tmp_path / "cache", tmp_path / "ro") as ro:
         p = run_sweep(tmp_path, *args, *grid, f"cache_dir={ro}", "force=true", check=False)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "unable to open database file" not in p.stderr and "read-only" not in p.stderr, p.stderr[-2000:]
     misses = re.findall(r"'([\w_]+)\.miss': (\d+)", p.stdout)
-    assert misses and all(n == "0" for _, n in misses), p.stdout[-1500:]  # every stage hit
+    assert "chunks.hit': 1" in p.stdout and "rankings.hit': 1" in p.stdout, p.stdout[-1500:]
+    assert all(n == "0" for _, n in misses), p.stdout[-1500:]  # every stage hit
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("test").experiment_id])
     assert [r.info.status for r in runs] == ["FINISHED", "FINISHED"]
