@@ -83,7 +83,7 @@ class RunSettings:
     ``k`` (retriever.k): chunks given to the generator; ``ks`` (metrics.ks): every retrieval metric
     is scored at each k and at ``k``; ``min_coverage``, ``rank_depth``, ``token_budgets``,
     ``n_resamples`` (metrics.*): docs/metrics.md; ``seed``: bootstrap seed; ``generation_subset``:
-    items generated and judged (None: all; ``pipeline.stratified_subset``); ``thresholds``
+    items generated and judged (None: all; ``datasets.subset.stratified_subset``); ``thresholds``
     (attribution): failure-label thresholds (None: the defaults); ``replicates``: generations per
     item, seeds ``seed + r`` (``stages.replicates``, docs/metrics.md); ``pricing``:
     ``{"generation": {...}, "judge": {...}}`` price tables for ``cost_usd``; ``progress``: progress

@@ -20,10 +20,11 @@ from omegaconf import OmegaConf
 
 from rag_experiments.cache import CachedEmbedder, StageCache
 from rag_experiments.datasets.corpus import Corpus
+from rag_experiments.datasets.subset import stratified_subset
 from rag_experiments.evalset import EvalSet
 from rag_experiments.evaluation.judge_validity import build_judge
 from rag_experiments.evaluation.labels import RATE_LABELS as FAILURE_LABELS
-from rag_experiments.pipeline import run_pipeline, stratified_subset
+from rag_experiments.pipeline import run_pipeline
 from rag_experiments.progress import Progress, eta_s, timing_table
 from rag_experiments.run_types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.chunking import MarkdownChunker
