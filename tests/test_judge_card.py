@@ -208,9 +208,12 @@ def test_stochastic_judge_repeats_flip_rate_cached_per_repeat(tmp_path):
     # per query in the pipeline: the repeats' labels per claim, and the flip rate they imply
     from collections import Counter
 
+    from rag_experiments.stages.judging.cached import JudgedAnswer
+
     claims = [p.claim for p in pairs[:2]]
     verdicts = judge.verdicts(claims, REFUND_CTX)
-    cols = repeat_columns(repeats, [(claims, verdicts, 0, "", 0, {})], [REFUND_CTX], cache, Counter())
+    judged = JudgedAnswer(claims, verdicts, 0.0, "", 0.0, {})
+    cols = repeat_columns(repeats, [judged], [REFUND_CTX], cache, Counter())
     labels = json.loads(cols[0]["judge_repeat_labels"])
     assert len(labels) == 2 and all(len(ls) == 3 for ls in labels)
     assert cols[0]["judge_flip_rate"] == query_flip_rate(labels)

@@ -116,7 +116,10 @@ def test_two_runs_side_by_side_differ_in_hit_and_response(two_runs, tmp_path):
                 "context_precision_at_1",
                 "context_precision_at_10",
             ]
-            assert all(page.js(_TOGGLE % json.dumps(["hit_at_1", "failure_label", *hide])))
+            # hit_at_1 and failure_label must exist; the clutter columns are hidden where MLflow shows
+            # them (non-headline metrics sit inside one more_metrics assessment, docs/tracing.md)
+            found = page.js(_TOGGLE % json.dumps(["hit_at_1", "failure_label", *hide]))
+            assert found[:2] == [True, True], found
             page.js(
                 "document.activeElement.dispatchEvent(new KeyboardEvent('keydown', {key: 'Escape', bubbles: true}))"
             )

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from rag_experiments import compare, gate
 from rag_experiments.cli import plan
+from rag_experiments.evaluation.judge_validity import build_judge
 from rag_experiments.stages.generation import LocalLlamaGenerator
 from tests.sweep_helpers import REPO, tiny_inputs, tiny_pipeline
 
@@ -44,7 +45,7 @@ def store(tmp_path_factory):
 def replicated(tmp_path_factory):
     """The same 3 tiny items at temperature 0.8: R=2 and R=1 (replicate 0 comes from the cache)."""
     tiny = tiny_inputs(tmp_path_factory.mktemp("noise_tiny"), n_items=3)
-    judge = instantiate(OmegaConf.to_container(OmegaConf.load(CONF / "judge" / "heuristic.yaml")))
+    judge = build_judge("heuristic")
     prompt = instantiate(OmegaConf.load(CONF / "prompt" / "concise.yaml"))
     gen = LocalLlamaGenerator(max_tokens=16, temperature=0.8, n_threads=1, n_parallel=1, poll=0)
     stages = dict(generator=gen, prompt=prompt, judge=judge)
@@ -77,7 +78,7 @@ def test_a_replicated_run_is_long_cached_per_replicate_and_logs_noise_metrics(re
 
 def test_temperature_zero_reuses_replicate_zero_with_a_warning(tmp_path, caplog):
     tiny = tiny_inputs(tmp_path, n_items=2)
-    judge = instantiate(OmegaConf.to_container(OmegaConf.load(CONF / "judge" / "heuristic.yaml")))
+    judge = build_judge("heuristic")
     prompt = instantiate(OmegaConf.load(CONF / "prompt" / "concise.yaml"))
     gen = LocalLlamaGenerator(max_tokens=8, temperature=0.0, n_threads=1, n_parallel=1, poll=0)
     with caplog.at_level(logging.WARNING, logger="rag_experiments.pipeline"):

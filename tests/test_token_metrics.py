@@ -338,3 +338,13 @@ def test_bad_budget_config_exits_2_without_any_mlflow_run(tmp_path) -> None:
     c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     exp = c.get_experiment_by_name("test")
     assert exp is None or not c.search_runs([exp.experiment_id])
+
+
+def test_a_cut_chunk_straddling_the_span_is_no_hit_at_any_budget() -> None:
+    """Found by hypothesis: span d0[0:4], chunk d0[3:5] (2 tokens) cut to d0[3:4] at B=1 lay
+    "inside" the span and counted as a hit that vanished at B=8 (the whole chunk covers 25 %)."""
+    chunks = [Chunk("d0#0-1", "d0", 0, 1, "x", {}), Chunk("d0#3-5", "d0", 3, 5, "xx", {})]
+    b = budgeted_metrics(
+        np.array([[1]]), chunks, [[Span("d0", 0, 4)]], np.array([1, 1, 2]), np.array([0, 1, 3]), [1, 8]
+    )
+    assert b["hit_at_1tok"][0] == b["hit_at_8tok"][0] == 0.0

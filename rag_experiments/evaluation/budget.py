@@ -77,8 +77,8 @@ def budgeted_metrics(
     ``token_precision_at_{B}tok`` on the B-token context (:func:`budget_ends`).
 
     - ``hit_at_{B}tok``: 1 if some piece of the context is relevant to a gold span (the hit rule
-      of :func:`~rag_experiments.evaluation.metrics.relevance`, a cut chunk counting as its kept
-      part);
+      of :func:`~rag_experiments.evaluation.metrics.relevance`; a cut chunk counts when its kept
+      part and the whole chunk are both relevant, so hit never falls as B grows);
     - ``evidence_recall_at_{B}tok``: share of the gold spans the context covers (coverage rule of
       :func:`~rag_experiments.evaluation.metrics.evidence_recall_at_k`);
     - ``token_precision_at_{B}tok``: gold characters / context characters (union, shared text
@@ -105,6 +105,11 @@ def budgeted_metrics(
         out[f"evidence_recall_at_{b}tok"] = evidence_recall_at_k(
             cov.span_new, cov.span_len, a.n_spans, n_r, min_coverage
         )
-        out[f"hit_at_{b}tok"] = span_hits(a, min_coverage, c_end=end).any(axis=(1, 2)).astype(float)
+        # a cut chunk's kept part counts only when the whole chunk is relevant too: a cut must not
+        # turn a chunk that straddles the span into one that "lies inside" it (hit would then fall
+        # as B grows)
+        kept, cut = span_hits(a, min_coverage, c_end=end), (end < a.c_end)[:, :, None]
+        hits = np.where(cut, kept & span_hits(a, min_coverage), kept)
+        out[f"hit_at_{b}tok"] = hits.any(axis=(1, 2)).astype(float)
         out[f"token_precision_at_{b}tok"] = token_precision_at_k(cov.new_gold, cov.new_text, n_r)
     return mask_unanswerable(out, a.n_spans)

@@ -122,7 +122,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         True,
         "binary",
         f"1 if a chunk (or the cut part of one) of {_BUDGET} is relevant to a gold span (covers "
-        "metrics.min_coverage of it or lies inside it), else 0",
+        "metrics.min_coverage of it or lies inside it; a cut chunk only when the whole chunk is too), else 0",
         _B + "budgeted_metrics",
     ),
     MetricSpec(
