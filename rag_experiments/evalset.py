@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import sys
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass
@@ -396,7 +395,7 @@ class EvalSet:
         self.items = list(items)
 
 
-if __name__ == "__main__":  # the CLI sits above the loader it drives (rag_experiments.cli.evalset)
-    from rag_experiments.cli.evalset import main
+if __name__ == "__main__":  # the CLI sits above the loader it drives: run it, do not import it
+    import runpy
 
-    sys.exit(main())
+    runpy.run_module("rag_experiments.cli.evalset", run_name="__main__")

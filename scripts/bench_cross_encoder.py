@@ -13,7 +13,7 @@ Measures (printed, not asserted), against the same pairs as docs/judges.md's tab
 Recipe levers (the issue's plain recipe - fresh head, lr 3e-5, max length 256 - stayed at loss
 0.69): lr 1e-4 with 10 % linear warm-up, the embeddings and lower ``--freeze`` layers frozen,
 max length 128, mean-pooled [CLS] head (the BERT classification head on the pooled output).
-Reads ../shared/datasets/judge_pairs/pairs.jsonl; skips (exit 0) when absent.
+Reads the judge_pairs file given by --pairs (default $JUDGE_PAIRS); skips (exit 0) when absent.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from rag_experiments.datasets.synthetic_pairs import synthetic_pairs  # noqa: E4
 from rag_experiments.evalset import sample_dir  # noqa: E402
 from rag_experiments.stages.embedding import minilm_path  # noqa: E402
 
-PAIRS = ROOT.parent / "shared/datasets/judge_pairs/pairs.jsonl"
+PAIRS = Path(os.environ.get("JUDGE_PAIRS", "judge_pairs/pairs.jsonl"))  # a judge_pairs JSONL file
 
 
 def train(claims, contexts, labels, args, log):

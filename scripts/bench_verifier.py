@@ -13,7 +13,7 @@ Prints (measured, never asserted), every figure on pairs the model was not fitte
   inside the band, on a type-stratified subset (LLM verdicts computed once per pair, combined per
   band): LLM calls saved vs agreement;
 - the wall time of ``python -m rag_experiments.judge fit --labels PAIRS`` (bundled sample + pairs).
-Reads ../shared/datasets/judge_pairs/pairs.jsonl; skips (exit 0) when absent.
+Reads the judge_pairs file given by --pairs (default $JUDGE_PAIRS); skips (exit 0) when absent.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from rag_experiments.evalset import sample_dir  # noqa: E402
 from rag_experiments.stages.judging import heuristic as heur  # noqa: E402
 from rag_experiments.stages.judging.verifier import FeatureExtractor, fit_logistic, predict_logistic  # noqa: E402
 
-PAIRS = ROOT.parent / "shared/datasets/judge_pairs/pairs.jsonl"
+PAIRS = Path(os.environ.get("JUDGE_PAIRS", "judge_pairs/pairs.jsonl"))  # a judge_pairs JSONL file
 
 
 def row(name, pairs, pred, idx=None):

@@ -126,3 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         f"wrote {len(corpus)} documents to {out / 'corpus.jsonl'} and {len(evals)} items to {out / 'evalset.jsonl'}"
     )
     return _validate(str(out / "corpus.jsonl"), str(out / "evalset.jsonl"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
