@@ -21,6 +21,7 @@ import mlflow
 import pandas as pd
 from mlflow.entities import Dataset as DatasetEntity
 from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
@@ -260,4 +261,15 @@ def log_results(
     # client calls only: a fluent ``start_run`` here would mark the run FINISHED on exit, before its
     # traces and final checks exist (the caller sets the final status last, ``sweep.execute``)
     eval_input = DatasetInput(DatasetEntity(**ds.to_dict()), tags=[InputTag(MLFLOW_DATASET_CONTEXT, "eval")])
-    client.log_inputs(run_id, datasets=[eval_input])
+    try:
+        client.log_inputs(run_id, datasets=[eval_input])
+    except MlflowException as e:  # two runs at once inserted the same new dataset: the loser retries,
+        if not _duplicate_dataset(e):  # and the retry finds the winner's row and links it
+            raise
+        client.log_inputs(run_id, datasets=[eval_input])
+
+
+def _duplicate_dataset(e: Exception) -> bool:
+    """A unique-key violation on MLflow's ``datasets`` table (PostgreSQL or SQLite wording)."""
+    text = str(e)
+    return "dataset_pk" in text or ("UNIQUE constraint failed" in text and "datasets." in text)
