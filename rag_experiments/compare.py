@@ -1,7 +1,11 @@
 """Compare two runs query by query, or attribute a sweep's effects to its factors (docs/metrics.md).
 
     python -m rag_experiments.compare RUN_A RUN_B [--out FILE.md] [--log] [--metric KEY ...]
-    python -m rag_experiments.compare --sweep SWEEP_ID --baseline RUN [--out FILE.md]
+    python -m rag_experiments.compare --sweep SWEEP_ID --baseline RUN [--out FILE.md] [--long]
+
+``--sweep`` prints one row per level with the headline metrics of the swept factors as columns
+(``evaluation.headline.table_metrics``); ``--long`` prints every (level, metric) comparison with
+its CI and p-values, the marginal means and the noise floor one metric per row.
 
 Exit codes: 0 ok, 2 bad input (unknown run, missing per_query.parquet, different eval sets, runs
 scored by different judges without --allow-judge-change: docs/judges.md).
@@ -22,12 +26,13 @@ from mlflow.entities import Metric, Run
 from mlflow.tracking import MlflowClient
 
 from rag_experiments.analysis.attribution import SweepAttribution, config_diff, factor_effects, infer_factors
+from rag_experiments.analysis.attribution import _level as level_of  # the level the effects rows name
 from rag_experiments.analysis.interactions import sweep_interactions
 from rag_experiments.analysis.racing import split_stopped
 from rag_experiments.analysis.stats import PairedResult, flips, holm, paired_deltas, transition_matrix
 from rag_experiments.cli.errors import cli_main
 from rag_experiments.evaluation.aggregate import metric_columns
-from rag_experiments.evaluation.headline import headline_metrics
+from rag_experiments.evaluation.headline import headline_reason, sweep_metrics, table_metrics
 from rag_experiments.evaluation.registry import higher_is_better, parse, render_key
 from rag_experiments.report.tables import (
     EFFECT_HEADERS,
@@ -36,8 +41,11 @@ from rag_experiments.report.tables import (
     marginal_headers,
     marginal_rows,
     md_table,
+    metric_header,
     noise_rows,
+    text_blocks,
     text_table,
+    wide_rows,
 )
 from rag_experiments.report.tables import fmt_num as _f
 from rag_experiments.report.tables import fmt_p as _p
@@ -289,6 +297,65 @@ def render_sweep(
     return "\n".join(out) + "\n"
 
 
+WIDE_NOTE = (
+    "Cell: the level's mean, then its delta vs the baseline (one factor at a time, the other factors "
+    "at the baseline's values); * = p_holm < 0.05 (Holm across every comparison; --long shows the "
+    "CIs and p-values); (↓): lower is better. A/A noise: the 95 % range of a no-change delta."
+)
+
+
+def render_sweep_wide(
+    att: SweepAttribution,
+    sweep_id: str,
+    markdown: bool,
+    columns: Sequence[str],
+    interactions=None,
+    stopped: Sequence = (),
+) -> str:
+    """One row per level (the baseline first) with ``columns`` (the headline metrics) as columns."""
+    table = md_table if markdown else (lambda hs, rs: text_blocks(hs, rs))
+    h = (lambda s: f"## {s}") if markdown else (lambda s: f"\n== {s} ==")
+    base = att.baseline
+    cols = [m for m in columns if m in set(att.effects.get("metric", [])) | set(att.marginals.get("metric", []))]
+    reason = headline_reason(att.factors)
+    out = [
+        (f"# Sweep attribution: {sweep_id}" if markdown else f"Sweep attribution  {sweep_id}"),
+        "",
+        f"Baseline: {base.name} ({base.run_id[:8]})",
+        "Factors: "
+        + ("; ".join(f"{f} ∈ {{{', '.join(v)}}}" for f, v in att.factors.items()) or "(none vary)"),
+        "Columns: the headline metrics of the swept factors" + (f" ({reason})" if reason else "") + ".",
+    ]
+    if att.skipped:
+        out.append("Not in the grid (one-factor-at-a-time comparison skipped): " + "; ".join(att.skipped))
+    headers = ["level", *map(metric_header, cols)]
+    table_ = base.table if base.table is not None else pd.DataFrame()
+    base_label = ", ".join(f"{f}={level_of(base, f)}" for f in att.factors) or base.name
+    rows = [[f"{base_label} (baseline)", *(_f(table_[m].mean(), 3) if m in table_ else "–" for m in cols)]]
+    rows += wide_rows(att.effects, cols, _wide_cell) if not att.effects.empty else []
+    if not att.noise_floor.empty:
+        noise = {r.metric: f"±{_f(max(abs(r.low), abs(r.high)), 3)}" for r in att.noise_floor.itertuples()}
+        rows.append(["A/A noise (95 %)", *(noise.get(m, "–") for m in cols)])
+    out += ["", h("Levels vs the baseline"), table(headers, rows), "", WIDE_NOTE]
+    if len(att.factors) > 1 and not att.marginals.empty:
+        out += ["", h("Marginal means over the grid (level mean, delta vs the baseline's level)")]
+        out.append(table(headers, wide_rows(att.marginals, cols, _marginal_cell)))
+    out += _sweep_extras(table, h, att, interactions, stopped)
+    return "\n".join(out) + "\n"
+
+
+def _wide_cell(r) -> str:
+    star = "*" if r.p_holm is not None and r.p_holm < 0.05 else ""
+    return f"{_f(r.mean_b, 3)} {_f(r.delta, 3, signed=True)}{star}"
+
+
+def _marginal_cell(r) -> str:
+    if r.is_baseline_level:
+        return _f(r.mean, 3)
+    star = "*" if r.p_holm is not None and r.p_holm < 0.05 else ""
+    return f"{_f(r.mean, 3)} {_f(r.delta_vs_baseline_level, 3, signed=True)}{star}"
+
+
 def _sweep_extras(table, h, att: SweepAttribution, interactions, stopped: Sequence) -> list[str]:
     """Interactions (full-factorial sweeps) and the configs racing stopped (docs/racing.md)."""
     from rag_experiments.analysis.interactions import INTERACTION_HEADERS, interaction_rows
@@ -347,6 +414,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep", metavar="SWEEP_ID", help="attribute the sweep's effects to its factors")
     p.add_argument("--baseline", metavar="RUN", help="baseline run for --sweep (id or name)")
     p.add_argument(
+        "--long", action="store_true", help="--sweep: every (level, metric) comparison, one per row, with CIs and p"
+    )
+    p.add_argument(
         "--metric", action="append", metavar="KEY", help="metric(s) to compare (default: all common)"
     )
     p.add_argument("--out", type=Path, metavar="FILE.md", help="also write the report as Markdown")
@@ -359,17 +429,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resamples", type=int, default=9999, help="bootstrap / permutation resamples")
     p.add_argument(ALLOW_FLAG, action="store_true", help="compare runs scored by different judges (noted in the output)")
     return p
-
-
-def _default_sweep_metrics(tables: Sequence[pd.DataFrame], factors: Sequence[str] = ()) -> list[str]:
-    """hit@5 (else the largest hit@k) plus every metric that has no rank cut-off; the headline
-    metrics of the varied factors first (budgeted ones when the chunking varies)."""
-    cols = metric_columns(*tables)
-    keep = [c for c in cols if "k" not in parse(c)[0].params]
-    hits = [c for c in cols if _is_hit_at_k(c)]
-    default = (["hit_at_5"] if "hit_at_5" in hits else hits[-1:]) + keep
-    lead = headline_metrics(factors, available=default)
-    return lead + [m for m in default if m not in lead]
 
 
 @cli_main
@@ -428,11 +487,16 @@ def _main_sweep(client: MlflowClient, args: argparse.Namespace) -> int:
     base = next((d for d in data if d.run_id == base_run.info.run_id), None) or run_data(client, base_run)
     tables = [d.table for d in data if d.table is not None]
     factors = infer_factors(data)
-    metrics = args.metric or _default_sweep_metrics(tables, factors)
+    metrics = args.metric or sweep_metrics(metric_columns(*tables), factors)
     att = factor_effects(data, base, metrics, seed=args.seed, n_resamples=min(args.resamples, 4999))
     inter = sweep_interactions(data, factors, metrics)
-    print(render_sweep(att, args.sweep, markdown=False, interactions=inter, stopped=stopped))
-    md = render_sweep(att, args.sweep, markdown=True, interactions=inter, stopped=stopped)
+    if args.long:
+        print(render_sweep(att, args.sweep, markdown=False, interactions=inter, stopped=stopped))
+        md = render_sweep(att, args.sweep, markdown=True, interactions=inter, stopped=stopped)
+    else:  # one row per level: the headline metrics (or the --metric keys) as columns
+        cols = list(args.metric) if args.metric else table_metrics(metrics, factors)
+        print(render_sweep_wide(att, args.sweep, False, cols, interactions=inter, stopped=stopped))
+        md = render_sweep_wide(att, args.sweep, True, cols, interactions=inter, stopped=stopped)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(md)

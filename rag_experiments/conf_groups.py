@@ -16,6 +16,14 @@ import yaml
 
 STAGE_GROUPS = ("corpus", "evalset", "chunking", "embedding", "retriever", "generator", "prompt", "judge")
 GROUPS = (*STAGE_GROUPS, "attribution", "tracking")
+#: Top-level config keys read only when a run generates (a retrieval-only run, generator=none,
+#: ignores them): the report's "Held fixed" leaves them out when no config generated.
+GENERATION_KEYS = ("prompt", "judge", "generation_subset", "replicates", "judge_card", "racing")
+
+
+def generation_only(key: str) -> bool:
+    """True for a config key (``judge.model``, ``generator.temperature``) only generation reads."""
+    return key.split(".", 1)[0] in GENERATION_KEYS or key.startswith("generator.")
 
 
 def conf_dir() -> Path:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 import pandas as pd
 
+from rag_experiments.evaluation.registry import higher_is_better
 from rag_experiments.formatting import fmt_num, fmt_p  # noqa: F401  (report modules import them here)
 
 Fmt = Callable[..., str]
@@ -91,3 +92,52 @@ def marginal_rows(
         ]
         rows.append(row + ([p(r.p_value)] if with_p_value else []) + [p(r.p_holm)])
     return rows
+
+
+#: Width of a terminal table before its columns continue in a further block (pandas' habit).
+TEXT_WIDTH = 120
+
+
+def text_blocks(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], keep: int = 1, width: int = TEXT_WIDTH
+) -> str:
+    """:func:`text_table`, its columns split into blocks no wider than ``width`` (when possible);
+    every block repeats the first ``keep`` columns (the row labels). Deterministic: no terminal query."""
+    rows = [list(map(str, r)) for r in rows]
+    widths = [max(len(str(h)), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    fixed = sum(widths[:keep]) + 2 * keep
+    blocks: list[list[int]] = [[]]
+    used = fixed
+    for i in range(keep, len(headers)):
+        if blocks[-1] and used + widths[i] > width:
+            blocks.append([])
+            used = fixed
+        blocks[-1].append(i)
+        used += widths[i] + 2
+    out = []
+    for cols in blocks:
+        idx = list(range(keep)) + cols
+        out.append(text_table([headers[i] for i in idx], [[r[i] for i in idx] for r in rows]))
+    return "\n\n".join(out)
+
+
+def level_key(r) -> str:
+    """``factor=level``, the label of a level in every attribution table."""
+    return f"{r.factor}={r.level}"
+
+
+def wide_rows(df: pd.DataFrame, metrics: Sequence[str], cell: Callable[..., str]) -> list[list[str]]:
+    """One row per (factor, level) of ``df`` (first-seen order) with one column per metric:
+    ``cell(row)`` for that (level, metric), ``–`` where the level has none."""
+    by_level: dict[str, dict[str, str]] = {}
+    for r in df.itertuples():
+        by_level.setdefault(level_key(r), {})[r.metric] = cell(r)
+    return [[lev, *(cells.get(m, "–") for m in metrics)] for lev, cells in by_level.items()]
+
+
+def metric_header(metric: str) -> str:
+    """The metric key, with ``(↓)`` when lower is better (failure rates, latencies): a + delta is worse."""
+    try:
+        return metric + (" (↓)" if higher_is_better(metric) is False else "")
+    except KeyError:
+        return metric
