@@ -22,7 +22,7 @@ from rag_experiments.evalset import EvalSet, EvalSetError
 from rag_experiments.evaluation.defaults import RANK_DEPTH, TOKEN_BUDGETS
 from rag_experiments.evaluation.judge_validity import judge_with_repeats
 from rag_experiments.evaluation.labels import load_thresholds
-from rag_experiments.identity import is_place_key
+from rag_experiments.run_names import run_name
 from rag_experiments.run_types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.embedding import set_model_reuse
 from rag_experiments.stages.judging.verifier import VerifierError
@@ -155,6 +155,5 @@ def load_inputs(cfg: DictConfig, cache: StageCache) -> Loaded:
 
 
 def run_name_from(overrides: list[str]) -> str:
-    """``chunking=fixed,retriever.k=5`` from the job's overrides, without paths and bookkeeping."""
-    keep = [o for o in overrides if not is_place_key(o)]
-    return ",".join(keep) or "default"
+    """A single run's name from its overrides (``run_names.run_name``; a sweep names only what varies)."""
+    return run_name(overrides)

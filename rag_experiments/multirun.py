@@ -31,6 +31,10 @@ from rag_experiments.cli.errors import infrastructure_exits_2
 from rag_experiments.config_schema import ConfigError, check
 from rag_experiments.datasets.corpus import CorpusError
 from rag_experiments.evalset import EvalSetError
+from rag_experiments.evaluation.headline import table_metrics
+from rag_experiments.formatting import fmt_num
+from rag_experiments.report.tables import text_blocks
+from rag_experiments.run_names import constant_overrides, run_name, swept_keys, varying_keys
 from rag_experiments.sanitize import shell_line
 from rag_experiments.tracking import writer as tracking
 from rag_experiments.tracking.bounds import best_effort, bound_tracking_calls
@@ -51,6 +55,29 @@ def split_sweep(overrides) -> list[list[str]]:
     return [list(job) for job in itertools.product(*choices.values())]
 
 
+def _sweep_args(config: DictConfig) -> list[str]:
+    """The sweep's overrides: the sweeper's ``params`` (named experiments) then the command line's."""
+    params = config.hydra.sweeper.get("params") or {}
+    return [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+
+
+def sweep_naming(config: DictConfig) -> dict[str, list[str]]:
+    """``varying``: the override keys whose value differs between the jobs (they name the runs,
+    ``run_names``); ``constants``: the overrides every job shares (the parent's description)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    args = _sweep_args(config)
+    parsed = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader()).parse_overrides(args)
+    if str(config.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper"):
+        jobs = split_sweep(parsed)
+        varying = varying_keys(jobs)
+        return {"varying": varying, "constants": constant_overrides(jobs[0] if jobs else [], varying)}
+    varying = swept_keys(parsed)  # Optuna, Ax …: the jobs are not known up front
+    fixed = [a for a, o in zip(args, parsed, strict=True) if not o.is_sweep_override()]
+    return {"varying": varying, "constants": constant_overrides(fixed, varying)}
+
+
 def multirun_job_configs(config: DictConfig) -> list[tuple[list[str], DictConfig]] | None:
     """(overrides, composed config) of every job the basic sweeper will launch, before any runs.
 
@@ -62,8 +89,7 @@ def multirun_job_configs(config: DictConfig) -> list[tuple[list[str], DictConfig
     if not str(config.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper"):
         return None
     loader = GlobalHydra.instance().config_loader()
-    params = config.hydra.sweeper.get("params") or {}
-    args = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    args = _sweep_args(config)
     parsed = OverridesParser.create(config_loader=loader).parse_overrides(args)
     jobs = split_sweep(parsed)
     return [(list(job), loader.load_sweep_config(config, list(job))) for job in jobs]
@@ -238,6 +264,7 @@ class MultirunParent(Callback):
             "overrides": overrides,
             "command": "python -m rag_experiments.sweep " + shell_line(sys.argv[1:]),
             "n_jobs": n_jobs,
+            **sweep_naming(config),  # run names show only what varies (run_names)
         }
         tracking.write_sweep_context(config.hydra.sweep.dir, sweep)
         uri = tracking.resolve_uri(config.tracking.uri)
@@ -271,7 +298,7 @@ class MultirunParent(Callback):
         exp_id, parent = tracking.find_parent(client, config.experiment_name, sweep["invocation"])
         if parent is not None:
             status = tracking.close_parent(client, exp_id, parent.info.run_id, complete=True)
-            _print_sweep(client, exp_id, client.get_run(parent.info.run_id), status)
+            _print_sweep(client, exp_id, client.get_run(parent.info.run_id), status, sweep.get("varying"))
         if guard is not None:
             guard.ended = True
         print(f"\nOpen the MLflow UI:\n  {tracking.ui_command(uri, config.tracking.artifact_root, exp_id)}")
@@ -285,15 +312,24 @@ def _config_problems(config: DictConfig) -> tuple[list[str], None]:
     return [], None
 
 
-def _print_sweep(client, exp_id: str, parent, status: str) -> None:
+def _print_sweep(client, exp_id: str, parent, status: str, varying: list[str] | None = None) -> None:
+    """One row per config, named by the overrides that vary (``run_names``), with the headline
+    metrics of the swept factors as columns (``evaluation.headline.table_metrics``, the rule
+    ``compare --sweep`` uses); wide tables continue in column blocks, nothing is cut."""
     children = sweep_children(client, parent.data.tags["sweep_id"])
     print(
         f"\nsweep {parent.data.tags.get('sweep_id')}: parent run {parent.info.run_id} {status}, "
         f"configs finished {parent.data.tags.get('configs_finished', '?')}"
     )
-    keys = ["hit_at_5", "mrr", "ndcg_at_10", "faithfulness", "correctness", "rate_ok"]
-    keys = [k for k in keys if any(k in c.data.metrics for c in children)]
-    print(f"  {'run':<55} " + " ".join(f"{k:>12}" for k in keys))
-    for c in sorted(children, key=lambda c: c.info.run_name or ""):
-        vals = " ".join(f"{c.data.metrics.get(k, float('nan')):>12.3f}" for k in keys)
-        print(f"  {(c.info.run_name or '')[:55]:<55} {vals}  {c.info.status}")
+    if not children:
+        return
+    if varying is None:  # an older context: the keys of the sweep's overrides that vary
+        varying = varying_keys(json.loads(c.data.tags.get("overrides") or "[]") for c in children)
+    keys = table_metrics(set().union(*(c.data.metrics for c in children)), varying)
+    rows = []
+    for c in children:
+        name = run_name(json.loads(c.data.tags.get("overrides") or "[]"), varying) if varying else ""
+        name = name or c.info.run_name or c.info.run_id
+        status_mark = "" if c.info.status == "FINISHED" else f" ({c.info.status})"
+        rows.append([name + status_mark, *(fmt_num(c.data.metrics.get(k), 3) for k in keys)])
+    print(text_blocks(["run", *keys], sorted(rows)))

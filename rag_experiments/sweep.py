@@ -39,7 +39,6 @@ from rag_experiments.assemble import (  # noqa: E402
     container,
     load_inputs,
     print_problems,
-    run_name_from,
     run_settings,
 )
 from rag_experiments.assemble import priced as _priced  # noqa: E402, F401 - tests price a stage config
@@ -58,6 +57,7 @@ from rag_experiments.multirun import MultirunParent, start_sweep_child  # noqa: 
 from rag_experiments.pipeline import PipelineResult, run_pipeline  # noqa: E402
 from rag_experiments.progress import Progress, timing_table  # noqa: E402
 from rag_experiments.redaction import error_text, redact  # noqa: E402
+from rag_experiments.run_names import run_name  # noqa: E402
 from rag_experiments.sanitize import shell_line, terminal_output  # noqa: E402
 from rag_experiments.tracking import writer as tracking  # noqa: E402
 from rag_experiments.tracking.bounds import best_effort, bound_tracking_calls  # noqa: E402
@@ -132,9 +132,9 @@ def describe_job(cfg: DictConfig, inputs: Loaded, cache: StageCache, t_start: fl
     chash = tracking.config_hash(
         full, inputs.corpus.digest, inputs.evalset.digest, inputs.stages.identities()
     )
-    return Job(
-        cfg, inputs, cache, full, chash, run_name_from(overrides), overrides, job_sweep_context(), t_start
-    )
+    sweep = job_sweep_context()  # in a sweep, the name shows only the overrides that vary
+    name = run_name(overrides, sweep.get("varying") if sweep else None)
+    return Job(cfg, inputs, cache, full, chash, name, overrides, sweep, t_start)
 
 
 def run_tags(job: Job) -> dict[str, str]:

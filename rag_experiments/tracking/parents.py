@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+from rag_experiments.run_names import sweep_description
 from rag_experiments.tracking.locks import file_lock
 from rag_experiments.tracking.run_info import git_info
 
@@ -75,6 +76,7 @@ def get_or_create_parent(
                 "is_parent": "true",
                 "sweep_overrides": json.dumps(sweep.get("overrides", [])),
                 "command": sweep.get("command", ""),
+                "mlflow.note.content": sweep_description({**sweep, "sweep_id": sweep_id}),  # the constants
                 **git_info(),
             },
         )
