@@ -115,9 +115,7 @@ def sweep_description(sweep: dict) -> str:
     varying = sweep.get("varying") or []
     lines = [
         f"Sweep `{sweep.get('sweep_id', '?')}`: {sweep.get('n_jobs', '?')} configs; run names show "
-        "only the overrides that vary: "
-        + (", ".join(f"`{k}`" for k in varying) or "(none)")
-        + "."
+        "only the overrides that vary: " + (", ".join(f"`{k}`" for k in varying) or "(none)") + "."
     ]
     constants = sweep.get("constants") or []
     if constants:

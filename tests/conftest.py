@@ -50,6 +50,7 @@ SLOW_MODULES = {
     "test_racing_sweep",  # racing sweeps through the CLI (basic and joblib launchers)
     "test_ray",
     "test_report",
+    "test_readable",  # a 5-chunker retrieval-only sweep through the CLI
     "test_server",
     "test_sweep",
     "test_traces",

@@ -218,8 +218,12 @@ def test_compare_sweep_attribution(store, capsys, monkeypatch):
     assert code == 0
     out = capsys.readouterr().out
     assert "chunking.size ∈ {256, 512}" in out
-    assert "chunking.size=512" in out and "split-half" in out
-    assert "-0.3000" in out  # the −30-point hit_at_5 effect of the worse level
+    assert "chunking.size=512" in out and "A/A noise" in out
+    assert "-0.300" in out  # the −30-point hit_at_5 effect of the worse level, one row per level
+    args = ["--sweep", "sw1", "--baseline", "sweep chunking.size=256", "--resamples", "999", "--long"]
+    assert compare.main(args) == 0
+    out = capsys.readouterr().out
+    assert "split-half" in out and "-0.3000" in out  # --long: one row per (level, metric)
 
 
 def test_gate_self_passes_worse_fails_bad_input_exits_2(store, capsys):

@@ -307,7 +307,8 @@ def test_headline_metrics_lead_with_budgets_when_chunking_varies() -> None:
 def test_compare_sweep_default_metrics_follow_the_headline() -> None:
     import pandas as pd
 
-    from rag_experiments.compare import _default_sweep_metrics
+    from rag_experiments.evaluation.aggregate import metric_columns
+    from rag_experiments.evaluation.headline import sweep_metrics
 
     cols = [
         "hit_at_1",
@@ -318,8 +319,8 @@ def test_compare_sweep_default_metrics_follow_the_headline() -> None:
         "token_precision_at_256tok",
     ]
     table = pd.DataFrame({c: [0.5, 1.0] for c in cols} | {"id": ["a", "b"], "tags": [[], []]})
-    plain = _default_sweep_metrics([table], ["retriever"])
-    chunked = _default_sweep_metrics([table], ["chunking"])
+    plain = sweep_metrics(metric_columns(table), ["retriever"])
+    chunked = sweep_metrics(metric_columns(table), ["chunking"])
     assert sorted(plain) == sorted(chunked)  # the same metrics, reordered
     assert plain[0] == "hit_at_5"
     assert chunked[:2] == ["hit_at_256tok", "token_precision_at_256tok"]

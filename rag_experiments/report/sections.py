@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rag_experiments.analysis.attribution import SweepAttribution
-from rag_experiments.evaluation.headline import CHUNKING_REASON, headline_metrics, headline_reason
+from rag_experiments.conf_groups import generation_only
+from rag_experiments.evaluation.headline import headline_metrics, headline_reason
+from rag_experiments.report.brief import in_brief, levels_table
 from rag_experiments.report.diagnostics import diagnostics_section
 from rag_experiments.report.figures import plots_section
 from rag_experiments.report.load import Config, ReportInput, level
@@ -22,7 +23,6 @@ from rag_experiments.report.model import (
     Section,
     Subsection,
     Table,
-    Text,
     analyse,
     bold,
     code,
@@ -51,8 +51,10 @@ from rag_experiments.run_record import is_bookkeeping
 SHOWN_SETTINGS = ("retriever.k", "embedding.name", "metrics.ks", "metrics.min_coverage", "evalset.limit")
 
 
-def held_fixed(configs: Sequence[Config], factors: Sequence[str]) -> dict[str, str]:
-    """The params every config shares with one value, except factors and bookkeeping."""
+def held_fixed(configs: Sequence[Config], factors: Sequence[str], generated: bool = True) -> dict[str, str]:
+    """The params every config shares with one value, except factors and bookkeeping; without
+    ``generated`` (no config generated) the keys only generation reads (``prompt``, ``judge``,
+    ``generation_subset``: ``conf_groups.generation_only``) are left out: those stages never ran."""
     common = {}
     for key in sorted(set.intersection(*(set(c.params) for c in configs))):
         vals = {c.params[key] for c in configs}
@@ -61,6 +63,7 @@ def held_fixed(configs: Sequence[Config], factors: Sequence[str]) -> dict[str, s
             and key not in factors
             and not is_bookkeeping(key)
             and ("." not in key or key in SHOWN_SETTINGS)
+            and (generated or not generation_only(key))
         ):
             common[key] = vals.pop()
     return common
@@ -84,7 +87,7 @@ def question(an: Analysis) -> Section:
                 )
             )
         )
-    fixed = join([code(f"{k}={v}") for k, v in held_fixed(configs, factors).items()], ", ")
+    fixed = join([code(f"{k}={v}") for k, v in held_fixed(configs, factors, an.gen).items()], ", ")
     s.blocks.append(Paragraph(text("Held fixed: ", fixed, ".")))
     n_q = int(max(c.metrics.get("n_queries", len(c.table)) for c in configs))
     n_unans = int(max(c.metrics.get("n_unanswerable", 0) for c in configs))
@@ -113,42 +116,8 @@ def question(an: Analysis) -> Section:
     s.blocks += [Paragraph(text(bold("warning"), ": ", n)) for n in an.notes]
     s.blocks.append(Paragraph(text("In brief:")))
     s.blocks.append(Bullets(in_brief(an.base, an.primary, an.att)))
+    s.blocks += levels_table(an.base, an.att)
     return s
-
-
-def _effect_text(r) -> str:
-    return f"{f3(r.delta, signed=True)} [{f3(r.ci_low, signed=True)}, {f3(r.ci_high, signed=True)}]"
-
-
-def in_brief(base: Config, primary: str, att: SweepAttribution | None) -> list[Text]:
-    """The short answer: the baseline on the primary metric, each level's delta, what is significant."""
-    out = [text("Baseline ", bold(base.label), f": {primary} = {with_ci(base.metrics, primary)}.")]
-    if primary.endswith("tok"):
-        out.append(
-            text(
-                f"Primary metric {primary}: {CHUNKING_REASON} (the context holds the same number of tokens)."
-            )
-        )
-    if att is None or att.effects.empty:
-        return out
-    eff = att.effects
-    for r in eff[eff["metric"] == primary].itertuples():
-        verdict = "significant" if r.p_holm < 0.05 else "not significant"
-        out.append(
-            text(
-                f"{r.factor}={r.level}: {primary} {f3(r.mean_b)}, delta {_effect_text(r)}, "
-                f"p_holm {fmt_p(r.p_holm)} ({verdict})"
-            )
-        )
-    sig = eff[eff["p_holm"] < 0.05]
-    if sig.empty:
-        out.append(
-            text("No one-factor-at-a-time difference is significant after Holm correction (p_holm < 0.05).")
-        )
-    else:
-        found = "; ".join(f"{r.factor}={r.level} on {r.metric} ({_effect_text(r)})" for r in sig.itertuples())
-        out.append(text(f"Significant after Holm (p_holm < 0.05): {found}."))
-    return out
 
 
 def results_table(an: Analysis, keys: Sequence[str], mark_best: bool = True) -> Table:
