@@ -26,13 +26,12 @@ from mlflow.entities import Metric, Run
 from mlflow.tracking import MlflowClient
 
 from rag_experiments.analysis.attribution import SweepAttribution, config_diff, factor_effects, infer_factors
-from rag_experiments.analysis.attribution import _level as level_of  # the level the effects rows name
 from rag_experiments.analysis.interactions import sweep_interactions
 from rag_experiments.analysis.racing import split_stopped
 from rag_experiments.analysis.stats import PairedResult, flips, holm, paired_deltas, transition_matrix
 from rag_experiments.cli.errors import cli_main
 from rag_experiments.evaluation.aggregate import metric_columns
-from rag_experiments.evaluation.headline import headline_reason, sweep_metrics, table_metrics
+from rag_experiments.evaluation.headline import sweep_metrics, table_metrics
 from rag_experiments.evaluation.registry import higher_is_better, parse, render_key
 from rag_experiments.report.tables import (
     EFFECT_HEADERS,
@@ -41,14 +40,13 @@ from rag_experiments.report.tables import (
     marginal_headers,
     marginal_rows,
     md_table,
-    metric_header,
     noise_rows,
     text_blocks,
     text_table,
-    wide_rows,
 )
 from rag_experiments.report.tables import fmt_num as _f
 from rag_experiments.report.tables import fmt_p as _p
+from rag_experiments.report.wide import wide_sweep_lines
 from rag_experiments.tracking.judge_runs import ALLOW_FLAG, check_same_judge
 from rag_experiments.tracking.runs import (
     RunInputError,
@@ -297,13 +295,6 @@ def render_sweep(
     return "\n".join(out) + "\n"
 
 
-WIDE_NOTE = (
-    "Cell: the level's mean, then its delta vs the baseline (one factor at a time, the other factors "
-    "at the baseline's values); * = p_holm < 0.05 (Holm across every comparison; --long shows the "
-    "CIs and p-values); (↓): lower is better. A/A noise: the 95 % range of a no-change delta."
-)
-
-
 def render_sweep_wide(
     att: SweepAttribution,
     sweep_id: str,
@@ -315,45 +306,9 @@ def render_sweep_wide(
     """One row per level (the baseline first) with ``columns`` (the headline metrics) as columns."""
     table = md_table if markdown else (lambda hs, rs: text_blocks(hs, rs))
     h = (lambda s: f"## {s}") if markdown else (lambda s: f"\n== {s} ==")
-    base = att.baseline
-    cols = [m for m in columns if m in set(att.effects.get("metric", [])) | set(att.marginals.get("metric", []))]
-    reason = headline_reason(att.factors)
-    out = [
-        (f"# Sweep attribution: {sweep_id}" if markdown else f"Sweep attribution  {sweep_id}"),
-        "",
-        f"Baseline: {base.name} ({base.run_id[:8]})",
-        "Factors: "
-        + ("; ".join(f"{f} ∈ {{{', '.join(v)}}}" for f, v in att.factors.items()) or "(none vary)"),
-        "Columns: the headline metrics of the swept factors" + (f" ({reason})" if reason else "") + ".",
-    ]
-    if att.skipped:
-        out.append("Not in the grid (one-factor-at-a-time comparison skipped): " + "; ".join(att.skipped))
-    headers = ["level", *map(metric_header, cols)]
-    table_ = base.table if base.table is not None else pd.DataFrame()
-    base_label = ", ".join(f"{f}={level_of(base, f)}" for f in att.factors) or base.name
-    rows = [[f"{base_label} (baseline)", *(_f(table_[m].mean(), 3) if m in table_ else "–" for m in cols)]]
-    rows += wide_rows(att.effects, cols, _wide_cell) if not att.effects.empty else []
-    if not att.noise_floor.empty:
-        noise = {r.metric: f"±{_f(max(abs(r.low), abs(r.high)), 3)}" for r in att.noise_floor.itertuples()}
-        rows.append(["A/A noise (95 %)", *(noise.get(m, "–") for m in cols)])
-    out += ["", h("Levels vs the baseline"), table(headers, rows), "", WIDE_NOTE]
-    if len(att.factors) > 1 and not att.marginals.empty:
-        out += ["", h("Marginal means over the grid (level mean, delta vs the baseline's level)")]
-        out.append(table(headers, wide_rows(att.marginals, cols, _marginal_cell)))
+    out = wide_sweep_lines(att, sweep_id, markdown, columns, table, h)
     out += _sweep_extras(table, h, att, interactions, stopped)
     return "\n".join(out) + "\n"
-
-
-def _wide_cell(r) -> str:
-    star = "*" if r.p_holm is not None and r.p_holm < 0.05 else ""
-    return f"{_f(r.mean_b, 3)} {_f(r.delta, 3, signed=True)}{star}"
-
-
-def _marginal_cell(r) -> str:
-    if r.is_baseline_level:
-        return _f(r.mean, 3)
-    star = "*" if r.p_holm is not None and r.p_holm < 0.05 else ""
-    return f"{_f(r.mean, 3)} {_f(r.delta_vs_baseline_level, 3, signed=True)}{star}"
 
 
 def _sweep_extras(table, h, att: SweepAttribution, interactions, stopped: Sequence) -> list[str]:

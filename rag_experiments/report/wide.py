@@ -1,0 +1,71 @@
+"""``compare --sweep``'s default form: one row per level with the headline metrics as columns.
+
+The long form (one row per level and metric, with CIs and p-values) is ``compare.render_sweep``
+(``--long``); both show the same :class:`~rag_experiments.analysis.attribution.SweepAttribution`,
+so a ``*`` here is a p_holm < 0.05 there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pandas as pd
+
+from rag_experiments.analysis.attribution import SweepAttribution
+from rag_experiments.analysis.attribution import _level as level_of  # the level the effects rows name
+from rag_experiments.evaluation.headline import headline_reason
+from rag_experiments.report.tables import fmt_num as _f
+from rag_experiments.report.tables import metric_header, wide_rows
+
+WIDE_NOTE = (
+    "Cell: the level's mean, then its delta vs the baseline (one factor at a time, the other factors "
+    "at the baseline's values); * = p_holm < 0.05 (Holm across every comparison; --long shows the "
+    "CIs and p-values); (↓): lower is better. A/A noise: the 95 % range of a no-change delta."
+)
+
+
+def wide_sweep_lines(
+    att: SweepAttribution, sweep_id: str, markdown: bool, columns: Sequence[str], table: Callable, h: Callable
+) -> list[str]:
+    """The head of ``compare --sweep`` and one row per level (the baseline first) with ``columns``
+    (the headline metrics) as columns; ``table`` lays a table out, ``h`` a heading."""
+    base = att.baseline
+    cols = [
+        m for m in columns if m in set(att.effects.get("metric", [])) | set(att.marginals.get("metric", []))
+    ]
+    reason = headline_reason(att.factors)
+    out = [
+        (f"# Sweep attribution: {sweep_id}" if markdown else f"Sweep attribution  {sweep_id}"),
+        "",
+        f"Baseline: {base.name} ({base.run_id[:8]})",
+        "Factors: "
+        + ("; ".join(f"{f} ∈ {{{', '.join(v)}}}" for f, v in att.factors.items()) or "(none vary)"),
+        "Columns: the headline metrics of the swept factors" + (f" ({reason})" if reason else "") + ".",
+    ]
+    if att.skipped:
+        out.append("Not in the grid (one-factor-at-a-time comparison skipped): " + "; ".join(att.skipped))
+    headers = ["level", *map(metric_header, cols)]
+    table_ = base.table if base.table is not None else pd.DataFrame()
+    base_label = ", ".join(f"{f}={level_of(base, f)}" for f in att.factors) or base.name
+    rows = [[f"{base_label} (baseline)", *(_f(table_[m].mean(), 3) if m in table_ else "–" for m in cols)]]
+    rows += wide_rows(att.effects, cols, _wide_cell) if not att.effects.empty else []
+    if not att.noise_floor.empty:
+        noise = {r.metric: f"±{_f(max(abs(r.low), abs(r.high)), 3)}" for r in att.noise_floor.itertuples()}
+        rows.append(["A/A noise (95 %)", *(noise.get(m, "–") for m in cols)])
+    out += ["", h("Levels vs the baseline"), table(headers, rows), "", WIDE_NOTE]
+    if len(att.factors) > 1 and not att.marginals.empty:
+        out += ["", h("Marginal means over the grid (level mean, delta vs the baseline's level)")]
+        out.append(table(headers, wide_rows(att.marginals, cols, _marginal_cell)))
+    return out
+
+
+def _wide_cell(r) -> str:
+    star = "*" if r.p_holm is not None and r.p_holm < 0.05 else ""
+    return f"{_f(r.mean_b, 3)} {_f(r.delta, 3, signed=True)}{star}"
+
+
+def _marginal_cell(r) -> str:
+    if r.is_baseline_level:
+        return _f(r.mean, 3)
+    star = "*" if r.p_holm is not None and r.p_holm < 0.05 else ""
+    return f"{_f(r.mean, 3)} {_f(r.delta_vs_baseline_level, 3, signed=True)}{star}"
