@@ -55,7 +55,13 @@ def wide_sweep_lines(
     out += ["", h("Levels vs the baseline"), table(headers, rows), "", WIDE_NOTE]
     if len(att.factors) > 1 and not att.marginals.empty:
         out += ["", h("Marginal means over the grid (level mean, delta vs the baseline's level)")]
-        out.append(table(headers, wide_rows(att.marginals, cols, _marginal_cell)))
+        marg = att.marginals.assign(
+            level=[
+                f"{r.level} (baseline)" if r.is_baseline_level else str(r.level)
+                for r in att.marginals.itertuples()
+            ]
+        )
+        out.append(table(headers, wide_rows(marg, cols, _marginal_cell)))
     return out
 
 
