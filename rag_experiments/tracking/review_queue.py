@@ -1,0 +1,256 @@
+"""Review queues in MLflow's Review tab, through MLflow's public API only (mlflow >= 3.14).
+
+MLflow's OSS tracking store (sqlite, PostgreSQL, ``mlflow server``) has, since 3.14, experiment-
+scoped **label schemas** (``mlflow.genai.label_schemas.create_label_schema``) and **review queues**
+(``mlflow.genai.review_queues``: a named set of traces plus the schemas reviewers answer, shown in
+the experiment's Review tab at ``#/experiments/<id>/review-queue``). A reviewer's answer is a
+``Feedback`` assessment named after the schema, source type ``HUMAN``, on the item's trace.
+``mlflow.genai.labeling`` (``create_labeling_session`` and friends) is Databricks-only in 3.17.2:
+its store registry knows only the ``databricks`` scheme, so a sqlite URI raises
+``UnsupportedLabelingStoreURIException`` (``tests/test_review_queue.py`` checks it) — review
+queues are the OSS equivalent ("the analog of a Databricks LabelingSession", MLflow's docstring).
+
+One queue item is one trace; this module writes one small trace per item (:func:`write_items`),
+tagged with the item's key, so a queue of claims holds one trace per claim. ``mlflow.genai``'s
+queue functions use the global tracking URI, so every call here sets it first.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlflow
+from mlflow import MlflowClient
+from mlflow.entities import Feedback, SpanType
+from mlflow.exceptions import MlflowException
+
+from rag_experiments.tracking.runs import RunInputError
+
+QUEUE_TAG = "review.queue"  # trace tag: the queue the trace was written for (crash-safe re-runs)
+KEY_TAG = "review.key"  # trace tag: the item's key within the queue
+HUMAN = "HUMAN"
+
+
+@dataclass(frozen=True)
+class QueueItem:
+    """One queue item: its trace, tags and the HUMAN feedback on it under the queue's schema."""
+
+    trace_id: str
+    status: str  # pending / complete / declined (the queue's shared-pool status)
+    tags: dict[str, str]
+    inputs: dict[str, Any]  # the root span's inputs (what the reviewer saw)
+    feedback: list[tuple[str, Any, int]]  # (reviewer, value, last update ms), valid HUMAN only
+
+
+def _use(uri: str) -> None:
+    if mlflow.get_tracking_uri() != uri:
+        mlflow.set_tracking_uri(uri)
+
+
+def _not_found(e: MlflowException) -> bool:
+    return e.error_code == "RESOURCE_DOES_NOT_EXIST"
+
+
+def ensure_schema(uri: str, experiment_id: str, name: str, options: Sequence[str], instruction: str):
+    """The experiment's categorical feedback schema ``name`` (created once, comments enabled).
+
+    An existing schema is reused as it is (a user may have edited its instruction in the UI) when
+    its options are ``options``; other options → :class:`RunInputError` naming it.
+    """
+    from mlflow.genai import label_schemas as ls
+
+    _use(uri)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        existing = [s for s in _all_schemas(ls, experiment_id) if s.name == name]
+        if existing:
+            s = existing[0]
+            got = getattr(s.input, "options", None)
+            if s.type.value != "feedback" or list(got or []) != list(options):
+                raise RunInputError(
+                    f"label schema {name!r} of experiment {experiment_id} exists with another input "
+                    f"({type(s.input).__name__} {got}); expected categorical {list(options)}"
+                )
+            return s
+        return ls.create_label_schema(
+            name,
+            type="feedback",
+            input=ls.InputCategorical(options=list(options)),
+            instruction=instruction,
+            enable_comment=True,
+            experiment_id=experiment_id,
+        )
+
+
+def _all_schemas(ls, experiment_id: str) -> list:
+    out, token = [], None
+    while True:
+        page = ls.list_label_schemas(experiment_id, page_token=token)
+        out += list(page)
+        token = page.token
+        if not token:
+            return out
+
+
+def get_or_create_queue(uri: str, experiment_id: str, name: str, schema_id: str):
+    """(queue, created): the experiment's custom queue ``name``, created with ``schema_id``."""
+    from mlflow.genai import review_queues as rq
+
+    _use(uri)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        try:
+            return rq.get_review_queue(name=name, experiment_id=experiment_id), False
+        except MlflowException as e:
+            if not _not_found(e):
+                raise
+        q = rq.create_review_queue(
+            name, queue_type="custom", schema_ids=[schema_id], experiment_id=experiment_id
+        )
+        return q, True
+
+
+def find_queue(uri: str, queue: str, experiment_ids: Sequence[str]):
+    """The queue with id or name ``queue`` in one of ``experiment_ids``; none or several →
+    :class:`RunInputError` naming it."""
+    from mlflow.genai import review_queues as rq
+
+    _use(uri)
+    found = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        if queue.startswith("rq-"):
+            try:
+                return rq.get_review_queue(queue)
+            except MlflowException as e:
+                if not _not_found(e):
+                    raise
+        for eid in experiment_ids:
+            try:
+                found.append(rq.get_review_queue(name=queue, experiment_id=eid))
+            except MlflowException as e:
+                if not _not_found(e):
+                    raise
+    if not found:
+        raise RunInputError(
+            f"review queue {queue!r} does not exist (searched {len(experiment_ids)} experiment(s)"
+            f"{': ' + ', '.join(experiment_ids[:10]) if experiment_ids else ''})"
+        )
+    if len(found) > 1:
+        raise RunInputError(
+            f"review queue {queue!r} exists in experiments {', '.join(q.experiment_id for q in found)}: "
+            "name one with --experiment, or pass the queue id"
+        )
+    return found[0]
+
+
+def traces_written_for(
+    uri: str, experiment_id: str, queue_name: str
+) -> dict[str, tuple[str, dict[str, str]]]:
+    """key → (trace id, tags) of the traces already written for ``queue_name`` (attached or not:
+    a run killed between writing and attaching leaves some)."""
+    client = MlflowClient(tracking_uri=uri)
+    out, token = {}, None
+    filt = f"tags.`{QUEUE_TAG}` = '{_quote(queue_name)}'"
+    while True:
+        page = client.search_traces(
+            locations=[experiment_id],
+            filter_string=filt,
+            include_spans=False,
+            page_token=token,
+            max_results=500,
+        )
+        for t in page:
+            out.setdefault(t.info.tags.get(KEY_TAG, ""), (t.info.trace_id, dict(t.info.tags)))
+        token = page.token
+        if not token:
+            return out
+
+
+def _quote(s: str) -> str:
+    return s.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def write_item(
+    uri: str,
+    experiment_id: str,
+    queue_name: str,
+    key: str,
+    name: str,
+    inputs: Mapping,
+    outputs: Any,
+    tags: Mapping,
+) -> str:
+    """One finished trace (a single CHAIN span) for a queue item; returns its id."""
+    client = MlflowClient(tracking_uri=uri)
+    _use(uri)
+    span = client.start_trace(
+        name,
+        SpanType.CHAIN,
+        inputs=dict(inputs),
+        tags={**{k: str(v) for k, v in tags.items()}, QUEUE_TAG: queue_name, KEY_TAG: key},
+        experiment_id=experiment_id,
+    )
+    client.end_trace(span.trace_id, outputs=outputs)
+    return span.trace_id
+
+
+def attach(uri: str, queue_id: str, trace_ids: Sequence[str]) -> None:
+    """Attach traces to the queue (idempotent per trace: a re-attached item keeps its status)."""
+    from mlflow.genai import review_queues as rq
+
+    _use(uri)
+    mlflow.flush_trace_async_logging()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        for i in range(0, len(trace_ids), 100):
+            rq.add_items_to_review_queue(queue_id, item_ids=list(trace_ids[i : i + 100]))
+
+
+def queue_items(uri: str, queue_id: str) -> list:
+    """The queue's ``ReviewQueueItem``s (all pages)."""
+    from mlflow.genai import review_queues as rq
+
+    _use(uri)
+    items, token = [], None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        while True:
+            page = rq.list_review_queue_items(queue_id, max_results=500, page_token=token)
+            items += list(page)
+            token = page.token
+            if not token:
+                return items
+
+
+def read_items(uri: str, queue, schema_name: str) -> list[QueueItem]:
+    """Every item of ``queue`` with its tags and valid HUMAN feedback named ``schema_name``."""
+    client = MlflowClient(tracking_uri=uri)
+    out = []
+    for it in queue_items(uri, queue.queue_id):
+        trace = client.get_trace(it.item_id)
+        info, root = trace.info, (trace.data.spans or [None])[0]
+        fb = [
+            (a.source.source_id or "", a.value, a.last_update_time_ms or a.create_time_ms or 0)
+            for a in info.assessments or []
+            if a.name == schema_name
+            and a.source.source_type == HUMAN
+            and a.valid is not False
+            and isinstance(a, Feedback)
+        ]
+        inputs = root.inputs if root is not None and isinstance(root.inputs, dict) else {}
+        out.append(QueueItem(it.item_id, str(it.status.value), dict(info.tags), inputs, fb))
+    return out
+
+
+def schema_names(uri: str, queue) -> list[str]:
+    """Names of the label schemas the queue asks."""
+    from mlflow.genai import label_schemas as ls
+
+    _use(uri)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return [s.name for s in _all_schemas(ls, queue.experiment_id) if s.schema_id in set(queue.schema_ids)]
