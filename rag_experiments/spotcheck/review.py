@@ -171,12 +171,14 @@ def queue_labels(ql: QueueLabels, claims: pd.DataFrame, csv_path: Path) -> Label
     """The queue's :class:`Labels` (checked like a CSV's), and the same labels written to
     ``csv_path`` in the CSV's columns (logged as ``spotcheck/labels.csv``; it scores the same)."""
     label = f"review queue {ql.queue.name!r} (experiment {ql.queue.experiment_id})"
-    labels = labels_from_records(ql.records, claims, Path(label), weighted=True)
+    order = {iid: i for i, iid in enumerate(claims["item_id"])}  # the run's order, as the CSV has it:
+    records = sorted(ql.records, key=lambda r: order.get(r[1]["item_id"], len(order)))  # same sums, bootstrap
+    labels = labels_from_records(records, claims, Path(label), weighted=True)
     by_id = claims.set_index("item_id")
     with open(csv_path, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
-        for _, rec in ql.records:
+        for _, rec in records:
             iid = rec["item_id"]
             if iid in by_id.index:
                 w.writerow({**by_id.loc[iid].to_dict(), **rec, "item_id": iid})
