@@ -50,6 +50,7 @@ SLOW_MODULES = {
     "test_racing_sweep",  # racing sweeps through the CLI (basic and joblib launchers)
     "test_ray",
     "test_report",
+    "test_review_ui",  # a real mlflow server and Chromium labelling in the Review tab (~40 s)
     "test_server",
     "test_sweep",
     "test_traces",
