@@ -195,3 +195,37 @@ def test_unreachable_server_exits_2_within_the_budget(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert f"tracking server {uri} is unreachable" in err and "Traceback" not in err
     assert time.perf_counter() - t0 < 60
+
+
+def test_killed_between_writing_and_attaching_does_not_duplicate(judged, tmp_path, capsys, monkeypatch):
+    root, uri, client, exp, rid = judged
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt  # fault injection: the process dies before the traces are attached
+
+    monkeypatch.setattr(rq, "attach", killed)
+    argv = ["--tracking-uri", uri, "sample", rid, "-n", "5", "--out", str(tmp_path / "k.csv"), "--to-mlflow"]
+    with pytest.raises(KeyboardInterrupt):
+        spotcheck.main([*argv, "--queue", "killed"])
+    monkeypatch.undo()
+    assert spotcheck.main([*argv, "--queue", "killed"]) == 0
+    assert "0 new traces, 5 already there" in capsys.readouterr().out
+    assert len(rq.queue_items(uri, rq.find_queue(uri, "killed", [exp]).queue_id)) == 5
+    traces = client.search_traces(locations=[exp], filter_string=f"tags.`{rq.QUEUE_TAG}` = 'killed'")
+    assert len(traces) == 5
+
+
+def test_a_claim_support_schema_with_other_options_is_refused(judged):
+    from mlflow.genai import label_schemas
+
+    uri, client = judged[1], judged[2]
+    exp = client.create_experiment("other schema")
+    mlflow.set_tracking_uri(uri)
+    label_schemas.create_label_schema(
+        review.SCHEMA,
+        type="feedback",
+        input=label_schemas.InputCategorical(options=["yes", "no"]),
+        experiment_id=exp,
+    )
+    with pytest.raises(spotcheck.claims.RunInputError, match="exists with another input"):
+        rq.ensure_schema(uri, exp, review.SCHEMA, spotcheck.HUMAN_LABELS, review.INSTRUCTION)

@@ -114,6 +114,7 @@ def publish(uri: str, run: Run, sample: pd.DataFrame, design: str, name: str | N
             )
         )
         n_new += 1
+    rq.flush()
     rq.attach(uri, queue.queue_id, ids)
     return Published(queue, n_new, len(ids) - n_new)
 

@@ -161,6 +161,7 @@ def traces_written_for(
             filter_string=filt,
             include_spans=False,
             page_token=token,
+            flush=True,  # this process's own traces still in MLflow's async export queue count too
             max_results=500,
         )
         for t in page:
@@ -172,6 +173,11 @@ def traces_written_for(
 
 def _quote(s: str) -> str:
     return s.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def flush() -> None:
+    """Write out the traces MLflow's async exporter still holds (before attaching them)."""
+    mlflow.flush_trace_async_logging()
 
 
 def write_item(
@@ -203,7 +209,6 @@ def attach(uri: str, queue_id: str, trace_ids: Sequence[str]) -> None:
     from mlflow.genai import review_queues as rq
 
     _use(uri)
-    mlflow.flush_trace_async_logging()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         for i in range(0, len(trace_ids), 100):
