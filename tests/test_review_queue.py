@@ -229,3 +229,11 @@ def test_a_claim_support_schema_with_other_options_is_refused(judged):
     )
     with pytest.raises(spotcheck.claims.RunInputError, match="exists with another input"):
         rq.ensure_schema(uri, exp, review.SCHEMA, spotcheck.HUMAN_LABELS, review.INSTRUCTION)
+
+
+def test_score_needs_labels_or_a_queue_not_both(judged, tmp_path, capsys):
+    uri, rid = judged[1], judged[4]
+    assert spotcheck.main(["--tracking-uri", uri, "score", rid]) == 2
+    assert "score needs RUN labels.csv, or --from-mlflow QUEUE" in capsys.readouterr().err
+    argv = ["--tracking-uri", uri, "score", rid, str(tmp_path / "x.csv"), "--from-mlflow", "q"]
+    assert spotcheck.main(argv) == 2 and "not both" in capsys.readouterr().err

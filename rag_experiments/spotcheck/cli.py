@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 from rag_experiments.cli.errors import cli_main
 from rag_experiments.spotcheck.claims import COLUMNS, judge_threshold, judged_claims, sample_claims
 from rag_experiments.spotcheck.labels import LabelFileError, read_labels
-from rag_experiments.spotcheck.review import SCHEMA, publish, queue_labels, read_queue
+from rag_experiments.spotcheck.review import SCHEMA, publish, queue_labels, read_queue, review_url
 from rag_experiments.spotcheck.scoring import faithfulness_estimates, score_labels, self_preference_warning
 from rag_experiments.spotcheck.summary import log_spotcheck, render_summary
 from rag_experiments.tracking.runs import RunInputError, load_per_query, resolve_run, run_label, tracking_uri
@@ -78,7 +78,7 @@ def _sample(uri: str, args: argparse.Namespace, run, claims, warn: str | None) -
         print(
             f"review queue {q.name!r} ({q.queue_id}, experiment {q.experiment_id}): {len(out)} claims "
             f"({pub.n_written} new traces, {pub.n_reused} already there); label {SCHEMA!r} in MLflow's "
-            f"Review tab (#/experiments/{q.experiment_id}/review-queue), then: python -m "
+            f"Review tab ({review_url(uri, q)}), then: python -m "
             f"rag_experiments.spotcheck score --from-mlflow {q.queue_id}"
         )
     if warn:

@@ -25,6 +25,7 @@ from rag_experiments.spotcheck.claims import COLUMNS
 from rag_experiments.spotcheck.labels import HUMAN_LABELS, Labels, labels_from_records
 from rag_experiments.tracking import review_queue as rq
 from rag_experiments.tracking.runs import RunInputError
+from rag_experiments.tracking.uri import is_server
 
 SCHEMA = "claim_support"  # the label schema's name = the HUMAN feedback's name
 TRACE_NAME = "spotcheck_claim"
@@ -48,6 +49,12 @@ def queue_name(run: Run, sample: pd.DataFrame) -> str:
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:8]
     return f"spotcheck {(run.info.run_name or run.info.run_id[:8])[:150]} {digest}"
+
+
+def review_url(uri: str, queue) -> str:
+    """The queue in MLflow's Review tab: a full URL on a server, else the route to open in ``mlflow ui``."""
+    route = f"#/experiments/{queue.experiment_id}/review-queue?selectedQueueId={queue.queue_id}"
+    return f"{uri.rstrip('/')}/{route}" if is_server(uri) else route
 
 
 @dataclass
