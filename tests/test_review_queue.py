@@ -94,7 +94,12 @@ def test_queue_labels_score_exactly_like_the_csv(judged, tmp_path, capsys):
     for r in rows:  # π recorded exactly, and the claim the reviewer sees is the CSV's
         t = by_item[r["item_id"]]
         assert float(t.info.tags[review.PI]) == float(r["inclusion_prob"])
-        assert t.info.tags[review.RUN] == rid and t.data.spans[0].inputs["claim"] == r["claim"]
+        assert t.info.tags[review.RUN] == rid
+        (rec,) = [sp.inputs for sp in t.data.spans if sp.name == rq.RECORD_SPAN]
+        assert (rec["claim"], rec["context"]) == (r["claim"], r["context"])  # exact, as the judge saw it
+        shown = t.data.spans[0].inputs["messages"][0]["content"]
+        assert "**Claim:**" in shown and 'second chunk, "quoted"  \nacross lines' in shown  # lines kept
+        assert "marked failed\\." in shown  # Markdown punctuation escaped: shown literally
 
     # a reviewer labels all but one claim in the Review tab: HUMAN feedback named after the schema
     blank = rows[-1]["item_id"]

@@ -74,7 +74,7 @@ def test_queue_in_review_tab_labelled_there_and_scored(tmp_path, capsys):
         queue_id = capsys.readouterr().out.split("score --from-mlflow ")[1].split()[0]
         queue = rq.find_queue(base, queue_id, [exp])
         items = rq.read_items(base, queue, review.SCHEMA)
-        claim_of = {it.trace_id: it.inputs["claim"] for it in items}
+        claim_of = {it.trace_id: it.record["claim"] for it in items}
         item_of = {it.trace_id: it.tags[review.ITEM] for it in items}
 
         page = Page(tmp_path / "profile")

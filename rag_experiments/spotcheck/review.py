@@ -1,8 +1,9 @@
 """The spot-check as a review queue in MLflow's Review tab: ``sample --to-mlflow``, ``score --from-mlflow``.
 
 ``publish`` puts a sample (the rows ``sample`` writes to the CSV) into a review queue of the run's
-experiment: one trace per sampled claim (``spotcheck_claim``: inputs ``claim``, ``query``, the exact
-``context`` the judge saw; output the ``answer``), tagged with the run, the claim's ``item_id``, its
+experiment: one trace per sampled claim (``spotcheck_claim``: the claim, question and exact context
+the judge saw as one literal chat message the Review tab renders, the answer as output, the exact
+fields in its ``review_item`` span), tagged with the run, the claim's ``item_id``, its
 ``inclusion_prob`` and the judge, so the weighting is reproducible from MLflow alone; reviewers
 answer the :data:`SCHEMA` label schema (the CSV's labels, the instructions in its text) and their
 answers are ``HUMAN`` feedback on the claim's trace. Re-publishing the same sample reuses the queue
@@ -15,6 +16,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +51,29 @@ def queue_name(run: Run, sample: pd.DataFrame) -> str:
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:8]
     return f"spotcheck {(run.info.run_name or run.info.run_id[:8])[:150]} {digest}"
+
+
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~])")
+
+
+def _md(text: str) -> str:
+    """``text`` shown literally by the Review tab's Markdown: punctuation escaped, lines kept."""
+    return _MARKDOWN.sub(r"\\\1", str(text)).replace("\n", "  \n")
+
+
+def shown(record: dict) -> tuple[dict, dict]:
+    """(inputs, outputs) of the claim's root span: one chat message the Review tab renders as
+    text (claim, question, the judge's context, each literal), and the answer. The exact fields
+    are the trace's ``review_item`` span."""
+    content = "\n\n".join(
+        [
+            f"**Claim:** {_md(record['claim'])}",
+            f"**Question:** {_md(record['query'])}",
+            "**Context the judge saw:**",
+            _md(record["context"]),
+        ]
+    )
+    return {"messages": [{"role": "user", "content": content}]}, {"answer": record["answer"]}
 
 
 def review_url(uri: str, queue) -> str:
@@ -114,11 +139,14 @@ def publish(uri: str, run: Run, sample: pd.DataFrame, design: str, name: str | N
         if key in written:
             ids.append(written[key][0])
             continue
-        inputs = {"claim": row["claim"], "query": row["query"], "context": row["context"]}
+        record = {
+            "claim": row["claim"],
+            "query": row["query"],
+            "context": row["context"],
+            "answer": row["answer"],
+        }
         ids.append(
-            rq.write_item(
-                uri, eid, name, key, TRACE_NAME, inputs, {"answer": row["answer"]}, _tags(run, row, design)
-            )
+            rq.write_item(uri, eid, name, key, TRACE_NAME, shown(record), record, _tags(run, row, design))
         )
         n_new += 1
     rq.flush()
@@ -159,7 +187,7 @@ def read_queue(uri: str, queue_ref: str, experiment_ids: list[str]) -> QueueLabe
         declined += it.status == "declined" and not fb
         rec = {
             "item_id": it.tags.get(ITEM, ""),
-            "claim": str(it.inputs.get("claim", "")),
+            "claim": str(it.record.get("claim", "")),
             "human_verdict": human if isinstance(human, str) else json.dumps(human),
             "inclusion_prob": it.tags.get(PI, ""),
         }

@@ -32,6 +32,7 @@ from rag_experiments.tracking.runs import RunInputError
 QUEUE_TAG = "review.queue"  # trace tag: the queue the trace was written for (crash-safe re-runs)
 KEY_TAG = "review.key"  # trace tag: the item's key within the queue
 HUMAN = "HUMAN"
+RECORD_SPAN = "review_item"  # child span: the item's exact fields, as written
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class QueueItem:
     trace_id: str
     status: str  # pending / complete / declined (the queue's shared-pool status)
     tags: dict[str, str]
-    inputs: dict[str, Any]  # the root span's inputs (what the reviewer saw)
+    record: dict[str, Any]  # the item's exact fields (the RECORD_SPAN's inputs)
     feedback: list[tuple[str, Any, int]]  # (reviewer, value, last update ms), valid HUMAN only
 
 
@@ -186,20 +187,25 @@ def write_item(
     queue_name: str,
     key: str,
     name: str,
-    inputs: Mapping,
-    outputs: Any,
+    shown: tuple[Any, Any],
+    record: Mapping,
     tags: Mapping,
 ) -> str:
-    """One finished trace (a single CHAIN span) for a queue item; returns its id."""
+    """One finished trace for a queue item; returns its id. The root span (CHAIN) holds what the
+    Review tab shows, ``shown`` = (inputs, outputs); a child span :data:`RECORD_SPAN` holds
+    ``record``, the item's exact fields (what :func:`read_items` reads back)."""
     client = MlflowClient(tracking_uri=uri)
     _use(uri)
+    inputs, outputs = shown
     span = client.start_trace(
         name,
         SpanType.CHAIN,
-        inputs=dict(inputs),
+        inputs=inputs,
         tags={**{k: str(v) for k, v in tags.items()}, QUEUE_TAG: queue_name, KEY_TAG: key},
         experiment_id=experiment_id,
     )
+    child = client.start_span(RECORD_SPAN, span.trace_id, span.span_id, SpanType.UNKNOWN, inputs=dict(record))
+    client.end_span(span.trace_id, child.span_id)
     client.end_trace(span.trace_id, outputs=outputs)
     return span.trace_id
 
@@ -237,7 +243,8 @@ def read_items(uri: str, queue, schema_name: str) -> list[QueueItem]:
     out = []
     for it in queue_items(uri, queue.queue_id):
         trace = client.get_trace(it.item_id)
-        info, root = trace.info, (trace.data.spans or [None])[0]
+        info = trace.info
+        rec = [sp.inputs for sp in trace.data.spans if sp.name == RECORD_SPAN and isinstance(sp.inputs, dict)]
         fb = [
             (a.source.source_id or "", a.value, a.last_update_time_ms or a.create_time_ms or 0)
             for a in info.assessments or []
@@ -246,8 +253,7 @@ def read_items(uri: str, queue, schema_name: str) -> list[QueueItem]:
             and a.valid is not False
             and isinstance(a, Feedback)
         ]
-        inputs = root.inputs if root is not None and isinstance(root.inputs, dict) else {}
-        out.append(QueueItem(it.item_id, str(it.status.value), dict(info.tags), inputs, fb))
+        out.append(QueueItem(it.item_id, str(it.status.value), dict(info.tags), rec[0] if rec else {}, fb))
     return out
 
 
