@@ -32,8 +32,8 @@ from rag_experiments.tracking.uri import is_server
 SCHEMA = "claim_support"  # the label schema's name = the HUMAN feedback's name
 TRACE_NAME = "spotcheck_claim"
 INSTRUCTION = (
-    "Is the claim supported by the context? The trace's inputs hold the claim, the question and the "
-    "exact context the judge saw. Answer 'supported' only if the context alone states or entails the "
+    "Is the claim supported by the context? The message shows the claim, the question and the exact "
+    "context the judge saw. Answer 'supported' only if the context alone states or entails the "
     "claim; 'unsupported' if the context contradicts it or does not say it (outside knowledge does not "
     "count). Judge this one claim, not the rest of the answer. Unsure: leave the item pending."
 )
