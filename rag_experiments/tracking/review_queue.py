@@ -255,13 +255,3 @@ def read_items(uri: str, queue, schema_name: str) -> list[QueueItem]:
         ]
         out.append(QueueItem(it.item_id, str(it.status.value), dict(info.tags), rec[0] if rec else {}, fb))
     return out
-
-
-def schema_names(uri: str, queue) -> list[str]:
-    """Names of the label schemas the queue asks."""
-    from mlflow.genai import label_schemas as ls
-
-    _use(uri)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        return [s.name for s in _all_schemas(ls, queue.experiment_id) if s.schema_id in set(queue.schema_ids)]
