@@ -136,8 +136,8 @@ def publish(uri: str, run: Run, sample: pd.DataFrame, design: str, name: str | N
             f"{(other + changed)[0]}); pick another --queue name"
         )
     ids, n_new = [], 0
-    if len(want) > len(written):
-        print(f"writing {len(want) - len(written)} claim traces to {name!r} ...", file=sys.stderr, flush=True)
+    if missing := sum(k not in written for k in want):
+        print(f"writing {missing} claim traces to {name!r} ...", file=sys.stderr, flush=True)
     for key, row in want.items():
         if key in written:
             ids.append(written[key][0])
