@@ -237,12 +237,31 @@ def queue_items(uri: str, queue_id: str) -> list:
                 return items
 
 
+def _queue_traces(client: MlflowClient, experiment_id: str, queue_name: str) -> dict[str, Any]:
+    """trace id → trace (spans and assessments) of the traces written for the queue, a page of
+    500 per call instead of one call per item."""
+    out, token = {}, None
+    while True:
+        page = client.search_traces(
+            locations=[experiment_id],
+            filter_string=f"tags.`{QUEUE_TAG}` = '{_quote(queue_name)}'",
+            page_token=token,
+            max_results=500,
+        )
+        out |= {t.info.trace_id: t for t in page}
+        token = page.token
+        if not token:
+            return out
+
+
 def read_items(uri: str, queue, schema_name: str) -> list[QueueItem]:
-    """Every item of ``queue`` with its tags and valid HUMAN feedback named ``schema_name``."""
+    """Every item of ``queue`` with its tags and valid HUMAN feedback named ``schema_name``
+    (traces someone added to the queue by hand are fetched one by one)."""
     client = MlflowClient(tracking_uri=uri)
+    ours = _queue_traces(client, queue.experiment_id, queue.name)
     out = []
     for it in queue_items(uri, queue.queue_id):
-        trace = client.get_trace(it.item_id)
+        trace = ours.get(it.item_id) or client.get_trace(it.item_id)
         info = trace.info
         rec = [sp.inputs for sp in trace.data.spans if sp.name == RECORD_SPAN and isinstance(sp.inputs, dict)]
         fb = [
