@@ -10,7 +10,7 @@ its store registry knows only the ``databricks`` scheme, so a sqlite URI raises
 ``UnsupportedLabelingStoreURIException`` (``tests/test_review_queue.py`` checks it) — review
 queues are the OSS equivalent ("the analog of a Databricks LabelingSession", MLflow's docstring).
 
-One queue item is one trace; this module writes one small trace per item (:func:`write_items`),
+One queue item is one trace; this module writes one small trace per item (:func:`write_item`),
 tagged with the item's key, so a queue of claims holds one trace per claim. ``mlflow.genai``'s
 queue functions use the global tracking URI, so every call here sets it first.
 """
@@ -76,14 +76,19 @@ def ensure_schema(uri: str, experiment_id: str, name: str, options: Sequence[str
                     f"({type(s.input).__name__} {got}); expected categorical {list(options)}"
                 )
             return s
-        return ls.create_label_schema(
-            name,
-            type="feedback",
-            input=ls.InputCategorical(options=list(options)),
-            instruction=instruction,
-            enable_comment=True,
-            experiment_id=experiment_id,
-        )
+        try:
+            return ls.create_label_schema(
+                name,
+                type="feedback",
+                input=ls.InputCategorical(options=list(options)),
+                instruction=instruction,
+                enable_comment=True,
+                experiment_id=experiment_id,
+            )
+        except MlflowException:  # another process created it first: check and take theirs
+            if not any(s.name == name for s in _all_schemas(ls, experiment_id)):
+                raise
+    return ensure_schema(uri, experiment_id, name, options, instruction)
 
 
 def _all_schemas(ls, experiment_id: str) -> list:
@@ -108,9 +113,12 @@ def get_or_create_queue(uri: str, experiment_id: str, name: str, schema_id: str)
         except MlflowException as e:
             if not _not_found(e):
                 raise
-        q = rq.create_review_queue(
-            name, queue_type="custom", schema_ids=[schema_id], experiment_id=experiment_id
-        )
+        try:
+            q = rq.create_review_queue(
+                name, queue_type="custom", schema_ids=[schema_id], experiment_id=experiment_id
+            )
+        except MlflowException:  # another process created it first: take theirs
+            return rq.get_review_queue(name=name, experiment_id=experiment_id), False
         return q, True
 
 
