@@ -151,6 +151,7 @@ def test_queue_labels_score_exactly_like_the_csv(judged, tmp_path, capsys):
     drop = lambda s: [ln for ln in s.splitlines() if not ln.startswith(("Labels:", "logged"))]  # noqa: E731
     assert drop(via_csv) == drop(via_queue) and f"review queue `{queue.name}`" in via_queue
     assert client.get_run(rid).data.metrics["spotcheck/kappa"] == a.kappa
+    assert client.get_run(rid).data.tags["spotcheck.queue"] == qid
     logged = Path(client.download_artifacts(rid, "spotcheck/labels.csv", str(tmp_path / "dl")))
     re_read = spotcheck.read_labels(logged, claims)  # the logged file re-scores identically via CSV
     assert spotcheck.score_labels(re_read, seed=1, n_resamples=300).kappa == a.kappa

@@ -146,6 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(warn, file=sys.stderr)
         if not args.no_log:
             log_spotcheck(client, run, ag, labels_path, summary)
+            if ql is not None:  # where the labels live: re-scoring reads the queue again
+                client.set_tag(run.info.run_id, "spotcheck.queue", ql.queue.queue_id)
             print(
                 f"logged spotcheck/* metrics and spotcheck/labels.csv, spotcheck/summary.md on run {run.info.run_id}"
             )
