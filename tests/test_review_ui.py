@@ -22,6 +22,7 @@ from rag_experiments.tracking import review_queue as rq
 from tests.mlflow_ui import SCREENSHOTS, Page, mlflow_server, visible_text
 from tests.test_spotcheck import _per_query
 
+LOAD_S = 120  # a page of a real server rendered on a loaded 2-core machine: generous, still bounded
 _SUBMIT = "Array.from(document.querySelectorAll('button')).find(e => e.innerText.trim() === 'Submit')"
 
 
@@ -37,17 +38,23 @@ def _click(page: Page, expr: str) -> None:
 
 
 def _label(page: Page, verdict: str, rationale: str) -> None:
-    """What a reviewer does on an open item: pick the verdict, write why, Submit."""
-    page.wait_for("document.body.innerText.includes('Select an option')")
-    _click(
-        page,
-        "Array.from(document.querySelectorAll('span')).find(e => e.innerText.trim() === 'Select an option')",
+    """What a reviewer does on an open item: pick the verdict, write why, Submit. A pick the
+    loaded-down page missed (the list still opening) is tried again, as a user would."""
+    placeholder = (
+        "Array.from(document.querySelectorAll('span')).find(e => e.innerText.trim() === 'Select an option')"
     )
-    page.wait_for("document.querySelectorAll('[role=option]').length == 2")
-    _click(
-        page,
-        f"Array.from(document.querySelectorAll('[role=option]')).find(e => e.innerText.trim() === '{verdict}')",
-    )
+    option = f"Array.from(document.querySelectorAll('[role=option]')).find(e => e.innerText.trim() === '{verdict}')"
+    page.wait_for(placeholder, timeout=LOAD_S)
+    for attempt in range(3):
+        if page.js(f"!!({placeholder})"):
+            _click(page, placeholder)
+            page.wait_for(option)
+            _click(page, option)
+        try:
+            page.wait_for(f"!({placeholder})", timeout=10)
+            break
+        except AssertionError:
+            assert attempt < 2, f"could not pick {verdict!r}"
     _click(
         page,
         "Array.from(document.querySelectorAll('textarea')).find(e => (e.placeholder || '').startsWith('Rationale'))",
@@ -81,14 +88,17 @@ def test_queue_in_review_tab_labelled_there_and_scored(tmp_path, capsys):
         try:
             # the Review tab lists the queue with 4 items to do
             page.goto(f"{base}/#/experiments/{exp}/review-queue")
-            page.wait_for(f"document.body.innerText.includes({queue.name!r})")
+            page.wait_for(f"document.body.innerText.includes({queue.name!r})", timeout=LOAD_S)
             tab = visible_text(page.html())
             assert "Review" in tab and queue.name in tab
             # the queue's items: every sampled claim, waiting for review
             page.goto(f"{base}/#/experiments/{exp}/review-queue?selectedQueueId={queue.queue_id}")
-            page.wait_for("document.body.innerText.includes('Needs review (4)')")
+            page.wait_for("document.body.innerText.includes('Needs review (4)')", timeout=LOAD_S)
             # each row's request: the claim the reviewer judges (previews load after the rows)
-            page.wait_for(" && ".join(f"document.body.innerText.includes({c!r})" for c in claim_of.values()))
+            page.wait_for(
+                " && ".join(f"document.body.innerText.includes({c!r})" for c in claim_of.values()),
+                timeout=LOAD_S,
+            )
             page.screenshot(SCREENSHOTS / "review_queue.png")
             # a reviewer labels two claims in the UI: HUMAN feedback, the item marked complete
             labelled = {}
@@ -97,8 +107,8 @@ def test_queue_in_review_tab_labelled_there_and_scored(tmp_path, capsys):
                     f"{base}/#/experiments/{exp}/review-queue?selectedQueueId={queue.queue_id}"
                     f"&selectedItemId={trace_id}"
                 )
-                page.wait_for(f"document.body.innerText.includes({claim_of[trace_id]!r})")
-                page.wait_for("document.body.innerText.includes('claim_support')")
+                page.wait_for(f"document.body.innerText.includes({claim_of[trace_id]!r})", timeout=LOAD_S)
+                page.wait_for("document.body.innerText.includes('claim_support')", timeout=LOAD_S)
                 _label(page, verdict, f"reviewer says {verdict}")
                 labelled[item_of[trace_id]] = verdict
                 try:
@@ -134,7 +144,7 @@ def test_queue_in_review_tab_labelled_there_and_scored(tmp_path, capsys):
         assert spotcheck.main(["--tracking-uri", base, "score", "--from-mlflow", queue.queue_id]) == 0
 
 
-def _wait_feedback(base: str, queue, trace_id: str, timeout: float = 30.0) -> None:
+def _wait_feedback(base: str, queue, trace_id: str, timeout: float = 90.0) -> None:
     end = time.monotonic() + timeout
     while not [
         it for it in rq.read_items(base, queue, review.SCHEMA) if it.trace_id == trace_id and it.feedback
