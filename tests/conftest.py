@@ -51,6 +51,7 @@ SLOW_MODULES = {
     "test_ray",
     "test_report",
     "test_readable",  # a 5-chunker retrieval-only sweep through the CLI
+    "test_review_ui",  # a real mlflow server and Chromium labelling in the Review tab (~40 s)
     "test_server",
     "test_sweep",
     "test_traces",

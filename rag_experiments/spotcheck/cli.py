@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from mlflow.tracking import MlflowClient
 from rag_experiments.cli.errors import cli_main
 from rag_experiments.spotcheck.claims import COLUMNS, judge_threshold, judged_claims, sample_claims
 from rag_experiments.spotcheck.labels import LabelFileError, read_labels
+from rag_experiments.spotcheck.review import SCHEMA, publish, queue_labels, read_queue, review_url
 from rag_experiments.spotcheck.scoring import faithfulness_estimates, score_labels, self_preference_warning
 from rag_experiments.spotcheck.summary import log_spotcheck, render_summary
 from rag_experiments.tracking.runs import RunInputError, load_per_query, resolve_run, run_label, tracking_uri
@@ -32,50 +34,124 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--threshold", type=float, help="judge score threshold (default: from the run's params)")
     s.add_argument("--out", type=Path, help="default: spotcheck_<run>.csv")
-    c = sub.add_parser("score", help="score a filled label CSV against the judge and log the result")
-    c.add_argument("run", metavar="RUN")
-    c.add_argument("labels", type=Path, metavar="labels.csv")
+    s.add_argument(
+        "--to-mlflow", action="store_true", help="also put the sample in a review queue (MLflow's Review tab)"
+    )
+    s.add_argument(
+        "--queue", metavar="NAME", help="the review queue's name (default: spotcheck <run> <digest>)"
+    )
+    c = sub.add_parser("score", help="score a filled label CSV (or a review queue) against the judge and log")
+    c.add_argument(
+        "run", metavar="RUN", nargs="?", help="with --from-mlflow: optional, the queue names its run"
+    )
+    c.add_argument("labels", type=Path, metavar="labels.csv", nargs="?")
+    c.add_argument(
+        "--from-mlflow", metavar="QUEUE", help="read HUMAN labels from this review queue (name or id)"
+    )
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples for the κ CI")
     c.add_argument("--no-log", action="store_true", help="do not log to the run")
     return p
 
 
+def _sample(uri: str, args: argparse.Namespace, run, claims, warn: str | None) -> int:
+    if args.n < 1:
+        raise RunInputError("-n must be >= 1")
+    th = args.threshold if args.threshold is not None else judge_threshold(run)
+    out = sample_claims(claims, args.n, stratify=args.stratify, seed=args.seed, threshold=th)
+    path = args.out or Path(f"spotcheck_{run.info.run_id[:8]}.csv")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    out.to_csv(path, index=False, columns=COLUMNS)
+    counts = out["judge_verdict"].value_counts().to_dict()
+    print(
+        f"wrote {len(out)} claims ({', '.join(f'{k}: {v}' for k, v in sorted(counts.items()))}) to {path}"
+        + (f"; borderline over-weighted around score threshold {th}" if th is not None else "")
+    )
+    print(
+        "fill human_verdict with supported / unsupported, then: python -m rag_experiments.spotcheck "
+        f"score {run.info.run_id} {path}"
+    )
+    if args.to_mlflow:
+        design = f"n={args.n} seed={args.seed} stratify={args.stratify} threshold={th}"
+        pub = publish(uri, run, out, design, args.queue)
+        q = pub.queue
+        print(
+            f"review queue {q.name!r} ({q.queue_id}, experiment {q.experiment_id}): {len(out)} claims "
+            f"({pub.n_written} new traces, {pub.n_reused} already there); label {SCHEMA!r} in MLflow's "
+            f"Review tab ({review_url(uri, q)}), then: python -m "
+            f"rag_experiments.spotcheck score --from-mlflow {q.queue_id}"
+        )
+    if warn:
+        print(warn, file=sys.stderr)
+    return 0
+
+
+def _experiment_ids(client: MlflowClient, name: str | None) -> list[str]:
+    if name:
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise RunInputError(f"experiment {name!r} does not exist")
+        return [exp.experiment_id]
+    return [e.experiment_id for e in client.search_experiments(max_results=1000)]
+
+
+def _resolve(client: MlflowClient, uri: str, args: argparse.Namespace):
+    """(run, queue labels or None): the run named on the command line, or the review queue's."""
+    if args.cmd == "score" and args.from_mlflow:
+        if args.labels is not None:
+            raise RunInputError("give labels.csv or --from-mlflow QUEUE, not both")
+        ql = read_queue(uri, args.from_mlflow, _experiment_ids(client, args.experiment))
+        run = resolve_run(client, ql.run_id, None)
+        if args.run and resolve_run(client, args.run, args.experiment).info.run_id != run.info.run_id:
+            raise RunInputError(
+                f"review queue {args.from_mlflow!r} holds claims of run {ql.run_id}, not {args.run}"
+            )
+        return run, ql
+    if args.run is None or (args.cmd == "score" and args.labels is None):
+        raise RunInputError("score needs RUN labels.csv, or --from-mlflow QUEUE")
+    return resolve_run(client, args.run, args.experiment), None
+
+
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    client = MlflowClient(tracking_uri=tracking_uri(args.tracking_uri))
+    uri = tracking_uri(args.tracking_uri)
+    client = MlflowClient(tracking_uri=uri)
+    tmp = tempfile.TemporaryDirectory()
     try:
-        run = resolve_run(client, args.run, args.experiment)
+        run, ql = _resolve(client, uri, args)
         claims = judged_claims(load_per_query(client, run))
         if claims.empty:
             raise RunInputError(f"run {run_label(run)} has no judged claims")
         warn = self_preference_warning(run)
         if args.cmd == "sample":
-            if args.n < 1:
-                raise RunInputError("-n must be >= 1")
-            th = args.threshold if args.threshold is not None else judge_threshold(run)
-            out = sample_claims(claims, args.n, stratify=args.stratify, seed=args.seed, threshold=th)
-            path = args.out or Path(f"spotcheck_{run.info.run_id[:8]}.csv")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            out.to_csv(path, index=False, columns=COLUMNS)
-            counts = out["judge_verdict"].value_counts().to_dict()
-            print(
-                f"wrote {len(out)} claims ({', '.join(f'{k}: {v}' for k, v in sorted(counts.items()))}) to {path}"
-                + (f"; borderline over-weighted around score threshold {th}" if th is not None else "")
+            return _sample(uri, args, run, claims, warn)
+        if ql is None:
+            labels_path, source = args.labels, None
+            labels = read_labels(labels_path, claims)
+        else:
+            labels_path = Path(tmp.name) / "labels.csv"
+            labels = queue_labels(ql, claims, labels_path)
+            source = (
+                f"review queue `{ql.queue.name}` ({ql.queue.queue_id}, experiment {ql.queue.experiment_id})"
             )
-            print(
-                "fill human_verdict with supported / unsupported, then: python -m rag_experiments.spotcheck "
-                f"score {run.info.run_id} {path}"
-            )
-            if warn:
-                print(warn, file=sys.stderr)
-            return 0
-        labels = read_labels(args.labels, claims)
         ag = score_labels(labels, seed=args.seed, n_resamples=args.resamples)
         ag.ppi, ag.judge_only = faithfulness_estimates(labels, claims)
+        ag.warnings += ql.warnings if ql else []
         if warn:
             ag.warnings.append(warn)
+        summary = render_summary(run, ag, labels_path, source)
+        print(summary)
+        if warn:
+            print(warn, file=sys.stderr)
+        if not args.no_log:
+            log_spotcheck(client, run, ag, labels_path, summary)
+            if ql is not None:  # where the labels live: re-scoring reads the queue again
+                client.set_tag(run.info.run_id, "spotcheck.queue", ql.queue.queue_id)
+            print(
+                f"logged spotcheck/* metrics and spotcheck/labels.csv, spotcheck/summary.md on run {run.info.run_id}"
+            )
+        return 0
     except LabelFileError as e:
         for line in e.problems:
             print(line, file=sys.stderr)
@@ -83,13 +159,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RunInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    summary = render_summary(run, ag, args.labels)
-    print(summary)
-    if warn:
-        print(warn, file=sys.stderr)
-    if not args.no_log:
-        log_spotcheck(client, run, ag, args.labels, summary)
-        print(
-            f"logged spotcheck/* metrics and spotcheck/labels.csv, spotcheck/summary.md on run {run.info.run_id}"
-        )
-    return 0
+    finally:
+        tmp.cleanup()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,7 +96,7 @@ def _records(reader, name: str, problems: list[str]) -> Iterator[tuple[int, list
 
 
 def _labelled_row(
-    rec: dict[str, str], where: str, by_id: pd.DataFrame, seen: dict[str, int]
+    rec: dict[str, str], where: str, by_id: pd.DataFrame, seen: dict[str, int | str]
 ) -> tuple[dict | None, str | None]:
     """(row, problem) of one record; both None for a blank ``human_verdict`` (skipped and counted).
 
@@ -118,7 +118,8 @@ def _labelled_row(
             f"{where}: claim: does not match the run's claim {iid} ({str(by_id.at[iid, 'claim'])[:80]!r})"
         )
     if iid in seen:
-        return None, f"{where}: item_id: {iid!r} already labelled on line {seen[iid]}"
+        at = f"on line {seen[iid]}" if isinstance(seen[iid], int) else f"at {seen[iid]}"
+        return None, f"{where}: item_id: {iid!r} already labelled {at}"
     pi, problem = _inclusion_prob(rec.get("inclusion_prob"), where)
     if problem:
         return None, problem
@@ -158,14 +159,41 @@ def read_labels(path: Path, claims: pd.DataFrame) -> Labels:
             else:
                 seen[row["item_id"]] = line
                 rows.append(row)
+    return _labels(rows, problems, n_blank, path, claims, weighted="inclusion_prob" in header)
+
+
+def _labels(
+    rows: list[dict], problems: list[str], n_blank: int, path: Path, claims: pd.DataFrame, weighted: bool
+) -> Labels:
+    """The checked rows as :class:`Labels`; any problem, or no labelled row, → :class:`LabelFileError`."""
     if problems:
         raise LabelFileError(problems)
     if not rows:
         raise LabelFileError(
             [
-                f"{name}: human_verdict: no claim labelled ({n_blank} blank rows); fill in supported / unsupported"
+                f"{path}: human_verdict: no claim labelled ({n_blank} blank rows); fill in supported / unsupported"
             ]
         )
     df = pd.DataFrame(rows, columns=["item_id", "claim", "human", "judge", "score", "pi"])
     n_pop = int(claims["judge_verdict"].isin(HUMAN_LABELS).sum())
-    return Labels(df, n_blank, path, weighted="inclusion_prob" in header, n_population=n_pop)
+    return Labels(df, n_blank, path, weighted=weighted, n_population=n_pop)
+
+
+def labels_from_records(
+    records: Iterable[tuple[str, dict[str, str]]], claims: pd.DataFrame, source: Path, weighted: bool
+) -> Labels:
+    """:func:`read_labels` for label records read elsewhere (a review queue in MLflow): each
+    ``(where, record)`` has the CSV's fields and is checked by the same rules, problems named by
+    ``where``."""
+    by_id = claims.set_index("item_id")
+    rows, problems, n_blank, seen = [], [], 0, {}
+    for where, rec in records:
+        row, problem = _labelled_row(rec, where, by_id, seen)
+        if problem:
+            problems.append(problem)
+        elif row is None:
+            n_blank += 1
+        else:
+            seen[row["item_id"]] = where
+            rows.append(row)
+    return _labels(rows, problems, n_blank, source, claims, weighted)

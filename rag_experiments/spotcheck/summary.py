@@ -38,12 +38,13 @@ def _ppi_lines(ag: Agreement) -> list[str]:
     ]
 
 
-def render_summary(run: Run, ag: Agreement, labels_path: Path) -> str:
+def render_summary(run: Run, ag: Agreement, labels_path: Path, source: str | None = None) -> str:
+    """``source``: where the labels came from when not the file itself (a review queue)."""
     lo, hi = ag.kappa_ci
     lines = [
         f"# Judge spot-check: {run_label(run)}",
         "",
-        f"Labels: `{labels_path.name}`; judge `{run.data.tags.get('judge_model', '?')}` "
+        f"Labels: {source or f'`{labels_path.name}`'}; judge `{run.data.tags.get('judge_model', '?')}` "
         f"({run.data.params.get('judge', '?')}), generator `{run.data.tags.get('generator_model', '?')}`.",
         "",
     ]
