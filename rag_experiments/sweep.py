@@ -59,7 +59,7 @@ from rag_experiments.pipeline import PipelineResult, run_pipeline  # noqa: E402
 from rag_experiments.progress import Progress, timing_table  # noqa: E402
 from rag_experiments.redaction import error_text, redact  # noqa: E402
 from rag_experiments.sanitize import shell_line, terminal_output  # noqa: E402
-from rag_experiments.tracking import app_versions  # noqa: E402
+from rag_experiments.tracking import app_versions, judges_tab  # noqa: E402
 from rag_experiments.tracking import writer as tracking  # noqa: E402
 from rag_experiments.tracking.bounds import best_effort, bound_tracking_calls  # noqa: E402
 from rag_experiments.tracking.traces import log_traces  # noqa: E402
@@ -252,6 +252,8 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
         res.timings["traces_s"] = log_traces(
             client, run_id, exp_id, per_item, inputs.evalset, inputs.corpus, job.cfg, inputs.stages, model_id
         )
+        if inputs.stages.generates:  # the judge in the Judges tab, where MLflow accepts it (docs/tracing.md)
+            judges_tab.register_judges(exp_id, inputs.stages.judge)
         res.timings["total_s"] = time.perf_counter() - job.t_start
         client.set_tag(run_id, "timings", json.dumps({k: round(v, 3) for k, v in res.timings.items()}))
         if every_item_failed(res.aggregates):
