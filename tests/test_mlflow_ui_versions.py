@@ -3,15 +3,19 @@
 A two-config multirun (BM25, retrieval only) and a forced re-run of one config: the experiment's
 **Agent versions** tab (``#/experiments/<id>/models``, mlflow 3.17.2) lists one version per config,
 and the re-run config's version page lists both of its runs (its "Runs" section and the source run
-of each metric). Screenshots: ``reports/screenshots/agent_versions.png``, ``agent_version.png``.
+of each metric); the **Judges** tab lists the scorers a ``judge=mlflow`` run registers. Screenshots:
+``reports/screenshots/agent_versions.png``, ``agent_version.png``, ``judges.png``.
 """
 
 from __future__ import annotations
 
 import json
 
+import mlflow
 from mlflow.tracking import MlflowClient
 
+from rag_experiments.stages.mlflow_judge import MLflowJudge
+from rag_experiments.tracking.judges_tab import register_judges
 from tests.mlflow_ui import SCREENSHOTS, Page, mlflow_server
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 
@@ -35,6 +39,9 @@ def test_agent_versions_lists_each_config_and_a_version_page_shows_its_runs(tmp_
     versions = {m.tags["config_hash"]: m for m in c.search_logged_models([exp])}
     assert set(versions) == set(by_config), "one app version per config"
     rerun = next(h for h, ids in by_config.items() if len(ids) == 2)
+    # the Judges tab: what a judge=mlflow run registers (never called here: no endpoint needed)
+    mlflow.set_tracking_uri(c.tracking_uri)
+    judges = register_judges(exp, MLflowJudge(base_url="http://127.0.0.1:9/v1", model="qwen2.5-7b-instruct"))
     with mlflow_server(tmp_path) as base:
         page = Page(tmp_path / "profile", size="1600,1400")
         try:
@@ -54,6 +61,9 @@ def test_agent_versions_lists_each_config_and_a_version_page_shows_its_runs(tmp_
             linked = set(page.js(_RUN_LINKS))
             text = page.js("document.body.innerText")
             page.screenshot(SCREENSHOTS / "agent_version.png")
+            page.goto(f"{base}/#/experiments/{exp}/judges")
+            page.wait_for(" && ".join(f"document.body.innerText.includes({json.dumps(n)})" for n in judges))
+            page.screenshot(SCREENSHOTS / "judges.png")
         finally:
             page.close()
     assert "Agent versions" in listing, "the GenAI side nav's tab"
