@@ -39,6 +39,7 @@ from typing import NamedTuple
 from mlflow.entities import LoggedModelInput
 from mlflow.tracking import MlflowClient
 
+from rag_experiments.cache import stable_hash
 from rag_experiments.evaluation import registry
 from rag_experiments.tracking.locks import file_lock
 
@@ -93,8 +94,6 @@ def _live(client: MlflowClient, experiment_id: str, chash: str) -> list:
 
 
 def _lock(client: MlflowClient, experiment_id: str, chash: str):
-    from rag_experiments.cache import stable_hash
-
     key = stable_hash("app-version", client.tracking_uri, experiment_id, chash)[:24]
     return file_lock(Path(tempfile.gettempdir()) / "rag_experiments_locks" / f"{key}.lock")
 
