@@ -17,6 +17,7 @@ What mlflow 3.17.2 accepts, checked on a sqlite store and a real ``mlflow server
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -27,10 +28,17 @@ def _slug(model: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]+", "_", model)[:100]
 
 
+def _kind(judge: Any) -> str | None:
+    try:
+        return json.loads(str(getattr(judge, "identity", ""))).get("kind")
+    except (ValueError, AttributeError):
+        return None
+
+
 def registrable(judge: Any) -> list:
     """The MLflow scorers that *are* ``judge`` (empty for our own code judges)."""
     model_uri = getattr(judge, "model_uri", None)
-    if model_uri is None or '"kind": "mlflow"' not in str(getattr(judge, "identity", "")):
+    if model_uri is None or _kind(judge) != "mlflow":  # stages.mlflow_judge.MLflowJudge's identity
         return []
     from mlflow.genai.scorers import RelevanceToQuery, RetrievalGroundedness
 
