@@ -31,6 +31,8 @@ def _params(chunking: str = "fixed", size: str = "800") -> dict[str, str]:
         "prompt": "concise",
         "judge": "heuristic",
         "corpus": "dir",
+        "corpus.path": "/home/me/docs",  # a place: not part of the version
+        "cache_dir": "/tmp/cache",
     }
 
 
@@ -82,6 +84,7 @@ def test_two_runs_of_one_config_are_one_version_with_both_runs(store):
     (m,) = c.search_logged_models([exp])
     assert m.name == "fixed-minilm-bm25-none-hhhhhhhh" and m.model_type == av.MODEL_TYPE
     assert m.params["chunking.size"] == "800" and m.params["chunking"] == "fixed"
+    assert "corpus.path" not in m.params and "cache_dir" not in m.params
     assert m.tags["config_hash"] == "h" * 16 and m.tags["identity.embedder"] == "minilm sha256:abc"
     assert m.tags["code_fingerprint"] == "code2", "the latest linked run's code"
     assert m.source_run_id == runs[0] and str(m.status) == "READY"

@@ -9,7 +9,7 @@ through the store (tag ``config_hash``), never through a local file. It holds:
   (``fixed-minilm-bm25-none-1a2b3c4d``): a function of the config alone, never of what one sweep
   varies, so the same config has the same name in every sweep;
 - **params**: the resolved config, flattened (the run's params: ``chunking.size``, ``chunking`` =
-  ``fixed``, ...), within MLflow's key/value limits;
+  ``fixed``, ...) without place keys (paths, caches), within MLflow's key/value limits;
 - **tags**: the identities: ``config_hash``, data digests, the stages' model identities
   (``identity.<stage>``: weight bytes + settings), ``judge_identity``, and the
   ``code_fingerprint`` / ``git_commit`` of the latest run linked (code is not part of the config
@@ -41,6 +41,7 @@ from mlflow.tracking import MlflowClient
 
 from rag_experiments.cache import stable_hash
 from rag_experiments.evaluation import registry
+from rag_experiments.identity import is_place_key
 from rag_experiments.tracking.locks import file_lock
 
 MODEL_TYPE = "rag-config"  # LoggedModel.model_type of every app version
@@ -65,8 +66,10 @@ def version_name(params: Mapping[str, str], chash: str) -> str:
 
 
 def version_params(params: Mapping[str, str]) -> dict[str, str]:
-    """The run's params (flattened resolved config + group choices), cut to MLflow's limits."""
-    return {k[:MAX_KEY]: str(v)[:MAX_PARAM] for k, v in params.items()}
+    """The run's params (flattened resolved config + group choices) without place keys
+    (``identity.is_place_key``: paths, caches, progress; they differ between machines running the
+    same config), cut to MLflow's limits."""
+    return {k[:MAX_KEY]: str(v)[:MAX_PARAM] for k, v in params.items() if not is_place_key(k)}
 
 
 def version_tags(
