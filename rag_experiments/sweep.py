@@ -59,6 +59,7 @@ from rag_experiments.progress import Progress, timing_table  # noqa: E402
 from rag_experiments.redaction import error_text, redact  # noqa: E402
 from rag_experiments.run_names import run_name  # noqa: E402
 from rag_experiments.sanitize import shell_line, terminal_output  # noqa: E402
+from rag_experiments.tracking import app_versions, judges_tab  # noqa: E402
 from rag_experiments.tracking import writer as tracking  # noqa: E402
 from rag_experiments.tracking.bounds import best_effort, bound_tracking_calls  # noqa: E402
 from rag_experiments.tracking.traces import log_traces  # noqa: E402
@@ -172,7 +173,7 @@ def run_params(job: Job) -> dict[str, str]:
     return params
 
 
-def _log(client, run_id: str, job: Job, res: PipelineResult) -> None:
+def _log(client, run_id: str, job: Job, res: PipelineResult, model_id: str | None = None) -> None:
     evalset = job.inputs.evalset
     evalset_df = pd.DataFrame(
         [
@@ -212,6 +213,7 @@ def _log(client, run_id: str, job: Job, res: PipelineResult) -> None:
         evalset.digest,
         artifacts,
         extra,
+        model_id=model_id,
     )
     bar.close()
     timing["logging_s"] = time.perf_counter() - t_log
@@ -238,16 +240,20 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
         from rag_experiments.racing_run import race_for  # racing=true: docs/racing.md
 
         inputs = job.inputs
+        version = app_versions.start(client, exp_id, run_id, job.chash, inputs.stages.identities())
         res = run_pipeline(inputs.stages, inputs.data, run_settings(job.cfg), job.cache, race_for(job, run_id))
         card_cfg, progress = job.cfg.get("judge_card"), job.cfg.get("progress", True)  # docs/judges.md
         job.card = add_card(card_cfg, inputs.stages, inputs.corpus.docs, job.cache, res, progress)
-        _log(client, run_id, job, res)
+        model_id = app_versions.link(client, exp_id, run_id, job.chash, version)  # "Agent versions"
+        _log(client, run_id, job, res, model_id)
         # one trace per eval item (docs/tracing.md); replicates collapsed (evaluation.replicates);
         # its time is a row of the per-stage table
         per_item = collapse_replicates(res.per_query)
         res.timings["traces_s"] = log_traces(
-            client, run_id, exp_id, per_item, inputs.evalset, inputs.corpus, job.cfg, inputs.stages
+            client, run_id, exp_id, per_item, inputs.evalset, inputs.corpus, job.cfg, inputs.stages, model_id
         )
+        if inputs.stages.generates:  # the judge in the Judges tab, where MLflow accepts it (docs/tracing.md)
+            judges_tab.register_judges(exp_id, inputs.stages.judge)
         res.timings["total_s"] = time.perf_counter() - job.t_start
         client.set_tag(run_id, "timings", json.dumps({k: round(v, 3) for k, v in res.timings.items()}))
         if every_item_failed(res.aggregates):

@@ -45,6 +45,7 @@ SLOW_MODULES = {
     "test_judge_change",
     "test_kill_resume",
     "test_mlflow_ui",
+    "test_mlflow_ui_versions",  # a sweep, a re-run, a real mlflow server and Chromium (~1-2 min)
     "test_noise_runs",
     "test_parent_dedup",
     "test_racing_sweep",  # racing sweeps through the CLI (basic and joblib launchers)

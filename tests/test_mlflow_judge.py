@@ -274,6 +274,16 @@ def test_sweep_with_judge_mlflow_finishes_and_records_verdicts(tmp_path, smol_ur
     n_unp = sum(v["label"] == "unparseable" for v in verdicts)
     assert df["n_unparseable"].sum() == n_unp == run.data.metrics["n_unparseable_verdicts"]
     assert set(df["relevance_method"]) == {"mlflow:relevance_to_query(yes=1,no=0)"}
+    # the judge in the experiment's Judges tab: MLflow's own built-in scorers (tracking/judges_tab.py)
+    import mlflow
+    from mlflow.genai.scorers import list_scorers
+
+    mlflow.set_tracking_uri(c.tracking_uri)
+    got = {(s.name, s.model) for s in list_scorers(experiment_id=run.info.experiment_id)}
+    assert got == {
+        ("groundedness-smollm2", "openai:/smollm2"),
+        ("relevance_to_query-smollm2", "openai:/smollm2"),
+    }
     # an unreadable relevance reply is NaN, left out of the mean and visible in its n
     n_rel = int(df["answer_relevance"].notna().sum())
     assert run.data.metrics.get("n_scored/answer_relevance", 0) == n_rel

@@ -51,9 +51,15 @@ def test_one_trace_per_item_linked_to_the_run(retrieval_run):
     c, exp, run, traces, df = _store(root)
     assert len(traces) == len(df) == sum(1 for _ in open(ev))
     assert set(_by_item(traces)) == set(df["id"])
+    (version,) = c.get_run(run.info.run_id).inputs.model_inputs  # the config's app version (tracking.app_versions)
     for t in traces:
         assert t.info.trace_metadata["mlflow.sourceRun"] == run.info.run_id
+        assert t.info.trace_metadata["mlflow.modelId"] == version.model_id
         assert t.info.experiment_id == exp.experiment_id
+    model = c.get_logged_model(version.model_id)
+    assert model.tags["config_hash"] == run.data.tags["config_hash"]
+    on_model = {m.key: m.value for m in model.metrics if m.run_id == run.info.run_id}
+    assert on_model["mrr"] == run.data.metrics["mrr"] and "mrr_ci_low" not in on_model
     tag = json.loads(run.data.tags["traces"])
     assert tag["n"] == len(df) and tag["seconds"] >= 0
 
@@ -318,8 +324,12 @@ def test_fast_and_public_paths_store_the_same(retrieval_run, tmp_path):
     got, runs, durations = {}, {}, {}
     for path in ("fast", "fast-per-trace", "public"):
         run = runs[path] = c.create_run(exp).info.run_id
-        write_traces(uri, run, exp, df, evalset.items, corpus.docs, 5, evalset.digest, path=path)
+        model = c.create_logged_model(exp, name=path).model_id  # the traces' app version
+        write_traces(
+            uri, run, exp, df, evalset.items, corpus.docs, 5, evalset.digest, path=path, model_id=model
+        )
         traces = mlflow.search_traces(locations=[exp], run_id=run, return_type="list")
+        assert len(mlflow.search_traces(locations=[exp], model_id=model, return_type="list")) == len(df)
         got[path] = {
             t.info.tags["item_id"]: (
                 sorted(

@@ -150,10 +150,16 @@ def to_spans(specs, trace_ids: tuple[int, str] | None = None, experiment_id: str
 
 
 def trace_info(
-    trace_id: str, experiment_id: str, run_id: str, spans: list[Span], tags: dict[str, str], preview
+    trace_id: str,
+    experiment_id: str,
+    run_id: str,
+    spans: list[Span],
+    tags: dict[str, str],
+    preview,
+    model_id: str | None = None,
 ) -> TraceInfo:
     """The finished trace's info as MLflow's v3 processor and exporter fill it (schema version 3,
-    source run, inputs/outputs previews, aggregated token usage)."""
+    source run, the active model's id, inputs/outputs previews, aggregated token usage)."""
     root = spans[0]
     start, end = root.start_time_ns, root.end_time_ns
     return TraceInfo(
@@ -166,6 +172,7 @@ def trace_info(
         response_preview=preview(root.outputs),
         trace_metadata={
             TraceMetadataKey.SOURCE_RUN: run_id,
+            **({TraceMetadataKey.MODEL_ID: model_id} if model_id else {}),  # the config's app version
             "mlflow.trace_schema.version": "3",
             TraceMetadataKey.INPUTS: preview(root.inputs),
             TraceMetadataKey.OUTPUTS: preview(root.outputs),
@@ -181,17 +188,23 @@ def trace_info(
 
 
 def write_fast(
-    tracking_uri: str, experiment_id: str, run_id: str, records, preview, batch: bool = True
+    tracking_uri: str,
+    experiment_id: str,
+    run_id: str,
+    records,
+    preview,
+    batch: bool = True,
+    model_id: str | None = None,
 ) -> list[str]:
     """Write ``records`` (``tracking.traces.TraceRecord``) with the fast path; returns trace ids.
     ``batch=False``: the per-trace ``TracingClient.start_trace`` + ``log_spans`` (what a tracking
-    server gets)."""
+    server gets). ``model_id``: the LoggedModel the traces are linked to (``mlflow.modelId``)."""
     tc = TracingClient(tracking_uri)
     infos, spans, pending, root_ids = [], [], [], []
     for rec in records:
         ids = _new_ids()
         trace_spans = to_spans(rec.spans, ids, experiment_id)
-        infos.append(trace_info(ids[1], experiment_id, run_id, trace_spans, rec.tags, preview))
+        infos.append(trace_info(ids[1], experiment_id, run_id, trace_spans, rec.tags, preview, model_id))
         spans += trace_spans
         pending.append(rec.assessments)
         root_ids.append(trace_spans[0].span_id)

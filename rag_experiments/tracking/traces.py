@@ -21,6 +21,7 @@ dataset: ``tracking.genai_dataset``. See ``docs/tracing.md``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -312,40 +313,23 @@ def build_records(
 
 
 def write_public(
-    tracking_uri: str, experiment_id: str, run_id: str, records: Sequence[TraceRecord]
+    tracking_uri: str,
+    experiment_id: str,
+    run_id: str,
+    records: Sequence[TraceRecord],
+    model_id: str | None = None,
 ) -> list[str]:
     """Write the traces with MLflow's public API only (any MLflow 3.x): ``MlflowClient.start_trace``
     / ``start_span`` / ``end_span`` / ``end_trace`` with the table's times, then one
     ``mlflow.log_feedback`` / ``log_expectation`` per assessment. MLflow forms the ids, the schema
-    version, previews and token totals itself. One store round trip per trace and per assessment."""
+    version, previews and token totals itself. One store round trip per trace and per assessment.
+    ``model_id``: the active model while the traces start (``mlflow.set_active_model``), which
+    MLflow records as the traces' ``mlflow.modelId``."""
     client = MlflowClient(tracking_uri=tracking_uri)
     if mlflow.get_tracking_uri() != tracking_uri:  # the tracing exporter and log_feedback use it
         mlflow.set_tracking_uri(tracking_uri)
-    roots = []
-    for rec in records:
-        root = rec.spans[0]
-        span = client.start_trace(
-            root.name, root.span_type, inputs=root.inputs, attributes=root.attributes, tags=rec.tags,
-            experiment_id=experiment_id, start_time_ns=root.start_ns, run_id=run_id,
-        )  # fmt: skip
-        ids = [span.span_id]
-        for sp in rec.spans[1:]:
-            child = client.start_span(
-                sp.name, span.trace_id, ids[sp.parent], sp.span_type, inputs=sp.inputs,
-                attributes=sp.attributes, start_time_ns=sp.start_ns,
-            )  # fmt: skip
-            ids.append(child.span_id)
-            client.end_span(
-                span.trace_id,
-                child.span_id,
-                outputs=sp.outputs,
-                status=_status(sp.error),
-                end_time_ns=sp.end_ns,
-            )
-        client.end_trace(
-            span.trace_id, outputs=root.outputs, status=_status(root.error), end_time_ns=root.end_ns
-        )
-        roots.append((span.trace_id, span.span_id))
+    with mlflow.set_active_model(model_id=model_id) if model_id else contextlib.nullcontext():
+        roots = [_start_public(client, experiment_id, run_id, rec) for rec in records]
     mlflow.flush_trace_async_logging()
     meta = {"mlflow.assessment.sourceRunId": run_id}
     for rec, (trace_id, root_id) in zip(records, roots, strict=True):
@@ -358,6 +342,31 @@ def write_public(
                     rationale=p.rationale, metadata=meta, span_id=root_id,
                 )  # fmt: skip
     return [t for t, _ in roots]
+
+
+def _start_public(client: MlflowClient, experiment_id: str, run_id: str, rec: TraceRecord) -> tuple[str, str]:
+    """Start, fill and end one trace through the public client; (trace id, root span id)."""
+    root = rec.spans[0]
+    span = client.start_trace(
+        root.name, root.span_type, inputs=root.inputs, attributes=root.attributes, tags=rec.tags,
+        experiment_id=experiment_id, start_time_ns=root.start_ns, run_id=run_id,
+    )  # fmt: skip
+    ids = [span.span_id]
+    for sp in rec.spans[1:]:
+        child = client.start_span(
+            sp.name, span.trace_id, ids[sp.parent], sp.span_type, inputs=sp.inputs,
+            attributes=sp.attributes, start_time_ns=sp.start_ns,
+        )  # fmt: skip
+        ids.append(child.span_id)
+        client.end_span(
+            span.trace_id,
+            child.span_id,
+            outputs=sp.outputs,
+            status=_status(sp.error),
+            end_time_ns=sp.end_ns,
+        )
+    client.end_trace(span.trace_id, outputs=root.outputs, status=_status(root.error), end_time_ns=root.end_ns)
+    return span.trace_id, span.span_id
 
 
 def _status(error: str | None) -> SpanStatus:
@@ -377,12 +386,14 @@ def write_traces(
     generator_model: str | None = None,
     judge=None,
     path: str = "auto",
+    model_id: str | None = None,
 ) -> list[str]:
     """Write one trace per row of ``per_query``; returns the trace ids.
 
     ``path``: ``"public"`` (:func:`write_public`), ``"fast"`` (the adapter's one-transaction SQL
     path, or its per-trace client path off SQL), ``"fast-per-trace"``, or ``"auto"``: the fast path
     when ``mlflow_adapter.fast_path_problem()`` is empty, else the public one with one warning.
+    ``model_id``: the config's app version (``tracking.app_versions``), on every trace.
     """
     records = build_records(per_query, items, docs, k, evalset_digest, prompt, generator_model, judge)
     if path == "auto":
@@ -394,20 +405,31 @@ def write_traces(
             _warned.add(problem)
             log.warning("traces: %s; writing through MLflow's public API (slower, same content)", problem)
     if path == "public":
-        return write_public(tracking_uri, experiment_id, run_id, records)
+        return write_public(tracking_uri, experiment_id, run_id, records, model_id)
     from rag_experiments.tracking.mlflow_adapter import write_fast
 
-    return write_fast(tracking_uri, experiment_id, run_id, records, _preview, batch=path == "fast")
+    return write_fast(
+        tracking_uri, experiment_id, run_id, records, _preview, batch=path == "fast", model_id=model_id
+    )
 
 
 # ------------------------------------------------------------------------------ sweep entry point
 
 
 def log_traces(
-    client, run_id: str, experiment_id: str, per_query: pd.DataFrame, evalset, corpus, cfg, stages
+    client,
+    run_id: str,
+    experiment_id: str,
+    per_query: pd.DataFrame,
+    evalset,
+    corpus,
+    cfg,
+    stages,
+    model_id: str | None = None,
 ) -> float:
     """The sweep's one call: eval-set dataset + the traces, unless ``tracking.traces=false``.
-    Returns the seconds spent (the per-stage table's ``traces`` row)."""
+    Returns the seconds spent (the per-stage table's ``traces`` row). ``model_id``: the config's
+    app version, linked to every trace."""
     from rag_experiments.tracking.writer import TRACES_EXPECTED
 
     t0 = time.perf_counter()
@@ -437,6 +459,7 @@ def log_traces(
         generator_model=getattr(gen, "model", None) if gen is not None else None,
         judge=stages.judge,
         path=os.environ.get("RAG_EXPERIMENTS_TRACES", "auto") or "auto",
+        model_id=model_id,
     )
     seconds = time.perf_counter() - t0
     # how long tracing took, so its overhead is visible per run (scripts/bench_traces.py)

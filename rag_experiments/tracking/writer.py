@@ -25,6 +25,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
+from rag_experiments.tracking.app_versions import DATASET, version_metric
 from rag_experiments.tracking.locks import config_lock, file_lock, store_lock  # noqa: F401
 from rag_experiments.tracking.parents import (  # noqa: F401
     SWEEP_FILE,
@@ -221,15 +222,19 @@ def log_results(
     evalset_digest: str,
     artifacts: dict[str, str],
     extra_tags: dict[str, str],
+    model_id: str | None = None,
 ) -> None:
+    """``model_id``: the config's app version (``tracking.app_versions``); its mean metrics are
+    logged with it, so the version's page and MLflow's version comparison show them."""
     import math
 
     now = int(time.time() * 1000)
     from rag_experiments.tracking.run_page import metric_order
 
     # logged in reading order: MLflow's run page lists metrics in the order they were logged
+    on_version = dict(model_id=model_id, dataset_name=DATASET, dataset_digest=evalset_digest[:16])
     metrics = [
-        Metric(k, float(aggregates[k]), now, 0)
+        Metric(k, float(aggregates[k]), now, 0, **(on_version if model_id and version_metric(k) else {}))
         for k in metric_order(aggregates)
         if aggregates[k] is not None and not (isinstance(aggregates[k], float) and math.isnan(aggregates[k]))
     ]
