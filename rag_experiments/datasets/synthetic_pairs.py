@@ -259,9 +259,12 @@ def paraphrase(s: str, window: str, rng: random.Random) -> str | None:
     out = re.sub(r"\s*\([^()]{1,60}\)", "", out)
     win = set(_WORD.findall(window.lower()))
     if out == s or not set(_WORD.findall(out.lower())) - win:
+        frames = [f for f in _FRAMES if set(_WORD.findall(f.lower())) - win]
+        if not frames:
+            return None
         first = out.split()[0]
         keep_case = first.isupper() or any(c.isupper() for c in first[1:]) or bool(entities(". " + first))
-        out = rng.choice(_FRAMES) + (out if keep_case else out[0].lower() + out[1:])
+        out = rng.choice(frames) + (out if keep_case else out[0].lower() + out[1:])
     return out if out != s else None
 
 
