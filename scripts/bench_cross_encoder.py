@@ -200,6 +200,10 @@ def main(argv=None) -> int:
         f["auc"] = _auc(np.array(yh), p)
         print(f"  AUC {f['auc']:.3f} (threshold-free)")
         out["synthetic_only"] = {**f, "losses": losses, "train_pairs_s": tr_rate}
+    if args.folds < 2:  # the synthetic-only model alone
+        if args.json:
+            args.json.write_text(json.dumps(out, indent=1, default=float))
+        return 0
     folds = grouped_folds([x.group_key for x in pairs], args.folds)
     oof = np.full(len(pairs), np.nan)
     for k in range(args.folds):

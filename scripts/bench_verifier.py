@@ -73,6 +73,7 @@ def labels(p, th=0.5):
 def heuristic_judge():
     cfg = yaml.safe_load((ROOT / "rag_experiments/conf/judge/heuristic.yaml").read_text())
     cfg.pop("_target_")
+    cfg.pop("repeats", None)  # a run-level setting, not the judge's
     return heur.HeuristicJudge(**cfg)
 
 
@@ -136,7 +137,7 @@ def cascade_table(pairs, oof, n, seed=0):
 def fit_time(pairs_path: Path) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "rag_experiments.judge", "fit", "--labels", str(pairs_path),
+        subprocess.run([sys.executable, "-m", "rag_experiments.judge", "fit", "--labels", str(pairs_path.resolve()),
                         "--cache-dir", tmp, "--no-mlflow", "--no-progress"], check=True, cwd=tmp,
                        capture_output=True)
         return time.perf_counter() - t0

@@ -3,7 +3,9 @@
 A calibrated logistic model over cheap features of (claim, context) gives P(supported); the label
 is ``P >= threshold``. The features are the heuristic judge's checks as numbers instead of
 thresholds (MiniLM cosine, content-word coverage, number/unit, negation, direction and entity
-mismatches), taken at the most similar context window and over the whole context.
+mismatches), taken at the most similar context window and over the whole context, and the
+token-level soft alignment of the claim to the context (:mod:`.alignment`), which keeps a
+reworded claim covered where exact word coverage does not.
 
 The judge itself is :class:`~.verifier_judge.VerifierJudge`. A fitted verifier is a directory (:mod:`.verifier_fit` writes it): ``model.json`` (feature names,
 standardisation, coefficients: a few hundred bytes) and ``manifest.json`` (identity: the weights'
