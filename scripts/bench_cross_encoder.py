@@ -109,7 +109,7 @@ def train(tm, H, M, labels, args, log):
         opt, lambda s: min((s + 1) / warm, max(0.0, (steps - s) / max(1, steps - warm)))
     )
     y = torch.tensor(labels, dtype=torch.float32)
-    pos_weight = torch.tensor((n - y.sum()) / max(float(y.sum()), 1.0)) if args.balanced else None
+    pos_weight = ((n - y.sum()) / max(float(y.sum()), 1.0)).detach() if args.balanced else None
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
     losses = []
