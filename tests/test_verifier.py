@@ -381,6 +381,12 @@ def test_spotcheck_csv_labels_load_as_pairs_and_bad_rows_exit_2_with_file_and_li
     pairs = load_labels(good)
     assert [(p.label, p.type) for p in pairs] == [("supported", "spotcheck"), ("unsupported", "spotcheck")]
     assert pairs[0].group == pairs[1].group  # one answer's claims share a CV fold
+    out = tmp_path / "fit"
+    ok = ["fit", "--corpus", str(fitted["docs"]), "--labels", str(good), "--no-mlflow", "--no-progress",
+          "--cache-dir", str(tmp_path / "c"), "--out", str(out), "--synthetic-max", N_SYN]  # fmt: skip
+    assert judge_main(ok) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["data"]["n_labelled"] == 2 and manifest["data"]["labels"][0]["file"] == "labels.csv"
     bad = tmp_path / "bad.csv"
     _label_csv(bad, [
         {"item_id": "q1#0", "claim": "A claim.", "context": ctx, "human_verdict": "maybe"},
