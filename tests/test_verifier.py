@@ -289,6 +289,12 @@ def test_verifier_without_path_uses_the_latest_fit_for_the_corpus(fitted):
     assert judge.path == fitted["path"]
 
 
+def test_card_of_a_missing_verifier_exits_2_not_a_traceback(tmp_path, capsys):
+    argv = ["card", "--judge", "verifier", "--cache-dir", str(tmp_path), f"path={tmp_path / 'nope'}"]
+    assert judge_main(argv) == 2
+    assert "verifier directory not found" in capsys.readouterr().err
+
+
 def test_no_fit_for_the_corpus_and_no_auto_fit_is_an_error(tmp_path):
     docs, _ = make_tiny(tmp_path, n_items=2)
     with pytest.raises(VerifierError, match="no verifier fitted for corpus"):

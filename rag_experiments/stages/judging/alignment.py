@@ -53,7 +53,7 @@ class TokenAligner:
         self.embedder = embedder if isinstance(embedder, SentenceTransformerEmbedder) else metric_embedder()
         self.identity = json.dumps(
             {"kind": "token-alignment", "version": 1, "layer": "last", "max_tokens": MAX_TOKENS,
-             "embedder": self.embedder.identity},
+             "embedder": json.loads(self.embedder.identity)},
             sort_keys=True,
         )
 

@@ -95,7 +95,9 @@ class FeatureExtractor:
 
     @property
     def identity(self) -> str:
-        return json.dumps({"checks": self.heuristic.embedder_identity, "alignment": self.aligner.identity}, sort_keys=True)
+        checks = self.heuristic.embedder_identity
+        checks = json.loads(checks) if checks.startswith("{") else checks
+        return json.dumps({"checks": checks, "alignment": json.loads(self.aligner.identity)}, sort_keys=True)
 
     def prepare(self, claims: list[str], contexts: list[str], progress: bool = False) -> None:
         """Embed every claim and candidate window (the heuristic's memo), in blocks of 512 texts
