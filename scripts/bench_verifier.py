@@ -80,6 +80,7 @@ def heuristic_judge():
 def _cold():
     heur._VEC_MEMO.clear()
     alignment._MEMO.clear()
+    alignment._MEMO_SIZE.clear()
 
 
 def speed(pairs, n, h, fx, model):

@@ -36,7 +36,9 @@ ALIGN_FEATURES = (
     "soft_unaligned_n",  # log1p(number of claim words with best cosine < 0.5)
 )
 MAX_TOKENS = 256  # a claim and a 2-sentence window fit easily; longer contexts are truncated
+MEMO_BYTES = 512 * 2**20  # token vectors are ~1.5 KB per token: bound the memo, not the count
 _MEMO: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+_MEMO_SIZE: dict[str, int] = {}
 _ALNUM = re.compile(r"[a-z0-9]")
 
 
@@ -60,10 +62,11 @@ class TokenAligner:
     def _vectors(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per text: (content-word vectors, all token vectors), unit length; memoised."""
         memo = _MEMO.setdefault(self.identity, {})
+        if _MEMO_SIZE.get(self.identity, 0) > MEMO_BYTES:  # bound memory on very large sweeps
+            memo.clear()  # before choosing what to encode: every text asked for is then encoded
+            _MEMO_SIZE[self.identity] = 0
         todo = list(dict.fromkeys(t for t in texts if t not in memo))
         if todo:
-            if len(memo) > 50_000:  # bound memory on very large sweeps
-                memo.clear()
             import torch
 
             st = self.embedder.model
@@ -75,6 +78,7 @@ class TokenAligner:
                     hidden = model(**enc).last_hidden_state.numpy()
                 for i, text in enumerate(batch):
                     memo[text] = _word_vectors(hidden[i], enc.word_ids(i), tok.convert_ids_to_tokens(enc["input_ids"][i]))
+                    _MEMO_SIZE[self.identity] = _MEMO_SIZE.get(self.identity, 0) + sum(a.nbytes for a in memo[text])
         return [memo[t] for t in texts]
 
     def prepare(self, texts: list[str]) -> None:
