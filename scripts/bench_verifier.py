@@ -8,7 +8,8 @@ Prints (measured, never asserted), every figure on pairs the model was not fitte
 - verifier trained on synthetic pairs of the bundled sample only, evaluated on all pairs (the
   honest figure for a new user's corpus with no labels);
 - verdicts/s of heuristic and verifier on the same pairs, cold (embeddings not memoised), as a
-  ratio in this run (the machine is shared: absolute rates depend on its load);
+  ratio in this run (the machine is shared: absolute rates depend on its load): one claim per
+  call, batched, and batched with 4 claims per context (as an answer's claims share one in a run);
 - the cascade over band widths: verifier (out-of-fold P) + the packaged SmolLM2 judge for claims
   inside the band, on a type-stratified subset (LLM verdicts computed once per pair, combined per
   band): LLM calls saved vs agreement;
@@ -109,6 +110,27 @@ def speed(pairs, n, h, fx, model):
     return out
 
 
+def speed_shared_context(pairs, h, fx, model, n_ctx=75, per_ctx=4):
+    """Cold, batched verdicts/s when an answer's claims share one context (as in a run): n_ctx
+    contexts of judge_pairs, each judged against per_ctx claims; wall and per CPU-second."""
+    ctxs = list(dict.fromkeys(p.context for p in pairs))[:n_ctx]
+    claims = [pairs[(i * per_ctx + j) % len(pairs)].claim for i in range(len(ctxs)) for j in range(per_ctx)]
+    contexts = [c for c in ctxs for _ in range(per_ctx)]
+    out = {}
+    for name in ("heuristic", "verifier"):
+        _cold()
+        t0, c0 = time.perf_counter(), time.process_time()
+        if name == "heuristic":
+            h.prepare(claims, ctxs)
+            for i, c in enumerate(ctxs):
+                h.verdicts(claims[i * per_ctx : (i + 1) * per_ctx], c)
+        else:
+            predict_logistic(model, fx.matrix(claims, contexts))
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        out[name] = {"verdicts_s": len(claims) / wall, "verdicts_per_cpu_s": len(claims) / cpu}
+    return out
+
+
 def cascade_table(pairs, oof, n, seed=0):
     from rag_experiments.stages.judging import LocalLLMJudge
 
@@ -201,6 +223,10 @@ def main(argv=None) -> int:
         print(f"\nverdicts/s, cold, {mode.replace('_', ' ')}, n={args.speed_n}: heuristic "
               f"{sp['heuristic_verdicts_s']:.1f}, verifier {sp['verifier_verdicts_s']:.1f} (ratio "
               f"{sp['ratio']:.2f}; load average {os.getloadavg()[0]:.1f})", flush=True)
+    res["speed"]["shared_context"] = sc = speed_shared_context(pairs, h, fx, fit_logistic(X, y))
+    print(f"verdicts/s, cold, batched, 4 claims per context (as in a run): heuristic "
+          f"{sc['heuristic']['verdicts_s']:.1f} ({sc['heuristic']['verdicts_per_cpu_s']:.1f} per CPU-s), verifier "
+          f"{sc['verifier']['verdicts_s']:.1f} ({sc['verifier']['verdicts_per_cpu_s']:.1f} per CPU-s)", flush=True)
     if args.cascade_n:
         res["cascade"], res["cascade_n"], res["llm_s_per_verdict"] = cascade_table(pairs, oof, args.cascade_n)
     if not args.no_fit_time:
