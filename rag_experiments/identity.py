@@ -87,6 +87,7 @@ STAGE_CODE: dict[str, tuple[str, ...]] = {
     # a fitted claim verifier: its features, its fit and its synthetic training data
     "verifier_fit": (
         "rag_experiments.stages.judging.verifier",
+        "rag_experiments.stages.judging.alignment",
         "rag_experiments.stages.judging.verifier_fit",
         "rag_experiments.stages.judging.heuristic",
         "rag_experiments.stages.embedding",

@@ -8,7 +8,8 @@ Prints (measured, never asserted), every figure on pairs the model was not fitte
 - verifier trained on synthetic pairs of the bundled sample only, evaluated on all pairs (the
   honest figure for a new user's corpus with no labels);
 - verdicts/s of heuristic and verifier on the same pairs, cold (embeddings not memoised), as a
-  ratio in this run (the machine is shared: absolute rates depend on its load);
+  ratio in this run (the machine is shared: absolute rates depend on its load): one claim per
+  call, batched, and batched with 4 claims per context (as an answer's claims share one in a run);
 - the cascade over band widths: verifier (out-of-fold P) + the packaged SmolLM2 judge for claims
   inside the band, on a type-stratified subset (LLM verdicts computed once per pair, combined per
   band): LLM calls saved vs agreement;
@@ -40,8 +41,14 @@ from rag_experiments.datasets.corpus import load_corpus  # noqa: E402
 from rag_experiments.datasets.judge_pairs import load_pairs  # noqa: E402
 from rag_experiments.datasets.synthetic_pairs import synthetic_pairs  # noqa: E402
 from rag_experiments.evalset import sample_dir  # noqa: E402
+from rag_experiments.stages.judging import alignment  # noqa: E402
 from rag_experiments.stages.judging import heuristic as heur  # noqa: E402
-from rag_experiments.stages.judging.verifier import FeatureExtractor, fit_logistic, predict_logistic  # noqa: E402
+from rag_experiments.stages.judging.verifier import (  # noqa: E402
+    FEATURES,
+    FeatureExtractor,
+    fit_logistic,
+    predict_logistic,
+)
 
 PAIRS = Path(os.environ.get("JUDGE_PAIRS", "judge_pairs/pairs.jsonl"))  # a judge_pairs JSONL file
 
@@ -67,23 +74,61 @@ def labels(p, th=0.5):
 def heuristic_judge():
     cfg = yaml.safe_load((ROOT / "rag_experiments/conf/judge/heuristic.yaml").read_text())
     cfg.pop("_target_")
+    cfg.pop("repeats", None)  # a run-level setting, not the judge's
     return heur.HeuristicJudge(**cfg)
 
 
+def _cold():
+    heur._VEC_MEMO.clear()
+    alignment._MEMO.clear()
+    alignment._MEMO_SIZE.clear()
+
+
 def speed(pairs, n, h, fx, model):
-    """Cold verdicts/s of heuristic and verifier on the same n pairs (memo cleared before each)."""
+    """Cold verdicts/s of heuristic and verifier on the same n pairs (memos cleared before each):
+    one claim per call, and batched as in a run (one ``prepare`` for all pairs, then verdicts)."""
     sub = pairs[:n]
-    heur._VEC_MEMO.clear()
-    t0 = time.perf_counter()
-    for p in sub:
-        h.verdicts([p.claim], p.context)
-    th = time.perf_counter() - t0
-    heur._VEC_MEMO.clear()
-    t0 = time.perf_counter()
-    for p in sub:
-        predict_logistic(model, fx.matrix([p.claim], [p.context]))
-    tv = time.perf_counter() - t0
-    return n / th, n / tv
+    claims, ctxs = [p.claim for p in sub], [p.context for p in sub]
+    out = {}
+    for mode in ("one_by_one", "batched"):
+        _cold()
+        t0 = time.perf_counter()
+        if mode == "batched":
+            h.prepare(claims, ctxs)
+        for p in sub:
+            h.verdicts([p.claim], p.context)
+        th = time.perf_counter() - t0
+        _cold()
+        t0 = time.perf_counter()
+        if mode == "batched":
+            predict_logistic(model, fx.matrix(claims, ctxs))
+        else:
+            for p in sub:
+                predict_logistic(model, fx.matrix([p.claim], [p.context]))
+        tv = time.perf_counter() - t0
+        out[mode] = {"heuristic_verdicts_s": n / th, "verifier_verdicts_s": n / tv, "ratio": th / tv}
+    return out
+
+
+def speed_shared_context(pairs, h, fx, model, n_ctx=75, per_ctx=4):
+    """Cold, batched verdicts/s when an answer's claims share one context (as in a run): n_ctx
+    contexts of judge_pairs, each judged against per_ctx claims; wall and per CPU-second."""
+    ctxs = list(dict.fromkeys(p.context for p in pairs))[:n_ctx]
+    claims = [pairs[(i * per_ctx + j) % len(pairs)].claim for i in range(len(ctxs)) for j in range(per_ctx)]
+    contexts = [c for c in ctxs for _ in range(per_ctx)]
+    out = {}
+    for name in ("heuristic", "verifier"):
+        _cold()
+        t0, c0 = time.perf_counter(), time.process_time()
+        if name == "heuristic":
+            h.prepare(claims, ctxs)
+            for i, c in enumerate(ctxs):
+                h.verdicts(claims[i * per_ctx : (i + 1) * per_ctx], c)
+        else:
+            predict_logistic(model, fx.matrix(claims, contexts))
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        out[name] = {"verdicts_s": len(claims) / wall, "verdicts_per_cpu_s": len(claims) / cpu}
+    return out
 
 
 def cascade_table(pairs, oof, n, seed=0):
@@ -115,7 +160,7 @@ def cascade_table(pairs, oof, n, seed=0):
 def fit_time(pairs_path: Path) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "rag_experiments.judge", "fit", "--labels", str(pairs_path),
+        subprocess.run([sys.executable, "-m", "rag_experiments.judge", "fit", "--labels", str(pairs_path.resolve()),
                         "--cache-dir", tmp, "--no-mlflow", "--no-progress"], check=True, cwd=tmp,
                        capture_output=True)
         return time.perf_counter() - t0
@@ -150,16 +195,38 @@ def main(argv=None) -> int:
 
     oof = cross_validated(fit, len(pairs), groups, k=5, seed=0)
     res["verifier_cv"] = row("verifier (features), grouped 5-fold CV", pairs, labels(oof))
+    ck = [i for i, f in enumerate(FEATURES) if f not in alignment.ALIGN_FEATURES]
+
+    def fit_checks(tr):
+        m = fit_logistic(X[tr][:, ck], y[tr])
+        return lambda te: predict_logistic(m, X[te][:, ck])
+
+    res["verifier_cv_checks_only"] = row("  ... checks only (no soft alignment)", pairs,
+                                         labels(cross_validated(fit_checks, len(pairs), groups, k=5, seed=0)))
     syn = synthetic_pairs(load_corpus(sample_dir() / "docs"), n_max=1500)
     Xs = fx.matrix([p.claim for p in syn], [p.context for p in syn])
     m_syn = fit_logistic(Xs, np.array([p.label == "supported" for p in syn], float))
     res["verifier_synthetic_only"] = row(f"verifier (features), synthetic only ({len(syn)})", pairs,
                                          labels(predict_logistic(m_syn, X)))
-    hs, vs = speed(pairs, args.speed_n, h, fx, fit_logistic(X, y))
-    res["speed"] = {"heuristic_verdicts_s": hs, "verifier_verdicts_s": vs, "ratio": vs / hs,
-                    "load": os.getloadavg()[0]}
-    print(f"\nverdicts/s, cold, one claim per call, n={args.speed_n}: heuristic {hs:.1f}, verifier {vs:.1f} "
-          f"(ratio {vs / hs:.2f}; load average {os.getloadavg()[0]:.1f})", flush=True)
+    ys = np.array([p.label == "supported" for p in syn], float)
+    keep = np.array([p.type not in ("paraphrase", "same_doc") for p in syn])
+    m_old = fit_logistic(Xs[keep], ys[keep])
+    res["verifier_synthetic_only_no_paraphrase"] = row("  ... without paraphrase / same_doc pairs", pairs,
+                                                       labels(predict_logistic(m_old, X)))
+    m_ck = fit_logistic(Xs[:, ck], ys)
+    res["verifier_synthetic_only_checks_only"] = row("  ... checks only (no soft alignment)", pairs,
+                                                     labels(predict_logistic(m_ck, X[:, ck])))
+    res["speed"] = speed(pairs, args.speed_n, h, fx, fit_logistic(X, y))
+    res["speed"]["load"] = os.getloadavg()[0]
+    for mode in ("one_by_one", "batched"):
+        sp = res["speed"][mode]
+        print(f"\nverdicts/s, cold, {mode.replace('_', ' ')}, n={args.speed_n}: heuristic "
+              f"{sp['heuristic_verdicts_s']:.1f}, verifier {sp['verifier_verdicts_s']:.1f} (ratio "
+              f"{sp['ratio']:.2f}; load average {os.getloadavg()[0]:.1f})", flush=True)
+    res["speed"]["shared_context"] = sc = speed_shared_context(pairs, h, fx, fit_logistic(X, y))
+    print(f"verdicts/s, cold, batched, 4 claims per context (as in a run): heuristic "
+          f"{sc['heuristic']['verdicts_s']:.1f} ({sc['heuristic']['verdicts_per_cpu_s']:.1f} per CPU-s), verifier "
+          f"{sc['verifier']['verdicts_s']:.1f} ({sc['verifier']['verdicts_per_cpu_s']:.1f} per CPU-s)", flush=True)
     if args.cascade_n:
         res["cascade"], res["cascade_n"], res["llm_s_per_verdict"] = cascade_table(pairs, oof, args.cascade_n)
     if not args.no_fit_time:

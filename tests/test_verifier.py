@@ -25,6 +25,7 @@ from rag_experiments.datasets.synthetic_pairs import (
     change_number,
     drop_clause,
     negate,
+    paraphrase,
     synthetic_pairs,
 )
 from rag_experiments.evalset import sample_dir
@@ -61,6 +62,10 @@ def fitted(tmp_path_factory):
 # -- synthetic pairs -------------------------------------------------------------------------------
 
 
+def _words(text):
+    return re.findall(r"[a-z][a-z'\-]*", text.lower())
+
+
 def _source(pairs, p):
     return next(q for q in pairs if q.group == p.group and q.type == "sentence").claim
 
@@ -87,8 +92,10 @@ def test_each_perturbation_changes_what_it_claims_to(sample_pairs):
             assert new and not any(w.lower() in p.context.lower().split() for w in new), (src, p.claim)
         elif p.type == "antonym":
             assert p.claim != src and len(p.claim.split()) == len(src.split())
-        elif p.type == "other_doc":
-            assert p.claim not in p.context  # a sentence of another document
+        elif p.type == "paraphrase":  # reworded, never a verbatim copy: a word the window lacks
+            assert p.claim != src and set(_words(p.claim)) - set(_words(p.context)), (src, p.claim)
+        elif p.type in ("other_doc", "same_doc"):
+            assert p.claim not in p.context  # a sentence of another document / outside the window
         elif p.type == "added_clause":
             assert p.claim.startswith(src.rstrip(".!?")) and ", and " in p.claim[len(src) - 1 :]
 
@@ -118,6 +125,20 @@ def test_perturbation_helpers():
     assert drop_clause("Webhooks are retried five times, and each retry waits longer.") == "Webhooks are retried five times."
 
 
+def test_paraphrase_rewrites_without_copying():
+    import random
+
+    rng = random.Random(0)
+    s = "The service is able to retry 3 times (with backoff) because requests often fail."
+    out = paraphrase(s, s, rng)
+    assert out and out != s and "(" not in out and "three" in out
+    assert set(_words(out)) - set(_words(s))  # new words: the lesson is "reworded is still supported"
+    # nothing to rewrite: a reporting frame still makes it a non-verbatim claim
+    plain = "Refunds reach the original card within five business days."
+    framed = paraphrase(plain, plain, rng)
+    assert framed.endswith("refunds reach the original card within five business days.") and framed != plain
+
+
 def test_too_small_corpus_is_an_error_with_the_count(tmp_path, capsys):
     docs = tmp_path / "docs"
     docs.mkdir()
@@ -127,6 +148,32 @@ def test_too_small_corpus_is_an_error_with_the_count(tmp_path, capsys):
         synthetic_pairs(load_corpus(docs))
     assert judge_main(["fit", "--corpus", str(docs), "--no-mlflow", "--cache-dir", str(tmp_path / "c")]) == 2
     assert "2 usable sentences" in capsys.readouterr().err
+
+
+# -- features ---------------------------------------------------------------------------------------
+
+
+def test_features_flag_negation_and_number_swaps_and_keep_a_paraphrase_aligned():
+    """Hand-made pairs: the soft alignment keeps a reworded claim close to its evidence (exact
+    word coverage does not), an unrelated claim far; the checks flag a negation and a number swap."""
+    from rag_experiments.stages.judging.verifier import FEATURES, FeatureExtractor
+
+    ctx = "Failed webhook deliveries are retried up to 8 times. Each retry waits twice as long as the previous one."
+    claims = {
+        "same": "Failed webhook deliveries are retried up to 8 times.",
+        "paraphrase": "Webhook deliveries that fail are attempted again as many as 8 times.",
+        "negation": "Failed webhook deliveries are not retried.",
+        "number": "Failed webhook deliveries are retried up to 20 times.",
+        "unrelated": "Invoices are emailed to the billing contact every month.",
+    }
+    X = FeatureExtractor().matrix(list(claims.values()), [ctx] * len(claims))
+    f = {name: dict(zip(FEATURES, row, strict=True)) for name, row in zip(claims, X, strict=True)}
+    assert f["same"]["soft_recall"] > 0.9 and f["same"]["soft_unaligned_50"] == 0
+    assert f["paraphrase"]["cov_ctx"] < 0.8  # exact coverage misses the rewording ...
+    assert f["paraphrase"]["soft_recall"] > f["unrelated"]["soft_recall"] + 0.15  # ... soft alignment does not
+    assert f["unrelated"]["soft_unaligned_70"] > f["paraphrase"]["soft_unaligned_70"]
+    assert f["negation"]["neg_mismatch"] == 1 and f["same"]["neg_mismatch"] == 0
+    assert f["number"]["num_mismatch_ctx"] == 1 and f["same"]["num_mismatch_ctx"] == 0
 
 
 # -- fit ------------------------------------------------------------------------------------------
@@ -242,6 +289,12 @@ def test_verifier_without_path_uses_the_latest_fit_for_the_corpus(fitted):
     assert judge.path == fitted["path"]
 
 
+def test_card_of_a_missing_verifier_exits_2_not_a_traceback(tmp_path, capsys):
+    argv = ["card", "--judge", "verifier", "--cache-dir", str(tmp_path), f"path={tmp_path / 'nope'}"]
+    assert judge_main(argv) == 2
+    assert "verifier directory not found" in capsys.readouterr().err
+
+
 def test_no_fit_for_the_corpus_and_no_auto_fit_is_an_error(tmp_path):
     docs, _ = make_tiny(tmp_path, n_items=2)
     with pytest.raises(VerifierError, match="no verifier fitted for corpus"):
@@ -304,3 +357,62 @@ def test_verifier_and_cascade_configs_validate_and_a_bad_band_is_named():
         cfg = compose("config", overrides=["judge=cascade", "judge.band=[0.9,0.1]"])
         problems = validate({k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "hydra"})
         assert any(p.startswith("conf/judge: band") for p in problems), problems
+
+
+# -- spot-check CSVs as training labels -----------------------------------------------------------
+
+
+def _label_csv(path, rows):
+    import csv
+
+    from rag_experiments.spotcheck.claims import COLUMNS
+
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: r.get(c, "") for c in COLUMNS})
+
+
+def test_spotcheck_csv_labels_load_as_pairs_and_bad_rows_exit_2_with_file_and_line(fitted, tmp_path, capsys):
+    from rag_experiments.datasets.label_csv import load_labels
+
+    ctx = "Refunds are issued within 5 business days."
+    good = tmp_path / "labels.csv"
+    _label_csv(good, [
+        {"item_id": "q1#0", "claim": "Refunds take 5 business days.", "context": ctx, "human_verdict": "supported"},
+        {"item_id": "q1#1", "claim": "Refunds take 9 days.", "context": ctx, "human_verdict": "Unsupported"},
+        {"item_id": "q2#0", "claim": "Not labelled yet.", "context": ctx, "human_verdict": ""},
+    ])  # fmt: skip
+    pairs = load_labels(good)
+    assert [(p.label, p.type) for p in pairs] == [("supported", "spotcheck"), ("unsupported", "spotcheck")]
+    assert pairs[0].group == pairs[1].group  # one answer's claims share a CV fold
+    out = tmp_path / "fit"
+    ok = ["fit", "--corpus", str(fitted["docs"]), "--labels", str(good), "--no-mlflow", "--no-progress",
+          "--cache-dir", str(tmp_path / "c"), "--out", str(out), "--synthetic-max", N_SYN]  # fmt: skip
+    assert judge_main(ok) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["data"]["n_labelled"] == 2 and manifest["data"]["labels"][0]["file"] == "labels.csv"
+    bad = tmp_path / "bad.csv"
+    _label_csv(bad, [
+        {"item_id": "q1#0", "claim": "A claim.", "context": ctx, "human_verdict": "maybe"},
+        {"item_id": "q1#1", "claim": "", "context": ctx, "human_verdict": "supported"},
+        {"item_id": "q1#2", "claim": "A claim without evidence.", "context": "", "human_verdict": "supported"},
+    ])  # fmt: skip
+    argv = ["fit", "--corpus", str(fitted["docs"]), "--labels", str(bad), "--no-mlflow", "--cache-dir", str(tmp_path)]
+    assert judge_main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:2: human_verdict: 'maybe'" in err and f"{bad}:3: claim: empty" in err
+    assert f"{bad}:4: context: empty" in err
+    assert not (tmp_path / "verifiers").exists()  # nothing trained
+
+
+def test_alignment_memo_is_bounded_and_a_full_memo_still_serves_every_text(monkeypatch):
+    from rag_experiments.stages.judging import alignment
+
+    aligner = alignment.TokenAligner()
+    aligner.prepare(["Refunds take five days.", "Webhooks are retried."])
+    monkeypatch.setattr(alignment, "MEMO_BYTES", 1)  # over the bound: the next call starts afresh
+    out = aligner.features(["Refunds take five days."], ["Refunds are issued within five days."])
+    assert out.shape == (1, len(alignment.ALIGN_FEATURES)) and out[0, 0] > 0.8
+    assert len(alignment._MEMO[aligner.identity]) == 2  # cleared, then the two texts of this call

@@ -99,6 +99,21 @@ def _sample_docs(corpus_dir: str | None):
     return instantiate(node).docs
 
 
+def _place_keys(cfg, corpus: str | None, cache_dir: str) -> None:
+    """A verifier's (or a cascade's verifier's) ``${corpus.path}`` / ``${cache_dir}`` outside a run:
+    the card's ``--corpus`` (default: the bundled sample, as ``judge fit``) and ``--cache-dir``."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from rag_experiments.evalset import sample_dir
+
+    for node in (cfg, cfg.get("verifier")):
+        if not isinstance(node, DictConfig):
+            continue
+        for key, value in (("corpus_path", corpus or str(sample_dir() / "docs")), ("cache_dir", cache_dir)):
+            if key in node and OmegaConf.is_interpolation(node, key):
+                node[key] = value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from rag_experiments.cache import StageCache
@@ -127,7 +142,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: no pairs: give --pairs FILE (judge_pairs format; docs/judges.md)", file=sys.stderr)
         return 2
     pairs = select_pairs(pairs, args.max_pairs)
-    judge = instantiate_judge(cfg)
+    _place_keys(cfg, args.corpus, args.cache_dir)
+    try:
+        judge = instantiate_judge(cfg)
+    except Exception as e:  # noqa: BLE001 - hydra wraps the judge's own error (a missing verifier ...)
+        from rag_experiments.stages.judging.verifier import VerifierError
+
+        cause = e.__cause__ or e
+        if not isinstance(cause, VerifierError):
+            raise
+        print(f"error: {cause}", file=sys.stderr)
+        return 2
     repeats, warning = repeat_judges(cfg, int(cfg.get("repeats", 1) or 1))
     if warning:
         print(f"warning: {warning}", file=sys.stderr)

@@ -5,7 +5,8 @@
         [--no-mlflow] [--no-progress]
 
 Synthetic pairs of the corpus (default: the bundled sample, the default config's corpus) and
-any human-labelled pairs files train a logistic verifier (docs/judges.md). Same inputs -> same
+any human labels (``judge_pairs`` JSONL files, or filled spot-check label CSVs) train a logistic
+verifier (docs/judges.md). Same inputs -> same
 fit id -> cache hit. Bad input (corpus, labels ``FILE:LINE``, too-small corpus, an ``--out``
 holding another verifier) exits 2 before anything is trained or logged.
 """
@@ -17,7 +18,8 @@ import os
 import sys
 
 from rag_experiments.datasets.corpus import CorpusError, corpus_digest, load_corpus
-from rag_experiments.datasets.judge_pairs import JudgePairsError, load_pairs, pairs_digest
+from rag_experiments.datasets.judge_pairs import JudgePairsError, pairs_digest
+from rag_experiments.datasets.label_csv import load_labels
 from rag_experiments.datasets.synthetic_pairs import SyntheticPairsError, synthetic_pairs, type_shares
 from rag_experiments.stages.judging.verifier import VerifierError
 
@@ -25,7 +27,7 @@ from rag_experiments.stages.judging.verifier import VerifierError
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m rag_experiments.judge fit", description=__doc__.split("\n")[0])
     ap.add_argument("--corpus", help="corpus path (default: the bundled sample)")
-    ap.add_argument("--labels", nargs="*", default=[], metavar="FILE", help="human-labelled pairs (judge_pairs format)")
+    ap.add_argument("--labels", nargs="*", default=[], metavar="FILE", help="human labels: judge_pairs JSONL, or a filled spot-check CSV (.csv)")
     ap.add_argument("--out", help="write the verifier here (default: <cache-dir>/verifiers/<corpus>/<fit>)")
     ap.add_argument("--cache-dir", default=".cache/rag_experiments")
     ap.add_argument("--synthetic-max", type=int, default=1500, help="synthetic pairs kept (default 1500)")
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         docs = load_corpus(corpus)
         labelled, meta = [], []
         for f in args.labels:
-            got = load_pairs(f)
+            got = load_labels(f)
             labelled += got
             meta.append({"file": os.path.basename(f), "pairs_digest": pairs_digest(got), "n": len(got)})
         recipe = Recipe(synthetic_max=args.synthetic_max, seed=args.seed)

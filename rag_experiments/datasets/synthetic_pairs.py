@@ -7,12 +7,18 @@ neighbours in the same document):
 positives (``supported``)
   ``sentence``      the sentence itself;
   ``clause_drop``   the sentence with a trailing clause dropped (a paraphrase-like shorter claim);
+  ``paraphrase``    the sentence reworded by meaning-preserving rules (phrase rewrites such as
+                    "is able to" -> "can", "shows" -> "demonstrates", small numbers spelled out, a
+                    parenthesis dropped, a reporting frame "According to the text, ..."): it always
+                    contains a word the window lacks, so "a new word" alone does not mean unsupported;
 negatives (``unsupported``), each a copy that the window no longer supports
   ``negation``      a negation flipped ("is" <-> "is not", "can" <-> "cannot", "always" <-> "never");
   ``number``        a number, date or unit changed ("30 days" -> "60 days", "MB" -> "GB", 2023 -> 2025);
   ``entity``        a name swapped for another name of the corpus that the window does not contain;
   ``antonym``       a word swapped for its antonym (increase/decrease, before/after, public/private);
   ``other_doc``     the most similar sentence (BM25) of another document: on topic, not evidence;
+  ``same_doc``      a sentence of the same document outside the window: same topic and vocabulary,
+                    not evidence (the window does not state it);
   ``added_clause``  the sentence plus a clause from another document (an unsupported addition).
 
 A pair's ``type`` is the perturbation name and its ``group`` the source sentence id, so a sentence
@@ -32,8 +38,8 @@ from rag_experiments.types import Document
 
 MIN_SENTENCES = 20
 MIN_DOCUMENTS = 2
-POSITIVE_TYPES = ("sentence", "clause_drop")
-NEGATIVE_TYPES = ("negation", "number", "entity", "antonym", "other_doc", "added_clause")
+POSITIVE_TYPES = ("sentence", "clause_drop", "paraphrase")
+NEGATIVE_TYPES = ("negation", "number", "entity", "antonym", "other_doc", "same_doc", "added_clause")
 TYPES = POSITIVE_TYPES + NEGATIVE_TYPES
 
 
@@ -216,6 +222,52 @@ def drop_clause(s: str) -> str | None:
     return None
 
 
+# meaning-preserving rewrites (domain-general English; each direction keeps the meaning)
+_REWRITES = [
+    tuple(p.split("="))
+    for p in """
+    in order to=to|is able to=can|are able to=can|a number of=several|approximately=about
+    roughly=about|because=since|therefore=so|however=but|in addition=also|additionally=also
+    requires=needs|required=needed|require=need|uses=employs|use=employ|used=employed
+    shows=demonstrates|showed=demonstrated|show=demonstrate|helps=assists|help=assist
+    obtain=get|obtains=gets|begin=start|begins=starts|large=big|many=numerous|method=approach
+    methods=approaches|quickly=rapidly|rapid=fast|often=frequently|must=has to|provides=gives
+    provide=give|contains=includes|contain=include|creates=makes|create=make|results in=leads to
+    resulted in=led to|is used to=serves to|are used to=serve to|ensures=makes sure|each=every
+    whether=if|lets=allows|receive=get|receives=gets|select=choose|selects=chooses|about=around
+    """.replace("\n", "|").split("|")
+    if "=" in p
+]
+_SPELL = {"2": "two", "3": "three", "4": "four", "5": "five", "6": "six", "7": "seven", "8": "eight", "9": "nine"}
+_FRAMES = ("According to the text, ", "The source states that ", "It is reported that ", "As described, ")
+
+
+def paraphrase(s: str, window: str, rng: random.Random) -> str | None:
+    """``s`` reworded by up to two meaning-preserving rules (phrase rewrites, small numbers
+    spelled out, a parenthesis dropped) or a reporting frame, so that it contains at least one
+    word the window lacks; None when nothing applies."""
+    out = s
+    rewrites = [(a, b) for a, b in _REWRITES if re.search(rf"\b{re.escape(a)}\b", out, re.I)]
+    for a, b in rng.sample(rewrites, min(2, len(rewrites))):
+        m = re.search(rf"\b{re.escape(a)}\b", out, re.I)
+        if m:
+            new = b.capitalize() if m.group()[0].isupper() else b
+            out = out[: m.start()] + new + out[m.end() :]
+    m = re.search(r"(?<![\d.,])\b([2-9])\s+([a-z]{3,})", out)
+    if m:
+        out = out[: m.start(1)] + _SPELL[m.group(1)] + out[m.end(1) :]
+    out = re.sub(r"\s*\([^()]{1,60}\)", "", out)
+    win = set(_WORD.findall(window.lower()))
+    if out == s or not set(_WORD.findall(out.lower())) - win:
+        frames = [f for f in _FRAMES if set(_WORD.findall(f.lower())) - win]
+        if not frames:
+            return None
+        first = out.split()[0]
+        keep_case = first.isupper() or any(c.isupper() for c in first[1:]) or bool(entities(". " + first))
+        out = rng.choice(frames) + (out if keep_case else out[0].lower() + out[1:])
+    return out if out != s else None
+
+
 def add_clause(s: str, other: str) -> str:
     """``s`` + ", and " + the first 12 words of ``other`` (from another document)."""
     words = other.rstrip(".!?").split()[:12]
@@ -272,6 +324,9 @@ def synthetic_pairs(documents: list[Document], *, seed: int = 0, n_max: int | No
     texts = [per_doc[di][i] for di, i in src]
     doc_of = [di for di, _ in src]
     nearest = _nearest_other_doc(texts, doc_of)
+    by_doc: dict[int, list[int]] = {}
+    for k, di in enumerate(doc_of):
+        by_doc.setdefault(di, []).append(k)
     pool = sorted({e for t in texts for e in entities(t)})
     groups: list[list[JudgePair]] = []
     for k, (di, i) in enumerate(src):
@@ -279,16 +334,20 @@ def synthetic_pairs(documents: list[Document], *, seed: int = 0, n_max: int | No
         sid = f"{documents[di].doc_id}#{i}"
         window = _window(per_doc[di], i)
         cands: list[tuple[str, str | None]] = [("sentence", s), ("clause_drop", drop_clause(s))]
+        cands.append(("paraphrase", paraphrase(s, window, rng)))
         cands += [("negation", negate(s)), ("number", change_number(s, rng))]
         cands += [("entity", swap_entity(s, window, pool, rng)), ("antonym", antonym(s, window, rng))]
         other = texts[nearest[k]] if nearest[k] is not None else None
         if other is not None and _overlap(other, window) < 0.6:  # a near-duplicate could be evidence
             cands.append(("other_doc", other))
+        far = [j for j in by_doc[di] if abs(src[j][1] - i) > 2 and _overlap(texts[j], window) < 0.6]
+        if far and rng.random() < 0.5:
+            cands.append(("same_doc", texts[rng.choice(far)]))
         if other is not None and rng.random() < 0.5:
             cands.append(("added_clause", add_clause(s, other)))
         group = []
         for kind, claim in cands:
-            if not claim or (kind not in ("sentence", "other_doc") and claim == s):
+            if not claim or (kind not in ("sentence", "other_doc", "same_doc") and claim == s):
                 continue
             label = "supported" if kind in POSITIVE_TYPES else "unsupported"
             group.append(JudgePair(_pid(kind, sid, claim), claim, window, label, kind, sid, sid))

@@ -302,10 +302,10 @@ class HeuristicJudge:
         """Embed with a per-text memo: contexts recur across queries, prompts and k in a sweep."""
         # per process and embedder, so the configs of a sweep (new judge instances) share it
         memo = _VEC_MEMO.setdefault(self.embedder_identity, {})
+        if len(memo) > 100_000:  # bound memory on very large sweeps; cleared before choosing what
+            memo.clear()  # to encode, so every text asked for is in the memo afterwards
         todo = list(dict.fromkeys(t for t in texts if t not in memo))
         if todo:
-            if len(memo) > 100_000:  # bound memory on very large sweeps
-                memo.clear()
             memo.update(zip(todo, self.embedder.encode(todo, kind="passage"), strict=True))
         return np.stack([memo[t] for t in texts])
 

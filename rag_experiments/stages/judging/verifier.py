@@ -3,7 +3,9 @@
 A calibrated logistic model over cheap features of (claim, context) gives P(supported); the label
 is ``P >= threshold``. The features are the heuristic judge's checks as numbers instead of
 thresholds (MiniLM cosine, content-word coverage, number/unit, negation, direction and entity
-mismatches), taken at the most similar context window and over the whole context.
+mismatches), taken at the most similar context window and over the whole context, and the
+token-level soft alignment of the claim to the context (:mod:`.alignment`), which keeps a
+reworded claim covered where exact word coverage does not.
 
 The judge itself is :class:`~.verifier_judge.VerifierJudge`. A fitted verifier is a directory (:mod:`.verifier_fit` writes it): ``model.json`` (feature names,
 standardisation, coefficients: a few hundred bytes) and ``manifest.json`` (identity: the weights'
@@ -22,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from rag_experiments.stages.judging.alignment import ALIGN_FEATURES, TokenAligner
 from rag_experiments.stages.judging.heuristic import (
     HeuristicJudge,
     _content_stems,
@@ -42,7 +45,8 @@ FEATURES = (
     "ent_cov_best",  # share of the claim's names found in the window
     "ent_cov_ctx",  # ... in the whole context
     "claim_len",  # log1p(content words of the claim)
-)
+) + ALIGN_FEATURES  # token-level soft alignment (alignment.py): paraphrase-robust coverage
+N_CHECKS = len(FEATURES) - len(ALIGN_FEATURES)
 
 
 class VerifierError(ValueError):
@@ -55,7 +59,8 @@ def weights_sha256(path: Path) -> str:
 
 def _features_of(claim: str, context: str, rows: list[dict]) -> list[float]:
     if not rows:
-        return [0.0, 0.0, 0.0, 0.0, math.log1p(len(_content_stems(claim))), 1.0, 1.0, 0, 0, 0, 0]
+        n = math.log1p(len(_content_stems(claim)))  # no context: nothing covered, every check fails
+        return [0.0, 0.0, 0.0, 0.0, n, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, n]
     best = max(rows, key=lambda r: r["sim"])
     c_stems = _content_stems(claim)
     ctx_stems = set(_content_stems(context))
@@ -81,14 +86,18 @@ def _features_of(claim: str, context: str, rows: list[dict]) -> list[float]:
 
 
 class FeatureExtractor:
-    """:data:`FEATURES` for (claim, context) pairs, on the heuristic judge's checks (same embedder)."""
+    """:data:`FEATURES` for (claim, context) pairs: the heuristic judge's checks and the token
+    soft alignment, both on the same MiniLM."""
 
     def __init__(self, embedder: Any = None) -> None:
         self.heuristic = HeuristicJudge(embedder=embedder)
+        self.aligner = TokenAligner(self.heuristic.embedder)
 
     @property
     def identity(self) -> str:
-        return self.heuristic.embedder_identity
+        checks = self.heuristic.embedder_identity
+        checks = json.loads(checks) if checks.startswith("{") else checks
+        return json.dumps({"checks": checks, "alignment": json.loads(self.aligner.identity)}, sort_keys=True)
 
     def prepare(self, claims: list[str], contexts: list[str], progress: bool = False) -> None:
         """Embed every claim and candidate window (the heuristic's memo), in blocks of 512 texts
@@ -97,10 +106,15 @@ class FeatureExtractor:
 
         texts = list(claims) + [c for ctx in dict.fromkeys(contexts) for c in self.heuristic.candidates(ctx)]
         texts = list(dict.fromkeys(texts))
-        with Progress("verifier: embedding", len(texts), enabled=progress and len(texts) > 512, unit="texts") as bar:
+        pair_texts = list(dict.fromkeys(list(claims) + list(contexts)))
+        total = len(texts) + len(pair_texts)
+        with Progress("verifier: embedding", total, enabled=progress and total > 512, unit="texts") as bar:
             for i in range(0, len(texts), 512):
                 self.heuristic._encode(texts[i : i + 512])
                 bar.update(len(texts[i : i + 512]))
+            for i in range(0, len(pair_texts), 256):  # token vectors for the soft alignment
+                self.aligner.prepare(pair_texts[i : i + 256])
+                bar.update(len(pair_texts[i : i + 256]))
 
     def matrix(self, claims: list[str], contexts: list[str], progress: bool = False) -> np.ndarray:
         from rag_experiments.progress import track
@@ -113,7 +127,9 @@ class FeatureExtractor:
         for ctx, idx in track(list(by_ctx.items()), "verifier features", enabled=progress, unit="contexts"):
             rows = self.heuristic.features([claims[i] for i in idx], ctx)
             for i, r in zip(idx, rows, strict=True):
-                X[i] = _features_of(claims[i], ctx, r)
+                X[i, :N_CHECKS] = _features_of(claims[i], ctx, r)
+        if len(claims):
+            X[:, N_CHECKS:] = self.aligner.features(list(claims), list(contexts))
         return X
 
 

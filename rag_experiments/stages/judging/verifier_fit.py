@@ -35,7 +35,7 @@ from rag_experiments.stages.judging.verifier import (
     weights_sha256,
 )
 
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 2: + token soft-alignment features, paraphrase and same_doc pairs
 
 
 @dataclass
