@@ -416,27 +416,33 @@ def insert_new_records(tracking_uri: str, ds, records: list[dict[str, Any]]) -> 
         if session.query(Rec).filter(Rec.dataset_id == ds.dataset_id).count():
             return False  # not a new dataset: its records need merging (the public path)
         now = get_current_time_millis()
-        rows = []
+        rows, sources = [], {}  # each distinct source once: its to_dict (dataclasses.asdict) is slow
         for r, h in zip(records, hashes, strict=True):
             src = r.get("source")
+            if isinstance(src, dict):
+                key = json.dumps(src, sort_keys=True)
+                if key not in sources:
+                    made = DatasetRecordSource.from_dict(src)
+                    sources[key] = (made, made.to_dict())
+                src = sources[key]
             rec = DatasetRecord(  # as upsert_dataset_records builds it (source id and type from source)
                 dataset_record_id=None, dataset_id=ds.dataset_id, inputs=r.get("inputs", {}),
                 outputs=r.get("outputs", {}), created_time=now, last_update_time=now,
                 expectations=r.get("expectations"), tags=r.get("tags"),
-                source=DatasetRecordSource.from_dict(src) if isinstance(src, dict) else src,
+                source=src[0] if isinstance(src, tuple) else src,
                 created_by=(r.get("tags") or {}).get(MLFLOW_USER),
                 last_updated_by=(r.get("tags") or {}).get(MLFLOW_USER),
             )  # fmt: skip
-            rows.append(_record_row(rec, h))
+            rows.append(_record_row(rec, h, src[1] if isinstance(src, tuple) else None))
         session.execute(sqlalchemy.insert(Rec.__table__), rows)
         _finish_upsert(store, session, ds.dataset_id, records, now)
     ds._records = None
     return True
 
 
-def _record_row(rec, input_hash: str) -> dict[str, Any]:
+def _record_row(rec, input_hash: str, source_dict: dict | None = None) -> dict[str, Any]:
     """The ``evaluation_dataset_records`` row of ``SqlEvaluationDatasetRecord.from_mlflow_entity``
-    (mlflow 3.17.2) without the ORM object."""
+    (mlflow 3.17.2) without the ORM object; ``source_dict``: ``rec.source.to_dict()`` if known."""
     from mlflow.entities.dataset_record import DATASET_RECORD_WRAPPED_OUTPUT_KEY
     from mlflow.store.tracking import sqlalchemy_store as S
 
@@ -447,7 +453,7 @@ def _record_row(rec, input_hash: str) -> dict[str, Any]:
         outputs={DATASET_RECORD_WRAPPED_OUTPUT_KEY: rec.outputs} if rec.outputs is not None else None,
         expectations=rec.expectations,
         tags=rec.tags,
-        source=rec.source.to_dict() if rec.source else None,
+        source=source_dict if source_dict is not None else rec.source.to_dict() if rec.source else None,
         source_id=rec.source_id,
         source_type=rec.source.source_type if rec.source else None,
         created_time=rec.created_time,
