@@ -1,4 +1,5 @@
-"""The one home of MLflow internals: writing a run's traces straight to the store (the fast path).
+"""The one home of MLflow internals: writing a run's traces, and a new eval-set dataset's records,
+straight to the store (the fast path; :func:`insert_new_records` for the records).
 
 ``tracking.traces`` writes through MLflow's public API (``MlflowClient.start_trace`` /
 ``start_span`` / ``end_span`` / ``end_trace``, ``mlflow.log_feedback`` / ``log_expectation``): one
