@@ -267,8 +267,9 @@ class MultirunParent(Callback):
             **sweep_naming(config),  # run names show only what varies (run_names)
         }
         tracking.write_sweep_context(config.hydra.sweep.dir, sweep)
-        uri = tracking.resolve_uri(config.tracking.uri)
         bound_tracking_calls(config.tracking.get("timeout_s"))
+        with infrastructure_exits_2():  # after the budget: a PostgreSQL store's connect timeout
+            uri = tracking.resolve_uri(config.tracking.uri)
         self._guard = _SweepGuard(uri, config.experiment_name, sweep["invocation"])
         atexit.register(self._guard.on_exit)
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -302,8 +302,8 @@ def run_job(cfg: DictConfig) -> float:
     t_start = time.perf_counter()
     cache = StageCache(cfg.cache_dir, enabled=cfg.get("cache_enabled", True))
     job = describe_job(cfg, load_inputs(cfg, cache), cache, t_start)
-    uri = tracking.resolve_uri(cfg.tracking.uri)
     bound_tracking_calls(cfg.tracking.get("timeout_s"))  # every MLflow call ends within the budget
+    uri = tracking.resolve_uri(cfg.tracking.uri)  # after: a PostgreSQL connect timeout comes from it
     client = tracking.open_store(uri)
     mlflow.set_tracking_uri(uri)
     exp_id = tracking.get_experiment_id(client, cfg.experiment_name, cfg.tracking.artifact_root)

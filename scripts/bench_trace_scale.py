@@ -9,15 +9,18 @@ as its gold evidence and asks with 6 of that sentence's words (half of them miss
 letter), tagged by query length. Retrieval only (``retriever=bm25``, ``generator=none``), every
 run cold (``cache_enabled=false``), each in a fresh process into a fresh sqlite store per size.
 
-Per size, side by side in one session (the ratios are the figures to read; absolute times
-are inflated by other jobs on a shared 2-core machine, the load average is printed):
+Per size (a fresh sqlite store each): a traces-off run, a first traced run (it creates the eval
+set's evaluation dataset), a later traced run (the dataset is reused). Printed side by side, one
+column per size (the ratios are the figures to read; absolute times are inflated by other jobs on
+a shared 2-core machine, so the load average before every step is printed):
 
-- cold retrieval-only run, traces off, and the same run with traces on (process wall time);
-- ``traces`` stage time (the run's ``timings`` tag / per-stage table) and its share of the
-  traces-off run;
-- store growth of the traced run per item, without the eval-set dataset it creates once per eval
-  set (its tables' bytes, sqlite ``dbstat``), and the dataset's size;
-- ``compare`` of the two runs (``python -m rag_experiments.compare A B``, its wall time);
+- cold run wall time, traces off / first traced run / later traced run, and their ratios;
+- the ``traces`` stage (in-run timer: the run's ``timings`` tag / per-stage table row), of which
+  the eval-set dataset (tag ``traces`` ``dataset_seconds``), and its share of the traces-off run,
+  first run and later run;
+- store growth per item per run (the later run; the first one without the dataset, which is
+  written once per eval set: its tables' bytes, sqlite ``dbstat``), and the dataset's size;
+- ``compare`` of two runs (``python -m rag_experiments.compare A B``, its wall time);
 - reading one run's traces back (``mlflow.search_traces(run_id=...)``, full traces with spans).
 """
 
@@ -146,31 +149,44 @@ def _dataset_bytes(store: Path) -> int:
     return int(got[0])
 
 
+def _load() -> str:
+    """``uptime``'s load averages (1, 5, 15 min)."""
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def bench_size(root: Path, corpus: Path, evalset: Path, n: int) -> dict:
+    """Per size, in a fresh store: a traces-off run, a first traced run (creates the eval-set
+    dataset), a later traced run (reuses it); compare; read the later run's traces back."""
     work = root / f"n{n}"
     work.mkdir()
     store = work / "mlflow.db"
+    loads = [_load()]
     off = sweep(work, store, corpus, evalset, n, False)
+    size0, ds0 = store.stat().st_size, _dataset_bytes(store)
+    loads.append(_load())
+    first = sweep(work, store, corpus, evalset, n, True)  # creates the eval-set dataset (once)
     size1, ds1 = store.stat().st_size, _dataset_bytes(store)
-    on = sweep(work, store, corpus, evalset, n, True)  # also creates the eval-set dataset (once)
-    size2, ds2 = store.stat().st_size, _dataset_bytes(store)
-    first = off
+    loads.append(_load())
+    later = sweep(work, store, corpus, evalset, n, True)  # the dataset exists: reused
+    size2 = store.stat().st_size
     uri = f"sqlite:///{store}"
+    loads.append(_load())
     compare_s = timed(
         [
             sys.executable,
             "-m",
             "rag_experiments.compare",
-            first["run_id"],
-            on["run_id"],
+            off["run_id"],
+            later["run_id"],
             "--tracking-uri",
             uri,
         ],
         work,
     )
+    loads.append(_load())
     t = time.perf_counter()
     p = subprocess.run(
-        [sys.executable, "-c", READ_BACK, uri, on["run_id"], on["experiment_id"]],
+        [sys.executable, "-c", READ_BACK, uri, later["run_id"], later["experiment_id"]],
         env=ENV,
         capture_output=True,
         text=True,
@@ -179,58 +195,74 @@ def bench_size(root: Path, corpus: Path, evalset: Path, n: int) -> dict:
     if p.returncode != 0:
         sys.exit(f"read-back failed:\n{p.stderr[-3000:]}")
     n_traces, n_spans, n_assess = (int(x) for x in p.stdout.split())
+
+    def traces_s(r: dict) -> float:
+        return r["timings"].get("traces_s", r["traces"].get("seconds", float("nan")))
+
     return {
         "n": n,
         "off_wall": off["wall"],
-        "on_wall": on["wall"],
-        "off_total": off["timings"].get("total_s", float("nan")),
-        "traces_s": on["timings"].get("traces_s", on["traces"].get("seconds", float("nan"))),
+        "first_wall": first["wall"],
+        "later_wall": later["wall"],
+        "first_total_s": first["timings"].get("total_s", float("nan")),
+        "later_total_s": later["timings"].get("total_s", float("nan")),
+        "first_traces_s": traces_s(first),
+        "first_dataset_s": first["traces"].get("dataset_seconds", float("nan")),
+        "later_traces_s": traces_s(later),
         "n_traces": n_traces,
         "n_spans": n_spans,
         "n_assessments": n_assess,
-        "growth_per_item_kb": (size2 - size1 - (ds2 - ds1)) / n / 1024,
-        "dataset_kb": (ds2 - ds1) / 1024,
+        "growth_first_kb": (size1 - size0 - (ds1 - ds0)) / n / 1024,
+        "growth_later_kb": (size2 - size1) / n / 1024,
+        "dataset_kb": (ds1 - ds0) / 1024,
         "compare_s": compare_s,
         "read_s": read_s,
-        "stage_table": on["stdout"][on["stdout"].find("stage") :].split("\nmodel calls")[0],
+        "loads": loads,
+        "stage_table": first["stdout"][first["stdout"].find("stage") :].split("\nmodel calls")[0],
     }
 
 
+ROWS = [  # (label, formatter of one size's figures); sizes side by side as columns
+    ("cold run, traces off (wall s)", lambda r: f"{r['off_wall']:.1f}"),
+    ("cold run, traces on, first run of the eval set (wall s)", lambda r: f"{r['first_wall']:.1f}"),
+    ("cold run, traces on, a later run (wall s)", lambda r: f"{r['later_wall']:.1f}"),
+    (
+        "wall ratio on / off: first, later",
+        lambda r: f"{r['first_wall'] / r['off_wall']:.2f}, {r['later_wall'] / r['off_wall']:.2f}",
+    ),
+    ("tracing s (in-run timer), first run", lambda r: f"{r['first_traces_s']:.1f}"),
+    ("  of which the eval-set dataset s", lambda r: f"{r['first_dataset_s']:.1f}"),
+    ("tracing s, later run", lambda r: f"{r['later_traces_s']:.1f}"),
+    ("tracing share of the off run: first run", lambda r: f"{r['first_traces_s'] / r['off_wall']:.1%}"),
+    ("tracing share of the off run: later run", lambda r: f"{r['later_traces_s'] / r['off_wall']:.1%}"),
+    (
+        "tracing share of its own run (stage table): first, later",
+        lambda r: (
+            f"{r['first_traces_s'] / r['first_total_s']:.1%}, {r['later_traces_s'] / r['later_total_s']:.1%}"
+        ),
+    ),
+    ("traces written per run", lambda r: f"{r['n_traces']}"),
+    ("store growth KB / item / run (later run)", lambda r: f"{r['growth_later_kb']:.2f}"),
+    ("store growth KB / item, first run w/o dataset", lambda r: f"{r['growth_first_kb']:.2f}"),
+    ("eval-set dataset MB (once per eval set)", lambda r: f"{r['dataset_kb'] / 1024:.1f}"),
+    ("compare of two runs (wall s)", lambda r: f"{r['compare_s']:.1f}"),
+    ("read one run's traces back (wall s)", lambda r: f"{r['read_s']:.1f}"),
+    ("load average (1 min) before each step", lambda r: " / ".join(x.split()[0] for x in r["loads"])),
+]
+
+
 def report(rows: list[dict]) -> None:
-    head = [
-        "items",
-        "off wall s",
-        "on wall s",
-        "wall ratio",
-        "traces s",
-        "traces/off",
-        "traced",
-        "KB/item/run",
-        "compare s",
-        "read s",
-    ]
-    print(" ".join(f"{h:>11}" for h in head))
-    for r in rows:
-        vals = [
-            f"{r['n']}",
-            f"{r['off_wall']:.1f}",
-            f"{r['on_wall']:.1f}",
-            f"{r['on_wall'] / r['off_wall']:.3f}",
-            f"{r['traces_s']:.1f}",
-            f"{r['traces_s'] / r['off_wall']:.1%}",
-            f"{r['n_traces']}",
-            f"{r['growth_per_item_kb']:.2f}",
-            f"{r['compare_s']:.1f}",
-            f"{r['read_s']:.1f}",
-        ]
-        print(" ".join(f"{v:>11}" for v in vals))
+    width = max(len(label) for label, _ in ROWS)
+    cols = [max(22, *(len(f(r)) for _, f in ROWS)) for r in rows]
+    print(f"{'items':<{width}}  " + "  ".join(f"{r['n']:>{c}}" for r, c in zip(rows, cols, strict=True)))
+    for label, f in ROWS:
+        print(f"{label:<{width}}  " + "  ".join(f"{f(r):>{c}}" for r, c in zip(rows, cols, strict=True)))
     for r in rows:
         print(
             f"\n{r['n']} items: {r['n_spans']} spans, {r['n_assessments']} assessments read back; "
-            f"the eval-set dataset (once per eval set, not counted per run): {r['dataset_kb'] / 1024:.1f} MB"
+            f"per-stage table of the first traced run:\n{r['stage_table']}"
         )
-        print(f"per-stage table of the traced run:\n{r['stage_table']}")
-    print(f"\nload average {os.getloadavg()[0]:.1f} (2 cores; timings inflated by other jobs when > 2)")
+    print(f"\nload average {_load()} (uptime; 2 cores: timings inflated by other jobs when > 2)")
 
 
 def main() -> None:

@@ -63,6 +63,7 @@ SLOW_TESTS = {
     "test_malformed_label_file_exits_2_naming_file_and_line",
     "test_unknown_option_exits_2_through_the_cli",
     "test_multirun_with_one_bad_job_creates_nothing",
+    "test_sweep_on_a_silent_host_exits_2_before_any_run",  # a sweep subprocess against a silent PostgreSQL port
     "test_multirun_with_one_bad_data_file_creates_nothing",
     "test_single_run_bad_value_exits_2_before_hydra_outputs",
     "test_bad_input_exits_2_naming_file_and_line",

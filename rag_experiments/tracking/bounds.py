@@ -91,6 +91,16 @@ def bound_tracking_calls(total_s: float | None = None) -> HttpBudget:
     return budget
 
 
+def request_timeout_s() -> int:
+    """The per-request timeout in force: MLflow's variable as exported by the user or set by
+    :func:`bound_tracking_calls`, else the default plan's (13 s). A PostgreSQL store's connect
+    timeout is this (``tracking.uri.tracking_uri``)."""
+    try:
+        return max(1, int(float(os.environ[TIMEOUT])))
+    except (KeyError, ValueError):
+        return (_plan[0] if _plan else plan_budget()).timeout_s
+
+
 def current_budget_s() -> float:
     """The worst case of one call: the planned budget, with any variable the user exported."""
     b = _plan[0] if _plan else plan_budget()
