@@ -363,3 +363,38 @@ def start_traces(
         if span_rows:  # log_spans' guard against a concurrent archival of these traces
             store._advance_db_payload_generations_for_db_span_writes(session, [i.trace_id for i in infos])
     return spans is not None
+
+
+# ------------------------------------------------------------------------------ the Prompts tab
+
+#: What MLflow 3.17.2's UI reads for the Prompts tab, written through the public tag API:
+#: a prompt's experiments (``_mlflow_experiment_ids``, ",1,2,": the experiment's Prompts tab lists
+#: it; MLflow's own linking runs in a background thread) and a version's runs
+#: (``mlflow.prompt.run_ids``, comma-separated: "MLflow runs:" on the version's page; the Python
+#: link writes only the run's ``mlflow.linkedPrompts`` tag). A tag value holds ≤ 5000 characters:
+#: the oldest run ids give way.
+PROMPT_EXPERIMENTS_TAG = "_mlflow_experiment_ids"
+PROMPT_RUN_IDS_TAG = "mlflow.prompt.run_ids"
+MAX_TAG_CHARS = 5000
+
+
+def link_prompt_to_experiment(client, name: str, experiment_id: str) -> None:
+    """Add ``experiment_id`` to the prompt's experiments (no write when it is there already)."""
+    prompt = client.get_prompt(name)
+    ids = [i for i in ((prompt.tags or {}).get(PROMPT_EXPERIMENTS_TAG, "") if prompt else "").split(",") if i]
+    if str(experiment_id) not in ids:
+        client.set_prompt_tag(name, PROMPT_EXPERIMENTS_TAG, "," + ",".join([*ids, str(experiment_id)]) + ",")
+
+
+def link_prompt_version_to_run_ids(client, name: str, version: int, run_id: str, tries: int = 3) -> None:
+    """Add ``run_id`` to the version's run list; re-read after writing, so a concurrent writer
+    (another job of the sweep, another host) that overwrote it is retried, not lost."""
+    for _ in range(tries):
+        pv = client.get_prompt_version(name, str(version))
+        ids = [i for i in (pv.tags or {}).get(PROMPT_RUN_IDS_TAG, "").split(",") if i]
+        if run_id in ids:
+            return
+        ids.append(run_id)
+        while len(",".join(ids)) > MAX_TAG_CHARS:
+            ids.pop(0)
+        client.set_prompt_version_tag(name, str(version), PROMPT_RUN_IDS_TAG, ",".join(ids))
