@@ -159,7 +159,8 @@ def fetch(client: MlflowClient, name: str, version: int | None, alias: str | Non
     except MlflowException as e:
         if e.error_code not in ("INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "NOT_FOUND"):
             raise
-    aliases = [f"{a} → {v.version}" for v in versions for a in (getattr(v, "aliases", None) or [])]
+    full = [client.get_prompt_version(name, str(v.version)) for v in versions]  # search omits aliases
+    aliases = [f"{a} → {v.version}" for v in full for a in (getattr(v, "aliases", None) or [])]
     raise PromptRegistryError(
         [
             f"conf/prompt: alias: prompts:/{name}@{alias} does not exist in {store} "
