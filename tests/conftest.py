@@ -47,6 +47,7 @@ SLOW_MODULES = {
     "test_mlflow_ui",
     "test_noise_runs",
     "test_parent_dedup",
+    "test_prompt_sweep",  # two generating sweeps, a real mlflow server and Chromium
     "test_racing_sweep",  # racing sweeps through the CLI (basic and joblib launchers)
     "test_ray",
     "test_report",
