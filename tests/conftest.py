@@ -106,6 +106,9 @@ SLOW_TESTS = {
     "test_card_cli_json_keys_and_ci_shapes",
     "test_stochastic_judge_repeats_flip_rate_cached_per_repeat",
     "test_run_logs_judge_card_digest_and_identity",
+    "test_unknown_version_in_a_sweep_exits_2_before_any_run",  # prompt=registry through the sweep CLI
+    "test_unknown_alias_in_a_single_run_exits_2_naming_it",
+    "test_unreachable_registry_exits_2_within_the_budget",
     "test_heuristic_judge_rejects_contradicting_evidence_far_more_than_similarity",
 }
 
