@@ -282,6 +282,7 @@ def register(
                 )
             client.set_prompt_version_tag(name, pv.version, CONTENT_TAG, stable_hash(prompt.text))
             version = _matching(client, name, prompt.text)
+            print(f"[prompt] registered prompts:/{name}/{version} (a template text new to this store)")
     if experiment_id is not None:
         link_prompt_to_experiment(client, name, experiment_id)
     _registered[memo] = (name, version)
@@ -307,6 +308,8 @@ def register_for_run(client: MlflowClient, experiment_id: str, prompt: PromptTem
     for t in bundled_templates():
         register(client, t, experiment_id)
     if isinstance(prompt, RegisteredPrompt):
+        if prompt.alias:
+            print(f"[prompt] prompts:/{prompt.name}@{prompt.alias} is version {prompt.version}")
         link_prompt_to_experiment(client, prompt.name, experiment_id)
         return prompt.name, prompt.version
     return register(client, prompt, experiment_id)
