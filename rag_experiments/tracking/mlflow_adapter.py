@@ -12,7 +12,9 @@ It is used only on the MLflow versions in :data:`VERIFIED` — the ones
 ``tests/test_traces.py::test_fast_and_public_paths_store_the_same`` compared, raw rows included,
 with the public path — and never when ``RAG_EXPERIMENTS_TRACES=public``; otherwise
 :func:`fast_path_problem` names why and ``tracking.traces`` falls back to the public path with one
-warning. Nothing else in ``rag_experiments`` imports private MLflow names.
+warning. Nothing else in ``rag_experiments`` imports private MLflow names. At the end: the tag
+keys MLflow's UI reads for the Prompts tab, which its public link calls do not write
+(``tracking.prompt_registry``).
 """
 
 from __future__ import annotations
