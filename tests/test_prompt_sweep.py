@@ -84,7 +84,8 @@ def test_registry_versions_sweep_by_text_identity(sweeps):
     root, client, exp_id, runs, out = sweeps
     reg = {r.data.params["prompt.version"]: r for r in runs if r.data.params["prompt"] == "registry"}
     assert set(reg) == {"1", "2"}  # version 3 holds version 1's text: the same config, skipped
-    assert "prompt.version=3: config_hash" in out and "already FINISHED as run " + reg["1"].info.run_id in out
+    (skip,) = [line for line in out.splitlines() if line.startswith("[skip]")]
+    assert "prompt.version=3" in skip and "already FINISHED as run " + reg["1"].info.run_id in skip
     assert reg["1"].data.tags["config_hash"] != reg["2"].data.tags["config_hash"]
     assert _linked(reg["1"]) == [(CONCISE, 1), (CONCISE, 3)] and _linked(reg["2"]) == [(CONCISE, 2)]
     # v1 renders what prompt=concise rendered: its answers come from the cache, v2's from the model
