@@ -26,9 +26,10 @@ from rag_experiments.run_names import run_name
 from rag_experiments.run_types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.embedding import set_model_reuse
 from rag_experiments.stages.judging.verifier import VerifierError
+from rag_experiments.stages.prompts import PromptRegistryError
 
 #: user-input errors: reported as problems (exit 2), anything else is a bug and raises
-INPUT_ERRORS = (ConfigError, EvalSetError, CorpusError, FileNotFoundError, VerifierError)
+INPUT_ERRORS = (ConfigError, EvalSetError, CorpusError, FileNotFoundError, VerifierError, PromptRegistryError)
 MAX_PROBLEM_LINES = 50  # a broken 10,000-line eval set must not flood the terminal
 
 

@@ -283,9 +283,27 @@ def _mlflow_judge(g: _Group) -> None:
 
 
 def _prompt(g: _Group) -> None:
+    if str(g.node.get("_target_", "")).endswith(".RegisteredPrompt"):  # prompt=registry
+        _registered_prompt(g)
+        return
     tpl = g.node.get("template")
     if not isinstance(tpl, str) or "{context}" not in tpl or "{question}" not in tpl:
         g.bad("template", "must be a string containing {context} and {question}", str(tpl)[:60])
+    for key in ("system", "template"):  # {{ }} is MLflow's variable syntax (the Prompt Registry)
+        if any(b in str(g.node.get(key) or "") for b in ("{{", "}}")):
+            g.bad(key, "must not contain {{ or }} (MLflow's prompt variable syntax)", str(g.node[key])[:60])
+
+
+def _registered_prompt(g: _Group) -> None:
+    if not str(g.node.get("name") or "").strip():
+        g.bad("name", "missing: a prompt in MLflow's Prompt Registry (prompt.name=rag-experiments.concise)", None)
+    version, alias = g.node.get("version"), g.node.get("alias")
+    if version is not None and (not _is_int(version) or version < 1):
+        g.bad("version", "must be a version number >= 1", version)
+    if alias is not None and not str(alias).strip():
+        g.bad("alias", "must be a non-empty alias", alias)
+    if (version is None) == (alias is None):
+        g.bad("version", "set exactly one of prompt.version=N or prompt.alias=NAME (alias latest: the newest)", version)
 
 
 def _attribution(g: _Group) -> None:

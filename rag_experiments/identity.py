@@ -198,6 +198,11 @@ PLACE_KEYS = frozenset(
 #: Input locations whose content is covered by a digest (``corpus_digest``, ``evalset_digest``).
 PLACE_PATHS = ("corpus.path", "evalset.path", "judge_card.pairs", "judge.path", "judge.corpus_path")
 PLACE_PATHS += ("judge.verifier.path", "judge.verifier.corpus_path")  # judge_card.pairs: tag judge_card_pairs_digest; a verifier's content is in the judge's identity
+PLACE_PATHS += ("prompt.tracking_uri",)  # the store a registered prompt is read from
+#: Config nodes that only name content held elsewhere: a registered prompt's name, version or alias
+#: (``prompt=registry``). ``config_hash`` keeps just their ``_target_``; the content enters as the
+#: built stage's identity (the template text, ``Stages.identities``), so v1 and v3 with one text agree.
+REFERENCE_TARGETS = ("rag_experiments.tracking.prompt_registry.RegisteredPrompt",)
 
 
 def is_place_key(key: str) -> bool:
@@ -214,6 +219,9 @@ def semantic_config(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     for k, v in cfg.items():
         dotted = f"{prefix}{k}"
         if is_place_key(dotted):
+            continue
+        if isinstance(v, Mapping) and v.get("_target_") in REFERENCE_TARGETS:
+            out[k] = {"_target_": v["_target_"]}
             continue
         out[k] = semantic_config(v, dotted + ".") if isinstance(v, Mapping) else v
     return out

@@ -38,6 +38,7 @@ from rag_experiments.run_names import constant_overrides, run_name, swept_keys, 
 from rag_experiments.sanitize import shell_line
 from rag_experiments.tracking import writer as tracking
 from rag_experiments.tracking.bounds import best_effort, bound_tracking_calls
+from rag_experiments.tracking.prompt_registry import registered_prompt_problems
 from rag_experiments.tracking.runs import sweep_children
 
 
@@ -108,6 +109,7 @@ def validate_multirun(config: DictConfig) -> list[str]:
         except ConfigError as e:
             problems += [f"job {name}: {p}" for p in e.problems]
             continue
+        problems += [f"job {name}: {p}" for p in registered_prompt_problems(job_cfg)]  # prompt=registry
         data_key = json.dumps(
             _container(OmegaConf.masked_copy(job_cfg, ["corpus", "evalset"])), sort_keys=True
         )
@@ -248,7 +250,9 @@ class MultirunParent(Callback):
         from rag_experiments.racing_run import job_problems
 
         n_jobs = len(multirun_job_configs(config) or [])  # K, for racing's α/(K − 1)
-        problems = validate_multirun(config) + job_problems(config, {"n_jobs": n_jobs})
+        bound_tracking_calls(config.tracking.get("timeout_s"))  # prompt=registry reads the store
+        with infrastructure_exits_2():
+            problems = validate_multirun(config) + job_problems(config, {"n_jobs": n_jobs})
         if problems:
             print_problems(problems, "no run was created: fix these inputs first")
             sys.exit(2)

@@ -62,6 +62,7 @@ from rag_experiments.sanitize import shell_line, terminal_output  # noqa: E402
 from rag_experiments.tracking import app_versions, judges_tab  # noqa: E402
 from rag_experiments.tracking import writer as tracking  # noqa: E402
 from rag_experiments.tracking.bounds import best_effort, bound_tracking_calls  # noqa: E402
+from rag_experiments.tracking.prompt_registry import link_run, register_for_run  # noqa: E402
 from rag_experiments.tracking.traces import log_traces  # noqa: E402
 
 log = logging.getLogger("rag_experiments")
@@ -117,6 +118,7 @@ class Job:
     sweep: dict | None
     t_start: float
     card: dict | None = None  # the judge's validity card, once computed (docs/judges.md)
+    prompt_version: tuple[str, int] | None = None  # (registry name, version) the run links (docs/tracing.md)
 
     @property
     def k(self) -> int:
@@ -241,6 +243,8 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
 
         inputs = job.inputs
         version = app_versions.start(client, exp_id, run_id, job.chash, inputs.stages.identities())
+        if job.prompt_version:  # the Prompts tab lists the run under the version it used
+            link_run(client, run_id, *job.prompt_version)
         res = run_pipeline(inputs.stages, inputs.data, run_settings(job.cfg), job.cache, race_for(job, run_id))
         card_cfg, progress = job.cfg.get("judge_card"), job.cfg.get("progress", True)  # docs/judges.md
         job.card = add_card(card_cfg, inputs.stages, inputs.corpus.docs, job.cache, res, progress)
@@ -301,13 +305,15 @@ def run_job(cfg: DictConfig) -> float:
     """
     t_start = time.perf_counter()
     cache = StageCache(cfg.cache_dir, enabled=cfg.get("cache_enabled", True))
-    job = describe_job(cfg, load_inputs(cfg, cache), cache, t_start)
-    bound_tracking_calls(cfg.tracking.get("timeout_s"))  # every MLflow call ends within the budget
+    bound_tracking_calls(cfg.tracking.get("timeout_s"))  # every MLflow call (prompt=registry too) is bounded
     uri = tracking.resolve_uri(cfg.tracking.uri)  # after: a PostgreSQL connect timeout comes from it
+    job = describe_job(cfg, load_inputs(cfg, cache), cache, t_start)
     client = tracking.open_store(uri)
     mlflow.set_tracking_uri(uri)
     exp_id = tracking.get_experiment_id(client, cfg.experiment_name, cfg.tracking.artifact_root)
     print_pilot_mde(client, exp_id, job)  # the primary metric's MDE, from a pilot run
+    if job.inputs.stages.prompt is not None:  # templates in the Prompt Registry, by content
+        job.prompt_version = register_for_run(client, exp_id, job.inputs.stages.prompt)
     with tracking.config_lock(uri, exp_id, job.chash):
         for rid in tracking.heal_stale_runs(client, exp_id, job.chash):
             print(f"[healed] run {rid} of config_hash {job.chash} was left RUNNING by a dead process: KILLED")
@@ -316,6 +322,8 @@ def run_job(cfg: DictConfig) -> float:
         done, why = (None, "") if cfg.force else tracking.resume_decision(client, exp_id, chash, fingerprint)
         if done is not None:
             print(f"[skip] {run_name}: {why}")
+            if job.prompt_version:  # e.g. v3 holds v1's text: the v1 run is v3's result too
+                link_run(client, done.info.run_id, *job.prompt_version)
             return float(done.data.metrics.get(f"hit_at_{k}", float("nan")))
         if why:
             print(f"[rerun] {run_name}: {why}")

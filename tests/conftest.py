@@ -48,6 +48,7 @@ SLOW_MODULES = {
     "test_mlflow_ui_versions",  # a sweep, a re-run, a real mlflow server and Chromium (~1-2 min)
     "test_noise_runs",
     "test_parent_dedup",
+    "test_prompt_sweep",  # two generating sweeps, a real mlflow server and Chromium
     "test_racing_sweep",  # racing sweeps through the CLI (basic and joblib launchers)
     "test_ray",
     "test_report",
@@ -109,6 +110,9 @@ SLOW_TESTS = {
     "test_card_cli_json_keys_and_ci_shapes",
     "test_stochastic_judge_repeats_flip_rate_cached_per_repeat",
     "test_run_logs_judge_card_digest_and_identity",
+    "test_unknown_version_in_a_sweep_exits_2_before_any_run",  # prompt=registry through the sweep CLI
+    "test_unknown_alias_in_a_single_run_exits_2_naming_it",
+    "test_unreachable_registry_exits_2_within_the_budget",
     "test_heuristic_judge_rejects_contradicting_evidence_far_more_than_similarity",
 }
 

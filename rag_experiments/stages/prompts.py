@@ -11,6 +11,15 @@ from __future__ import annotations
 from rag_experiments.types import Chunk
 
 
+class PromptRegistryError(ValueError):
+    """A prompt the config names in MLflow's Prompt Registry does not exist or cannot be run
+    (``tracking.prompt_registry``); ``problems`` name the registry entry (exit 2, no run)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
 def format_context(chunks: list[Chunk]) -> str:
     """``[1] (doc_id) text`` blocks, one per chunk, in retrieval order; ``[n]`` is what citations cite."""
     if not chunks:

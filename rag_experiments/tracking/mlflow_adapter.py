@@ -13,7 +13,9 @@ It is used only on the MLflow versions in :data:`VERIFIED` — the ones
 ``tests/test_traces.py::test_fast_and_public_paths_store_the_same`` compared, raw rows included,
 with the public path — and never when ``RAG_EXPERIMENTS_TRACES=public``; otherwise
 :func:`fast_path_problem` names why and ``tracking.traces`` falls back to the public path with one
-warning. Nothing else in ``rag_experiments`` imports private MLflow names.
+warning. Nothing else in ``rag_experiments`` imports private MLflow names. At the end: the tag
+keys MLflow's UI reads for the Prompts tab, which its public link calls do not write
+(``tracking.prompt_registry``).
 """
 
 from __future__ import annotations
@@ -505,3 +507,38 @@ def _finish_upsert(store, session, dataset_id: str, records: list[dict], now: in
     if profile := store._compute_dataset_profile(session, dataset_id):
         fields["profile"] = json.dumps(profile)
     store._dataset_query(session).filter(D.dataset_id == dataset_id).update(fields)
+
+
+# ------------------------------------------------------------------------------ the Prompts tab
+
+#: What MLflow 3.17.2's UI reads for the Prompts tab, written through the public tag API:
+#: a prompt's experiments (``_mlflow_experiment_ids``, ",1,2,": the experiment's Prompts tab lists
+#: it; MLflow's own linking runs in a background thread) and a version's runs
+#: (``mlflow.prompt.run_ids``, comma-separated: "MLflow runs:" on the version's page; the Python
+#: link writes only the run's ``mlflow.linkedPrompts`` tag). A tag value holds ≤ 5000 characters:
+#: the oldest run ids give way.
+PROMPT_EXPERIMENTS_TAG = "_mlflow_experiment_ids"
+PROMPT_RUN_IDS_TAG = "mlflow.prompt.run_ids"
+MAX_TAG_CHARS = 5000
+
+
+def link_prompt_to_experiment(client, name: str, experiment_id: str) -> None:
+    """Add ``experiment_id`` to the prompt's experiments (no write when it is there already)."""
+    prompt = client.get_prompt(name)
+    ids = [i for i in ((prompt.tags or {}).get(PROMPT_EXPERIMENTS_TAG, "") if prompt else "").split(",") if i]
+    if str(experiment_id) not in ids:
+        client.set_prompt_tag(name, PROMPT_EXPERIMENTS_TAG, "," + ",".join([*ids, str(experiment_id)]) + ",")
+
+
+def link_prompt_version_to_run_ids(client, name: str, version: int, run_id: str, tries: int = 3) -> None:
+    """Add ``run_id`` to the version's run list; re-read after writing, so a concurrent writer
+    (another job of the sweep, another host) that overwrote it is retried, not lost."""
+    for _ in range(tries):
+        pv = client.get_prompt_version(name, str(version))
+        ids = [i for i in (pv.tags or {}).get(PROMPT_RUN_IDS_TAG, "").split(",") if i]
+        if run_id in ids:
+            return
+        ids.append(run_id)
+        while len(",".join(ids)) > MAX_TAG_CHARS:
+            ids.pop(0)
+        client.set_prompt_version_tag(name, str(version), PROMPT_RUN_IDS_TAG, ",".join(ids))

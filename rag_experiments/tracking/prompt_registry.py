@@ -1,0 +1,330 @@
+"""Prompt templates in MLflow's Prompt Registry: registered by content, linked to runs, run by version.
+
+Every generating run registers the bundled templates (``conf/prompt/*.yaml``) and its own prompt
+as ``rag-experiments.<name>`` (:func:`register_for_run`), content-addressed: a version is made
+only when no version of that name resolves to the same template text, so an unchanged template
+never makes a new one. ``prompt=registry prompt.name=… prompt.version=…`` (or ``prompt.alias=…``)
+builds a :class:`RegisteredPrompt` from the store when the config is assembled, before any run
+exists; an unknown name, version or alias is a :class:`PromptRegistryError` (exit 2). Its identity
+in ``config_hash`` is its template text (``Stages.identities``), never the version number, so v1
+and v3 holding the same text are one config; the generation cache is keyed by the rendered prompt.
+
+Our placeholders ``{context}``, ``{question}``, ``{decline_text}`` are MLflow's ``{{context}}``,
+``{{question}}``, ``{{decline_text}}`` (:func:`to_mlflow` / :func:`from_mlflow`); a template is a
+chat template (a system and a user message), and the decline text a version tag (``decline_text``,
+also written to the prompt, so a version made in MLflow's UI inherits it). Public API only; the tag
+keys MLflow's UI reads for the Prompts tab are written in ``tracking.mlflow_adapter``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import mlflow
+import yaml
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from rag_experiments.cache import stable_hash
+from rag_experiments.conf_groups import conf_dir
+from rag_experiments.identity import REFERENCE_TARGETS
+from rag_experiments.stages.prompts import PromptRegistryError, PromptTemplate
+from rag_experiments.tracking.locks import file_lock, store_lock
+from rag_experiments.tracking.mlflow_adapter import link_prompt_to_experiment, link_prompt_version_to_run_ids
+from rag_experiments.tracking.uri import tracking_uri as resolve_uri
+
+PREFIX = "rag-experiments."  # registry names of our templates: rag-experiments.<prompt name>
+DECLINE_TAG = "decline_text"
+CONTENT_TAG = "rag_experiments.content_sha256"  # sha256 of PromptTemplate.text, for readers
+DEFAULT_DECLINE = "I don't know"
+VARIABLES = ("context", "question", "decline_text")
+_VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_.]*)\s*\}\}")  # MLflow's {{ var }} (spaces allowed)
+_registered: dict[tuple, tuple[str, int]] = {}  # (uri, name, text, experiment) → (name, version)
+
+
+# ------------------------------------------------------------------------------ template syntax
+
+
+def to_mlflow(prompt: PromptTemplate) -> list[dict[str, str]]:
+    """Our template as MLflow's chat template: ``{context}`` → ``{{context}}`` (each placeholder).
+
+    A template that already holds ``{{`` or ``}}`` could not be read back unambiguously: refused
+    (``config_schema`` reports it before any run)."""
+    messages = [{"role": "system", "content": prompt.system}] if prompt.system else []
+    messages.append({"role": "user", "content": prompt.template})
+    for m in messages:
+        if "{{" in m["content"] or "}}" in m["content"]:
+            raise ValueError(
+                f"prompt {prompt.name!r}: {{{{ and }}}} are MLflow's variable syntax; not allowed"
+            )
+        for var in VARIABLES:
+            m["content"] = m["content"].replace("{" + var + "}", "{{" + var + "}}")
+    return messages
+
+
+def from_mlflow(template: str | list[dict], where: str) -> tuple[str, str]:
+    """(system, user template) in our syntax from an MLflow text or chat template.
+
+    A text template is the user message; a chat template is at most one system message followed by
+    one user message. ``{{ var }}`` → ``{var}`` for our three variables; any other variable, or a
+    template without ``{{context}}`` and ``{{question}}``, is a PromptRegistryError naming ``where``."""
+    messages = [{"role": "user", "content": template}] if isinstance(template, str) else list(template)
+    roles = [m.get("role") for m in messages]
+    if roles not in (["user"], ["system", "user"]):
+        raise PromptRegistryError(
+            [f"conf/prompt: {where}: a chat template here is [system,] user; got roles {roles}"]
+        )
+    unknown = sorted({v for m in messages for v in _VAR.findall(m["content"])} - set(VARIABLES))
+    if unknown:
+        raise PromptRegistryError(
+            [
+                f"conf/prompt: {where}: uses {', '.join('{{' + v + '}}' for v in unknown)}; rag-experiments "
+                "fills only {{context}}, {{question}} and {{decline_text}}"
+            ]
+        )
+    ours = [_VAR.sub(lambda m: "{" + m.group(1) + "}", m["content"]) for m in messages]
+    system, user = (ours[0], ours[1]) if len(ours) == 2 else ("", ours[0])
+    missing = [v for v in ("context", "question") if "{" + v + "}" not in user]
+    if missing:
+        raise PromptRegistryError(
+            [
+                f"conf/prompt: {where}: the user message must contain {' and '.join('{{' + v + '}}' for v in missing)}"
+            ]
+        )
+    return system, user
+
+
+# ------------------------------------------------------------------------------ reading the registry
+
+
+def _versions(client: MlflowClient, name: str) -> list:
+    """Every version of prompt ``name``, oldest first."""
+    out, token = [], None
+    while True:
+        page = client.search_prompt_versions(name, max_results=100, page_token=token)
+        out += list(page)
+        token = getattr(page, "token", None)
+        if not token:
+            return sorted(out, key=lambda v: int(v.version))
+
+
+def _decline(client: MlflowClient, pv, override: str | None) -> str:
+    """The decline text: the config's override, else the version's tag, else the prompt's tag
+    (register_prompt writes it there too: a version made in the UI has no tags), else the default."""
+    if override is not None:
+        return override
+    if DECLINE_TAG in (pv.tags or {}):
+        return pv.tags[DECLINE_TAG]
+    prompt = client.get_prompt(pv.name)
+    return (prompt.tags or {}).get(DECLINE_TAG, DEFAULT_DECLINE) if prompt else DEFAULT_DECLINE
+
+
+def _template_of(client: MlflowClient, pv, decline_text: str | None = None) -> PromptTemplate:
+    where = f"prompts:/{pv.name}/{pv.version}"
+    system, user = from_mlflow(pv.template, where)
+    return PromptTemplate(pv.name, system, user, _decline(client, pv, decline_text))
+
+
+def fetch(client: MlflowClient, name: str, version: int | None, alias: str | None):
+    """The prompt version ``name`` at ``version`` or ``alias`` (``latest``: the newest), or a
+    PromptRegistryError naming what exists. Store failures (unreachable) propagate."""
+    store = client.tracking_uri
+    if client.get_prompt(name) is None:
+        known = sorted(p.name for p in client.search_prompts(max_results=50))
+        raise PromptRegistryError(
+            [
+                f"conf/prompt: name: no prompt {name!r} in the Prompt Registry of {store} "
+                f"(registered: {', '.join(known) or 'none'})"
+            ]
+        )
+    versions = _versions(client, name)
+    if version is not None:
+        for pv in versions:
+            if int(pv.version) == int(version):
+                return pv
+        nums = ", ".join(str(v.version) for v in versions) or "none"
+        raise PromptRegistryError(
+            [f"conf/prompt: version: prompts:/{name}/{version} does not exist in {store} (versions: {nums})"]
+        )
+    if alias == "latest" and versions:
+        return versions[-1]
+    try:
+        return client.get_prompt_version_by_alias(name, alias)
+    except MlflowException as e:
+        if e.error_code not in ("INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "NOT_FOUND"):
+            raise
+    full = [client.get_prompt_version(name, str(v.version)) for v in versions]  # search omits aliases
+    aliases = [f"{a} → {v.version}" for v in full for a in (getattr(v, "aliases", None) or [])]
+    raise PromptRegistryError(
+        [
+            f"conf/prompt: alias: prompts:/{name}@{alias} does not exist in {store} "
+            f"(aliases: {', '.join(aliases) or 'none'}; alias=latest is the newest version)"
+        ]
+    )
+
+
+class RegisteredPrompt(PromptTemplate):
+    """``prompt=registry``: a template read from the tracking store's Prompt Registry when the config
+    is built (before any run). ``version`` or ``alias`` (``latest``: the newest version) picks it;
+    ``decline_text`` overrides the version's. ``identity`` is the template text (``config_hash``)."""
+
+    def __init__(
+        self,
+        name: str,
+        version: int | None = None,
+        alias: str | None = None,
+        decline_text: str | None = None,
+        tracking_uri: str | None = None,
+    ) -> None:
+        uri = resolve_uri(tracking_uri)
+        with store_lock(uri):  # a fresh sqlite store is created under the lock (tracking.writer)
+            client = MlflowClient(tracking_uri=uri)
+        pv = fetch(client, name, version, alias)
+        t = _template_of(client, pv, decline_text)
+        super().__init__(name, t.system, t.template, t.decline_text)
+        self.version, self.alias = int(pv.version), alias
+
+    @property
+    def identity(self) -> str:
+        return self.text
+
+    def __repr__(self) -> str:
+        return f"RegisteredPrompt(prompts:/{self.name}/{self.version})"
+
+
+_checked: dict[str, list[str]] = {}
+
+
+def registered_prompt_problems(cfg) -> list[str]:
+    """The problems of a composed config's ``prompt=registry`` (unknown name, version, alias; a
+    template we cannot run), read from the store; [] for other prompts and retrieval-only runs.
+    The multirun callback asks this for every job before the first run (memoised per reference)."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    node = cfg.get("prompt")
+    if not (cfg.generator.get("_target_") and node is not None and node.get("_target_") in REFERENCE_TARGETS):
+        return []
+    key = json.dumps([resolve_uri(node.get("tracking_uri")), OmegaConf.to_container(node, resolve=True)])
+    if key not in _checked:
+        try:
+            instantiate(node)
+            _checked[key] = []
+        except Exception as e:  # noqa: BLE001 - Hydra wraps it; only the registry's problems are kept
+            cause = e
+            while cause is not None and not isinstance(cause, PromptRegistryError):
+                cause = cause.__cause__ or cause.__context__
+            if cause is None:
+                raise
+            _checked[key] = list(cause.problems)
+    return _checked[key]
+
+
+# ------------------------------------------------------------------------------ registering
+
+
+def bundled_templates() -> list[PromptTemplate]:
+    """The templates shipped in ``conf/prompt/*.yaml`` (the ``registry`` option is a reference)."""
+    out = []
+    for path in sorted((conf_dir() / "prompt").glob("*.yaml")):
+        node = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        if str(node.get("_target_", "")).endswith(".PromptTemplate"):
+            out.append(PromptTemplate(**{k: v for k, v in node.items() if k != "_target_"}))
+    return out
+
+
+@contextmanager
+def _in_experiment(client: MlflowClient, experiment_id: str | None) -> Iterator[None]:
+    """MLflow links a prompt it registers to the active experiment (else Default): make it ours."""
+    mlflow.set_tracking_uri(client.tracking_uri)  # MLflow links through the global store
+    old = os.environ.get("MLFLOW_EXPERIMENT_ID")
+    if experiment_id is not None:
+        os.environ["MLFLOW_EXPERIMENT_ID"] = str(experiment_id)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
+        else:
+            os.environ["MLFLOW_EXPERIMENT_ID"] = old
+
+
+def register(
+    client: MlflowClient, prompt: PromptTemplate, experiment_id: str | None = None
+) -> tuple[str, int]:
+    """(registry name, version) holding ``prompt``'s text, registering a version only if none does.
+
+    Content-addressed: an existing version matches when it resolves to the same text (so a version
+    typed in the UI counts too). Race-safe: one lock per (store, name) on this host; across hosts
+    two writers may both register, and both then use the lowest matching version."""
+    name = PREFIX + prompt.name
+    memo = (client.tracking_uri, name, prompt.text, experiment_id)
+    if memo in _registered:
+        return _registered[memo]
+    lock = (
+        Path(tempfile.gettempdir()) / "rag_experiments_locks" / f"prompt-{stable_hash(*memo[:2])[:16]}.lock"
+    )
+    with file_lock(lock, f"prompt {name}"):
+        version = _matching(client, name, prompt.text)
+        if version is None:
+            with _in_experiment(client, experiment_id):
+                pv = client.register_prompt(
+                    name,
+                    to_mlflow(prompt),
+                    commit_message=f"rag-experiments: conf/prompt/{prompt.name}.yaml",
+                    tags={DECLINE_TAG: prompt.decline_text},  # on the prompt too: the UI's versions
+                )
+            client.set_prompt_version_tag(name, pv.version, CONTENT_TAG, stable_hash(prompt.text))
+            version = _matching(client, name, prompt.text)
+            print(f"[prompt] registered prompts:/{name}/{version} (a template text new to this store)")
+    if experiment_id is not None:
+        link_prompt_to_experiment(client, name, experiment_id)
+    _registered[memo] = (name, version)
+    return name, version
+
+
+def _matching(client: MlflowClient, name: str, text: str) -> int | None:
+    """The lowest version of ``name`` whose template resolves to ``text`` (None: none does)."""
+    if client.get_prompt(name) is None:
+        return None
+    for pv in _versions(client, name):
+        try:
+            if _template_of(client, pv).text == text:
+                return int(pv.version)
+        except PromptRegistryError:  # a version typed in the UI that we cannot run: not ours
+            continue
+    return None
+
+
+def register_for_run(client: MlflowClient, experiment_id: str, prompt: PromptTemplate) -> tuple[str, int]:
+    """At a generating run's start: the bundled templates and the run's prompt registered (each
+    at most once per process); (name, version) of the run's prompt, to link once the run exists."""
+    for t in bundled_templates():
+        register(client, t, experiment_id)
+    if isinstance(prompt, RegisteredPrompt):
+        if prompt.alias:
+            print(f"[prompt] prompts:/{prompt.name}@{prompt.alias} is version {prompt.version}")
+        link_prompt_to_experiment(client, prompt.name, experiment_id)
+        return prompt.name, prompt.version
+    return register(client, prompt, experiment_id)
+
+
+def link_run(client: MlflowClient, run_id: str, name: str, version: int) -> None:
+    """The run's ``mlflow.linkedPrompts`` tag (MLflow's link) and the version's run list (the
+    Prompts tab's "MLflow runs")."""
+    mlflow.set_tracking_uri(client.tracking_uri)  # MLflow's link writes through the global store
+    # a PromptVersion, not a URI: loading by URI would also link the prompt to the Default experiment
+    client.link_prompt_version_to_run(run_id, client.get_prompt_version(name, str(version)))
+    link_prompt_version_to_run_ids(client, name, version, run_id)
+
+
+def linked_prompts(client: MlflowClient, run_id: str) -> list[tuple[str, int]]:
+    """(name, version) of every prompt version linked to the run (its ``mlflow.linkedPrompts``)."""
+    tag = client.get_run(run_id).data.tags.get("mlflow.linkedPrompts") or "[]"
+    return [(p["name"], int(p["version"])) for p in json.loads(tag)]

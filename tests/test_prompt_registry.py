@@ -1,0 +1,203 @@
+"""Prompt templates in MLflow's Prompt Registry (tracking/prompt_registry.py) on a real sqlite store:
+the {var} ↔ {{var}} round trip, content-addressed registration, prompt=registry by version and
+alias, the identity that is the text (config_hash and generation cache), links through the public API."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from rag_experiments.cache import StageCache
+from rag_experiments.config_schema import validate
+from rag_experiments.identity import semantic_config
+from rag_experiments.pipeline import generation_stage
+from rag_experiments.run_types import Stages
+from rag_experiments.stages.chunking import MarkdownChunker
+from rag_experiments.stages.generation import OpenAICompatibleGenerator
+from rag_experiments.stages.prompts import PromptRegistryError, PromptTemplate
+from rag_experiments.stages.retrieval import BM25Retriever
+from rag_experiments.tracking import prompt_registry as pr
+from rag_experiments.tracking.writer import config_hash
+from rag_experiments.types import Chunk
+from tests.llm_fixtures import fake_llm  # noqa: F401 - an OpenAI-compatible HTTP endpoint
+
+CONCISE = "rag-experiments.concise"
+
+
+@pytest.fixture(scope="module")
+def blank_db(tmp_path_factory) -> Path:
+    """An empty, migrated sqlite store, made once (creating the schema takes seconds)."""
+    db = tmp_path_factory.mktemp("blank") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()
+    return db
+
+
+@pytest.fixture
+def store(tmp_path, blank_db):
+    """A fresh copy of the blank store with one experiment; the per-process registration memo cleared."""
+    pr._registered.clear()
+    shutil.copy(blank_db, tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    return client, client.create_experiment("prompts"), uri
+
+
+def edited(t: PromptTemplate, extra: str = "\nAnswer in English.") -> PromptTemplate:
+    return PromptTemplate(t.name, t.system, t.template + extra, t.decline_text)
+
+
+def by_name(name: str) -> PromptTemplate:
+    return next(t for t in pr.bundled_templates() if t.name == name)
+
+
+def test_every_bundled_template_round_trips_through_mlflow_syntax():
+    templates = pr.bundled_templates()
+    assert sorted(t.name for t in templates) == ["cite", "concise", "quote_then_answer"]
+    for t in templates:
+        messages = pr.to_mlflow(t)
+        assert [m["role"] for m in messages] == ["system", "user"]
+        assert "{{context}}" in messages[1]["content"] and "{{question}}" in messages[1]["content"]
+        assert "{{decline_text}}" in messages[0]["content"]
+        assert not any("{context}" in m["content"].replace("{{context}}", "") for m in messages)
+        assert pr.from_mlflow(messages, "x") == (t.system, t.template)
+
+
+def test_templates_typed_in_the_ui_read_back_or_are_refused_naming_the_entry():
+    # MLflow's UI allows spaces inside the braces and plain-text templates (no system message)
+    assert pr.from_mlflow("Q: {{ question }}\n{{context}}", "w") == ("", "Q: {question}\n{context}")
+    with pytest.raises(PromptRegistryError, match=r"prompts:/p/2: uses \{\{tone\}\}"):
+        pr.from_mlflow([{"role": "user", "content": "{{context}} {{question}} {{tone}}"}], "prompts:/p/2")
+    with pytest.raises(PromptRegistryError, match=r"must contain \{\{context\}\}"):
+        pr.from_mlflow("only {{question}}", "prompts:/p/3")
+    with pytest.raises(PromptRegistryError, match="roles"):
+        pr.from_mlflow([{"role": "assistant", "content": "{{context}}{{question}}"}], "prompts:/p/4")
+    with pytest.raises(ValueError, match="variable syntax"):
+        pr.to_mlflow(PromptTemplate("x", "", "{{literal}} {context} {question}"))
+
+
+def test_registering_twice_makes_one_version_and_an_edit_makes_version_2(store):
+    client, exp, _ = store
+    t = by_name("concise")
+    assert pr.register(client, t, exp) == (CONCISE, 1)
+    pr._registered.clear()  # a new process: the store, not the memo, answers
+    assert pr.register(client, t, exp) == (CONCISE, 1)
+    assert [int(v.version) for v in client.search_prompt_versions(CONCISE)] == [1]
+    assert pr.register(client, edited(t), exp) == (CONCISE, 2)
+    pr._registered.clear()
+    assert pr.register(client, t, exp) == (CONCISE, 1)  # back to the original text: no version 3
+    assert len(client.search_prompt_versions(CONCISE)) == 2
+    v1 = client.get_prompt_version(CONCISE, "1")
+    assert v1.tags[pr.DECLINE_TAG] == "I don't know" and v1.tags[pr.CONTENT_TAG]
+
+
+def test_parallel_jobs_register_one_version(store):
+    client, exp, uri = store
+    t, got, errors = by_name("cite"), [], []
+
+    def job():
+        try:
+            got.append(pr.register(MlflowClient(tracking_uri=uri), t, exp))
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            errors.append(e)
+
+    threads = [threading.Thread(target=job) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors and got == [("rag-experiments.cite", 1)] * 4
+    assert len(client.search_prompt_versions("rag-experiments.cite")) == 1
+
+
+def test_registered_prompt_by_version_and_alias_and_unknown_entries_named(store):
+    client, exp, uri = store
+    t = by_name("concise")
+    pr.register(client, t, exp)
+    pr.register(client, edited(t), exp)
+    client.set_prompt_alias(CONCISE, "production", 1)
+    v1 = pr.RegisteredPrompt(CONCISE, version=1, tracking_uri=uri)
+    assert (v1.system, v1.template, v1.decline_text, v1.version) == (t.system, t.template, t.decline_text, 1)
+    assert v1.render("q?", []) == t.render("q?", [])
+    assert pr.RegisteredPrompt(CONCISE, alias="production", tracking_uri=uri).version == 1
+    assert pr.RegisteredPrompt(CONCISE, alias="latest", tracking_uri=uri).version == 2
+    assert pr.RegisteredPrompt(CONCISE, version=1, decline_text="n/a", tracking_uri=uri).decline_text == "n/a"
+    cases = {
+        "conf/prompt: version: prompts:/rag-experiments.concise/9 does not exist": {"version": 9},
+        "conf/prompt: alias: prompts:/rag-experiments.concise@staging does not exist": {"alias": "staging"},
+    }
+    for message, kw in cases.items():
+        with pytest.raises(PromptRegistryError, match=message.replace("/", ".")) as e:
+            pr.RegisteredPrompt(CONCISE, tracking_uri=uri, **kw)
+        assert uri in str(e.value) and ("versions: 1, 2" in str(e.value) or "production → 1" in str(e.value))
+    with pytest.raises(PromptRegistryError, match="no prompt 'rag-experiments.nope'.*registered: rag-exp"):
+        pr.RegisteredPrompt("rag-experiments.nope", version=1, tracking_uri=uri)
+
+
+def test_registry_config_is_checked_before_the_store_is_asked():
+    node = {"_target_": pr.REFERENCE_TARGETS[0], "name": CONCISE, "version": None, "alias": None}
+    cfg = {"experiment_name": "x", "seed": 0, "generator": {"_target_": "g"}, "prompt": node}
+    assert any("set exactly one of prompt.version" in p for p in validate(cfg))
+    assert any(
+        "set exactly one" in p for p in validate({**cfg, "prompt": {**node, "version": 1, "alias": "a"}})
+    )
+    assert any(
+        "version: must be a version number" in p for p in validate({**cfg, "prompt": {**node, "version": 0}})
+    )
+    assert not [p for p in validate({**cfg, "prompt": {**node, "version": 2}}) if p.startswith("conf/prompt")]
+    yaml_prompt = {"_target_": "rag_experiments.stages.prompts.PromptTemplate", "name": "x", "system": ""}
+    bad = {**yaml_prompt, "template": "{{json}} {context} {question}"}
+    assert any("MLflow's prompt variable syntax" in p for p in validate({**cfg, "prompt": bad}))
+
+
+def test_identity_is_the_template_text_not_the_version(store, tmp_path, fake_llm):  # noqa: F811
+    """v1 and v3 hold one text: one config_hash, one set of generation cache entries; v2 differs."""
+    client, exp, uri = store
+    t = by_name("concise")
+    pr.register(client, t, exp)
+    pr.register(client, edited(t), exp)
+    client.register_prompt(
+        CONCISE, pr.to_mlflow(t), tags={pr.DECLINE_TAG: t.decline_text}
+    )  # v3 = v1, via the UI
+    prompts = {v: pr.RegisteredPrompt(CONCISE, version=v, tracking_uri=uri) for v in (1, 2, 3)}
+
+    def chash(v: int) -> str:
+        node = {"_target_": pr.REFERENCE_TARGETS[0], "name": CONCISE, "version": v, "tracking_uri": uri}
+        stages = Stages(chunker=MarkdownChunker(), retriever=BM25Retriever(k=3), prompt=prompts[v])
+        return config_hash({"prompt": node, "seed": 0}, "corpus", "evalset", stages.identities())
+
+    assert semantic_config({"prompt": {"_target_": pr.REFERENCE_TARGETS[0], "version": 3}})["prompt"] == {
+        "_target_": pr.REFERENCE_TARGETS[0]
+    }
+    assert chash(1) == chash(3) != chash(2)
+    # the generation cache is keyed by the rendered prompt (pipeline.generation_stage)
+    gen = OpenAICompatibleGenerator(base_url=fake_llm.base_url, model="ok", max_retries=0, timeout_s=10)
+    cache = StageCache(tmp_path / "cache")
+    chunks = [Chunk("a.md#0-5", "a.md", 0, 5, "Hello")]
+
+    def misses(v: int) -> int:
+        rendered = [prompts[v].render(q, chunks) for q in ("Who?", "When?")]
+        return generation_stage(gen, rendered, cache, progress=False)[1]
+
+    assert (misses(1), misses(3), misses(2)) == (2, 0, 2)
+
+
+def test_runs_link_the_version_they_used_visible_through_the_public_api(store):
+    client, exp, uri = store
+    run_a, run_b = (client.create_run(exp).info.run_id for _ in range(2))
+    ref = pr.register_for_run(client, exp, by_name("cite"))
+    assert ref == ("rag-experiments.cite", 1)
+    pr.link_run(client, run_a, *ref)
+    pr.link_run(client, run_a, *ref)  # linking twice keeps one entry
+    registered = pr.RegisteredPrompt("rag-experiments.cite", version=1, tracking_uri=uri)
+    assert pr.register_for_run(client, exp, registered) == ("rag-experiments.cite", 1)
+    pr.link_run(client, run_b, "rag-experiments.cite", 1)
+    assert pr.linked_prompts(client, run_a) == [("rag-experiments.cite", 1)]
+    listed = {p.name for p in client.search_prompts(filter_string=f'experiment_id = "{exp}"')}
+    assert listed == {"rag-experiments.cite", "rag-experiments.concise", "rag-experiments.quote_then_answer"}
+    tags = client.get_prompt_version("rag-experiments.cite", "1").tags
+    assert tags["mlflow.prompt.run_ids"].split(",") == [run_a, run_b]  # the version page's "MLflow runs"
+    assert "0" not in client.get_prompt("rag-experiments.cite").tags["_mlflow_experiment_ids"].split(",")
