@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from rag_experiments.cache import CachedEmbedder, StageCache
 from rag_experiments.config_schema import ConfigError, check
 from rag_experiments.datasets.corpus import Corpus, CorpusError
-from rag_experiments.evalset import EvalSet, EvalSetError
+from rag_experiments.evalset import EvalSet, EvalSetError, sample_dir
 from rag_experiments.evaluation.defaults import RANK_DEPTH, TOKEN_BUDGETS
 from rag_experiments.evaluation.judge_validity import judge_with_repeats
 from rag_experiments.evaluation.labels import load_thresholds
@@ -27,6 +27,9 @@ from rag_experiments.run_types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.embedding import set_model_reuse
 from rag_experiments.stages.judging.verifier import VerifierError
 from rag_experiments.stages.prompts import PromptRegistryError
+
+if not OmegaConf.has_resolver("sample_dir"):  # ${sample_dir:} in conf/: wherever a config is composed
+    OmegaConf.register_new_resolver("sample_dir", lambda: str(sample_dir()))
 
 #: user-input errors: reported as problems (exit 2), anything else is a bug and raises
 INPUT_ERRORS = (ConfigError, EvalSetError, CorpusError, FileNotFoundError, VerifierError, PromptRegistryError)

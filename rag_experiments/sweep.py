@@ -47,7 +47,6 @@ from rag_experiments.cli.errors import infrastructure_error, infrastructure_exit
 from rag_experiments.cli.plan import print_pilot_mde  # noqa: E402
 from rag_experiments.conf_groups import STAGE_GROUPS  # noqa: E402
 from rag_experiments.config_schema import unknown_group_options  # noqa: E402
-from rag_experiments.evalset import sample_dir  # noqa: E402
 from rag_experiments.evaluation.judge_validity import add_card  # noqa: E402
 from rag_experiments.evaluation.registry import metric_keys, spec, wrap  # noqa: E402
 from rag_experiments.evaluation.replicates import collapse_replicates  # noqa: E402
@@ -67,8 +66,6 @@ from rag_experiments.tracking.traces import log_traces  # noqa: E402
 
 log = logging.getLogger("rag_experiments")
 
-if not OmegaConf.has_resolver("sample_dir"):
-    OmegaConf.register_new_resolver("sample_dir", lambda: str(sample_dir()))
 
 
 def _fmt(v: float) -> str:
