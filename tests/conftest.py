@@ -20,6 +20,22 @@ def _no_leaked_tracking_uri():
     os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 
+_HTTP_BUDGET_VARS = ("MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR")
+_HTTP_BUDGET_AT_START = {k: os.environ.get(k) for k in _HTTP_BUDGET_VARS}
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_http_budget():
+    """An in-process CLI (``cli_main``) exports MLflow's HTTP budget; a later test's subprocess
+    would inherit it and read it as the user's own setting, overriding ``tracking.timeout_s``."""
+    yield
+    for k, v in _HTTP_BUDGET_AT_START.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
 DATASETS = SHARED / "datasets"
 

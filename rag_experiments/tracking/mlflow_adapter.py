@@ -16,6 +16,10 @@ with the public path — and never when ``RAG_EXPERIMENTS_TRACES=public``; other
 warning. Nothing else in ``rag_experiments`` imports private MLflow names. At the end: the tag
 keys MLflow's UI reads for the Prompts tab, which its public link calls do not write
 (``tracking.prompt_registry``).
+
+Why this module is long: it is the single, deliberately isolated place for every MLflow internal
+we rely on (traces, dataset records, the Prompts-tab tags), so a new MLflow version is checked
+against one file; splitting it would spread the internals again.
 """
 
 from __future__ import annotations
