@@ -1,7 +1,8 @@
 """Racing vs the full sweep, from a full sweep's per-query tables (docs/racing.md, "Measured").
 
-    python scripts/bench_racing.py FULL_SWEEP_ID --metric correctness [--racing-sweep RACING_SWEEP_ID]
-        [--tracking-uri sqlite:///mlflow.db] [--batch-size 8] [--alpha 0.05] [--seed 0]
+    python scripts/bench_racing.py FULL_SWEEP_ID[,ID2] --metric correctness[,faithfulness]
+        [--racing-sweep RACING_SWEEP_ID] [--project 96 168] [--tracking-uri sqlite:///mlflow.db]
+        [--batch-size 8] [--alpha 0.05] [--seed 0]
 
 Reads every FINISHED config of FULL_SWEEP_ID (a sweep run without racing), replays racing on its
 per-query values in the seeded racing order (``analysis.racing``: the same order, batches and
@@ -9,8 +10,12 @@ decisions as the sweep's racing loop) under both launcher schedules — every co
 (joblib / Ray with a worker per config) and one after another in the sweep's order (the basic
 launcher) — and prints, side by side: generation calls (items answered) racing vs full and their
 ratio, the configs stopped, and the full sweep's winner and tie set (``select``'s rule: not worse
-at p_holm < α) against the survivors. With ``--racing-sweep`` it also reads a real racing sweep
-(run with ``racing=true`` on the same grid) and prints its calls and stops from the run tags.
+at p_holm < α) against the survivors, for the shipped method and its variants (rule "any",
+max bet 3/4, batches of 4; ``analysis.racing.decide``). ``--project`` resamples the queries (paired)
+to larger eval sets to show where racing starts to pay. With ``--racing-sweep`` it also reads a
+real racing sweep (``racing=true`` on the same grid) and prints the items each config requested
+(``n_generated``): a racing sweep run after the full one replays cached answers, but it requests
+exactly the items a cold racing sweep would generate, so that count is its generation calls.
 """
 
 from __future__ import annotations
@@ -99,22 +104,51 @@ def metric_table(runs, metric: str, args) -> None:
         for c in names:
             if done[c] < n:
                 print(f"  [{label}, shipped method] {c}: stopped at {done[c]} of {n}")
+    if args.project:
+        project(vals, names, best, tie, hib, args)
     print(f"\nbest case for this n and K (every loser stopped at the earliest batch, batch {args.batch_size}, "
           f"max bet 0.5): {k * n / (n + (k - 1) * min(n, math.ceil(earliest_stop(k, args.alpha, 0.5) / args.batch_size) * args.batch_size)):.2f}× fewer")
 
 
+def project(vals: dict[str, np.ndarray], names: list[str], best: str, tie: set[str], hib: bool, args) -> None:
+    """What racing would save on a larger eval set drawn like this one: queries resampled with
+    replacement (paired: one draw of query indices for every config) to each size of
+    ``--project``, ``--project-reps`` times; the all-at-once schedule with the shipped method."""
+    rng = np.random.default_rng(args.seed)
+    n0, k = len(next(iter(vals.values()))), len(names)
+    print(f"\nprojection: eval sets of other sizes resampled from these {n0} queries (paired, "
+          f"{args.project_reps} draws each; all at once, shipped method)")
+    print("| n | calls racing / full (mean) | fewer (mean) | winner stopped (share of draws) "
+          "| a tie-set member stopped |\n|---:|---:|---:|---:|---:|")
+    for n in args.project:
+        ratios, lost, tie_lost = [], 0, 0
+        for _ in range(args.project_reps):
+            idx = rng.integers(0, n0, n)
+            done = replay({c: v[idx] for c, v in vals.items()}, names, args.batch_size, args.alpha, hib, False)
+            ratios.append(sum(done.values()) / (k * n))
+            lost += done[best] < n
+            tie_lost += any(done[c] < n for c in tie)
+        r = float(np.mean(ratios))
+        print(f"| {n} | {r:.3f} | {1 / r:.2f}× | {lost / args.project_reps:.3f} | "
+              f"{tie_lost / args.project_reps:.3f} |")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("sweep")
+    p.add_argument("sweep", help="the full sweep's id (tag sweep_id); several, comma-separated, form one grid")
     p.add_argument("--metric", required=True, help="one or more metrics, comma-separated")
     p.add_argument("--racing-sweep")
     p.add_argument("--tracking-uri", default="sqlite:///mlflow.db")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--alpha", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--project", type=int, nargs="*", default=[],
+                   help="also project the savings to eval sets of these sizes (paired resampling)")
+    p.add_argument("--project-reps", type=int, default=50)
     args = p.parse_args(argv)
     client = MlflowClient(tracking_uri=args.tracking_uri)
-    runs = [run_data(client, r) for r in sweep_children(client, args.sweep)]
+    children = [r for sid in args.sweep.split(",") for r in sweep_children(client, sid)]
+    runs = [run_data(client, r) for r in sorted(children, key=lambda r: r.info.start_time or 0)]
     k = len(runs)
     print(f"full sweep {args.sweep}; batches of {args.batch_size}; α = {args.alpha}; seed {args.seed}; "
           f"K = {k}: each test at α/(K−1) = {args.alpha / max(k - 1, 1):.4f}")
