@@ -167,15 +167,16 @@ def test_judge_repeats_of_a_real_stochastic_judge_give_a_judge_share(tmp_path):
     from rag_experiments.evaluation.judge_validity import judge_config, judge_with_repeats
 
     tiny = tiny_inputs(tmp_path, n_items=3)
-    over = ["temperature=1.0", "use_logprobs=false", "decompose=false", "max_tokens=16", "repeats=3", "n_questions=1"]
+    over = ["temperature=1.0", "use_logprobs=false", "decompose=false", "max_tokens=16", "repeats=3", "n_questions=1", "timeout_s=1200"]
     judge, repeats = judge_with_repeats(judge_config("local", over))
     assert len(repeats) == 2
     prompt = instantiate(OmegaConf.load(CONF / "prompt" / "concise.yaml"))
-    gen = LocalLlamaGenerator(max_tokens=24, temperature=0.0, n_threads=1, n_parallel=1, poll=0)
+    gen = LocalLlamaGenerator(max_tokens=24, temperature=0.0, n_threads=1, n_parallel=1, poll=0, timeout_s=1200)
     res = tiny_pipeline(tiny, generator=gen, prompt=prompt, judge=judge, judge_repeats=tuple(repeats))
     df = res.per_query
-    judged = df[df["judge_repeat_labels"].notna()]
-    assert len(judged) >= 3
+    assert df["error"].isna().all()
+    judged = df[df["judge_repeat_labels"].fillna("[]") != "[]"]  # answers with at least one claim
+    assert len(judged) >= 2
     for _, row in judged.iterrows():
         labels = json.loads(row["judge_repeat_labels"])
         assert all(len(ls) == 3 for ls in labels)
