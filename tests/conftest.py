@@ -100,6 +100,7 @@ SLOW_TESTS = {
     "test_agrees_with_ranx_on_random_rankings",
     "test_composed_judge_mlflow_config_is_checked_before_any_run",
     "test_smollm2_verdicts_through_mlflow",
+    "test_simulation_variant_any_rival_and_larger_bets_keeps_alpha",  # 500 races, every rival: ~100 s loaded
     "test_sweep_with_judge_mlflow_finishes_and_records_verdicts",
     "test_full_pipeline_then_cache_reuse",
     "test_unreachable_endpoint_is_counted_as_errors_and_the_run_goes_on",

@@ -233,3 +233,76 @@ def test_report_variance_bars_from_logged_shares(tmp_path):
     assert variance_shares([SimpleNamespace(label="a", metrics={"correctness": 0.5})]).empty
     png = draw(VarianceShares(one), tmp_path / "v.png")
     assert png.stat().st_size > 1000
+
+
+# ----------------------------------------------------------------------------- judge repeats in runs
+
+
+def _labels(k_supported: np.ndarray, n_claims: int) -> str:
+    """``judge_repeat_labels`` of a row whose repeat j finds ``k_supported[j]`` of ``n_claims``
+    claims supported (plus one unparseable claim, which no repeat's score may count)."""
+    import json
+
+    by_claim = [["supported" if c < k else "unsupported" for k in k_supported] for c in range(n_claims)]
+    by_claim.append(["unparseable"] * len(k_supported))
+    return json.dumps(by_claim)
+
+
+def _judged_table(y: np.ndarray, n_claims: int = 10, replicated: bool = True) -> tuple[pd.DataFrame, np.ndarray]:
+    """A per-query table whose faithfulness of (q, r, judge repeat j) is round(y·C)/C, the repeats
+    kept in-row as ``judge_repeat_labels`` (as the pipeline writes them); also that rounded cube."""
+    k = np.clip(np.rint(y * n_claims), 0, n_claims).astype(int)
+    q, r, _ = y.shape
+    rows = []
+    for i in range(q):
+        for rep in range(r):
+            rows.append({
+                "id": f"q{i:04d}",
+                "faithfulness": k[i, rep, 0] / n_claims,  # the run's metric: repeat 0
+                "correctness": float(y[i, rep, 0] > 0.5),
+                "judge_repeat_labels": _labels(k[i, rep], n_claims),
+                "error": None,
+                **({"replicate": rep, "generation_seed": rep} if replicated else {}),
+            })
+    return pd.DataFrame(rows), k / n_claims
+
+
+def test_judge_share_from_the_repeats_kept_in_each_row():
+    from rag_experiments.evaluation.judge_repeats import judge_repeat_long, repeat_scores
+
+    y = _simulate(1500, 3, 3, sd=(0.15, 0.1, 0.1), seed=5)
+    df, cube = _judged_table(y)
+    assert repeat_scores(df["judge_repeat_labels"].iloc[0]) == list(cube[0, 0])  # unparseable not counted
+    long = judge_repeat_long(df, "faithfulness")
+    assert len(long) == 1500 * 3 * 3 and set(long["judge_repeat"]) == {0, 1, 2}
+    out = variance_metrics(df)
+    want = shares(nested_components(cube))
+    for c in ("query", "generation", "judge"):
+        assert out[f"var_share/faithfulness/{c}"] == pytest.approx(want[c], abs=1e-12), c
+    # and those are the simulated components (rounding to tenths adds ~1/1200 to the judge's)
+    true = shares({"query": 0.0225, "generation": 0.01, "judge": 0.01 + 1 / 1200})
+    for c, v in true.items():
+        assert out[f"var_share/faithfulness/{c}"] == pytest.approx(v, abs=0.04), c
+    # correctness is not re-judged by the repeats: no judge share for it, not a zero
+    assert "var_share/correctness/query" in out and "var_share/correctness/judge" not in out
+    # the run's faithfulness (repeat 0) is unchanged by the repeats
+    assert df["faithfulness"].tolist() == cube[:, :, 0].ravel().tolist()
+
+
+def test_judge_repeats_without_replicates_split_query_and_judge():
+    y = _simulate(1500, 1, 4, sd=(0.2, 0.0, 0.1), seed=6)
+    df, cube = _judged_table(y, replicated=False)
+    out = variance_metrics(df)
+    assert set(out) == {"var_share/faithfulness/query", "var_share/faithfulness/judge"}
+    assert out["var_share/faithfulness/judge"] == pytest.approx(
+        shares(nested_components(cube))["judge"], abs=1e-12
+    )
+    assert out["var_share/faithfulness/judge"] == pytest.approx(0.0108 / (0.04 + 0.0108), abs=0.04)
+    # one judge repeat (or none) and no replicates: nothing to split
+    assert variance_metrics(df.drop(columns=["judge_repeat_labels"])) == {}
+    # collapse keeps each replicate's repeat labels for the traces
+    rep, _ = _judged_table(_simulate(4, 2, 2, seed=1))
+    import json
+
+    kept = json.loads(collapse_replicates(rep)["replicates"].iloc[0])
+    assert [r["judge_repeat_labels"] for r in kept] == rep.loc[rep["id"] == "q0000", "judge_repeat_labels"].tolist()

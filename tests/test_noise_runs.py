@@ -4,6 +4,7 @@ compare / gate reading the long table, and the ``plan`` CLI's bad input."""
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 import pandas as pd
@@ -154,3 +155,39 @@ def test_plan_refuses_a_pilot_of_another_eval_set_naming_both_digests(store, tmp
     err = capsys.readouterr().err
     assert "a" * 64 in err and plan.file_digest(ev) in err
     assert plan.main(["--pilot", rid, "--tracking-uri", uri, "--evalset", "a" * 64]) == 0
+
+
+def test_judge_repeats_of_a_real_stochastic_judge_give_a_judge_share(tmp_path):
+    """judge.repeats=3 with the packaged SmolLM2 as judge at temperature 1 (a real stochastic judge,
+    offline): each row keeps every repeat's labels, the run logs var_share/faithfulness/judge from
+    them, and the run's faithfulness stays repeat 0's."""
+    import json
+
+    from rag_experiments.evaluation.judge_repeats import repeat_scores
+    from rag_experiments.evaluation.judge_validity import judge_config, judge_with_repeats
+
+    tiny = tiny_inputs(tmp_path, n_items=3)
+    over = ["temperature=1.0", "use_logprobs=false", "decompose=false", "max_tokens=16", "repeats=3", "n_questions=1", "timeout_s=1200"]
+    judge, repeats = judge_with_repeats(judge_config("local", over))
+    assert len(repeats) == 2
+    prompt = instantiate(OmegaConf.load(CONF / "prompt" / "concise.yaml"))
+    gen = LocalLlamaGenerator(max_tokens=24, temperature=0.0, n_threads=1, n_parallel=1, poll=0, timeout_s=1200)
+    res = tiny_pipeline(tiny, generator=gen, prompt=prompt, judge=judge, judge_repeats=tuple(repeats))
+    df = res.per_query
+    assert df["error"].isna().all()
+    judged = df[df["judge_repeat_labels"].fillna("[]") != "[]"]  # answers with at least one claim
+    assert len(judged) >= 2
+    for _, row in judged.iterrows():
+        labels = json.loads(row["judge_repeat_labels"])
+        assert all(len(ls) == 3 for ls in labels)
+        scores = repeat_scores(row["judge_repeat_labels"])
+        assert len(scores) == 3
+        assert scores[0] == pytest.approx(row["faithfulness"], nan_ok=True)  # the run's metric: repeat 0
+    agg = res.aggregates
+    assert {"var_share/faithfulness/query", "var_share/faithfulness/judge"} <= set(agg)
+    assert "var_share/faithfulness/generation" not in agg  # no replicates: no generation share
+    flipped = judged["judge_flip_rate"].fillna(0).gt(0).any()
+    share = agg["var_share/faithfulness/judge"]
+    # a flipped claim moves some repeat's faithfulness: the judge share is then > 0 (or NaN when
+    # no query has a scorable claim); without a flip it is exactly 0
+    assert (share > 0) if flipped else (share == 0 or math.isnan(share))

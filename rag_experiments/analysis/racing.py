@@ -60,6 +60,8 @@ __all__ = [
 ]
 
 MAX_BET = 0.5  # λ ≤ 1/2: every factor 1 − λ(d − m) ≥ 0 for d ≤ 1, m ≥ −1 (≥ 1/2 at m = 0)
+RULES = ("leader", "any")
+RULE = "leader"  # compare with the current leader only (docs/racing.md)
 
 
 def batch_order(n_items: int, seed: int) -> np.ndarray:
@@ -68,9 +70,9 @@ def batch_order(n_items: int, seed: int) -> np.ndarray:
     return np.random.default_rng([int(seed), 0x52414345]).permutation(int(n_items))
 
 
-def bets(d: np.ndarray, a: float) -> np.ndarray:
-    """Predictable plug-in bets λ_1 … λ_n for the differences ``d`` (module docstring formula):
-    λ_t uses only d_1 … d_{t−1}."""
+def bets(d: np.ndarray, a: float, max_bet: float = MAX_BET) -> np.ndarray:
+    """Predictable plug-in bets λ_1 … λ_n for the differences ``d`` (module docstring formula),
+    capped at ``max_bet`` < 1: λ_t uses only d_1 … d_{t−1}."""
     d = np.asarray(d, float)
     n = d.size
     if n == 0:
@@ -81,17 +83,22 @@ def bets(d: np.ndarray, a: float) -> np.ndarray:
     sig_hat = (1.0 + np.cumsum((d - mu_prev) ** 2)) / (t + 1)  # σ̂²_t
     sig_prev = np.concatenate([[1.0], sig_hat[:-1]])  # σ̂²_{t−1}
     lam = np.sqrt(2.0 * math.log(1.0 / a) / (sig_prev * t * np.log1p(t)))
-    return np.minimum(lam, MAX_BET)
+    return np.minimum(lam, max_bet)
 
 
-def log_capital(d: np.ndarray, a: float, m: float = 0.0) -> np.ndarray:
-    """log K_t(m) for t = 1..n: the one-sided betting capital against H0: E[d] ≥ m."""
+def log_capital(d: np.ndarray, a: float, m: float = 0.0, max_bet: float = MAX_BET) -> np.ndarray:
+    """log K_t(m) for t = 1..n: the one-sided betting capital against H0: E[d] ≥ m. The bets are
+    also capped at 1/(1 − m), so that every factor 1 − λ(d − m) ≥ 0 for d ≤ 1 (at m = 0 the cap is
+    ``max_bet`` alone; with ``max_bet`` = 1/2 it never binds for m ≥ −1)."""
     d = np.asarray(d, float)
+    lam = bets(d, a, max_bet)
+    if m < 1:
+        lam = np.minimum(lam, 1.0 / (1.0 - m))
     with np.errstate(divide="ignore"):  # m = −1, d = 1 and λ = 1/2: capital 0, log −inf
-        return np.cumsum(np.log1p(-bets(d, a) * (d - m)))
+        return np.cumsum(np.log1p(-lam * (d - m)))
 
 
-def upper_bound(d: np.ndarray, a: float, tol: float = 1e-4) -> float:
+def upper_bound(d: np.ndarray, a: float, tol: float = 1e-4, max_bet: float = MAX_BET) -> float:
     """The confidence sequence's upper bound for E[d] after all of ``d`` (running minimum over t
     of U_t, module docstring), found by bisection on m ∈ [−1, 1]; 1.0 when nothing is excluded."""
     d = np.asarray(d, float)
@@ -100,13 +107,14 @@ def upper_bound(d: np.ndarray, a: float, tol: float = 1e-4) -> float:
     thr = math.log(1.0 / a)
 
     def rejected(m: float) -> bool:  # some s ≤ t with K_s(m) ≥ 1/a
-        return bool(np.max(log_capital(d, a, m)) >= thr)
+        return bool(np.max(log_capital(d, a, m, max_bet)) >= thr)
 
     if not rejected(1.0):
         return 1.0
     lo, hi = -1.0, 1.0  # K is increasing in m: rejected on [U, 1]
     if rejected(lo):
         return -1.0
+    lo, hi = (lo, 0.0) if rejected(0.0) else (0.0, hi)  # so "U < 0" is exactly "rejected at 0"
     while hi - lo > tol:
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if rejected(mid) else (mid, hi)
@@ -118,7 +126,7 @@ class RaceDecision:
     """What one config learns after a batch."""
 
     stop: bool
-    leader: str  # the config it was compared with (itself when it leads)
+    leader: str  # the rival it was found worse than (the leader under rule "leader"; itself when it leads)
     n: int  # paired items the test used
     delta: float  # mean(me − leader) over those items, in the metric's better direction
     upper: float  # the confidence sequence's upper bound on that difference (level a)
@@ -144,33 +152,47 @@ def decide(
     alpha: float = 0.05,
     higher_is_better: bool = True,
     with_bound: bool = True,
+    rule: str = RULE,
+    max_bet: float = MAX_BET,
 ) -> RaceDecision:
     """Should config ``me`` stop? ``values``: per alive config, its per-query values in [0, 1] on
     the same items in racing order (NaN = no value; pairs with a NaN are skipped).
 
-    leader = the best mean among ``values`` (module docstring); ``d = x_me − x_leader`` (sign
-    flipped when lower is better); stop when ``max_t log K_t(0) ≥ log((K − 1)/α)``, K =
-    ``n_configs`` (every config of the sweep, also those not compared here). ``with_bound``:
-    also compute the confidence sequence's upper bound (a bisection; NaN when False).
+    ``rule`` "leader": compare with the leader only (the best mean among ``values``); "any":
+    with every other alive config, stopping when any of those tests rejects (the rival with the
+    largest capital is reported). Both keep the guarantee (module docstring: the union bound covers
+    all K − 1 tests of the best config, whichever are looked at). ``d = x_me − x_rival`` (sign flipped
+    when lower is better); stop when ``max_t log K_t(0) ≥ log((K − 1)/α)``, K = ``n_configs`` (every
+    config of the sweep, also those not compared here). ``with_bound``: also compute the confidence
+    sequence's upper bound for the reported rival (a bisection; NaN when False).
     """
     arrays = {k: np.asarray(v, float) for k, v in values.items()}
     lengths = {len(v) for v in arrays.values()}
     if len(lengths) != 1:
         raise ValueError(f"racing: configs have different numbers of items {sorted(lengths)}")
+    if rule not in RULES:
+        raise ValueError(f"racing: rule must be one of {RULES} (got {rule!r})")
     a = alpha / max(n_configs - 1, 1)
     thr = math.log(1.0 / a)
     leader = _leader(arrays, higher_is_better)
-    if leader == me:
-        return RaceDecision(False, me, 0, 0.0, 1.0, 0.0, thr)
-    d = arrays[me] - arrays[leader]
-    d = d[~np.isnan(d)] * (1.0 if higher_is_better else -1.0)
-    if d.size == 0:
-        return RaceDecision(False, leader, 0, math.nan, 1.0, 0.0, thr)
-    if np.nanmax(np.abs(d)) > 1.0 + 1e-9:
-        raise ValueError("racing: per-query values must lie in [0, 1] (differences in [-1, 1])")
-    lk = float(np.max(log_capital(d, a)))
-    upper = upper_bound(d, a) if with_bound else math.nan
-    return RaceDecision(lk >= thr, leader, int(d.size), float(d.mean()), upper, lk, thr)
+    rivals = [c for c in arrays if c != me] if rule == "any" else [leader] if leader != me else []
+    rivals.sort(key=lambda c: c != leader)  # the leader first: it is reported on ties
+    best: tuple[float, str, np.ndarray] | None = None
+    for rival in rivals:
+        d = arrays[me] - arrays[rival]
+        d = d[~np.isnan(d)] * (1.0 if higher_is_better else -1.0)
+        if d.size == 0:
+            continue
+        if np.nanmax(np.abs(d)) > 1.0 + 1e-9:
+            raise ValueError("racing: per-query values must lie in [0, 1] (differences in [-1, 1])")
+        lk = float(np.max(log_capital(d, a, 0.0, max_bet)))
+        if best is None or lk > best[0]:
+            best = (lk, rival, d)
+    if best is None:
+        return RaceDecision(False, leader, 0, 0.0 if leader == me else math.nan, 1.0, 0.0, thr)
+    lk, rival, d = best
+    upper = upper_bound(d, a, max_bet=max_bet) if with_bound else math.nan
+    return RaceDecision(lk >= thr, rival, int(d.size), float(d.mean()), upper, lk, thr)
 
 
 def race_round(
@@ -178,11 +200,13 @@ def race_round(
     n_configs: int,
     alpha: float = 0.05,
     higher_is_better: bool = True,
+    rule: str = RULE,
+    max_bet: float = MAX_BET,
 ) -> dict[str, RaceDecision]:
     """:func:`decide` for every alive config at one batch end (what each job computes for itself
     from the shared store); used by the simulation test and the racing benchmark."""
     return {
-        me: decide(values, me, n_configs, alpha, higher_is_better, with_bound=False) for me in values
+        me: decide(values, me, n_configs, alpha, higher_is_better, False, rule, max_bet) for me in values
     }
 
 

@@ -1,6 +1,6 @@
 """Where the variance of a generation metric comes from: queries, generation samples, judge repeats.
 
-The model (docs/metrics.md, "Variance decomposition") is the nested random-effects model
+The model (docs/metrics.md, "Variance decomposition"; docs/noise.md) is the nested random-effects model
 
     y_qrj = μ + a_q + b_qr + e_qrj,   a ~ (0, σ²_query), b ~ (0, σ²_generation), e ~ (0, σ²_judge)
 
@@ -16,6 +16,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from rag_experiments.evaluation.judge_repeats import REPEATED_METRICS, judge_repeat_long, n_judge_repeats
 from rag_experiments.evaluation.labels import as_thresholds
 from rag_experiments.evaluation.registry import GENERATION_METRICS
 from rag_experiments.evaluation.replicates import flip_rates
@@ -105,11 +106,11 @@ def shares(components: dict[str, float]) -> dict[str, float]:
 
 
 def _cube(df: pd.DataFrame, col: str) -> np.ndarray:
-    """``y[q, r, j]`` of one metric from a long table (``replicate``, optional ``judge_repeat``)."""
-    idx = ["id", "replicate"] + (["judge_repeat"] if "judge_repeat" in df.columns else [])
-    s = df.set_index(idx)[col].astype(float)
-    if len(idx) == 2:
-        return s.unstack("replicate").to_numpy()[:, :, None]
+    """``y[q, r, j]`` of one metric from a per-query table: replicates from the ``replicate`` column,
+    judge repeats from ``evaluation.judge_repeats.judge_repeat_long`` (the one long view of the
+    repeats kept in each row); missing cells NaN."""
+    long = judge_repeat_long(df, col)
+    s = long.set_index(["id", "replicate", "judge_repeat"])[col].astype(float)
     wide = s.unstack(["replicate", "judge_repeat"]).sort_index(axis=1)
     reps, jr = wide.columns.levels
     return (
@@ -120,14 +121,16 @@ def _cube(df: pd.DataFrame, col: str) -> np.ndarray:
 
 
 def variance_metrics(df: pd.DataFrame) -> dict[str, float]:
-    """``var_share/{metric}/{component}`` for each generation metric of a long (replicated) table.
+    """``var_share/{metric}/{component}`` for each generation metric of a per-query table with
+    replicates (a ``replicate`` column) and/or judge repeats (``judge_repeat_labels``).
 
     Only generated rows whose generation succeeded count. Components the table cannot separate are
-    not logged: without a ``judge_repeat`` column there is no judge share (see
-    :func:`nested_components`). Unreplicated tables give {}.
+    not logged (see :func:`nested_components`): no judge share without judge repeats, and none for
+    a metric the repeats do not re-score (``judge_repeats.REPEATED_METRICS``: faithfulness); no
+    generation share without replicates. A table with neither gives {}.
     """
-
-    if "replicate" not in df.columns:
+    replicated = "replicate" in df.columns
+    if not replicated and n_judge_repeats(df) < 2:
         return {}
     rows = df[df["generated"].astype(bool)] if "generated" in df else df
     if "error" in rows:
@@ -136,6 +139,8 @@ def variance_metrics(df: pd.DataFrame) -> dict[str, float]:
     for m in GENERATION_METRICS:
         if m not in rows or rows[m].notna().sum() < 2:
             continue
+        if not replicated and m not in REPEATED_METRICS:
+            continue  # one value per query: nothing to split
         for comp, share in shares(nested_components(_cube(rows, m))).items():
             out[f"var_share/{m}/{comp}"] = share
     return out
@@ -156,7 +161,8 @@ def pilot_components(df: pd.DataFrame, metric: str) -> tuple[int, int, float, fl
         v = rows[metric].to_numpy(dtype=float) if metric in rows else np.array([])
         return n, 1, (float(np.var(v, ddof=1)) if v.size >= 2 else math.nan), math.nan
     reps = int(rows.groupby("id").size().max())
-    comps = nested_components(_cube(rows, metric))
+    # repeat 0 only: the run's metric is judged once, so its within-query noise is generation + judge
+    comps = nested_components(_cube(rows, metric)[:, :, :1])
     return n, reps, comps["query"], comps.get("generation", math.nan)
 
 

@@ -22,7 +22,10 @@ __all__ = ["REPLICATE_COLUMNS", "collapse_replicates", "flip_rates", "is_replica
 #: The columns that index a replicate row (absent from an unreplicated table).
 REPLICATE_COLUMNS = ("replicate", "generation_seed")
 #: Per-replicate values kept, as a JSON list in the collapsed ``replicates`` column, for the traces.
-_KEPT = ("replicate", "generation_seed", "answer", "failure_label", "correctness", "faithfulness", "error")
+_KEPT = (
+    "replicate", "generation_seed", "answer", "failure_label", "correctness", "faithfulness", "error",
+    "judge_repeat_labels",  # judge.repeats: each replicate's per-claim labels of every judge repeat
+)
 
 
 def is_replicated(df: pd.DataFrame) -> bool:
@@ -59,8 +62,9 @@ def collapse_replicates(df: pd.DataFrame) -> pd.DataFrame:
     NaN stays NaN), other columns from replicate 0, except ``failure_label`` (the modal label over
     the replicates, ties to the lowest replicate) and ``error`` (set only when every replicate
     failed). Adds ``n_replicates`` and ``replicates`` (a JSON list of each replicate's seed, answer,
-    label, correctness, faithfulness, error). Row order: first appearance of each id.
-    Tables without a ``replicate`` column are returned unchanged."""
+    label, correctness, faithfulness, error and, with judge repeats, its ``judge_repeat_labels``).
+    Row order: first appearance of each id. Judge repeats stay inside each row (nothing to collapse:
+    the run's metrics use repeat 0). Tables without a ``replicate`` column are returned unchanged."""
     if not is_replicated(df):
         return df
     df = df.sort_values(["replicate"], kind="stable")

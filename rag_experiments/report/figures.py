@@ -195,11 +195,12 @@ def _variance_figure(an: Analysis) -> Figure | None:
     shares = variance_shares(an.configs)
     if shares.empty:
         return None
+    names = {"query": "queries", "generation": "generation samples (replicates)", "judge": "judge repeats"}
     caption = (
-        "Variance of each generation metric split into queries and generation samples (replicates: R)"
-        + (" and judge repeats" if "judge" in shares.columns else "; no judge repeats, so judge noise on "
+        "Variance of each generation metric split into " + ", ".join(names[c] for c in shares.columns)
+        + ("" if "judge" in shares.columns else "; no judge repeats, so judge noise on "
            "different answers is inside the generation share")
-        + " (nested random-effects ANOVA estimates, docs/metrics.md)"
+        + " (nested random-effects ANOVA estimates, docs/metrics.md, docs/noise.md)"
     )  # fmt: skip
     return Figure("variance_shares.png", text(caption), VarianceShares(shares))
 

@@ -149,11 +149,16 @@ def faithfulness(verdicts: list[Verdict]) -> tuple[float, int, int]:
     Unparseable verdicts are excluded from the ratio and counted; NaN when no claim is scorable
     (no claims, or all unparseable).
     """
-    sup = sum(v.label == "supported" for v in verdicts)
-    uns = sum(v.label == "unsupported" for v in verdicts)
-    unp = sum(v.label == "unparseable" for v in verdicts)
-    score = sup / (sup + uns) if sup + uns else float("nan")
-    return score, len(verdicts), unp
+    labels = [v.label for v in verdicts]
+    return label_faithfulness(labels), len(labels), sum(lab == "unparseable" for lab in labels)
+
+
+def label_faithfulness(labels: list[str]) -> float:
+    """supported / (supported + unsupported) over verdict labels; NaN when none is scorable (the
+    formula :func:`faithfulness` reports; judge repeats score each repeat's labels with it)."""
+    sup = sum(lab == "supported" for lab in labels)
+    uns = sum(lab == "unsupported" for lab in labels)
+    return sup / (sup + uns) if sup + uns else float("nan")
 
 
 def normalise_text(text: str) -> str:
