@@ -103,6 +103,9 @@ def test_queue_in_review_tab_labelled_there_and_scored(tmp_path, capsys):
             # a reviewer labels two claims in the UI: HUMAN feedback, the item marked complete
             labelled = {}
             for trace_id, verdict in zip(list(claim_of)[:2], ("unsupported", "supported"), strict=True):
+                # a full load per item: a hash-only change keeps the previous item's form mounted
+                page.goto("about:blank")
+                page.wait_for("location.href === 'about:blank'", timeout=LOAD_S)
                 page.goto(
                     f"{base}/#/experiments/{exp}/review-queue?selectedQueueId={queue.queue_id}"
                     f"&selectedItemId={trace_id}"
