@@ -1,4 +1,5 @@
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,19 @@ def _no_leaked_tracking_uri():
 
 _HTTP_BUDGET_VARS = ("MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR")
 _HTTP_BUDGET_AT_START = {k: os.environ.get(k) for k in _HTTP_BUDGET_VARS}
+
+
+_SIGNALS_AT_START = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_signal_handlers():
+    """An in-process sweep callback installs SIGINT/SIGTERM handlers for its sweep; a later test
+    that sends itself Ctrl-C must meet Python's default handler, not the dead sweep's."""
+    yield
+    for sig, handler in _SIGNALS_AT_START.items():
+        if signal.getsignal(sig) is not handler:
+            signal.signal(sig, handler)
 
 
 @pytest.fixture(autouse=True)

@@ -6,6 +6,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -54,6 +55,7 @@ def mlflow_server(root: Path) -> Iterator[str]:
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its uvicorn workers are stopped with it (killpg)
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -66,8 +68,14 @@ def mlflow_server(root: Path) -> Iterator[str]:
                 time.sleep(0.5)
         yield base
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        # graceful first; a server still holding a hung client connection (the outage faults)
+        # waits for it without end, so it is killed after 30 s
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=30)
 
 
 def chromium(url: str, profile: Path, screenshot: Path | None = None, budget_ms: int = 20000) -> str:
