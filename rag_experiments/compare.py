@@ -46,7 +46,7 @@ from rag_experiments.report.tables import (
 )
 from rag_experiments.report.tables import fmt_num as _f
 from rag_experiments.report.tables import fmt_p as _p
-from rag_experiments.report.wide import wide_sweep_lines
+from rag_experiments.report.wide import sweep_head, wide_sweep_lines
 from rag_experiments.tracking.judge_runs import ALLOW_FLAG, check_same_judge
 from rag_experiments.tracking.runs import (
     RunInputError,
@@ -265,14 +265,7 @@ def render_sweep(
 ) -> str:
     table = md_table if markdown else text_table
     h = (lambda s: f"## {s}") if markdown else (lambda s: f"\n== {s} ==")
-    base = att.baseline
-    out = [
-        (f"# Sweep attribution: {sweep_id}" if markdown else f"Sweep attribution  {sweep_id}"),
-        "",
-        f"Baseline: {base.name} ({base.run_id[:8]})",
-        "Factors: "
-        + ("; ".join(f"{f} ∈ {{{', '.join(v)}}}" for f, v in att.factors.items()) or "(none vary)"),
-    ]
+    out = sweep_head(att, sweep_id, markdown)
     if att.skipped:
         out.append("Not in the grid (one-factor-at-a-time comparison skipped): " + "; ".join(att.skipped))
     out += ["", h("One factor at a time: level vs baseline (others at the baseline's values)")]

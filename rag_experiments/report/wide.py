@@ -24,6 +24,17 @@ WIDE_NOTE = (
 )
 
 
+def sweep_head(att: SweepAttribution, sweep_id: str, markdown: bool) -> list[str]:
+    """The first lines of every ``compare --sweep`` form: title, baseline, the swept factors."""
+    return [
+        (f"# Sweep attribution: {sweep_id}" if markdown else f"Sweep attribution  {sweep_id}"),
+        "",
+        f"Baseline: {att.baseline.name} ({att.baseline.run_id[:8]})",
+        "Factors: "
+        + ("; ".join(f"{f} ∈ {{{', '.join(v)}}}" for f, v in att.factors.items()) or "(none vary)"),
+    ]
+
+
 def wide_sweep_lines(
     att: SweepAttribution, sweep_id: str, markdown: bool, columns: Sequence[str], table: Callable, h: Callable
 ) -> list[str]:
@@ -35,11 +46,7 @@ def wide_sweep_lines(
     ]
     reason = headline_reason(att.factors)
     out = [
-        (f"# Sweep attribution: {sweep_id}" if markdown else f"Sweep attribution  {sweep_id}"),
-        "",
-        f"Baseline: {base.name} ({base.run_id[:8]})",
-        "Factors: "
-        + ("; ".join(f"{f} ∈ {{{', '.join(v)}}}" for f, v in att.factors.items()) or "(none vary)"),
+        *sweep_head(att, sweep_id, markdown),
         "Columns: the headline metrics of the swept factors" + (f" ({reason})" if reason else "") + ".",
     ]
     if att.skipped:
