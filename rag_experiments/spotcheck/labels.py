@@ -151,15 +151,22 @@ def read_labels(path: Path, claims: pd.DataFrame) -> Labels:
                 problems.append(f"{name}:{line}: row: {len(values)} fields, the header has {len(header)}")
                 continue
             rec = dict(zip(header, values, strict=False))
-            row, problem = _labelled_row(rec, f"{name}:{line}", by_id, seen)
-            if problem:
-                problems.append(problem)
-            elif row is None:
-                n_blank += 1
-            else:
-                seen[row["item_id"]] = line
-                rows.append(row)
+            n_blank += _take(rec, f"{name}:{line}", line, by_id, seen, rows, problems)
     return _labels(rows, problems, n_blank, path, claims, weighted="inclusion_prob" in header)
+
+
+def _take(
+    rec: dict[str, str], where: str, mark: int | str, by_id: pd.DataFrame, seen: dict, rows: list, problems: list
+) -> int:
+    """Check one label record (:func:`_labelled_row`): a labelled row joins ``rows`` (``seen``
+    remembers it as ``mark``), a problem joins ``problems``; 1 when the row is blank, else 0."""
+    row, problem = _labelled_row(rec, where, by_id, seen)
+    if problem:
+        problems.append(problem)
+    elif row is not None:
+        seen[row["item_id"]] = mark
+        rows.append(row)
+    return int(problem is None and row is None)
 
 
 def _labels(
@@ -188,12 +195,5 @@ def labels_from_records(
     by_id = claims.set_index("item_id")
     rows, problems, n_blank, seen = [], [], 0, {}
     for where, rec in records:
-        row, problem = _labelled_row(rec, where, by_id, seen)
-        if problem:
-            problems.append(problem)
-        elif row is None:
-            n_blank += 1
-        else:
-            seen[row["item_id"]] = where
-            rows.append(row)
+        n_blank += _take(rec, where, where, by_id, seen, rows, problems)
     return _labels(rows, problems, n_blank, source, claims, weighted)
