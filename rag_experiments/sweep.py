@@ -61,6 +61,7 @@ from rag_experiments.sanitize import shell_line, terminal_output  # noqa: E402
 from rag_experiments.tracking import app_versions, judges_tab  # noqa: E402
 from rag_experiments.tracking import writer as tracking  # noqa: E402
 from rag_experiments.tracking.bounds import best_effort, bound_tracking_calls  # noqa: E402
+from rag_experiments.tracking.mlflow_adapter import release_interrupted_connections  # noqa: E402
 from rag_experiments.tracking.prompt_registry import link_run, register_for_run  # noqa: E402
 from rag_experiments.tracking.traces import log_traces  # noqa: E402
 
@@ -268,6 +269,9 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
         return res
     except BaseException as e:
         status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
+        if status == "KILLED":  # the signal may have hit inside a store transaction
+            with best_effort("release the interrupted store connection"):
+                release_interrupted_connections(client.tracking_uri, e)
         with best_effort(f"mark run {run_id} {status}"):
             client.set_tag(run_id, "error", error_text(e, 5000))
             client.set_terminated(run_id, status)

@@ -201,3 +201,36 @@ def test_runs_link_the_version_they_used_visible_through_the_public_api(store):
     tags = client.get_prompt_version("rag-experiments.cite", "1").tags
     assert tags["mlflow.prompt.run_ids"].split(",") == [run_a, run_b]  # the version page's "MLflow runs"
     assert "0" not in client.get_prompt("rag-experiments.cite").tags["_mlflow_experiment_ids"].split(",")
+
+
+
+def _link_at(uri: str, run_id: str, ref: tuple[str, int], start: float) -> None:
+    """A sweep job's link step, started at wall-clock ``start`` (a separate process)."""
+    import time
+
+    client = MlflowClient(tracking_uri=uri)
+    client.get_prompt_version(ref[0], str(ref[1]))  # the store opened before the start line
+    time.sleep(max(0.0, start - time.time()))
+    pr.link_run(client, run_id, *ref)
+
+
+def test_parallel_jobs_linking_one_version_keep_every_run(store):
+    """Jobs of a sweep that used one prompt link their runs at once (processes, as joblib's are):
+    every run id is kept, and no job fails on the store's select-then-insert of the new tag (CI saw
+    a UNIQUE-constraint error here)."""
+    import multiprocessing as mp
+    import time
+
+    client, exp, uri = store
+    ref = pr.register_for_run(client, exp, by_name("cite"))
+    runs = [client.create_run(exp).info.run_id for _ in range(4)]
+    ctx = mp.get_context("spawn")
+    start = time.time() + 8  # after every process has imported and opened the store
+    procs = [ctx.Process(target=_link_at, args=(uri, r, ref, start)) for r in runs]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * len(runs)
+    tags = client.get_prompt_version(ref[0], str(ref[1])).tags
+    assert sorted(tags["mlflow.prompt.run_ids"].split(",")) == sorted(runs)

@@ -32,6 +32,7 @@ from typing import Any
 
 from mlflow.entities import TraceInfo, TraceLocation, TraceState
 from mlflow.entities.span import Span, default_log_level_for_span_type
+from mlflow.exceptions import MlflowException
 from mlflow.store.tracking.sqlalchemy_store import assessment_aggregate
 from mlflow.tracing.client import TracingClient
 from mlflow.tracing.constant import (
@@ -526,18 +527,33 @@ PROMPT_RUN_IDS_TAG = "mlflow.prompt.run_ids"
 MAX_TAG_CHARS = 5000
 
 
-def link_prompt_to_experiment(client, name: str, experiment_id: str) -> None:
-    """Add ``experiment_id`` to the prompt's experiments (no write when it is there already)."""
-    prompt = client.get_prompt(name)
-    ids = [i for i in ((prompt.tags or {}).get(PROMPT_EXPERIMENTS_TAG, "") if prompt else "").split(",") if i]
-    if str(experiment_id) not in ids:
-        client.set_prompt_tag(name, PROMPT_EXPERIMENTS_TAG, "," + ",".join([*ids, str(experiment_id)]) + ",")
+def _lost_insert_race(e: Exception) -> bool:
+    """MLflow's SQL store writes a tag as select-then-insert: two writers adding the same new tag
+    at once leave the later one a unique-key violation (SQLite or PostgreSQL wording)."""
+    text = str(e)
+    return "UNIQUE constraint failed" in text or "duplicate key value" in text
+
+
+def link_prompt_to_experiment(client, name: str, experiment_id: str, tries: int = 3) -> None:
+    """Add ``experiment_id`` to the prompt's experiments (no write when it is there already); a
+    write that lost an insert race to another process is re-read and retried."""
+    for attempt in range(tries):
+        prompt = client.get_prompt(name)
+        ids = [i for i in ((prompt.tags or {}).get(PROMPT_EXPERIMENTS_TAG, "") if prompt else "").split(",") if i]
+        if str(experiment_id) in ids:
+            return
+        try:
+            client.set_prompt_tag(name, PROMPT_EXPERIMENTS_TAG, "," + ",".join([*ids, str(experiment_id)]) + ",")
+        except MlflowException as e:
+            if not _lost_insert_race(e) or attempt == tries - 1:
+                raise
 
 
 def link_prompt_version_to_run_ids(client, name: str, version: int, run_id: str, tries: int = 3) -> None:
     """Add ``run_id`` to the version's run list; re-read after writing, so a concurrent writer
-    (another job of the sweep, another host) that overwrote it is retried, not lost."""
-    for _ in range(tries):
+    (another job of the sweep, another host) that overwrote it, or won the insert of a new tag,
+    is retried, not lost."""
+    for attempt in range(tries):
         pv = client.get_prompt_version(name, str(version))
         ids = [i for i in (pv.tags or {}).get(PROMPT_RUN_IDS_TAG, "").split(",") if i]
         if run_id in ids:
@@ -545,4 +561,39 @@ def link_prompt_version_to_run_ids(client, name: str, version: int, run_id: str,
         ids.append(run_id)
         while len(",".join(ids)) > MAX_TAG_CHARS:
             ids.pop(0)
-        client.set_prompt_version_tag(name, str(version), PROMPT_RUN_IDS_TAG, ",".join(ids))
+        try:
+            client.set_prompt_version_tag(name, str(version), PROMPT_RUN_IDS_TAG, ",".join(ids))
+        except MlflowException as e:
+            if not _lost_insert_race(e) or attempt == tries - 1:
+                raise
+
+
+# ------------------------------------------------------------------------------ after an interrupt
+
+
+def release_interrupted_connections(tracking_uri: str, exc: BaseException) -> None:
+    """Let cleanup write to a SQL store that a signal interrupted mid-transaction.
+
+    Ctrl-C / SIGTERM raised inside a store call (e.g. in SQLite's commit) can leave that call's
+    connection checked out with its transaction open — on SQLite holding the database's write lock,
+    so the cleanup's "mark the run KILLED" from a new connection of the same process waits and then
+    fails with "database is locked" (the run stays RUNNING). The interrupted frames keep the
+    connection alive: their locals are cleared (the traceback's text survives), the garbage
+    collector then closes it (its transaction rolls back), and the cached store's engine
+    (``SqlAlchemyStore.engine``) is disposed so the cleanup gets a fresh connection."""
+    import gc
+    import traceback
+
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:  # the interrupt and what it interrupted
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        e = e.__context__ or e.__cause__
+    gc.collect()
+    try:
+        engine = getattr(TracingClient(tracking_uri).store, "engine", None)
+    except Exception:  # noqa: BLE001 - no store to release (e.g. unreachable): cleanup says so
+        return
+    if engine is not None:
+        engine.dispose()

@@ -267,10 +267,7 @@ def register(
     memo = (client.tracking_uri, name, prompt.text, experiment_id)
     if memo in _registered:
         return _registered[memo]
-    lock = (
-        Path(tempfile.gettempdir()) / "rag_experiments_locks" / f"prompt-{stable_hash(*memo[:2])[:16]}.lock"
-    )
-    with file_lock(lock, f"prompt {name}"):
+    with _prompt_lock(client, name):
         version = _matching(client, name, prompt.text)
         if version is None:
             with _in_experiment(client, experiment_id):
@@ -283,10 +280,17 @@ def register(
             client.set_prompt_version_tag(name, pv.version, CONTENT_TAG, stable_hash(prompt.text))
             version = _matching(client, name, prompt.text)
             print(f"[prompt] registered prompts:/{name}/{version} (a template text new to this store)")
-    if experiment_id is not None:
-        link_prompt_to_experiment(client, name, experiment_id)
+        if experiment_id is not None:
+            link_prompt_to_experiment(client, name, experiment_id)
     _registered[memo] = (name, version)
     return name, version
+
+
+def _prompt_lock(client: MlflowClient, name: str):
+    """One host lock per (store, prompt name) for every write to the prompt: MLflow writes a tag as
+    select-then-insert, so two jobs of a sweep adding the same new tag at once would collide."""
+    key = stable_hash(client.tracking_uri, name)[:16]
+    return file_lock(Path(tempfile.gettempdir()) / "rag_experiments_locks" / f"prompt-{key}.lock", f"prompt {name}")
 
 
 def _matching(client: MlflowClient, name: str, text: str) -> int | None:
@@ -310,7 +314,8 @@ def register_for_run(client: MlflowClient, experiment_id: str, prompt: PromptTem
     if isinstance(prompt, RegisteredPrompt):
         if prompt.alias:
             print(f"[prompt] prompts:/{prompt.name}@{prompt.alias} is version {prompt.version}")
-        link_prompt_to_experiment(client, prompt.name, experiment_id)
+        with _prompt_lock(client, prompt.name):
+            link_prompt_to_experiment(client, prompt.name, experiment_id)
         return prompt.name, prompt.version
     return register(client, prompt, experiment_id)
 
@@ -321,7 +326,8 @@ def link_run(client: MlflowClient, run_id: str, name: str, version: int) -> None
     mlflow.set_tracking_uri(client.tracking_uri)  # MLflow's link writes through the global store
     # a PromptVersion, not a URI: loading by URI would also link the prompt to the Default experiment
     client.link_prompt_version_to_run(run_id, client.get_prompt_version(name, str(version)))
-    link_prompt_version_to_run_ids(client, name, version, run_id)
+    with _prompt_lock(client, name):
+        link_prompt_version_to_run_ids(client, name, version, run_id)
 
 
 def linked_prompts(client: MlflowClient, run_id: str) -> list[tuple[str, int]]:
