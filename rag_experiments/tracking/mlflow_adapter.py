@@ -576,12 +576,9 @@ def release_interrupted_connections(tracking_uri: str, exc: BaseException | None
 
     Ctrl-C / SIGTERM raised inside a store call (e.g. in SQLite's commit) can leave that call's
     connection checked out with its transaction open — on SQLite holding the database's write lock,
-    so the cleanup's "mark the run KILLED" from a new connection of the same process waits and then
-    fails with "database is locked" (the run stays RUNNING). The interrupted frames keep the
-    connection alive: their locals are cleared (the traceback's text survives), the garbage
-    collector then closes it (its transaction rolls back), and the cached store's engine
-    (``SqlAlchemyStore.engine``) is disposed so the cleanup gets a fresh connection. ``exc``
-    defaults to the exception that is ending the interpreter (``sys.last_value``: atexit cleanup)."""
+    so cleanup's "mark KILLED" fails with "database is locked". The interrupt's frames keep that
+    connection alive: cleared (the traceback's text survives) and collected, it rolls back; the
+    store's engine is then disposed. ``exc``: default ``sys.last_value`` (atexit cleanup)."""
     import gc
     import sys
     import traceback
