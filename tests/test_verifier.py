@@ -408,11 +408,11 @@ def test_spotcheck_csv_labels_load_as_pairs_and_bad_rows_exit_2_with_file_and_li
 
 
 def test_alignment_memo_is_bounded_and_a_full_memo_still_serves_every_text(monkeypatch):
-    from rag_experiments.stages.judging import alignment
+    from rag_experiments.stages.judging import alignment, token_pass
 
     aligner = alignment.TokenAligner()
-    aligner.prepare(["Refunds take five days.", "Webhooks are retried."])
-    monkeypatch.setattr(alignment, "MEMO_BYTES", 1)  # over the bound: the next call starts afresh
+    aligner.prepare(["Refunds take five days.", "Webhooks are retried."], [])
+    monkeypatch.setattr(token_pass, "MEMO_BYTES", 1)  # over the bound: the next call starts afresh
     out = aligner.features(["Refunds take five days."], ["Refunds are issued within five days."])
     assert out.shape == (1, len(alignment.ALIGN_FEATURES)) and out[0, 0] > 0.8
-    assert len(alignment._MEMO[aligner.identity]) == 2  # cleared, then the two texts of this call
+    assert len(token_pass._MEMO[aligner.passes.identity]) == 2  # cleared, then the two texts of this call

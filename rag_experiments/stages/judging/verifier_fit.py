@@ -176,7 +176,7 @@ def fit_verifier(
     say(f"[verifier fit] {len(pairs)} training pairs ({len(synthetic)} synthetic, {len(labelled)} labelled)")
     X = extractor.matrix([p.claim for p in pairs], [p.context for p in pairs], progress=progress)
     y = np.array([p.label == "supported" for p in pairs], float)
-    model = fit_logistic(X, y, l2=recipe.l2)
+    model = {**fit_logistic(X, y, l2=recipe.l2), "feature_version": extractor.feature_version}
     card = {"fit_data": _card(X, pairs, recipe)}
     if labelled and not recipe.synthetic_with_labels:
         Xs = extractor.matrix([p.claim for p in synthetic], [p.context for p in synthetic])

@@ -58,10 +58,9 @@ class VerifierJudge:
         return split_claims(answer)
 
     def prepare(self, answers: list[str], contexts: list[str]) -> None:
-        """Embed a run's claims, context windows and context tokens in one batch each."""
-        self.extractor.heuristic.prepare(answers, contexts)
+        """Encode a run's distinct claims and context sentences in one batched pass."""
         claims = [c for a in answers for c in self.split(a)]
-        self.extractor.aligner.prepare(list(dict.fromkeys(claims + list(contexts))))
+        self.extractor.prepare(list(dict.fromkeys(claims)), list(contexts))
 
     def proba(self, claims: list[str], contexts: list[str]) -> np.ndarray:
         """P(supported) per (claim, context) pair."""
