@@ -176,6 +176,42 @@ def test_features_flag_negation_and_number_swaps_and_keep_a_paraphrase_aligned()
     assert f["number"]["num_mismatch_ctx"] == 1 and f["same"]["num_mismatch_ctx"] == 0
 
 
+def test_one_pass_sentence_embedding_is_sentence_transformers_and_windows_are_close():
+    """The shared pass's sentence embedding is exactly SentenceTransformer.encode's (mean pooling +
+    normalisation); a window's (mean of its sentences' token vectors) is an approximation."""
+    from rag_experiments.stages.judging.token_pass import TokenPass, window_embedding
+
+    tp = TokenPass()
+    sents = [
+        "Failed webhook deliveries are retried up to 8 times.",
+        "Each retry waits twice as long as the previous one.",
+        "Refunds of annual plans are prorated by the remaining days, minus a processing fee of 2 %.",
+        "Yes.",
+    ]
+    got, want = tp.embeddings(sents), tp.embedder.encode(sents)
+    assert np.abs(got - want).max() < 1e-5  # float noise only (batch padding)
+    window = tp.embedder.encode([f"{sents[0]} {sents[1]}"])[0]
+    cos = float(window_embedding(tp.encode(sents[:2])) @ window)
+    assert 0.9 < cos < 0.9999  # close, and not the same thing
+
+
+def test_one_pass_features_equal_the_two_pass_features_on_one_sentence_contexts():
+    """Without windows and with a one-sentence context, the one-pass features (v3) must be what
+    the two-pass reference (v2) computes; on longer contexts they differ (windows, tokens)."""
+    from rag_experiments.stages.judging.verifier import FeatureExtractor
+
+    claims = ["Failed webhook deliveries are retried up to 8 times.", "Invoices are not emailed monthly.",
+              "Webhook deliveries that fail are attempted again as many as 20 times."]
+    ctxs = ["Failed webhook deliveries are retried up to 8 times.", "Invoices are emailed every month.",
+            "Failed webhook deliveries are retried up to 8 times."]
+    one = FeatureExtractor(one_pass=True)
+    two = FeatureExtractor(one_pass=False)
+    assert np.abs(one.matrix(claims, ctxs) - two.matrix(claims, ctxs)).max() < 1e-4
+    assert one.identity != two.identity and json.loads(one.identity)["features"] == 3
+    long_ctx = [f"{ctxs[0]} Each retry waits twice as long as the previous one."] * 3
+    assert np.abs(one.matrix(claims, long_ctx) - two.matrix(claims, long_ctx)).max() > 1e-3
+
+
 # -- fit ------------------------------------------------------------------------------------------
 
 
@@ -236,6 +272,23 @@ def test_missing_or_altered_verifier_refused(fitted, tmp_path):
     (tampered / "model.json").write_text(json.dumps(model))
     with pytest.raises(VerifierError, match="does not match the manifest"):
         VerifierJudge(path=str(tampered))
+
+
+def test_a_fit_of_another_feature_version_is_refused_not_reused(fitted, tmp_path):
+    """Features changed meaning (v2: two passes, v3: one shared pass) under the same names: an old
+    fit, even with a consistent manifest, must be re-fitted, never scored with the new features."""
+    from rag_experiments.stages.judging.verifier import FEATURE_VERSION, weights_sha256
+
+    assert json.loads((fitted["path"] / "model.json").read_text())["feature_version"] == FEATURE_VERSION
+    old = tmp_path / "v2"
+    shutil.copytree(fitted["path"], old)
+    model = json.loads((old / "model.json").read_text())
+    del model["feature_version"]  # what a fit before version 3 wrote
+    (old / "model.json").write_text(json.dumps(model))
+    manifest = json.loads((old / "manifest.json").read_text())
+    (old / "manifest.json").write_text(json.dumps({**manifest, "weights_sha256": weights_sha256(old)}))
+    with pytest.raises(VerifierError, match="feature version 2, this code computes version 3"):
+        VerifierJudge(path=str(old))
 
 
 def test_sweep_inputs_exit_2_for_missing_and_tampered_verifier(fitted, tmp_path):
