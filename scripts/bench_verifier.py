@@ -56,6 +56,7 @@ from rag_experiments.stages.judging.verifier import (  # noqa: E402
 from rag_experiments.stages.text import sentence_texts  # noqa: E402
 
 PAIRS = Path(os.environ.get("JUDGE_PAIRS", "judge_pairs/pairs.jsonl"))  # a judge_pairs JSONL file
+QUICK = False  # --speed-only
 
 
 def row(name, pairs, pred, idx=None):
@@ -162,6 +163,8 @@ def speed_shared_context(pairs, h, judges, n_ctx=75, per_ctx=4, rounds=3):
 def quality(pairs, syn, X, Xs, y, ys, groups):
     """Grouped 5-fold CV rows (all features, checks only) and synthetic-only rows for one X."""
     out = {}
+    if QUICK:
+        return out, np.full(len(pairs), 0.5)
 
     def cv(cols):
         def fit(tr):
@@ -175,6 +178,10 @@ def quality(pairs, syn, X, Xs, y, ys, groups):
     oof = cv(every)
     out["cv"] = row("verifier (features), grouped 5-fold CV", pairs, labels(oof))
     out["cv_checks_only"] = row("  ... checks only (no soft alignment)", pairs, labels(cv(ck)))
+    pol = [i for i, f in enumerate(FEATURES) if f in ("dir_conflict", "null_mismatch")]
+    if pol:
+        out["cv_without_polarity"] = row("  ... without dir_conflict / null_mismatch", pairs,
+                                         labels(cv([i for i in every if i not in pol])))
     out["synthetic_only"] = row(f"verifier (features), synthetic only ({len(syn)})", pairs,
                                 labels(predict_logistic(fit_logistic(Xs, ys), X)))
     keep = np.array([p.type not in ("paraphrase", "same_doc") for p in syn])
@@ -226,6 +233,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cascade-n", type=int, default=80)
     ap.add_argument("--speed-n", type=int, default=150)
     ap.add_argument("--rounds", type=int, default=3, help="alternating timing rounds (median reported)")
+    ap.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's, one per core)")
+    ap.add_argument("--speed-only", action="store_true", help="skip the CV and synthetic-only cards")
     ap.add_argument("--no-fit-time", action="store_true")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
@@ -233,15 +242,22 @@ def main(argv=None) -> int:
         print(f"skipped: {args.pairs} not found")
         return 0
     pairs = load_pairs(args.pairs)
+    global QUICK
+    QUICK = args.speed_only
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     print(f"{len(pairs)} pairs; load average {os.getloadavg()[0]:.1f} on 2 shared cores", flush=True)
     groups = [p.group_key for p in pairs]
     y = np.array([p.label == "supported" for p in pairs], float)
     h = heuristic_judge()
     res: dict = {}
     h.prepare([p.claim for p in pairs], [p.context for p in pairs])
-    res["heuristic"] = row("heuristic (calibrated on half of these)", pairs,
-                           [h.verdicts([p.claim], p.context)[0].label for p in pairs])
-    syn = synthetic_pairs(load_corpus(sample_dir() / "docs"), n_max=1500)
+    if not QUICK:
+        res["heuristic"] = row("heuristic (calibrated on half of these)", pairs,
+                               [h.verdicts([p.claim], p.context)[0].label for p in pairs])
+    syn = [] if QUICK else synthetic_pairs(load_corpus(sample_dir() / "docs"), n_max=1500)
     ys = np.array([p.label == "supported" for p in syn], float)
     judges, oof = {}, None
     for name, one_pass in (("two-pass (features v2)", False), ("one-pass (features v3)", True)):
@@ -252,6 +268,14 @@ def main(argv=None) -> int:
         res[name], o = quality(pairs, syn, X, Xs, y, ys, groups)
         oof = o if one_pass else oof
         judges[name] = (fx, fit_logistic(X, y))
+    if token_pass.bf16_supported():  # the one-pass verifier with its MiniLM pass in bfloat16
+        fx16 = FeatureExtractor(h.embedder, precision="bfloat16")
+        X16 = fx16.matrix([p.claim for p in pairs], [p.context for p in pairs])
+        X = fx.matrix([p.claim for p in pairs], [p.context for p in pairs])
+        print(f"\n-- one-pass, bfloat16: max |feature difference| to float32 {np.abs(X16 - X).max():.4f}")
+        res["one-pass bfloat16"], _ = quality(pairs, syn, X16, fx16.matrix([p.claim for p in syn], [p.context for p in syn]),
+                                             y, ys, groups)
+        judges["one-pass bfloat16"] = (fx16, fit_logistic(X16, y))
     res["window_approximation"] = wa = window_approximation(pairs, judges["one-pass (features v3)"][0])
     print(f"\none-pass window vector vs the window encoded as one text: cosine mean {wa['mean']:.3f}, "
           f"5th percentile {wa['p05']:.3f}, min {wa['min']:.3f} ({wa['n_windows']} windows)", flush=True)

@@ -48,14 +48,15 @@ class TokenAligner:
     version 2, kept as the two-pass reference for benchmarks).
     """
 
-    def __init__(self, embedder: Any = None, context_by_sentence: bool = True) -> None:
-        self.passes = TokenPass(embedder)
+    def __init__(self, embedder: Any = None, context_by_sentence: bool = True, precision: str = "float32") -> None:
+        self.passes = TokenPass(embedder, precision)
         self.embedder = self.passes.embedder
         self.context_by_sentence = bool(context_by_sentence)
         self.identity = json.dumps(
             {"kind": "token-alignment", "version": 2 if self.context_by_sentence else 1, "layer": "last",
              "context": "sentences" if self.context_by_sentence else "whole", "max_tokens": MAX_TOKENS,
-             "embedder": json.loads(self.embedder.identity)},
+             "embedder": json.loads(self.passes.identity)["embedder"],
+             **({"precision": precision} if precision != "float32" else {})},
             sort_keys=True,
         )
 
