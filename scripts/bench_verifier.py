@@ -178,10 +178,6 @@ def quality(pairs, syn, X, Xs, y, ys, groups):
     oof = cv(every)
     out["cv"] = row("verifier (features), grouped 5-fold CV", pairs, labels(oof))
     out["cv_checks_only"] = row("  ... checks only (no soft alignment)", pairs, labels(cv(ck)))
-    pol = [i for i, f in enumerate(FEATURES) if f in ("dir_conflict", "null_mismatch")]
-    if pol:
-        out["cv_without_polarity"] = row("  ... without dir_conflict / null_mismatch", pairs,
-                                         labels(cv([i for i in every if i not in pol])))
     out["synthetic_only"] = row(f"verifier (features), synthetic only ({len(syn)})", pairs,
                                 labels(predict_logistic(fit_logistic(Xs, ys), X)))
     keep = np.array([p.type not in ("paraphrase", "same_doc") for p in syn])

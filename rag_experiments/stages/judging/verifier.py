@@ -31,7 +31,6 @@ from rag_experiments.stages.judging.heuristic import (
     _entities,
     _numbers_agree,
 )
-from rag_experiments.stages.judging.polarity import polarity_features
 from rag_experiments.stages.judging.token_pass import TokenPass, window_embedding
 from rag_experiments.stages.text import sentence_texts
 
@@ -48,8 +47,6 @@ FEATURES = (
     "ent_cov_best",  # share of the claim's names found in the window
     "ent_cov_ctx",  # ... in the whole context
     "claim_len",  # log1p(content words of the claim)
-    "dir_conflict",  # claim and its most similar context sentence go opposite ways (polarity.py)
-    "null_mismatch",  # one of them reports a null result ("no significant difference"), the other not
 ) + ALIGN_FEATURES  # token-level soft alignment (alignment.py): paraphrase-robust coverage
 N_CHECKS = len(FEATURES) - len(ALIGN_FEATURES)
 #: What the features mean, beyond their names: a fit of another version is refused at load.
@@ -69,10 +66,8 @@ def weights_sha256(path: Path) -> str:
 def _features_of(claim: str, context: str, rows: list[dict]) -> list[float]:
     if not rows:
         n = math.log1p(len(_content_stems(claim)))  # no context: nothing covered, every check fails
-        return [0.0, 0.0, 0.0, 0.0, n, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, n, 0.0, 0.0]
+        return [0.0, 0.0, 0.0, 0.0, n, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, n]
     best = max(rows, key=lambda r: r["sim"])
-    n_sents = (len(rows) + 1) // 2  # candidates: n sentences, then n - 1 windows
-    best_sentence = max(rows[:n_sents], key=lambda r: r["sim"])["candidate"]
     c_stems = _content_stems(claim)
     ctx_stems = set(_content_stems(context))
     missing = [s for s in c_stems if s not in ctx_stems]
@@ -93,7 +88,6 @@ def _features_of(claim: str, context: str, rows: list[dict]) -> list[float]:
         best["entity_coverage"],
         ent_ctx,
         math.log1p(len(c_stems)),
-        *polarity_features(claim, best_sentence),
     ]
 
 
