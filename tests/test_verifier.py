@@ -195,6 +195,17 @@ def test_one_pass_sentence_embedding_is_sentence_transformers_and_windows_are_cl
     assert 0.9 < cos < 0.9999  # close, and not the same thing
 
 
+def test_bfloat16_pass_is_close_to_float32_and_has_its_own_identity():
+    from rag_experiments.stages.judging.token_pass import TokenPass
+
+    sents = ["Failed webhook deliveries are retried up to 8 times.", "Refunds take five days."]
+    f32, b16 = TokenPass(), TokenPass(precision="bfloat16")
+    assert float((f32.embeddings(sents) * b16.embeddings(sents)).sum(1).min()) > 0.999
+    assert f32.identity != b16.identity and "precision" not in json.loads(f32.identity)
+    with pytest.raises(ValueError, match="judge.precision: 'float16'"):
+        TokenPass(precision="float16")
+
+
 def test_one_pass_features_equal_the_two_pass_features_on_one_sentence_contexts():
     """Without windows and with a one-sentence context, the one-pass features (v3) must be what
     the two-pass reference (v2) computes; on longer contexts they differ (windows, tokens)."""
@@ -410,6 +421,10 @@ def test_verifier_and_cascade_configs_validate_and_a_bad_band_is_named():
         cfg = compose("config", overrides=["judge=cascade", "judge.band=[0.9,0.1]"])
         problems = validate({k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "hydra"})
         assert any(p.startswith("conf/judge: band") for p in problems), problems
+        for judge, key in (("verifier", "precision"), ("cascade", "verifier.precision")):
+            cfg = compose("config", overrides=[f"judge={judge}", f"judge.{key}=float16"])
+            problems = validate({k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "hydra"})
+            assert any(p.startswith(f"conf/judge: {key}") and "float32, bfloat16" in p for p in problems), problems
 
 
 # -- spot-check CSVs as training labels -----------------------------------------------------------
