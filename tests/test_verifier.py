@@ -302,6 +302,32 @@ def test_a_fit_of_another_feature_version_is_refused_not_reused(fitted, tmp_path
         VerifierJudge(path=str(old))
 
 
+def test_a_stale_corpus_only_fit_is_refitted_by_auto_fit_a_labelled_one_is_not(fitted, tmp_path, capsys):
+    """auto_fit re-fits a latest fit of an older feature version only when it came from the corpus
+    alone with the default recipe (the same data); anything else is left for loading to refuse."""
+    from rag_experiments.stages.judging.verifier import weights_sha256
+    from rag_experiments.stages.judging.verifier_fit import resolve_verifier
+
+    (latest,) = (fitted["root"] / "cache" / "verifiers").glob("*/latest.json")
+    root = tmp_path / "verifiers" / latest.parent.name
+    stale = root / "stale"
+    shutil.copytree(fitted["path"], stale)
+    model = json.loads((stale / "model.json").read_text())
+    del model["feature_version"]
+    (stale / "model.json").write_text(json.dumps(model))
+    manifest = json.loads((stale / "manifest.json").read_text())
+    manifest["weights_sha256"] = weights_sha256(stale)
+    (root / "latest.json").write_text(json.dumps({"path": str(stale), "fit_id": manifest["fit_id"]}))
+    (stale / "manifest.json").write_text(json.dumps(manifest))  # recipe: synthetic_max 120, not the default
+    assert resolve_verifier(None, str(fitted["docs"]), str(tmp_path), auto_fit=True) == stale
+    manifest["recipe"] = Recipe().as_dict()
+    (stale / "manifest.json").write_text(json.dumps(manifest))
+    assert resolve_verifier(None, str(fitted["docs"]), str(tmp_path), auto_fit=False) == stale
+    fresh = resolve_verifier(None, str(fitted["docs"]), str(tmp_path), auto_fit=True)
+    assert fresh != stale and "computed older features: re-fitting" in capsys.readouterr().err
+    VerifierJudge(path=str(fresh))  # loads: the current feature version
+
+
 def test_sweep_inputs_exit_2_for_missing_and_tampered_verifier(fitted, tmp_path):
     """What ``load_inputs`` turns into exit 2: the problems, no stages built, no run."""
     from hydra import compose, initialize_config_dir
