@@ -1,6 +1,7 @@
 """The heuristic judge, the trained verifier and the cascade, side by side on judge_pairs.
 
-    python scripts/bench_verifier.py [--pairs FILE] [--cascade-n 80] [--speed-n 150] [--json OUT]
+    python scripts/bench_verifier.py [--pairs FILE] [--cascade-n 80] [--speed-n 150] [--rounds 3]
+        [--threads N] [--speed-only] [--no-fit-time] [--json OUT]
 
 Prints (measured, never asserted), every figure on pairs the model was not fitted to:
 - heuristic (thresholds calibrated on half of these pairs: its figure is optimistic);
