@@ -257,6 +257,14 @@ def _judge(g: _Group) -> None:
         ok = isinstance(band, list) and len(band) == 2 and all(isinstance(x, int | float) for x in band)
         if not ok or not 0 <= band[0] <= band[1] <= 1:
             g.bad("band", "must be [lo, hi] with 0 <= lo <= hi <= 1 (P(supported) escalated to the LLM)", band)
+    nested = isinstance(g.node.get("verifier"), dict)  # judge=cascade holds its verifier's keys
+    verifier = g.node["verifier"] if nested else g.node
+    if verifier.get("precision") is not None:  # judge=verifier (or the cascade's verifier)
+        from rag_experiments.stages.judging.token_pass import PRECISIONS
+
+        if verifier["precision"] not in PRECISIONS:
+            key = "verifier.precision" if nested else "precision"
+            g.bad(key, f"must be one of {', '.join(PRECISIONS)} (the verifier's MiniLM pass)", verifier["precision"])
     if str(g.node.get("_target_") or "").endswith(".MLflowJudge"):
         _mlflow_judge(g)
     elif "base_url" in g.node or "model_path" in g.node:

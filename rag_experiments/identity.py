@@ -88,6 +88,8 @@ STAGE_CODE: dict[str, tuple[str, ...]] = {
     "verifier_fit": (
         "rag_experiments.stages.judging.verifier",
         "rag_experiments.stages.judging.alignment",
+        "rag_experiments.stages.judging.token_pass",
+        "rag_experiments.stages.text",  # sentence splitting decides the windows and token passes
         "rag_experiments.stages.judging.verifier_fit",
         "rag_experiments.stages.judging.heuristic",
         "rag_experiments.stages.embedding",

@@ -1,15 +1,20 @@
 """The heuristic judge, the trained verifier and the cascade, side by side on judge_pairs.
 
-    python scripts/bench_verifier.py [--pairs FILE] [--cascade-n 80] [--speed-n 150] [--json OUT]
+    python scripts/bench_verifier.py [--pairs FILE] [--cascade-n 80] [--speed-n 150] [--rounds 3]
+        [--threads N] [--speed-only] [--no-fit-time] [--json OUT]
 
 Prints (measured, never asserted), every figure on pairs the model was not fitted to:
 - heuristic (thresholds calibrated on half of these pairs: its figure is optimistic);
-- verifier, feature-logistic, grouped 5-fold CV by claim (no claim in two folds);
+- verifier, feature-logistic, grouped 5-fold CV by claim (no claim in two folds), for both feature
+  versions side by side: the two-pass reference (v2: sentence-transformers windows + a token pass
+  over whole contexts) and the one shared token pass (v3, the default);
 - verifier trained on synthetic pairs of the bundled sample only, evaluated on all pairs (the
   honest figure for a new user's corpus with no labels);
-- verdicts/s of heuristic and verifier on the same pairs, cold (embeddings not memoised), as a
-  ratio in this run (the machine is shared: absolute rates depend on its load): one claim per
-  call, batched, and batched with 4 claims per context (as an answer's claims share one in a run);
+- how close v3's window vectors (mean of its sentences' token vectors) are to encoding the window;
+- verdicts/s of heuristic and both verifiers on the same pairs, cold (embeddings not memoised), as
+  ratios in this run (the machine is shared: absolute rates depend on its load): one claim per
+  call, batched, and batched with 4 claims per context (as an answer's claims share one in a run;
+  alternating rounds, median, with CPU-seconds per verdict);
 - the cascade over band widths: verifier (out-of-fold P) + the packaged SmolLM2 judge for claims
   inside the band, on a type-stratified subset (LLM verdicts computed once per pair, combined per
   band): LLM calls saved vs agreement;
@@ -41,7 +46,7 @@ from rag_experiments.datasets.corpus import load_corpus  # noqa: E402
 from rag_experiments.datasets.judge_pairs import load_pairs  # noqa: E402
 from rag_experiments.datasets.synthetic_pairs import synthetic_pairs  # noqa: E402
 from rag_experiments.evalset import sample_dir  # noqa: E402
-from rag_experiments.stages.judging import alignment  # noqa: E402
+from rag_experiments.stages.judging import alignment, token_pass  # noqa: E402
 from rag_experiments.stages.judging import heuristic as heur  # noqa: E402
 from rag_experiments.stages.judging.verifier import (  # noqa: E402
     FEATURES,
@@ -49,8 +54,10 @@ from rag_experiments.stages.judging.verifier import (  # noqa: E402
     fit_logistic,
     predict_logistic,
 )
+from rag_experiments.stages.text import sentence_texts  # noqa: E402
 
 PAIRS = Path(os.environ.get("JUDGE_PAIRS", "judge_pairs/pairs.jsonl"))  # a judge_pairs JSONL file
+QUICK = False  # --speed-only
 
 
 def row(name, pairs, pred, idx=None):
@@ -80,13 +87,13 @@ def heuristic_judge():
 
 def _cold():
     heur._VEC_MEMO.clear()
-    alignment._MEMO.clear()
-    alignment._MEMO_SIZE.clear()
+    token_pass._MEMO.clear()
+    token_pass._MEMO_SIZE.clear()
 
 
-def speed(pairs, n, h, fx, model):
-    """Cold verdicts/s of heuristic and verifier on the same n pairs (memos cleared before each):
-    one claim per call, and batched as in a run (one ``prepare`` for all pairs, then verdicts)."""
+def speed(pairs, n, h, judges):
+    """Cold verdicts/s of the heuristic and each verifier on the same n pairs (memos cleared before
+    each): one claim per call, and batched as in a run (one ``prepare`` for all pairs, then verdicts)."""
     sub = pairs[:n]
     claims, ctxs = [p.claim for p in sub], [p.context for p in sub]
     out = {}
@@ -97,38 +104,89 @@ def speed(pairs, n, h, fx, model):
             h.prepare(claims, ctxs)
         for p in sub:
             h.verdicts([p.claim], p.context)
-        th = time.perf_counter() - t0
-        _cold()
-        t0 = time.perf_counter()
-        if mode == "batched":
-            predict_logistic(model, fx.matrix(claims, ctxs))
-        else:
-            for p in sub:
-                predict_logistic(model, fx.matrix([p.claim], [p.context]))
-        tv = time.perf_counter() - t0
-        out[mode] = {"heuristic_verdicts_s": n / th, "verifier_verdicts_s": n / tv, "ratio": th / tv}
+        out[mode] = {"heuristic": n / (time.perf_counter() - t0)}
+        for name, (fx, model) in judges.items():
+            _cold()
+            t0 = time.perf_counter()
+            if mode == "batched":
+                predict_logistic(model, fx.matrix(claims, ctxs))
+            else:
+                for p in sub:
+                    predict_logistic(model, fx.matrix([p.claim], [p.context]))
+            out[mode][name] = n / (time.perf_counter() - t0)
     return out
 
 
-def speed_shared_context(pairs, h, fx, model, n_ctx=75, per_ctx=4):
+def window_approximation(pairs, fx):
+    """Cosine of each 2-sentence window's one-pass vector (mean of its sentences' token vectors)
+    with sentence-transformers' encoding of the window as one text, over the pairs' contexts."""
+    got, want = [], []
+    for ctx in dict.fromkeys(p.context for p in pairs):
+        sents = sentence_texts(ctx)
+        enc = dict(zip(sents, fx.aligner.passes.encode(sents), strict=True))
+        for a, b in zip(sents, sents[1:], strict=False):
+            got.append(token_pass.window_embedding([enc[a], enc[b]]))
+            want.append(f"{a} {b}")
+    cos = (np.stack(got) * fx.aligner.embedder.encode(want)).sum(1)
+    return {"n_windows": len(cos), "mean": float(cos.mean()), "p05": float(np.quantile(cos, 0.05)),
+            "min": float(cos.min())}
+
+
+def speed_shared_context(pairs, h, judges, n_ctx=75, per_ctx=4, rounds=3):
     """Cold, batched verdicts/s when an answer's claims share one context (as in a run): n_ctx
-    contexts of judge_pairs, each judged against per_ctx claims; wall and per CPU-second."""
+    contexts of judge_pairs, each judged against per_ctx claims; wall and per CPU-second (process
+    time: all threads of this process). ``judges``: name -> (FeatureExtractor, model). The judges
+    run in turn, ``rounds`` times (so load drifts hit all alike); the median round is reported."""
     ctxs = list(dict.fromkeys(p.context for p in pairs))[:n_ctx]
     claims = [pairs[(i * per_ctx + j) % len(pairs)].claim for i in range(len(ctxs)) for j in range(per_ctx)]
     contexts = [c for c in ctxs for _ in range(per_ctx)]
+    times: dict[str, list[tuple[float, float]]] = {}
+    for _ in range(rounds):
+        for name in ("heuristic", *judges):
+            _cold()
+            t0, c0 = time.perf_counter(), time.process_time()
+            if name == "heuristic":
+                h.prepare(claims, ctxs)
+                for i, c in enumerate(ctxs):
+                    h.verdicts(claims[i * per_ctx : (i + 1) * per_ctx], c)
+            else:
+                fx, model = judges[name]
+                predict_logistic(model, fx.matrix(claims, contexts))
+            times.setdefault(name, []).append((time.perf_counter() - t0, time.process_time() - c0))
     out = {}
-    for name in ("heuristic", "verifier"):
-        _cold()
-        t0, c0 = time.perf_counter(), time.process_time()
-        if name == "heuristic":
-            h.prepare(claims, ctxs)
-            for i, c in enumerate(ctxs):
-                h.verdicts(claims[i * per_ctx : (i + 1) * per_ctx], c)
-        else:
-            predict_logistic(model, fx.matrix(claims, contexts))
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        out[name] = {"verdicts_s": len(claims) / wall, "verdicts_per_cpu_s": len(claims) / cpu}
+    for name, t in times.items():
+        wall, cpu = sorted(t)[len(t) // 2]
+        out[name] = {"verdicts_s": len(claims) / wall, "verdicts_per_cpu_s": len(claims) / cpu,
+                     "cpu_s_per_verdict": cpu / len(claims), "wall_rounds": [round(w, 2) for w, _ in t]}
     return out
+
+
+def quality(pairs, syn, X, Xs, y, ys, groups):
+    """Grouped 5-fold CV rows (all features, checks only) and synthetic-only rows for one X."""
+    out = {}
+    if QUICK:
+        return out, np.full(len(pairs), 0.5)
+
+    def cv(cols):
+        def fit(tr):
+            m = fit_logistic(X[tr][:, cols], y[tr])
+            return lambda te: predict_logistic(m, X[te][:, cols])
+
+        return cross_validated(fit, len(pairs), groups, k=5, seed=0)
+
+    every = list(range(X.shape[1]))
+    ck = [i for i, f in enumerate(FEATURES) if f not in alignment.ALIGN_FEATURES]
+    oof = cv(every)
+    out["cv"] = row("verifier (features), grouped 5-fold CV", pairs, labels(oof))
+    out["cv_checks_only"] = row("  ... checks only (no soft alignment)", pairs, labels(cv(ck)))
+    out["synthetic_only"] = row(f"verifier (features), synthetic only ({len(syn)})", pairs,
+                                labels(predict_logistic(fit_logistic(Xs, ys), X)))
+    keep = np.array([p.type not in ("paraphrase", "same_doc") for p in syn])
+    out["synthetic_only_no_paraphrase"] = row("  ... without paraphrase / same_doc pairs", pairs,
+                                              labels(predict_logistic(fit_logistic(Xs[keep], ys[keep]), X)))
+    out["synthetic_only_checks_only"] = row("  ... checks only (no soft alignment)", pairs,
+                                            labels(predict_logistic(fit_logistic(Xs[:, ck], ys), X[:, ck])))
+    return out, oof
 
 
 def cascade_table(pairs, oof, n, seed=0):
@@ -171,6 +229,9 @@ def main(argv=None) -> int:
     ap.add_argument("--pairs", type=Path, default=PAIRS)
     ap.add_argument("--cascade-n", type=int, default=80)
     ap.add_argument("--speed-n", type=int, default=150)
+    ap.add_argument("--rounds", type=int, default=3, help="alternating timing rounds (median reported)")
+    ap.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's, one per core)")
+    ap.add_argument("--speed-only", action="store_true", help="skip the CV and synthetic-only cards")
     ap.add_argument("--no-fit-time", action="store_true")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
@@ -178,55 +239,58 @@ def main(argv=None) -> int:
         print(f"skipped: {args.pairs} not found")
         return 0
     pairs = load_pairs(args.pairs)
+    global QUICK
+    QUICK = args.speed_only
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     print(f"{len(pairs)} pairs; load average {os.getloadavg()[0]:.1f} on 2 shared cores", flush=True)
     groups = [p.group_key for p in pairs]
     y = np.array([p.label == "supported" for p in pairs], float)
     h = heuristic_judge()
-    fx = FeatureExtractor(h.embedder)
     res: dict = {}
-    fx.prepare([p.claim for p in pairs], [p.context for p in pairs])  # one embedding batch, shared memo
-    res["heuristic"] = row("heuristic (calibrated on half of these)", pairs,
-                           [h.verdicts([p.claim], p.context)[0].label for p in pairs])
-    X = fx.matrix([p.claim for p in pairs], [p.context for p in pairs])
-
-    def fit(tr):
-        m = fit_logistic(X[tr], y[tr])
-        return lambda te: predict_logistic(m, X[te])
-
-    oof = cross_validated(fit, len(pairs), groups, k=5, seed=0)
-    res["verifier_cv"] = row("verifier (features), grouped 5-fold CV", pairs, labels(oof))
-    ck = [i for i, f in enumerate(FEATURES) if f not in alignment.ALIGN_FEATURES]
-
-    def fit_checks(tr):
-        m = fit_logistic(X[tr][:, ck], y[tr])
-        return lambda te: predict_logistic(m, X[te][:, ck])
-
-    res["verifier_cv_checks_only"] = row("  ... checks only (no soft alignment)", pairs,
-                                         labels(cross_validated(fit_checks, len(pairs), groups, k=5, seed=0)))
-    syn = synthetic_pairs(load_corpus(sample_dir() / "docs"), n_max=1500)
-    Xs = fx.matrix([p.claim for p in syn], [p.context for p in syn])
-    m_syn = fit_logistic(Xs, np.array([p.label == "supported" for p in syn], float))
-    res["verifier_synthetic_only"] = row(f"verifier (features), synthetic only ({len(syn)})", pairs,
-                                         labels(predict_logistic(m_syn, X)))
+    h.prepare([p.claim for p in pairs], [p.context for p in pairs])
+    if not QUICK:
+        res["heuristic"] = row("heuristic (calibrated on half of these)", pairs,
+                               [h.verdicts([p.claim], p.context)[0].label for p in pairs])
+    syn = [] if QUICK else synthetic_pairs(load_corpus(sample_dir() / "docs"), n_max=1500)
     ys = np.array([p.label == "supported" for p in syn], float)
-    keep = np.array([p.type not in ("paraphrase", "same_doc") for p in syn])
-    m_old = fit_logistic(Xs[keep], ys[keep])
-    res["verifier_synthetic_only_no_paraphrase"] = row("  ... without paraphrase / same_doc pairs", pairs,
-                                                       labels(predict_logistic(m_old, X)))
-    m_ck = fit_logistic(Xs[:, ck], ys)
-    res["verifier_synthetic_only_checks_only"] = row("  ... checks only (no soft alignment)", pairs,
-                                                     labels(predict_logistic(m_ck, X[:, ck])))
-    res["speed"] = speed(pairs, args.speed_n, h, fx, fit_logistic(X, y))
+    judges, oof = {}, None
+    for name, one_pass in (("two-pass (features v2)", False), ("one-pass (features v3)", True)):
+        fx = FeatureExtractor(h.embedder, one_pass=one_pass)
+        print(f"\n-- verifier, {name}", flush=True)
+        X = fx.matrix([p.claim for p in pairs], [p.context for p in pairs])
+        Xs = fx.matrix([p.claim for p in syn], [p.context for p in syn])
+        res[name], o = quality(pairs, syn, X, Xs, y, ys, groups)
+        oof = o if one_pass else oof
+        judges[name] = (fx, fit_logistic(X, y))
+    if token_pass.bf16_supported():  # the one-pass verifier with its MiniLM pass in bfloat16
+        fx16 = FeatureExtractor(h.embedder, precision="bfloat16")
+        X16 = fx16.matrix([p.claim for p in pairs], [p.context for p in pairs])
+        X = fx.matrix([p.claim for p in pairs], [p.context for p in pairs])
+        print(f"\n-- one-pass, bfloat16: max |feature difference| to float32 {np.abs(X16 - X).max():.4f}")
+        res["one-pass bfloat16"], _ = quality(pairs, syn, X16, fx16.matrix([p.claim for p in syn], [p.context for p in syn]),
+                                             y, ys, groups)
+        judges["one-pass bfloat16"] = (fx16, fit_logistic(X16, y))
+    res["window_approximation"] = wa = window_approximation(pairs, judges["one-pass (features v3)"][0])
+    print(f"\none-pass window vector vs the window encoded as one text: cosine mean {wa['mean']:.3f}, "
+          f"5th percentile {wa['p05']:.3f}, min {wa['min']:.3f} ({wa['n_windows']} windows)", flush=True)
+    res["speed"] = sp = speed(pairs, args.speed_n, h, judges)
     res["speed"]["load"] = os.getloadavg()[0]
     for mode in ("one_by_one", "batched"):
-        sp = res["speed"][mode]
-        print(f"\nverdicts/s, cold, {mode.replace('_', ' ')}, n={args.speed_n}: heuristic "
-              f"{sp['heuristic_verdicts_s']:.1f}, verifier {sp['verifier_verdicts_s']:.1f} (ratio "
-              f"{sp['ratio']:.2f}; load average {os.getloadavg()[0]:.1f})", flush=True)
-    res["speed"]["shared_context"] = sc = speed_shared_context(pairs, h, fx, fit_logistic(X, y))
-    print(f"verdicts/s, cold, batched, 4 claims per context (as in a run): heuristic "
-          f"{sc['heuristic']['verdicts_s']:.1f} ({sc['heuristic']['verdicts_per_cpu_s']:.1f} per CPU-s), verifier "
-          f"{sc['verifier']['verdicts_s']:.1f} ({sc['verifier']['verdicts_per_cpu_s']:.1f} per CPU-s)", flush=True)
+        print(f"verdicts/s, cold, {mode.replace('_', ' ')}, n={args.speed_n}, one context per pair: "
+              + ", ".join(f"{k} {v:.1f}" for k, v in sp[mode].items())
+              + f" (load average {os.getloadavg()[0]:.1f})", flush=True)
+    res["speed"]["shared_context"] = sc = speed_shared_context(pairs, h, judges, rounds=args.rounds)
+    print(f"verdicts/s, cold, batched, 4 claims per context (as in a run), median of {args.rounds} "
+          f"alternating rounds, load average {os.getloadavg()[0]:.1f}:")
+    for k, v in sc.items():
+        print(f"  {k:<24} {v['verdicts_s']:6.1f} verdicts/s wall  {v['verdicts_per_cpu_s']:6.1f} per CPU-s  "
+              f"({1000 * v['cpu_s_per_verdict']:.1f} CPU-ms/verdict; rounds {v['wall_rounds']} s)", flush=True)
+    old, new = sc["two-pass (features v2)"], sc["one-pass (features v3)"]
+    print(f"  one-pass / two-pass: wall {new['verdicts_s'] / old['verdicts_s']:.2f}x, "
+          f"per CPU-s {new['verdicts_per_cpu_s'] / old['verdicts_per_cpu_s']:.2f}x", flush=True)
     if args.cascade_n:
         res["cascade"], res["cascade_n"], res["llm_s_per_verdict"] = cascade_table(pairs, oof, args.cascade_n)
     if not args.no_fit_time:

@@ -176,6 +176,53 @@ def test_features_flag_negation_and_number_swaps_and_keep_a_paraphrase_aligned()
     assert f["number"]["num_mismatch_ctx"] == 1 and f["same"]["num_mismatch_ctx"] == 0
 
 
+def test_one_pass_sentence_embedding_is_sentence_transformers_and_windows_are_close():
+    """The shared pass's sentence embedding is exactly SentenceTransformer.encode's (mean pooling +
+    normalisation); a window's (mean of its sentences' token vectors) is an approximation."""
+    from rag_experiments.stages.judging.token_pass import TokenPass, window_embedding
+
+    tp = TokenPass()
+    sents = [
+        "Failed webhook deliveries are retried up to 8 times.",
+        "Each retry waits twice as long as the previous one.",
+        "Refunds of annual plans are prorated by the remaining days, minus a processing fee of 2 %.",
+        "Yes.",
+    ]
+    got, want = tp.embeddings(sents), tp.embedder.encode(sents)
+    assert np.abs(got - want).max() < 1e-5  # float noise only (batch padding)
+    window = tp.embedder.encode([f"{sents[0]} {sents[1]}"])[0]
+    cos = float(window_embedding(tp.encode(sents[:2])) @ window)
+    assert 0.9 < cos < 0.9999  # close, and not the same thing
+
+
+def test_bfloat16_pass_is_close_to_float32_and_has_its_own_identity():
+    from rag_experiments.stages.judging.token_pass import TokenPass
+
+    sents = ["Failed webhook deliveries are retried up to 8 times.", "Refunds take five days."]
+    f32, b16 = TokenPass(), TokenPass(precision="bfloat16")
+    assert float((f32.embeddings(sents) * b16.embeddings(sents)).sum(1).min()) > 0.999
+    assert f32.identity != b16.identity and "precision" not in json.loads(f32.identity)
+    with pytest.raises(ValueError, match="judge.precision: 'float16'"):
+        TokenPass(precision="float16")
+
+
+def test_one_pass_features_equal_the_two_pass_features_on_one_sentence_contexts():
+    """Without windows and with a one-sentence context, the one-pass features (v3) must be what
+    the two-pass reference (v2) computes; on longer contexts they differ (windows, tokens)."""
+    from rag_experiments.stages.judging.verifier import FeatureExtractor
+
+    claims = ["Failed webhook deliveries are retried up to 8 times.", "Invoices are not emailed monthly.",
+              "Webhook deliveries that fail are attempted again as many as 20 times."]
+    ctxs = ["Failed webhook deliveries are retried up to 8 times.", "Invoices are emailed every month.",
+            "Failed webhook deliveries are retried up to 8 times."]
+    one = FeatureExtractor(one_pass=True)
+    two = FeatureExtractor(one_pass=False)
+    assert np.abs(one.matrix(claims, ctxs) - two.matrix(claims, ctxs)).max() < 1e-4
+    assert one.identity != two.identity and json.loads(one.identity)["features"] == 3
+    long_ctx = [f"{ctxs[0]} Each retry waits twice as long as the previous one."] * 3
+    assert np.abs(one.matrix(claims, long_ctx) - two.matrix(claims, long_ctx)).max() > 1e-3
+
+
 # -- fit ------------------------------------------------------------------------------------------
 
 
@@ -236,6 +283,49 @@ def test_missing_or_altered_verifier_refused(fitted, tmp_path):
     (tampered / "model.json").write_text(json.dumps(model))
     with pytest.raises(VerifierError, match="does not match the manifest"):
         VerifierJudge(path=str(tampered))
+
+
+def test_a_fit_of_another_feature_version_is_refused_not_reused(fitted, tmp_path):
+    """Features changed meaning (v2: two passes, v3: one shared pass) under the same names: an old
+    fit, even with a consistent manifest, must be re-fitted, never scored with the new features."""
+    from rag_experiments.stages.judging.verifier import FEATURE_VERSION, weights_sha256
+
+    assert json.loads((fitted["path"] / "model.json").read_text())["feature_version"] == FEATURE_VERSION
+    old = tmp_path / "v2"
+    shutil.copytree(fitted["path"], old)
+    model = json.loads((old / "model.json").read_text())
+    del model["feature_version"]  # what a fit before version 3 wrote
+    (old / "model.json").write_text(json.dumps(model))
+    manifest = json.loads((old / "manifest.json").read_text())
+    (old / "manifest.json").write_text(json.dumps({**manifest, "weights_sha256": weights_sha256(old)}))
+    with pytest.raises(VerifierError, match="feature version 2, this code computes version 3"):
+        VerifierJudge(path=str(old))
+
+
+def test_a_stale_corpus_only_fit_is_refitted_by_auto_fit_a_labelled_one_is_not(fitted, tmp_path, capsys):
+    """auto_fit re-fits a latest fit of an older feature version only when it came from the corpus
+    alone with the default recipe (the same data); anything else is left for loading to refuse."""
+    from rag_experiments.stages.judging.verifier import weights_sha256
+    from rag_experiments.stages.judging.verifier_fit import resolve_verifier
+
+    (latest,) = (fitted["root"] / "cache" / "verifiers").glob("*/latest.json")
+    root = tmp_path / "verifiers" / latest.parent.name
+    stale = root / "stale"
+    shutil.copytree(fitted["path"], stale)
+    model = json.loads((stale / "model.json").read_text())
+    del model["feature_version"]
+    (stale / "model.json").write_text(json.dumps(model))
+    manifest = json.loads((stale / "manifest.json").read_text())
+    manifest["weights_sha256"] = weights_sha256(stale)
+    (root / "latest.json").write_text(json.dumps({"path": str(stale), "fit_id": manifest["fit_id"]}))
+    (stale / "manifest.json").write_text(json.dumps(manifest))  # recipe: synthetic_max 120, not the default
+    assert resolve_verifier(None, str(fitted["docs"]), str(tmp_path), auto_fit=True) == stale
+    manifest["recipe"] = Recipe().as_dict()
+    (stale / "manifest.json").write_text(json.dumps(manifest))
+    assert resolve_verifier(None, str(fitted["docs"]), str(tmp_path), auto_fit=False) == stale
+    fresh = resolve_verifier(None, str(fitted["docs"]), str(tmp_path), auto_fit=True)
+    assert fresh != stale and "computed older features: re-fitting" in capsys.readouterr().err
+    VerifierJudge(path=str(fresh))  # loads: the current feature version
 
 
 def test_sweep_inputs_exit_2_for_missing_and_tampered_verifier(fitted, tmp_path):
@@ -357,6 +447,10 @@ def test_verifier_and_cascade_configs_validate_and_a_bad_band_is_named():
         cfg = compose("config", overrides=["judge=cascade", "judge.band=[0.9,0.1]"])
         problems = validate({k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "hydra"})
         assert any(p.startswith("conf/judge: band") for p in problems), problems
+        for judge, key in (("verifier", "precision"), ("cascade", "verifier.precision")):
+            cfg = compose("config", overrides=[f"judge={judge}", f"judge.{key}=float16"])
+            problems = validate({k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "hydra"})
+            assert any(p.startswith(f"conf/judge: {key}") and "float32, bfloat16" in p for p in problems), problems
 
 
 # -- spot-check CSVs as training labels -----------------------------------------------------------
@@ -408,11 +502,11 @@ def test_spotcheck_csv_labels_load_as_pairs_and_bad_rows_exit_2_with_file_and_li
 
 
 def test_alignment_memo_is_bounded_and_a_full_memo_still_serves_every_text(monkeypatch):
-    from rag_experiments.stages.judging import alignment
+    from rag_experiments.stages.judging import alignment, token_pass
 
     aligner = alignment.TokenAligner()
-    aligner.prepare(["Refunds take five days.", "Webhooks are retried."])
-    monkeypatch.setattr(alignment, "MEMO_BYTES", 1)  # over the bound: the next call starts afresh
+    aligner.prepare(["Refunds take five days.", "Webhooks are retried."], [])
+    monkeypatch.setattr(token_pass, "MEMO_BYTES", 1)  # over the bound: the next call starts afresh
     out = aligner.features(["Refunds take five days."], ["Refunds are issued within five days."])
     assert out.shape == (1, len(alignment.ALIGN_FEATURES)) and out[0, 0] > 0.8
-    assert len(alignment._MEMO[aligner.identity]) == 2  # cleared, then the two texts of this call
+    assert len(token_pass._MEMO[aligner.passes.identity]) == 2  # cleared, then the two texts of this call

@@ -11,19 +11,20 @@ and the claim is summarised by the distribution of ``r``: its mean (soft recall)
 lower quartile (the worst-supported words), and the share of words below 0.5 and 0.7 (words the
 context does not state, even in other words). Soft precision is the mean over the context's
 content words of their best match in the claim (how much of the context the claim is about);
-F = 2·R·P/(R+P). Claim and context are encoded separately (as BERTScore does), so a context is
-encoded once for all the claims judged against it (memoised per process).
+F = 2·R·P/(R+P). Claim and context are encoded separately (as BERTScore does), and a context
+sentence by sentence (:mod:`.token_pass`: the same pass gives the heuristic checks' sentence
+embeddings), each distinct text once per process (memoised).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import numpy as np
 
-from rag_experiments.stages.judging.heuristic import _NEGATIONS, _STOPWORDS
+from rag_experiments.stages.judging.token_pass import MAX_TOKENS, TokenPass, concat
+from rag_experiments.stages.text import sentence_texts
 
 ALIGN_FEATURES = (
     "soft_recall",  # mean over claim content words of their best cosine to a context token
@@ -35,83 +36,48 @@ ALIGN_FEATURES = (
     "soft_f",  # 2RP / (R + P)
     "soft_unaligned_n",  # log1p(number of claim words with best cosine < 0.5)
 )
-MAX_TOKENS = 256  # a claim and a 2-sentence window fit easily; longer contexts are truncated
-MEMO_BYTES = 512 * 2**20  # token vectors are ~1.5 KB per token: bound the memo, not the count
-_MEMO: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
-_MEMO_SIZE: dict[str, int] = {}
-_ALNUM = re.compile(r"[a-z0-9]")
 
 
 class TokenAligner:
     """Soft-alignment features (module docstring) from the embedder's own MiniLM weights.
 
-    ``embedder``: a ``SentenceTransformerEmbedder`` (default: the metric embedder, the same model
-    the heuristic judge uses, loaded once per process).
+    Token vectors come from the shared :class:`~.token_pass.TokenPass` (one memoised pass per
+    distinct text). ``context_by_sentence`` (the default, feature version 3): a context's tokens are
+    its sentences' passes, concatenated, so the pass the heuristic checks need serves the
+    alignment too; False: the context is encoded as one text (truncated at 256 tokens; feature
+    version 2, kept as the two-pass reference for benchmarks).
     """
 
-    def __init__(self, embedder: Any = None) -> None:
-        from rag_experiments.stages.embedding import SentenceTransformerEmbedder, metric_embedder
-
-        self.embedder = embedder if isinstance(embedder, SentenceTransformerEmbedder) else metric_embedder()
+    def __init__(self, embedder: Any = None, context_by_sentence: bool = True, precision: str = "float32") -> None:
+        self.passes = TokenPass(embedder, precision)
+        self.embedder = self.passes.embedder
+        self.context_by_sentence = bool(context_by_sentence)
         self.identity = json.dumps(
-            {"kind": "token-alignment", "version": 1, "layer": "last", "max_tokens": MAX_TOKENS,
-             "embedder": json.loads(self.embedder.identity)},
+            {"kind": "token-alignment", "version": 2 if self.context_by_sentence else 1, "layer": "last",
+             "context": "sentences" if self.context_by_sentence else "whole", "max_tokens": MAX_TOKENS,
+             "embedder": json.loads(self.passes.identity)["embedder"],
+             **({"precision": precision} if precision != "float32" else {})},
             sort_keys=True,
         )
 
-    def _vectors(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per text: (content-word vectors, all token vectors), unit length; memoised."""
-        memo = _MEMO.setdefault(self.identity, {})
-        if _MEMO_SIZE.get(self.identity, 0) > MEMO_BYTES:  # bound memory on very large sweeps
-            memo.clear()  # before choosing what to encode: every text asked for is then encoded
-            _MEMO_SIZE[self.identity] = 0
-        todo = list(dict.fromkeys(t for t in texts if t not in memo))
-        if todo:
-            import torch
+    def context_texts(self, context: str) -> list[str]:
+        """The texts whose passes make up a context's tokens."""
+        if not self.context_by_sentence:
+            return [context]
+        return sentence_texts(context) or ([context] if context.strip() else [])
 
-            st = self.embedder.model
-            model, tok = st[0].auto_model, st.tokenizer
-            for b in range(0, len(todo), 32):
-                batch = todo[b : b + 32]
-                enc = tok(batch, truncation=True, max_length=MAX_TOKENS, padding=True, return_tensors="pt")
-                with torch.inference_mode():
-                    hidden = model(**enc).last_hidden_state.numpy()
-                for i, text in enumerate(batch):
-                    memo[text] = _word_vectors(hidden[i], enc.word_ids(i), tok.convert_ids_to_tokens(enc["input_ids"][i]))
-                    _MEMO_SIZE[self.identity] = _MEMO_SIZE.get(self.identity, 0) + sum(a.nbytes for a in memo[text])
-        return [memo[t] for t in texts]
-
-    def prepare(self, texts: list[str]) -> None:
-        self._vectors(list(texts))
+    def prepare(self, claims: list[str], contexts: list[str]) -> None:
+        texts = list(claims) + [t for c in dict.fromkeys(contexts) for t in self.context_texts(c)]
+        self.passes.encode(list(dict.fromkeys(texts)))
 
     def features(self, claims: list[str], contexts: list[str]) -> np.ndarray:
         """:data:`ALIGN_FEATURES` per (claim, context) pair."""
-        vecs = dict(zip(claims + contexts, self._vectors(list(claims) + list(contexts)), strict=True))
-        return np.array([soft_alignment(vecs[c], vecs[x]) for c, x in zip(claims, contexts, strict=True)]).reshape(
-            len(claims), len(ALIGN_FEATURES)
-        )
-
-
-def _word_vectors(hidden: np.ndarray, word_ids: list[int | None], pieces: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(content-word vectors, all real-token vectors) of one encoded text, unit length.
-
-    A word's vector is the mean of its word pieces; stopwords, negations and punctuation are not
-    content words (negation is the verifier's separate ``neg_mismatch`` feature).
-    """
-    unit = hidden / np.maximum(np.linalg.norm(hidden, axis=1, keepdims=True), 1e-9)
-    words: dict[int, list[int]] = {}
-    for j, w in enumerate(word_ids):
-        if w is not None:
-            words.setdefault(w, []).append(j)
-    content = []
-    for js in words.values():
-        word = "".join(pieces[j].removeprefix("##") for j in js).lower()
-        if _ALNUM.search(word) and word not in _STOPWORDS and word not in _NEGATIONS:
-            v = unit[js].mean(0)
-            content.append(v / max(float(np.linalg.norm(v)), 1e-9))
-    real = [j for j, w in enumerate(word_ids) if w is not None]
-    dim = hidden.shape[1]
-    return (np.array(content, dtype=np.float32).reshape(-1, dim), unit[real].astype(np.float32).reshape(-1, dim))
+        parts = {c: self.context_texts(c) for c in dict.fromkeys(contexts)}
+        texts = list(dict.fromkeys(list(claims) + [t for ts in parts.values() for t in ts]))
+        enc = dict(zip(texts, self.passes.encode(texts), strict=True))  # one call: one memo state
+        ctx_vecs = {c: concat([enc[t] for t in ts]) for c, ts in parts.items()}
+        rows = [soft_alignment((enc[c].words, enc[c].tokens), ctx_vecs[x]) for c, x in zip(claims, contexts, strict=True)]
+        return np.array(rows).reshape(len(claims), len(ALIGN_FEATURES))
 
 
 def soft_alignment(claim: tuple[np.ndarray, np.ndarray], context: tuple[np.ndarray, np.ndarray]) -> list[float]:

@@ -309,6 +309,11 @@ class HeuristicJudge:
             memo.update(zip(todo, self.embedder.encode(todo, kind="passage"), strict=True))
         return np.stack([memo[t] for t in texts])
 
+    def _vectors(self, claims: list[str], context: str, cands: list[str]) -> np.ndarray:
+        """Unit vectors of the claims, then of the context's candidates (the verifier's checks
+        derive them from its shared token pass instead: ``verifier.SharedPassChecks``)."""
+        return self._encode(claims + cands)
+
     def split(self, answer: str) -> list[str]:
         return split_claims(answer)
 
@@ -335,7 +340,7 @@ class HeuristicJudge:
             return []
         if not cands:
             return [[] for _ in claims]
-        vecs = self._encode(list(claims) + cands)
+        vecs = self._vectors(list(claims), context, cands)
         sims = vecs[: len(claims)] @ vecs[len(claims) :].T
         cand_tokens = [_tokens(c) for c in cands]
         cand_stems = [set(_content_stems(c)) for c in cands]

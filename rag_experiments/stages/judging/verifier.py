@@ -31,6 +31,8 @@ from rag_experiments.stages.judging.heuristic import (
     _entities,
     _numbers_agree,
 )
+from rag_experiments.stages.judging.token_pass import TokenPass, window_embedding
+from rag_experiments.stages.text import sentence_texts
 
 FEATURES = (
     "sim_max",  # MiniLM cosine of the claim and its most similar sentence / 2-sentence window
@@ -47,6 +49,10 @@ FEATURES = (
     "claim_len",  # log1p(content words of the claim)
 ) + ALIGN_FEATURES  # token-level soft alignment (alignment.py): paraphrase-robust coverage
 N_CHECKS = len(FEATURES) - len(ALIGN_FEATURES)
+#: What the features mean, beyond their names: a fit of another version is refused at load.
+#: 2: two MiniLM passes (sentence-transformers windows + a whole-context token pass);
+#: 3: one shared token pass (windows from sentence passes, contexts by sentence).
+FEATURE_VERSION = 3
 
 
 class VerifierError(ValueError):
@@ -85,36 +91,79 @@ def _features_of(claim: str, context: str, rows: list[dict]) -> list[float]:
     ]
 
 
+class SharedPassChecks(HeuristicJudge):
+    """The heuristic judge's checks on vectors from the verifier's shared token pass: a claim's and
+    a sentence's embedding are exact (mean pooling of the pass), a 2-sentence window's is the mean
+    of its sentences' token vectors (:func:`.token_pass.window_embedding`, an approximation)."""
+
+    def __init__(self, passes: TokenPass) -> None:
+        super().__init__(embedder=passes.embedder)
+        self.passes = passes
+
+    def _vectors(self, claims: list[str], context: str, cands: list[str]) -> np.ndarray:
+        sents = sentence_texts(context)
+        texts = list(dict.fromkeys(claims + sents))
+        enc = dict(zip(texts, self.passes.encode(texts), strict=True))  # one call: one memo state
+        rows = [enc[t].embedding for t in claims + sents]
+        rows += [window_embedding([enc[a], enc[b]]) for a, b in zip(sents, sents[1:], strict=False)]
+        if len(rows) != len(claims) + len(cands):  # candidates = sentences + windows (HeuristicJudge)
+            raise ValueError(f"{len(cands)} candidates but {len(rows) - len(claims)} sentence/window vectors")
+        return np.stack(rows)
+
+
 class FeatureExtractor:
     """:data:`FEATURES` for (claim, context) pairs: the heuristic judge's checks and the token
-    soft alignment, both on the same MiniLM."""
+    soft alignment, both on the same MiniLM.
 
-    def __init__(self, embedder: Any = None) -> None:
-        self.heuristic = HeuristicJudge(embedder=embedder)
-        self.aligner = TokenAligner(self.heuristic.embedder)
+    ``one_pass`` (default; feature version 3): one memoised MiniLM pass per distinct claim and
+    context sentence serves both (:mod:`.token_pass`). False (feature version 2, the reference
+    for benchmarks): sentence-transformers embeddings of every sentence and window for the checks,
+    plus a token pass over each claim and whole context for the alignment. ``precision``: the
+    token pass's (:data:`.token_pass.PRECISIONS`; ``bfloat16`` only with ``one_pass`` is measured).
+    """
+
+    def __init__(self, embedder: Any = None, one_pass: bool = True, precision: str = "float32") -> None:
+        self.one_pass = bool(one_pass)
+        if self.one_pass:
+            self.aligner = TokenAligner(embedder, precision=precision)
+            self.heuristic: HeuristicJudge = SharedPassChecks(self.aligner.passes)
+        else:
+            self.heuristic = HeuristicJudge(embedder=embedder)
+            self.aligner = TokenAligner(self.heuristic.embedder, context_by_sentence=False, precision=precision)
+
+    @property
+    def feature_version(self) -> int:
+        return FEATURE_VERSION if self.one_pass else 2
 
     @property
     def identity(self) -> str:
         checks = self.heuristic.embedder_identity
         checks = json.loads(checks) if checks.startswith("{") else checks
-        return json.dumps({"checks": checks, "alignment": json.loads(self.aligner.identity)}, sort_keys=True)
+        return json.dumps(
+            {"features": self.feature_version, "checks": checks, "alignment": json.loads(self.aligner.identity)},
+            sort_keys=True,
+        )
 
     def prepare(self, claims: list[str], contexts: list[str], progress: bool = False) -> None:
-        """Embed every claim and candidate window (the heuristic's memo), in blocks of 512 texts
-        so a long fit shows progress with an ETA (embedding is most of a fit's time)."""
+        """Encode every claim and context sentence (one pass; or, two-pass, every claim and
+        candidate window, then the token pass), in blocks of 512 texts so a long fit shows
+        progress with an ETA (embedding is most of a fit's time)."""
         from rag_experiments.progress import Progress
 
-        texts = list(claims) + [c for ctx in dict.fromkeys(contexts) for c in self.heuristic.candidates(ctx)]
-        texts = list(dict.fromkeys(texts))
-        pair_texts = list(dict.fromkeys(list(claims) + list(contexts)))
-        total = len(texts) + len(pair_texts)
+        contexts = list(dict.fromkeys(contexts))
+        if self.one_pass:
+            texts = list(claims) + [t for c in contexts for t in self.aligner.context_texts(c)]
+            steps = [(self.aligner.passes.encode, list(dict.fromkeys(texts)), 512)]
+        else:
+            texts = list(claims) + [c for ctx in contexts for c in self.heuristic.candidates(ctx)]
+            steps = [(self.heuristic._encode, list(dict.fromkeys(texts)), 512),
+                     (self.aligner.passes.encode, list(dict.fromkeys(list(claims) + contexts)), 256)]
+        total = sum(len(t) for _, t, _ in steps)
         with Progress("verifier: embedding", total, enabled=progress and total > 512, unit="texts") as bar:
-            for i in range(0, len(texts), 512):
-                self.heuristic._encode(texts[i : i + 512])
-                bar.update(len(texts[i : i + 512]))
-            for i in range(0, len(pair_texts), 256):  # token vectors for the soft alignment
-                self.aligner.prepare(pair_texts[i : i + 256])
-                bar.update(len(pair_texts[i : i + 256]))
+            for encode, todo, block in steps:
+                for i in range(0, len(todo), block):
+                    encode(todo[i : i + block])
+                    bar.update(len(todo[i : i + block]))
 
     def matrix(self, claims: list[str], contexts: list[str], progress: bool = False) -> np.ndarray:
         from rag_experiments.progress import track
@@ -200,6 +249,12 @@ def load_verifier_dir(path: str | Path) -> tuple[dict, dict]:
             "re-fit it (python -m rag_experiments.judge fit) instead of editing it"
         )
     model = json.loads((path / "model.json").read_text(encoding="utf-8"))
+    if model.get("feature_version", 2) != FEATURE_VERSION:
+        raise VerifierError(
+            f"judge.path: {path}: fitted on feature version {model.get('feature_version', 2)}, this code "
+            f"computes version {FEATURE_VERSION} (verifier.FEATURE_VERSION): re-fit it "
+            "(python -m rag_experiments.judge fit, with the same --labels)"
+        )
     if model.get("features") != list(FEATURES):
         raise VerifierError(
             f"judge.path: {path}: fitted on features {model.get('features')}, this code computes "

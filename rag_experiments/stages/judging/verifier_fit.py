@@ -176,7 +176,7 @@ def fit_verifier(
     say(f"[verifier fit] {len(pairs)} training pairs ({len(synthetic)} synthetic, {len(labelled)} labelled)")
     X = extractor.matrix([p.claim for p in pairs], [p.context for p in pairs], progress=progress)
     y = np.array([p.label == "supported" for p in pairs], float)
-    model = fit_logistic(X, y, l2=recipe.l2)
+    model = {**fit_logistic(X, y, l2=recipe.l2), "feature_version": extractor.feature_version}
     card = {"fit_data": _card(X, pairs, recipe)}
     if labelled and not recipe.synthetic_with_labels:
         Xs = extractor.matrix([p.claim for p in synthetic], [p.context for p in synthetic])
@@ -209,6 +209,21 @@ def fit_verifier(
     return FitResult(final, fit_id, False, time.perf_counter() - t0, manifest)
 
 
+def _stale_auto_fit(path: Path) -> bool:
+    """A fit of an older feature version made from the corpus alone with the default recipe
+    (what ``auto_fit`` makes): re-fitting it uses the same data, so it is not a refit with other data."""
+    from rag_experiments.stages.judging.verifier import FEATURE_VERSION
+
+    try:
+        model = json.loads((path / "model.json").read_text(encoding="utf-8"))
+        manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False  # loading it reports the problem
+    same_recipe = {**manifest.get("recipe", {}), "version": None} == {**Recipe().as_dict(), "version": None}
+    no_labels = manifest.get("data", {}).get("n_labelled") == 0
+    return model.get("feature_version", 2) != FEATURE_VERSION and same_recipe and no_labels
+
+
 def resolve_verifier(path: str | None, corpus_path: str | None, cache_dir: str, auto_fit: bool) -> Path:
     """The verifier directory a judge uses: ``path``, else the latest fit for the corpus, else a
     fit made now from the corpus alone (``auto_fit``). Missing directories raise VerifierError."""
@@ -222,6 +237,7 @@ def resolve_verifier(path: str | None, corpus_path: str | None, cache_dir: str, 
     digest = corpus_digest(docs)
     root = verifiers_root(cache_dir, digest)
     latest = root / "latest.json"
+    why = "no fit for corpus {} yet: fitting on its synthetic pairs (once)"
     if latest.is_file():
         found = Path(json.loads(latest.read_text())["path"])
         if not found.is_dir():
@@ -229,7 +245,9 @@ def resolve_verifier(path: str | None, corpus_path: str | None, cache_dir: str, 
                 f"judge.path: the latest verifier for corpus {digest[:16]} ({found}) is missing; "
                 "re-fit it (python -m rag_experiments.judge fit) or set judge.path=DIR"
             )
-        return found
+        if not (auto_fit and _stale_auto_fit(found)):
+            return found  # current, or fitted with labels / another recipe: loading it says what to do
+        why = f"the latest fit for corpus {{}} ({found}) computed older features: re-fitting it from the corpus alone"
     if not auto_fit:
         raise VerifierError(
             f"judge.path: no verifier fitted for corpus {digest[:16]} under {root.parent}; "
@@ -237,7 +255,7 @@ def resolve_verifier(path: str | None, corpus_path: str | None, cache_dir: str, 
         )
     from rag_experiments.datasets.synthetic_pairs import synthetic_pairs
 
-    print(f"[verifier] no fit for corpus {digest[:16]} yet: fitting on its synthetic pairs (once)", file=sys.stderr)
+    print(f"[verifier] {why.format(digest[:16])}", file=sys.stderr)
     res = fit_verifier(synthetic_pairs(docs, n_max=Recipe().synthetic_max), [], digest, cache_dir)
     print(f"[verifier] fitted in {res.seconds:.0f} s: {res.path}", file=sys.stderr)
     return res.path

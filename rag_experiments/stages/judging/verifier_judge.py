@@ -22,6 +22,8 @@ class VerifierJudge:
     pairs, about a minute on 2 cores) when there is none and ``auto_fit`` is true. Verdict
     ``score`` is P(supported); ``label`` is ``score >= threshold`` (None: the fit's threshold).
     Claims and answer relevance are the heuristic judge's (sentences; cosine to the query).
+    ``precision``: the MiniLM pass's, ``float32`` (exact) or ``bfloat16`` (CPU autocast: about 3x
+    less CPU where the CPU has bf16 instructions; a separate identity; docs/judges.md).
     """
 
     model = None
@@ -33,12 +35,13 @@ class VerifierJudge:
         cache_dir: str = ".cache/rag_experiments",
         threshold: float | None = None,
         auto_fit: bool = True,
+        precision: str = "float32",
         embedder: Any = None,
     ) -> None:
         self.path = resolve_verifier(path, corpus_path, cache_dir, auto_fit)
         self.weights, self.manifest = load_verifier_dir(self.path)
         self.threshold = float(self.manifest.get("threshold", 0.5) if threshold is None else threshold)
-        self.extractor = FeatureExtractor(embedder)
+        self.extractor = FeatureExtractor(embedder, precision=precision)
         self.identity = json.dumps(
             {
                 "kind": "verifier",
@@ -58,10 +61,9 @@ class VerifierJudge:
         return split_claims(answer)
 
     def prepare(self, answers: list[str], contexts: list[str]) -> None:
-        """Embed a run's claims, context windows and context tokens in one batch each."""
-        self.extractor.heuristic.prepare(answers, contexts)
+        """Encode a run's distinct claims and context sentences in one batched pass."""
         claims = [c for a in answers for c in self.split(a)]
-        self.extractor.aligner.prepare(list(dict.fromkeys(claims + list(contexts))))
+        self.extractor.prepare(list(dict.fromkeys(claims)), list(contexts))
 
     def proba(self, claims: list[str], contexts: list[str]) -> np.ndarray:
         """P(supported) per (claim, context) pair."""
