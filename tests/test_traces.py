@@ -325,11 +325,18 @@ def test_fast_and_public_paths_store_the_same(retrieval_run, tmp_path):
     for path in ("fast", "fast-per-trace", "public"):
         run = runs[path] = c.create_run(exp).info.run_id
         model = c.create_logged_model(exp, name=path).model_id  # the traces' app version
+        prompt = c.register_prompt(f"p-{path}", "Context: {{context}} Q: {{question}}")  # one per path
         write_traces(
-            uri, run, exp, df, evalset.items, corpus.docs, 5, evalset.digest, path=path, model_id=model
-        )
+            uri, run, exp, df, evalset.items, corpus.docs, 5, evalset.digest, path=path, model_id=model,
+            prompt_version=(prompt.name, 1),
+        )  # fmt: skip
         traces = mlflow.search_traces(locations=[exp], run_id=run, return_type="list")
         assert len(mlflow.search_traces(locations=[exp], model_id=model, return_type="list")) == len(df)
+        # what the prompt version's Traces view asks the server (the entity associations)
+        linked = mlflow.search_traces(locations=[exp], filter_string=f"prompt = 'p-{path}/1'", return_type="list")
+        assert sorted(t.info.trace_id for t in linked) == sorted(t.info.trace_id for t in traces)
+        for t in traces:  # the tag MLflow's own link writes: the path's name stands in for PATH below
+            t.info.tags["mlflow.linkedPrompts"] = t.info.tags["mlflow.linkedPrompts"].replace(path, "PATH")
         got[path] = {
             t.info.tags["item_id"]: (
                 sorted(
@@ -399,8 +406,16 @@ def test_fast_and_public_paths_store_the_same(retrieval_run, tmp_path):
                     ids,
                 )
             ),
+            sorted(
+                tuple(str(v).replace(path, "PATH") for v in r)
+                for r in db.execute(
+                    "SELECT source_type, destination_type, destination_id, length(association_id), "
+                    f"created_time > 0 FROM entity_associations WHERE source_id IN ({q})",
+                    ids,
+                )
+            ),
         )
-    assert rows["fast"][0] and rows["fast"] == rows["public"] == rows["fast-per-trace"]
+    assert rows["fast"][0] and rows["fast"][-1] and rows["fast"] == rows["public"] == rows["fast-per-trace"]
 
 
 def test_unverified_mlflow_falls_back_to_the_public_path_with_one_warning(monkeypatch, tmp_path, caplog):

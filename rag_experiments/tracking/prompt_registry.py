@@ -12,8 +12,9 @@ and v3 holding the same text are one config; the generation cache is keyed by th
 Our placeholders ``{context}``, ``{question}``, ``{decline_text}`` are MLflow's ``{{context}}``,
 ``{{question}}``, ``{{decline_text}}`` (:func:`to_mlflow` / :func:`from_mlflow`); a template is a
 chat template (a system and a user message), and the decline text a version tag (``decline_text``,
-also written to the prompt, so a version made in MLflow's UI inherits it). Public API only; the tag
-keys MLflow's UI reads for the Prompts tab are written in ``tracking.mlflow_adapter``.
+also written to the prompt, so a version made in MLflow's UI inherits it). Public API only; the
+links MLflow's UI reads (a prompt's experiments, a version's runs and app versions) are written by
+``tracking.prompt_links``, each under this module's per-prompt host lock.
 """
 
 from __future__ import annotations
@@ -36,7 +37,11 @@ from rag_experiments.conf_groups import conf_dir
 from rag_experiments.identity import REFERENCE_TARGETS
 from rag_experiments.stages.prompts import PromptRegistryError, PromptTemplate
 from rag_experiments.tracking.locks import file_lock, store_lock
-from rag_experiments.tracking.mlflow_adapter import link_prompt_to_experiment, link_prompt_version_to_run_ids
+from rag_experiments.tracking.prompt_links import (
+    link_prompt_to_experiment,
+    link_prompt_version_to_model,
+    link_prompt_version_to_run_ids,
+)
 from rag_experiments.tracking.uri import tracking_uri as resolve_uri
 
 PREFIX = "rag-experiments."  # registry names of our templates: rag-experiments.<prompt name>
@@ -46,6 +51,7 @@ DEFAULT_DECLINE = "I don't know"
 VARIABLES = ("context", "question", "decline_text")
 _VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_.]*)\s*\}\}")  # MLflow's {{ var }} (spaces allowed)
 _registered: dict[tuple, tuple[str, int]] = {}  # (uri, name, text, experiment) → (name, version)
+_model_links: set[tuple[str, str, str, int]] = set()  # (uri, model id, name, version) linked
 
 
 # ------------------------------------------------------------------------------ template syntax
@@ -328,6 +334,26 @@ def link_run(client: MlflowClient, run_id: str, name: str, version: int) -> None
     client.link_prompt_version_to_run(run_id, client.get_prompt_version(name, str(version)))
     with _prompt_lock(client, name):
         link_prompt_version_to_run_ids(client, name, version, run_id)
+
+
+def link_model(client: MlflowClient, model_id: str, name: str, version: int) -> None:
+    """The config's app version (LoggedModel) linked to the prompt version its runs use, once per
+    (model, version): the model's ``mlflow.linkedPrompts`` tag, read first, written only when the
+    link is missing, under the per-prompt host lock and re-read across hosts (``prompt_links``)."""
+    memo = (client.tracking_uri, model_id, name, int(version))
+    if memo in _model_links:
+        return
+    mlflow.set_tracking_uri(client.tracking_uri)  # MLflow's link reads the model through the global store
+    with _prompt_lock(client, name):
+        link_prompt_version_to_model(client, name, int(version), model_id)
+    _model_links.add(memo)
+
+
+def link_models_of_run(client: MlflowClient, run_id: str, name: str, version: int) -> None:
+    """A finished run found again for another version (v3 holding v1's text): its app versions
+    (the run's LoggedModel inputs) linked to that version too."""
+    for m in client.get_run(run_id).inputs.model_inputs:
+        link_model(client, m.model_id, name, version)
 
 
 def linked_prompts(client: MlflowClient, run_id: str) -> list[tuple[str, int]]:
