@@ -16,6 +16,8 @@ lost insert race is retried.
 from __future__ import annotations
 
 import json
+import random
+import time
 
 from mlflow.exceptions import MlflowException
 
@@ -78,14 +80,17 @@ def model_prompts(client, model_id: str) -> list[tuple[str, int]]:
     return [(p["name"], int(p["version"])) for p in json.loads(tag)]
 
 
-def link_prompt_version_to_model(client, name: str, version: int, model_id: str, tries: int = 5) -> bool:
+def link_prompt_version_to_model(client, name: str, version: int, model_id: str, tries: int = 8) -> bool:
     """Link the version to the app version (``MlflowClient.link_prompt_version_to_model``) unless it
     is linked already; True when this call wrote. The tag is re-read after the write: a concurrent
     writer on another host (read-modify-write of one JSON list, an upsert) may have overwritten it,
-    so the write is repeated until the link holds; a lost insert race is retried likewise."""
+    so the write is repeated, after a random pause that desynchronises the writers, until the link
+    holds; a lost insert race is retried likewise."""
     for attempt in range(tries):
         if (name, int(version)) in model_prompts(client, model_id):
             return attempt > 0
+        if attempt:
+            time.sleep(random.uniform(0, 0.2 * attempt))
         try:
             client.link_prompt_version_to_model(name, str(version), model_id)
         except MlflowException as e:
