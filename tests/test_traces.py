@@ -315,6 +315,14 @@ def test_fast_and_public_paths_store_the_same(retrieval_run, tmp_path):
     assert _mlflow.__version__ in mlflow_adapter.VERIFIED, "re-run this test, then add the version"
     root, docs, ev = retrieval_run
     *_, df = _store(root)
+    # answers for every other item (the rest as outside generation_subset): only answered items
+    # used the prompt, so only their traces are linked to its version
+    df = df.assign(
+        answer=[f"answer {i}" if i % 2 else None for i in range(len(df))],
+        latency_generation_s=0.5,
+        latency_judge_s=0.2,
+    )
+    answered = set(df.loc[df["answer"].notna(), "id"])
     corpus = Corpus(str(docs))
     evalset = EvalSet(str(ev), corpus)
     uri = f"sqlite:///{tmp_path}/m.db"
@@ -334,9 +342,10 @@ def test_fast_and_public_paths_store_the_same(retrieval_run, tmp_path):
         assert len(mlflow.search_traces(locations=[exp], model_id=model, return_type="list")) == len(df)
         # what the prompt version's Traces view asks the server (the entity associations)
         linked = mlflow.search_traces(locations=[exp], filter_string=f"prompt = 'p-{path}/1'", return_type="list")
-        assert sorted(t.info.trace_id for t in linked) == sorted(t.info.trace_id for t in traces)
+        assert answered and {t.info.tags["item_id"] for t in linked} == answered and len(linked) == len(answered)
         for t in traces:  # the tag MLflow's own link writes: the path's name stands in for PATH below
-            t.info.tags["mlflow.linkedPrompts"] = t.info.tags["mlflow.linkedPrompts"].replace(path, "PATH")
+            if "mlflow.linkedPrompts" in t.info.tags:
+                t.info.tags["mlflow.linkedPrompts"] = t.info.tags["mlflow.linkedPrompts"].replace(path, "PATH")
         got[path] = {
             t.info.tags["item_id"]: (
                 sorted(
@@ -403,6 +412,13 @@ def test_fast_and_public_paths_store_the_same(retrieval_run, tmp_path):
                     "SELECT name, assessment_type, value, error, source_type, source_id, rationale, "
                     "assessment_metadata, span_id IS NULL, aggregate_value, is_numeric_value, valid, "
                     f"overrides, run_id FROM assessments WHERE trace_id IN ({q})",
+                    ids,
+                )
+            ),
+            sorted(  # the root's inputs/outputs as the UI's Request/Response columns read them
+                db.execute(
+                    f"SELECT key, value FROM trace_request_metadata WHERE request_id IN ({q}) "
+                    "AND key IN ('mlflow.traceInputs', 'mlflow.traceOutputs')",
                     ids,
                 )
             ),

@@ -163,27 +163,31 @@ def trace_info(
     run_id: str,
     spans: list[Span],
     tags: dict[str, str],
-    preview,
     model_id: str | None = None,
 ) -> TraceInfo:
     """The finished trace's info as MLflow's v3 processor and exporter fill it (schema version 3,
     source run, the active model's id, inputs/outputs previews, aggregated token usage)."""
+    from mlflow.tracing.utils.truncation import _get_truncated_preview
+
     root = spans[0]
     start, end = root.start_time_ns, root.end_time_ns
+    # previews of the root's JSON-encoded inputs/outputs (a string answer keeps its quotes): the
+    # trace_info columns as MLflow's client truncates them, the metadata as its processor does
+    ins, outs = (dump_span_attribute_value(v) for v in (root.inputs, root.outputs))
     return TraceInfo(
         trace_id=trace_id,
         trace_location=TraceLocation.from_experiment_id(experiment_id),
         request_time=start // 1_000_000,
         execution_duration=(end - start) // 1_000_000,
         state=TraceState.ERROR if root.status.status_code == "ERROR" else TraceState.OK,
-        request_preview=preview(root.inputs),
-        response_preview=preview(root.outputs),
+        request_preview=_get_truncated_preview(ins, role="user"),
+        response_preview=_get_truncated_preview(outs, role="assistant"),
         trace_metadata={
             TraceMetadataKey.SOURCE_RUN: run_id,
             **({TraceMetadataKey.MODEL_ID: model_id} if model_id else {}),  # the config's app version
             "mlflow.trace_schema.version": "3",
-            TraceMetadataKey.INPUTS: preview(root.inputs),
-            TraceMetadataKey.OUTPUTS: preview(root.outputs),
+            TraceMetadataKey.INPUTS: _metadata_preview(ins),
+            TraceMetadataKey.OUTPUTS: _metadata_preview(outs),
             # what MLflow's exporter aggregates on trace end: the UI's Tokens column reads it
             **(
                 {TraceMetadataKey.TOKEN_USAGE: json.dumps(u)}
@@ -195,12 +199,19 @@ def trace_info(
     )
 
 
+def _metadata_preview(value: str) -> str:
+    """``BaseMlflowSpanProcessor._truncate_metadata`` (mlflow 3.17.2): 250 characters, "..." cut."""
+    from mlflow.tracing.constant import MAX_CHARS_IN_TRACE_INFO_METADATA as MAX
+    from mlflow.tracing.constant import TRUNCATION_SUFFIX
+
+    return value if len(value) <= MAX else value[: MAX - len(TRUNCATION_SUFFIX)] + TRUNCATION_SUFFIX
+
+
 def write_fast(
     tracking_uri: str,
     experiment_id: str,
     run_id: str,
     records,
-    preview,
     batch: bool = True,
     model_id: str | None = None,
     prompts: list | None = None,
@@ -208,7 +219,8 @@ def write_fast(
     """Write ``records`` (``tracking.traces.TraceRecord``) with the fast path; returns trace ids.
     ``batch=False``: the per-trace ``TracingClient.start_trace`` + ``log_spans`` (what a tracking
     server gets). ``model_id``: the LoggedModel the traces are linked to (``mlflow.modelId``);
-    ``prompts``: the ``PromptVersion``s every trace is linked to (:func:`start_traces`)."""
+    ``prompts``: the ``PromptVersion``s each generated item's trace is linked to
+    (:func:`start_traces`)."""
     tc = TracingClient(tracking_uri)
     infos, spans, pending, root_ids = [], [], [], []
     # what MlflowClient.link_prompt_versions_to_trace tags (and MLflow's exporter, for a prompt
@@ -217,8 +229,8 @@ def write_fast(
     for rec in records:
         ids = _new_ids()
         trace_spans = to_spans(rec.spans, ids, experiment_id)
-        tags = {**rec.tags, **linked}
-        infos.append(trace_info(ids[1], experiment_id, run_id, trace_spans, tags, preview, model_id))
+        tags = {**rec.tags, **linked} if rec.generated else rec.tags
+        infos.append(trace_info(ids[1], experiment_id, run_id, trace_spans, tags, model_id))
         spans += trace_spans
         pending.append(rec.assessments)
         root_ids.append(trace_spans[0].span_id)
@@ -341,8 +353,9 @@ def start_traces(
 ) -> bool:
     """Create the traces (info, tags, metadata, assessments, and ``spans`` when given), in one
     transaction on a SQL store; True when the spans were written too (else: ``log_spans`` them).
-    ``prompts``: ``PromptVersion``s each trace is linked to (:func:`_association_rows`; elsewhere
-    the store's ``link_prompts_to_trace``, one call per trace: its REST request takes one trace).
+    ``prompts``: ``PromptVersion``s the traces tagged ``mlflow.linkedPrompts`` are linked to
+    (:func:`_association_rows`; elsewhere the store's ``link_prompts_to_trace``, one call per
+    trace: its REST request takes one trace).
 
     ``TracingClient.start_trace`` costs one transaction (~80 ms on sqlite here) per trace and
     ``log_spans`` one tag merge (a SELECT + INSERT) per trace; this does what their happy paths do
@@ -359,7 +372,7 @@ def start_traces(
         for info, ps, span_id in zip(infos, pending, root_span_ids, strict=True):
             info.assessments = [p.entity(info.trace_id, span_id, meta) for p in ps]
             tc.start_trace(info)
-            if prompts:
+            if prompts and TraceTagKey.LINKED_PROMPTS in info.tags:
                 store.link_prompts_to_trace(info.trace_id, prompts)
         return False
     experiment = store.get_experiment(infos[0].experiment_id)
@@ -373,7 +386,8 @@ def start_traces(
         meta_rows += metas
         assessment_rows += [_assessment_row(p, info, span_id, now, meta_json, run_id) for p in ps]
     span_rows = _span_rows(store, spans, int(experiment.experiment_id)) if spans is not None else []
-    link_rows = _association_rows(store, infos, prompts or [])
+    linked = [i for i in infos if TraceTagKey.LINKED_PROMPTS in i.tags]  # the generated items' traces
+    link_rows = _association_rows(store, linked, prompts or [])
     with store.ManagedSessionMaker(read_only=False) as session:
         families = [S.RollupFamily.TRACE_METRIC, S.RollupFamily.ASSESSMENT]
         partitions = [

@@ -52,7 +52,6 @@ log = logging.getLogger(__name__)
 TRACE_NAME = "rag_query"
 DEFAULT_SAMPLE = 2000  # tracking.trace_sample: every item up to this many, then a sample
 TRACES_SAMPLED = "traces_sampled"  # run tag: the sampling rule's inputs and outcome
-_PREVIEW_CHARS = 1000
 _warned: set[str] = set()
 
 
@@ -274,16 +273,13 @@ def _failed(df: pd.DataFrame) -> pd.Series:
 
 
 class TraceRecord(NamedTuple):
-    """One query's trace before it is written: spans (root first), tags, assessments."""
+    """One query's trace before it is written: spans (root first), tags, assessments; ``generated``:
+    the item was answered (so it used the run's prompt: only such traces are linked to it)."""
 
     spans: list[SpanSpec]
     tags: dict[str, str]
     assessments: list[Pending]
-
-
-def _preview(v: Any) -> str:
-    s = v if isinstance(v, str) else json.dumps(v, default=str)
-    return s[:_PREVIEW_CHARS]
+    generated: bool = False
 
 
 def build_records(
@@ -307,7 +303,8 @@ def build_records(
         item = by_id[row["id"]]
         specs, end = build_spans(row, item, doc_text, t, k, prompt, generator_model)
         pending = [*expectations(item, doc_text, evalset_digest), *feedbacks(row, item, cols, jsrc, k)]
-        out.append(TraceRecord(specs, {"item_id": item.id, "eval_tags": ",".join(item.tags)}, pending))
+        tags = {"item_id": item.id, "eval_tags": ",".join(item.tags)}
+        out.append(TraceRecord(specs, tags, pending, isinstance(row.get("answer"), str)))
         t = end + 1_000_000  # traces in item order, 1 ms apart
     return out
 
@@ -326,7 +323,7 @@ def write_public(
     version, previews and token totals itself. One store round trip per trace and per assessment.
     ``model_id``: the active model while the traces start (``mlflow.set_active_model``), which
     MLflow records as the traces' ``mlflow.modelId``. ``prompts``: ``PromptVersion``s linked to
-    each trace (``MlflowClient.link_prompt_versions_to_trace``, one call per trace)."""
+    each generated item's trace (``MlflowClient.link_prompt_versions_to_trace``, one call each)."""
     client = MlflowClient(tracking_uri=tracking_uri)
     if mlflow.get_tracking_uri() != tracking_uri:  # the tracing exporter and log_feedback use it
         mlflow.set_tracking_uri(tracking_uri)
@@ -343,8 +340,9 @@ def write_public(
                     trace_id=trace_id, name=p.name, value=p.value, source=p.source, error=p.error,
                     rationale=p.rationale, metadata=meta, span_id=root_id,
                 )  # fmt: skip
-    for trace_id, _ in roots if prompts else ():
-        client.link_prompt_versions_to_trace(list(prompts), trace_id)
+    for rec, (trace_id, _) in zip(records, roots, strict=True):
+        if prompts and rec.generated:
+            client.link_prompt_versions_to_trace(list(prompts), trace_id)
     return [t for t, _ in roots]
 
 
@@ -399,7 +397,8 @@ def write_traces(
     path, or its per-trace client path off SQL), ``"fast-per-trace"``, or ``"auto"``: the fast path
     when ``mlflow_adapter.fast_path_problem()`` is empty, else the public one with one warning.
     ``model_id``: the config's app version (``tracking.app_versions``), on every trace.
-    ``prompt_version``: the registry's (name, version) of the run's prompt, linked to every trace.
+    ``prompt_version``: the registry's (name, version) of the run's prompt, linked to the trace of
+    every item it generated (items outside ``generation_subset`` never used it).
     """
     records = build_records(per_query, items, docs, k, evalset_digest, prompt, generator_model, judge)
     prompts = _prompt_versions(tracking_uri, prompt_version)
@@ -416,7 +415,7 @@ def write_traces(
     from rag_experiments.tracking.mlflow_adapter import write_fast
 
     return write_fast(
-        tracking_uri, experiment_id, run_id, records, _preview, path == "fast", model_id, prompts
+        tracking_uri, experiment_id, run_id, records, path == "fast", model_id, prompts
     )
 
 
@@ -451,7 +450,8 @@ def log_traces(
 ) -> float:
     """The sweep's one call: eval-set dataset + the traces, unless ``tracking.traces=false``.
     Returns the seconds spent (the per-stage table's ``traces`` row). ``model_id``: the config's
-    app version, ``prompt_version``: the run's registered prompt, each linked to every trace."""
+    app version (linked to every trace), ``prompt_version``: the run's registered prompt (linked
+    to every generated item's trace)."""
     from rag_experiments.tracking.writer import TRACES_EXPECTED
 
     t0 = time.perf_counter()
