@@ -64,7 +64,7 @@ from rag_experiments.tracking.bounds import best_effort, bound_tracking_calls  #
 from rag_experiments.tracking.mlflow_adapter import release_interrupted_connections  # noqa: E402
 from rag_experiments.tracking.prompt_registry import (  # noqa: E402
     link_model,
-    link_models_of_run,
+    link_reused_run,
     link_run,
     register_for_run,
 )
@@ -332,8 +332,7 @@ def run_job(cfg: DictConfig) -> float:
         if done is not None:
             print(f"[skip] {run_name}: {why}")
             if job.prompt_version:  # e.g. v3 holds v1's text: the v1 run is v3's result too
-                link_run(client, done.info.run_id, *job.prompt_version)
-                link_models_of_run(client, done.info.run_id, *job.prompt_version)
+                link_reused_run(client, exp_id, done.info.run_id, *job.prompt_version)
             return float(done.data.metrics.get(f"hit_at_{k}", float("nan")))
         if why:
             print(f"[rerun] {run_name}: {why}")

@@ -38,6 +38,7 @@ from rag_experiments.identity import REFERENCE_TARGETS
 from rag_experiments.stages.prompts import PromptRegistryError, PromptTemplate
 from rag_experiments.tracking.locks import file_lock, store_lock
 from rag_experiments.tracking.prompt_links import (
+    LINKED_PROMPTS_TAG,
     link_prompt_to_experiment,
     link_prompt_version_to_model,
     link_prompt_version_to_run_ids,
@@ -349,11 +350,36 @@ def link_model(client: MlflowClient, model_id: str, name: str, version: int) -> 
     _model_links.add(memo)
 
 
-def link_models_of_run(client: MlflowClient, run_id: str, name: str, version: int) -> None:
-    """A finished run found again for another version (v3 holding v1's text): its app versions
-    (the run's LoggedModel inputs) linked to that version too."""
-    for m in client.get_run(run_id).inputs.model_inputs:
+def link_reused_run(client: MlflowClient, experiment_id: str, run_id: str, name: str, version: int) -> None:
+    """A finished run that stands for another version too (v3 holding v1's text: the sweep skips
+    v3): the run, its app versions (LoggedModel inputs) and the traces of its answers (those linked
+    to a prompt already) linked to that version as well, so v3's page lists them like v1's. The
+    run's own link is written last: a run linked to the version (its own, or a finished earlier
+    call) needs nothing, so re-running a sweep costs one read here."""
+    run = client.get_run(run_id)
+    if {"name": name, "version": str(version)} in json.loads(run.data.tags.get(LINKED_PROMPTS_TAG) or "[]"):
+        return
+    for m in run.inputs.model_inputs:
         link_model(client, m.model_id, name, version)
+    _link_answer_traces(client, experiment_id, run_id, name, version)
+    link_run(client, run_id, name, version)
+
+
+def _link_answer_traces(client: MlflowClient, experiment_id: str, run_id: str, name: str, version: int) -> None:
+    """Each trace of the run that is linked to a prompt (an answered item) linked to ``name`` /
+    ``version`` too (``MlflowClient.link_prompt_versions_to_trace``, one call per trace)."""
+    pv, token = client.get_prompt_version(name, str(version)), None
+    entry = {"name": name, "version": str(version)}
+    while True:
+        page = client.search_traces(
+            locations=[experiment_id], run_id=run_id, include_spans=False, max_results=500, page_token=token
+        )
+        for t in page:
+            tag = t.info.tags.get(LINKED_PROMPTS_TAG)
+            if tag and entry not in json.loads(tag):
+                client.link_prompt_versions_to_trace([pv], t.info.trace_id)
+        if not (token := page.token):
+            return
 
 
 def linked_prompts(client: MlflowClient, run_id: str) -> list[tuple[str, int]]:
