@@ -38,6 +38,7 @@ from rag_experiments.run_names import constant_overrides, run_name, swept_keys, 
 from rag_experiments.sanitize import shell_line
 from rag_experiments.tracking import writer as tracking
 from rag_experiments.tracking.bounds import best_effort, bound_tracking_calls
+from rag_experiments.tracking.mlflow_adapter import release_interrupted_connections
 from rag_experiments.tracking.prompt_registry import registered_prompt_problems
 from rag_experiments.tracking.runs import sweep_children
 
@@ -191,6 +192,8 @@ def start_sweep_child(
     try:
         return run_id, settle_parent(client, experiment_id, sweep["invocation"]) or parent_id
     except BaseException as e:  # a signal before the caller's try: the child is never left RUNNING
+        if isinstance(e, KeyboardInterrupt):  # it may have hit inside a store transaction
+            release_interrupted_connections(client.tracking_uri, e)
         client.set_terminated(run_id, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
         raise
 
@@ -215,6 +218,9 @@ class _SweepGuard:
     def on_exit(self) -> None:
         if self.ended:
             return
+        if self.interrupted:  # the signal may have hit inside a store transaction
+            with best_effort("release the interrupted store connection"):
+                release_interrupted_connections(self.uri)
         with best_effort("close the sweep's parent run"):
             self._close_parent()
 

@@ -565,7 +565,7 @@ def _finish_upsert(store, session, dataset_id: str, records: list[dict], now: in
 # ------------------------------------------------------------------------------ after an interrupt
 
 
-def release_interrupted_connections(tracking_uri: str, exc: BaseException) -> None:
+def release_interrupted_connections(tracking_uri: str, exc: BaseException | None = None) -> None:
     """Let cleanup write to a SQL store that a signal interrupted mid-transaction.
 
     Ctrl-C / SIGTERM raised inside a store call (e.g. in SQLite's commit) can leave that call's
@@ -574,12 +574,14 @@ def release_interrupted_connections(tracking_uri: str, exc: BaseException) -> No
     fails with "database is locked" (the run stays RUNNING). The interrupted frames keep the
     connection alive: their locals are cleared (the traceback's text survives), the garbage
     collector then closes it (its transaction rolls back), and the cached store's engine
-    (``SqlAlchemyStore.engine``) is disposed so the cleanup gets a fresh connection."""
+    (``SqlAlchemyStore.engine``) is disposed so the cleanup gets a fresh connection. ``exc``
+    defaults to the exception that is ending the interpreter (``sys.last_value``: atexit cleanup)."""
     import gc
+    import sys
     import traceback
 
     seen: set[int] = set()
-    e: BaseException | None = exc
+    e: BaseException | None = exc if exc is not None else getattr(sys, "last_value", None)
     while e is not None and id(e) not in seen:  # the interrupt and what it interrupted
         seen.add(id(e))
         traceback.clear_frames(e.__traceback__)

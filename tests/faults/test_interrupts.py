@@ -131,3 +131,32 @@ def test_two_identical_sweeps_at_once_share_store_and_cache(tmp_path):
     ]
     old = {r.data.tags["config_hash"]: r.data.metrics for r in children}
     assert fresh and all(r.data.metrics["mrr"] == old[r.data.tags["config_hash"]]["mrr"] for r in fresh)
+
+
+def test_cleanup_after_a_signal_inside_a_store_transaction_can_mark_the_run(tmp_path):
+    """A signal that lands inside a store transaction leaves its connection holding SQLite's write
+    lock (the frames of the interrupt keep it alive); cleanup then met "database is locked" after
+    20 s and left the run RUNNING (seen in CI-like stress: 1 of 25 SIGINTs). The interrupted
+    transaction is reproduced exactly: a connection of the store's own engine that began a write."""
+    from mlflow.tracing.client import TracingClient
+
+    from rag_experiments.tracking.mlflow_adapter import release_interrupted_connections
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    run_id = client.create_run(client.create_experiment("x")).info.run_id
+    engine = TracingClient(uri).store.engine
+
+    def write_interrupted_by_a_signal():
+        conn = engine.connect()
+        conn.exec_driver_sql("BEGIN IMMEDIATE")  # the write lock a commit in flight holds
+        raise KeyboardInterrupt("signal 2")
+
+    t0 = time.monotonic()
+    try:
+        write_interrupted_by_a_signal()
+    except KeyboardInterrupt as e:
+        release_interrupted_connections(uri, e)
+        client.set_terminated(run_id, "KILLED")
+    assert client.get_run(run_id).info.status == "KILLED"
+    assert time.monotonic() - t0 < 10, "cleanup waited on the interrupted transaction's lock"
