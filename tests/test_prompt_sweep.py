@@ -173,6 +173,9 @@ def test_each_version_lists_the_traces_that_used_it_and_its_app_versions_link_it
             page.wait_for(" && ".join(f"document.body.innerText.includes('{t}')" for t in expected))
             time.sleep(1)  # a late row would show here
             text = page.js("document.body.innerText")
+            page.js(  # MLflow's "Detect Issues" tip covers the table in the screenshot
+                "Array.from(document.querySelectorAll('button')).find(b => b.innerText.trim() === 'Got it')?.click()"
+            )
             page.screenshot(SCREENSHOTS / "prompt_version_traces.png")
         finally:
             page.close()
