@@ -420,7 +420,7 @@ def write_traces(
 
 
 def _prompt_versions(tracking_uri: str, ref: tuple[str, int] | None) -> list:
-    """The ``PromptVersion`` to link every trace to (one read per run), [] without one."""
+    """The ``PromptVersion`` to link answered items' traces to (one read per run), [] without one."""
     if not ref:
         return []
     if len(f"{ref[0]}/{ref[1]}") > 36 and ref[0] not in _warned:  # MLflow's column; SQLite ignores it
