@@ -130,7 +130,8 @@ def _generated_traces(run, exp_id) -> set[str]:
 def test_each_version_lists_the_traces_that_used_it_and_its_app_versions_link_it(sweeps, tmp_path):
     """A prompt version's Traces view (what a user sees: the page's "Traces" switch, a real
     ``mlflow server``, headless Chromium) lists exactly the traces of the answers it produced; its
-    runs' app versions (LoggedModels) name it among their linked prompts."""
+    runs' app versions (LoggedModels) name it among their linked prompts, and an app version's page
+    shows them in its "Prompts" table."""
     root, client, exp_id, runs, _ = sweeps
     mlflow.set_tracking_uri(client.tracking_uri)
     expected: set[str] = set()
@@ -150,6 +151,8 @@ def test_each_version_lists_the_traces_that_used_it_and_its_app_versions_link_it
                 expected |= generated
     linked_v1 = mlflow.search_traces(locations=[exp_id], filter_string=f"prompt = '{CONCISE}/1'", return_type="list")
     assert {t.info.trace_id for t in linked_v1} == expected and len(expected) == 4  # two runs, two answers each
+    (reg_v1,) = [r for r in runs if r.data.params.get("prompt.version") == "1"]
+    (v1_model,) = client.get_run(reg_v1.info.run_id).inputs.model_inputs  # linked to v1 and v3
     with mlflow_server(root) as base:
         page = Page(tmp_path / "profile", size="1600,1400")
         try:
@@ -177,7 +180,12 @@ def test_each_version_lists_the_traces_that_used_it_and_its_app_versions_link_it
                 "Array.from(document.querySelectorAll('button')).find(b => b.innerText.trim() === 'Got it')?.click()"
             )
             page.screenshot(SCREENSHOTS / "prompt_version_traces.png")
+            page.goto(f"{base}/#/experiments/{exp_id}/models/{v1_model.model_id}")  # its app version
+            page.wait_for("document.body.innerText.includes('Prompt Name')")
+            model_page = page.js("document.body.innerText").splitlines()
         finally:
             page.close()
     assert set(re.findall(r"tr-[0-9a-f]{32}", text)) == expected, "exactly the version's traces"
     assert f"{len(expected)} of " in text  # the view's count of traces matching its prompt filter
+    rows = model_page[model_page.index("Prompt Name") + 2 :][:4]  # the version page's "Prompts" table
+    assert rows == [CONCISE, "1", CONCISE, "3"], model_page[-80:]
