@@ -9,6 +9,7 @@ reads them as factors, and the report names a judge option's class from its YAML
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 
@@ -24,6 +25,18 @@ GENERATION_KEYS = ("prompt", "judge", "generation_subset", "replicates", "judge_
 def generation_only(key: str) -> bool:
     """True for a config key (``judge.model``, ``generator.temperature``) only generation reads."""
     return key.split(".", 1)[0] in GENERATION_KEYS or key.startswith("generator.")
+
+
+def embedding_used(params: Mapping[str, str]) -> bool:
+    """Whether a run's embedding model could change its results, from its logged params: its
+    retriever's class (``retriever._target_``) calls the embedder, i.e. its ``uses_embedder`` is
+    not False (BM25's is). A class that does not say, or cannot be imported, counts as using it."""
+    module, _, name = params.get("retriever._target_", "").rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name, None) if module else None
+    except ImportError:
+        cls = None
+    return getattr(cls, "uses_embedder", True) is not False
 
 
 def conf_dir() -> Path:

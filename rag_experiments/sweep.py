@@ -62,7 +62,12 @@ from rag_experiments.tracking import app_versions, judges_tab  # noqa: E402
 from rag_experiments.tracking import writer as tracking  # noqa: E402
 from rag_experiments.tracking.bounds import best_effort, bound_tracking_calls  # noqa: E402
 from rag_experiments.tracking.mlflow_adapter import release_interrupted_connections  # noqa: E402
-from rag_experiments.tracking.prompt_registry import link_run, register_for_run  # noqa: E402
+from rag_experiments.tracking.prompt_registry import (  # noqa: E402
+    link_model,
+    link_reused_run,
+    link_run,
+    register_for_run,
+)
 from rag_experiments.tracking.traces import log_traces  # noqa: E402
 
 log = logging.getLogger("rag_experiments")
@@ -247,12 +252,15 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
         card_cfg, progress = job.cfg.get("judge_card"), job.cfg.get("progress", True)  # docs/judges.md
         job.card = add_card(card_cfg, inputs.stages, inputs.corpus.docs, job.cache, res, progress)
         model_id = app_versions.link(client, exp_id, run_id, job.chash, version)  # "Agent versions"
+        if job.prompt_version:  # the version's prompt, on its page (docs/tracing.md)
+            link_model(client, model_id, *job.prompt_version)
         _log(client, run_id, job, res, model_id)
         # one trace per eval item (docs/tracing.md); replicates collapsed (evaluation.replicates);
         # its time is a row of the per-stage table
         per_item = collapse_replicates(res.per_query)
         res.timings["traces_s"] = log_traces(
-            client, run_id, exp_id, per_item, inputs.evalset, inputs.corpus, job.cfg, inputs.stages, model_id
+            client, run_id, exp_id, per_item, inputs.evalset, inputs.corpus, job.cfg, inputs.stages, model_id,
+            job.prompt_version,
         )
         if inputs.stages.generates:  # the judge in the Judges tab, where MLflow accepts it (docs/tracing.md)
             judges_tab.register_judges(exp_id, inputs.stages.judge)
@@ -324,7 +332,7 @@ def run_job(cfg: DictConfig) -> float:
         if done is not None:
             print(f"[skip] {run_name}: {why}")
             if job.prompt_version:  # e.g. v3 holds v1's text: the v1 run is v3's result too
-                link_run(client, done.info.run_id, *job.prompt_version)
+                link_reused_run(client, exp_id, done.info.run_id, *job.prompt_version)
             return float(done.data.metrics.get(f"hit_at_{k}", float("nan")))
         if why:
             print(f"[rerun] {run_name}: {why}")

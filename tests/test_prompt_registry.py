@@ -234,3 +234,74 @@ def test_parallel_jobs_linking_one_version_keep_every_run(store):
     assert [p.exitcode for p in procs] == [0] * len(runs)
     tags = client.get_prompt_version(ref[0], str(ref[1])).tags
     assert sorted(tags["mlflow.prompt.run_ids"].split(",")) == sorted(runs)
+
+
+def test_an_app_version_links_each_prompt_version_once(store, monkeypatch):
+    """The config's LoggedModel names the prompt version its runs use (``mlflow.linkedPrompts``), and
+    a later job (a new process: memo empty) finds the link and writes nothing."""
+    from rag_experiments.tracking.prompt_links import model_prompts
+
+    client, exp, uri = store
+    ref = pr.register_for_run(client, exp, by_name("cite"))
+    model = client.create_logged_model(exp, name="cfg").model_id
+    writes = []
+    real = MlflowClient.link_prompt_version_to_model
+    monkeypatch.setattr(
+        MlflowClient, "link_prompt_version_to_model", lambda self, *a: writes.append(a) or real(self, *a)
+    )
+    pr._model_links.clear()
+    pr.link_model(client, model, *ref)
+    pr._model_links.clear()  # another job of the config, in another process
+    pr.link_model(client, model, *ref)
+    pr.link_model(client, model, "rag-experiments.concise", 1)
+    assert model_prompts(client, model) == [ref, ("rag-experiments.concise", 1)]
+    assert writes == [(ref[0], "1", model), ("rag-experiments.concise", "1", model)]
+
+
+def _link_model_at(uri: str, model_id: str, version: int, start: float, lock_dir: str | None) -> None:
+    """A job linking ``version`` to the app version at wall-clock ``start``; ``lock_dir``: its own
+    host-lock directory (plays another host: no shared lock)."""
+    import tempfile
+    import time
+
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    if lock_dir:
+        tempfile.tempdir = lock_dir
+    write = SqlAlchemyStore.set_logged_model_tags
+
+    def slow_write(self, *a, **k):  # fault injection: a slow store widens MLflow's read-modify-write
+        time.sleep(0.3)
+        return write(self, *a, **k)
+
+    SqlAlchemyStore.set_logged_model_tags = slow_write
+    pr._model_links.clear()
+    client = MlflowClient(tracking_uri=uri)
+    client.get_logged_model(model_id)  # the store opened before the start line
+    time.sleep(max(0.0, start - time.time()))
+    pr.link_model(client, model_id, CONCISE, version)
+
+
+def test_concurrent_jobs_linking_versions_to_one_app_version_keep_every_link(store):
+    """Four jobs on one host link four versions of one prompt to one LoggedModel at once (processes;
+    a slow store widens MLflow's read-modify-write of the model's tag): the host lock keeps every
+    link. (Without it, in separate lock directories, this test loses links: docs/tracing.md.)"""
+    import multiprocessing as mp
+    import time
+
+    from rag_experiments.tracking.prompt_links import model_prompts
+
+    client, exp, uri = store
+    t = by_name("concise")
+    for i in range(4):
+        pr.register(client, edited(t, f"\nVariant {i}.") if i else t, exp)
+    model = client.create_logged_model(exp, name="cfg").model_id
+    ctx = mp.get_context("spawn")
+    start = time.time() + 8
+    procs = [ctx.Process(target=_link_model_at, args=(uri, model, v, start, None)) for v in range(1, 5)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * 4
+    assert sorted(model_prompts(client, model)) == [(CONCISE, v) for v in range(1, 5)]

@@ -100,5 +100,6 @@ def test_report_in_brief_is_short_with_a_levels_table_and_no_generation_keys(chu
     held = question.split("Held fixed:")[1].split("\n")[0]
     assert "retriever=bm25" in held and "generator=none" in held
     assert not any(k in held for k in GENERATION_KEYS), held
+    assert "embedding" not in held, held  # BM25 never calls the embedder
     html = (out / "report.html").read_text()
     assert "<th>level</th><th>evidence_recall_at_256tok</th>" in html

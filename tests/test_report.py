@@ -354,3 +354,31 @@ def test_generation_sections_appear_with_generation_metrics(tiny_sweep, tmp_path
     assert "| chunking=fixed | declining answer | 1 |" in md
     assert (out / "generation.png").exists() and (out / "per_tag_correctness.png").exists()
     assert {a.path for a in client.list_artifacts(new_parent.info.run_id, "report")} >= {"report/report.html"}
+
+
+def test_held_fixed_lists_only_keys_of_stages_that_ran():
+    """A BM25 retrieval-only sweep never calls the embedder nor generates: ``embedding`` and the
+    generation keys are not "held fixed"; as soon as one config's retriever embeds, it is."""
+    from types import SimpleNamespace
+
+    from rag_experiments.report.sections import held_fixed
+
+    base = {
+        "chunking": "fixed", "embedding": "minilm", "embedding.name": "all-MiniLM-L6-v2", "generator": "none",
+        "prompt": "concise", "judge": "heuristic", "retriever.k": "5",
+    }  # fmt: skip
+    bm25 = {**base, "retriever": "bm25", "retriever._target_": "rag_experiments.stages.retrieval.BM25Retriever"}
+    dense = {**base, "retriever": "dense", "retriever._target_": "rag_experiments.stages.retrieval.DenseRetriever"}
+    custom = {**base, "retriever": "mine", "retriever._target_": "my_package.MyRetriever"}  # not importable
+
+    def held(*params, factors=("chunking",), generated=False):
+        return held_fixed([SimpleNamespace(params=p) for p in params], list(factors), generated)
+
+    chunker_sweep = held(bm25, {**bm25, "chunking": "sentence"})
+    assert chunker_sweep == {"generator": "none", "retriever": "bm25", "retriever.k": "5"}
+    with_gen = held(bm25, {**bm25, "chunking": "sentence"}, generated=True)
+    assert "embedding" not in with_gen and with_gen["prompt"] == "concise"  # BM25 still embeds nothing
+    retriever_sweep = held(bm25, dense, factors=("retriever",))
+    assert retriever_sweep["embedding"] == "minilm" and retriever_sweep["embedding.name"] == "all-MiniLM-L6-v2"
+    assert held(dense, {**dense, "chunking": "sentence"})["embedding"] == "minilm"
+    assert held(custom, {**custom, "chunking": "sentence"})["embedding"] == "minilm"  # shown, not hidden

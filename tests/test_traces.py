@@ -315,6 +315,14 @@ def test_fast_and_public_paths_store_the_same(retrieval_run, tmp_path):
     assert _mlflow.__version__ in mlflow_adapter.VERIFIED, "re-run this test, then add the version"
     root, docs, ev = retrieval_run
     *_, df = _store(root)
+    # answers for every other item (the rest as outside generation_subset): only answered items
+    # used the prompt, so only their traces are linked to its version
+    df = df.assign(
+        answer=[f"answer {i}" if i % 2 else None for i in range(len(df))],
+        latency_generation_s=0.5,
+        latency_judge_s=0.2,
+    )
+    answered = set(df.loc[df["answer"].notna(), "id"])
     corpus = Corpus(str(docs))
     evalset = EvalSet(str(ev), corpus)
     uri = f"sqlite:///{tmp_path}/m.db"
@@ -325,11 +333,19 @@ def test_fast_and_public_paths_store_the_same(retrieval_run, tmp_path):
     for path in ("fast", "fast-per-trace", "public"):
         run = runs[path] = c.create_run(exp).info.run_id
         model = c.create_logged_model(exp, name=path).model_id  # the traces' app version
+        prompt = c.register_prompt(f"p-{path}", "Context: {{context}} Q: {{question}}")  # one per path
         write_traces(
-            uri, run, exp, df, evalset.items, corpus.docs, 5, evalset.digest, path=path, model_id=model
-        )
+            uri, run, exp, df, evalset.items, corpus.docs, 5, evalset.digest, path=path, model_id=model,
+            prompt_version=(prompt.name, 1),
+        )  # fmt: skip
         traces = mlflow.search_traces(locations=[exp], run_id=run, return_type="list")
         assert len(mlflow.search_traces(locations=[exp], model_id=model, return_type="list")) == len(df)
+        # what the prompt version's Traces view asks the server (the entity associations)
+        linked = mlflow.search_traces(locations=[exp], filter_string=f"prompt = 'p-{path}/1'", return_type="list")
+        assert answered and {t.info.tags["item_id"] for t in linked} == answered and len(linked) == len(answered)
+        for t in traces:  # the tag MLflow's own link writes: the path's name stands in for PATH below
+            if "mlflow.linkedPrompts" in t.info.tags:
+                t.info.tags["mlflow.linkedPrompts"] = t.info.tags["mlflow.linkedPrompts"].replace(path, "PATH")
         got[path] = {
             t.info.tags["item_id"]: (
                 sorted(
@@ -399,8 +415,23 @@ def test_fast_and_public_paths_store_the_same(retrieval_run, tmp_path):
                     ids,
                 )
             ),
+            sorted(  # the root's inputs/outputs as the UI's Request/Response columns read them
+                db.execute(
+                    f"SELECT key, value FROM trace_request_metadata WHERE request_id IN ({q}) "
+                    "AND key IN ('mlflow.traceInputs', 'mlflow.traceOutputs')",
+                    ids,
+                )
+            ),
+            sorted(
+                tuple(str(v).replace(path, "PATH") for v in r)
+                for r in db.execute(
+                    "SELECT source_type, destination_type, destination_id, length(association_id), "
+                    f"created_time > 0 FROM entity_associations WHERE source_id IN ({q})",
+                    ids,
+                )
+            ),
         )
-    assert rows["fast"][0] and rows["fast"] == rows["public"] == rows["fast-per-trace"]
+    assert rows["fast"][0] and rows["fast"][-1] and rows["fast"] == rows["public"] == rows["fast-per-trace"]
 
 
 def test_unverified_mlflow_falls_back_to_the_public_path_with_one_warning(monkeypatch, tmp_path, caplog):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rag_experiments.conf_groups import generation_only
+from rag_experiments.conf_groups import embedding_used, generation_only
 from rag_experiments.evaluation.headline import headline_metrics, headline_reason
 from rag_experiments.report.brief import in_brief, levels_table
 from rag_experiments.report.diagnostics import diagnostics_section
@@ -52,9 +52,12 @@ SHOWN_SETTINGS = ("retriever.k", "embedding.name", "metrics.ks", "metrics.min_co
 
 
 def held_fixed(configs: Sequence[Config], factors: Sequence[str], generated: bool = True) -> dict[str, str]:
-    """The params every config shares with one value, except factors and bookkeeping; without
-    ``generated`` (no config generated) the keys only generation reads (``prompt``, ``judge``,
-    ``generation_subset``: ``conf_groups.generation_only``) are left out: those stages never ran."""
+    """The params every config shares with one value, except factors and bookkeeping, and the keys
+    of stages that ran in no config: they determine no result. Without ``generated`` (no config
+    generated) the keys only generation reads (``prompt``, ``judge``, ``generation_subset``:
+    ``conf_groups.generation_only``); ``embedding`` when no config's retriever calls the embedder
+    (BM25 only: ``conf_groups.embedding_used``)."""
+    embedded = any(embedding_used(c.params) for c in configs)
     common = {}
     for key in sorted(set.intersection(*(set(c.params) for c in configs))):
         vals = {c.params[key] for c in configs}
@@ -64,6 +67,7 @@ def held_fixed(configs: Sequence[Config], factors: Sequence[str], generated: boo
             and not is_bookkeeping(key)
             and ("." not in key or key in SHOWN_SETTINGS)
             and (generated or not generation_only(key))
+            and (embedded or key.split(".", 1)[0] != "embedding")
         ):
             common[key] = vals.pop()
     return common

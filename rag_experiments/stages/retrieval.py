@@ -19,6 +19,9 @@ from rag_experiments.types import Chunk
 
 
 class Retriever(Protocol):
+    """``uses_embedder`` (optional class attribute, True when absent): whether ``search`` calls the
+    embedder it is built with (``conf_groups.embedding_used``: the report's "Held fixed")."""
+
     identity: str
     k: int
 
@@ -247,6 +250,8 @@ class DenseRetriever:
 
 class BM25Retriever:
     """Okapi BM25 via ``bm25s`` (sparse matrices, no Python loop over documents)."""
+
+    uses_embedder = False  # built with the run's embedder like every retriever, never calls it
 
     def __init__(
         self,

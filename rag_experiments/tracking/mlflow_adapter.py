@@ -13,12 +13,12 @@ It is used only on the MLflow versions in :data:`VERIFIED` — the ones
 ``tests/test_traces.py::test_fast_and_public_paths_store_the_same`` compared, raw rows included,
 with the public path — and never when ``RAG_EXPERIMENTS_TRACES=public``; otherwise
 :func:`fast_path_problem` names why and ``tracking.traces`` falls back to the public path with one
-warning. Nothing else in ``rag_experiments`` imports private MLflow names. At the end: the tag
-keys MLflow's UI reads for the Prompts tab, which its public link calls do not write
-(``tracking.prompt_registry``).
+warning. Nothing else in ``rag_experiments`` imports private MLflow names. A run's prompt version
+is linked to each trace here too (the ``mlflow.linkedPrompts`` tag and the trace -> prompt-version
+entity association that the prompt version's Traces view searches), in the same transaction.
 
 Why this module is long: it is the single, deliberately isolated place for every MLflow internal
-we rely on (traces, dataset records, the Prompts-tab tags), so a new MLflow version is checked
+we rely on (traces, their prompt links, dataset records), so a new MLflow version is checked
 against one file; splitting it would spread the internals again.
 """
 
@@ -32,7 +32,6 @@ from typing import Any
 
 from mlflow.entities import TraceInfo, TraceLocation, TraceState
 from mlflow.entities.span import Span, default_log_level_for_span_type
-from mlflow.exceptions import MlflowException
 from mlflow.store.tracking.sqlalchemy_store import assessment_aggregate
 from mlflow.tracing.client import TracingClient
 from mlflow.tracing.constant import (
@@ -43,6 +42,7 @@ from mlflow.tracing.constant import (
     TraceTagKey,
 )
 from mlflow.tracing.utils import aggregate_usage_from_spans, dump_span_attribute_value, generate_assessment_id
+from mlflow.tracing.utils.prompt import update_linked_prompts_tag
 
 from rag_experiments.tracking.assessments import Pending
 
@@ -163,27 +163,31 @@ def trace_info(
     run_id: str,
     spans: list[Span],
     tags: dict[str, str],
-    preview,
     model_id: str | None = None,
 ) -> TraceInfo:
     """The finished trace's info as MLflow's v3 processor and exporter fill it (schema version 3,
     source run, the active model's id, inputs/outputs previews, aggregated token usage)."""
+    from mlflow.tracing.utils.truncation import _get_truncated_preview
+
     root = spans[0]
     start, end = root.start_time_ns, root.end_time_ns
+    # previews of the root's JSON-encoded inputs/outputs (a string answer keeps its quotes): the
+    # trace_info columns as MLflow's client truncates them, the metadata as its processor does
+    ins, outs = (dump_span_attribute_value(v) for v in (root.inputs, root.outputs))
     return TraceInfo(
         trace_id=trace_id,
         trace_location=TraceLocation.from_experiment_id(experiment_id),
         request_time=start // 1_000_000,
         execution_duration=(end - start) // 1_000_000,
         state=TraceState.ERROR if root.status.status_code == "ERROR" else TraceState.OK,
-        request_preview=preview(root.inputs),
-        response_preview=preview(root.outputs),
+        request_preview=_get_truncated_preview(ins, role="user"),
+        response_preview=_get_truncated_preview(outs, role="assistant"),
         trace_metadata={
             TraceMetadataKey.SOURCE_RUN: run_id,
             **({TraceMetadataKey.MODEL_ID: model_id} if model_id else {}),  # the config's app version
             "mlflow.trace_schema.version": "3",
-            TraceMetadataKey.INPUTS: preview(root.inputs),
-            TraceMetadataKey.OUTPUTS: preview(root.outputs),
+            TraceMetadataKey.INPUTS: _metadata_preview(ins),
+            TraceMetadataKey.OUTPUTS: _metadata_preview(outs),
             # what MLflow's exporter aggregates on trace end: the UI's Tokens column reads it
             **(
                 {TraceMetadataKey.TOKEN_USAGE: json.dumps(u)}
@@ -195,28 +199,42 @@ def trace_info(
     )
 
 
+def _metadata_preview(value: str) -> str:
+    """``BaseMlflowSpanProcessor._truncate_metadata`` (mlflow 3.17.2): 250 characters, "..." cut."""
+    from mlflow.tracing.constant import MAX_CHARS_IN_TRACE_INFO_METADATA as MAX
+    from mlflow.tracing.constant import TRUNCATION_SUFFIX
+
+    return value if len(value) <= MAX else value[: MAX - len(TRUNCATION_SUFFIX)] + TRUNCATION_SUFFIX
+
+
 def write_fast(
     tracking_uri: str,
     experiment_id: str,
     run_id: str,
     records,
-    preview,
     batch: bool = True,
     model_id: str | None = None,
+    prompts: list | None = None,
 ) -> list[str]:
     """Write ``records`` (``tracking.traces.TraceRecord``) with the fast path; returns trace ids.
     ``batch=False``: the per-trace ``TracingClient.start_trace`` + ``log_spans`` (what a tracking
-    server gets). ``model_id``: the LoggedModel the traces are linked to (``mlflow.modelId``)."""
+    server gets). ``model_id``: the LoggedModel the traces are linked to (``mlflow.modelId``);
+    ``prompts``: the ``PromptVersion``s each generated item's trace is linked to
+    (:func:`start_traces`)."""
     tc = TracingClient(tracking_uri)
     infos, spans, pending, root_ids = [], [], [], []
+    # what MlflowClient.link_prompt_versions_to_trace tags (and MLflow's exporter, for a prompt
+    # loaded inside a trace): [{"name", "version"}] as JSON
+    linked = {TraceTagKey.LINKED_PROMPTS: update_linked_prompts_tag(None, prompts)} if prompts else {}
     for rec in records:
         ids = _new_ids()
         trace_spans = to_spans(rec.spans, ids, experiment_id)
-        infos.append(trace_info(ids[1], experiment_id, run_id, trace_spans, rec.tags, preview, model_id))
+        tags = {**rec.tags, **linked} if rec.generated else rec.tags
+        infos.append(trace_info(ids[1], experiment_id, run_id, trace_spans, tags, model_id))
         spans += trace_spans
         pending.append(rec.assessments)
         root_ids.append(trace_spans[0].span_id)
-    if not start_traces(tc, infos, pending, root_ids, run_id, batch, spans if batch else None):
+    if not start_traces(tc, infos, pending, root_ids, run_id, batch, spans if batch else None, prompts):
         for i in range(0, len(spans), SPANS_PER_BATCH):
             tc.log_spans(experiment_id, spans[i : i + SPANS_PER_BATCH])
     return [i.trace_id for i in infos]
@@ -331,9 +349,13 @@ def start_traces(
     run_id: str,
     batch: bool = True,
     spans: list[Span] | None = None,
+    prompts: list | None = None,
 ) -> bool:
     """Create the traces (info, tags, metadata, assessments, and ``spans`` when given), in one
     transaction on a SQL store; True when the spans were written too (else: ``log_spans`` them).
+    ``prompts``: ``PromptVersion``s the traces tagged ``mlflow.linkedPrompts`` are linked to
+    (:func:`_association_rows`; elsewhere the store's ``link_prompts_to_trace``, one call per
+    trace: its REST request takes one trace).
 
     ``TracingClient.start_trace`` costs one transaction (~80 ms on sqlite here) per trace and
     ``log_spans`` one tag merge (a SELECT + INSERT) per trace; this does what their happy paths do
@@ -350,6 +372,8 @@ def start_traces(
         for info, ps, span_id in zip(infos, pending, root_span_ids, strict=True):
             info.assessments = [p.entity(info.trace_id, span_id, meta) for p in ps]
             tc.start_trace(info)
+            if prompts and TraceTagKey.LINKED_PROMPTS in info.tags:
+                store.link_prompts_to_trace(info.trace_id, prompts)
         return False
     experiment = store.get_experiment(infos[0].experiment_id)
     store._check_experiment_is_active(experiment)
@@ -362,6 +386,8 @@ def start_traces(
         meta_rows += metas
         assessment_rows += [_assessment_row(p, info, span_id, now, meta_json, run_id) for p in ps]
     span_rows = _span_rows(store, spans, int(experiment.experiment_id)) if spans is not None else []
+    linked = [i for i in infos if TraceTagKey.LINKED_PROMPTS in i.tags]  # the generated items' traces
+    link_rows = _association_rows(store, linked, prompts or [])
     with store.ManagedSessionMaker(read_only=False) as session:
         families = [S.RollupFamily.TRACE_METRIC, S.RollupFamily.ASSESSMENT]
         partitions = [
@@ -378,12 +404,34 @@ def start_traces(
             (S.SqlTraceMetadata, meta_rows),
             (S.SqlAssessments, assessment_rows),
             (S.SqlSpan, span_rows),
+            (S.SqlEntityAssociation, link_rows),
         ):
             if rows:
                 session.execute(sqlalchemy.insert(model.__table__), rows)
         if span_rows:  # log_spans' guard against a concurrent archival of these traces
             store._advance_db_payload_generations_for_db_span_writes(session, [i.trace_id for i in infos])
     return spans is not None
+
+
+def _association_rows(store, infos: list[TraceInfo], prompts: list) -> list[dict[str, Any]]:
+    """The ``entity_associations`` rows (trace -> prompt version ``name/version``) of
+    ``SqlAlchemyStore.link_prompts_to_trace`` (mlflow 3.17.2) for new traces: what the prompt
+    version's Traces view searches (``prompt = 'name/version'``). Its id column holds 36
+    characters: a longer ``name/version`` fails there outside SQLite, and MLflow's link then keeps
+    only the trace tag; so does this."""
+    import uuid
+
+    from mlflow.entities.entity_type import EntityAssociationType as E
+    from mlflow.store.db.db_types import SQLITE
+
+    ids = [f"{pv.name}/{pv.version}" for pv in prompts]
+    ids = [i for i in dict.fromkeys(ids) if len(i) <= 36 or store.db_type == SQLITE]
+    now = int(time.time() * 1000)
+    return [
+        dict(association_id=uuid.uuid4().hex, source_type=E.TRACE, source_id=info.trace_id,
+             destination_type=E.PROMPT_VERSION, destination_id=pid, created_time=now)
+        for info in infos for pid in ids
+    ]  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ evaluation-dataset records
@@ -512,60 +560,6 @@ def _finish_upsert(store, session, dataset_id: str, records: list[dict], now: in
     if profile := store._compute_dataset_profile(session, dataset_id):
         fields["profile"] = json.dumps(profile)
     store._dataset_query(session).filter(D.dataset_id == dataset_id).update(fields)
-
-
-# ------------------------------------------------------------------------------ the Prompts tab
-
-#: What MLflow 3.17.2's UI reads for the Prompts tab, written through the public tag API:
-#: a prompt's experiments (``_mlflow_experiment_ids``, ",1,2,": the experiment's Prompts tab lists
-#: it; MLflow's own linking runs in a background thread) and a version's runs
-#: (``mlflow.prompt.run_ids``, comma-separated: "MLflow runs:" on the version's page; the Python
-#: link writes only the run's ``mlflow.linkedPrompts`` tag). A tag value holds ≤ 5000 characters:
-#: the oldest run ids give way.
-PROMPT_EXPERIMENTS_TAG = "_mlflow_experiment_ids"
-PROMPT_RUN_IDS_TAG = "mlflow.prompt.run_ids"
-MAX_TAG_CHARS = 5000
-
-
-def _lost_insert_race(e: Exception) -> bool:
-    """MLflow's SQL store writes a tag as select-then-insert: two writers adding the same new tag
-    at once leave the later one a unique-key violation (SQLite or PostgreSQL wording)."""
-    text = str(e)
-    return "UNIQUE constraint failed" in text or "duplicate key value" in text
-
-
-def link_prompt_to_experiment(client, name: str, experiment_id: str, tries: int = 3) -> None:
-    """Add ``experiment_id`` to the prompt's experiments (no write when it is there already); a
-    write that lost an insert race to another process is re-read and retried."""
-    for attempt in range(tries):
-        prompt = client.get_prompt(name)
-        ids = [i for i in ((prompt.tags or {}).get(PROMPT_EXPERIMENTS_TAG, "") if prompt else "").split(",") if i]
-        if str(experiment_id) in ids:
-            return
-        try:
-            client.set_prompt_tag(name, PROMPT_EXPERIMENTS_TAG, "," + ",".join([*ids, str(experiment_id)]) + ",")
-        except MlflowException as e:
-            if not _lost_insert_race(e) or attempt == tries - 1:
-                raise
-
-
-def link_prompt_version_to_run_ids(client, name: str, version: int, run_id: str, tries: int = 3) -> None:
-    """Add ``run_id`` to the version's run list; re-read after writing, so a concurrent writer
-    (another job of the sweep, another host) that overwrote it, or won the insert of a new tag,
-    is retried, not lost."""
-    for attempt in range(tries):
-        pv = client.get_prompt_version(name, str(version))
-        ids = [i for i in (pv.tags or {}).get(PROMPT_RUN_IDS_TAG, "").split(",") if i]
-        if run_id in ids:
-            return
-        ids.append(run_id)
-        while len(",".join(ids)) > MAX_TAG_CHARS:
-            ids.pop(0)
-        try:
-            client.set_prompt_version_tag(name, str(version), PROMPT_RUN_IDS_TAG, ",".join(ids))
-        except MlflowException as e:
-            if not _lost_insert_race(e) or attempt == tries - 1:
-                raise
 
 
 # ------------------------------------------------------------------------------ after an interrupt

@@ -12,8 +12,9 @@ and v3 holding the same text are one config; the generation cache is keyed by th
 Our placeholders ``{context}``, ``{question}``, ``{decline_text}`` are MLflow's ``{{context}}``,
 ``{{question}}``, ``{{decline_text}}`` (:func:`to_mlflow` / :func:`from_mlflow`); a template is a
 chat template (a system and a user message), and the decline text a version tag (``decline_text``,
-also written to the prompt, so a version made in MLflow's UI inherits it). Public API only; the tag
-keys MLflow's UI reads for the Prompts tab are written in ``tracking.mlflow_adapter``.
+also written to the prompt, so a version made in MLflow's UI inherits it). Public API only; the
+links MLflow's UI reads (a prompt's experiments, a version's runs and app versions) are written by
+``tracking.prompt_links``, each under this module's per-prompt host lock.
 """
 
 from __future__ import annotations
@@ -36,7 +37,12 @@ from rag_experiments.conf_groups import conf_dir
 from rag_experiments.identity import REFERENCE_TARGETS
 from rag_experiments.stages.prompts import PromptRegistryError, PromptTemplate
 from rag_experiments.tracking.locks import file_lock, store_lock
-from rag_experiments.tracking.mlflow_adapter import link_prompt_to_experiment, link_prompt_version_to_run_ids
+from rag_experiments.tracking.prompt_links import (
+    LINKED_PROMPTS_TAG,
+    link_prompt_to_experiment,
+    link_prompt_version_to_model,
+    link_prompt_version_to_run_ids,
+)
 from rag_experiments.tracking.uri import tracking_uri as resolve_uri
 
 PREFIX = "rag-experiments."  # registry names of our templates: rag-experiments.<prompt name>
@@ -46,6 +52,7 @@ DEFAULT_DECLINE = "I don't know"
 VARIABLES = ("context", "question", "decline_text")
 _VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_.]*)\s*\}\}")  # MLflow's {{ var }} (spaces allowed)
 _registered: dict[tuple, tuple[str, int]] = {}  # (uri, name, text, experiment) → (name, version)
+_model_links: set[tuple[str, str, str, int]] = set()  # (uri, model id, name, version) linked
 
 
 # ------------------------------------------------------------------------------ template syntax
@@ -328,6 +335,51 @@ def link_run(client: MlflowClient, run_id: str, name: str, version: int) -> None
     client.link_prompt_version_to_run(run_id, client.get_prompt_version(name, str(version)))
     with _prompt_lock(client, name):
         link_prompt_version_to_run_ids(client, name, version, run_id)
+
+
+def link_model(client: MlflowClient, model_id: str, name: str, version: int) -> None:
+    """The config's app version (LoggedModel) linked to the prompt version its runs use, once per
+    (model, version): the model's ``mlflow.linkedPrompts`` tag, read first, written only when the
+    link is missing, under the per-prompt host lock and re-read across hosts (``prompt_links``)."""
+    memo = (client.tracking_uri, model_id, name, int(version))
+    if memo in _model_links:
+        return
+    mlflow.set_tracking_uri(client.tracking_uri)  # MLflow's link reads the model through the global store
+    with _prompt_lock(client, name):
+        link_prompt_version_to_model(client, name, int(version), model_id)
+    _model_links.add(memo)
+
+
+def link_reused_run(client: MlflowClient, experiment_id: str, run_id: str, name: str, version: int) -> None:
+    """A finished run that stands for another version too (v3 holding v1's text: the sweep skips
+    v3): the run, its app versions (LoggedModel inputs) and the traces of its answers (those linked
+    to a prompt already) linked to that version as well, so v3's page lists them like v1's. The
+    run's own link is written last: a run linked to the version (its own, or a finished earlier
+    call) needs nothing, so re-running a sweep costs one read here."""
+    run = client.get_run(run_id)
+    if {"name": name, "version": str(version)} in json.loads(run.data.tags.get(LINKED_PROMPTS_TAG) or "[]"):
+        return
+    for m in run.inputs.model_inputs:
+        link_model(client, m.model_id, name, version)
+    _link_answer_traces(client, experiment_id, run_id, name, version)
+    link_run(client, run_id, name, version)
+
+
+def _link_answer_traces(client: MlflowClient, experiment_id: str, run_id: str, name: str, version: int) -> None:
+    """Each trace of the run that is linked to a prompt (an answered item) linked to ``name`` /
+    ``version`` too (``MlflowClient.link_prompt_versions_to_trace``, one call per trace)."""
+    pv, token = client.get_prompt_version(name, str(version)), None
+    entry = {"name": name, "version": str(version)}
+    while True:
+        page = client.search_traces(
+            locations=[experiment_id], run_id=run_id, include_spans=False, max_results=500, page_token=token
+        )
+        for t in page:
+            tag = t.info.tags.get(LINKED_PROMPTS_TAG)
+            if tag and entry not in json.loads(tag):
+                client.link_prompt_versions_to_trace([pv], t.info.trace_id)
+        if not (token := page.token):
+            return
 
 
 def linked_prompts(client: MlflowClient, run_id: str) -> list[tuple[str, int]]:

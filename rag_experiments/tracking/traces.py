@@ -52,7 +52,6 @@ log = logging.getLogger(__name__)
 TRACE_NAME = "rag_query"
 DEFAULT_SAMPLE = 2000  # tracking.trace_sample: every item up to this many, then a sample
 TRACES_SAMPLED = "traces_sampled"  # run tag: the sampling rule's inputs and outcome
-_PREVIEW_CHARS = 1000
 _warned: set[str] = set()
 
 
@@ -274,16 +273,13 @@ def _failed(df: pd.DataFrame) -> pd.Series:
 
 
 class TraceRecord(NamedTuple):
-    """One query's trace before it is written: spans (root first), tags, assessments."""
+    """One query's trace before it is written: spans (root first), tags, assessments; ``generated``:
+    the item was answered (so it used the run's prompt: only such traces are linked to it)."""
 
     spans: list[SpanSpec]
     tags: dict[str, str]
     assessments: list[Pending]
-
-
-def _preview(v: Any) -> str:
-    s = v if isinstance(v, str) else json.dumps(v, default=str)
-    return s[:_PREVIEW_CHARS]
+    generated: bool = False
 
 
 def build_records(
@@ -307,7 +303,8 @@ def build_records(
         item = by_id[row["id"]]
         specs, end = build_spans(row, item, doc_text, t, k, prompt, generator_model)
         pending = [*expectations(item, doc_text, evalset_digest), *feedbacks(row, item, cols, jsrc, k)]
-        out.append(TraceRecord(specs, {"item_id": item.id, "eval_tags": ",".join(item.tags)}, pending))
+        tags = {"item_id": item.id, "eval_tags": ",".join(item.tags)}
+        out.append(TraceRecord(specs, tags, pending, isinstance(row.get("answer"), str)))
         t = end + 1_000_000  # traces in item order, 1 ms apart
     return out
 
@@ -318,13 +315,15 @@ def write_public(
     run_id: str,
     records: Sequence[TraceRecord],
     model_id: str | None = None,
+    prompts: Sequence = (),
 ) -> list[str]:
     """Write the traces with MLflow's public API only (any MLflow 3.x): ``MlflowClient.start_trace``
     / ``start_span`` / ``end_span`` / ``end_trace`` with the table's times, then one
     ``mlflow.log_feedback`` / ``log_expectation`` per assessment. MLflow forms the ids, the schema
     version, previews and token totals itself. One store round trip per trace and per assessment.
     ``model_id``: the active model while the traces start (``mlflow.set_active_model``), which
-    MLflow records as the traces' ``mlflow.modelId``."""
+    MLflow records as the traces' ``mlflow.modelId``. ``prompts``: ``PromptVersion``s linked to
+    each generated item's trace (``MlflowClient.link_prompt_versions_to_trace``, one call each)."""
     client = MlflowClient(tracking_uri=tracking_uri)
     if mlflow.get_tracking_uri() != tracking_uri:  # the tracing exporter and log_feedback use it
         mlflow.set_tracking_uri(tracking_uri)
@@ -341,6 +340,9 @@ def write_public(
                     trace_id=trace_id, name=p.name, value=p.value, source=p.source, error=p.error,
                     rationale=p.rationale, metadata=meta, span_id=root_id,
                 )  # fmt: skip
+    for rec, (trace_id, _) in zip(records, roots, strict=True):
+        if prompts and rec.generated:
+            client.link_prompt_versions_to_trace(list(prompts), trace_id)
     return [t for t, _ in roots]
 
 
@@ -387,6 +389,7 @@ def write_traces(
     judge=None,
     path: str = "auto",
     model_id: str | None = None,
+    prompt_version: tuple[str, int] | None = None,
 ) -> list[str]:
     """Write one trace per row of ``per_query``; returns the trace ids.
 
@@ -394,8 +397,11 @@ def write_traces(
     path, or its per-trace client path off SQL), ``"fast-per-trace"``, or ``"auto"``: the fast path
     when ``mlflow_adapter.fast_path_problem()`` is empty, else the public one with one warning.
     ``model_id``: the config's app version (``tracking.app_versions``), on every trace.
+    ``prompt_version``: the registry's (name, version) of the run's prompt, linked to the trace of
+    every item it generated (items outside ``generation_subset`` never used it).
     """
     records = build_records(per_query, items, docs, k, evalset_digest, prompt, generator_model, judge)
+    prompts = _prompt_versions(tracking_uri, prompt_version)
     if path == "auto":
         from rag_experiments.tracking.mlflow_adapter import fast_path_problem
 
@@ -405,12 +411,26 @@ def write_traces(
             _warned.add(problem)
             log.warning("traces: %s; writing through MLflow's public API (slower, same content)", problem)
     if path == "public":
-        return write_public(tracking_uri, experiment_id, run_id, records, model_id)
+        return write_public(tracking_uri, experiment_id, run_id, records, model_id, prompts)
     from rag_experiments.tracking.mlflow_adapter import write_fast
 
     return write_fast(
-        tracking_uri, experiment_id, run_id, records, _preview, batch=path == "fast", model_id=model_id
+        tracking_uri, experiment_id, run_id, records, path == "fast", model_id, prompts
     )
+
+
+def _prompt_versions(tracking_uri: str, ref: tuple[str, int] | None) -> list:
+    """The ``PromptVersion`` to link answered items' traces to (one read per run), [] without one."""
+    if not ref:
+        return []
+    if len(f"{ref[0]}/{ref[1]}") > 36 and ref[0] not in _warned:  # MLflow's column; SQLite ignores it
+        _warned.add(ref[0])
+        log.warning(
+            "traces: prompts:/%s/%s is longer than MLflow's 36-character link column: off SQLite its "
+            "traces carry the mlflow.linkedPrompts tag only, and its Traces view cannot list them",
+            *ref,
+        )
+    return [MlflowClient(tracking_uri=tracking_uri).get_prompt_version(ref[0], str(ref[1]))]
 
 
 # ------------------------------------------------------------------------------ sweep entry point
@@ -426,10 +446,12 @@ def log_traces(
     cfg,
     stages,
     model_id: str | None = None,
+    prompt_version: tuple[str, int] | None = None,
 ) -> float:
     """The sweep's one call: eval-set dataset + the traces, unless ``tracking.traces=false``.
     Returns the seconds spent (the per-stage table's ``traces`` row). ``model_id``: the config's
-    app version, linked to every trace."""
+    app version (linked to every trace), ``prompt_version``: the run's registered prompt (linked
+    to every generated item's trace)."""
     from rag_experiments.tracking.writer import TRACES_EXPECTED
 
     t0 = time.perf_counter()
@@ -462,6 +484,7 @@ def log_traces(
         judge=stages.judge,
         path=os.environ.get("RAG_EXPERIMENTS_TRACES", "auto") or "auto",
         model_id=model_id,
+        prompt_version=prompt_version,
     )
     seconds = time.perf_counter() - t0
     # how long tracing took, so its overhead is visible per run (scripts/bench_traces.py)
