@@ -165,6 +165,15 @@ class Page:
     def goto(self, url: str) -> None:
         self.call("Page.navigate", url=url)
 
+    def open_mlflow(self, base: str) -> None:
+        """Load the MLflow UI once with its assistant panel closed (it would cover tables)."""
+        self.goto(base)
+        self.wait_for("document.readyState === 'complete'")
+        self.js(
+            "localStorage.setItem('mlflow.assistant.panelOpen_v1', 'false');"
+            "localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true')"
+        )
+
     def wait_for(self, expression: str, timeout: float = 60.0) -> None:
         """Poll a JS expression until it is truthy (real time: the page loads from a real server)."""
         end = time.monotonic() + timeout

@@ -96,12 +96,7 @@ def test_two_runs_side_by_side_differ_in_hit_and_response(two_runs, tmp_path):
         # pick the hit_at_1 and failure_label assessment columns (a real click), read the pair of rows
         page = Page(tmp_path / "p1", size="2200,1300")
         try:
-            page.goto(base)  # MLflow's assistant panel would cover the assessment columns: closed
-            page.wait_for("document.readyState === 'complete'")
-            page.js(
-                "localStorage.setItem('mlflow.assistant.panelOpen_v1', 'false');"
-                "localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true')"
-            )
+            page.open_mlflow(base)
             page.goto(url)
             page.wait_for(f"document.body.innerText.includes({json.dumps(query)})")
             page.js(

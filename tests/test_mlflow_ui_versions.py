@@ -45,12 +45,7 @@ def test_agent_versions_lists_each_config_and_a_version_page_shows_its_runs(tmp_
     with mlflow_server(tmp_path) as base:
         page = Page(tmp_path / "profile", size="1600,1400")
         try:
-            page.goto(base)  # MLflow's assistant panel would cover the tables: closed
-            page.wait_for("document.readyState === 'complete'")
-            page.js(
-                "localStorage.setItem('mlflow.assistant.panelOpen_v1', 'false');"
-                "localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true')"
-            )
+            page.open_mlflow(base)
             page.goto(f"{base}/#/experiments/{exp}/models")
             names = [m.name for m in versions.values()]
             page.wait_for(" && ".join(f"document.body.innerText.includes({json.dumps(n)})" for n in names))

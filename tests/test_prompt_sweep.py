@@ -156,12 +156,7 @@ def test_each_version_lists_the_traces_that_used_it_and_its_app_versions_link_it
     with mlflow_server(root) as base:
         page = Page(tmp_path / "profile", size="1600,1400")
         try:
-            page.goto(base)  # MLflow's assistant panel would cover the table: closed
-            page.wait_for("document.readyState === 'complete'")
-            page.js(
-                "localStorage.setItem('mlflow.assistant.panelOpen_v1', 'false');"
-                "localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true')"
-            )
+            page.open_mlflow(base)
             page.goto(f"{base}/#/experiments/{exp_id}/prompts/{CONCISE}?promptVersion=1")
             page.wait_for("document.body.innerText.includes('Viewing version 1')")
             page.js(  # the page's Preview / Compare / Traces switch

@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import tempfile
 import time
 from pathlib import Path
 
@@ -14,14 +13,13 @@ import mlflow
 import pandas as pd
 import pytest
 from mlflow.entities import AssessmentSource
-from mlflow.tracking import MlflowClient
 
 from rag_experiments import spotcheck
 from rag_experiments.spotcheck import review
 from rag_experiments.tracking import bounds
 from rag_experiments.tracking import review_queue as rq
 from tests.sweep_helpers import free_port
-from tests.test_spotcheck import _per_query
+from tests.test_spotcheck import _per_query, judged_run
 
 # the human's labels (item → verdict); items not listed stay blank
 HUMAN = {"q2#0": "unsupported", "q4#2": "unsupported", "q1#1": "supported"}
@@ -31,18 +29,8 @@ HUMAN = {"q2#0": "unsupported", "q4#2": "unsupported", "q1#1": "supported"}
 def judged(tmp_path_factory):
     """A judged run (12 claims, one unparseable) in a fresh sqlite store."""
     root = tmp_path_factory.mktemp("review_store")
-    uri = f"sqlite:///{root}/mlflow.db"
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.create_experiment("spot", artifact_location=(root / "mlruns").as_uri())
-    run = client.create_run(exp, run_name="gen-run", tags={"judge_model": "j", "generator_model": "g"})
-    client.log_param(run.info.run_id, "judge", "local")
-    client.log_param(run.info.run_id, "judge.threshold", "0.0")
-    with tempfile.TemporaryDirectory() as tmp:
-        p = Path(tmp) / "per_query.parquet"
-        _per_query().to_parquet(p, index=False)
-        client.log_artifact(run.info.run_id, str(p))
-    client.set_terminated(run.info.run_id, "FINISHED")
-    return root, uri, client, exp, run.info.run_id
+    uri, client, exp, run_id = judged_run(root, {"judge_model": "j", "generator_model": "g"})
+    return root, uri, client, exp, run_id
 
 
 def _sample(uri: str, rid: str, out: Path, capsys, *extra: str) -> str:

@@ -49,22 +49,12 @@ def _per_query() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    # one store for the module: creating a sqlite MLflow schema costs seconds
-    tmp_path = tmp_path_factory.mktemp("spotcheck_store")
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+def judged_run(root: Path, tags: dict[str, str]):
+    """A FINISHED generation run judged by `local` with ``_per_query()``'s table, in a fresh store."""
+    uri = f"sqlite:///{root}/mlflow.db"
     client = MlflowClient(tracking_uri=uri)
-    exp = client.create_experiment("spot", artifact_location=(tmp_path / "mlruns").as_uri())
-    run = client.create_run(
-        exp,
-        run_name="gen-run",
-        tags={
-            "generator_model": "SmolLM2-135M-Instruct",
-            "judge_model": "SmolLM2-135M-Instruct",
-            "judge_is_generator": "true",
-        },
-    )
+    exp = client.create_experiment("spot", artifact_location=(root / "mlruns").as_uri())
+    run = client.create_run(exp, run_name="gen-run", tags=tags)
     client.log_param(run.info.run_id, "judge", "local")
     client.log_param(run.info.run_id, "judge.threshold", "0.0")
     with tempfile.TemporaryDirectory() as tmp:
@@ -72,11 +62,21 @@ def store(tmp_path_factory):
         _per_query().to_parquet(p, index=False)
         client.log_artifact(run.info.run_id, str(p))
     client.set_terminated(run.info.run_id, "FINISHED")
+    return uri, client, exp, run.info.run_id
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    # one store for the module: creating a sqlite MLflow schema costs seconds
+    tmp_path = tmp_path_factory.mktemp("spotcheck_store")
+    model = "SmolLM2-135M-Instruct"
+    tags = {"generator_model": model, "judge_model": model, "judge_is_generator": "true"}
+    uri, client, exp, run_id = judged_run(tmp_path, tags)
     retr = client.create_run(exp, run_name="retr")
     p = tmp_path / "per_query.parquet"
     pd.DataFrame({"id": ["q1"], "query": ["x"], "hit_at_5": [1.0]}).to_parquet(p, index=False)
     client.log_artifact(retr.info.run_id, str(p))
-    return uri, client, run.info.run_id
+    return uri, client, run_id
 
 
 def _read(path: Path) -> list[dict]:
