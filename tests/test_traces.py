@@ -512,5 +512,7 @@ def test_generation_subset_run_traces_every_item(tmp_path):
         fb, _ = _assessments(t)
         if isinstance(row["answer"], str):
             assert len(chats) == 1
+            # token columns are written whichever item comes first (answered or not)
+            assert t.info.token_usage["input_tokens"] == int(row["tokens_in_generation"]) > 0
         else:
             assert chats == [] and fb["faithfulness"].value is None and fb["faithfulness"].error is not None

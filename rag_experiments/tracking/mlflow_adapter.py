@@ -385,6 +385,10 @@ def start_traces(
         tag_rows += tags
         meta_rows += metas
         assessment_rows += [_assessment_row(p, info, span_id, now, meta_json, run_id) for p in ps]
+    # one executemany takes its columns from the first row: a trace without token usage (an item
+    # not generated) has no token columns, so every row gets them all (None where absent)
+    cols = {k: None for row in infos_rows for k in row}
+    infos_rows = [{**cols, **row} for row in infos_rows]
     span_rows = _span_rows(store, spans, int(experiment.experiment_id)) if spans is not None else []
     linked = [i for i in infos if TraceTagKey.LINKED_PROMPTS in i.tags]  # the generated items' traces
     link_rows = _association_rows(store, linked, prompts or [])
