@@ -45,6 +45,30 @@ def link_dataset(
     name = f"evalset-{evalset_digest[:16]}"
     if mlflow.get_tracking_uri() != client.tracking_uri:  # the dataset's own calls use it
         mlflow.set_tracking_uri(client.tracking_uri)
+    # the configs of a parallel sweep start together: one host lock per (store, dataset) so only
+    # one of them creates and fills it (two inserts of the same records violate its UNIQUE key)
+    with _dataset_lock(client.tracking_uri, name):
+        ds = _find_or_fill(client, name, experiment_id, items, docs, evalset_digest)
+    entity = run_input_entity(ds)
+    client.log_inputs(run_id, datasets=[DatasetInput(entity, tags=[InputTag("mlflow.data.context", "eval")])])
+    return ds.dataset_id
+
+
+def _dataset_lock(uri: str, name: str):
+    import tempfile
+    from pathlib import Path
+
+    from rag_experiments.cache import stable_hash
+    from rag_experiments.tracking.locks import file_lock
+
+    key = stable_hash(uri, name)[:16]
+    return file_lock(
+        Path(tempfile.gettempdir()) / "rag_experiments_locks" / f"dataset-{key}.lock", f"dataset {name}"
+    )
+
+
+def _find_or_fill(client, name: str, experiment_id: str, items, docs, evalset_digest: str):
+    """The eval set's dataset, created and filled with its records when new or incomplete."""
     found = client.search_datasets(filter_string=f"name = '{name}'", max_results=1)
     if found:
         ds = found[0]
@@ -61,9 +85,7 @@ def link_dataset(
             client.tracking_uri, ds, dataset_records(items, {d.doc_id: d.text for d in docs}, evalset_digest)
         )
         ds = client.get_dataset(ds.dataset_id)
-    entity = run_input_entity(ds)
-    client.log_inputs(run_id, datasets=[DatasetInput(entity, tags=[InputTag("mlflow.data.context", "eval")])])
-    return ds.dataset_id
+    return ds
 
 
 def n_records(ds) -> int:
