@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from rag_experiments.tracking.assessments import expectations
+from rag_experiments.tracking.locks import host_lock
 from rag_experiments.types import Document, EvalItem
 
 RECORDS_PER_CALL = 500  # records per public merge_records call: one store transaction or request each
@@ -47,24 +48,11 @@ def link_dataset(
         mlflow.set_tracking_uri(client.tracking_uri)
     # the configs of a parallel sweep start together: one host lock per (store, dataset) so only
     # one of them creates and fills it (two inserts of the same records violate its UNIQUE key)
-    with _dataset_lock(client.tracking_uri, name):
+    with host_lock("dataset", f"dataset {name}", client.tracking_uri, name):
         ds = _find_or_fill(client, name, experiment_id, items, docs, evalset_digest)
     entity = run_input_entity(ds)
     client.log_inputs(run_id, datasets=[DatasetInput(entity, tags=[InputTag("mlflow.data.context", "eval")])])
     return ds.dataset_id
-
-
-def _dataset_lock(uri: str, name: str):
-    import tempfile
-    from pathlib import Path
-
-    from rag_experiments.cache import stable_hash
-    from rag_experiments.tracking.locks import file_lock
-
-    key = stable_hash(uri, name)[:16]
-    return file_lock(
-        Path(tempfile.gettempdir()) / "rag_experiments_locks" / f"dataset-{key}.lock", f"dataset {name}"
-    )
 
 
 def _find_or_fill(client, name: str, experiment_id: str, items, docs, evalset_digest: str):

@@ -21,6 +21,15 @@ def store_lock(uri: str) -> contextlib.AbstractContextManager:
     )
 
 
+def host_lock(kind: str, what: str, *key: str) -> contextlib.AbstractContextManager:
+    """A named ``file_lock`` for one host, ``<tmp>/rag_experiments_locks/<kind>-<hash(key)>.lock``
+    (e.g. kind ``prompt``, key (store uri, prompt name))."""
+    from rag_experiments.cache import stable_hash
+
+    path = Path(tempfile.gettempdir()) / "rag_experiments_locks" / f"{kind}-{stable_hash(*key)[:16]}.lock"
+    return file_lock(path, what)
+
+
 @contextlib.contextmanager
 def file_lock(path: Path, what: str = ""):
     """An exclusive ``flock`` on ``path``: released by the kernel when the process dies (kill -9).

@@ -22,10 +22,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import mlflow
 import yaml
@@ -36,7 +34,7 @@ from rag_experiments.cache import stable_hash
 from rag_experiments.conf_groups import conf_dir
 from rag_experiments.identity import REFERENCE_TARGETS
 from rag_experiments.stages.prompts import PromptRegistryError, PromptTemplate
-from rag_experiments.tracking.locks import file_lock, store_lock
+from rag_experiments.tracking.locks import host_lock, store_lock
 from rag_experiments.tracking.prompt_links import (
     LINKED_PROMPTS_TAG,
     link_prompt_to_experiment,
@@ -296,8 +294,7 @@ def register(
 def _prompt_lock(client: MlflowClient, name: str):
     """One host lock per (store, prompt name) for every write to the prompt: MLflow writes a tag as
     select-then-insert, so two jobs of a sweep adding the same new tag at once would collide."""
-    key = stable_hash(client.tracking_uri, name)[:16]
-    return file_lock(Path(tempfile.gettempdir()) / "rag_experiments_locks" / f"prompt-{key}.lock", f"prompt {name}")
+    return host_lock("prompt", f"prompt {name}", client.tracking_uri, name)
 
 
 def _matching(client: MlflowClient, name: str, text: str) -> int | None:
@@ -365,7 +362,9 @@ def link_reused_run(client: MlflowClient, experiment_id: str, run_id: str, name:
     link_run(client, run_id, name, version)
 
 
-def _link_answer_traces(client: MlflowClient, experiment_id: str, run_id: str, name: str, version: int) -> None:
+def _link_answer_traces(
+    client: MlflowClient, experiment_id: str, run_id: str, name: str, version: int
+) -> None:
     """Each trace of the run that is linked to a prompt (an answered item) linked to ``name`` /
     ``version`` too (``MlflowClient.link_prompt_versions_to_trace``, one call per trace)."""
     pv, token = client.get_prompt_version(name, str(version)), None
