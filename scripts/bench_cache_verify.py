@@ -27,7 +27,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 
-from rag_experiments.cache_files import file_digest, find_verified  # noqa: E402
+from rag_experiments.core.cache_files import file_digest, find_verified  # noqa: E402
 
 
 def _median(fn, repeat: int) -> float:
@@ -50,11 +50,11 @@ def _reader(path: Path):
 
 
 def bench_sample(repeat: int) -> None:
-    from rag_experiments.cache import CachedEmbedder, StageCache
-    from rag_experiments.datasets.corpus import Corpus
-    from rag_experiments.evalset import EvalSet, sample_dir
-    from rag_experiments.pipeline import run_pipeline
-    from rag_experiments.run_types import PipelineData, RunSettings, Stages
+    from rag_experiments.core.cache import CachedEmbedder, StageCache
+    from rag_experiments.evalset.corpus import Corpus
+    from rag_experiments.evalset.load import EvalSet, sample_dir
+    from rag_experiments.run.pipeline import run_pipeline
+    from rag_experiments.run.types import PipelineData, RunSettings, Stages
     from rag_experiments.stages.chunking import MarkdownChunker
     from rag_experiments.stages.embedding import SentenceTransformerEmbedder
     from rag_experiments.stages.retrieval import DenseRetriever

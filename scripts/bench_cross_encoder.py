@@ -35,11 +35,11 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from rag_experiments.analysis.verifier_eval import figures_with_ci, grouped_folds  # noqa: E402
-from rag_experiments.datasets.corpus import load_corpus  # noqa: E402
-from rag_experiments.datasets.judge_pairs import load_pairs  # noqa: E402
-from rag_experiments.datasets.synthetic_pairs import synthetic_pairs  # noqa: E402
-from rag_experiments.evalset import sample_dir  # noqa: E402
+from rag_experiments.evalset.corpus import load_corpus  # noqa: E402
+from rag_experiments.evalset.judge_pairs import load_pairs  # noqa: E402
+from rag_experiments.evalset.load import sample_dir  # noqa: E402
+from rag_experiments.evalset.synthetic_pairs import synthetic_pairs  # noqa: E402
+from rag_experiments.judge.verifier_eval import figures_with_ci, grouped_folds  # noqa: E402
 from rag_experiments.stages.embedding import minilm_path  # noqa: E402
 
 PAIRS = Path(os.environ.get("JUDGE_PAIRS", "judge_pairs/pairs.jsonl"))  # a judge_pairs JSONL file

@@ -58,8 +58,8 @@ def main() -> None:
     import mlflow
     from mlflow import MlflowClient
 
-    from rag_experiments.datasets.corpus import Corpus
-    from rag_experiments.evalset import EvalSet, sample_dir
+    from rag_experiments.evalset.corpus import Corpus
+    from rag_experiments.evalset.load import EvalSet, sample_dir
     from rag_experiments.tracking.traces import write_traces
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -95,11 +95,11 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def bench_embedding(n_st: int, n_static: int, work: Path, static_cache: Path | None) -> dict:
-    from rag_experiments.cache import CachedEmbedder, StageCache
+    from rag_experiments.core.cache import CachedEmbedder, StageCache
+    from rag_experiments.core.types import Chunk
     from rag_experiments.stages.embedding import SentenceTransformerEmbedder, StaticEmbedder
     from rag_experiments.stages.retrieval import DenseRetriever
     from rag_experiments.stages.vector_store import embed_to_memmap
-    from rag_experiments.types import Chunk
 
     t = time.perf_counter()
     texts = corpus_texts(max(n_st, n_static) + 1000)

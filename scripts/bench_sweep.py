@@ -42,8 +42,8 @@ import os, sys, json
 os.environ["HF_HUB_OFFLINE"] = "1"; os.environ["TRANSFORMERS_OFFLINE"] = "1"
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-from rag_experiments.datasets.corpus import Corpus
-from rag_experiments.evalset import EvalSet, sample_dir
+from rag_experiments.evalset.corpus import Corpus
+from rag_experiments.evalset.load import EvalSet, sample_dir
 from rag_experiments.stages.chunking import chunk_corpus
 corpus = Corpus(str(sample_dir() / "docs"))
 queries = [it.query for it in EvalSet(str(sample_dir() / "evalset.jsonl"), corpus).items]
@@ -66,8 +66,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
-from rag_experiments.datasets.corpus import Corpus
-from rag_experiments.evalset import EvalSet, sample_dir
+from rag_experiments.evalset.corpus import Corpus
+from rag_experiments.evalset.load import EvalSet, sample_dir
 from rag_experiments.stages.chunking import MarkdownChunker, chunk_corpus
 from rag_experiments.stages.generation import local_server
 server, body, n, conf = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3]), sys.argv[4]

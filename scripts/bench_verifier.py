@@ -41,19 +41,19 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
-from rag_experiments.analysis.verifier_eval import cross_validated, figures_with_ci  # noqa: E402
-from rag_experiments.datasets.corpus import load_corpus  # noqa: E402
-from rag_experiments.datasets.judge_pairs import load_pairs  # noqa: E402
-from rag_experiments.datasets.synthetic_pairs import synthetic_pairs  # noqa: E402
-from rag_experiments.evalset import sample_dir  # noqa: E402
-from rag_experiments.stages.judging import alignment, token_pass  # noqa: E402
-from rag_experiments.stages.judging import heuristic as heur  # noqa: E402
-from rag_experiments.stages.judging.verifier import (  # noqa: E402
+from rag_experiments.evalset.corpus import load_corpus  # noqa: E402
+from rag_experiments.evalset.judge_pairs import load_pairs  # noqa: E402
+from rag_experiments.evalset.load import sample_dir  # noqa: E402
+from rag_experiments.evalset.synthetic_pairs import synthetic_pairs  # noqa: E402
+from rag_experiments.judge import alignment, token_pass  # noqa: E402
+from rag_experiments.judge import heuristic as heur  # noqa: E402
+from rag_experiments.judge.verifier import (  # noqa: E402
     FEATURES,
     FeatureExtractor,
     fit_logistic,
     predict_logistic,
 )
+from rag_experiments.judge.verifier_eval import cross_validated, figures_with_ci  # noqa: E402
 from rag_experiments.stages.text import sentence_texts  # noqa: E402
 
 PAIRS = Path(os.environ.get("JUDGE_PAIRS", "judge_pairs/pairs.jsonl"))  # a judge_pairs JSONL file
@@ -190,7 +190,7 @@ def quality(pairs, syn, X, Xs, y, ys, groups):
 
 
 def cascade_table(pairs, oof, n, seed=0):
-    from rag_experiments.stages.judging import LocalLLMJudge
+    from rag_experiments.judge import LocalLLMJudge
 
     rng = np.random.default_rng(seed)
     by_type: dict[str, list[int]] = {}

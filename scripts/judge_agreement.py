@@ -6,7 +6,7 @@ heuristic judge's calibration.
     python scripts/judge_agreement.py --pairs PATH --calibrate [ENTITY_THRESHOLD]
 
 The agreement table is the validity card (``python -m rag_experiments.judge card``; one home:
-``rag_experiments.analysis.judge_card``), here on a split of the pairs. Splits: a pair is in
+``rag_experiments.judge.card``), here on a split of the pairs. Splits: a pair is in
 ``calib`` when sha256(id) is even, else in ``test``; the heuristic thresholds were fitted on
 ``calib`` only (``--calibrate``, a grid search maximising κ) and are reported on ``test``.
 ``--pairs`` defaults to $JUDGE_PAIRS.
@@ -29,9 +29,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
-from rag_experiments.analysis.agreement import cohen_kappa  # noqa: E402  (one definition of κ)
-from rag_experiments.analysis.judge_card import point_figures  # noqa: E402
-from rag_experiments.datasets.judge_pairs import JudgePair, JudgePairsError, load_pairs  # noqa: E402
+from rag_experiments.evalset.judge_pairs import JudgePair, JudgePairsError, load_pairs  # noqa: E402
+from rag_experiments.judge.agreement import cohen_kappa  # noqa: E402  (one definition of κ)
+from rag_experiments.judge.card import point_figures  # noqa: E402
 
 
 def split_of(pair_id: str) -> str:
@@ -53,7 +53,7 @@ def _write(pairs: list[JudgePair], path: Path) -> None:
 
 def calibrate(pairs: list[JudgePair], pin_entity: float | None) -> None:
     """Grid-search HeuristicJudge thresholds maximising κ on the calib half; report on both halves."""
-    from rag_experiments.stages.judging import HeuristicJudge
+    from rag_experiments.judge import HeuristicJudge
 
     judge = HeuristicJudge()
     t0 = time.perf_counter()

@@ -14,14 +14,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rag_experiments.cache import StageCache
-from rag_experiments.datasets.corpus import Corpus
-from rag_experiments.evalset import EvalSet, sample_dir
-from rag_experiments.pipeline import PipelineResult, run_pipeline
-from rag_experiments.run_types import PipelineData, RunSettings, Stages
+from rag_experiments.core.cache import StageCache
+from rag_experiments.core.types import EvalItem
+from rag_experiments.evalset.corpus import Corpus
+from rag_experiments.evalset.load import EvalSet, sample_dir
+from rag_experiments.run.pipeline import PipelineResult, run_pipeline
+from rag_experiments.run.types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.chunking import MarkdownChunker
 from rag_experiments.stages.retrieval import BM25Retriever
-from rag_experiments.types import EvalItem
 
 TINY_DOCS = ("webhook-retries.md", "rate-limits.md", "refunds.md", "idempotency.md")
 REPO = Path(__file__).resolve().parent.parent

@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from rag_experiments.cache import CachedEmbedder, StageCache
-from rag_experiments.datasets.corpus import Corpus
-from rag_experiments.evalset import EvalSet
-from rag_experiments.pipeline import run_pipeline
-from rag_experiments.run_types import PipelineData, RunSettings, Stages
+from rag_experiments.core.cache import CachedEmbedder, StageCache
+from rag_experiments.evalset.corpus import Corpus
+from rag_experiments.evalset.load import EvalSet
+from rag_experiments.run.pipeline import run_pipeline
+from rag_experiments.run.types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.chunking import FixedSizeChunker
 from rag_experiments.stages.embedding import SentenceTransformerEmbedder
 from rag_experiments.stages.retrieval import DenseRetriever, ann_recall, exact_search, top_k

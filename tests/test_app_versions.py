@@ -164,8 +164,8 @@ def test_judge_mlflow_is_registered_once_as_mlflows_builtin_scorers(store, monke
     import mlflow
     from mlflow.genai.scorers import list_scorers
 
-    from rag_experiments.stages.mlflow_judge import MLflowJudge
     from rag_experiments.tracking.judges_tab import register_judges
+    from rag_experiments.tracking.mlflow_judge import MLflowJudge
 
     c, exp = store
     mlflow.set_tracking_uri(c.tracking_uri)
@@ -188,7 +188,7 @@ def test_code_judges_are_refused_by_mlflow_as_docs_tracing_md_says(store, monkey
     from mlflow.exceptions import MlflowException
     from mlflow.genai.scorers import get_scorer
 
-    from rag_experiments import scorers
+    from rag_experiments.tracking import scorers
 
     c, exp = store
     mlflow.set_tracking_uri(c.tracking_uri)

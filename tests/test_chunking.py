@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from rag_experiments.core.types import Document  # noqa: E402
 from rag_experiments.stages.chunking import (  # noqa: E402
     FixedSizeChunker,
     MarkdownChunker,
@@ -23,7 +24,6 @@ from rag_experiments.stages.chunking import (  # noqa: E402
     chunk_corpus,
     split_sentences,
 )
-from rag_experiments.types import Document  # noqa: E402
 
 CONF = Path(__file__).resolve().parents[1] / "rag_experiments" / "conf" / "chunking"
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from rag_experiments import compare, gate
+from rag_experiments.cli import compare, gate
 from rag_experiments.evaluation.labels import RATE_LABELS
 from rag_experiments.evaluation.registry import parse
 from rag_experiments.tracking.runs import (

@@ -11,12 +11,12 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from rag_experiments.config_schema import validate
 from rag_experiments.evaluation.cost import add_usage, cost_metrics, price, serving_latency_ms, usage_columns
-from rag_experiments.evaluation.judge_validity import build_judge
 from rag_experiments.evaluation.registry import higher_is_better, spec
+from rag_experiments.judge.validity import build_judge
+from rag_experiments.run.config_schema import validate
+from rag_experiments.run.sweep import _priced
 from rag_experiments.stages.generation import LocalLlamaGenerator, OpenAICompatibleGenerator
-from rag_experiments.sweep import _priced
 from tests import llm_fixtures
 from tests.sweep_helpers import REPO, tiny_inputs, tiny_pipeline
 
@@ -125,7 +125,7 @@ def test_usage_reaches_the_per_query_table_and_the_run_metrics(tiny, fake_llm):
 
 
 def test_llm_judge_tokens_are_recorded_and_cached_calls_report_the_same(tmp_path, fake_llm):
-    from rag_experiments.stages.judging import LLMJudge
+    from rag_experiments.judge import LLMJudge
 
     tiny = tiny_inputs(tmp_path, n_items=3)
     gen = OpenAICompatibleGenerator(base_url=fake_llm.base_url, model="ok", max_retries=0, timeout_s=10)

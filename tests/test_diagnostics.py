@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from rag_experiments.core.types import Chunk, EvalItem, Span, Verdict
 from rag_experiments.evaluation.diagnostics import (
     DIAGNOSTICS,
     answer_claim_shares,
@@ -16,8 +17,7 @@ from rag_experiments.evaluation.diagnostics import (
     diagnose,
     gold_claims,
 )
-from rag_experiments.stages.judging import HeuristicJudge, split_claims
-from rag_experiments.types import Chunk, EvalItem, Span, Verdict
+from rag_experiments.judge import HeuristicJudge, split_claims
 
 S, U, X = "supported", "unsupported", "unparseable"
 

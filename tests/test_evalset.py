@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from rag_experiments.cli.evalset import main
-from rag_experiments.datasets.corpus import Corpus, corpus_digest, load_corpus
-from rag_experiments.evalset import EvalSetError, load_evalset, sample_dir
+from rag_experiments.evalset.corpus import Corpus, corpus_digest, load_corpus
+from rag_experiments.evalset.load import EvalSetError, load_evalset, sample_dir
 
 DOC = "# Webhooks\n\nFailed deliveries retry with exponential backoff for 24 hours.\n\nSee retries. See retries.\n"
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from rag_experiments.cli.evalset import main
-from rag_experiments.datasets.corpus import load_corpus
-from rag_experiments.datasets.generate import REVIEW_COLUMNS, heuristic_tags, paragraphs, sample_passages
-from rag_experiments.evalset import load_evalset
-from rag_experiments.types import Document
+from rag_experiments.core.types import Document
+from rag_experiments.evalset.corpus import load_corpus
+from rag_experiments.evalset.generate import REVIEW_COLUMNS, heuristic_tags, paragraphs, sample_passages
+from rag_experiments.evalset.load import load_evalset
 from tests.llm_fixtures import _completion, requires_smollm2
 
 GOOD_Q = "For how long does the service keep retrying a failed webhook?"
@@ -161,7 +161,7 @@ def test_passages_are_seeded_and_tags_follow_the_rules():
     one = sample_passages(docs, 3, seed=1)
     assert one == sample_passages(list(reversed(docs)), 3, seed=1) and len(one) == 3
     assert len(sample_passages(docs, 99)) == 5  # every window once, no more
-    from rag_experiments.datasets.generate import Candidate
+    from rag_experiments.evalset.generate import Candidate
 
     d = Document("d", "D", text)
     s = text.index("Still")

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from rag_experiments.core.types import Chunk
 from rag_experiments.stages.generation import LocalLlamaGenerator, OpenAICompatibleGenerator
 from rag_experiments.stages.prompts import PromptTemplate
-from rag_experiments.types import Chunk
 from tests import llm_fixtures
 
 # fixtures shared with the other LLM tests (tests/llm_fixtures.py)

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
-from rag_experiments import identity
 from rag_experiments.analysis.attribution import config_diff, is_bookkeeping
-from rag_experiments.cache import CachedEmbedder, StageCache, stage_key
+from rag_experiments.core import identity
+from rag_experiments.core.cache import CachedEmbedder, StageCache, stage_key
 from rag_experiments.stages.embedding import SentenceTransformerEmbedder, minilm_path
 from rag_experiments.stages.generation import LocalLlamaGenerator, packaged_smollm2
 from rag_experiments.tracking.writer import config_hash
@@ -108,7 +108,7 @@ def test_code_hash_ignores_comments_and_docstrings_but_not_code(tmp_path):
 def test_every_cached_stage_has_a_code_version_and_it_is_in_the_key(monkeypatch):
     for stage in ("chunks", "vectors", "rankings", "generation", "claims", "verdict", "relevance"):
         before = stage_key(stage, "x")
-        monkeypatch.setitem(identity.STAGE_CODE, stage, ("rag_experiments.types",))
+        monkeypatch.setitem(identity.STAGE_CODE, stage, ("rag_experiments.core.types",))
         assert stage_key(stage, "x") != before, stage
     with pytest.raises(KeyError):
         stage_key("no-such-stage", "x")
@@ -145,7 +145,7 @@ def _params_of(overrides: list[str]) -> dict[str, str]:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    import rag_experiments.sweep  # noqa: F401  (registers the sample_dir resolver)
+    import rag_experiments.run.sweep  # noqa: F401  (registers the sample_dir resolver)
     from rag_experiments.tracking.writer import flatten
 
     with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "rag_experiments" / "conf")):
@@ -194,3 +194,35 @@ def test_resume_follows_code_and_ignores_places(tmp_path):
     assert "'chunks.miss': 1" in changed.stdout, "the chunk cache key follows the chunker's code"
     c, runs = _runs(tmp_path)
     assert len(runs) == 2 and {r.data.tags["code_fingerprint"] for r in runs} == {fp, m.group(3)}
+
+
+#: ``config_hash`` of bundled configs, recorded before the package layout moved ``_target_`` modules
+#: (datasets → evalset, stages.judging → judge, stages.mlflow_judge → tracking): a move must not
+#: orphan caches, resume or ``[skip]`` (``identity.LEGACY_TARGETS``).
+RECORDED_CONFIG_HASHES = {
+    (): "3626bd1ff9a84e04",
+    ("judge=verifier",): "5e3d01def5fe3ca7",
+    ("judge=mlflow",): "43ae70490c8a9ba6",
+    ("judge=cascade",): "316fa2ba01e1ff92",
+    ("judge=openai",): "01f8e228996deac4",
+    ("judge=local",): "28948a99ee6f2212",
+    ("corpus=dir", "corpus.path=/tmp/x"): "452690128c136ea5",
+    ("evalset=file", "evalset.path=/tmp/e.jsonl"): "688a4f7ec4bb8b85",
+    ("prompt=cite", "retriever=hybrid"): "a3925adaa12690fa",
+}
+
+
+def test_config_hash_unchanged_by_the_package_layout():
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from rag_experiments.core.identity import hashed_target
+
+    got = {}
+    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "rag_experiments" / "conf")):
+        for overrides in RECORDED_CONFIG_HASHES:
+            cfg = OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=False)
+            got[overrides] = config_hash(cfg, "c", "e")
+    assert got == RECORDED_CONFIG_HASHES
+    assert hashed_target("rag_experiments.judge.HeuristicJudge") == "rag_experiments.stages.judging.HeuristicJudge"
+    assert hashed_target("rag_experiments.stages.chunking.FixedSizeChunker").endswith("chunking.FixedSizeChunker")

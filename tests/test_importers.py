@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from rag_experiments.cli.evalset import main
-from rag_experiments.datasets.corpus import load_corpus
-from rag_experiments.datasets.importers import import_squad, locate_answer
-from rag_experiments.evalset import load_evalset
+from rag_experiments.evalset.corpus import load_corpus
+from rag_experiments.evalset.importers import import_squad, locate_answer
+from rag_experiments.evalset.load import load_evalset
 
 P1 = "Denver won the game. The Broncos beat Carolina 24 to 10 in Santa Clara. Denver celebrated."
 P2 = "The halftime show featured Coldplay with   Beyonce and Bruno Mars."

@@ -11,19 +11,19 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from rag_experiments.analysis.judge_card import card_metrics, flip_rate, judge_card, point_figures
-from rag_experiments.cache import StageCache
-from rag_experiments.datasets.judge_pairs import load_pairs, pairs_digest
-from rag_experiments.evaluation.judge_repeats import query_flip_rate, repeat_columns
-from rag_experiments.evaluation.judge_validity import (
+from rag_experiments.cli.judge import main as judge_main
+from rag_experiments.core.cache import StageCache
+from rag_experiments.evalset.judge_pairs import load_pairs, pairs_digest
+from rag_experiments.evaluation.registry import parse
+from rag_experiments.judge.card import card_metrics, flip_rate, judge_card, point_figures
+from rag_experiments.judge.repeats import query_flip_rate, repeat_columns
+from rag_experiments.judge.validity import (
     build_judge,
     judge_config,
     repeat_judges,
     select_pairs,
     validity_card,
 )
-from rag_experiments.evaluation.registry import parse
-from rag_experiments.judge import main as judge_main
 from tests.llm_fixtures import fake_llm, requires_smollm2, smollm2_path  # noqa: F401
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 
@@ -208,7 +208,7 @@ def test_stochastic_judge_repeats_flip_rate_cached_per_repeat(tmp_path):
     # per query in the pipeline: the repeats' labels per claim, and the flip rate they imply
     from collections import Counter
 
-    from rag_experiments.stages.judging.cached import JudgedAnswer
+    from rag_experiments.judge.cached import JudgedAnswer
 
     claims = [p.claim for p in pairs[:2]]
     verdicts = judge.verdicts(claims, REFUND_CTX)
@@ -256,8 +256,8 @@ def test_run_logs_judge_card_digest_and_identity(tmp_path, fake_llm):  # noqa: F
 
 
 def test_config_rejects_bad_judge_card_and_repeats():
-    from rag_experiments.config_schema import validate
-    from rag_experiments.evalset import conf_dir
+    from rag_experiments.evalset.load import conf_dir
+    from rag_experiments.run.config_schema import validate
 
     cfg = OmegaConf.to_container(OmegaConf.load(conf_dir() / "config.yaml"))
     cfg["judge_card"].update(pairs="/no/such/pairs.jsonl", max_pairs=0, typo=1)

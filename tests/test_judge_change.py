@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from rag_experiments import compare, gate
-from rag_experiments import select as select_cli
+from rag_experiments.cli import compare, gate
+from rag_experiments.cli import select as select_cli
 from rag_experiments.tracking.judge_runs import check_same_judge, run_judge
 from rag_experiments.tracking.runs import RunInputError
 

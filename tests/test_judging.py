@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from rag_experiments.stages.judging import (
+from rag_experiments.core.types import Verdict
+from rag_experiments.judge import (
     LLMJudge,
     correctness,
     faithfulness,
@@ -17,7 +18,6 @@ from rag_experiments.stages.judging import (
     split_claims,
     yes_no_score,
 )
-from rag_experiments.types import Verdict
 from tests import llm_fixtures
 
 # fixtures shared with the other LLM tests (tests/llm_fixtures.py)
@@ -127,7 +127,7 @@ CONTEXT = (
 
 @pytest.fixture(scope="module")
 def heuristic():
-    from rag_experiments.evaluation.judge_validity import instantiate_judge, judge_config
+    from rag_experiments.judge.validity import instantiate_judge, judge_config
     from rag_experiments.stages.embedding import metric_embedder
 
     return instantiate_judge(judge_config("heuristic"), embedder=metric_embedder())
@@ -164,8 +164,8 @@ def test_heuristic_direction_words(heuristic):
 
 @requires_smollm2
 def test_local_llm_judge_scores_with_logprobs():
+    from rag_experiments.judge import LocalLLMJudge
     from rag_experiments.stages.generation import LocalLlamaGenerator
-    from rag_experiments.stages.judging import LocalLLMJudge
 
     judge = LocalLLMJudge(max_tokens=32, n_questions=2)
     gen = LocalLlamaGenerator()

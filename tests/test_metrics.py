@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
+from rag_experiments.core.types import Chunk, ScoredChunk, Span
 from rag_experiments.evaluation.aggregate import mean_ci
 from rag_experiments.evaluation.metrics import (
     context_precision_at_k,
@@ -19,7 +20,6 @@ from rag_experiments.evaluation.metrics import (
     relevance_arrays,
     retrieval_metrics,
 )
-from rag_experiments.types import Chunk, ScoredChunk, Span
 
 
 def chunk(doc: str, start: int, end: int) -> Chunk:

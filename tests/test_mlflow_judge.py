@@ -20,11 +20,11 @@ import pytest
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
-from rag_experiments.config_schema import validate
-from rag_experiments.stages.judging import faithfulness
-from rag_experiments.stages.mlflow_judge import GROUNDEDNESS, RELEVANCE, MLflowJudge, read_feedback_value
+from rag_experiments.core.types import VERDICTS
+from rag_experiments.judge import faithfulness
+from rag_experiments.run.config_schema import validate
+from rag_experiments.tracking.mlflow_judge import GROUNDEDNESS, RELEVANCE, MLflowJudge, read_feedback_value
 from rag_experiments.tracking.runs import load_per_query
-from rag_experiments.types import VERDICTS
 from tests.llm_fixtures import closed_port_url, fake_llm, requires_smollm2, smollm2_path  # noqa: F401
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 
@@ -52,7 +52,7 @@ def _cfg(**judge) -> dict:
         "seed": 0,
         "metrics": {"ks": [1], "min_coverage": 0.5, "bootstrap_resamples": 200},
         "generator": {"_target_": "rag_experiments.stages.generation.LocalLlamaGenerator"},
-        "judge": {"_target_": "rag_experiments.stages.mlflow_judge.MLflowJudge", **judge},
+        "judge": {"_target_": "rag_experiments.tracking.mlflow_judge.MLflowJudge", **judge},
     }
 
 
@@ -78,8 +78,8 @@ def test_composed_judge_mlflow_config_is_checked_before_any_run():
     """Hydra's compose API on the real config tree, the same ``check`` the sweep runs (exit 2)."""
     from hydra import compose, initialize_config_dir
 
-    import rag_experiments.sweep  # noqa: F401 - registers the sample_dir resolver
-    from rag_experiments.config_schema import ConfigError, check
+    import rag_experiments.run.sweep  # noqa: F401 - registers the sample_dir resolver
+    from rag_experiments.run.config_schema import ConfigError, check
 
     with initialize_config_dir(str(CONF), version_base="1.3"):
         check(compose("config", overrides=["judge=mlflow"]))

@@ -15,7 +15,7 @@ def test_split_sweep_equals_hydras_basic_sweeper():
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper  # the reference, tests only
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from rag_experiments.multirun import split_sweep
+    from rag_experiments.run.multirun import split_sweep
 
     args = ["chunking=fixed,sentence", "retriever.k=1,2,3", "seed=0", "+x=choice(a,b)", "y=[1,2]", "z='a,b'"]
     parsed = OverridesParser.create().parse_overrides(args)

@@ -14,8 +14,8 @@ import json
 import mlflow
 from mlflow.tracking import MlflowClient
 
-from rag_experiments.stages.mlflow_judge import MLflowJudge
 from rag_experiments.tracking.judges_tab import register_judges
+from rag_experiments.tracking.mlflow_judge import MLflowJudge
 from tests.mlflow_ui import SCREENSHOTS, Page, mlflow_server
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 

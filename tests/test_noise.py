@@ -23,9 +23,9 @@ from rag_experiments.analysis.variance import (
     shares,
     variance_metrics,
 )
-from rag_experiments.config_schema import validate
 from rag_experiments.evaluation.aggregate import aggregate, cluster_mean_ci, mean_ci
 from rag_experiments.evaluation.replicates import collapse_replicates, flip_rates, n_replicates
+from rag_experiments.run.config_schema import validate
 
 
 def _simulate(q: int, r: int, j: int, sd=(0.2, 0.1, 0.07), seed: int = 0) -> np.ndarray:
@@ -268,7 +268,7 @@ def _judged_table(y: np.ndarray, n_claims: int = 10, replicated: bool = True) ->
 
 
 def test_judge_share_from_the_repeats_kept_in_each_row():
-    from rag_experiments.evaluation.judge_repeats import judge_repeat_long, repeat_scores
+    from rag_experiments.judge.repeats import judge_repeat_long, repeat_scores
 
     y = _simulate(1500, 3, 3, sd=(0.15, 0.1, 0.1), seed=5)
     df, cube = _judged_table(y)

@@ -13,9 +13,8 @@ from hydra.utils import instantiate
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from rag_experiments import compare, gate
-from rag_experiments.cli import plan
-from rag_experiments.evaluation.judge_validity import build_judge
+from rag_experiments.cli import compare, gate, plan
+from rag_experiments.judge.validity import build_judge
 from rag_experiments.stages.generation import LocalLlamaGenerator
 from tests.sweep_helpers import REPO, tiny_inputs, tiny_pipeline
 
@@ -82,7 +81,7 @@ def test_temperature_zero_reuses_replicate_zero_with_a_warning(tmp_path, caplog)
     judge = build_judge("heuristic")
     prompt = instantiate(OmegaConf.load(CONF / "prompt" / "concise.yaml"))
     gen = LocalLlamaGenerator(max_tokens=8, temperature=0.0, n_threads=1, n_parallel=1, poll=0)
-    with caplog.at_level(logging.WARNING, logger="rag_experiments.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="rag_experiments.run.pipeline"):
         res = tiny_pipeline(tiny, generator=gen, prompt=prompt, judge=judge, replicates=3)
     assert "generator.temperature=0" in caplog.text and "reuse replicate 0" in caplog.text
     assert res.calls["generation"] == 2  # not 6
@@ -163,8 +162,8 @@ def test_judge_repeats_of_a_real_stochastic_judge_give_a_judge_share(tmp_path):
     them, and the run's faithfulness stays repeat 0's."""
     import json
 
-    from rag_experiments.evaluation.judge_repeats import repeat_scores
-    from rag_experiments.evaluation.judge_validity import judge_config, judge_with_repeats
+    from rag_experiments.judge.repeats import repeat_scores
+    from rag_experiments.judge.validity import judge_config, judge_with_repeats
 
     tiny = tiny_inputs(tmp_path, n_items=3)
     over = ["temperature=1.0", "use_logprobs=false", "decompose=false", "max_tokens=16", "repeats=3", "n_questions=1", "timeout_s=1200"]

@@ -16,7 +16,7 @@ from pathlib import Path
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
-from rag_experiments.multirun import settle_parent, start_sweep_child
+from rag_experiments.run.multirun import settle_parent, start_sweep_child
 from rag_experiments.tracking import writer as tracking
 from tests.test_server import mlflow_server  # noqa: F401  (session fixture: the real server)
 

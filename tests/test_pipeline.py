@@ -18,20 +18,20 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from rag_experiments.cache import CachedEmbedder, StageCache
-from rag_experiments.datasets.corpus import Corpus
-from rag_experiments.datasets.subset import stratified_subset
-from rag_experiments.evalset import EvalSet
-from rag_experiments.evaluation.judge_validity import build_judge
+from rag_experiments.core.cache import CachedEmbedder, StageCache
+from rag_experiments.core.progress import Progress, eta_s, timing_table
+from rag_experiments.core.types import EvalItem
+from rag_experiments.evalset.corpus import Corpus
+from rag_experiments.evalset.load import EvalSet
+from rag_experiments.evalset.subset import stratified_subset
 from rag_experiments.evaluation.labels import RATE_LABELS as FAILURE_LABELS
-from rag_experiments.pipeline import run_pipeline
-from rag_experiments.progress import Progress, eta_s, timing_table
-from rag_experiments.run_types import PipelineData, RunSettings, Stages
+from rag_experiments.judge.validity import build_judge
+from rag_experiments.run.pipeline import run_pipeline
+from rag_experiments.run.types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.chunking import MarkdownChunker
 from rag_experiments.stages.embedding import SentenceTransformerEmbedder
 from rag_experiments.stages.generation import LocalLlamaGenerator, OpenAICompatibleGenerator
 from rag_experiments.stages.retrieval import DenseRetriever
-from rag_experiments.types import EvalItem
 from tests.llm_fixtures import requires_smollm2
 from tests.sweep_helpers import make_tiny
 

@@ -11,18 +11,18 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from rag_experiments.cache import StageCache
-from rag_experiments.config_schema import validate
-from rag_experiments.identity import semantic_config
-from rag_experiments.pipeline import generation_stage
-from rag_experiments.run_types import Stages
+from rag_experiments.core.cache import StageCache
+from rag_experiments.core.identity import semantic_config
+from rag_experiments.core.types import Chunk
+from rag_experiments.run.config_schema import validate
+from rag_experiments.run.pipeline import generation_stage
+from rag_experiments.run.types import Stages
 from rag_experiments.stages.chunking import MarkdownChunker
 from rag_experiments.stages.generation import OpenAICompatibleGenerator
 from rag_experiments.stages.prompts import PromptRegistryError, PromptTemplate
 from rag_experiments.stages.retrieval import BM25Retriever
 from rag_experiments.tracking import prompt_registry as pr
 from rag_experiments.tracking.writer import config_hash
-from rag_experiments.types import Chunk
 from tests.llm_fixtures import fake_llm  # noqa: F401 - an OpenAI-compatible HTTP endpoint
 
 CONCISE = "rag-experiments.concise"

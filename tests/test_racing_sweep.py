@@ -108,7 +108,7 @@ def test_racing_stops_the_losing_config_and_saves_generation_calls(
 def _readers_keep_stopped_configs_apart(root, ok, bad, capsys):
     """select / compare --sweep / report: the stopped config is listed apart with its n, never the
     winner or part of the comparisons."""
-    from rag_experiments import compare, select
+    from rag_experiments.cli import compare, select
     from rag_experiments.report import cli as report_cli
 
     uri = ["--tracking-uri", f"sqlite:///{root}/mlflow.db"]

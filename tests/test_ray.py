@@ -172,10 +172,10 @@ def _texts(n: int) -> list[str]:
 def test_ray_data_embedding_gives_the_local_vectors(local_ray, tmp_path):
     """MiniLM (the static embedder's equality is printed by ``bench_scale.py --ray``: its
     distillation takes minutes on a contended machine)."""
-    from rag_experiments.cache import CachedEmbedder, StageCache
+    from rag_experiments.core.cache import CachedEmbedder, StageCache
+    from rag_experiments.core.types import Chunk
     from rag_experiments.stages.embedding import SentenceTransformerEmbedder
     from rag_experiments.stages.retrieval import DenseRetriever
-    from rag_experiments.types import Chunk
 
     def embedder(**ray):
         return SentenceTransformerEmbedder(show_progress=False, **ray)
@@ -207,8 +207,8 @@ def test_ray_data_embedding_gives_the_local_vectors(local_ray, tmp_path):
 
 
 def test_ray_keys_are_validated_and_not_in_config_hash():
-    from rag_experiments.config_schema import ConfigError, _embedding, _Group
-    from rag_experiments.identity import semantic_config
+    from rag_experiments.core.identity import semantic_config
+    from rag_experiments.run.config_schema import ConfigError, _embedding, _Group
 
     g = _Group("embedding", {"ray": "sometimes", "ray_min_chunks": 0, "ray_concurrency": 2})
     _embedding(g)

@@ -9,7 +9,7 @@ import re
 import pytest
 from mlflow.tracking import MlflowClient
 
-from rag_experiments import compare
+from rag_experiments.cli import compare
 from rag_experiments.report import cli as report_cli
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 

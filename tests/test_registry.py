@@ -10,7 +10,6 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from rag_experiments.evaluation.aggregate import metric_columns
-from rag_experiments.evaluation.judge_validity import build_judge
 from rag_experiments.evaluation.labels import FAILURE_LABELS
 from rag_experiments.evaluation.registry import (
     FORMS,
@@ -22,8 +21,9 @@ from rag_experiments.evaluation.registry import (
     spec,
     wrap,
 )
+from rag_experiments.judge.validity import build_judge
+from rag_experiments.run.sweep import summary_table
 from rag_experiments.stages.generation import OpenAICompatibleGenerator
-from rag_experiments.sweep import summary_table
 from tests.llm_fixtures import fake_llm  # noqa: F401  (pytest fixture)
 from tests.sweep_helpers import REPO, tiny_inputs, tiny_pipeline
 

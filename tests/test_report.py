@@ -346,7 +346,7 @@ def test_generation_sections_appear_with_generation_metrics(tiny_sweep, tmp_path
     assert "0.310 [0.155, 0.310]" in card_md and "synthetic (200)" in card_md and "0.400" in card_md
     assert "baseline = **chunking=fixed** (given with --baseline)" in md
     assert "chunking=markdown | faithfulness |" in md  # attributed
-    assert "rag_experiments.stages.judging.claims.faithfulness" in md and "HeuristicJudge" in md
+    assert "rag_experiments.judge.claims.faithfulness" in md and "HeuristicJudge" in md
     assert "(same as generator!)" in md and "| answer |" in md
     # claim-level diagnostics: means with CIs per config, an explanation each, why values are undefined
     assert "## Claim-level diagnostics" in md and "| config | claim_recall | hallucination |" in md

@@ -12,7 +12,7 @@ from rag_experiments.analysis.attribution import RunData, SweepAttribution
 from rag_experiments.evaluation.headline import sweep_metrics, table_metrics
 from rag_experiments.report.brief import in_brief, levels_table
 from rag_experiments.report.render import md_inline
-from rag_experiments.run_names import (
+from rag_experiments.run.names import (
     MAX_RUN_NAME,
     constant_overrides,
     run_name,

@@ -10,12 +10,12 @@ import json
 import pytest
 from hydra import compose, initialize_config_dir
 
-from rag_experiments.assemble import build, run_settings
-from rag_experiments.cache import StageCache
-from rag_experiments.datasets.corpus import Corpus
-from rag_experiments.evalset import EvalSet, sample_dir
-from rag_experiments.pipeline import run_pipeline
-from rag_experiments.run_types import PipelineData, RunSettings, Stages
+from rag_experiments.core.cache import StageCache
+from rag_experiments.evalset.corpus import Corpus
+from rag_experiments.evalset.load import EvalSet, sample_dir
+from rag_experiments.run.assemble import build, run_settings
+from rag_experiments.run.pipeline import run_pipeline
+from rag_experiments.run.types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.chunking import MarkdownChunker
 from rag_experiments.stages.retrieval import BM25Retriever
 from tests.sweep_helpers import REPO

@@ -8,7 +8,7 @@ import mlflow
 import pytest
 from mlflow.entities import Document
 
-from rag_experiments import scorers
+from rag_experiments.tracking import scorers
 
 DOCS = {
     "retries.md": "Webhooks are retried with exponential backoff for 24 hours. After that the event is dropped.",

@@ -12,9 +12,9 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from rag_experiments import select as cli
 from rag_experiments.analysis.attribution import RunData
 from rag_experiments.analysis.select import Constraints, runnable_config, select_config
+from rag_experiments.cli import select as cli
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 
 # ----------------------------------------------------------------------------- pure functions

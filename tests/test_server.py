@@ -125,7 +125,7 @@ def test_compare_gate_report_from_an_empty_directory(swept, tmp_path):
     code = textwrap.dedent(
         f"""
         import json
-        from rag_experiments import compare, gate
+        from rag_experiments.cli import compare, gate
         from rag_experiments.report import cli as build
         rc = {{
             "compare": compare.main(["{by_k["3"]}", "{by_k["5"]}", "--resamples", "200"]),

@@ -282,7 +282,7 @@ def _population(n_unsupported: int = 60, n_supported: int = 20) -> pd.DataFrame:
 def test_systematic_pps_draws_each_claim_with_its_inclusion_probability():
     import numpy as np
 
-    from rag_experiments.analysis.agreement import inclusion_probabilities, systematic_pps
+    from rag_experiments.judge.agreement import inclusion_probabilities, systematic_pps
 
     w = np.array([1.0, 1.0, 1.0, 10.0, 2.0, 4.0, 1.5])
     pi = inclusion_probabilities(w, 3)
@@ -299,7 +299,7 @@ def test_systematic_pps_draws_each_claim_with_its_inclusion_probability():
 def test_sample_records_the_inclusion_probability_it_drew_with():
     import numpy as np
 
-    from rag_experiments.analysis.agreement import inclusion_probabilities
+    from rag_experiments.judge.agreement import inclusion_probabilities
 
     pop = _population(30, 10)
     w = spotcheck.sample_weights(pop["judge_score"].to_numpy(float), 0.0)
@@ -340,7 +340,7 @@ def _score_sample(pop: pd.DataFrame, seed: int, weighted: bool) -> spotcheck.Agr
 def test_weighted_leniency_and_kappa_estimate_the_run_not_the_boosted_sample():
     import numpy as np
 
-    from rag_experiments.analysis.agreement import cohen_kappa
+    from rag_experiments.judge.agreement import cohen_kappa
 
     pop = _population()
     true_len = float(np.mean(pop.loc[pop["human"] == "unsupported", "judge_verdict"] == "supported"))
@@ -380,7 +380,7 @@ def test_summary_names_the_population_its_figures_describe(store, tmp_path, caps
 def test_one_cohen_kappa_shared_with_judge_agreement_and_weighted_by_hand():
     import importlib.util
 
-    from rag_experiments.analysis import agreement
+    from rag_experiments.judge import agreement
 
     spec = importlib.util.spec_from_file_location(
         "judge_agreement", Path(__file__).resolve().parent.parent / "scripts" / "judge_agreement.py"

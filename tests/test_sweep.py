@@ -187,7 +187,7 @@ def test_a_run_that_dies_is_marked_failed_not_left_running(tmp_path):
 def test_compare_sweep_shows_interactions_of_the_factorial_grid(grid, capsys):
     """chunking × retriever.k is a 2 × 2 full factorial: main effects, the interaction and a
     plain-language line appear (analysis/interactions.py)."""
-    from rag_experiments import compare
+    from rag_experiments.cli import compare
 
     root, *_ = grid
     c, runs = _runs(root)

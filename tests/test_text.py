@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from rag_experiments.core.types import Document
+from rag_experiments.judge import HeuristicJudge, split_claims
 from rag_experiments.stages.chunking import SentenceWindowChunker
-from rag_experiments.stages.judging import HeuristicJudge, split_claims
 from rag_experiments.stages.text import ABBREVIATIONS, sentence_texts, split_sentences, token_ends
-from rag_experiments.types import Document
 
 
 def test_abbreviations_are_the_union_of_both_former_lists() -> None:

@@ -8,18 +8,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rag_experiments.cache import StageCache
-from rag_experiments.datasets.corpus import Corpus
-from rag_experiments.evalset import EvalSet
+from rag_experiments.core.cache import StageCache
+from rag_experiments.core.types import Chunk, Span
+from rag_experiments.evalset.corpus import Corpus
+from rag_experiments.evalset.load import EvalSet
 from rag_experiments.evaluation.budget import budget_ends, budgeted_metrics
 from rag_experiments.evaluation.headline import headline_metrics, headline_reason
 from rag_experiments.evaluation.metrics import check_metrics_config, token_metrics
-from rag_experiments.pipeline import run_pipeline
-from rag_experiments.run_types import PipelineData, RunSettings, Stages
+from rag_experiments.run.pipeline import run_pipeline
+from rag_experiments.run.types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.chunking import MarkdownChunker, WholeDocumentChunker
 from rag_experiments.stages.retrieval import BM25Retriever
 from rag_experiments.stages.text import token_ends, tokenizer_identity
-from rag_experiments.types import Chunk, Span
 from tests.sweep_helpers import make_tiny
 
 

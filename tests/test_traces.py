@@ -219,9 +219,9 @@ def test_judge_tokens_go_on_the_judge_span_and_into_the_trace_total():
     """``tokens_in_judge``/``tokens_out_judge`` (when a judge reports usage) are counted once."""
     from mlflow.tracing.utils import aggregate_usage_from_spans
 
+    from rag_experiments.core.types import EvalItem
     from rag_experiments.tracking.mlflow_adapter import to_spans
     from rag_experiments.tracking.traces import build_spans
-    from rag_experiments.types import EvalItem
 
     retrieved = [{"chunk_id": "d#0-5", "doc_id": "d", "start": 0, "end": 5, "score": 1.0, "rank": 1}]
     row = {
@@ -307,8 +307,8 @@ def test_fast_and_public_paths_store_the_same(retrieval_run, tmp_path):
     puts an MLflow version into ``mlflow_adapter.VERIFIED``."""
     import mlflow as _mlflow
 
-    from rag_experiments.datasets.corpus import Corpus
-    from rag_experiments.evalset import EvalSet
+    from rag_experiments.evalset.corpus import Corpus
+    from rag_experiments.evalset.load import EvalSet
     from rag_experiments.tracking import mlflow_adapter
     from rag_experiments.tracking.traces import write_traces
 

@@ -16,8 +16,10 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
-from rag_experiments.datasets.corpus import load_corpus
-from rag_experiments.datasets.synthetic_pairs import (
+from rag_experiments.cli.judge import main as judge_main
+from rag_experiments.evalset.corpus import load_corpus
+from rag_experiments.evalset.load import sample_dir
+from rag_experiments.evalset.synthetic_pairs import (
     MIN_SENTENCES,
     NEGATIVE_TYPES,
     POSITIVE_TYPES,
@@ -28,11 +30,9 @@ from rag_experiments.datasets.synthetic_pairs import (
     paraphrase,
     synthetic_pairs,
 )
-from rag_experiments.evalset import sample_dir
-from rag_experiments.judge import main as judge_main
-from rag_experiments.stages.judging import CascadeJudge, VerifierJudge
-from rag_experiments.stages.judging.verifier import VerifierError, fit_logistic, predict_logistic
-from rag_experiments.stages.judging.verifier_fit import Recipe, fit_identity
+from rag_experiments.judge import CascadeJudge, VerifierJudge
+from rag_experiments.judge.verifier import VerifierError, fit_logistic, predict_logistic
+from rag_experiments.judge.verifier_fit import Recipe, fit_identity
 from tests.llm_fixtures import requires_smollm2
 from tests.sweep_helpers import TINY_DOCS, make_tiny
 
@@ -156,7 +156,7 @@ def test_too_small_corpus_is_an_error_with_the_count(tmp_path, capsys):
 def test_features_flag_negation_and_number_swaps_and_keep_a_paraphrase_aligned():
     """Hand-made pairs: the soft alignment keeps a reworded claim close to its evidence (exact
     word coverage does not), an unrelated claim far; the checks flag a negation and a number swap."""
-    from rag_experiments.stages.judging.verifier import FEATURES, FeatureExtractor
+    from rag_experiments.judge.verifier import FEATURES, FeatureExtractor
 
     ctx = "Failed webhook deliveries are retried up to 8 times. Each retry waits twice as long as the previous one."
     claims = {
@@ -179,7 +179,7 @@ def test_features_flag_negation_and_number_swaps_and_keep_a_paraphrase_aligned()
 def test_one_pass_sentence_embedding_is_sentence_transformers_and_windows_are_close():
     """The shared pass's sentence embedding is exactly SentenceTransformer.encode's (mean pooling +
     normalisation); a window's (mean of its sentences' token vectors) is an approximation."""
-    from rag_experiments.stages.judging.token_pass import TokenPass, window_embedding
+    from rag_experiments.judge.token_pass import TokenPass, window_embedding
 
     tp = TokenPass()
     sents = [
@@ -196,7 +196,7 @@ def test_one_pass_sentence_embedding_is_sentence_transformers_and_windows_are_cl
 
 
 def test_bfloat16_pass_is_close_to_float32_and_has_its_own_identity():
-    from rag_experiments.stages.judging.token_pass import TokenPass
+    from rag_experiments.judge.token_pass import TokenPass
 
     sents = ["Failed webhook deliveries are retried up to 8 times.", "Refunds take five days."]
     f32, b16 = TokenPass(), TokenPass(precision="bfloat16")
@@ -209,7 +209,7 @@ def test_bfloat16_pass_is_close_to_float32_and_has_its_own_identity():
 def test_one_pass_features_equal_the_two_pass_features_on_one_sentence_contexts():
     """Without windows and with a one-sentence context, the one-pass features (v3) must be what
     the two-pass reference (v2) computes; on longer contexts they differ (windows, tokens)."""
-    from rag_experiments.stages.judging.verifier import FeatureExtractor
+    from rag_experiments.judge.verifier import FeatureExtractor
 
     claims = ["Failed webhook deliveries are retried up to 8 times.", "Invoices are not emailed monthly.",
               "Webhook deliveries that fail are attempted again as many as 20 times."]
@@ -288,7 +288,7 @@ def test_missing_or_altered_verifier_refused(fitted, tmp_path):
 def test_a_fit_of_another_feature_version_is_refused_not_reused(fitted, tmp_path):
     """Features changed meaning (v2: two passes, v3: one shared pass) under the same names: an old
     fit, even with a consistent manifest, must be re-fitted, never scored with the new features."""
-    from rag_experiments.stages.judging.verifier import FEATURE_VERSION, weights_sha256
+    from rag_experiments.judge.verifier import FEATURE_VERSION, weights_sha256
 
     assert json.loads((fitted["path"] / "model.json").read_text())["feature_version"] == FEATURE_VERSION
     old = tmp_path / "v2"
@@ -305,8 +305,8 @@ def test_a_fit_of_another_feature_version_is_refused_not_reused(fitted, tmp_path
 def test_a_stale_corpus_only_fit_is_refitted_by_auto_fit_a_labelled_one_is_not(fitted, tmp_path, capsys):
     """auto_fit re-fits a latest fit of an older feature version only when it came from the corpus
     alone with the default recipe (the same data); anything else is left for loading to refuse."""
-    from rag_experiments.stages.judging.verifier import weights_sha256
-    from rag_experiments.stages.judging.verifier_fit import resolve_verifier
+    from rag_experiments.judge.verifier import weights_sha256
+    from rag_experiments.judge.verifier_fit import resolve_verifier
 
     (latest,) = (fitted["root"] / "cache" / "verifiers").glob("*/latest.json")
     root = tmp_path / "verifiers" / latest.parent.name
@@ -332,7 +332,7 @@ def test_sweep_inputs_exit_2_for_missing_and_tampered_verifier(fitted, tmp_path)
     """What ``load_inputs`` turns into exit 2: the problems, no stages built, no run."""
     from hydra import compose, initialize_config_dir
 
-    from rag_experiments.assemble import input_problems
+    from rag_experiments.run.assemble import input_problems
 
     tampered = tmp_path / "t"
     shutil.copytree(fitted["path"], tampered)
@@ -397,7 +397,7 @@ def test_no_fit_for_the_corpus_and_no_auto_fit_is_an_error(tmp_path):
 
 @requires_smollm2
 def test_cascade_asks_the_llm_only_inside_the_band_and_records_the_stage(fitted):
-    from rag_experiments.stages.judging import LocalLLMJudge
+    from rag_experiments.judge import LocalLLMJudge
 
     verifier = VerifierJudge(path=str(fitted["path"]))
     context = (
@@ -437,8 +437,8 @@ def test_verifier_and_cascade_configs_validate_and_a_bad_band_is_named():
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    import rag_experiments.sweep  # noqa: F401  (registers the sample_dir resolver)
-    from rag_experiments.config_schema import validate
+    import rag_experiments.run.sweep  # noqa: F401  (registers the sample_dir resolver)
+    from rag_experiments.run.config_schema import validate
 
     with initialize_config_dir(str(sample_dir().parent.parent / "conf"), version_base="1.3"):
         for judge in ("verifier", "cascade"):
@@ -469,7 +469,7 @@ def _label_csv(path, rows):
 
 
 def test_spotcheck_csv_labels_load_as_pairs_and_bad_rows_exit_2_with_file_and_line(fitted, tmp_path, capsys):
-    from rag_experiments.datasets.label_csv import load_labels
+    from rag_experiments.evalset.label_csv import load_labels
 
     ctx = "Refunds are issued within 5 business days."
     good = tmp_path / "labels.csv"
@@ -502,7 +502,7 @@ def test_spotcheck_csv_labels_load_as_pairs_and_bad_rows_exit_2_with_file_and_li
 
 
 def test_alignment_memo_is_bounded_and_a_full_memo_still_serves_every_text(monkeypatch):
-    from rag_experiments.stages.judging import alignment, token_pass
+    from rag_experiments.judge import alignment, token_pass
 
     aligner = alignment.TokenAligner()
     aligner.prepare(["Refunds take five days.", "Webhooks are retried."], [])

@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 
 from rag_experiments.analysis.stats import PairedResult, holm, paired_delta
+from rag_experiments.core.run_record import RunData, group_choice_keys, is_bookkeeping
 from rag_experiments.evaluation.aggregate import mean_ci
-from rag_experiments.run_record import RunData, group_choice_keys, is_bookkeeping
 
 # ---------------------------------------------------------------------------------------------
 # Config diff and sweep factors

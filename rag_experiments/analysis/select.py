@@ -21,9 +21,9 @@ import yaml
 
 from rag_experiments.analysis.attribution import noise_floor
 from rag_experiments.analysis.stats import holm, paired_delta
+from rag_experiments.core.run_record import RunData
 from rag_experiments.evaluation.aggregate import mean_ci
 from rag_experiments.evaluation.cost import serving_latency_ms
-from rag_experiments.run_record import RunData
 
 #: The order candidates of the tie set are ranked in; the first is chosen.
 TIE_BREAK = (
@@ -163,7 +163,7 @@ def select_config(
 
 def _literal(node):
     """Every string in ``node`` escaped for OmegaConf (``sanitize.omegaconf_literal``)."""
-    from rag_experiments.sanitize import omegaconf_literal
+    from rag_experiments.core.sanitize import omegaconf_literal
 
     if isinstance(node, dict):
         return {k: _literal(v) for k, v in node.items()}

@@ -24,8 +24,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from rag_experiments.core.run_record import as_series
 from rag_experiments.evaluation.labels import FAILURE_LABELS
-from rag_experiments.run_record import as_series
 
 __all__ = [
     "PairedResult",

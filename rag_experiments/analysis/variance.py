@@ -16,10 +16,10 @@ import math
 import numpy as np
 import pandas as pd
 
-from rag_experiments.evaluation.judge_repeats import REPEATED_METRICS, judge_repeat_long, n_judge_repeats
 from rag_experiments.evaluation.labels import as_thresholds
 from rag_experiments.evaluation.registry import GENERATION_METRICS
 from rag_experiments.evaluation.replicates import flip_rates
+from rag_experiments.judge.repeats import REPEATED_METRICS, judge_repeat_long, n_judge_repeats
 
 __all__ = [
     "COMPONENTS",
@@ -107,7 +107,7 @@ def shares(components: dict[str, float]) -> dict[str, float]:
 
 def _cube(df: pd.DataFrame, col: str) -> np.ndarray:
     """``y[q, r, j]`` of one metric from a per-query table: replicates from the ``replicate`` column,
-    judge repeats from ``evaluation.judge_repeats.judge_repeat_long`` (the one long view of the
+    judge repeats from ``judge.repeats.judge_repeat_long`` (the one long view of the
     repeats kept in each row); missing cells NaN."""
     long = judge_repeat_long(df, col)
     s = long.set_index(["id", "replicate", "judge_repeat"])[col].astype(float)

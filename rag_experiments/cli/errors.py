@@ -14,9 +14,9 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 
-from rag_experiments.cache_files import StorageError
-from rag_experiments.redaction import redact
-from rag_experiments.sanitize import terminal_output
+from rag_experiments.core.cache_files import StorageError
+from rag_experiments.core.redaction import redact
+from rag_experiments.core.sanitize import terminal_output
 from rag_experiments.tracking.bounds import bound_tracking_calls, current_budget_s
 from rag_experiments.tracking.uri import last_tracking_uri
 

@@ -1,5 +1,5 @@
 """``python -m rag_experiments.evalset validate|import-squad|import-beir|generate|accept``
-(usage: the ``rag_experiments.evalset`` docstring; ``generate``/``accept``: ``datasets/generate.py``)."""
+(usage: the ``rag_experiments.evalset`` docstring; ``generate``/``accept``: ``evalset/generate.py``)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 from rag_experiments.cli.errors import cli_main
-from rag_experiments.datasets.corpus import CorpusError, load_corpus
-from rag_experiments.datasets.generate import cli as generate_cli
-from rag_experiments.datasets.importers import import_beir, import_squad
-from rag_experiments.evalset import EvalSetError, load_evalset, sample_dir, tag_counts
+from rag_experiments.evalset.corpus import CorpusError, load_corpus
+from rag_experiments.evalset.generate import cli as generate_cli
+from rag_experiments.evalset.importers import import_beir, import_squad
+from rag_experiments.evalset.load import EvalSetError, load_evalset, sample_dir, tag_counts
 
 DESCRIPTION = "Eval sets: validate, import (SQuAD, BEIR), generate and accept (LLM + human review)."
 

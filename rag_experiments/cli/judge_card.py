@@ -87,11 +87,11 @@ def _sample_docs(corpus_dir: str | None):
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from rag_experiments.conf_groups import conf_dir
-    from rag_experiments.evalset import sample_dir
+    from rag_experiments.evalset.load import sample_dir
+    from rag_experiments.run.conf_groups import conf_dir
 
     if corpus_dir:
-        from rag_experiments.datasets.corpus import Corpus
+        from rag_experiments.evalset.corpus import Corpus
 
         return Corpus(path=corpus_dir).docs
     node = OmegaConf.load(conf_dir() / "corpus" / "sample.yaml")
@@ -104,7 +104,7 @@ def _place_keys(cfg, corpus: str | None, cache_dir: str) -> None:
     the card's ``--corpus`` (default: the bundled sample, as ``judge fit``) and ``--cache-dir``."""
     from omegaconf import DictConfig, OmegaConf
 
-    from rag_experiments.evalset import sample_dir
+    from rag_experiments.evalset.load import sample_dir
 
     for node in (cfg, cfg.get("verifier")):
         if not isinstance(node, DictConfig):
@@ -116,8 +116,8 @@ def _place_keys(cfg, corpus: str | None, cache_dir: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from rag_experiments.cache import StageCache
-    from rag_experiments.evaluation.judge_validity import (
+    from rag_experiments.core.cache import StageCache
+    from rag_experiments.judge.validity import (
         JudgeNameError,
         card_pairs,
         instantiate_judge,
@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         judge = instantiate_judge(cfg)
     except Exception as e:  # noqa: BLE001 - hydra wraps the judge's own error (a missing verifier ...)
-        from rag_experiments.stages.judging.verifier import VerifierError
+        from rag_experiments.judge.verifier import VerifierError
 
         cause = e.__cause__ or e
         if not isinstance(cause, VerifierError):

@@ -17,11 +17,11 @@ import argparse
 import os
 import sys
 
-from rag_experiments.datasets.corpus import CorpusError, corpus_digest, load_corpus
-from rag_experiments.datasets.judge_pairs import JudgePairsError, pairs_digest
-from rag_experiments.datasets.label_csv import load_labels
-from rag_experiments.datasets.synthetic_pairs import SyntheticPairsError, synthetic_pairs, type_shares
-from rag_experiments.stages.judging.verifier import VerifierError
+from rag_experiments.evalset.corpus import CorpusError, corpus_digest, load_corpus
+from rag_experiments.evalset.judge_pairs import JudgePairsError, pairs_digest
+from rag_experiments.evalset.label_csv import load_labels
+from rag_experiments.evalset.synthetic_pairs import SyntheticPairsError, synthetic_pairs, type_shares
+from rag_experiments.judge.verifier import VerifierError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from rag_experiments.evalset import sample_dir
-    from rag_experiments.stages.judging.verifier_fit import Recipe, fit_verifier
+    from rag_experiments.evalset.load import sample_dir
+    from rag_experiments.judge.verifier_fit import Recipe, fit_verifier
 
     if args.synthetic_max < 1:
         print(f"--synthetic-max: must be >= 1 (got {args.synthetic_max})", file=sys.stderr)

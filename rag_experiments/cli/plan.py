@@ -16,10 +16,10 @@ from collections.abc import Sequence
 
 from rag_experiments.analysis.power import mde, n_for_effect, paired_variance, replicates_for_effect
 from rag_experiments.analysis.variance import pilot_components
+from rag_experiments.cli.compare import text_table
 from rag_experiments.cli.errors import cli_main
-from rag_experiments.compare import text_table
-from rag_experiments.datasets.subset import stratified_subset
-from rag_experiments.evalset import evalset_digest
+from rag_experiments.evalset.load import evalset_digest
+from rag_experiments.evalset.subset import stratified_subset
 from rag_experiments.evaluation.headline import headline_metrics
 from rag_experiments.evaluation.registry import GENERATION_METRICS
 from rag_experiments.tracking.runs import (

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from rag_experiments.core.types import Chunk, Span
 from rag_experiments.evaluation.defaults import MIN_COVERAGE
 from rag_experiments.evaluation.metrics import (
     coverage_arrays,
@@ -24,7 +25,6 @@ from rag_experiments.evaluation.metrics import (
     span_hits,
     token_precision_at_k,
 )
-from rag_experiments.types import Chunk, Span
 
 __all__ = ["budget_ends", "budgeted_metrics"]
 

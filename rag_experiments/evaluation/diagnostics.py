@@ -12,7 +12,7 @@ Two kinds of claims meet three kinds of context:
   its own (relevant = :func:`rag_experiments.evaluation.metrics.relevance` to a gold span), the
   answer, and the reference (the gold answer, else the key facts).
 
-The functions here are pure: they take :class:`~rag_experiments.types.Verdict` lists. Only
+The functions here are pure: they take :class:`~rag_experiments.core.types.Verdict` lists. Only
 :func:`diagnose` asks for verdicts, through the ``verdicts(claims, context)`` callable it is given
 (the pipeline passes the configured judge behind the stage cache). An ``unparseable`` verdict is
 never read as "no": a claim with one is left out of that metric's denominator and counted.
@@ -24,9 +24,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from rag_experiments.core.types import Chunk, EvalItem, Verdict
 from rag_experiments.evaluation.defaults import MIN_COVERAGE
 from rag_experiments.evaluation.metrics import relevance
-from rag_experiments.types import Chunk, EvalItem, Verdict
 
 #: The per-query diagnostic columns, in the order the docs and the report list them.
 DIAGNOSTICS = (

@@ -10,7 +10,7 @@ from __future__ import annotations
 from rag_experiments.evaluation.metric_spec import MetricSpec
 
 _M = "rag_experiments.evaluation.metrics."
-_J = "rag_experiments.stages.judging."
+_J = "rag_experiments.judge."
 _B = "rag_experiments.evaluation.budget."
 _D = "rag_experiments.evaluation.diagnostics."
 _TOKEN_UNION = "the union of the top-k chunks' character ranges (overlaps counted once)"
@@ -19,7 +19,7 @@ _BUDGET = (
     "named in the run tag token_budget_tokenizer, the last one cut at B)"
 )
 
-#: The judge card's figures (analysis.judge_card): name, higher is better, definition.
+#: The judge card's figures (judge.card): name, higher is better, definition.
 _CARD = (
     ("kappa", True, "Cohen's kappa of the judge's label vs the gold label, unparseable a third class"),
     ("balanced_accuracy", True, "mean over the two gold labels of the share the judge got right"),
@@ -424,7 +424,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "proportion",
         "with judge.repeats = N > 1 on a stochastic judge: share of the query's claims whose N verdicts "
         "are not all equal (repeat r asks with seed + r); the run's value is the mean over queries",
-        "rag_experiments.evaluation.judge_repeats.query_flip_rate",
+        "rag_experiments.judge.repeats.query_flip_rate",
     ),
     *(
         MetricSpec(
@@ -434,7 +434,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
             "proportion" if name != "seconds_per_verdict" else "continuous",
             f"the judge's validity card on labelled pairs: {what}; /ci_low, /ci_high: 95 % cluster "
             "bootstrap CI (claim groups resampled)",
-            "rag_experiments.analysis.judge_card.judge_card",
+            "rag_experiments.judge.card.judge_card",
             per_query=False,
         )
         for name, better, what in _CARD
@@ -445,7 +445,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         None,
         "count",
         "number of labelled pairs the judge card was measured on (judge_card.max_pairs of them at most)",
-        "rag_experiments.analysis.judge_card.card_metrics",
+        "rag_experiments.judge.card.card_metrics",
         per_query=False,
     ),
     MetricSpec(

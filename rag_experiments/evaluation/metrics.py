@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rag_experiments.core.types import Chunk, ScoredChunk, Span
 from rag_experiments.evaluation.defaults import MIN_COVERAGE, check_metrics_config
-from rag_experiments.types import Chunk, ScoredChunk, Span
 
 __all__ = [
     "Coverage",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from rag_experiments.core.run_record import parse_json
+from rag_experiments.core.sanitize import shell_line
 from rag_experiments.report.load import Config
 from rag_experiments.report.model import (
     Analysis,
@@ -18,8 +20,6 @@ from rag_experiments.report.model import (
     table,
     text,
 )
-from rag_experiments.run_record import parse_json
-from rag_experiments.sanitize import shell_line
 
 
 def definitions(an: Analysis) -> Section:

@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rag_experiments.core.run_record import parse_json
+from rag_experiments.core.types import Chunk, Span
 from rag_experiments.evaluation import metrics as M
 from rag_experiments.report.load import Config
 from rag_experiments.report.tables import fmt_num
-from rag_experiments.run_record import parse_json
-from rag_experiments.types import Chunk, Span
 
 
 def tag_list(tags: Any) -> list[str]:

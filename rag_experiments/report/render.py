@@ -15,9 +15,9 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup, escape
 
+from rag_experiments.core.sanitize import md_code, md_code_block, md_text, visible_controls
 from rag_experiments.report.model import Report, Span, plain
 from rag_experiments.report.plots import draw
-from rag_experiments.sanitize import md_code, md_code_block, md_text, visible_controls
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 _MD = {"": md_text, "code": md_code, "bold": lambda s: f"**{md_text(s)}**"}

@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 
 import pandas as pd
 
+from rag_experiments.core.formatting import fmt_num, fmt_p  # noqa: F401  (report modules import them here)
 from rag_experiments.evaluation.registry import higher_is_better
-from rag_experiments.formatting import fmt_num, fmt_p  # noqa: F401  (report modules import them here)
 
 Fmt = Callable[..., str]
 

@@ -31,7 +31,7 @@ as a review queue in MLflow's Review tab, and its HUMAN feedback read back as th
 ``docs/spotcheck.md``), ``cli`` (the command line).
 """
 
-from rag_experiments.analysis.agreement import (  # re-exported: the one definition of each
+from rag_experiments.judge.agreement import (  # re-exported: the one definition of each
     agreement_figures,
     inclusion_probabilities,
     kappa_ci,

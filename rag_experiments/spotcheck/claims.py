@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 from mlflow.entities import Run
 
-from rag_experiments.analysis.agreement import inclusion_probabilities, systematic_pps
-from rag_experiments.run_record import parse_json
+from rag_experiments.core.run_record import parse_json
+from rag_experiments.judge.agreement import inclusion_probabilities, systematic_pps
 from rag_experiments.tracking.runs import RunInputError
 
 COLUMNS = [

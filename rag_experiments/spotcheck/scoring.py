@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 from mlflow.entities import Run
 
-from rag_experiments.analysis.agreement import agreement_figures, kappa_ci
 from rag_experiments.analysis.ppi import Estimate, judge_only, ppi_mean
+from rag_experiments.judge.agreement import agreement_figures, kappa_ci
 from rag_experiments.spotcheck.labels import HUMAN_LABELS, Labels
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from mlflow.entities import Metric, Run
 from mlflow.tracking import MlflowClient
 
-from rag_experiments.formatting import fmt_num
+from rag_experiments.core.formatting import fmt_num
 from rag_experiments.spotcheck.labels import HUMAN_LABELS
 from rag_experiments.spotcheck.scoring import Agreement
 from rag_experiments.tracking.runs import run_label

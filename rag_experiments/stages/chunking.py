@@ -19,12 +19,12 @@ import re
 from collections.abc import Iterable
 from typing import Any, Literal, Protocol
 
+from rag_experiments.core.types import Chunk, Document
 from rag_experiments.stages.text import FENCE_RE as _FENCE_RE
 from rag_experiments.stages.text import line_spans as _lines
 from rag_experiments.stages.text import minilm_tokenizer as _minilm_tokenizer
 from rag_experiments.stages.text import split_sentences
 from rag_experiments.stages.text import trim as _trim
-from rag_experiments.types import Chunk, Document
 
 
 class Chunker(Protocol):

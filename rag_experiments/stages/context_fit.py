@@ -21,8 +21,8 @@ import json
 import logging
 from dataclasses import replace
 
-from rag_experiments.cache import StageCache, stage_key
-from rag_experiments.types import Chunk
+from rag_experiments.core.cache import StageCache, stage_key
+from rag_experiments.core.types import Chunk
 
 log = logging.getLogger(__name__)
 

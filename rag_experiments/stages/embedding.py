@@ -18,7 +18,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from rag_experiments.identity import dir_sha256
+from rag_experiments.core.identity import dir_sha256
 
 log = logging.getLogger(__name__)
 

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from rag_experiments.identity import file_sha256
-from rag_experiments.parallel import thread_map
-from rag_experiments.redaction import error_text, redact, register_secret_env
-from rag_experiments.types import Generation
+from rag_experiments.core.identity import file_sha256
+from rag_experiments.core.parallel import thread_map
+from rag_experiments.core.redaction import error_text, redact, register_secret_env
+from rag_experiments.core.types import Generation
 
 log = logging.getLogger(__name__)
 

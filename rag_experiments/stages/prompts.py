@@ -8,7 +8,7 @@ and of ``config_hash``, so rewording a prompt re-generates, while re-running it 
 
 from __future__ import annotations
 
-from rag_experiments.types import Chunk
+from rag_experiments.core.types import Chunk
 
 
 class PromptRegistryError(ValueError):

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from rag_experiments.types import Generation
+from rag_experiments.core.types import Generation
 
 log = logging.getLogger(__name__)
 

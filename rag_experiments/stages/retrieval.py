@@ -13,9 +13,9 @@ from typing import Protocol
 
 import numpy as np
 
-from rag_experiments.cache import stable_hash
+from rag_experiments.core.cache import stable_hash
+from rag_experiments.core.types import Chunk
 from rag_experiments.stages.vector_store import DTYPES, VectorStore, build_faiss, vectors_key
-from rag_experiments.types import Chunk
 
 
 class Retriever(Protocol):

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rag_experiments.cache import stage_key
-from rag_experiments.cache_files import (
+from rag_experiments.core.cache import stage_key
+from rag_experiments.core.cache_files import (
     bad_entry,
     file_digest,
     find_verified,

@@ -39,9 +39,9 @@ from typing import NamedTuple
 from mlflow.entities import LoggedModelInput
 from mlflow.tracking import MlflowClient
 
-from rag_experiments.cache import stable_hash
+from rag_experiments.core.cache import stable_hash
+from rag_experiments.core.identity import is_place_key
 from rag_experiments.evaluation import registry
-from rag_experiments.identity import is_place_key
 from rag_experiments.tracking.locks import file_lock
 
 MODEL_TYPE = "rag-config"  # LoggedModel.model_type of every app version

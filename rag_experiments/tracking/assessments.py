@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 import pandas as pd
 from mlflow.entities import AssessmentError, AssessmentSource, AssessmentSourceType, Expectation, Feedback
 
+from rag_experiments.core.types import EvalItem
 from rag_experiments.tracking.runs import parse_json  # NaN cells: items outside generation_subset
-from rag_experiments.types import EvalItem
 
 CODE_SOURCE = "rag_experiments.evaluation.metrics"
 MORE_METRICS = "more_metrics"  # the feedback holding the non-headline metric columns

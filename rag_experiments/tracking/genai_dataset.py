@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from rag_experiments.core.types import Document, EvalItem
 from rag_experiments.tracking.assessments import expectations
 from rag_experiments.tracking.locks import host_lock
-from rag_experiments.types import Document, EvalItem
 
 RECORDS_PER_CALL = 500  # records per public merge_records call: one store transaction or request each
 

@@ -16,8 +16,8 @@ from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from rag_experiments.core.run_record import RunData, group_choice_keys, parse_json  # noqa: F401  (re-exported)
 from rag_experiments.evaluation.replicates import collapse_replicates
-from rag_experiments.run_record import RunData, group_choice_keys, parse_json  # noqa: F401  (re-exported)
 from rag_experiments.tracking.uri import DEFAULT_TRACKING_URI, tracking_uri  # noqa: F401  (the CLIs import it here)
 
 PER_QUERY_ARTIFACT = "per_query.parquet"

@@ -36,6 +36,7 @@ from mlflow import MlflowClient
 from mlflow.entities import SpanStatus, SpanStatusCode, SpanType
 from mlflow.tracing.constant import SpanAttributeKey
 
+from rag_experiments.core.types import Document, EvalItem
 from rag_experiments.tracking.assessments import (
     Pending,
     assessed_columns,
@@ -46,7 +47,6 @@ from rag_experiments.tracking.assessments import (
 )
 from rag_experiments.tracking.assessments import _num as _num
 from rag_experiments.tracking.runs import parse_json  # NaN cells: items outside generation_subset
-from rag_experiments.types import Document, EvalItem
 
 log = logging.getLogger(__name__)
 TRACE_NAME = "rag_query"
@@ -208,7 +208,7 @@ def _judge_spans(w: _Specs, root, row: dict, item: EvalItem, t: int, t_jud: int)
 
 
 def _chunk(doc: dict):
-    from rag_experiments.types import Chunk
+    from rag_experiments.core.types import Chunk
 
     m = doc["metadata"]
     return Chunk(m["chunk_id"], m["doc_id"], m["start"], m["end"], doc["page_content"])

@@ -93,8 +93,8 @@ def config_hash(
     any depth, ``identity.is_place_key``), the data digests and the stages' model identities
     (weights' sha256 + settings, ``identity.model_identities``). Code is compared separately
     (:func:`resume_decision`), so a re-run can say which of the two changed."""
-    from rag_experiments.cache import stable_hash
-    from rag_experiments.identity import semantic_config
+    from rag_experiments.core.cache import stable_hash
+    from rag_experiments.core.identity import semantic_config
 
     parts: list = ["config", semantic_config(cfg), corpus_digest, evalset_digest]
     if models:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rag_experiments import compare, gate, spotcheck
+from rag_experiments import spotcheck
+from rag_experiments.cli import compare, gate
 from rag_experiments.report import cli as report
 from tests.test_spotcheck import store  # noqa: F401 - the module's hand-logged judged run
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-import rag_experiments.sweep  # noqa: F401 - registers the sample_dir resolver
-from rag_experiments.conf_groups import conf_dir
-from rag_experiments.config_schema import ConfigError, check
+import rag_experiments.run.sweep  # noqa: F401 - registers the sample_dir resolver
+from rag_experiments.run.conf_groups import conf_dir
+from rag_experiments.run.config_schema import ConfigError, check
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 
 KEY = "sk-proj-Zx81qQ3lM0vN2bT7yU4wE9rA6sD5fG1hJ0kL"
@@ -298,13 +298,13 @@ def test_pasted_api_key_is_rejected_and_never_written(tiny):
     ],
 )
 def test_unknown_group_option_is_named(argv, message):
-    from rag_experiments.sweep import unknown_group_options
+    from rag_experiments.run.sweep import unknown_group_options
 
     assert any(p.startswith(message) for p in unknown_group_options(argv)), unknown_group_options(argv)
 
 
 def test_known_options_and_sweep_syntax_pass():
-    from rag_experiments.sweep import unknown_group_options
+    from rag_experiments.run.sweep import unknown_group_options
 
     argv = [
         "-m",

@@ -339,7 +339,7 @@ def test_bom_and_crlf_are_read_not_rejected(case, build, tiny, capsys):
 
 
 def test_crlf_and_bom_do_not_change_the_corpus_digest(tiny, tmp_path):
-    from rag_experiments.datasets.corpus import corpus_digest, load_corpus
+    from rag_experiments.evalset.corpus import corpus_digest, load_corpus
 
     docs, _ = tiny
     before = corpus_digest(load_corpus(docs))
@@ -354,8 +354,8 @@ def test_case_count():
 
 @pytest.mark.parametrize("limit", [-1, 0])
 def test_evalset_limit_below_one_is_an_error_not_a_slice(limit, tiny):
-    from rag_experiments.datasets.corpus import load_corpus
-    from rag_experiments.evalset import EvalSetError, load_evalset
+    from rag_experiments.evalset.corpus import load_corpus
+    from rag_experiments.evalset.load import EvalSetError, load_evalset
 
     docs, ev = tiny
     with pytest.raises(EvalSetError, match="limit: must be a positive number of items"):

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag_experiments.cache import CachedEmbedder, StageCache
+from rag_experiments.core.cache import CachedEmbedder, StageCache
+from rag_experiments.core.types import Chunk
 from rag_experiments.stages.embedding import SentenceTransformerEmbedder
 from rag_experiments.stages.retrieval import DenseRetriever
-from rag_experiments.types import Chunk
 from tests.sweep_helpers import tiny_inputs, tiny_pipeline
 
 FLIPS_PER_FILE = 8

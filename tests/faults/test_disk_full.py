@@ -48,7 +48,7 @@ def _leftovers(root: Path) -> list[Path]:
 
 
 def test_fallocate_enospc_is_a_storage_error_naming_the_file(tmp_path, monkeypatch):
-    from rag_experiments.cache_files import StorageError
+    from rag_experiments.core.cache_files import StorageError
     from rag_experiments.stages import vector_store
 
     def no_space(fd, offset, length):
@@ -68,7 +68,7 @@ def test_fallocate_enospc_is_a_storage_error_naming_the_file(tmp_path, monkeypat
 FILL = """
 import sys, numpy as np
 from pathlib import Path
-from rag_experiments.cache_files import StorageError
+from rag_experiments.core.cache_files import StorageError
 from rag_experiments.stages.vector_store import embed_to_memmap
 try:
     embed_to_memmap(lambda b: np.ones((len(b), 384), np.float32), ["x"] * 4000, Path(sys.argv[1]), "float32", 500)

@@ -1,5 +1,5 @@
 """Hostile text from data where it is written: the report's Markdown, shell lines, the terminal,
-and the config ``select`` writes (one sanitising function per target: ``rag_experiments/sanitize.py``).
+and the config ``select`` writes (one sanitising function per target: ``rag_experiments/core/sanitize.py``).
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import yaml
 from markdown_it import MarkdownIt
 from omegaconf import OmegaConf
 
-from rag_experiments import select as select_cli
 from rag_experiments.analysis.select import runnable_config
+from rag_experiments.cli import select as select_cli
 from rag_experiments.cli.errors import cli_main
+from rag_experiments.core.sanitize import shell_line
 from rag_experiments.report.model import CodeBlock, Paragraph, Report, Section, code, table, text
 from rag_experiments.report.provenance import reproduce_command
 from rag_experiments.report.render import render_html, render_markdown
-from rag_experiments.sanitize import shell_line
 
 RLO = "\u202e"
 QUERIES = [

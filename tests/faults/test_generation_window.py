@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from mlflow.tracking import MlflowClient
 
-from rag_experiments.sweep import every_item_failed
+from rag_experiments.run.sweep import every_item_failed
 from rag_experiments.tracking import writer
 from tests.llm_fixtures import requires_smollm2
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
@@ -53,8 +53,8 @@ def _prompt():
 
 
 def test_fit_context_keeps_rank_order_and_spans(tmp_path):
+    from rag_experiments.core.types import Chunk
     from rag_experiments.stages.context_fit import fit_context
-    from rag_experiments.types import Chunk
 
     doc = "abcdefghij" * 300
     chunks = [Chunk(f"c{i}", "d", i * 1000, (i + 1) * 1000, doc[i * 1000 : (i + 1) * 1000]) for i in range(3)]
@@ -70,14 +70,14 @@ def test_fit_context_keeps_rank_order_and_spans(tmp_path):
 
 @requires_smollm2
 def test_whole_documents_over_the_local_window_are_fitted_not_http_400(tmp_path):
-    from rag_experiments.cache import StageCache
-    from rag_experiments.datasets.corpus import Corpus
-    from rag_experiments.evalset import EvalSet
-    from rag_experiments.pipeline import run_pipeline
-    from rag_experiments.run_types import PipelineData, RunSettings, Stages
+    from rag_experiments.core.cache import StageCache
+    from rag_experiments.evalset.corpus import Corpus
+    from rag_experiments.evalset.load import EvalSet
+    from rag_experiments.judge.heuristic import HeuristicJudge
+    from rag_experiments.run.pipeline import run_pipeline
+    from rag_experiments.run.types import PipelineData, RunSettings, Stages
     from rag_experiments.stages.chunking import WholeDocumentChunker
     from rag_experiments.stages.generation import LocalLlamaGenerator
-    from rag_experiments.stages.judging.heuristic import HeuristicJudge
     from rag_experiments.stages.retrieval import BM25Retriever
 
     docs, ev = make_tiny(tmp_path, n_items=3)

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from rag_experiments.multirun import _SweepGuard
+from rag_experiments.run.multirun import _SweepGuard
+from rag_experiments.run.sweep import every_item_failed
 from rag_experiments.stages.generation import OpenAICompatibleGenerator
-from rag_experiments.sweep import every_item_failed
 from rag_experiments.tracking import writer
 from rag_experiments.tracking.runs import sweep_children
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args

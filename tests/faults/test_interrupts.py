@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from rag_experiments import compare
+from rag_experiments.cli import compare
 from rag_experiments.tracking.runs import load_per_query, sweep_children
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 

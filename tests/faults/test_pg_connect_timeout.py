@@ -81,7 +81,7 @@ def test_connect_timeout_added_to_postgresql_uris_only(mlflow_env):
 
 COMPARE = """
 import sys
-from rag_experiments import compare
+from rag_experiments.cli import compare
 sys.exit(compare.main([sys.argv[1], sys.argv[1], "--tracking-uri", sys.argv[2]]))
 """
 

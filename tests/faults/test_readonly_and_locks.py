@@ -14,7 +14,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from rag_experiments.cache import StageCache
+from rag_experiments.core.cache import StageCache
 from rag_experiments.tracking import writer
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 

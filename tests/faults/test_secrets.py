@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from rag_experiments.redaction import error_text, redact, register_secret_env
+from rag_experiments.core.redaction import error_text, redact, register_secret_env
 from rag_experiments.stages.generation import OpenAICompatibleGenerator
 from tests.llm_fixtures import fake_llm  # noqa: F401 - the misbehaving OpenAI-compatible server
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args

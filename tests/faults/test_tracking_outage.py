@@ -14,8 +14,9 @@ import time
 
 import pytest
 
-from rag_experiments import compare, gate, spotcheck
-from rag_experiments import select as select_cli
+from rag_experiments import spotcheck
+from rag_experiments.cli import compare, gate
+from rag_experiments.cli import select as select_cli
 from rag_experiments.report import cli as report
 from rag_experiments.tracking import bounds
 from tests.sweep_helpers import free_port

@@ -1,0 +1,461 @@
+"""Compare two runs query by query, or attribute a sweep's effects to its factors (docs/metrics.md).
+
+    python -m rag_experiments.compare RUN_A RUN_B [--out FILE.md] [--log] [--metric KEY ...]
+    python -m rag_experiments.compare --sweep SWEEP_ID --baseline RUN [--out FILE.md] [--long]
+
+``--sweep`` prints one row per level with the headline metrics of the swept factors as columns
+(``evaluation.headline.table_metrics``); ``--long`` prints every (level, metric) comparison with
+its CI and p-values, the marginal means and the noise floor one metric per row.
+
+Exit codes: 0 ok, 2 bad input (unknown run, missing per_query.parquet, different eval sets, runs
+scored by different judges without --allow-judge-change: docs/judges.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+from mlflow.entities import Metric, Run
+from mlflow.tracking import MlflowClient
+
+from rag_experiments.analysis.attribution import SweepAttribution, config_diff, factor_effects, infer_factors
+from rag_experiments.analysis.interactions import sweep_interactions
+from rag_experiments.analysis.racing import split_stopped
+from rag_experiments.analysis.stats import PairedResult, flips, holm, paired_deltas, transition_matrix
+from rag_experiments.cli.errors import cli_main
+from rag_experiments.evaluation.aggregate import metric_columns
+from rag_experiments.evaluation.headline import sweep_metrics, table_metrics
+from rag_experiments.evaluation.registry import higher_is_better, parse, render_key
+from rag_experiments.report.tables import (
+    EFFECT_HEADERS,
+    NOISE_HEADERS,
+    effect_rows,
+    marginal_headers,
+    marginal_rows,
+    md_table,
+    noise_rows,
+    text_blocks,
+    text_table,
+)
+from rag_experiments.report.tables import fmt_num as _f
+from rag_experiments.report.tables import fmt_p as _p
+from rag_experiments.report.wide import sweep_head, wide_sweep_lines
+from rag_experiments.tracking.judge_runs import ALLOW_FLAG, check_same_judge
+from rag_experiments.tracking.runs import (
+    RunInputError,
+    check_same_evalset,
+    load_per_query,
+    resolve_run,
+    run_data,
+    run_label,
+    sweep_children,
+    tracking_uri,
+)
+
+METHOD_NOTE = (
+    "delta = mean(B) − mean(A) over eval ids with a value in both runs (n). 95 % CI: paired "
+    "bootstrap of the mean delta over queries, percentile method, seeded. p: exact McNemar "
+    "(binomial test on discordant pairs) for binary metrics, paired sign-flip permutation test of "
+    "the mean difference otherwise; p_holm: Holm-adjusted across the metrics shown. "
+    "change: better / worse in the metric's own direction (the registry's higher_is_better: "
+    "failure rates and latencies are better lower) when p_holm < 0.05, else n.s. "
+    "rate_<label> rows are the per-query failure-label indicators."
+)
+MAX_TERMINAL_FLIPS = 15
+
+
+@dataclass
+class Comparison:
+    run_a: Run
+    run_b: Run
+    diff: dict[str, tuple]
+    results: list[PairedResult]
+    flips: dict[str, pd.DataFrame]  # section title -> flips table
+    transitions: pd.DataFrame
+    n_a: int
+    n_b: int
+    n_common: int
+    warnings: list[str] = field(default_factory=list)
+
+
+def _with_label_rates(df: pd.DataFrame, labels: Sequence[str]) -> pd.DataFrame:
+    out = df.copy()
+    # the sweep logs rate_<label> itself (only the meaningful ones for retrieval-only runs)
+    if "failure_label" in out.columns and not any(c.startswith("rate_") for c in out.columns):
+        lab = out["failure_label"].astype("string")
+        for lb in labels:
+            out[f"rate_{lb}"] = (lab == lb).astype(float).where(lab.notna())
+    return out
+
+
+def _is_hit_at_k(col: str) -> bool:
+    got = parse(col)
+    return got is not None and got[0].pattern == "hit_at_{k}" and got[1]["form"] == "mean"
+
+
+def _context_hit_column(run: Run, table: pd.DataFrame) -> str | None:
+    k = run.data.params.get("retriever.k")
+    if k is not None and str(k).isdigit() and render_key("hit_at_{k}", k=int(k)) in table.columns:
+        return render_key("hit_at_{k}", k=int(k))
+    hits = [c for c in table.columns if _is_hit_at_k(c)]
+    return "hit_at_5" if "hit_at_5" in hits else (hits[-1] if hits else None)
+
+
+def change(metric: str, delta: float, p: float | None, alpha: float = 0.05) -> str:
+    """``better`` / ``worse`` in the metric's registered direction when the paired test is
+    significant (``p < alpha``), ``n.s.`` otherwise; ``–`` for a metric without a direction."""
+    try:
+        hib = higher_is_better(metric)
+    except KeyError:
+        hib = None
+    if hib is None or delta is None or math.isnan(delta):
+        return "–"
+    if p is None or math.isnan(p) or p >= alpha or delta == 0:
+        return "n.s."
+    return "better" if (delta > 0) == hib else "worse"
+
+
+def build_comparison(
+    client: MlflowClient,
+    run_a: Run,
+    run_b: Run,
+    metrics: Sequence[str] | None = None,
+    seed: int = 0,
+    n_resamples: int = 9999,
+    allow_judge_change: bool = False,
+) -> Comparison:
+    warnings = [w for w in [check_same_evalset(run_a, run_b), check_same_judge([run_a, run_b], allow_judge_change)] if w]
+    ta, tb = load_per_query(client, run_a), load_per_query(client, run_b)
+    labels: list[str] = []
+    if "failure_label" in ta.columns and "failure_label" in tb.columns:
+        seen = set(ta["failure_label"].dropna().astype(str)) | set(tb["failure_label"].dropna().astype(str))
+        labels = sorted(seen)
+    ta, tb = _with_label_rates(ta, labels), _with_label_rates(tb, labels)
+    available = metric_columns(ta, tb)
+    if metrics:
+        missing = [m for m in metrics if m not in ta.columns or m not in tb.columns]
+        if missing:
+            raise RunInputError(
+                f"metric(s) {', '.join(missing)} not in both per-query tables; "
+                f"available: {', '.join(metric_columns(ta, tb, known_only=False))}"
+            )
+        chosen = list(metrics)
+    else:
+        chosen = available
+    # all metrics at once, vectorised (two 20k-item runs compare in seconds, docs/scale.md)
+    results = [r for r in paired_deltas(ta, tb, chosen, seed=seed, n_resamples=n_resamples) if r.n_pairs]
+    for res, p in zip(results, holm([r.p_value for r in results]), strict=True):
+        res.p_holm = float(p)
+
+    flip_tables: dict[str, pd.DataFrame] = {}
+    ha, hb = _context_hit_column(run_a, ta), _context_hit_column(run_b, tb)
+    if ha and hb:
+        title = f"{ha} (context hit)" if ha == hb else f"context hit ({ha} in A → {hb} in B)"
+        flip_tables[title] = flips(ta, tb, ha, metric_b=hb)
+    if labels:
+        flip_tables["failure_label"] = flips(ta, tb, "failure_label")
+    ids_a, ids_b = set(ta["id"]), set(tb["id"])
+    if ids_a != ids_b:
+        warnings.append(
+            f"warning: the runs' eval ids differ ({len(ids_a - ids_b)} only in A, {len(ids_b - ids_a)} only in B); "
+            "only common ids are paired"
+        )
+    return Comparison(
+        run_a=run_a,
+        run_b=run_b,
+        diff=config_diff(run_a.data.params, run_b.data.params),
+        results=results,
+        flips=flip_tables,
+        transitions=transition_matrix(ta, tb),
+        n_a=len(ta),
+        n_b=len(tb),
+        n_common=len(ids_a & ids_b),
+        warnings=warnings,
+    )
+
+
+# --------------------------------------------------------------------------------------------- rendering
+
+
+def _result_rows(results: Sequence[PairedResult]) -> list[list[str]]:
+    return [
+        [
+            r.metric,
+            _f(r.mean_a),
+            _f(r.mean_b),
+            _f(r.delta, signed=True),
+            f"[{_f(r.ci_low, signed=True)}, {_f(r.ci_high, signed=True)}]",
+            _p(r.p_value),
+            _p(r.p_holm) + (" *" if r.p_holm is not None and r.p_holm < 0.05 else ""),
+            r.test,
+            str(r.n_pairs),
+            change(r.metric, r.delta, r.p_holm),
+        ]
+        for r in results
+    ]
+
+
+RESULT_HEADERS = ["metric", "mean A", "mean B", "delta", "95% CI", "p", "p_holm", "test", "n", "change"]
+
+
+def _flip_rows(df: pd.DataFrame, limit: int | None = None) -> list[list[str]]:
+    rows = []
+    for _, r in df.iterrows():
+        tags = r["tags"]
+        tags = ", ".join(tags) if isinstance(tags, list | tuple) else ("" if tags is None else str(tags))
+        rows.append([r["change"], str(r["id"]), str(r["query"]), tags])
+    return rows[:limit] if limit else rows
+
+
+def _diff_rows(diff: dict[str, tuple]) -> list[list[str]]:
+    return [[k, "–" if a is None else str(a), "–" if b is None else str(b)] for k, (a, b) in diff.items()]
+
+
+def _matrix_rows(m: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    headers = ["A \\ B"] + list(m.columns)
+    return headers, [[str(i)] + [str(v) for v in row] for i, row in zip(m.index, m.to_numpy(), strict=True)]
+
+
+def render(comp: Comparison, markdown: bool) -> str:
+    table = md_table if markdown else text_table
+    a, b = run_label(comp.run_a), run_label(comp.run_b)
+    h = (lambda s: f"## {s}") if markdown else (lambda s: f"\n== {s} ==")
+    out = [
+        f"# Compare: A = {a} vs B = {b}" if markdown else f"Compare  A = {a}   B = {b}",
+        "",
+        f"Eval items: A {comp.n_a}, B {comp.n_b}, paired {comp.n_common}. "
+        f"evalset_digest {comp.run_b.data.tags.get('evalset_digest', '?')[:12]}",
+    ]
+    out += comp.warnings
+    out += ["", h("Config diff (the factor under test)")]
+    out += [table(["param", "A", "B"], _diff_rows(comp.diff)) if comp.diff else "(identical configs)"]
+    out += [
+        "",
+        h("Metrics (paired, B − A)"),
+        table(RESULT_HEADERS, _result_rows(comp.results)),
+        "",
+        METHOD_NOTE,
+    ]
+    for title, df in comp.flips.items():
+        out += ["", h(f"Flipped queries: {title} ({len(df)})")]
+        if df.empty:
+            out.append("(none)")
+            continue
+        counts = df["change"].value_counts()
+        out.append(", ".join(f"{k}: {v}" for k, v in counts.items()))
+        limit = None if markdown else MAX_TERMINAL_FLIPS
+        out.append(table(["change", "id", "query", "tags"], _flip_rows(df, limit)))
+        if limit and len(df) > limit:
+            out.append(f"… {len(df) - limit} more (see --out)")
+    if not comp.transitions.empty:
+        out += ["", h("Failure-label transitions (rows A, columns B)")]
+        out.append(table(*_matrix_rows(comp.transitions)))
+    return "\n".join(out) + "\n"
+
+
+def render_sweep(
+    att: SweepAttribution, sweep_id: str, markdown: bool, interactions=None, stopped: Sequence = ()
+) -> str:
+    table = md_table if markdown else text_table
+    h = (lambda s: f"## {s}") if markdown else (lambda s: f"\n== {s} ==")
+    out = sweep_head(att, sweep_id, markdown)
+    if att.skipped:
+        out.append("Not in the grid (one-factor-at-a-time comparison skipped): " + "; ".join(att.skipped))
+    out += ["", h("One factor at a time: level vs baseline (others at the baseline's values)")]
+    if att.effects.empty:
+        out.append("(no comparisons)")
+    else:
+        out.append(table(EFFECT_HEADERS, effect_rows(att.effects)))
+    out += ["", h("Marginal means over the grid")]
+    if not att.marginals.empty:
+        out.append(table(marginal_headers(), marginal_rows(att.marginals)))
+        out.append(
+            "Marginal mean: each query averaged over the level's runs, then over queries; CI: percentile "
+            "bootstrap over queries. p_holm: Holm across every comparison above and below."
+        )
+    out += ["", h("A/A noise floor (what 'no change' looks like)")]
+    if not att.noise_floor.empty:
+        out.append(table(NOISE_HEADERS, noise_rows(att.noise_floor)))
+        out.append(f"Method: {att.noise_floor['detail'].iloc[0]}")
+    out += _sweep_extras(table, h, att, interactions, stopped)
+    return "\n".join(out) + "\n"
+
+
+def render_sweep_wide(
+    att: SweepAttribution,
+    sweep_id: str,
+    markdown: bool,
+    columns: Sequence[str],
+    interactions=None,
+    stopped: Sequence = (),
+) -> str:
+    """One row per level (the baseline first) with ``columns`` (the headline metrics) as columns."""
+    table = md_table if markdown else (lambda hs, rs: text_blocks(hs, rs))
+    h = (lambda s: f"## {s}") if markdown else (lambda s: f"\n== {s} ==")
+    out = wide_sweep_lines(att, sweep_id, markdown, columns, table, h)
+    out += _sweep_extras(table, h, att, interactions, stopped)
+    return "\n".join(out) + "\n"
+
+
+def _sweep_extras(table, h, att: SweepAttribution, interactions, stopped: Sequence) -> list[str]:
+    """Interactions (full-factorial sweeps) and the configs racing stopped (docs/racing.md)."""
+    from rag_experiments.analysis.interactions import INTERACTION_HEADERS, interaction_rows
+    from rag_experiments.analysis.racing import STOPPED_HEADERS, STOPPED_NOTE, stopped_rows
+
+    out = []
+    if interactions is not None and not interactions.terms.empty:
+        out += ["", h("Main effects and two-way interactions (full-factorial grid)")]
+        out += [table(INTERACTION_HEADERS, interaction_rows(interactions)), *interactions.lines]
+        out.append(f"Method: {interactions.method}.")
+    elif len(att.factors) > 1:
+        out += ["", "Interactions: not a full-factorial grid, so only the one-factor-at-a-time view above."]
+    if stopped:
+        out += ["", h(f"Stopped by racing ({len(stopped)})"), table(STOPPED_HEADERS, stopped_rows(stopped))]
+        out.append(STOPPED_NOTE)
+    return out
+
+
+# --------------------------------------------------------------------------------------------- CLI
+
+
+def _safe(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", s)
+
+
+def log_comparison(client: MlflowClient, comp: Comparison, markdown: str) -> str:
+    a, b = comp.run_a.info.run_id, comp.run_b.info.run_id
+    path = f"compare/{_safe(a)}_vs_{_safe(b)}.md"
+    client.log_text(b, markdown, path)
+    ts = int(pd.Timestamp.now().timestamp() * 1000)
+    metrics = []
+    for r in comp.results:
+        for name, v in (
+            ("delta", r.delta),
+            ("ci_low", r.ci_low),
+            ("ci_high", r.ci_high),
+            ("p_value", r.p_value),
+        ):
+            if v is not None and not math.isnan(v):
+                metrics.append(Metric(f"compare/{r.metric}/{name}", float(v), ts, 0))
+    for i in range(0, len(metrics), 500):
+        client.log_batch(b, metrics=metrics[i : i + 500])
+    return path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m rag_experiments.compare",
+        description=(
+            "Paired, per-query comparison of two runs (config diff, per-metric delta with 95% bootstrap "
+            "CI and McNemar / sign-flip p, flipped queries, failure-label transitions), or with --sweep "
+            "the factor attribution of a sweep against a baseline run. Exit 0 ok, 2 bad input."
+        ),
+    )
+    p.add_argument("runs", nargs="*", metavar="RUN", help="RUN_A RUN_B: run ids or run names")
+    p.add_argument("--sweep", metavar="SWEEP_ID", help="attribute the sweep's effects to its factors")
+    p.add_argument("--baseline", metavar="RUN", help="baseline run for --sweep (id or name)")
+    p.add_argument(
+        "--long", action="store_true", help="--sweep: every (level, metric) comparison, one per row, with CIs and p"
+    )
+    p.add_argument(
+        "--metric", action="append", metavar="KEY", help="metric(s) to compare (default: all common)"
+    )
+    p.add_argument("--out", type=Path, metavar="FILE.md", help="also write the report as Markdown")
+    p.add_argument(
+        "--log", action="store_true", help="log the Markdown and compare/<metric>/* metrics on run B"
+    )
+    p.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
+    p.add_argument("--experiment", metavar="NAME", help="look run names up in this experiment only")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resamples", type=int, default=9999, help="bootstrap / permutation resamples")
+    p.add_argument(ALLOW_FLAG, action="store_true", help="compare runs scored by different judges (noted in the output)")
+    return p
+
+
+@cli_main
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    client = MlflowClient(tracking_uri=tracking_uri(args.tracking_uri))
+    try:
+        if args.sweep:
+            if not args.baseline:
+                raise RunInputError("--sweep needs --baseline RUN")
+            return _main_sweep(client, args)
+        if len(args.runs) != 2:
+            raise RunInputError("give exactly two runs (RUN_A RUN_B), or --sweep SWEEP_ID --baseline RUN")
+        run_a = resolve_run(client, args.runs[0], args.experiment)
+        run_b = resolve_run(client, args.runs[1], args.experiment)
+        comp = build_comparison(
+            client, run_a, run_b, args.metric, args.seed, args.resamples, args.allow_judge_change
+        )
+    except RunInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(render(comp, markdown=False))
+    md = render(comp, markdown=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(md)
+        print(f"wrote {args.out}")
+    if args.log:
+        print(f"logged {log_comparison(client, comp, md)} and compare/* metrics on run {run_label(run_b)}")
+    return 0
+
+
+def _main_sweep(client: MlflowClient, args: argparse.Namespace) -> int:
+    children = sweep_children(client, args.sweep, args.experiment)
+    if not children:
+        raise RunInputError(f"no child runs with sweep_id {args.sweep!r}")
+    by_id = {r.info.run_id: r for r in children}
+    named = [r for r in children if r.info.run_name == args.baseline]
+    if args.baseline in by_id:
+        base_run = by_id[args.baseline]
+    elif len(named) == 1:
+        base_run = named[0]
+    elif len(named) > 1:
+        ids = ", ".join(r.info.run_id for r in named)
+        raise RunInputError(f"baseline name {args.baseline!r} is ambiguous in the sweep: {ids}")
+    else:
+        base_run = resolve_run(client, args.baseline, args.experiment)
+    for r in children:
+        check_same_evalset(base_run, r)
+    judge_note = check_same_judge([base_run, *children], args.allow_judge_change)
+    if judge_note:
+        print(judge_note)
+    data, stopped = split_stopped([run_data(client, r) for r in children])  # racing: docs/racing.md
+    if any(d.run_id == base_run.info.run_id for d in stopped):
+        raise RunInputError(f"baseline {args.baseline!r} was stopped early by racing; choose a config that finished")
+    base = next((d for d in data if d.run_id == base_run.info.run_id), None) or run_data(client, base_run)
+    tables = [d.table for d in data if d.table is not None]
+    factors = infer_factors(data)
+    metrics = args.metric or sweep_metrics(metric_columns(*tables), factors)
+    att = factor_effects(data, base, metrics, seed=args.seed, n_resamples=min(args.resamples, 4999))
+    inter = sweep_interactions(data, factors, metrics)
+    if args.long:
+        print(render_sweep(att, args.sweep, markdown=False, interactions=inter, stopped=stopped))
+        md = render_sweep(att, args.sweep, markdown=True, interactions=inter, stopped=stopped)
+    else:  # one row per level: the headline metrics (or the --metric keys) as columns
+        cols = list(args.metric) if args.metric else table_metrics(metrics, factors)
+        print(render_sweep_wide(att, args.sweep, False, cols, interactions=inter, stopped=stopped))
+        md = render_sweep_wide(att, args.sweep, True, cols, interactions=inter, stopped=stopped)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(md)
+        print(f"wrote {args.out}")
+    if args.log:
+        parent = children[0].data.tags.get("mlflow.parentRunId") or base.run_id
+        path = f"compare/sweep_{_safe(args.sweep)}_baseline_{_safe(base.run_id)}.md"
+        client.log_text(parent, md, path)
+        print(f"logged {path} on the sweep's parent run {parent}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

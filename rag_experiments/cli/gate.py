@@ -1,0 +1,246 @@
+"""Regression gate: a paired non-inferiority test per metric, in the metric's direction (docs/metrics.md).
+
+    python -m rag_experiments.gate --baseline RUN --candidate RUN [--metric KEY ...] [--margin X]
+
+Exit codes: 0 every gated metric passes, 1 some metric fails, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+
+from mlflow.tracking import MlflowClient
+
+from rag_experiments.analysis.gate import GateResult, non_inferiority
+from rag_experiments.cli.compare import text_table
+from rag_experiments.cli.errors import cli_main
+from rag_experiments.core.formatting import fmt_num
+from rag_experiments.evaluation.registry import higher_is_better
+from rag_experiments.tracking.judge_runs import ALLOW_FLAG, check_same_judge
+from rag_experiments.tracking.runs import (
+    RunInputError,
+    check_same_evalset,
+    load_per_query,
+    resolve_run,
+    run_label,
+    tracking_uri,
+)
+
+DEFAULT_METRICS = ("hit_at_5", "mrr", "faithfulness")
+OPTIONAL_DEFAULTS = {"faithfulness"}  # gated only when both runs have it (retrieval-only runs do not)
+
+HELP = f"""\
+For each gated metric: delta = mean(candidate − baseline) over the eval ids present (non-NaN) in
+both runs; bound = the one-sided 95 % confidence bound of that mean delta on the metric's worse
+side (paired bootstrap over queries, percentile, seeded — the same two runs always get the same
+verdict). The direction comes from the metric registry: a higher-is-better metric (hit_at_5, mrr,
+faithfulness, rate_ok) FAILS when its lower bound < −margin; a lower-is-better one
+(rate_retrieval_failure, rate_generation_failure, latency_*) FAILS when its upper bound > +margin.
+Metrics without a direction (n_queries) or not registered cannot be gated (exit 2).
+
+Default margin (when --margin is not given): max(0.01, 1/sqrt(n)), n = number of paired queries
+(0.10 at n=100, 0.05 at n=400, 0.014 at n=5000). 1/sqrt(n) is about the 95 % CI half-width of a
+proportion measured on n queries, i.e. the eval set's own resolution: smaller drops are noise at
+that size, larger ones are real. MDE printed per metric: the smallest true drop this eval set
+detects with 80 % power, (z_0.95 + z_0.8)·sd(paired differences)/sqrt(n); if MDE > margin the gate
+is underpowered for that margin.
+
+Default metrics: {", ".join(DEFAULT_METRICS)} (faithfulness only when both runs have it).
+Exit codes: 0 pass, 1 some metric failed, 2 bad input (unknown run, different eval sets, missing
+metric or per_query.parquet, runs scored by different judges without --allow-judge-change)."""
+
+
+def _parse_margins(values: Sequence[str] | None) -> tuple[float | None, dict[str, float]]:
+    default: float | None = None
+    per_metric: dict[str, float] = {}
+    for v in values or []:
+        try:
+            if "=" in v:
+                k, x = v.split("=", 1)
+                per_metric[k] = float(x)
+            else:
+                default = float(v)
+        except ValueError:
+            raise RunInputError(f"--margin {v!r}: expected a number or KEY=NUMBER") from None
+    for k, x in [("", default)] + list(per_metric.items()):
+        if x is not None and (x < 0 or math.isnan(x)):
+            raise RunInputError(f"--margin {k + '=' if k else ''}{x}: must be >= 0")
+    return default, per_metric
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m rag_experiments.gate",
+        description="Non-inferiority gate of a candidate run against a baseline run.",
+        epilog=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--baseline", required=True, metavar="RUN", help="run id or run name")
+    p.add_argument("--candidate", required=True, metavar="RUN", help="run id or run name")
+    p.add_argument(
+        "--metric",
+        action="append",
+        metavar="KEY",
+        help=f"gated metric (repeatable; default {DEFAULT_METRICS})",
+    )
+    p.add_argument(
+        "--margin",
+        action="append",
+        metavar="X|KEY=X",
+        help="non-inferiority margin for every metric, or for one metric (repeatable); default max(0.01, 1/sqrt(n))",
+    )
+    p.add_argument(
+        "--alpha", type=float, default=0.05, help="one-sided level (default 0.05: a 95%% confidence bound)"
+    )
+    p.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
+    p.add_argument("--experiment", metavar="NAME", help="look run names up in this experiment only")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resamples", type=int, default=9999)
+    p.add_argument(ALLOW_FLAG, action="store_true", help="gate runs scored by different judges (noted in the output)")
+    return p
+
+
+def _direction(metric: str) -> bool:
+    try:
+        hib = higher_is_better(metric)
+    except KeyError:
+        raise RunInputError(
+            f"metric {metric!r} is not registered (rag_experiments.evaluation.registry): its direction is unknown"
+        ) from None
+    if hib is None:
+        raise RunInputError(
+            f"metric {metric!r} has no better direction (a descriptive count): cannot gate it"
+        )
+    return hib
+
+
+def run_gate(
+    client: MlflowClient,
+    baseline: str,
+    candidate: str,
+    metrics: Sequence[str] | None = None,
+    margins: Sequence[str] | None = None,
+    alpha: float = 0.05,
+    experiment: str | None = None,
+    seed: int = 0,
+    n_resamples: int = 9999,
+    allow_judge_change: bool = False,
+) -> tuple[list[GateResult], list[str]]:
+    default_m, per_metric = _parse_margins(margins)
+    rb = resolve_run(client, baseline, experiment)
+    rc = resolve_run(client, candidate, experiment)
+    notes = [w for w in [check_same_evalset(rb, rc), check_same_judge([rb, rc], allow_judge_change)] if w]
+    notes.insert(0, f"baseline  {run_label(rb)}\ncandidate {run_label(rc)}")
+    tb, tc = load_per_query(client, rb), load_per_query(client, rc)
+
+    def present(m: str) -> bool:
+        return all(m in t.columns and t[m].notna().any() for t in (tb, tc))
+
+    if metrics:
+        missing = [m for m in metrics if not present(m)]
+        if missing:
+            raise RunInputError(f"metric(s) {', '.join(missing)} missing from a run's per_query.parquet")
+        gated = list(metrics)
+    else:
+        gated = [m for m in DEFAULT_METRICS if present(m) or m not in OPTIONAL_DEFAULTS]
+        missing = [m for m in gated if not present(m)]
+        if missing:
+            raise RunInputError(f"default metric(s) {', '.join(missing)} missing; pass --metric KEY")
+    unknown = set(per_metric) - set(gated)
+    if unknown:
+        raise RunInputError(f"--margin given for metric(s) not gated: {', '.join(sorted(unknown))}")
+    directions = {m: _direction(m) for m in gated}
+    results = []
+    for m in gated:
+        margin = per_metric.get(m, default_m)
+        res = non_inferiority(
+            tb.set_index("id")[m],
+            tc.set_index("id")[m],
+            margin=margin,
+            alpha=alpha,
+            seed=seed,
+            n_resamples=n_resamples,
+            metric=m,
+            higher_is_better=directions[m],
+        )
+        if res.n_pairs == 0:
+            raise RunInputError(f"metric {m}: no eval id has a value in both runs")
+        results.append(res)
+    return results, notes
+
+
+@cli_main
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    client = MlflowClient(tracking_uri=tracking_uri(args.tracking_uri))
+    try:
+        results, notes = run_gate(
+            client,
+            args.baseline,
+            args.candidate,
+            args.metric,
+            args.margin,
+            alpha=args.alpha,
+            experiment=args.experiment,
+            seed=args.seed,
+            n_resamples=args.resamples,
+            allow_judge_change=args.allow_judge_change,
+        )
+    except RunInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    conf = f"{100 * (1 - args.alpha):g}%"
+    headers = [
+        "metric",
+        "better",
+        "baseline",
+        "candidate",
+        "delta",
+        f"{conf} bound",
+        "limit",
+        "MDE",
+        "n",
+        "verdict",
+    ]
+    dm, pm = _parse_margins(args.margin)
+    rows = []
+    for r in results:
+        margin_src = "" if dm is not None or r.metric in pm else " (default)"
+        rows.append(
+            [
+                r.metric,
+                "higher" if r.higher_is_better else "lower",
+                fmt_num(r.baseline),
+                fmt_num(r.candidate),
+                fmt_num(r.delta, signed=True),
+                ("≥ " if r.higher_is_better else "≤ ") + fmt_num(r.bound, signed=True),
+                fmt_num(-r.margin if r.higher_is_better else r.margin, signed=True) + margin_src,
+                fmt_num(r.mde),
+                str(r.n_pairs),
+                r.verdict,
+            ]
+        )
+    print("\n".join(notes))
+    print(text_table(headers, rows))
+    for r in results:
+        if not math.isnan(r.mde) and r.mde > r.margin:
+            print(
+                f"note: {r.metric}: MDE {r.mde:.4f} > margin {r.margin:.4f}: at n={r.n_pairs} an unchanged "
+                "candidate passes with < 80 % probability (the gate is underpowered for this margin)"
+            )
+    failed = [r.metric for r in results if not r.passed]
+    if failed:
+        print(
+            f"GATE FAILED: {', '.join(failed)} (one-sided {conf} bound of candidate − baseline past the "
+            "margin on the metric's worse side)"
+        )
+        return 1
+    print(f"GATE PASSED ({len(results)} metric(s); default margin = max(0.01, 1/sqrt(n)))")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""Choose the cheapest config of a sweep that is not significantly worse than the best (docs/select.md).
+
+    python -m rag_experiments.select SWEEP_ID --metric hit_at_5 [--max-latency-ms X]
+        [--max-cost-usd Y] [--out DIR]
+
+Prints one row per config (mean [CI], delta vs the best, Holm-adjusted p, tie?, constraints ok?,
+cost) and, with ``--out``, writes the chosen run's resolved config as ``DIR/NAME.yaml`` that
+``python -m rag_experiments.sweep --config-dir DIR --config-name NAME`` runs unchanged.
+Exit 0 a config was chosen, 1 none passes the constraints, 2 bad input (configs scored by different
+judges without --allow-judge-change: docs/judges.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from collections.abc import Sequence
+from importlib.resources import files
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from rag_experiments.analysis.racing import STOPPED_HEADERS, STOPPED_NOTE, split_stopped, stopped_rows
+from rag_experiments.analysis.select import Constraints, Selection, runnable_config, select_config
+from rag_experiments.cli.errors import cli_main
+from rag_experiments.evaluation.registry import higher_is_better
+from rag_experiments.report.tables import fmt_num, fmt_p, text_table
+from rag_experiments.tracking.judge_runs import ALLOW_FLAG, check_same_judge
+from rag_experiments.tracking.runs import (
+    RunInputError,
+    download_text,
+    run_data,
+    sweep_children,
+    sweep_finished_runs,
+    tracking_uri,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m rag_experiments.select", description=__doc__.split("\n")[0])
+    p.add_argument("sweep", metavar="SWEEP_ID", help="the sweep_id tag of the sweep's runs")
+    p.add_argument("--metric", required=True, help="a registered per-query metric, e.g. hit_at_5")
+    p.add_argument(
+        "--max-latency-ms", type=float, help="limit on the serving latency p95 (retrieval + generation)"
+    )
+    p.add_argument("--max-cost-usd", type=float, help="limit on the run's cost_usd")
+    p.add_argument("--alpha", type=float, default=0.05, help="significance level after Holm (default 0.05)")
+    p.add_argument("--out", metavar="DIR", help="write the chosen config as DIR/<config_hash>.yaml")
+    p.add_argument("--name", help="config name (file stem) for --out; default selected_<config_hash>")
+    p.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
+    p.add_argument("--experiment", metavar="NAME", help="look the sweep up in this experiment only")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(ALLOW_FLAG, action="store_true", help="select among configs scored by different judges")
+    return p
+
+
+def _direction(metric: str) -> bool:
+    try:
+        hib = higher_is_better(metric)
+    except KeyError as e:
+        raise RunInputError(str(e).strip('"')) from None
+    if hib is None:
+        raise RunInputError(
+            f"metric {metric!r} has no better side (a descriptive count): cannot select on it"
+        )
+    return hib
+
+
+def render(sel: Selection) -> str:
+    headers = [
+        "config",
+        "mean [95% CI]",
+        "delta vs best",
+        "p_holm",
+        "tie?",
+        "constraints ok?",
+        "cost_usd",
+        "chosen",
+    ]
+    rows = []
+    for r in sel.table.itertuples():
+        ci = f"{fmt_num(r.mean)} [{fmt_num(r.ci_low)}, {fmt_num(r.ci_high)}]"
+        best = r.run_id == sel.best
+        rows.append(
+            [
+                r.config + (" (best)" if best else ""),
+                ci,
+                "–" if best else fmt_num(r.delta, signed=True),
+                "–" if best else fmt_p(r.p_holm),
+                "yes" if r.tie else "no",
+                "yes" if r.ok else f"no (p95 {fmt_num(r.latency_p95_ms, 1)} ms)",
+                fmt_num(r.cost_usd, 6),
+                "*" if r.chosen else "",
+            ]
+        )
+    better = "higher" if sel.higher_is_better else "lower"
+    lines = [
+        f"metric {sel.metric} ({better} is better); ties: not worse at p_holm < {sel.alpha:g} "
+        "(paired: exact McNemar for binary metrics, sign-flip otherwise, Holm over the configs)",
+        f"noise: {sel.noise}",
+        f"tie-break among tied configs within the constraints: {sel.tie_break}",
+        text_table(headers, rows),
+        *sel.notes,
+    ]
+    return "\n".join(lines)
+
+
+def run_select(client: MlflowClient, args: argparse.Namespace) -> tuple[Selection, dict]:
+    hib = _direction(args.metric)
+    children = sweep_children(client, args.sweep, args.experiment)
+    if not children:
+        raise RunInputError(f"unknown sweep {args.sweep!r}: no finished child run has that sweep_id")
+    judge_note = check_same_judge(children, args.allow_judge_change)
+    runs, stopped = split_stopped([run_data(client, r) for r in children])  # racing: docs/racing.md
+    if not runs:
+        raise RunInputError(f"every config of sweep {args.sweep!r} was stopped by racing: nothing covers the eval set")
+    missing = [r.name for r in runs if args.metric not in r.table.columns]
+    if missing:
+        raise RunInputError(
+            f"metric {args.metric!r} is not in the per-query table of run(s) {', '.join(missing)}"
+        )
+    all_runs = sweep_finished_runs(client, args.sweep, args.experiment)
+    replicates = [run_data(client, r) for r in all_runs] if len(all_runs) > len(children) else []
+    by_id = {r.info.run_id: r for r in children}
+    costs = [float(by_id[r.run_id].data.metrics.get("cost_usd", math.nan)) for r in runs]
+    try:
+        sel = select_config(
+            runs,
+            args.metric,
+            hib,
+            costs,
+            Constraints(args.max_latency_ms, args.max_cost_usd),
+            alpha=args.alpha,
+            seed=args.seed,
+            replicates=replicates,
+        )
+    except ValueError as e:  # e.g. no config has a value of the metric
+        raise RunInputError(str(e)) from None
+    if judge_note:
+        sel.notes.append(judge_note)
+    if stopped:
+        sel.notes += [
+            f"stopped by racing ({len(stopped)}): not candidates for best, tie set or choice",
+            text_table(STOPPED_HEADERS, stopped_rows(stopped, args.metric)),
+            STOPPED_NOTE,
+        ]
+    return sel, by_id
+
+
+_CONFIG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
+
+
+def _check_name(name: str | None) -> None:
+    """``--name`` is a file stem inside ``--out`` (and a Hydra config name), never a path."""
+    if name is not None and (not _CONFIG_NAME.fullmatch(name) or ".." in name):
+        raise RunInputError(
+            f"--name {name!r}: must be a plain config name (letters, digits, '_', '-', '.'; "
+            "no '/' or '..'): the file is written inside --out"
+        )
+
+
+@cli_main
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    client = MlflowClient(tracking_uri=tracking_uri(args.tracking_uri))
+    try:
+        _check_name(args.name)
+        sel, by_id = run_select(client, args)
+        print(render(sel))
+        if sel.chosen is None:
+            return 1
+        run = by_id[sel.chosen]
+        print(
+            f"chosen: {run.info.run_name} (run {run.info.run_id}, config_hash {run.data.tags.get('config_hash')})"
+        )
+        if args.out:
+            primary = files("rag_experiments").joinpath("conf/config.yaml").read_text(encoding="utf-8")
+            text = runnable_config(download_text(client, run, "config.yaml"), primary)
+            name = args.name or f"selected_{run.data.tags.get('config_hash', run.info.run_id)}"
+            out = Path(args.out) / f"{name}.yaml"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text, encoding="utf-8")
+            print(
+                f"wrote {out}; run it with: python -m rag_experiments.sweep --config-dir {out.parent} --config-name {name}"
+            )
+    except RunInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

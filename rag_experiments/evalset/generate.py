@@ -1,0 +1,382 @@
+"""Bootstrapping an eval set from the corpus: an LLM proposes, the resolver and a human dispose.
+
+``generate`` samples passages from the corpus (seeded), asks a generator for one question grounded
+in a verbatim quote of each passage (JSON ``{question, quote, answer}``), keeps only replies whose
+quote resolves to exactly one span of the document (the eval-set resolver, so what survives here
+loads later), drops near-duplicate questions (cosine ≥ threshold with the fixed MiniLM metric
+embedder), tags what is left heuristically and writes a review CSV. Every rejected reply is
+counted by reason. ``accept`` turns the rows a human marked ``keep`` into eval-set items and runs
+the eval-set validator on them. Rules and their limits: ``docs/evalset-generation.md``.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import re
+import tempfile
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from rag_experiments.core.types import Document
+from rag_experiments.evalset.corpus import CorpusError, load_corpus
+from rag_experiments.evalset.load import EvalSetError, Normalised, load_evalset, normalise_ws
+from rag_experiments.stages.embedding import metric_embedder
+from rag_experiments.stages.generation import LocalLlamaGenerator, OpenAICompatibleGenerator
+from rag_experiments.stages.text import split_sentences
+
+REVIEW_COLUMNS = ["id", "query", "doc_id", "quote", "answer", "tags", "keep"]
+KEEP_YES, KEEP_NO = ("yes", "y", "1", "true"), ("", "no", "n", "0", "false")
+REJECT_REASONS = (
+    "generation_error",
+    "no_json",
+    "missing_field",
+    "quote_not_found",
+    "quote_ambiguous",
+    "near_duplicate",
+)
+REPLY_SCHEMA = {
+    "type": "object",
+    "properties": {k: {"type": "string", "minLength": 1} for k in ("question", "quote", "answer")},
+    "required": ["question", "quote", "answer"],
+}
+_PARA = re.compile(r"\n[ \t]*\n")
+_WORD = re.compile(r"[a-z0-9]+")
+_STOP = frozenset(
+    "the a an and or of to in on for with by at from is are was were be been does do did what which who "
+    "how when where why can could should would will shall may might that this these those it its as "
+    "into about there their than then after before not no yes if any all each per".split()
+)
+SYSTEM = "You write test questions for a search system. Reply with one JSON object and nothing else."
+USER = (
+    "Passage from document {doc_id!r}:\n\n{passage}\n\n"
+    'Copy one sentence of the passage verbatim as "quote", write a question that the quote answers '
+    '(in your own words) as "question", and its short answer as "answer". Reply only with JSON: '
+    '{{"question": "...", "quote": "...", "answer": "..."}}'
+)
+
+
+@dataclass(frozen=True)
+class Passage:
+    doc_id: str
+    start: int
+    end: int
+    text: str
+
+
+@dataclass
+class Candidate:
+    id: str
+    query: str
+    doc_id: str
+    quote: str
+    answer: str
+    start: int = 0
+    end: int = 0
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class GenerationReport:
+    calls: int = 0
+    kept: list[Candidate] = field(default_factory=list)
+    rejected: Counter = field(default_factory=Counter)  # reason -> count
+
+    def summary(self) -> str:
+        rej = ", ".join(f"{r}: {self.rejected.get(r, 0)}" for r in REJECT_REASONS)
+        return f"{self.calls} generator calls, {len(self.kept)} kept; rejected {rej}"
+
+
+# --------------------------------------------------------------------------------------- passages
+
+
+def paragraphs(text: str) -> list[tuple[int, int]]:
+    """(start, end) of the blank-line separated blocks of ``text``, surrounding whitespace trimmed."""
+    out, pos = [], 0
+    for m in [*_PARA.finditer(text), None]:
+        end = m.start() if m else len(text)
+        block = text[pos:end]
+        if block.strip():
+            s = pos + len(block) - len(block.lstrip())
+            out.append((s, pos + len(block.rstrip())))
+        pos = m.end() if m else len(text)
+    return out
+
+
+def sample_passages(docs: list[Document], n: int, seed: int = 0, max_chars: int = 700) -> list[Passage]:
+    """n passages drawn without replacement (seeded) from every document's windows of consecutive
+    paragraphs (each window grows from a paragraph while it stays ≤ max_chars; a lone longer
+    paragraph is cut at max_chars). Fewer than n when the corpus has fewer windows."""
+    windows: list[Passage] = []
+    for d in sorted(docs, key=lambda d: d.doc_id):  # document order does not change the draw
+        paras = paragraphs(d.text)
+        for i, (s, e) in enumerate(paras):
+            j = i
+            while j + 1 < len(paras) and paras[j + 1][1] - s <= max_chars:
+                j += 1
+            end = paras[j][1] if j > i else min(e, s + max_chars)
+            windows.append(Passage(d.doc_id, s, end, d.text[s:end]))
+    rng = np.random.default_rng(seed)
+    pick = rng.choice(len(windows), size=min(n, len(windows)), replace=False) if windows else []
+    return [windows[i] for i in sorted(pick)]
+
+
+def prompt(p: Passage) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": USER.format(doc_id=p.doc_id, passage=p.text)},
+    ]
+
+
+# --------------------------------------------------------------------------------------- replies
+
+
+def parse_reply(text: str) -> tuple[dict[str, str] | None, str | None]:
+    """({question, quote, answer}, None) or (None, reason): the first JSON object in the reply that
+    decodes; its three fields must be non-empty strings."""
+    dec = json.JSONDecoder()
+    obj = None
+    for m in re.finditer(r"\{", text):
+        try:
+            obj, _ = dec.raw_decode(text, m.start())
+            break
+        except ValueError:
+            continue
+    if not isinstance(obj, dict):
+        return None, "no_json"
+    vals = {k: obj.get(k) for k in ("question", "quote", "answer")}
+    if not all(isinstance(v, str) and v.strip() for v in vals.values()):
+        return None, "missing_field"
+    return {k: v.strip() for k, v in vals.items()}, None
+
+
+def resolve_quote(doc: Document, quote: str, norm: Normalised | None = None) -> tuple[int, int] | str:
+    """The one span the quote occupies (the eval-set resolver's whitespace-normalised match), else
+    the reason: ``quote_not_found`` or ``quote_ambiguous``."""
+    hits = (norm or Normalised.of(doc.text)).find_all(normalise_ws(quote))
+    if not hits:
+        return "quote_not_found"
+    return hits[0] if len(hits) == 1 else "quote_ambiguous"
+
+
+def _words(s: str) -> list[str]:
+    return [w for w in _WORD.findall(s.lower()) if w not in _STOP and len(w) > 2]
+
+
+def heuristic_tags(
+    doc: Document, c: Candidate, paraphrase_overlap: float = 0.5, multi_chunk_chars: int = 400
+) -> list[str]:
+    """Tags by the rules in ``docs/evalset-generation.md``.
+
+    overlap = share of the question's content words (lower-cased, ≥ 3 letters, no stop words) that
+    occur in the quote. ``synonym``: some question content word occurs nowhere in the document
+    (not even as a 5-letter prefix), with overlap ≥ the threshold; ``paraphrase``: overlap below
+    it; ``exact``: neither. ``boundary``: the quote crosses a sentence or paragraph boundary.
+    ``multi_chunk``: the quote crosses a paragraph break or is longer than multi_chunk_chars.
+    """
+    q, quote = _words(c.query), set(_words(c.quote))
+    overlap = sum(w in quote for w in q) / len(q) if q else 1.0
+    doc_prefixes = {w[:5] for w in _words(doc.text)}
+    tags = []
+    if overlap < paraphrase_overlap:
+        tags.append("paraphrase")
+    elif any(w[:5] not in doc_prefixes for w in q):
+        tags.append("synonym")
+    else:
+        tags.append("exact")
+    sentences = [s for s, e in split_sentences(doc.text) if s < c.end and e > c.start]
+    crosses_para = "\n\n" in re.sub(r"\n[ \t]*\n", "\n\n", doc.text[c.start : c.end])
+    if len(sentences) > 1 or crosses_para:
+        tags.append("boundary")
+    if crosses_para or c.end - c.start > multi_chunk_chars:
+        tags.append("multi_chunk")
+    return tags
+
+
+def drop_near_duplicates(
+    cands: list[Candidate], encode: Callable[[list[str]], np.ndarray], threshold: float
+) -> tuple[list[Candidate], int]:
+    """Greedy, in order: a question is dropped when its cosine with a kept one is ≥ threshold
+    (``encode`` returns unit vectors)."""
+    if not cands:
+        return [], 0
+    vecs = np.asarray(encode([c.query for c in cands]), float)
+    kept: list[int] = []
+    for i in range(len(cands)):
+        if not kept or float(np.max(vecs[kept] @ vecs[i])) < threshold:
+            kept.append(i)
+    return [cands[i] for i in kept], len(cands) - len(kept)
+
+
+def generate_candidates(
+    docs: list[Document],
+    generator,
+    n: int,
+    seed: int = 0,
+    dedup_threshold: float = 0.9,
+    encode: Callable[[list[str]], np.ndarray] | None = None,
+) -> GenerationReport:
+    """One generator call per sampled passage; replies parsed, resolved, de-duplicated, tagged."""
+    by_id = {d.doc_id: d for d in docs}
+    passages = sample_passages(docs, n, seed)
+    rep = GenerationReport(calls=len(passages))
+    gens = generator.generate([prompt(p) for p in passages])
+    cands: list[Candidate] = []
+    norms: dict[str, Normalised] = {}
+    for p, g in zip(passages, gens, strict=True):
+        if g.error:
+            rep.rejected["generation_error"] += 1
+            continue
+        obj, why = parse_reply(g.text)
+        if obj is None:
+            rep.rejected[why] += 1
+            continue
+        doc = by_id[p.doc_id]
+        norm = norms.setdefault(p.doc_id, Normalised.of(doc.text))
+        span = resolve_quote(doc, obj["quote"], norm)
+        if isinstance(span, str):
+            rep.rejected[span] += 1
+            continue
+        key = f"{p.doc_id}\0{obj['quote']}\0{obj['question']}".encode()
+        cid = "gen-" + hashlib.sha256(key).hexdigest()[:10]
+        cands.append(Candidate(cid, obj["question"], p.doc_id, obj["quote"], obj["answer"], *span))
+    if encode is None:
+        emb = metric_embedder()
+        encode = lambda texts: emb.encode(texts, kind="query")  # noqa: E731
+    kept, n_dup = drop_near_duplicates(cands, encode, dedup_threshold)
+    rep.rejected["near_duplicate"] += n_dup
+    for c in kept:
+        c.tags = heuristic_tags(by_id[c.doc_id], c)
+    rep.kept = kept
+    return rep
+
+
+def write_review_csv(path: Path, cands: list[Candidate]) -> None:
+    """One row per candidate; tags ``;``-separated; ``keep`` blank for the reviewer."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(REVIEW_COLUMNS)
+        for c in cands:
+            w.writerow([c.id, c.query, c.doc_id, c.quote, c.answer, ";".join(c.tags), ""])
+
+
+# --------------------------------------------------------------------------------------- accept
+
+
+def _review_rows(path: Path) -> tuple[list[tuple[int, dict]], list[str]]:
+    """(line, row) of the rows marked keep, and ``FILE:LINE: field: problem`` lines."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        return [], [f"{path}:0: file: cannot read ({e})"]
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    header = [h.strip() for h in next(reader, [])]
+    missing = [c for c in REVIEW_COLUMNS if c not in header]
+    if missing:
+        return [], [f"{path}:1: {c}: missing column" for c in missing]
+    rows, problems = [], []
+    while True:
+        line = reader.line_num + 1
+        try:
+            values = next(reader, None)
+        except csv.Error as e:
+            return rows, [*problems, f"{path}:{line}: row: not valid CSV ({e})"]
+        if values is None:
+            return rows, problems
+        if not any(v.strip() for v in values):
+            continue
+        rec = {k: (v or "").strip() for k, v in zip(header, values, strict=False)}
+        keep = rec.get("keep", "").lower()
+        if keep not in KEEP_YES + KEEP_NO:
+            problems.append(f"{path}:{line}: keep: {rec.get('keep')!r} is not yes/1/true or no/0/false/blank")
+        elif keep in KEEP_YES:
+            rows.append((line, rec))
+
+
+def accept(review: Path, docs: list[Document]) -> tuple[list[dict], list[str]]:
+    """(items, problems): kept rows as eval-set items, validated by the eval-set loader; problems
+    name the review file and line."""
+    rows, problems = _review_rows(review)
+    if problems:
+        return [], problems
+    if not rows:
+        return [], [f"{review}: keep: no row marked yes/1/true"]
+    items = [
+        {
+            "id": r["id"],
+            "query": r["query"],
+            "gold_evidence": [{"doc_id": r["doc_id"], "quote": r["quote"]}],
+            "gold_answer": r["answer"] or None,
+            "key_facts": [],
+            "tags": [t for t in re.split(r"[;,\s]+", r["tags"]) if t],
+        }
+        for _, r in rows
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        p = Path(tmp) / "items.jsonl"
+        p.write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items), encoding="utf-8")
+        try:
+            load_evalset(p, docs)
+        except EvalSetError as e:  # the loader names items.jsonl:N; map N back to the CSV line
+            pat = re.compile(re.escape(str(p)) + r":(\d+)")
+            for msg in e.problems:
+                m = pat.match(msg)
+                line = rows[int(m.group(1)) - 1][0] if m else 0
+                problems.append(f"{review}:{line}" + (msg[m.end() :] if m else f": {msg}"))
+            return [], problems
+    return items, []
+
+
+# --------------------------------------------------------------------------------------- CLI
+
+
+def make_generator(args):
+    """``--base-url`` + ``--model``: an OpenAI-compatible endpoint; else the local llama.cpp server."""
+    common = dict(temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens)
+    if args.base_url:
+        return OpenAICompatibleGenerator(args.base_url, args.model, api_key_env=args.api_key_env, **common)
+    # llama.cpp constrains sampling to this schema, so even a tiny model replies with parseable JSON
+    return LocalLlamaGenerator(model_path=args.model_path, extra_body={"json_schema": REPLY_SCHEMA}, **common)
+
+
+def cli(args, generator=None) -> int:
+    """``generate`` and ``accept`` subcommands of ``python -m rag_experiments.evalset``."""
+    import sys
+
+    try:
+        docs = load_corpus(args.corpus)
+    except CorpusError as e:
+        print(e, file=sys.stderr)
+        return 2
+    if args.cmd == "generate":
+        if args.n < 1 or (args.base_url and not args.model):
+            print("error: --n must be >= 1; --base-url needs --model", file=sys.stderr)
+            return 2
+        rep = generate_candidates(
+            docs, generator or make_generator(args), args.n, args.seed, args.dedup_threshold
+        )
+        write_review_csv(Path(args.out), rep.kept)
+        print(rep.summary())
+        print(
+            f"wrote {len(rep.kept)} rows to {args.out}; set keep=yes on the rows to accept, then: "
+            f"python -m rag_experiments.evalset accept {args.out} --corpus {args.corpus} --out evalset.jsonl"
+        )
+        return 0
+    items, problems = accept(Path(args.review), docs)
+    if problems:
+        for p in problems:
+            print(p, file=sys.stderr)
+        print(f"{len(problems)} problem(s) in {args.review}; nothing written", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items), encoding="utf-8")
+    print(f"wrote {len(items)} items to {out} (validated against {args.corpus})")
+    return 0

@@ -1,0 +1,194 @@
+"""A judge's validity card: its agreement with labelled (claim, evidence) pairs, with bootstrap CIs.
+
+Pure functions over aligned arrays: ``gold`` (``supported`` | ``unsupported``), ``pred`` (the
+judge's label: ``supported`` | ``unsupported`` | ``unparseable``), the pair ``types``, the
+cross-validation ``groups`` (``JudgePair.group_key``: the normalised claim by default), seconds
+per verdict, and optionally the labels of every repeat (``judge.repeats``). An unparseable
+verdict is a third predicted class: it counts as a disagreement everywhere (never as "no"), so a
+judge cannot look better by refusing to answer. docs/judges.md describes the card.
+
+CIs: percentile bootstrap, seeded, resampling *groups* of pairs (clusters) with replacement:
+pairs that share a claim are not independent, so resampling single pairs would make the
+intervals too narrow. Every figure of one resample uses the same draw.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rag_experiments.judge.agreement import cohen_kappa
+
+SUPPORTED, UNSUPPORTED, UNPARSEABLE = "supported", "unsupported", "unparseable"
+#: The card's figures with one value each (``accept_by_type`` is per pair type).
+SCALARS = (
+    "kappa",
+    "balanced_accuracy",
+    "accuracy",
+    "precision_supported",
+    "recall_supported",
+    "unparseable_rate",
+    "seconds_per_verdict",
+    "flip_rate",
+)
+
+
+def _share(num: np.ndarray, den: np.ndarray) -> float:
+    d = float(den.sum())
+    return float((num & den).sum()) / d if d > 0 else math.nan
+
+
+def point_figures(gold: Sequence[str], pred: Sequence[str]) -> dict[str, float]:
+    """The agreement figures of one set of verdicts (NaN where a denominator is empty).
+
+    - ``kappa``: Cohen's κ of gold vs pred with ``unparseable`` as a third predicted class
+      (``judge.agreement.cohen_kappa``);
+    - ``accuracy`` = P(pred = gold);
+    - ``balanced_accuracy`` = ½ · (P(pred = supported | gold supported) + P(pred = unsupported |
+      gold unsupported)), the mean recall of the two gold classes (robust to label imbalance);
+    - ``precision_supported`` = P(gold supported | pred supported);
+    - ``recall_supported`` = P(pred supported | gold supported);
+    - ``unparseable_rate`` = P(pred = unparseable).
+    """
+    g, p = np.asarray(gold, dtype=object), np.asarray(pred, dtype=object)
+    if len(g) == 0:
+        return dict.fromkeys(SCALARS[:6], math.nan)
+    gs, gu, ps, pu = g == SUPPORTED, g == UNSUPPORTED, p == SUPPORTED, p == UNSUPPORTED
+    rec_s, rec_u = _share(ps, gs), _share(pu, gu)
+    return {
+        "kappa": cohen_kappa(g, p) if gs.any() and gu.any() else math.nan,
+        "balanced_accuracy": (rec_s + rec_u) / 2,
+        "accuracy": float((g == p).mean()),
+        "precision_supported": _share(gs, ps),
+        "recall_supported": rec_s,
+        "unparseable_rate": float((p == UNPARSEABLE).mean()),
+    }
+
+
+def accept_by_type(pred: Sequence[str], types: Sequence[str]) -> dict[str, float]:
+    """Per pair type t: acceptance = P(pred = supported | type = t). For a type with a single gold
+    label (``contradict_evidence``: all unsupported) κ is undefined and this is the figure to read."""
+    p, t = np.asarray(pred, dtype=object), np.asarray(types, dtype=object)
+    return {str(k): float((p[t == k] == SUPPORTED).mean()) for k in sorted(set(t.tolist()))}
+
+
+def flip_rate(repeat_preds: Sequence[Sequence[str]] | None) -> float:
+    """Share of items whose verdicts are not all equal across the judge's repeats.
+
+    ``repeat_preds[r][i]``: the label of item i in repeat r. flip = 1 when the R ≥ 2 labels of an
+    item are not all the same (an unparseable repeat counts as a label), else 0; NaN with < 2
+    repeats (nothing to compare) or no items.
+    """
+    if repeat_preds is None or len(repeat_preds) < 2 or len(repeat_preds[0]) == 0:
+        return math.nan
+    r = np.asarray(repeat_preds, dtype=object)
+    return float((r != r[0]).any(axis=0).mean())
+
+
+def _figures(gold, pred, types, seconds, repeats, type_names) -> dict[str, Any]:
+    out: dict[str, Any] = point_figures(gold, pred)
+    out["seconds_per_verdict"] = float(np.nanmean(seconds)) if np.isfinite(seconds).any() else math.nan
+    out["flip_rate"] = flip_rate(repeats)
+    acc = accept_by_type(pred, types)
+    out["accept_by_type"] = {t: acc.get(t, math.nan) for t in type_names}
+    return out
+
+
+def _ci(values: list[float], confidence: float) -> list[float]:
+    v = np.asarray(values, float)
+    v = v[~np.isnan(v)]
+    if v.size == 0:
+        return [math.nan, math.nan]
+    a = (1 - confidence) / 2
+    lo, hi = np.quantile(v, [a, 1 - a])
+    return [float(lo), float(hi)]
+
+
+def judge_card(
+    gold: Sequence[str],
+    pred: Sequence[str],
+    types: Sequence[str],
+    groups: Sequence[str],
+    seconds: Sequence[float],
+    repeat_preds: Sequence[Sequence[str]] | None = None,
+    n_resamples: int = 1000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> dict[str, Any]:
+    """The card: every figure of :func:`point_figures`, ``seconds_per_verdict`` (mean wall time of
+    one verdict; NaN entries, e.g. cached verdicts, left out), ``flip_rate`` (:func:`flip_rate`)
+    and ``accept_by_type`` (:func:`accept_by_type`), each as ``{"value": x, "ci": [lo, hi]}``,
+    plus ``n`` (pairs), ``n_groups`` and ``ci_method``.
+
+    CI: percentile bootstrap at ``confidence`` over ``n_resamples`` resamples drawn with
+    ``numpy.random.default_rng(seed)``; each resample draws the distinct ``groups`` with
+    replacement and takes all pairs of each drawn group (a cluster bootstrap). A resample in which
+    a figure is undefined (NaN, e.g. κ with one gold class) is left out of that figure's interval.
+    """
+    g, p = np.asarray(gold, dtype=object), np.asarray(pred, dtype=object)
+    t, s = np.asarray(types, dtype=object), np.asarray(seconds, float)
+    rep = None if repeat_preds is None or len(repeat_preds) < 2 else np.asarray(repeat_preds, dtype=object)
+    if not (len(g) == len(p) == len(t) == len(s) == len(groups)):
+        raise ValueError("judge_card: gold, pred, types, groups and seconds must have one entry per pair")
+    type_names = sorted(set(t.tolist()))
+    point = _figures(g, p, t, s, rep, type_names)
+    _, codes = np.unique(np.asarray(groups, dtype=object).astype(str), return_inverse=True)
+    members = [np.flatnonzero(codes == c) for c in range(codes.max() + 1)] if len(codes) else []
+    draws: dict[str, list[float]] = {k: [] for k in SCALARS}
+    draws.update({f"accept/{ty}": [] for ty in type_names})
+    rng = np.random.default_rng(seed)
+    for _ in range(n_resamples if len(members) > 1 else 0):
+        idx = np.concatenate([members[c] for c in rng.integers(0, len(members), len(members))])
+        f = _figures(g[idx], p[idx], t[idx], s[idx], None if rep is None else rep[:, idx], type_names)
+        for k in SCALARS:
+            draws[k].append(f[k])
+        for ty, v in f["accept_by_type"].items():
+            draws[f"accept/{ty}"].append(v)
+    card: dict[str, Any] = {"n": int(len(g)), "n_groups": len(members)}
+    for k in SCALARS:
+        card[k] = {"value": point[k], "ci": _ci(draws[k], confidence)}
+    card["accept_by_type"] = {
+        ty: {"value": point["accept_by_type"][ty], "ci": _ci(draws[f"accept/{ty}"], confidence)}
+        for ty in type_names
+    }
+    card["ci_method"] = (
+        f"percentile bootstrap, {n_resamples} resamples of claim groups (cluster bootstrap), "
+        f"seed {seed}, {100 * confidence:g} %"
+    )
+    return card
+
+
+def card_metrics(card: Mapping[str, Any], prefix: str = "judge_card/") -> dict[str, float]:
+    """The card as MLflow metrics: ``judge_card/{figure}`` with ``/ci_low`` and ``/ci_high``,
+    ``judge_card/accept/{type}`` likewise, and ``judge_card/n_pairs``. NaN figures are left out
+    (a NaN metric would plot as a value)."""
+    out: dict[str, float] = {f"{prefix}n_pairs": float(card["n"])}
+
+    def put(name: str, cell: Mapping[str, Any]) -> None:
+        for suffix, v in (("", cell["value"]), ("/ci_low", cell["ci"][0]), ("/ci_high", cell["ci"][1])):
+            if v is not None and not math.isnan(v):
+                out[f"{prefix}{name}{suffix}"] = float(v)
+
+    for k in SCALARS:
+        put(k, card[k])
+    for ty, cell in card["accept_by_type"].items():
+        put(f"accept/{ty}", cell)
+    return out
+
+
+def card_line(card: Mapping[str, Any], source: str = "") -> str:
+    """One line for a run's summary: n, κ, balanced accuracy and acceptance of unsupported pairs."""
+
+    def f(key: str) -> str:
+        c = card[key]
+        v, (lo, hi) = c["value"], c["ci"]
+        return "n/a" if v is None or math.isnan(v) else f"{v:.3f} [{lo:.3f}, {hi:.3f}]"
+
+    flip = "" if math.isnan(card["flip_rate"]["value"]) else f", flip rate {f('flip_rate')}"
+    return (
+        f"judge card ({card['n']} {source} pairs, 95% CI): kappa {f('kappa')}, balanced accuracy "
+        f"{f('balanced_accuracy')}, unparseable {f('unparseable_rate')}{flip}"
+    )

@@ -1,0 +1,200 @@
+"""The judge-independent half of judging: claims, verdict parsing, and the scores built on verdicts.
+
+Verdicts are ``supported`` / ``unsupported`` / ``unparseable`` (docs/metrics.md). An unparseable reply is
+counted and excluded from faithfulness, never read as "no". Every judge backend
+(:mod:`.heuristic`, :mod:`.llm`) implements the :class:`Judge` protocol on top of these helpers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from typing import Protocol
+
+from rag_experiments.core.types import Verdict
+from rag_experiments.stages.text import sentence_texts
+
+# -- text utilities -----------------------------------------------------------------------------
+
+_CITATION = re.compile(r"\s*\[(?:\d+(?:\s*[-,–]\s*\d+)*)\](?:\s*\[\d+\])*")
+# The shared splitter keeps "1. " with its list item; claims drop the marker, as before the merge.
+_ORDERED_MARKER = re.compile(r"^\s*\d{1,9}[.)]\s+")
+_LABEL = re.compile(
+    r"^\s*(?:[-*•]\s+|\d+[.)]\s+)?(?:\*\*)?(?:answer|quote|final answer|claim)\s*:?(?:\*\*)?\s*", re.I
+)
+
+
+_DECLINE_PATTERNS = [
+    r"\bi (?:do not|don't|dont) know\b",
+    r"\bi (?:am not|'m not|m not) sure\b",
+    r"\b(?:i|we) (?:cannot|can't|can not|am unable to|are unable to) (?:answer|find|tell|say|determine)",
+    r"\bunable to (?:answer|find|determine)\b",
+    r"\bno (?:relevant )?information (?:about|on|regarding|in|is|was)\b",
+    r"\b(?:not|never) (?:mentioned|specified|stated|provided|covered|included|given|described|"
+    r"discussed|addressed|available|found|present) (?:in|by) the (?:provided |given )?"
+    r"(?:context|documentation|docs|passages?|text|documents?|sources?)\b",
+    r"\bthe (?:provided |given )?(?:context|documentation|docs|passages?|text|documents?|sources?) "
+    r"(?:does not|doesn't|do not|don't|did not|didn't) (?:say|mention|specify|state|contain|provide|"
+    r"include|cover|answer|describe|discuss|address|tell)\b",
+    r"\b(?:not enough|insufficient) (?:information|context)\b",
+    r"\bcannot be (?:determined|answered|found)\b",
+]
+_DECLINE = re.compile("|".join(_DECLINE_PATTERNS), re.I)
+
+
+def _plain(text: str) -> str:
+    return unicodedata.normalize("NFKC", text).replace("’", "'").replace("‘", "'")
+
+
+def is_decline(answer: str) -> bool:
+    """True when the answer declines: its first sentence, or every sentence, is a decline.
+
+    Declines: "I don't know", "not mentioned in the context", "the documentation does not say ...",
+    "cannot be determined", "not enough information" ... An empty answer is not a decline (it is a
+    failed generation). "Refunds take 5 days; the docs do not say more" is *not* a decline: its
+    first sentence answers.
+    """
+    sents = sentence_texts(_plain(answer or ""))
+    if not sents:
+        return False
+    if _DECLINE.search(sents[0]):
+        return True
+    return all(_DECLINE.search(s) for s in sents)
+
+
+def split_claims(answer: str) -> list[str]:
+    """Claims of an answer = its sentences, without citations, labels, declines or fragments.
+
+    Drops ``[1]``/``[1, 2]`` citations, "Answer:"/"Quote:" labels, decline sentences and fragments
+    of fewer than 3 words. A declining answer has no claims.
+    """
+    text = _plain(answer or "")
+    if not text.strip() or is_decline(text):
+        return []
+    claims = []
+    for s in sentence_texts(text):
+        s = _ORDERED_MARKER.sub("", _CITATION.sub("", s))
+        s = _LABEL.sub("", s).strip().strip("\"'“”").strip()
+        if not s or _DECLINE.search(s):
+            continue
+        if len(re.findall(r"\w+", s)) < 3:
+            continue
+        claims.append(s)
+    return claims
+
+
+# -- verdict parsing ----------------------------------------------------------------------------
+
+_YESNO = re.compile(r"^(yes|no|supported|unsupported|not supported)[.!]*$", re.I)
+_LABELS = {"yes": "supported", "supported": "supported", "no": "unsupported"}
+_LABELS.update({"unsupported": "unsupported", "not supported": "unsupported"})
+
+
+def parse_verdict(text: str) -> str:
+    """Read a judge reply strictly: "supported", "unsupported" or "unparseable".
+
+    Accepted: a bare yes/no (any case, trailing "." or "!", optional surrounding quotes, ``**`` or a
+    code fence), the bare words supported/unsupported, JSON ``{"verdict": "supported"|
+    "unsupported"}`` or ``{"supported": true|false}``. Everything else is unparseable, including
+    hedges ("yes, but it depends"), prose ("Sure! The answer is yes"), empty replies and garbage:
+    guessing a label from prose is how "no"-biased parsers inflate unfaithfulness.
+    """
+    if not isinstance(text, str):
+        return "unparseable"
+    s = text.strip()
+    fence = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", s, re.S)
+    if fence:
+        s = fence.group(1).strip()
+    if s.startswith("{"):
+        try:
+            obj = json.loads(s)
+        except ValueError:
+            return "unparseable"
+        if not isinstance(obj, dict) or len(obj) != 1:
+            return "unparseable"
+        if "verdict" in obj and isinstance(obj["verdict"], str):
+            v = obj["verdict"].strip().lower()
+            return v if v in ("supported", "unsupported") else "unparseable"
+        if "supported" in obj and isinstance(obj["supported"], bool):
+            return "supported" if obj["supported"] else "unsupported"
+        return "unparseable"
+    s = s.strip("*\"'` \t\n")
+    m = _YESNO.fullmatch(s)
+    if not m:
+        return "unparseable"
+    return _LABELS[m.group(1).lower()]
+
+
+# -- protocol -----------------------------------------------------------------------------------
+
+
+class Judge(Protocol):
+    identity: str
+    model: str | None
+
+    def verdicts(self, claims: list[str], context: str) -> list[Verdict]: ...
+
+    def answer_relevance(self, query: str, answer: str) -> tuple[float, str]: ...
+
+    def split(self, answer: str) -> list[str]: ...
+
+
+# -- metrics helpers ----------------------------------------------------------------------------
+
+
+def faithfulness(verdicts: list[Verdict]) -> tuple[float, int, int]:
+    """(supported / (supported + unsupported), n_claims, n_unparseable).
+
+    Unparseable verdicts are excluded from the ratio and counted; NaN when no claim is scorable
+    (no claims, or all unparseable).
+    """
+    labels = [v.label for v in verdicts]
+    return label_faithfulness(labels), len(labels), sum(lab == "unparseable" for lab in labels)
+
+
+def label_faithfulness(labels: list[str]) -> float:
+    """supported / (supported + unsupported) over verdict labels; NaN when none is scorable (the
+    formula :func:`faithfulness` reports; judge repeats score each repeat's labels with it)."""
+    sup = sum(lab == "supported" for lab in labels)
+    uns = sum(lab == "unsupported" for lab in labels)
+    return sup / (sup + uns) if sup + uns else float("nan")
+
+
+def normalise_text(text: str) -> str:
+    """Matching form for key facts: NFKC, casefold, hyphens and punctuation to spaces (except inside
+    numbers: "2.5", "1,000", "50%"), whitespace collapsed, and a final "s" dropped from words longer
+    than 3 letters (so "24 hours", "24-hour" and "24 hour" all match)."""
+    t = unicodedata.normalize("NFKC", text or "").casefold()
+    # protect decimal points and thousands separators inside numbers
+    t = re.sub(r"(?<=\d)\.(?=\d)", "\x00", t)
+    t = re.sub(r"(?<=\d),(?=\d)", "\x01", t)
+    t = re.sub(r"[^\w\s%\x00\x01]", " ", t).replace("_", " ").replace("\x00", ".").replace("\x01", ",")
+    words = [
+        w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") and w.isalpha() else w
+        for w in t.split()
+    ]
+    return " ".join(words)
+
+
+def key_fact_recall(answer: str, key_facts: list[str]) -> float:
+    """Fraction of ``key_facts`` found in the answer as whole words after :func:`normalise_text`.
+
+    NaN when there are no key facts.
+    """
+    facts = [f for f in key_facts if f and f.strip()]
+    if not facts:
+        return float("nan")
+    hay = f" {normalise_text(answer)} "
+    found = sum(f" {normalise_text(f)} " in hay for f in facts)
+    return found / len(facts)
+
+
+def correctness(answer: str, key_facts: list[str], answerable: bool) -> float:
+    """Answerable items: :func:`key_fact_recall` (a declining answer scores 0).
+    Unanswerable items: 1.0 if the answer declines (:func:`is_decline`), else 0.0."""
+    if not answerable:
+        return 1.0 if is_decline(answer) else 0.0
+    if is_decline(answer):
+        return 0.0 if [f for f in key_facts if f and f.strip()] else float("nan")
+    return key_fact_recall(answer, key_facts)

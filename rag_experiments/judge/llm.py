@@ -1,0 +1,287 @@
+"""LLM judges: any OpenAI-compatible endpoint (:class:`LLMJudge`) or any GGUF file on the embedded
+llama.cpp server (:class:`LocalLLMJudge`).
+
+Yes/no verdict per claim, scored by log P(yes) - log P(no) of the first answer token when the
+endpoint returns logprobs; otherwise a constrained (JSON schema) verdict read by the strict
+:func:`~rag_experiments.judge.claims.parse_verdict`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import threading
+from typing import Any
+
+import numpy as np
+
+from rag_experiments.core.identity import file_sha256
+from rag_experiments.core.redaction import error_text
+from rag_experiments.core.types import Verdict
+from rag_experiments.evaluation.cost import add_usage
+from rag_experiments.judge.claims import _CITATION, parse_verdict, split_claims
+from rag_experiments.stages.embedding import metric_embedder
+from rag_experiments.stages.generation import OpenAICompatibleGenerator, local_server, resolve_model_path
+
+# -- LLM judge ----------------------------------------------------------------------------------
+
+VERDICT_SYSTEM = (
+    "You check whether a claim is supported by a context. A claim is supported only if the context "
+    "states it or it follows directly from the context; if the context contradicts it or does not "
+    "mention it, it is not supported. Reply with one word: yes or no."
+)
+VERDICT_USER = (
+    "Context:\n{context}\n\nClaim: {claim}\n\nIs the claim supported by the context? Answer yes or no."
+)
+DECOMPOSE_USER = (
+    "Break the answer below into short, self-contained factual claims, one per line, each starting "
+    'with "- ". Do not add anything that is not in the answer.\n\nAnswer: {answer}\n\nClaims:'
+)
+QUESTIONS_USER = (
+    "Write {n} different questions that the following answer would answer. One question per line, "
+    "each ending with a question mark, nothing else.\n\nAnswer: {answer}\n\nQuestions:"
+)
+VERDICT_SCHEMA = {
+    "type": "object",
+    "properties": {"verdict": {"type": "string", "enum": ["supported", "unsupported"]}},
+    "required": ["verdict"],
+    "additionalProperties": False,
+}
+LOGPROB_FLOOR = -20.0
+
+
+def yes_no_score(top: list[tuple[str, float]], floor: float = LOGPROB_FLOOR) -> float | None:
+    """log P(yes) - log P(no) of the first token, summing case/space variants ("Yes", " yes", "YES").
+
+    A side absent from the top logprobs gets ``floor``; None when neither appears (unparseable).
+    """
+
+    def lse(values: list[float]) -> float:
+        if not values:
+            return floor
+        m = max(values)
+        return m + math.log(sum(math.exp(v - m) for v in values))
+
+    yes = [lp for tok, lp in top if tok.strip().lower() == "yes"]
+    no = [lp for tok, lp in top if tok.strip().lower() == "no"]
+    if not yes and not no:
+        return None
+    return max(lse(yes), floor) - max(lse(no), floor)
+
+
+class LLMJudge:
+    """A judge backed by any OpenAI-compatible chat endpoint.
+
+    Verdicts: a yes/no prompt per claim. With ``use_logprobs`` the request asks for
+    ``top_logprobs=20`` and the score is log P(yes) - log P(no) of the first answer token; the
+    label is ``score >= threshold``. If the endpoint returns no logprobs (or ``use_logprobs`` is
+    off) a constrained request is made instead: ``constrained="json_schema"`` (llama.cpp) or
+    ``"response_format"`` (OpenAI structured outputs) or ``"none"``; its reply goes through the
+    strict :func:`parse_verdict`. A failed call or an unreadable reply is ``unparseable``.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key_env: str = "OPENAI_API_KEY",
+        threshold: float = 0.0,
+        use_logprobs: bool = True,
+        n_questions: int = 3,
+        decompose: bool = True,
+        constrained: str = "json_schema",
+        temperature: float = 0.0,
+        seed: int = 0,
+        max_tokens: int = 256,
+        concurrency: int = 4,
+        timeout_s: float = 60.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        embedder: Any = None,
+        _identity_model: dict | None = None,
+    ) -> None:
+        if constrained not in ("json_schema", "response_format", "none"):
+            raise ValueError("judge.constrained must be json_schema, response_format or none")
+        self.model = model
+        self.threshold = float(threshold)
+        self.use_logprobs = bool(use_logprobs)
+        self.n_questions = int(n_questions)
+        self.decompose = bool(decompose)
+        self.constrained = constrained
+        self.client = OpenAICompatibleGenerator(
+            base_url=base_url,
+            model=model,
+            api_key_env=api_key_env,
+            temperature=temperature,
+            seed=seed,
+            max_tokens=max_tokens,
+            concurrency=concurrency,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            backoff_s=backoff_s,
+        )
+        self._embedder = embedder
+        self._last = threading.local()  # usage of the last split / answer_relevance, per thread
+        prompts = VERDICT_SYSTEM + VERDICT_USER + DECOMPOSE_USER + QUESTIONS_USER
+        ident = {
+            "kind": "llm",
+            **(_identity_model or {"base_url": self.client.base_url, "model": model}),
+            "threshold": self.threshold,
+            "use_logprobs": self.use_logprobs,
+            "n_questions": self.n_questions,
+            "decompose": self.decompose,
+            "constrained": constrained,
+            "temperature": float(temperature),
+            "seed": int(seed),
+            "prompts": hashlib.sha256(prompts.encode()).hexdigest()[:16],
+        }
+        self.identity = json.dumps(ident, sort_keys=True)
+
+    @property
+    def embedder(self):
+        if self._embedder is None:
+            self._embedder = metric_embedder()
+        return self._embedder
+
+    # verdicts ------------------------------------------------------------------------------------
+    def _verdict_messages(self, claim: str, context: str) -> list[dict]:
+        return [
+            {"role": "system", "content": VERDICT_SYSTEM},
+            {"role": "user", "content": VERDICT_USER.format(context=context, claim=claim)},
+        ]
+
+    def _constrained(self, messages: list[dict]):
+        if self.constrained == "json_schema":  # llama.cpp server extension
+            return self.client.complete(
+                messages, max_tokens=32, extra_body={"json_schema": VERDICT_SCHEMA}, allow_empty=True
+            )
+        if self.constrained == "response_format":  # OpenAI structured outputs
+            fmt = {
+                "type": "json_schema",
+                "json_schema": {"name": "verdict", "schema": VERDICT_SCHEMA, "strict": True},
+            }
+            return self.client.complete(messages, max_tokens=32, response_format=fmt, allow_empty=True)
+        return self.client.complete(messages, max_tokens=8, allow_empty=True)
+
+    def _one_verdict(self, claim: str, context: str) -> Verdict:
+        """One claim's verdict, with the summed usage of the call(s) it took (``Verdict.usage``)."""
+        made: list = []
+        v = self._verdict_of(claim, context, made)
+        v.usage = add_usage(*(c.usage for c in made)) if made else None
+        return v
+
+    def _verdict_of(self, claim: str, context: str, made: list) -> Verdict:
+        messages = self._verdict_messages(claim, context)
+        try:
+            if self.use_logprobs:
+                c = self.client.complete(
+                    messages, max_tokens=3, logprobs=True, top_logprobs=20, allow_empty=True
+                )
+                made.append(c)
+                if c.error:
+                    return Verdict(claim, "unparseable", raw="", error=c.error)
+                if c.first_token_logprobs:
+                    score = yes_no_score(c.first_token_logprobs)
+                    if score is None:
+                        return Verdict(
+                            claim,
+                            "unparseable",
+                            raw=c.text,
+                            rationale="no yes/no among the top-20 first tokens",
+                        )
+                    label = "supported" if score >= self.threshold else "unsupported"
+                    return Verdict(claim, label, score=score, raw=c.text, rationale="logprob")
+            c = self._constrained(messages)
+            made.append(c)
+            if c.error:
+                return Verdict(claim, "unparseable", error=c.error)
+            return Verdict(claim, parse_verdict(c.text), raw=c.text, rationale="constrained")
+        except Exception as exc:  # noqa: BLE001 - a judge never raises per claim
+            return Verdict(claim, "unparseable", error=error_text(exc))
+
+    def last_usage(self) -> dict | None:
+        """Summed usage of this thread's last :meth:`split` or :meth:`answer_relevance` (0 tokens
+        when it made no call; None when a call reported no usage). Verdicts carry their own."""
+        return getattr(self._last, "usage", None)
+
+    def _record(self, *completions) -> None:
+        self._last.usage = add_usage(*(c.usage for c in completions))
+
+    def verdicts(self, claims: list[str], context: str) -> list[Verdict]:
+        return self.client._map(lambda c: self._one_verdict(c, context), list(claims))
+
+    # decomposition -------------------------------------------------------------------------------
+    def split(self, answer: str) -> list[str]:
+        """LLM-listed atomic claims; falls back to :func:`split_claims` when the reply is unusable."""
+        fallback = split_claims(answer)
+        self._record()
+        if not self.decompose or not fallback:  # declines and empty answers have no claims
+            return fallback
+        c = self.client.complete([{"role": "user", "content": DECOMPOSE_USER.format(answer=answer.strip())}])
+        self._record(c)
+        if c.error:
+            return fallback
+        claims = []
+        for line in c.text.splitlines():
+            m = re.match(r"^\s*(?:[-*•]|\d+[.)])\s+(.+)$", line)
+            if m and len(re.findall(r"\w+", m.group(1))) >= 3:
+                claims.append(_CITATION.sub("", m.group(1)).strip())
+        return claims or fallback
+
+    # answer relevance ----------------------------------------------------------------------------
+    def answer_relevance(self, query: str, answer: str) -> tuple[float, str]:
+        """Mean cosine (metric embedder) between the query and up to n LLM-written questions.
+
+        NaN when the answer is empty or no question could be read from the reply.
+        """
+        method = f"generated-questions({self.n_questions})"
+        self._record()
+        if not answer or not answer.strip():
+            return float("nan"), method
+        c = self.client.complete(
+            [{"role": "user", "content": QUESTIONS_USER.format(n=self.n_questions, answer=answer.strip())}]
+        )
+        self._record(c)
+        if c.error:
+            return float("nan"), method
+        questions = []
+        for line in c.text.splitlines():
+            q = re.sub(r"^\s*(?:[-*•]|\d+[.)]|Q\d*[:.])\s*", "", line).strip()
+            if q.endswith("?") and len(q) > 3:
+                questions.append(q)
+        questions = questions[: self.n_questions]
+        if not questions:
+            return float("nan"), method
+        v = self.embedder.encode([query, *questions], kind="query")
+        return float(np.mean(v[1:] @ v[0])), method
+
+
+class LocalLLMJudge(LLMJudge):
+    """:class:`LLMJudge` on any GGUF file, served by the embedded llama.cpp server (shared with the
+    local generator when both name the same file and ctx_size). ``model_path=None`` = the packaged
+    SmolLM2-135M, which loads offline but is at chance as a judge."""
+
+    def __init__(
+        self,
+        model_path: str | None = None,
+        ctx_size: int = 4096,
+        n_threads: int = 2,
+        n_parallel: int = 2,
+        **kwargs: Any,
+    ) -> None:
+        path = resolve_model_path(model_path)
+        base_url = local_server(path, ctx_size=ctx_size, n_threads=n_threads, n_parallel=n_parallel)
+        kwargs.setdefault("constrained", "json_schema")
+        kwargs.setdefault("concurrency", n_parallel)
+        super().__init__(
+            base_url=base_url,
+            model=path.name,
+            api_key_env="RAG_EXPERIMENTS_NO_KEY",
+            _identity_model={  # the file's content, not its name, is the model
+                "model_sha256": file_sha256(path),
+                "ctx_size": int(ctx_size),
+            },
+            **kwargs,
+        )

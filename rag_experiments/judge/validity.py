@@ -1,0 +1,274 @@
+"""A judge measured on labelled pairs: build it by name, judge the pairs (cached), compute its card.
+
+The figures are ``judge.card``'s; this module runs the judge. Each pair's verdict is cached
+with the seconds it took (stage ``card_verdict``: judge identity, claim, context), committed every
+few pairs, so a killed card loses only the verdicts in flight; the card itself is cached per
+(judge identities, pairs digest, resamples, seed) (stage ``judge_card``), so every run of a sweep
+with the same judge logs it without judging again. docs/judges.md, "Validity card".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from itertools import zip_longest
+from pathlib import Path
+from typing import Any
+
+from rag_experiments.core.cache import StageCache, stage_key
+from rag_experiments.core.progress import track
+from rag_experiments.evalset.judge_pairs import JudgePair, JudgePairsError, load_pairs, pairs_digest
+from rag_experiments.evalset.synthetic_pairs import synthetic_pairs
+from rag_experiments.judge.card import card_line, card_metrics, judge_card
+from rag_experiments.run.conf_groups import conf_dir, options
+
+log = logging.getLogger(__name__)
+
+#: Keys of a judge config that are not constructor arguments (cost tables, the repeat count).
+NON_ARGS = ("pricing", "repeats")
+_COMMIT_EVERY = 16  # verdicts per cache commit: a kill loses at most this many
+
+
+class JudgeNameError(ValueError):
+    """An unknown ``--judge`` name (the message lists the options)."""
+
+
+def judge_names() -> list[str]:
+    """The judges a user can name: ``conf/judge/*.yaml`` (``conf_groups.options``)."""
+    return options("judge")
+
+
+def judge_config(name: str, overrides: Sequence[str] = ()):
+    """``conf/judge/NAME.yaml`` with ``key=value`` overrides (a DictConfig)."""
+    from omegaconf import OmegaConf
+
+    path = conf_dir() / "judge" / f"{name}.yaml"
+    if not path.is_file():
+        raise JudgeNameError(f"unknown judge {name!r} (options: {', '.join(judge_names())})")
+    cfg = OmegaConf.load(path)
+    return OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides))) if overrides else cfg
+
+
+def instantiate_judge(cfg, **kwargs: Any):
+    """The judge a judge config describes (without its :data:`NON_ARGS`); ``kwargs`` override keys."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+    from omegaconf.errors import InterpolationKeyError
+
+    try:  # a node of the run's config: ${corpus.path} and friends resolve against its root
+        plain = OmegaConf.to_container(cfg, resolve=True)
+    except InterpolationKeyError:  # a standalone conf/judge/NAME.yaml: what lies outside is unset
+        plain = _unset_outside(OmegaConf.to_container(cfg, resolve=False))
+    return instantiate({k: v for k, v in plain.items() if k not in NON_ARGS}, **kwargs)
+
+
+def _unset_outside(node: Any) -> Any:
+    """``${...}`` strings (interpolations into a config this judge is not part of) -> None."""
+    if isinstance(node, dict):
+        return {k: _unset_outside(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_unset_outside(v) for v in node]
+    return None if isinstance(node, str) and node.startswith("${") else node
+
+
+def build_judge(name: str, overrides: Sequence[str] = ()):
+    """The one way to build a judge by name (``judge card``, ``scripts/judge_agreement.py``)."""
+    return instantiate_judge(judge_config(name, overrides))
+
+
+# ------------------------------------------------------------------------------ repeats
+
+
+def is_stochastic(cfg) -> bool:
+    """A judge config whose verdicts can differ between calls: it samples (temperature > 0) and
+    takes a seed. The heuristic judge (no temperature) and temperature 0 are deterministic."""
+    temp = cfg.get("temperature")
+    return "seed" in cfg and temp is not None and float(temp) > 0
+
+
+def repeat_judges(
+    cfg, repeats: int, build: Callable[..., Any] = instantiate_judge
+) -> tuple[list, str | None]:
+    """(the judges of repeats 2..N, a warning or None) for ``judge.repeats = N``.
+
+    Repeat r (0-based) is the judge with ``seed = judge.seed + r``: its identity differs, so its
+    verdicts are cached separately. A deterministic judge (:func:`is_stochastic` false) cannot
+    give different verdicts: no extra judges and a warning instead of N× the calls.
+    """
+    repeats = int(repeats or 1)
+    if repeats <= 1:
+        return [], None
+    if not is_stochastic(cfg):
+        if cfg.get("temperature") is None or float(cfg.get("temperature")) <= 0:
+            why = "deterministic: " + (
+                "it has no temperature" if cfg.get("temperature") is None else "temperature is 0"
+            )
+        else:  # sampling, but one seed: every repeat would be the same cached call
+            why = "it takes no seed, so repeats cannot be told apart"
+        return [], (
+            f"judge.repeats={repeats} ignored: this judge's repeats cannot differ ({why}); "
+            "judging once (judge_flip_rate is not logged)"
+        )
+    seed = int(cfg.get("seed") or 0)
+    return [build(cfg, seed=seed + r) for r in range(1, repeats)], None
+
+
+def judge_with_repeats(cfg) -> tuple[Any, list]:
+    """(the run's judge, the judges of repeats 2..N) from a judge config; a deterministic judge with
+    ``repeats > 1`` prints a warning on stderr and is asked once (:func:`repeat_judges`)."""
+    import sys
+
+    repeats, warning = repeat_judges(cfg, cfg.get("repeats", 1))
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+    return instantiate_judge(cfg), repeats
+
+
+# ------------------------------------------------------------------------------ pairs
+
+
+def select_pairs(pairs: list[JudgePair], max_pairs: int | None) -> list[JudgePair]:
+    """At most ``max_pairs`` pairs, interleaved by type so every type is represented; within a type
+    in the order of sha256(id), so the choice depends on the pairs, not the file order."""
+    if not max_pairs or len(pairs) <= max_pairs:
+        return list(pairs)
+    by_type: dict[str, list[JudgePair]] = {}
+    for p in sorted(pairs, key=lambda p: hashlib.sha256(p.id.encode()).hexdigest()):
+        by_type.setdefault(p.type, []).append(p)
+    mixed = [p for row in zip_longest(*(by_type[t] for t in sorted(by_type))) for p in row if p]
+    return mixed[:max_pairs]
+
+
+def card_pairs(
+    pairs_path: str | None, docs=None, seed: int = 0, n_max: int | None = None
+) -> tuple[list[JudgePair], str]:
+    """(pairs, source): human-labelled pairs from ``pairs_path`` (source ``file:<name>``), else
+    synthetic pairs made from the corpus ``docs`` (``evalset.synthetic_pairs``, at most ``n_max``;
+    source ``synthetic``). Bad pairs files raise ``JudgePairsError``; a corpus too small for
+    synthetic pairs raises its ``SyntheticPairsError`` (a ValueError naming the count and minimum)."""
+    if pairs_path:
+        return load_pairs(pairs_path), f"file:{Path(pairs_path).name}"
+    return synthetic_pairs(list(docs or []), seed=seed, n_max=n_max), "synthetic"
+
+
+# ------------------------------------------------------------------------------ verdicts
+
+
+def _is_model_judge(judge) -> bool:
+    return getattr(judge, "model", None) is not None
+
+
+def pair_verdicts(judge, pairs: Sequence[JudgePair], cache: StageCache, progress: bool = True):
+    """(labels, seconds): the judge's label of each pair's claim against its context, and the wall
+    seconds of that verdict (one batched embedding pass of the heuristic judge is spread evenly over
+    the pairs it served). Errors (a dead endpoint) are ``unparseable`` and not cached."""
+    keys = [stage_key("card_verdict", judge.identity, p.claim, p.context) for p in pairs]
+    found = cache.get_json_many("card_verdict", keys)
+    todo = [i for i, k in enumerate(keys) if k not in found]
+    prep_s = 0.0
+    prepare = getattr(judge, "prepare", None)
+    if todo and prepare is not None:
+        t0 = time.perf_counter()
+        prepare([pairs[i].claim for i in todo], [pairs[i].context for i in todo])
+        prep_s = (time.perf_counter() - t0) / len(todo)
+    fresh: dict[str, Any] = {}
+    for i in track(todo, "judge card: verdicts", enabled=progress and len(todo) > 20, unit="pairs"):
+        t0 = time.perf_counter()
+        v = judge.verdicts([pairs[i].claim], pairs[i].context)[0]
+        row = {
+            "label": v.label if not v.error else "unparseable",
+            "seconds": time.perf_counter() - t0 + prep_s,
+        }
+        found[keys[i]] = row
+        if not v.error:
+            fresh[keys[i]] = row
+        if len(fresh) >= _COMMIT_EVERY:
+            cache.put_json_many("card_verdict", fresh)
+            fresh = {}
+    cache.put_json_many("card_verdict", fresh)
+    return [found[k]["label"] for k in keys], [float(found[k]["seconds"]) for k in keys]
+
+
+def validity_card(
+    judge,
+    pairs: Sequence[JudgePair],
+    cache: StageCache,
+    repeats: Sequence[Any] = (),
+    n_resamples: int = 1000,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """The judge's card on ``pairs`` (``judge.card.judge_card``) with ``judge`` (its
+    identity), ``pairs_digest`` and ``cached``; with ``repeats`` (the judges of repeats 2..N) the
+    flip rate across all N. Cached per (identities, pairs digest, n_resamples, seed)."""
+    digest = pairs_digest(list(pairs))
+    idents = [judge.identity, *(j.identity for j in repeats)]
+    key = stage_key("judge_card", idents, digest, n_resamples, seed)
+    hit = cache.get_json_many("judge_card", [key])
+    if key in hit:
+        return {**hit[key], "cached": True}
+    labels, seconds = pair_verdicts(judge, pairs, cache, progress)
+    rep = [labels] + [pair_verdicts(j, pairs, cache, progress)[0] for j in repeats] if repeats else None
+    card = judge_card(
+        [p.label for p in pairs],
+        labels,
+        [p.type for p in pairs],
+        [p.group_key for p in pairs],
+        seconds,
+        repeat_preds=rep,
+        n_resamples=n_resamples,
+        seed=seed,
+    )
+    card.update(judge=judge.identity, repeats=len(idents), pairs_digest=digest)
+    cache.put_json_many("judge_card", {key: card})
+    return {**card, "cached": False}
+
+
+def run_card(card_cfg, judge, repeats: Sequence[Any], docs, cache: StageCache, progress: bool = True):
+    """The card a run logs: ``(metrics, tags, card)`` from the ``judge_card`` config block
+    (``enabled``, ``pairs``, ``max_pairs``, ``max_pairs_model``, ``bootstrap_resamples``, ``seed``);
+    ``({}, {"judge_card_source": ...}, None)`` when disabled or without pairs."""
+    if card_cfg is None or not card_cfg.get("enabled", True) or judge is None:
+        return {}, {"judge_card_source": "disabled"}, None
+    seed = int(card_cfg.get("seed", 0) or 0)
+    cap = card_cfg.get("max_pairs_model") if _is_model_judge(judge) else card_cfg.get("max_pairs")
+    try:
+        pairs, source = card_pairs(card_cfg.get("pairs"), docs, seed=seed, n_max=cap)
+    except ValueError as e:  # a corpus too small for synthetic pairs: the run goes on, said loudly
+        if isinstance(e, JudgePairsError):
+            raise
+        print(f"warning: judge card skipped: {e}", file=sys.stderr)
+        return {}, {"judge_card_source": f"none: {str(e)[:200]}"}, None
+    if not pairs:
+        print("warning: judge card skipped: judge_card.pairs is null and no synthetic pairs", file=sys.stderr)
+        return {}, {"judge_card_source": source}, None
+    chosen = select_pairs(pairs, cap)
+    t0 = time.perf_counter()
+    card = validity_card(
+        judge, chosen, cache, repeats, int(card_cfg.get("bootstrap_resamples", 1000)), seed, progress
+    )
+    log.info("judge card: %d pairs (%s) in %.1f s", len(chosen), source, time.perf_counter() - t0)
+    tags = {
+        "judge_card_source": source,
+        "judge_card_pairs_digest": card["pairs_digest"],
+        "judge_card_ci": card["ci_method"],
+    }
+    return card_metrics(card), tags, card
+
+
+def add_card(card_cfg, stages, docs, cache: StageCache, res, progress: bool = True) -> dict | None:
+    """The run's judge card into its results (``PipelineResult``): ``judge_card/*`` metrics, the
+    pairs' source and digest as tags, ``judge_card_s`` in the timings. ``stages``: the run's
+    ``run_types.Stages``; ``docs``: its corpus (for synthetic pairs). Returns the card (None: no
+    judge, card disabled or no pairs)."""
+    if stages.judge is None:
+        return None
+    t = time.perf_counter()
+    metrics, tags, card = run_card(card_cfg, stages.judge, stages.judge_repeats, docs, cache, progress)
+    res.aggregates.update(metrics)
+    res.tags.update(tags)
+    res.timings["judge_card_s"] = time.perf_counter() - t
+    return None if card is None else {**card, "line": card_line(card, tags["judge_card_source"])}

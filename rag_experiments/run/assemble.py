@@ -1,0 +1,163 @@
+"""Config → checked inputs → ``Stages``, ``PipelineData``, ``RunSettings`` (docs/architecture.md).
+
+The one place a composed Hydra config becomes the typed run: ``input_problems`` checks the config
+(``config_schema``) and loads the data, ``build`` instantiates every stage once, ``run_settings``
+reads the plain values. Bad input is a list of problems naming the file/line or config key; the
+CLIs print them and exit 2 before any MLflow run exists.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from rag_experiments.core.cache import CachedEmbedder, StageCache
+from rag_experiments.evalset.corpus import Corpus, CorpusError
+from rag_experiments.evalset.load import EvalSet, EvalSetError, sample_dir
+from rag_experiments.evaluation.defaults import RANK_DEPTH, TOKEN_BUDGETS
+from rag_experiments.evaluation.labels import load_thresholds
+from rag_experiments.judge.validity import judge_with_repeats
+from rag_experiments.judge.verifier import VerifierError
+from rag_experiments.run.config_schema import ConfigError, check
+from rag_experiments.run.names import run_name
+from rag_experiments.run.types import PipelineData, RunSettings, Stages
+from rag_experiments.stages.embedding import set_model_reuse
+from rag_experiments.stages.prompts import PromptRegistryError
+
+if not OmegaConf.has_resolver("sample_dir"):  # ${sample_dir:} in conf/: wherever a config is composed
+    OmegaConf.register_new_resolver("sample_dir", lambda: str(sample_dir()))
+
+#: user-input errors: reported as problems (exit 2), anything else is a bug and raises
+INPUT_ERRORS = (ConfigError, EvalSetError, CorpusError, FileNotFoundError, VerifierError, PromptRegistryError)
+MAX_PROBLEM_LINES = 50  # a broken 10,000-line eval set must not flood the terminal
+
+
+def container(node) -> Any:
+    """The resolved plain-Python value of a config node (None stays None)."""
+    return OmegaConf.to_container(node, resolve=True) if node is not None else None
+
+
+def priced(node: DictConfig) -> DictConfig:
+    """The stage config without its ``pricing`` table, which feeds cost_usd only (evaluation.cost)."""
+    if "pricing" not in node:
+        return node
+    return OmegaConf.masked_copy(node, [k for k in node if k != "pricing"])
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A config's loaded data and built stages: everything a run needs besides MLflow."""
+
+    corpus: Corpus
+    evalset: EvalSet
+    stages: Stages
+
+    @property
+    def data(self) -> PipelineData:
+        return PipelineData.of(self.corpus, self.evalset)
+
+
+def build(cfg: DictConfig, cache: StageCache) -> Loaded:
+    """Instantiate every stage from its config group (a user plugs in a class + a YAML file)."""
+    corpus = instantiate(cfg.corpus)
+    evalset = instantiate(cfg.evalset, corpus=corpus)
+    # cache_enabled=false means no reuse at all: models reloaded, static models re-distilled
+    set_model_reuse(cache.enabled)
+    extra = {} if cache.enabled or "cache_dir" not in cfg.embedding else {"cache_dir": None}
+    embedder = CachedEmbedder(instantiate(cfg.embedding, **extra), cache)
+    generator = prompt = judge = None
+    repeats: tuple = ()
+    if cfg.generator.get("_target_"):
+        generator = instantiate(priced(cfg.generator))
+        prompt = instantiate(cfg.prompt)
+        judge, repeats = judge_with_repeats(cfg.judge)  # masks pricing and repeats
+    stages = Stages(
+        chunker=instantiate(cfg.chunking),
+        chunking_cfg=container(cfg.chunking),
+        embedder=embedder,
+        retriever=instantiate(cfg.retriever, embedder=embedder),
+        generator=generator,
+        prompt=prompt,
+        judge=judge,
+        judge_repeats=tuple(repeats),
+    )
+    return Loaded(corpus, evalset, stages)
+
+
+def run_settings(cfg: DictConfig) -> RunSettings:
+    """The plain settings of the run (``RunSettings`` names the config key of each)."""
+    m = cfg.metrics
+    return RunSettings(
+        k=int(cfg.retriever.k),
+        ks=tuple(m.ks),
+        min_coverage=m.min_coverage,
+        rank_depth=m.get("rank_depth", RANK_DEPTH),
+        token_budgets=tuple(m.get("token_budgets", TOKEN_BUDGETS)),
+        n_resamples=m.bootstrap_resamples,
+        seed=cfg.seed,
+        generation_subset=cfg.get("generation_subset"),
+        replicates=int(cfg.get("replicates", 1)),
+        thresholds=load_thresholds() if "attribution" not in cfg else container(cfg.attribution),
+        pricing={
+            "generation": container(cfg.generator.get("pricing")),
+            "judge": container(cfg.judge.get("pricing")),
+        },
+        progress=cfg.get("progress", True),
+    )
+
+
+def input_error(e: BaseException | None, kinds: tuple = INPUT_ERRORS) -> BaseException | None:
+    """The user-input error behind ``e`` (Hydra wraps it in an InstantiationException)."""
+    while e is not None:
+        if isinstance(e, kinds):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def problems_of(e: BaseException) -> list[str]:
+    return list(getattr(e, "problems", None) or str(e).splitlines() or [type(e).__name__])
+
+
+def print_problems(lines: list[str], header: str = "") -> None:
+    """Input problems on stderr: at most MAX_PROBLEM_LINES lines of at most 500 characters."""
+    if header:
+        print(header, file=sys.stderr)
+    for line in lines[:MAX_PROBLEM_LINES]:
+        print(line if len(line) <= 500 else line[:500] + " …", file=sys.stderr)
+    if len(lines) > MAX_PROBLEM_LINES:
+        print(f"… and {len(lines) - MAX_PROBLEM_LINES} more problem(s)", file=sys.stderr)
+
+
+def input_problems(cfg: DictConfig, cache: StageCache | None = None) -> tuple[list[str], Loaded | None]:
+    """(problems, loaded): the config checked against ``config_schema``, then the data loaded.
+
+    Problems are user input (config values, corpus, eval set, model paths); anything else raises.
+    """
+    try:
+        check(cfg)
+        cache = cache or StageCache(cfg.cache_dir, enabled=cfg.get("cache_enabled", True))
+        return [], build(cfg, cache)
+    except Exception as e:  # Hydra wraps a stage's error in an InstantiationException
+        cause = input_error(e)
+        if cause is None:
+            raise
+        return problems_of(cause), None
+
+
+def load_inputs(cfg: DictConfig, cache: StageCache) -> Loaded:
+    """The loaded inputs of ``cfg``, or exit 2 with the problems: bad input never creates a run."""
+    problems, loaded = input_problems(cfg, cache)
+    if problems:
+        print_problems(problems)
+        sys.exit(2)
+    return loaded
+
+
+def run_name_from(overrides: list[str]) -> str:
+    """A single run's name from its overrides (``run_names.run_name``; a sweep names only what varies)."""
+    return run_name(overrides)

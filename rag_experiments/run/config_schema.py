@@ -1,0 +1,469 @@
+"""One validator per config group, run before any MLflow run (or Hydra output) is created.
+
+Every problem becomes one line ``conf/<group>: <key>: what is wrong (got X)``; the sweep prints
+them all and exits 2. The checks are about values a stage cannot work with (sizes <= 0, overlap
+>= size, k <= 0, thresholds outside [0, 1], paths that do not exist, malformed URLs, keys the
+stage's constructor does not take), so a typo costs a message, not a FAILED run.
+:func:`unknown_group_options` checks ``group=option`` on the command line before Hydra composes.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from rag_experiments.evaluation.cost import price
+from rag_experiments.evaluation.defaults import RANK_DEPTH, TOKEN_BUDGETS, metrics_problems
+from rag_experiments.run.conf_groups import conf_dir
+
+Problems = list[str]
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LOOPBACK = ("localhost", "127.0.0.1", "::1", "0.0.0.0")
+BM25_METHODS = ("robertson", "lucene", "bm25l", "bm25+", "atire")
+CONSTRAINED = ("response_format", "json_schema", "none")
+MIN_RESAMPLES = 100
+# Arguments the sweep passes itself (not from YAML), per group.
+_INJECTED = {"evalset": {"corpus"}, "retriever": {"embedder"}}
+
+
+class ConfigError(ValueError):
+    """Every problem found in a config, one ``conf/<group>: <key>: …`` per line."""
+
+    def __init__(self, problems: Problems):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+class _Group:
+    """Collects problems for one group: ``g.positive_int("size")`` etc."""
+
+    def __init__(self, name: str, node: dict):
+        self.name, self.node, self.problems = name, node or {}, []
+
+    def bad(self, key: str, what: str, got: Any = None, show: bool = True) -> None:
+        tail = f" (got {got!r})" if show else ""
+        self.problems.append(f"conf/{self.name}: {key}: {what}{tail}")
+
+    def has(self, key: str) -> bool:
+        return key in self.node and self.node[key] is not None
+
+    def int_at_least(self, key: str, low: int) -> None:
+        if self.has(key):
+            v = self.node[key]
+            if not _is_int(v) or v < low:
+                self.bad(key, f"must be an integer >= {low}", v)
+
+    def num_in(self, key: str, low: float, high: float, low_open: bool = False) -> None:
+        if self.has(key):
+            v = self.node[key]
+            ok = _is_num(v) and (v > low if low_open else v >= low) and v <= high
+            if not ok:
+                self.bad(key, f"must be a number in {'(' if low_open else '['}{low}, {high}]", v)
+
+    def num_at_least(self, key: str, low: float, strict: bool = False) -> None:
+        if self.has(key):
+            v = self.node[key]
+            if not _is_num(v) or v < low or (strict and v == low):
+                self.bad(key, f"must be a number {'>' if strict else '>='} {low}", v)
+
+    def one_of(self, key: str, options: tuple) -> None:
+        if self.has(key) and self.node[key] not in options:
+            self.bad(key, f"must be one of {', '.join(map(str, options))}", self.node[key])
+
+    def overlap_below(self, size_key: str) -> None:
+        size, overlap = self.node.get(size_key), self.node.get("overlap")
+        if _is_int(size) and size > 0 and self.has("overlap"):
+            if not _is_int(overlap) or not 0 <= overlap < size:
+                self.bad("overlap", f"must be an integer in [0, {size_key}={size})", overlap)
+
+    def path_exists(self, key: str, kind: str) -> None:
+        if not self.has(key):
+            return
+        p = Path(os.path.expanduser(str(self.node[key])))
+        ok = p.is_dir() if kind == "dir" else p.is_file() if kind == "file" else p.exists()
+        if not ok:
+            self.bad(key, f"{kind if kind != 'any' else 'path'} not found", str(self.node[key]))
+
+    def url(self, key: str) -> None:
+        if not self.has(key):
+            return
+        v = self.node[key]
+        parsed = urlparse(str(v))
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            self.bad(key, "must be an http(s) URL with a host, e.g. http://localhost:8000/v1", v)
+            return
+        try:
+            parsed.port  # noqa: B018 - raises on a non-numeric or out-of-range port
+        except ValueError:
+            self.bad(key, "has an invalid port", v)
+
+    def api_key_env(self, key: str = "api_key_env") -> None:
+        """The *name* of a variable; a pasted key is rejected without echoing it."""
+        if key not in self.node or self.node[key] is None:
+            return
+        v = str(self.node[key])
+        if not _ENV_NAME.match(v) or len(v) > 64 or v.startswith(("sk-", "sk_")):
+            self.bad(
+                key,
+                f"must be the NAME of an environment variable holding the key, not the key "
+                f"(got a {len(v)}-character value that is not a variable name; not shown)",
+                show=False,
+            )
+            return
+        host = urlparse(str(self.node.get("base_url") or "")).hostname or ""
+        if not os.environ.get(v) and host not in _LOOPBACK:
+            self.bad(
+                key,
+                f"environment variable {v} is not set; set it, or use {key}=null for an endpoint "
+                "without authentication",
+                show=False,
+            )
+
+    def known_keys(self, extra: set[str] = frozenset()) -> None:
+        """Keys the ``_target_``'s constructor does not take (typos, ``+chunking.sizee=5``)."""
+        target = self.node.get("_target_")
+        if not target:
+            return
+        from hydra.utils import get_class
+
+        try:
+            sig = inspect.signature(get_class(target).__init__)
+        except Exception as e:  # noqa: BLE001 - an unimportable target is itself the problem
+            self.bad("_target_", f"cannot import ({type(e).__name__}: {e})", target)
+            return
+        if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+            return
+        allowed = set(sig.parameters) - {"self"} | {"_target_"} | set(extra)
+        for key in self.node:
+            if key not in allowed:
+                self.bad(key, f"unknown option for {target.rsplit('.', 1)[-1]}", self.node[key])
+        injected = _INJECTED.get(self.name, set())
+        for key in sorted(injected & set(self.node)):
+            self.bad(key, "is set by the sweep, not the config", self.node[key])
+
+
+def _corpus(g: _Group) -> None:
+    if not g.has("path") or not str(g.node["path"]).strip():
+        g.bad("path", "missing (set corpus.path=...)", g.node.get("path"))
+    else:
+        g.path_exists("path", "any")
+
+
+def _evalset(g: _Group) -> None:
+    if not g.has("path") or not str(g.node["path"]).strip():
+        g.bad("path", "missing (set evalset.path=...)", g.node.get("path"))
+    else:
+        g.path_exists("path", "file")
+    g.int_at_least("limit", 1)
+
+
+def _chunking(g: _Group) -> None:
+    for key in ("size", "max_size", "window"):
+        g.int_at_least(key, 1)
+    g.overlap_below("max_size" if "max_size" in g.node else "size")
+    g.one_of("unit", ("chars", "tokens"))
+    window = g.node.get("window")
+    if g.has("stride") and _is_int(window) and window > 0:
+        s = g.node["stride"]
+        if not _is_int(s) or not 1 <= s <= window:
+            g.bad("stride", f"must be an integer in [1, window={window}]", s)
+
+
+def _embedding(g: _Group) -> None:
+    g.path_exists("path", "dir")
+    g.path_exists("teacher_path", "dir")
+    g.int_at_least("batch_size", 1)
+    g.int_at_least("pca_dims", 1)
+    g.int_at_least("max_seq_length", 1)
+    if "ray" in g.node and str(g.node["ray"]).lower() not in ("auto", "true", "false"):
+        g.bad("ray", "must be one of auto, true, false", g.node["ray"])
+    g.int_at_least("ray_min_chunks", 1)
+    g.int_at_least("ray_concurrency", 1)
+
+
+def _retriever(g: _Group) -> None:
+    if not g.has("k"):
+        g.bad("k", "missing (chunks handed to the generator)", g.node.get("k"))
+    g.int_at_least("k", 1)
+    g.num_at_least("k1", 0, strict=True)
+    g.num_in("b", 0, 1)
+    g.one_of("method", BM25_METHODS)
+    g.num_at_least("dense_weight", 0)
+    g.num_at_least("bm25_weight", 0)
+    g.num_at_least("rrf_c", 0, strict=True)
+    g.int_at_least("candidates", 1)
+    g.int_at_least("batch_size", 1)
+
+
+def _llm_client(g: _Group) -> None:
+    """Keys shared by the OpenAI-compatible and local generators and LLM judges."""
+    g.url("base_url")
+    g.api_key_env()
+    g.path_exists("model_path", "file")
+    if "model" in g.node and not str(g.node.get("model") or "").strip():
+        g.bad("model", "must be a non-empty model name", g.node.get("model"))
+    g.num_at_least("temperature", 0)
+    for key in ("max_tokens", "concurrency", "ctx_size", "n_threads", "n_parallel", "n_questions"):
+        g.int_at_least(key, 1)
+    g.int_at_least("max_retries", 0)
+    g.num_at_least("timeout_s", 0, strict=True)
+    g.num_at_least("backoff_s", 0)
+    _pricing(g)
+
+
+def _pricing(g: _Group) -> None:
+    """``pricing``: USD per 1000 tokens in / out for cost_usd (evaluation.cost.price)."""
+    node = g.node.get("pricing")
+    if node is None:
+        return
+    if not isinstance(node, dict) or set(node) - {"price_per_1k_in", "price_per_1k_out"}:
+        g.bad("pricing", "must be a mapping with price_per_1k_in and/or price_per_1k_out", node)
+        return
+    try:
+        price(node)
+    except ValueError as e:
+        g.bad("pricing", str(e), node)
+
+
+def _generator(g: _Group) -> None:
+    if not g.node.get("_target_"):
+        for key in g.node:
+            if key != "name":
+                g.bad(key, "unknown option for generator=none", g.node[key])
+        return
+    _llm_client(g)
+
+
+def _judge(g: _Group) -> None:
+    for key in ("sim_threshold", "coverage_threshold", "entity_threshold"):
+        g.num_in(key, 0, 1)
+    g.int_at_least("repeats", 1)
+    g.one_of("constrained", CONSTRAINED)
+    if "band" in g.node:  # judge=cascade
+        band = g.node["band"]
+        ok = isinstance(band, list) and len(band) == 2 and all(isinstance(x, int | float) for x in band)
+        if not ok or not 0 <= band[0] <= band[1] <= 1:
+            g.bad("band", "must be [lo, hi] with 0 <= lo <= hi <= 1 (P(supported) escalated to the LLM)", band)
+    nested = isinstance(g.node.get("verifier"), dict)  # judge=cascade holds its verifier's keys
+    verifier = g.node["verifier"] if nested else g.node
+    if verifier.get("precision") is not None:  # judge=verifier (or the cascade's verifier)
+        from rag_experiments.judge.token_pass import PRECISIONS
+
+        if verifier["precision"] not in PRECISIONS:
+            key = "verifier.precision" if nested else "precision"
+            g.bad(key, f"must be one of {', '.join(PRECISIONS)} (the verifier's MiniLM pass)", verifier["precision"])
+    if str(g.node.get("_target_") or "").endswith(".MLflowJudge"):
+        _mlflow_judge(g)
+    elif "base_url" in g.node or "model_path" in g.node:
+        _llm_client(g)
+
+
+def _mlflow_judge(g: _Group) -> None:
+    """judge=mlflow: ``model`` is required with ``base_url`` (unused without: the GGUF names it);
+    a model *name*, since the judge builds MLflow's ``openai:/<model>`` URI itself."""
+    model = g.node.get("model")
+    if g.has("base_url"):
+        if not str(model or "").strip():
+            g.bad(
+                "model",
+                "missing: the model name the endpoint at base_url serves (set judge.model=...)",
+                model,
+            )
+        elif ":/" in str(model):
+            g.bad("model", "must be a model name; the judge builds the MLflow URI openai:/<model>", model)
+    rest = _Group(g.name, {k: v for k, v in g.node.items() if k != "model"})
+    _llm_client(rest)
+    rest.int_at_least("num_retries", 0)
+    g.problems += rest.problems
+
+
+def _prompt(g: _Group) -> None:
+    if str(g.node.get("_target_", "")).endswith(".RegisteredPrompt"):  # prompt=registry
+        _registered_prompt(g)
+        return
+    tpl = g.node.get("template")
+    if not isinstance(tpl, str) or "{context}" not in tpl or "{question}" not in tpl:
+        g.bad("template", "must be a string containing {context} and {question}", str(tpl)[:60])
+    for key in ("system", "template"):  # {{ }} is MLflow's variable syntax (the Prompt Registry)
+        if any(b in str(g.node.get(key) or "") for b in ("{{", "}}")):
+            g.bad(key, "must not contain {{ or }} (MLflow's prompt variable syntax)", str(g.node[key])[:60])
+
+
+def _registered_prompt(g: _Group) -> None:
+    if not str(g.node.get("name") or "").strip():
+        g.bad("name", "missing: a prompt in MLflow's Prompt Registry (prompt.name=rag-experiments.concise)", None)
+    version, alias = g.node.get("version"), g.node.get("alias")
+    if version is not None and (not _is_int(version) or version < 1):
+        g.bad("version", "must be a version number >= 1", version)
+    if alias is not None and not str(alias).strip():
+        g.bad("alias", "must be a non-empty alias", alias)
+    if (version is None) == (alias is None):
+        g.bad("version", "set exactly one of prompt.version=N or prompt.alias=NAME (alias latest: the newest)", version)
+
+
+def _attribution(g: _Group) -> None:
+    for key in ("correct", "faithful"):
+        g.num_in(key, 0, 1)
+
+
+def _metrics(g: _Group) -> None:
+    ks = g.node.get("ks")
+    if not isinstance(ks, list) or not ks or not all(_is_int(k) and k >= 1 for k in ks):
+        g.bad("ks", "must be a non-empty list of integers >= 1", ks)
+    g.num_in("min_coverage", 0, 1, low_open=True)
+    depth, budgets = g.node.get("rank_depth", RANK_DEPTH), g.node.get("token_budgets", TOKEN_BUDGETS)
+    g.problems += [f"conf/config: {p}" for p in metrics_problems(rank_depth=depth, token_budgets=budgets)]
+    v = g.node.get("bootstrap_resamples")
+    if not _is_int(v) or v < MIN_RESAMPLES:
+        g.bad("bootstrap_resamples", f"must be an integer >= {MIN_RESAMPLES} (CIs need resamples)", v)
+
+
+GROUP_CHECKS: dict[str, Callable[[_Group], None]] = {
+    "corpus": _corpus,
+    "evalset": _evalset,
+    "chunking": _chunking,
+    "embedding": _embedding,
+    "retriever": _retriever,
+    "generator": _generator,
+    "prompt": _prompt,
+    "judge": _judge,
+    "attribution": _attribution,
+}
+
+
+def _top_level(cfg: dict) -> Problems:
+    problems: Problems = []
+    if not str(cfg.get("experiment_name") or "").strip():
+        problems.append(
+            f"conf/config: experiment_name: must be a non-empty name (got {cfg.get('experiment_name')!r})"
+        )
+    if not _is_int(cfg.get("seed")):
+        problems.append(f"conf/config: seed: must be an integer (got {cfg.get('seed')!r})")
+    subset = cfg.get("generation_subset")
+    if subset is not None and (not _is_int(subset) or subset < 1):
+        problems.append(
+            f"conf/config: generation_subset: must be a positive number of items or null (got {subset!r})"
+        )
+    problems += _judge_card(cfg.get("judge_card"))
+    timeout = (cfg.get("tracking") or {}).get("timeout_s")
+    if timeout is not None and (not _is_num(timeout) or not timeout > 0):
+        problems.append(f"conf/tracking: timeout_s: must be a number of seconds > 0 (got {timeout!r})")
+    reps = cfg.get("replicates", 1)
+    if not _is_int(reps) or reps < 1:
+        problems.append(
+            f"conf/config: replicates: must be an integer >= 1 (generations per item; got {reps!r})"
+        )
+    from rag_experiments.run.racing import problems as racing_problems
+
+    problems += racing_problems(cfg)
+    if (cfg.get("racing") or {}).get("enabled") and _is_int(cfg.get("replicates", 1)) and cfg.get("replicates", 1) > 1:
+        problems.append(
+            "conf/config: replicates: racing runs one replicate per item (got replicates="
+            f"{cfg.get('replicates')!r} with racing=true); race first, then replicate the survivors"
+        )
+    m = _Group("metrics", cfg.get("metrics") or {})
+    _metrics(m)
+    problems += [p.replace("conf/metrics: ", "conf/config: metrics.") for p in m.problems]
+    return problems
+
+
+def _judge_card(node: Any) -> Problems:
+    """``judge_card``: the validity card every generating run logs (docs/judges.md)."""
+    if node is None:
+        return []
+    g = _Group("judge_card", node if isinstance(node, dict) else {})
+    unknown = set(g.node) - {"enabled", "pairs", "max_pairs", "max_pairs_model", "bootstrap_resamples", "seed"}
+    for key in sorted(unknown):
+        g.bad(key, "unknown key", g.node[key])
+    g.path_exists("pairs", "file")
+    for key in ("max_pairs", "max_pairs_model"):
+        g.int_at_least(key, 1)
+    g.int_at_least("bootstrap_resamples", MIN_RESAMPLES)
+    return [p.replace("conf/judge_card: ", "conf/config: judge_card.") for p in g.problems]
+
+
+def validate(cfg: dict) -> Problems:
+    """Every problem in a resolved config (a plain dict), in group order; [] when it is valid."""
+    problems = _top_level(cfg)
+    with_generation = bool((cfg.get("generator") or {}).get("_target_"))
+    for name, check in GROUP_CHECKS.items():
+        if name not in cfg or (name in ("prompt", "judge") and not with_generation):
+            continue
+        node = cfg[name]
+        if not isinstance(node, dict):
+            problems.append(f"conf/{name}: expected a config group, got {node!r}")
+            continue
+        g = _Group(name, node)
+        check(g)
+        g.known_keys(extra={"pricing", "repeats"} if name == "judge" else {"pricing"} if name == "generator" else set())
+        problems += g.problems
+    return problems
+
+
+def check(cfg) -> None:
+    """``validate`` for a DictConfig or dict; raises ConfigError listing every problem."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import MissingMandatoryValue
+
+    if OmegaConf.is_config(cfg):
+        try:
+            cfg = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        except MissingMandatoryValue as e:  # a ``???`` the user must set
+            raise ConfigError(
+                [f"{_where(_omegaconf_key(e))}: missing (set {_omegaconf_key(e)}=...)"]
+            ) from None
+        except Exception as e:  # noqa: BLE001 - a bad interpolation
+            raise ConfigError([f"{_where(_omegaconf_key(e))}: {_short(e)}"]) from None
+    cfg = {k: v for k, v in cfg.items() if k != "hydra"}
+    problems = validate(cfg)
+    if problems:
+        raise ConfigError(problems)
+
+
+def _where(full_key: str) -> str:
+    """``evalset.path`` → ``conf/evalset: path``; a top-level key → ``conf/config: key``."""
+    group, _, key = full_key.partition(".")
+    return f"conf/{group}: {key}" if key and group in GROUP_CHECKS else f"conf/config: {full_key}"
+
+
+def _omegaconf_key(e: Exception) -> str:
+    return str(getattr(e, "full_key", "") or "?")
+
+
+def _short(e: Exception) -> str:
+    return str(e).splitlines()[0][:300]
+
+
+def unknown_group_options(argv: list[str]) -> list[str]:
+    """``chunking=foo`` on the command line when ``conf/chunking/foo.yaml`` does not exist.
+
+    Checked before Hydra composes (whose own error exits 1 with a traceback hint); skipped when
+    the user adds a config dir (``-cd``/``--config-dir``), where their own options live.
+    """
+    if any(a in ("-cd", "--config-dir") or a.startswith("--config-dir=") for a in argv):
+        return []
+    problems = []
+    for arg in argv:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        if arg.startswith("-") or not sep or "/" in key or not (conf_dir() / key).is_dir():
+            continue
+        if any(c in value for c in "()[]{}$"):  # sweep functions and interpolations: Hydra's job
+            continue
+        options = sorted(p.stem for p in (conf_dir() / key).glob("*.yaml"))
+        for v in (x.strip() for x in value.split(",")):
+            if v and v != "null" and v not in options:
+                problems.append(f"conf/{key}: unknown option {v!r} (options: {', '.join(options)})")
+    return problems

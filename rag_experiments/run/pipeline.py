@@ -1,0 +1,486 @@
+"""Run one resolved configuration over the eval set: chunk → retrieve → generate → judge → score.
+
+``run_pipeline(stages, data, settings, cache)`` takes built stages (``run_types``: no Hydra, no
+MLflow), so tests and scripts call it directly.
+Every stage goes through the content-addressed ``StageCache``; the per-query records it returns
+carry everything the MLflow table, the failure labels and the statistics need. Results are
+committed to the cache as they complete (each answer, each judged answer, each embedding block),
+so a killed run resumes with only the missing model calls; every slow stage reports progress
+through ``rag_experiments.core.progress``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from rag_experiments.analysis.variance import replicate_metrics
+from rag_experiments.core.cache import StageCache, stage_key
+from rag_experiments.core.parallel import as_they_complete
+from rag_experiments.core.progress import Progress, track
+from rag_experiments.core.types import Chunk, Document, EvalItem, Generation
+from rag_experiments.evalset.subset import stratified_subset
+from rag_experiments.evaluation import metrics as M
+from rag_experiments.evaluation.aggregate import aggregate
+from rag_experiments.evaluation.budget import budgeted_metrics
+from rag_experiments.evaluation.cost import cost_metrics, usage_columns
+from rag_experiments.evaluation.labels import RATE_LABELS, failure_label
+from rag_experiments.evaluation.registry import GENERATION_METRICS
+from rag_experiments.judge import correctness, faithfulness
+from rag_experiments.judge.cached import (
+    JudgedAnswer,
+    cached_claims,
+    cached_verdicts,
+    diagnostic_columns,
+    diagnostics_stage,
+    last_usage,
+)
+from rag_experiments.judge.repeats import repeat_columns
+from rag_experiments.run.racing import generate_subset
+from rag_experiments.run.types import PipelineData, RunSettings, Stages
+from rag_experiments.stages.chunking import chunk_corpus
+from rag_experiments.stages.context_fit import fit_contexts
+from rag_experiments.stages.replicates import run_replicates
+from rag_experiments.stages.text import token_ends, tokenizer_identity
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PipelineResult:
+    per_query: pd.DataFrame
+    aggregates: dict[str, float]
+    cache_keys: dict[str, str]
+    timings: dict[str, float]
+    calls: dict[str, int] = field(default_factory=dict)
+    n_chunks: int = 0
+    n_generated: int = 0  # items generated and judged (0: retrieval only)
+    tags: dict[str, str] = field(default_factory=dict)  # run tags, e.g. token_budget_tokenizer
+
+
+def chunk_stage(
+    docs: list[Document],
+    corpus_digest: str,
+    chunker,
+    chunking_cfg: dict,
+    cache: StageCache,
+    progress: bool = True,
+):
+    key = stage_key("chunks", corpus_digest, chunking_cfg)
+    chunks = cache.get_chunks(key, docs)  # verified: bytes, and every chunk a span of its doc
+    if chunks is None:
+        chunks = []
+        # same order as chunk_corpus(chunker, docs); a line per 10 % only for large corpora
+        for doc in track(docs, "chunking", enabled=progress and len(docs) >= 200, unit="docs"):
+            chunks.extend(chunk_corpus(chunker, [doc]))
+        cache.put_chunks(key, chunks)
+    return chunks, key
+
+
+@dataclass
+class Ranking:
+    """Every query ranked to ``depth``: chunk indices (-1: none) and scores, row per query."""
+
+    idx: np.ndarray
+    scores: np.ndarray
+    key: str  # the rankings cache key
+    calls: int = 0  # retriever runs (0: from the cache)
+    seconds: float = 0.0
+
+
+def retrieval_stage(
+    retriever, chunks: list[Chunk], chunks_key: str, queries: list[str], depth: int, cache: StageCache
+) -> Ranking:
+    """Rank once at ``depth`` (the largest k any metric or the generator needs); cached."""
+    key = stage_key("rankings", retriever.identity, chunks_key, queries, depth)
+    hit = cache.get_array("rankings", key)
+    if hit is not None:
+        return Ranking(hit["idx"], hit["scores"], key)
+    retriever.index(chunks)
+    idx, scores = retriever.search(queries, depth)
+    cache.put_array(
+        "rankings", key, idx=np.asarray(idx, dtype=np.int64), scores=np.asarray(scores, dtype=np.float32)
+    )
+    return Ranking(idx, scores, key, calls=1)
+
+
+@dataclass
+class ChunkTokens:
+    """Token end offsets of every chunk (``stages.text.token_ends``) under ``tokenizer``."""
+
+    ends: np.ndarray
+    ptr: np.ndarray
+    tokenizer: str  # the budget tokenizer's identity (run tag token_budget_tokenizer)
+    key: str  # the chunk_tokens cache key
+
+
+def chunk_tokens_stage(chunks: list[Chunk], chunks_key: str, cache: StageCache) -> ChunkTokens:
+    """Token end offsets of every chunk under the fixed budget tokenizer, once per chunk set.
+
+    Cached with the chunks: the key is (chunks key, tokenizer identity).
+    """
+    ident = tokenizer_identity()
+    key = stage_key("chunk_tokens", chunks_key, ident)
+    hit = cache.get_array("chunk_tokens", key)
+    if hit is not None:
+        return ChunkTokens(hit["ends"], hit["ptr"], ident, key)
+    ends, ptr = token_ends([c.text for c in chunks])
+    cache.put_array("chunk_tokens", key, ends=ends, ptr=ptr)
+    return ChunkTokens(ends, ptr, ident, key)
+
+
+def _generate_one(generator, messages) -> Generation:
+    return generator.generate([messages])[0]
+
+
+def generation_stage(
+    generator, prompts: list[list[dict]], cache: StageCache, progress: bool = True
+) -> tuple[list[Generation], int]:
+    """Generations keyed by (generator identity, rendered prompt); only misses reach the model.
+
+    Requests run ``generator.concurrency`` at a time and each answer is committed to the cache as
+    soon as it arrives, so a killed run loses only the requests in flight. Failed generations are
+    not cached, so a re-run retries them.
+    """
+    keys = [stage_key("generation", generator.identity, p) for p in prompts]
+    found = cache.get_json_many("generations", keys)
+    todo = list({k: i for i, k in enumerate(keys) if k not in found}.items())
+    fresh: dict[str, Generation] = {}
+    workers = max(1, int(getattr(generator, "concurrency", 1) or 1))
+    with Progress("generation", len(todo), enabled=progress and bool(todo), unit="answers") as bar:
+        asked = [prompts[i] for _, i in todo]
+        for j, g in as_they_complete(lambda p: _generate_one(generator, p), asked, workers):
+            k = todo[j][0]
+            fresh[k] = g
+            if not g.error:
+                cache.put_json_many("generations", {k: asdict(g)})
+            bar.update()
+    gens = []
+    for k in keys:
+        if k in fresh:
+            gens.append(fresh[k])
+        else:
+            g = Generation(**found[k])
+            g.cached = True
+            gens.append(g)
+    return gens, len(todo)
+
+
+def _judge_one(
+    judge, item: EvalItem, answer: str, context: str, cache: StageCache, calls: Counter
+) -> JudgedAnswer:
+    """Claims, verdicts and answer relevance of one answer; each part cached."""
+    t0 = time.perf_counter()
+    tally: dict[str, dict | None] = {}
+    claims = cached_claims(judge, answer, cache, calls, tally)
+    verdicts = cached_verdicts(judge, claims, context, cache, calls, tally, "verdicts")
+    rk = stage_key("relevance", judge.identity, item.query, answer)
+    got = cache.get_json_many("relevance", [rk])
+    if rk in got:
+        rel, method, *usage = got[rk]
+        tally[rk] = usage[0] if usage else None
+    else:
+        rel, method = judge.answer_relevance(item.query, answer)
+        tally[rk] = last_usage(judge)
+        calls["relevance"] += 1
+        cache.put_json_many("relevance", {rk: [rel, method, tally[rk]]})
+    return JudgedAnswer(claims, verdicts, rel, method, time.perf_counter() - t0, tally)
+
+
+def judge_stage(
+    judge,
+    items: list[EvalItem],
+    answers: list[str | None],
+    contexts: list[str],
+    cache: StageCache,
+    progress: bool = True,
+):
+    """Claims, verdicts and answer relevance per query, each cached by what it depends on.
+
+    A judge with a ``prepare(answers, contexts)`` method (the heuristic judge) gets every text it
+    will need up front, so it can embed them in one batch instead of one call per query.
+    """
+    calls: Counter = Counter()
+    prepare = getattr(judge, "prepare", None)
+    if prepare is not None:
+        todo = [(a, c) for a, c in zip(answers, contexts, strict=True) if a is not None]
+        with Progress("judging: embedding claims and contexts", None, enabled=progress and bool(todo)):
+            prepare([a for a, _ in todo], [c for _, c in todo])
+    out = []
+    rows = list(zip(items, answers, contexts, strict=True))
+    for item, answer, context in track(rows, "judging", enabled=progress, unit="answers"):
+        out.append(None if answer is None else _judge_one(judge, item, answer, context, cache, calls))
+    return out, calls
+
+
+def _retrieval_rows(items, ranked, scores, per_q, latency_s: float) -> list[dict[str, Any]]:
+    """One per-query row: gold spans, the ranked chunks with scores, every retrieval metric."""
+    rows = []
+    for qi, it in enumerate(items):
+        retrieved = [
+            {
+                "rank": r + 1,
+                "chunk_id": c.chunk_id,
+                "doc_id": c.doc_id,
+                "start": c.start,
+                "end": c.end,
+                "score": round(float(scores[qi][r]), 6),
+            }
+            for r, c in enumerate(ranked[qi])
+        ]
+        rows.append(
+            {
+                "id": it.id,
+                "query": it.query,
+                "tags": list(it.tags),
+                "gold_spans": json.dumps([[s.doc_id, s.start, s.end] for s in it.gold_spans]),
+                "retrieved": json.dumps(retrieved),
+                **{name: float(v[qi]) for name, v in per_q.items()},
+                "latency_retrieval_s": latency_s,
+                "error": None,
+            }
+        )
+    return rows
+
+
+def _judged_columns(g: Generation, it: EvalItem, j: JudgedAnswer | None) -> dict[str, Any]:
+    """Generation metrics and judge bookkeeping of one generated answer (``j`` None: not judged)."""
+    if j is None:
+        return {
+            **{m: math.nan for m in GENERATION_METRICS},
+            "claims": "[]",
+            "verdicts": "[]",
+            "n_claims": 0,
+            "n_unparseable": 0,
+            "relevance_method": "",
+            "latency_judge_s": 0.0,
+        }
+    faith, n_claims, n_unp = faithfulness(j.verdicts)
+    verdict_rows = [
+        {"claim": v.claim, "label": v.label, "score": v.score, "rationale": v.rationale}
+        | ({"stage": v.stage} if v.stage else {})
+        for v in j.verdicts
+    ]
+    return {
+        "faithfulness": faith,
+        "answer_relevance": float(j.relevance),
+        "correctness": correctness(g.text, it.key_facts, it.answerable),
+        "claims": json.dumps(j.claims),
+        "verdicts": json.dumps(verdict_rows),
+        "n_claims": n_claims,
+        "n_unparseable": n_unp,
+        "n_escalated": sum(v.stage == "llm" for v in j.verdicts),  # judge=cascade: decided by the LLM
+        "relevance_method": j.method,
+        "latency_judge_s": j.seconds,
+    }
+
+
+def _label_rows(rows, items, k: int, thresholds: dict | None, generated: list[bool]) -> None:
+    """Set ``failure_label`` per row; rows without an answer get the retrieval-only verdict."""
+
+    hit_key = f"hit_at_{k}"
+    for row, it, gen in zip(rows, items, generated, strict=True):
+        row["failure_label"] = failure_label(
+            answerable=it.answerable,
+            hit=bool(row.get(hit_key) == 1.0),
+            correctness=row.get("correctness", math.nan) if gen else math.nan,
+            faithfulness=row.get("faithfulness", math.nan) if gen else math.nan,
+            generated=gen,
+            error=row["error"] if gen else None,
+            thresholds=thresholds or {},
+        )
+
+
+def _generate_and_judge(
+    items, ranked, subset, settings: RunSettings, cache, rows, stages: Stages, timings, calls
+) -> None:
+    """Generate and judge the ``subset`` of items (with the claim-level diagnostics); fills their
+    rows and adds to ``timings`` and ``calls``."""
+    judge, progress = stages.judge, settings.progress
+    sub_items = [items[i] for i in subset]
+    contexts_chunks = [ranked[i][: settings.k] for i in subset]
+    contexts_chunks = fit_contexts(stages, rows, subset, contexts_chunks, cache)  # to the model's window
+    prompts = [stages.prompt.render(it.query, cs) for it, cs in zip(sub_items, contexts_chunks, strict=True)]
+    t = time.perf_counter()
+    gens, n_gen = generation_stage(stages.generator, prompts, cache, progress)
+    calls["generation"] += n_gen
+    timings["generation_s"] = time.perf_counter() - t
+    answers = [None if g.error else g.text for g in gens]
+    contexts = ["\n\n".join(c.text for c in cs) for cs in contexts_chunks]
+    t = time.perf_counter()
+    judged, jcalls = judge_stage(judge, sub_items, answers, contexts, cache, progress)
+    diags, dcalls = diagnostics_stage(
+        judge, sub_items, answers, contexts_chunks, judged, cache, settings.min_coverage, progress
+    )
+    flips = repeat_columns(stages.judge_repeats, judged, contexts, cache, jcalls)  # judge.repeats
+    calls.update({f"judge_{k_}": v for k_, v in (jcalls + dcalls).items()})
+    timings["judging_s"] = time.perf_counter() - t
+    for qi, it, g, j, ctx, d, fl in zip(subset, sub_items, gens, judged, contexts, diags, flips, strict=True):
+        row = rows[qi]
+        row.update(answer=g.text, context=ctx, error=g.error)  # context: exactly what both saw
+        row.update(latency_generation_s=g.latency_s, generation_cached=g.cached)
+        row.update(usage_columns(g.usage))  # cached answers keep their usage: cost of the config
+        row.update(_judged_columns(g, it, j))
+        row.update(diagnostic_columns(d, j.usage if j is not None else None))
+        row.update(fl)
+
+
+def _per_query_table(
+    rows: list[dict[str, Any]], generated: list[bool], with_generation: bool
+) -> pd.DataFrame:
+    """The per-query DataFrame with one ``rate_{label}`` indicator column per failure label.
+
+    Retrieval only: just ``rate_retrieval_failure`` (without an answer only the retrieval verdict
+    means something). With a generation subset the rates are NaN outside it: one denominator.
+    """
+    df = pd.DataFrame(rows)
+    for lab in RATE_LABELS:
+        df[f"rate_{lab}"] = (df["failure_label"] == lab).astype(float)
+    if not with_generation:
+        return df.drop(columns=[f"rate_{lab}" for lab in RATE_LABELS if lab != "retrieval_failure"])
+    if not all(generated):
+        df["generated"] = generated
+        df.loc[~df["generated"], [f"rate_{lab}" for lab in RATE_LABELS]] = math.nan
+    return df
+
+
+@dataclass
+class RetrievalScores:
+    """Per-query retrieval metrics (name -> one value per query), run tags, run-level metrics."""
+
+    per_query: dict[str, np.ndarray]
+    tags: dict[str, str]
+    run_metrics: dict[str, float]
+
+
+def _retrieval_scores(
+    retriever, items, chunks, idx, ranked, settings: RunSettings, cache_keys: dict[str, str], cache
+) -> RetrievalScores:
+    """Chunk-count metrics, token-level and budgeted metrics (docs/metrics.md), and the retriever's
+    run-level metrics, e.g. ANN recall (docs/scale.md)."""
+    all_ks, min_coverage = settings.all_ks, settings.min_coverage
+    gold = [it.gold_spans for it in items]
+    per_q = M.retrieval_metrics(ranked, gold, chunks, all_ks, min_coverage, rank_depth=settings.rank_depth)
+    per_q.update(M.token_metrics(ranked, gold, all_ks))
+    run_tags: dict[str, str] = {}
+    if settings.token_budgets:
+        tok = chunk_tokens_stage(chunks, cache_keys["chunks"], cache)
+        cache_keys["chunk_tokens"] = tok.key
+        per_q.update(
+            budgeted_metrics(idx, chunks, gold, tok.ends, tok.ptr, list(settings.token_budgets), min_coverage)
+        )
+        run_tags["token_budget_tokenizer"] = tok.tokenizer
+    run_metrics = getattr(retriever, "run_metrics", None)
+    queries = [it.query for it in items]
+    extra = run_metrics(chunks, cache_keys["chunks"], queries, all_ks, cache) if run_metrics else {}
+    return RetrievalScores(per_q, run_tags, extra)
+
+
+def _timed_retrieval(retriever, chunks, chunks_key, queries, depth: int, cache, progress: bool) -> Ranking:
+    """Every query ranked to ``depth``, with the retriever calls and the seconds it took."""
+    t = time.perf_counter()
+    with Progress("retrieval", None, enabled=progress):  # start/done lines; embedding shows blocks
+        ranking = retrieval_stage(retriever, chunks, chunks_key, queries, depth, cache)
+    ranking.seconds = time.perf_counter() - t
+    return ranking
+
+
+def _run_aggregates(
+    df: pd.DataFrame,
+    run_metrics: dict,
+    pricing: dict | None,
+    n_generated: int | None,
+    n_resamples: int,
+    seed: int,
+) -> dict[str, float]:
+    """The run's metrics: bootstrap means and CIs of the per-query table, the retriever's run-level
+    metrics, cost, and ``n_generated`` when the run generates (``n_generated`` not None)."""
+    aggregates = aggregate(df, n_resamples=n_resamples, seed=seed)
+    aggregates.update(run_metrics)
+    aggregates.update(cost_metrics(df, pricing))
+    if n_generated is not None:
+        aggregates["n_generated"] = n_generated
+        aggregates["n_context_truncated"] = int(df["context_truncated"].sum()) if n_generated else 0
+        if "n_unparseable_diagnostics" in df:
+            aggregates["n_unparseable_diagnostic_verdicts"] = int(df["n_unparseable_diagnostics"].sum())
+        aggregates["n_escalated_verdicts"] = int(df.get("n_escalated", pd.Series(dtype=float)).fillna(0).sum())
+    return aggregates
+
+
+def run_pipeline(
+    stages: Stages, data: PipelineData, settings: RunSettings, cache: StageCache, race=None
+) -> PipelineResult:
+    """Retrieval on every item; generation and judging on
+    ``stratified_subset(items, settings.generation_subset)`` when ``stages.generator`` is set.
+
+    Items outside the subset keep their retrieval metrics and a retrieval-only failure label; their
+    generation metrics and label rates are NaN, so every generation mean covers the subset only
+    (``n_scored/{key}``) and the rates share one denominator. ``settings.pricing``:
+    ``{"generation": {...}, "judge": {...}}`` price tables for ``cost_usd``
+    (evaluation.cost.cost_metrics).
+    """
+    timings: dict[str, float] = {}
+    calls: Counter = Counter()
+    items, progress = data.items, settings.progress
+    embedder = getattr(stages.retriever, "embedder", None)
+    if hasattr(embedder, "progress"):
+        embedder.progress = progress
+    t = time.perf_counter()
+    chunks, chunks_key = chunk_stage(
+        data.docs, data.corpus_digest, stages.chunker, stages.chunking_cfg, cache, progress
+    )
+    timings["chunking_s"] = time.perf_counter() - t
+
+    queries = [it.query for it in items]
+    ranking = _timed_retrieval(stages.retriever, chunks, chunks_key, queries, settings.depth, cache, progress)
+    calls["retrieval"], timings["retrieval_s"] = ranking.calls, ranking.seconds
+    ranked = [[chunks[i] for i in row if i >= 0] for row in ranking.idx]
+    cache_keys = {"chunks": chunks_key, "rankings": ranking.key}
+    scored = _retrieval_scores(
+        stages.retriever, items, chunks, ranking.idx, ranked, settings, cache_keys, cache
+    )
+    shown = max(settings.all_ks)  # the per-query table lists the ranks the top-k metrics see
+    latency = timings["retrieval_s"] / max(len(items), 1)
+    rows = _retrieval_rows(items, [r[:shown] for r in ranked], ranking.scores, scored.per_query, latency)
+
+    subset = stratified_subset(items, settings.generation_subset) if stages.generates else []
+    if race is not None:  # racing batches (docs/racing.md); racing runs one replicate (config_schema)
+        def generate(sub, st, se, ca, t, c):
+            _generate_and_judge(items, ranked, sub, se, ca, rows, st, t, c)
+
+        subset = generate_subset(
+            (generate, _label_rows), rows, items, subset, stages, settings, cache, timings, calls, race, scored.tags
+        )
+        row_items = list(range(len(items)))
+    else:
+        run_one = partial(_generate_and_judge, items, ranked, subset, settings, cache)  # (rows, stages, …)
+        rows, row_items = run_replicates(rows, stages, settings.replicates, run_one, timings, calls)
+    chosen = set(subset)
+    generated = [i in chosen for i in row_items]  # replicates: one row per (item, replicate)
+    _label_rows(rows, [items[i] for i in row_items], settings.k, settings.thresholds, generated)
+
+    df = _per_query_table(rows, generated, with_generation=stages.generates)
+    n_generated = len(subset) if stages.generates else None
+    aggregates = _run_aggregates(
+        df, scored.run_metrics, settings.pricing, n_generated, settings.n_resamples, settings.seed
+    )
+    aggregates.update(replicate_metrics(df, settings.thresholds))  # R > 1: flip rates, variance shares
+    return PipelineResult(
+        per_query=df,
+        aggregates=aggregates,
+        cache_keys=cache_keys,
+        tags=scored.tags,
+        timings=timings,
+        calls=dict(calls),
+        n_chunks=len(chunks),
+        n_generated=len(subset),
+    )

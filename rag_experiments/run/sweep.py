@@ -1,0 +1,393 @@
+"""The main job: compose → build stages → run the eval set → log to MLflow.
+
+    python -m rag_experiments.sweep                                   # default config
+    python -m rag_experiments.sweep -m chunking=fixed,markdown retriever.k=3,5,10
+    python -m rag_experiments.sweep +experiment=ablate_chunking       # a named ablation
+
+Each resolved config is one MLflow run; under ``-m`` the runs are children of one parent run
+(the multirun side, ``rag_experiments.run.multirun``, hands the jobs the sweep context in
+``hydra.sweep.dir/.sweep.json``). Every config value is checked by ``config_schema`` and the data
+loaded before any run exists: bad input exits 2 and creates nothing. A config whose
+``config_hash`` already FINISHED is skipped unless ``force=true``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # offline by default: never reach a model hub
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+import hydra  # noqa: E402
+import mlflow  # noqa: E402
+import pandas as pd  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from hydra.types import RunMode  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from rag_experiments.cli.errors import infrastructure_error, infrastructure_exits_2  # noqa: E402
+from rag_experiments.cli.plan import print_pilot_mde  # noqa: E402
+from rag_experiments.core.cache import StageCache  # noqa: E402
+from rag_experiments.core.formatting import fmt_num  # noqa: E402
+from rag_experiments.core.identity import code_fingerprint, judge_fingerprint  # noqa: E402
+from rag_experiments.core.progress import Progress, timing_table  # noqa: E402
+from rag_experiments.core.redaction import error_text, redact  # noqa: E402
+from rag_experiments.core.sanitize import shell_line, terminal_output  # noqa: E402
+from rag_experiments.evaluation.registry import metric_keys, spec, wrap  # noqa: E402
+from rag_experiments.evaluation.replicates import collapse_replicates  # noqa: E402
+from rag_experiments.judge.validity import add_card  # noqa: E402
+from rag_experiments.run.assemble import (  # noqa: E402
+    Loaded,
+    container,
+    load_inputs,
+    print_problems,
+    run_settings,
+)
+from rag_experiments.run.assemble import priced as _priced  # noqa: E402, F401 - tests price a stage config
+from rag_experiments.run.conf_groups import STAGE_GROUPS  # noqa: E402
+from rag_experiments.run.config_schema import unknown_group_options  # noqa: E402
+from rag_experiments.run.multirun import MultirunParent, start_sweep_child  # noqa: E402, F401 - conf names the callback here
+from rag_experiments.run.names import run_name  # noqa: E402
+from rag_experiments.run.pipeline import PipelineResult, run_pipeline  # noqa: E402
+from rag_experiments.tracking import app_versions, judges_tab  # noqa: E402
+from rag_experiments.tracking import writer as tracking  # noqa: E402
+from rag_experiments.tracking.bounds import best_effort, bound_tracking_calls  # noqa: E402
+from rag_experiments.tracking.mlflow_adapter import release_interrupted_connections  # noqa: E402
+from rag_experiments.tracking.prompt_registry import (  # noqa: E402
+    link_model,
+    link_reused_run,
+    link_run,
+    register_for_run,
+)
+from rag_experiments.tracking.traces import log_traces  # noqa: E402
+
+log = logging.getLogger("rag_experiments")
+
+
+
+def _fmt(v: float) -> str:
+    return fmt_num(v, 3, missing="n/a", width=6)
+
+
+def summary_table(agg: dict[str, float], k: int, ks: list[int]) -> str:
+    """Retrieval and generation metrics side by side, never blended, with 95 % CIs and counts.
+
+    Which keys, in which order and under which heading: ``evaluation.registry.metric_keys``."""
+    titles = {"retrieval": "retrieval", "generation": "generation", "label": "failure labels"}
+    keys = [key for key in metric_keys(ks, k, generation=True) if key in agg]
+    lines = [f"{'metric':<31} {'mean':>6}  95% CI            n"]
+    side = None
+    for key in keys:
+        s = spec(key)
+        if s.side != side:
+            side = s.side
+            lines.append(f"-- {titles.get(side, side)}")
+        n = agg.get(wrap(key, "n_scored"), float("nan"))
+        lo, hi = agg.get(wrap(key, "ci_low")), agg.get(wrap(key, "ci_high"))
+        lines.append(f"{key:<31} {_fmt(agg[key])}  [{_fmt(lo)}, {_fmt(hi)}]  {int(n) if n == n else ''}")
+    lines.append(
+        f"queries {int(agg['n_queries'])} (unanswerable {int(agg.get('n_unanswerable', 0))}), "
+        f"errors {int(agg['n_errors'])}, unparseable verdicts {int(agg['n_unparseable_verdicts'])}"
+    )
+    return "\n".join(lines)
+
+
+def job_sweep_context() -> dict | None:
+    """The multirun's context, handed over in ``hydra.sweep.dir/.sweep.json`` (None: single run)."""
+    hc = HydraConfig.get()
+    return tracking.read_sweep_context(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None
+
+
+@dataclass
+class Job:
+    """One resolved config with its loaded inputs: everything a run needs besides MLflow."""
+
+    cfg: DictConfig
+    inputs: Loaded  # the corpus, eval set and built stages
+    cache: StageCache
+    full: dict
+    chash: str
+    run_name: str
+    overrides: list[str]
+    sweep: dict | None
+    t_start: float
+    card: dict | None = None  # the judge's validity card, once computed (docs/judges.md)
+    prompt_version: tuple[str, int] | None = None  # (registry name, version) the run links (docs/tracing.md)
+
+    @property
+    def k(self) -> int:
+        return int(self.cfg.retriever.k)
+
+    @property
+    def ks(self) -> list[int]:
+        return list(self.cfg.metrics.ks)
+
+
+def describe_job(cfg: DictConfig, inputs: Loaded, cache: StageCache, t_start: float) -> Job:
+    full = container(cfg)
+    overrides = list(HydraConfig.get().overrides.task)
+    chash = tracking.config_hash(
+        full, inputs.corpus.digest, inputs.evalset.digest, inputs.stages.identities()
+    )
+    sweep = job_sweep_context()  # in a sweep, the name shows only the overrides that vary
+    name = run_name(overrides, sweep.get("varying") if sweep else None)
+    return Job(cfg, inputs, cache, full, chash, name, overrides, sweep, t_start)
+
+
+def run_tags(job: Job) -> dict[str, str]:
+    tags = {
+        "config_hash": job.chash,
+        "code_fingerprint": code_fingerprint(),
+        "corpus_digest": job.inputs.corpus.digest,
+        "evalset_digest": job.inputs.evalset.digest,
+        "overrides": json.dumps(job.overrides),
+        "command": shell_line(sys.argv),  # copy-pasted, it reruns exactly this
+        "runner": tracking.runner_id(),
+        **tracking.git_info(),
+        **{f"version.{p}": v for p, v in tracking.package_versions().items()},
+    }
+    gen, judge = job.inputs.stages.generator, job.inputs.stages.judge
+    if gen is not None:
+        tags["generator_model"] = getattr(gen, "model", "")
+        tags["judge_model"] = str(getattr(judge, "model", None))
+        tags["judge_identity"] = judge_fingerprint(judge) or ""  # compare/gate/select: one judge
+        tags["judge_repeats"] = str(1 + len(job.inputs.stages.judge_repeats))
+        if getattr(judge, "model", None) and judge.model == getattr(gen, "model", None):
+            log.warning(
+                "the judge model equals the generator model (%s): expect self-preference bias", gen.model
+            )
+            tags["judge_is_generator"] = "true"
+    return tags
+
+
+def run_params(job: Job) -> dict[str, str]:
+    """The flattened resolved config plus the group choices (``chunking`` = ``fixed``)."""
+    params = {
+        k: v for k, v in tracking.flatten(job.full).items() if not k.startswith(("tracking.", "hydra."))
+    }
+    params.update({g: str(v) for g, v in HydraConfig.get().runtime.choices.items() if g in STAGE_GROUPS})
+    return params
+
+
+def _log(client, run_id: str, job: Job, res: PipelineResult, model_id: str | None = None) -> None:
+    evalset = job.inputs.evalset
+    evalset_df = pd.DataFrame(
+        [
+            {
+                "id": it.id,
+                "query": it.query,
+                "tags": ",".join(it.tags),
+                "gold_answer": it.gold_answer or "",
+                "n_evidence": len(it.gold_spans),
+            }
+            for it in evalset.items
+        ]
+    )
+    artifacts = {
+        "config.yaml": OmegaConf.to_yaml(job.cfg, resolve=True),
+        "cache_keys.json": json.dumps(res.cache_keys, indent=2),
+    }
+    if job.inputs.stages.prompt is not None:
+        artifacts["prompt_template.txt"] = job.inputs.stages.prompt.text
+    timing = res.timings  # logging_s is measured below; the printed table has it, the tag says 0
+    timing.update(logging_s=0.0, total_s=time.perf_counter() - job.t_start)
+    extra = {
+        "n_chunks": str(res.n_chunks),
+        "model_calls": json.dumps(res.calls),
+        "timings": json.dumps({k: round(v, 3) for k, v in timing.items()}),
+        **{f"cache_key.{k}": v for k, v in res.cache_keys.items()},
+        **res.tags,
+    }
+    t_log, bar = time.perf_counter(), Progress("mlflow logging", None, job.cfg.get("progress", True))
+    tracking.log_results(
+        client,
+        run_id,
+        res.aggregates,
+        res.per_query,
+        evalset_df,
+        evalset.path,
+        evalset.digest,
+        artifacts,
+        extra,
+        model_id=model_id,
+    )
+    bar.close()
+    timing["logging_s"] = time.perf_counter() - t_log
+    timing["total_s"] = time.perf_counter() - job.t_start
+
+
+def every_item_failed(aggregates: dict[str, float]) -> bool:
+    """True when every generated query errored (dead endpoint): such a run must be retried, not skipped.
+
+    Errors are counted over the items actually generated (``n_generated``, the
+    ``generation_subset``), not over all ``n_queries``: with the default subset of 24 a dead
+    endpoint errors on 24 of 168 items and the run must still fail."""
+    n = aggregates.get("n_generated", aggregates.get("n_queries", 0))
+    return n > 0 and aggregates.get("n_errors", 0) >= n
+
+
+def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
+    """Run the pipeline into ``run_id`` and set its final status; re-raises after marking it.
+
+    FINISHED only when some query succeeded: a run with an error on every item is FAILED (tag
+    ``failure_reason``) so that a re-run retries it.
+    """
+    try:
+        from rag_experiments.run.racing import race_for  # racing=true: docs/racing.md
+
+        inputs = job.inputs
+        version = app_versions.start(client, exp_id, run_id, job.chash, inputs.stages.identities())
+        if job.prompt_version:  # the Prompts tab lists the run under the version it used
+            link_run(client, run_id, *job.prompt_version)
+        res = run_pipeline(inputs.stages, inputs.data, run_settings(job.cfg), job.cache, race_for(job, run_id))
+        card_cfg, progress = job.cfg.get("judge_card"), job.cfg.get("progress", True)  # docs/judges.md
+        job.card = add_card(card_cfg, inputs.stages, inputs.corpus.docs, job.cache, res, progress)
+        model_id = app_versions.link(client, exp_id, run_id, job.chash, version)  # "Agent versions"
+        if job.prompt_version:  # the version's prompt, on its page (docs/tracing.md)
+            link_model(client, model_id, *job.prompt_version)
+        _log(client, run_id, job, res, model_id)
+        # one trace per eval item (docs/tracing.md); replicates collapsed (evaluation.replicates);
+        # its time is a row of the per-stage table
+        per_item = collapse_replicates(res.per_query)
+        res.timings["traces_s"] = log_traces(
+            client, run_id, exp_id, per_item, inputs.evalset, inputs.corpus, job.cfg, inputs.stages, model_id,
+            job.prompt_version,
+        )
+        if inputs.stages.generates:  # the judge in the Judges tab, where MLflow accepts it (docs/tracing.md)
+            judges_tab.register_judges(exp_id, inputs.stages.judge)
+        res.timings["total_s"] = time.perf_counter() - job.t_start
+        client.set_tag(run_id, "timings", json.dumps({k: round(v, 3) for k, v in res.timings.items()}))
+        if every_item_failed(res.aggregates):
+            n = int(res.aggregates.get("n_generated", res.aggregates["n_queries"]))
+            why = f"every one of the {n} generated queries errored (see per_query 'error')"
+            client.set_tag(run_id, "failure_reason", why)
+            client.set_terminated(run_id, "FAILED")
+            print(f"[failed] {job.run_name}: {why}; marked FAILED so a re-run retries it", file=sys.stderr)
+        else:
+            client.set_terminated(run_id, "FINISHED")
+        return res
+    except BaseException as e:
+        status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
+        if status == "KILLED":  # the signal may have hit inside a store transaction
+            with best_effort("release the interrupted store connection"):
+                release_interrupted_connections(client.tracking_uri, e)
+        with best_effort(f"mark run {run_id} {status}"):
+            client.set_tag(run_id, "error", error_text(e, 5000))
+            client.set_terminated(run_id, status)
+            if parent_id:  # the multirun stops here too: its parent must not stay RUNNING
+                interrupted = (str(e) or "KeyboardInterrupt") if status == "KILLED" else ""
+                tracking.close_parent(client, exp_id, parent_id, complete=False, interrupted=interrupted)
+        if status == "FAILED" and infrastructure_error(e) is None:
+            print(redact(traceback.format_exc()), file=sys.stderr, end="")
+        raise
+
+
+def start_run(client, exp_id: str, job: Job) -> tuple[str, str | None]:
+    """(child run id, parent run id or None): the run is created only now, inputs all valid.
+    In a multirun the store elects the parent (cross-host, ``multirun.start_sweep_child``)."""
+    tags = run_tags(job)
+    if not job.sweep:
+        return tracking.start_child(client, exp_id, job.run_name, tags, run_params(job)), None
+
+    def child(parent_id: str, sweep_id: str) -> str:
+        tags.update({"mlflow.parentRunId": parent_id, "sweep_id": sweep_id})
+        return tracking.start_child(client, exp_id, job.run_name, tags, run_params(job))
+
+    return start_sweep_child(client, exp_id, job.sweep, bool(job.cfg.force), child)
+
+
+def run_job(cfg: DictConfig) -> float:
+    """One resolved config → one MLflow run. Returns the context hit rate (Hydra's objective).
+
+    The skip check and the run hold a lock on the config_hash, so identical sweeps started
+    together run each config once; RUNNING runs of that config left by a dead process are
+    marked KILLED first.
+    """
+    t_start = time.perf_counter()
+    cache = StageCache(cfg.cache_dir, enabled=cfg.get("cache_enabled", True))
+    bound_tracking_calls(cfg.tracking.get("timeout_s"))  # every MLflow call (prompt=registry too) is bounded
+    uri = tracking.resolve_uri(cfg.tracking.uri)  # after: a PostgreSQL connect timeout comes from it
+    job = describe_job(cfg, load_inputs(cfg, cache), cache, t_start)
+    client = tracking.open_store(uri)
+    mlflow.set_tracking_uri(uri)
+    exp_id = tracking.get_experiment_id(client, cfg.experiment_name, cfg.tracking.artifact_root)
+    print_pilot_mde(client, exp_id, job)  # the primary metric's MDE, from a pilot run
+    if job.inputs.stages.prompt is not None:  # templates in the Prompt Registry, by content
+        job.prompt_version = register_for_run(client, exp_id, job.inputs.stages.prompt)
+    with tracking.config_lock(uri, exp_id, job.chash):
+        for rid in tracking.heal_stale_runs(client, exp_id, job.chash):
+            print(f"[healed] run {rid} of config_hash {job.chash} was left RUNNING by a dead process: KILLED")
+        run_name, chash, k = job.run_name, job.chash, job.k
+        fingerprint = code_fingerprint()
+        done, why = (None, "") if cfg.force else tracking.resume_decision(client, exp_id, chash, fingerprint)
+        if done is not None:
+            print(f"[skip] {run_name}: {why}")
+            if job.prompt_version:  # e.g. v3 holds v1's text: the v1 run is v3's result too
+                link_reused_run(client, exp_id, done.info.run_id, *job.prompt_version)
+            return float(done.data.metrics.get(f"hit_at_{k}", float("nan")))
+        if why:
+            print(f"[rerun] {run_name}: {why}")
+        run_id, parent_id = start_run(client, exp_id, job)
+        res = execute(client, exp_id, run_id, job, parent_id)
+    print(f"\n== {run_name}  (run {run_id}, {res.n_chunks} chunks, {time.perf_counter() - t_start:.1f}s)")
+    print(summary_table(res.aggregates, k, job.ks))
+    if job.card is not None:
+        print(job.card["line"])
+    n_items = len(job.inputs.evalset.items)
+    if job.inputs.stages.generates and res.n_generated < n_items:
+        what = "stopped by racing after" if res.tags.get("racing.status") == "stopped" else "stratified subset of"
+        print(
+            f"generation metrics and label rates: {what} n={res.n_generated} of "
+            f"{n_items} items (generation_subset={cfg.get('generation_subset')}; "
+            "generation_subset=null for all); retrieval metrics: all items"
+        )
+    print(timing_table(res.timings))
+    print(f"model calls {res.calls or '{}'}; cache {dict(sorted(cache.stats.items()))}")
+    if not job.sweep:
+        print(f"\nOpen the MLflow UI:\n  {tracking.ui_command(uri, cfg.tracking.artifact_root, exp_id)}")
+    if every_item_failed(res.aggregates) and not job.sweep:
+        sys.exit(1)
+    return float(res.aggregates.get(f"hit_at_{k}", float("nan")))
+
+
+def _terminate(signum, frame):  # SIGTERM (timeout, CI cancel) → KILLED run, never left RUNNING
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+# An absolute path: the job is imported from the ``rag_experiments.sweep`` shim, and Hydra resolves a
+# relative path against an imported module as ``pkg://``, which needs ``conf/`` to be a package.
+@hydra.main(version_base="1.3", config_path=str(Path(__file__).resolve().parent.parent / "conf"), config_name="config")
+def main(cfg: DictConfig) -> float:
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):  # a multirun installed its own
+        signal.signal(signal.SIGTERM, _terminate)
+    for noisy in ("mlflow", "httpx", "httpx2", "openai"):  # one line per HTTP call drowns the summary
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    with terminal_output(), infrastructure_exits_2():  # the store named, exit 2 (cli/errors.py)
+        return run_job(cfg)
+
+
+def cli() -> None:
+    """``python -m rag_experiments.sweep``: unknown options and missing launcher plugins exit 2
+    before Hydra composes."""
+    from rag_experiments.run.launchers import missing_launcher_plugins
+    from rag_experiments.run.racing import rewrite_argv
+
+    sys.argv[1:] = rewrite_argv(sys.argv[1:])  # racing=true → racing.enabled=true
+    if bad := unknown_group_options(sys.argv[1:]) + missing_launcher_plugins(sys.argv[1:]):
+        print_problems(bad)
+        sys.exit(2)
+    main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,212 @@
+"""``judge=mlflow``: MLflow's built-in GenAI judges as our pipeline's judge (docs/judges.md).
+
+Per claim, MLflow's **groundedness** judge (the judge behind ``mlflow.genai.judges.is_grounded``
+and the ``RetrievalGroundedness`` scorer) decides whether the claim is supported by the retrieved
+context; answer relevance is MLflow's **relevance_to_query** judge (``is_context_relevant``, the
+``RelevanceToQuery`` scorer). Both run on any OpenAI-compatible endpoint through MLflow's native
+``openai`` provider (no LiteLLM): the model URI is ``openai:/<model>`` and requests go to
+``<base_url>/chat/completions``. ``base_url: null`` serves a local GGUF file with the embedded
+llama.cpp server instead (the packaged SmolLM2 by default; at chance as a judge).
+
+Why MLflow's invocation function (``invoke_judge_model``) with the built-in judges' own prompts,
+rather than the public ``is_grounded``: the public functions take no ``base_url``, no
+``max_tokens``/``temperature`` and retry a dead endpoint 10 times with back-off (about 3 minutes
+per claim). The prompt, the model call, the JSON reading and the returned ``Feedback`` are
+MLflow's; only those three knobs are ours.
+
+Reading a feedback: ``yes`` → supported, ``no`` → unsupported; anything else (MLflow's own
+prompt asks for ``"yes|no"`` and small models copy it), a reply that is not JSON, or JSON without
+``result`` → ``unparseable``, counted and excluded from faithfulness, never read as "no". A
+failed call (connection, timeout, HTTP error) is ``unparseable`` with ``error`` set, which the
+pipeline does not cache, so a re-run asks again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rag_experiments.core.identity import file_sha256, source_hash
+from rag_experiments.core.parallel import thread_map
+from rag_experiments.core.redaction import error_text, redact, register_secret_env
+from rag_experiments.core.types import Verdict
+from rag_experiments.judge import split_claims
+from rag_experiments.stages.generation import local_server, resolve_model_path
+
+#: MLflow's names of the two built-in judges we call (their assessment names).
+GROUNDEDNESS = "groundedness"
+RELEVANCE = "relevance_to_query"
+_NO_KEY = "unused"  # MLflow's openai provider insists on a key; keyless endpoints ignore it
+_PARSE_FAILURE = "Failed to parse response from judge model"
+
+# MLflow reads the key and the HTTP timeout from the process environment at call time, so a
+# batch holds this lock while they are set (another MLflowJudge waits; nothing else reads them).
+_ENV_LOCK = threading.RLock()
+
+
+@contextmanager
+def _mlflow_env(api_key: str, timeout_s: float) -> Iterator[None]:
+    names = ("OPENAI_API_KEY", "MLFLOW_GATEWAY_ROUTE_TIMEOUT_SECONDS", "MLFLOW_MODEL_CATALOG_URI")
+    with _ENV_LOCK:
+        old = {n: os.environ.get(n) for n in names}
+        os.environ["OPENAI_API_KEY"] = api_key
+        os.environ["MLFLOW_GATEWAY_ROUTE_TIMEOUT_SECONDS"] = str(max(1, math.ceil(timeout_s)))
+        # offline: MLflow would fetch its model catalog (context size, price) from github.com on
+        # each judge call's first use; "" = its bundled copy. A user's own setting is kept.
+        os.environ.setdefault("MLFLOW_MODEL_CATALOG_URI", "")
+        try:
+            yield
+        finally:
+            for n, v in old.items():
+                if v is None:
+                    os.environ.pop(n, None)
+                else:
+                    os.environ[n] = v
+
+
+def read_feedback_value(value: Any) -> str:
+    """A built-in judge's feedback value as a verdict label.
+
+    ``yes`` → ``supported``, ``no`` → ``unsupported`` (case and surrounding space ignored;
+    MLflow's ``CategoricalRating`` is a str). Everything else — ``"yes|no"``, ``"unknown"``,
+    ``None``, a number — is ``unparseable``.
+    """
+    v = str(value).strip().lower() if isinstance(value, str) else None
+    return {"yes": "supported", "no": "unsupported"}.get(v or "", "unparseable")
+
+
+def _prompts_digest() -> str:
+    from mlflow.genai.judges.prompts import groundedness, relevance_to_query
+
+    text = groundedness.GROUNDEDNESS_PROMPT + relevance_to_query.RELEVANCE_TO_QUERY_PROMPT
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class MLflowJudge:
+    """MLflow's built-in groundedness / relevance_to_query judges behind our Judge protocol.
+
+    ``base_url``: an OpenAI-compatible endpoint (``http://host:port/v1``) serving ``model``;
+    ``api_key_env``: the NAME of the variable holding its key (null: no key). ``base_url: null``:
+    the embedded llama.cpp server on ``model_path`` (null = the packaged SmolLM2), sharing the
+    local generator's server when file and ``ctx_size`` match. ``num_retries``: MLflow's retries
+    of 429/5xx/timeouts/connection errors (back-off 1, 2, 4 … s). Claims are judged
+    ``concurrency`` at a time.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        model: str | None = None,
+        api_key_env: str | None = None,
+        model_path: str | None = None,
+        ctx_size: int = 4096,
+        n_threads: int = 1,
+        n_parallel: int = 1,
+        temperature: float = 0.0,
+        max_tokens: int = 256,
+        num_retries: int = 2,
+        timeout_s: float = 120.0,
+        concurrency: int = 1,
+    ) -> None:
+        import mlflow
+
+        if base_url:
+            if not model:
+                raise ValueError("judge.model: the model name the endpoint serves is required with base_url")
+            self.base_url = str(base_url).rstrip("/")
+            self.model = str(model)
+            endpoint: dict[str, Any] = {"base_url": self.base_url, "model": self.model}
+        else:
+            path = resolve_model_path(model_path)
+            self.base_url = local_server(path, ctx_size=ctx_size, n_threads=n_threads, n_parallel=n_parallel)
+            self.model = path.name
+            endpoint = {"model_sha256": file_sha256(path), "ctx_size": int(ctx_size)}
+        self.model_uri = f"openai:/{self.model}"
+        self._api_key = (os.environ.get(api_key_env) if api_key_env else None) or _NO_KEY
+        register_secret_env(api_key_env)  # its value is redacted from every error (redaction.py)
+        self.inference_params = {"temperature": float(temperature), "max_tokens": int(max_tokens)}
+        self.num_retries = int(num_retries)
+        self.timeout_s = float(timeout_s)
+        self.concurrency = max(1, int(concurrency))
+        ident = {
+            "kind": "mlflow",
+            "judges": [GROUNDEDNESS, RELEVANCE],
+            "mlflow": mlflow.__version__,
+            "prompts": _prompts_digest(),
+            **endpoint,
+            **self.inference_params,
+            "code": source_hash(Path(__file__))[:16],
+        }
+        self.identity = json.dumps(ident, sort_keys=True)
+
+    # one call -----------------------------------------------------------------------------------
+    def _ask(self, prompt: str, name: str) -> tuple[str, str, str, str | None]:
+        """(label, rationale, raw reply, error) of one built-in judge call; never raises."""
+        from mlflow.exceptions import MlflowException
+        from mlflow.genai.judges.utils import invoke_judge_model
+
+        try:
+            fb = invoke_judge_model(
+                self.model_uri,
+                prompt,
+                assessment_name=name,
+                num_retries=self.num_retries,
+                inference_params=self.inference_params,
+                base_url=f"{self.base_url}/chat/completions",
+            )
+        except MlflowException as exc:
+            msg = str(exc)
+            if msg.startswith(_PARSE_FAILURE):  # the model answered, not in JSON: a reply problem
+                raw = msg.split("Response: ", 1)[-1]
+                return "unparseable", "reply is not JSON (or was cut at max_tokens)", raw[:500], None
+            return "unparseable", "", "", error_text(exc)
+        except KeyError as exc:  # JSON without "result"
+            return "unparseable", f"reply JSON has no {exc}", "", None
+        except Exception as exc:  # noqa: BLE001 - a judge never raises per claim
+            return "unparseable", "", "", error_text(exc)
+        if fb.error is not None:
+            why = redact(str(fb.error.error_message or fb.error.error_code))
+            return "unparseable", "", "", f"feedback error: {why}"[:500]
+        label = read_feedback_value(fb.value)
+        rationale = str(fb.rationale or "")[:500]
+        if label == "unparseable":
+            rationale = f"feedback value {fb.value!r} is not yes/no; {rationale}"
+        return label, rationale, json.dumps(fb.value, default=str), None
+
+    def _map(self, fn, items: list) -> list:
+        with _mlflow_env(self._api_key, self.timeout_s):
+            return thread_map(fn, items, self.concurrency)
+
+    # Judge protocol -----------------------------------------------------------------------------
+    def split(self, answer: str) -> list[str]:
+        """The sentence splitter's claims (MLflow has no claim decomposition judge)."""
+        return split_claims(answer)
+
+    def verdicts(self, claims: list[str], context: str) -> list[Verdict]:
+        """MLflow's groundedness judge on each claim (as the answer; no question) against ``context``."""
+        from mlflow.genai.judges.prompts.groundedness import get_prompt
+
+        def one(claim: str) -> Verdict:
+            label, why, raw, err = self._ask(
+                get_prompt(request="", response=claim, context=context), GROUNDEDNESS
+            )
+            return Verdict(claim=claim, label=label, rationale=why, raw=raw, error=err)
+
+        return self._map(one, list(claims))
+
+    def answer_relevance(self, query: str, answer: str) -> tuple[float, str]:
+        """MLflow's relevance_to_query judge: 1.0 for yes, 0.0 for no, NaN otherwise (or no answer)."""
+        from mlflow.genai.judges.prompts.relevance_to_query import get_prompt
+
+        method = "mlflow:relevance_to_query(yes=1,no=0)"
+        if not answer or not answer.strip():
+            return float("nan"), method
+        label, _, _, _ = self._map(lambda a: self._ask(get_prompt(query, a), RELEVANCE), [answer])[0]
+        return {"supported": 1.0, "unsupported": 0.0}.get(label, float("nan")), method
