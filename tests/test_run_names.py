@@ -9,10 +9,7 @@ import pandas as pd
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from rag_experiments.analysis.attribution import RunData, SweepAttribution
-from rag_experiments.evaluation.headline import sweep_metrics, table_metrics
-from rag_experiments.report.brief import in_brief, levels_table
-from rag_experiments.report.render import md_inline
-from rag_experiments.run.names import (
+from rag_experiments.core.run_names import (
     MAX_RUN_NAME,
     constant_overrides,
     run_name,
@@ -20,6 +17,9 @@ from rag_experiments.run.names import (
     swept_keys,
     varying_keys,
 )
+from rag_experiments.evaluation.headline import sweep_metrics, table_metrics
+from rag_experiments.report.brief import in_brief, levels_table
+from rag_experiments.report.render import md_inline
 
 CHUNKERS = ("fixed", "markdown", "recursive", "sentence", "whole")
 

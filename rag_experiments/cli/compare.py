@@ -29,7 +29,6 @@ from rag_experiments.analysis.attribution import SweepAttribution, config_diff, 
 from rag_experiments.analysis.interactions import sweep_interactions
 from rag_experiments.analysis.racing import split_stopped
 from rag_experiments.analysis.stats import PairedResult, flips, holm, paired_deltas, transition_matrix
-from rag_experiments.cli.errors import cli_main
 from rag_experiments.evaluation.aggregate import metric_columns
 from rag_experiments.evaluation.headline import sweep_metrics, table_metrics
 from rag_experiments.evaluation.registry import higher_is_better, parse, render_key
@@ -47,6 +46,7 @@ from rag_experiments.report.tables import (
 from rag_experiments.report.tables import fmt_num as _f
 from rag_experiments.report.tables import fmt_p as _p
 from rag_experiments.report.wide import sweep_head, wide_sweep_lines
+from rag_experiments.tracking.errors import cli_main
 from rag_experiments.tracking.judge_runs import ALLOW_FLAG, check_same_judge
 from rag_experiments.tracking.runs import (
     RunInputError,

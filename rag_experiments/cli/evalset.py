@@ -8,11 +8,11 @@ import json
 import sys
 from pathlib import Path
 
-from rag_experiments.cli.errors import cli_main
 from rag_experiments.evalset.corpus import CorpusError, load_corpus
 from rag_experiments.evalset.generate import cli as generate_cli
 from rag_experiments.evalset.importers import import_beir, import_squad
 from rag_experiments.evalset.load import EvalSetError, load_evalset, sample_dir, tag_counts
+from rag_experiments.tracking.errors import cli_main
 
 DESCRIPTION = "Eval sets: validate, import (SQuAD, BEIR), generate and accept (LLM + human review)."
 

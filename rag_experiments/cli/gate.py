@@ -16,9 +16,9 @@ from mlflow.tracking import MlflowClient
 
 from rag_experiments.analysis.gate import GateResult, non_inferiority
 from rag_experiments.cli.compare import text_table
-from rag_experiments.cli.errors import cli_main
 from rag_experiments.core.formatting import fmt_num
 from rag_experiments.evaluation.registry import higher_is_better
+from rag_experiments.tracking.errors import cli_main
 from rag_experiments.tracking.judge_runs import ALLOW_FLAG, check_same_judge
 from rag_experiments.tracking.runs import (
     RunInputError,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from rag_experiments.cli.errors import cli_main
+from rag_experiments.tracking.errors import cli_main
 
 USAGE = "usage: python -m rag_experiments.judge {fit,card} [options]  (--help after the command for its options)"
 

@@ -87,8 +87,8 @@ def _sample_docs(corpus_dir: str | None):
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
+    from rag_experiments.core.conf_groups import conf_dir
     from rag_experiments.evalset.load import sample_dir
-    from rag_experiments.run.conf_groups import conf_dir
 
     if corpus_dir:
         from rag_experiments.evalset.corpus import Corpus

@@ -17,11 +17,11 @@ from collections.abc import Sequence
 from rag_experiments.analysis.power import mde, n_for_effect, paired_variance, replicates_for_effect
 from rag_experiments.analysis.variance import pilot_components
 from rag_experiments.cli.compare import text_table
-from rag_experiments.cli.errors import cli_main
 from rag_experiments.evalset.load import evalset_digest
-from rag_experiments.evalset.subset import stratified_subset
 from rag_experiments.evaluation.headline import headline_metrics
 from rag_experiments.evaluation.registry import GENERATION_METRICS
+from rag_experiments.run.pilot import MIN_SCORED
+from rag_experiments.tracking.errors import cli_main
 from rag_experiments.tracking.runs import (
     RunInputError,
     load_per_query,
@@ -31,7 +31,6 @@ from rag_experiments.tracking.runs import (
 )
 
 log = logging.getLogger(__name__)
-MIN_SCORED = 10  # fewer scored queries than this: a per-query SD is not a basis for planning
 
 HELP = """\
 MDE = (z_{1-alpha/2} + z_power) * sqrt(s2_between/n + s2_within/(n*R)): the smallest true mean
@@ -192,67 +191,7 @@ def run_plan(args) -> str:
     return out
 
 
-@cli_main  # bad input and infrastructure errors: a message and exit 2 (cli/errors.py)
+@cli_main  # bad input and infrastructure errors: a message and exit 2 (tracking/errors.py)
 def main(argv: Sequence[str] | None = None) -> int:
     print(run_plan(build_parser().parse_args(argv)))
     return 0
-
-
-def pilot_mde_line(
-    client, experiment_id: str, evalset_digest: str, metric: str, n: int, replicates: int
-) -> str | None:
-    """One line for the sweep's start: the MDE of ``metric`` at this sweep's ``n`` and
-    ``replicates``, from the latest FINISHED run of the same eval set in the experiment (the pilot).
-    None when there is no such run or it cannot tell (metric missing, < 10 scored queries)."""
-
-    digest = evalset_digest.replace("'", "")
-    found = client.search_runs(
-        [experiment_id],
-        filter_string=f"tags.evalset_digest = '{digest}' and attributes.status = 'FINISHED'",
-        max_results=1,
-        order_by=["attributes.start_time DESC"],
-    )
-    if not found:
-        return None
-    try:
-        df = load_per_query(client, found[0], long=True)
-    except RunInputError:
-        return None
-    if metric not in df.columns:
-        return None
-    n_p, r_p, vq, vg = pilot_components(df, metric)
-    if n_p < MIN_SCORED:
-        return None
-    pv = paired_variance(vq, vg)
-    value = mde(pv.between, n, pv.within, replicates)
-    return (
-        f"[plan] {metric}: minimum detectable paired effect {value:.4f} at n={n}, R={replicates} "
-        f"(alpha 0.05 two-sided, power 0.8; pilot {run_label(found[0])}, same eval set; "
-        f"python -m rag_experiments.plan --pilot {found[0].info.run_id} for the rest)"
-    )
-
-
-def print_pilot_mde(client, exp_id: str, job) -> None:
-    """At the start (first job of a multirun): the MDE of the primary metric when a run of the same
-    eval set exists in the experiment (``cli.plan.pilot_mde_line``); nothing when none does."""
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
-
-    if job.sweep and HydraConfig.get().job.get("num", 0) != 0:
-        return
-    items = job.inputs.evalset.items
-    metric = OmegaConf.select(job.cfg, "racing.primary", default=None) or f"hit_at_{job.k}"
-    gen = metric in GENERATION_METRICS or metric.startswith("rate_")
-    n = (
-        len(stratified_subset(items, job.cfg.get("generation_subset")))
-        if gen
-        else len([it for it in items if it.gold_spans])
-    )
-    reps = int(job.cfg.get("replicates", 1)) if gen else 1
-    try:
-        line = pilot_mde_line(client, exp_id, job.inputs.evalset.digest, metric, n, reps)
-    except Exception as e:  # noqa: BLE001 - advice only: never stops a run
-        log.debug("pilot MDE lookup failed: %s", e)
-        line = None
-    if line:
-        print(line)

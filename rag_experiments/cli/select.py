@@ -24,9 +24,9 @@ from mlflow.tracking import MlflowClient
 
 from rag_experiments.analysis.racing import STOPPED_HEADERS, STOPPED_NOTE, split_stopped, stopped_rows
 from rag_experiments.analysis.select import Constraints, Selection, runnable_config, select_config
-from rag_experiments.cli.errors import cli_main
 from rag_experiments.evaluation.registry import higher_is_better
 from rag_experiments.report.tables import fmt_num, fmt_p, text_table
+from rag_experiments.tracking.errors import cli_main
 from rag_experiments.tracking.judge_runs import ALLOW_FLAG, check_same_judge
 from rag_experiments.tracking.runs import (
     RunInputError,

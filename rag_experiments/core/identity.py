@@ -20,8 +20,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rag_experiments.evaluation.labels import failure_label
-
 # ------------------------------------------------------------------------------ model bytes
 
 _HASHES: dict[tuple[str, int, int], str] = {}
@@ -101,10 +99,11 @@ STAGE_CODE: dict[str, tuple[str, ...]] = {
 #: compare, gate and the CLIs read results; changing them re-runs nothing.
 RESULT_CODE = (
     "rag_experiments.stages",
+    "rag_experiments.judge",  # was stages.judging: the judges' code decides generation metrics
     "rag_experiments.evaluation",
     "rag_experiments.run.pipeline",
     "rag_experiments.evalset.corpus",
-    "rag_experiments.evalset",
+    "rag_experiments.evalset.load",
     "rag_experiments.core.types",
 )
 
@@ -162,15 +161,10 @@ def code_version(stage: str) -> str:
     return _modules_hash(STAGE_CODE[stage])
 
 
-def _failure_label_module() -> str:
-    # follow the function rather than a file name, so the fingerprint survives a module move
-
-    return failure_label.__module__
-
-
 def code_fingerprint() -> str:
-    """Hash of all code that computes a run's results (:data:`RESULT_CODE` + the failure labels)."""
-    return _modules_hash((*RESULT_CODE, _failure_label_module()))
+    """Hash of all code that computes a run's results (:data:`RESULT_CODE`, the failure labels in
+    ``evaluation`` included)."""
+    return _modules_hash(RESULT_CODE)
 
 
 # ------------------------------------------------------------------------------ place keys

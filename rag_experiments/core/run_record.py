@@ -12,8 +12,8 @@ from typing import Any
 
 import pandas as pd
 
+from rag_experiments.core.conf_groups import GROUPS
 from rag_experiments.core.identity import is_place_key
-from rag_experiments.run.conf_groups import GROUPS
 
 
 def parse_json(s: Any, default: Any) -> Any:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from rag_experiments.evalset.csv_text import LabelFileError, _open_text, _records
 from rag_experiments.evalset.judge_pairs import LABELS, JudgePair, JudgePairsError
 
 REQUIRED = ("item_id", "claim", "context", "human_verdict")
@@ -42,8 +43,6 @@ def _row_pair(rec: dict[str, str], where: str, name: str) -> tuple[JudgePair | N
 
 def load_label_csv(path: str | Path) -> list[JudgePair]:
     """The labelled rows of a filled spot-check CSV as pairs (module docstring)."""
-    from rag_experiments.spotcheck.labels import LabelFileError, _open_text, _records
-
     path = Path(path)
     if not path.is_file():
         raise JudgePairsError(f"{path}: no such label file")

@@ -30,10 +30,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from rag_experiments.core.conf_groups import conf_dir
+from rag_experiments.core.keys import tag_problem
 from rag_experiments.core.types import Document, EvalItem, Span
 from rag_experiments.evalset.corpus import files_fingerprint
-from rag_experiments.run.conf_groups import conf_dir
-from rag_experiments.tracking.keys import tag_problem
 
 _WS = re.compile(r"\s+")
 _CHUNK_INDEX = re.compile(r"^(?P<doc>.+)#chunk_(?P<i>\d+)$")

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from rag_experiments.core.conf_groups import generation_only
 from rag_experiments.evaluation.defaults import TOKEN_BUDGETS
 from rag_experiments.evaluation.registry import REGISTRY, parse
-from rag_experiments.run.conf_groups import generation_only
 
 __all__ = [
     "CHUNKING_REASON",

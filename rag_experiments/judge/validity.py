@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from rag_experiments.core.cache import StageCache, stage_key
+from rag_experiments.core.conf_groups import conf_dir, options
 from rag_experiments.core.progress import track
 from rag_experiments.evalset.judge_pairs import JudgePair, JudgePairsError, load_pairs, pairs_digest
 from rag_experiments.evalset.synthetic_pairs import synthetic_pairs
 from rag_experiments.judge.card import card_line, card_metrics, judge_card
-from rag_experiments.run.conf_groups import conf_dir, options
 
 log = logging.getLogger(__name__)
 

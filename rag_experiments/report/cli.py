@@ -23,10 +23,10 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from rag_experiments.cli.errors import cli_main
 from rag_experiments.report.load import load_input, resolve_target
 from rag_experiments.report.render import ReportFiles, write_report
 from rag_experiments.report.sections import build_report
+from rag_experiments.tracking.errors import cli_main
 from rag_experiments.tracking.runs import RunInputError, tracking_uri
 
 

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from rag_experiments import judge as judging
 from rag_experiments.analysis.attribution import SweepAttribution, factor_effects
+from rag_experiments.core.conf_groups import option_class
 from rag_experiments.evaluation import aggregate, labels, registry
 from rag_experiments.evaluation import metrics as M
 from rag_experiments.evaluation.headline import headline_metrics, headline_reason, varies_chunking  # noqa: F401
@@ -27,7 +28,6 @@ from rag_experiments.evaluation.labels import FAILURE_LABELS
 from rag_experiments.report.load import Config, ReportInput
 from rag_experiments.report.plots import PlotData
 from rag_experiments.report.tables import fmt_num
-from rag_experiments.run.conf_groups import option_class
 from rag_experiments.tracking.runs import RunInputError
 
 # --------------------------------------------------------------------------------------------- metrics

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rag_experiments.core.conf_groups import embedding_used, generation_only
 from rag_experiments.core.run_record import is_bookkeeping
 from rag_experiments.evaluation.headline import headline_metrics, headline_reason
 from rag_experiments.report.brief import in_brief, levels_table
@@ -45,7 +46,6 @@ from rag_experiments.report.tables import (
     marginal_rows,
     noise_rows,
 )
-from rag_experiments.run.conf_groups import embedding_used, generation_only
 
 # Held-fixed params shown in the question: group choices (no dot) and these few settings.
 SHOWN_SETTINGS = ("retriever.k", "embedding.name", "metrics.ks", "metrics.min_coverage", "evalset.limit")

@@ -16,6 +16,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from rag_experiments.core.cache import CachedEmbedder, StageCache
+from rag_experiments.core.run_names import run_name
 from rag_experiments.evalset.corpus import Corpus, CorpusError
 from rag_experiments.evalset.load import EvalSet, EvalSetError, sample_dir
 from rag_experiments.evaluation.defaults import RANK_DEPTH, TOKEN_BUDGETS
@@ -23,7 +24,6 @@ from rag_experiments.evaluation.labels import load_thresholds
 from rag_experiments.judge.validity import judge_with_repeats
 from rag_experiments.judge.verifier import VerifierError
 from rag_experiments.run.config_schema import ConfigError, check
-from rag_experiments.run.names import run_name
 from rag_experiments.run.types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.embedding import set_model_reuse
 from rag_experiments.stages.prompts import PromptRegistryError

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from rag_experiments.core.conf_groups import conf_dir
 from rag_experiments.evaluation.cost import price
 from rag_experiments.evaluation.defaults import RANK_DEPTH, TOKEN_BUDGETS, metrics_problems
-from rag_experiments.run.conf_groups import conf_dir
 
 Problems = list[str]
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

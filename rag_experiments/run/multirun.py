@@ -22,22 +22,21 @@ from hydra.utils import instantiate
 from mlflow.exceptions import MlflowException
 from omegaconf import DictConfig, OmegaConf
 
-from rag_experiments.cli.errors import infrastructure_exits_2
 from rag_experiments.core.cache import stable_hash
-from rag_experiments.core.formatting import fmt_num
+from rag_experiments.core.formatting import fmt_num, text_blocks
+from rag_experiments.core.run_names import constant_overrides, run_name, swept_keys, varying_keys
 from rag_experiments.core.sanitize import shell_line
 from rag_experiments.evalset.corpus import CorpusError
 from rag_experiments.evalset.load import EvalSetError
 from rag_experiments.evaluation.headline import table_metrics
-from rag_experiments.report.tables import text_blocks
 from rag_experiments.run.assemble import container as _container
 from rag_experiments.run.assemble import input_error as _input_error
 from rag_experiments.run.assemble import print_problems, run_name_from
 from rag_experiments.run.assemble import problems_of as _problems_of
 from rag_experiments.run.config_schema import ConfigError, check
-from rag_experiments.run.names import constant_overrides, run_name, swept_keys, varying_keys
 from rag_experiments.tracking import writer as tracking
 from rag_experiments.tracking.bounds import best_effort, bound_tracking_calls
+from rag_experiments.tracking.errors import infrastructure_exits_2
 from rag_experiments.tracking.mlflow_adapter import release_interrupted_connections
 from rag_experiments.tracking.prompt_registry import registered_prompt_problems
 from rag_experiments.tracking.runs import sweep_children

@@ -35,13 +35,13 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.types import RunMode  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from rag_experiments.cli.errors import infrastructure_error, infrastructure_exits_2  # noqa: E402
-from rag_experiments.cli.plan import print_pilot_mde  # noqa: E402
 from rag_experiments.core.cache import StageCache  # noqa: E402
+from rag_experiments.core.conf_groups import STAGE_GROUPS  # noqa: E402
 from rag_experiments.core.formatting import fmt_num  # noqa: E402
 from rag_experiments.core.identity import code_fingerprint, judge_fingerprint  # noqa: E402
 from rag_experiments.core.progress import Progress, timing_table  # noqa: E402
 from rag_experiments.core.redaction import error_text, redact  # noqa: E402
+from rag_experiments.core.run_names import run_name  # noqa: E402
 from rag_experiments.core.sanitize import shell_line, terminal_output  # noqa: E402
 from rag_experiments.evaluation.registry import metric_keys, spec, wrap  # noqa: E402
 from rag_experiments.evaluation.replicates import collapse_replicates  # noqa: E402
@@ -54,14 +54,14 @@ from rag_experiments.run.assemble import (  # noqa: E402
     run_settings,
 )
 from rag_experiments.run.assemble import priced as _priced  # noqa: E402, F401 - tests price a stage config
-from rag_experiments.run.conf_groups import STAGE_GROUPS  # noqa: E402
 from rag_experiments.run.config_schema import unknown_group_options  # noqa: E402
 from rag_experiments.run.multirun import MultirunParent, start_sweep_child  # noqa: E402, F401 - conf names the callback here
-from rag_experiments.run.names import run_name  # noqa: E402
+from rag_experiments.run.pilot import print_pilot_mde  # noqa: E402
 from rag_experiments.run.pipeline import PipelineResult, run_pipeline  # noqa: E402
 from rag_experiments.tracking import app_versions, judges_tab  # noqa: E402
 from rag_experiments.tracking import writer as tracking  # noqa: E402
 from rag_experiments.tracking.bounds import best_effort, bound_tracking_calls  # noqa: E402
+from rag_experiments.tracking.errors import infrastructure_error, infrastructure_exits_2  # noqa: E402
 from rag_experiments.tracking.mlflow_adapter import release_interrupted_connections  # noqa: E402
 from rag_experiments.tracking.prompt_registry import (  # noqa: E402
     link_model,
@@ -372,7 +372,7 @@ def main(cfg: DictConfig) -> float:
         signal.signal(signal.SIGTERM, _terminate)
     for noisy in ("mlflow", "httpx", "httpx2", "openai"):  # one line per HTTP call drowns the summary
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    with terminal_output(), infrastructure_exits_2():  # the store named, exit 2 (cli/errors.py)
+    with terminal_output(), infrastructure_exits_2():  # the store named, exit 2 (tracking/errors.py)
         return run_job(cfg)
 
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from rag_experiments.cli.errors import cli_main
 from rag_experiments.spotcheck.claims import COLUMNS, judge_threshold, judged_claims, sample_claims
 from rag_experiments.spotcheck.labels import LabelFileError, read_labels
 from rag_experiments.spotcheck.review import SCHEMA, publish, queue_labels, read_queue, review_url
 from rag_experiments.spotcheck.scoring import faithfulness_estimates, score_labels, self_preference_warning
 from rag_experiments.spotcheck.summary import log_spotcheck, render_summary
+from rag_experiments.tracking.errors import cli_main
 from rag_experiments.tracking.runs import RunInputError, load_per_query, resolve_run, run_label, tracking_uri
 
 

@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 import csv
-import io
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from rag_experiments.evalset.csv_text import LabelFileError, _open_text, _records  # noqa: F401  (re-exported)
+
 REQUIRED = ("item_id", "claim", "human_verdict")
 HUMAN_LABELS = ("supported", "unsupported")
-
-
-class LabelFileError(Exception):
-    """A malformed label file; ``problems`` are ``FILE:LINE: field: what is wrong`` lines."""
-
-    def __init__(self, problems: list[str]):
-        super().__init__("\n".join(problems))
-        self.problems = problems
 
 
 @dataclass
@@ -50,22 +43,6 @@ def _ws(text: str) -> str:
     return " ".join(text.split())  # spreadsheets re-wrap long cells
 
 
-def _open_text(path: Path) -> io.StringIO:
-    """The file's text (UTF-8, a BOM dropped); unreadable or undecodable → :class:`LabelFileError`."""
-    name = str(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise LabelFileError([f"{name}:0: file: cannot read ({e.strerror})"]) from None
-    try:
-        return io.StringIO(raw.decode("utf-8-sig"), newline="")
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        raise LabelFileError(
-            [f"{name}:{line}: file: not valid UTF-8 ({e.reason} at byte {e.start})"]
-        ) from None
-
-
 def _read_header(reader, name: str) -> list[str]:
     """The header's column names (stripped); a missing :data:`REQUIRED` column → :class:`LabelFileError`."""
     header = [h.strip() for h in next(reader, [])]
@@ -78,21 +55,6 @@ def _read_header(reader, name: str) -> list[str]:
             ]
         )
     return header
-
-
-def _records(reader, name: str, problems: list[str]) -> Iterator[tuple[int, list[str]]]:
-    """(line, values) of every non-blank record, ``line`` where it starts (a quoted field may span
-    lines). Broken CSV stops the read: :class:`LabelFileError` with ``problems`` found so far."""
-    while True:
-        line = reader.line_num + 1
-        try:
-            values = next(reader, None)
-        except csv.Error as e:
-            raise LabelFileError([*problems, f"{name}:{line}: row: not valid CSV ({e})"]) from None
-        if values is None:
-            return
-        if values and any(v.strip() for v in values):
-            yield line, values
 
 
 def _labelled_row(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from rag_experiments.run.names import sweep_description
+from rag_experiments.core.run_names import sweep_description
 from rag_experiments.tracking.locks import file_lock
 from rag_experiments.tracking.run_info import git_info
 

@@ -31,8 +31,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from rag_experiments.core.cache import stable_hash
+from rag_experiments.core.conf_groups import conf_dir
 from rag_experiments.core.identity import REFERENCE_TARGETS
-from rag_experiments.run.conf_groups import conf_dir
 from rag_experiments.stages.prompts import PromptRegistryError, PromptTemplate
 from rag_experiments.tracking.locks import host_lock, store_lock
 from rag_experiments.tracking.prompt_links import (

@@ -13,7 +13,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 import rag_experiments.run.sweep  # noqa: F401 - registers the sample_dir resolver
-from rag_experiments.run.conf_groups import conf_dir
+from rag_experiments.core.conf_groups import conf_dir
 from rag_experiments.run.config_schema import ConfigError, check
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 

@@ -370,7 +370,7 @@ def test_tag_rule_is_mlflows_rule(tag, tmp_path):
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from rag_experiments.tracking.keys import tag_problem
+    from rag_experiments.core.keys import tag_problem
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     run = client.create_run(client.create_experiment("keys"))

@@ -14,11 +14,11 @@ from omegaconf import OmegaConf
 
 from rag_experiments.analysis.select import runnable_config
 from rag_experiments.cli import select as select_cli
-from rag_experiments.cli.errors import cli_main
 from rag_experiments.core.sanitize import shell_line
 from rag_experiments.report.model import CodeBlock, Paragraph, Report, Section, code, table, text
 from rag_experiments.report.provenance import reproduce_command
 from rag_experiments.report.render import render_html, render_markdown
+from rag_experiments.tracking.errors import cli_main
 
 RLO = "\u202e"
 QUERIES = [
