@@ -202,10 +202,10 @@ REFERENCE_TARGETS = ("rag_experiments.tracking.prompt_registry.RegisteredPrompt"
 #: ``_target_`` prefixes as they were before the package layout of docs/architecture.md: hashed under
 #: their old names so a file move never changes ``config_hash`` (caches and resume keep matching).
 LEGACY_TARGETS = (
-    ("rag_experiments.evalset.corpus.", "rag_experiments.evalset.corpus."),
+    ("rag_experiments.evalset.corpus.", "rag_experiments.datasets.corpus."),
     ("rag_experiments.evalset.load.", "rag_experiments.evalset."),
-    ("rag_experiments.judge.", "rag_experiments.judge."),
-    ("rag_experiments.tracking.mlflow_judge.", "rag_experiments.tracking.mlflow_judge."),
+    ("rag_experiments.judge.", "rag_experiments.stages.judging."),
+    ("rag_experiments.tracking.mlflow_judge.", "rag_experiments.stages.mlflow_judge."),
 )
 
 
