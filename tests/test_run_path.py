@@ -67,3 +67,26 @@ def test_config_builds_typed_stages_once(tmp_path, overrides) -> None:
     s = run_settings(cfg)
     assert (s.k, s.ks, s.token_budgets, s.rank_depth) == (5, (1, 3, 5, 10), (256, 512, 1024), 100)
     assert loaded.data.corpus_digest == loaded.corpus.digest and loaded.data.items == loaded.evalset.items
+
+
+def test_stage_slots_are_declared_once_and_resolve() -> None:
+    """``core.slots.SLOTS`` is the one list: each slot's Protocol imports, its config group folder
+    exists, ``Stages`` has its field, and the derived lists follow it in pipeline order."""
+    import dataclasses
+    import importlib
+
+    from rag_experiments.core import identity
+    from rag_experiments.core.conf_groups import STAGE_GROUPS, conf_dir
+    from rag_experiments.core.slots import INPUT_GROUPS, SLOTS
+    from rag_experiments.run.types import Stages
+
+    fields = {f.name for f in dataclasses.fields(Stages)}
+    for s in SLOTS:
+        module, _, name = s.protocol.rpartition(".")
+        assert hasattr(importlib.import_module(module), name), s.protocol
+        assert (conf_dir() / s.group).is_dir(), s.group
+        assert s.name in fields, s.name
+        for ns in s.cache:
+            assert identity.STAGE_CODE[ns] == s.code
+    assert STAGE_GROUPS == (*INPUT_GROUPS, *(s.group for s in SLOTS))
+    assert [s.group for s in SLOTS][:3] == ["chunking", "embedding", "retriever"]

@@ -15,7 +15,10 @@ from pathlib import Path
 
 import yaml
 
-STAGE_GROUPS = ("corpus", "evalset", "chunking", "embedding", "retriever", "generator", "prompt", "judge")
+from rag_experiments.core.slots import INPUT_GROUPS, SLOTS
+
+#: The inputs, then one group per stage slot in pipeline order (``core.slots.SLOTS``).
+STAGE_GROUPS = (*INPUT_GROUPS, *(s.group for s in SLOTS))
 GROUPS = (*STAGE_GROUPS, "attribution", "tracking")
 #: Top-level config keys read only when a run generates (a retrieval-only run, generator=none,
 #: ignores them): the report's "Held fixed" leaves them out when no config generated.

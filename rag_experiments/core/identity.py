@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from rag_experiments.core.slots import SLOTS, slot
+
 # ------------------------------------------------------------------------------ model bytes
 
 _HASHES: dict[tuple[str, int, int], str] = {}
@@ -61,25 +63,12 @@ def dir_sha256(path: str | Path) -> str:
 
 # ------------------------------------------------------------------------------ code
 
-#: The modules whose code computes each cached stage (keys of ``cache.stage_key``).
-_JUDGE_CODE = (
-    "rag_experiments.judge",
-    "rag_experiments.stages.embedding",  # the metric embedder
-    "rag_experiments.stages.generation",  # LLM judges call the model through it
-)
+#: The modules whose code computes each cached stage (keys of ``cache.stage_key``): the stage
+#: slots' own (``core.slots.SLOTS``), then the entries that are not a slot's output.
+_JUDGE_CODE = slot("judge").code
 STAGE_CODE: dict[str, tuple[str, ...]] = {
-    "chunks": ("rag_experiments.stages.chunking",),
+    **{ns: s.code for s in SLOTS for ns in s.cache},
     "chunk_tokens": ("rag_experiments.stages.text", "rag_experiments.evaluation.budget"),
-    "vectors": ("rag_experiments.stages.embedding", "rag_experiments.stages.vector_store"),
-    "rankings": (
-        "rag_experiments.stages.retrieval",
-        "rag_experiments.stages.embedding",
-        "rag_experiments.stages.vector_store",
-    ),
-    "generation": ("rag_experiments.stages.generation",),
-    "claims": _JUDGE_CODE,
-    "verdict": _JUDGE_CODE,
-    "relevance": _JUDGE_CODE,
     "card_verdict": _JUDGE_CODE,  # a judge's verdict on a labelled pair, with its seconds
     "judge_card": (*_JUDGE_CODE, "rag_experiments.judge.card", "rag_experiments.judge.validity"),
     # a fitted claim verifier: its features, its fit and its synthetic training data

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rag_experiments.core.identity import model_identities
+from rag_experiments.core.slots import SLOTS
 from rag_experiments.core.types import Document, EvalItem
 from rag_experiments.evaluation.defaults import (
     BOOTSTRAP_RESAMPLES,
@@ -51,15 +52,7 @@ class Stages:
 
     def identities(self) -> dict[str, str]:
         """``identity`` of every stage that has one (model bytes + settings), for ``config_hash``."""
-        named = {
-            "chunker": self.chunker,
-            "embedder": self.embedder,
-            "retriever": self.retriever,
-            "generator": self.generator,
-            "prompt": self.prompt,
-            "judge": self.judge,
-        }
-        return model_identities(named)
+        return model_identities({s.name: getattr(self, s.name) for s in SLOTS})
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,58 @@
+"""The stage slots, declared once, in pipeline order (docs/architecture.md, "Recipes").
+
+A slot is one step of the pipeline that a config chooses an implementation for: its field on
+``run.types.Stages``, its Hydra config group (``conf/<group>/``), the Protocol its implementations
+follow, the cache namespaces it writes (``core.cache.stage_key``'s first argument) and the modules
+whose code decides those entries (``core.identity.STAGE_CODE``). ``STAGE_GROUPS``, ``STAGE_CODE``
+and ``Stages.identities`` derive from this list; ``tests/test_run_path.py`` checks that each entry
+resolves (the Protocol imports, the group folder exists, ``Stages`` has the field).
+
+Names only, no imports of the stages: this module sits in ``core/``, below them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str  # the field on run.types.Stages
+    group: str  # the Hydra config group
+    protocol: str  # dotted name of the Protocol its implementations follow
+    cache: tuple[str, ...]  # cache namespaces it writes
+    code: tuple[str, ...]  # modules whose code decides those entries
+    optional: bool = False  # None is a valid choice (generator=none: a retrieval-only run)
+
+
+_EMBEDDING = "rag_experiments.stages.embedding"
+_JUDGE_CODE = (
+    "rag_experiments.judge",
+    _EMBEDDING,  # the metric embedder
+    "rag_experiments.stages.generation",  # LLM judges call the model through it
+)
+
+SLOTS: tuple[Slot, ...] = (
+    Slot("chunker", "chunking", "rag_experiments.stages.chunking.Chunker", ("chunks",),
+         ("rag_experiments.stages.chunking",)),
+    Slot("embedder", "embedding", "rag_experiments.stages.embedding.Embedder", ("vectors",),
+         (_EMBEDDING, "rag_experiments.stages.vector_store")),
+    Slot("retriever", "retriever", "rag_experiments.stages.retrieval.Retriever", ("rankings",),
+         ("rag_experiments.stages.retrieval", _EMBEDDING, "rag_experiments.stages.vector_store")),
+    Slot("generator", "generator", "rag_experiments.stages.generation.Generator", ("generation",),
+         ("rag_experiments.stages.generation",), optional=True),
+    # the prompt's text enters the generation key (the rendered messages), not a cache of its own
+    Slot("prompt", "prompt", "rag_experiments.stages.prompts.PromptTemplate", (), (), optional=True),
+    Slot("judge", "judge", "rag_experiments.judge.claims.Judge", ("claims", "verdict", "relevance"),
+         _JUDGE_CODE, optional=True),
+)
+#: The inputs a config chooses before any stage: the corpus and the eval set.
+INPUT_GROUPS = ("corpus", "evalset")
+
+
+def slot(name: str) -> Slot:
+    """The slot named ``name`` (a ``Stages`` field); unknown → KeyError."""
+    for s in SLOTS:
+        if s.name == name:
+            return s
+    raise KeyError(name)
