@@ -30,6 +30,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from rag_experiments.core.build import build
 from rag_experiments.core.conf_groups import conf_dir
 from rag_experiments.core.keys import tag_problem
 from rag_experiments.core.types import Document, EvalItem, Span
@@ -189,17 +190,16 @@ class _Resolver:
 
 def build_reference_chunker(reference: Any):
     """A chunker from an option name of ``conf/chunking`` ("fixed") or a ``_target_`` mapping."""
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
+    import yaml
 
     if isinstance(reference, str):
         path = conf_dir() / "chunking" / f"{reference}.yaml"
         if not path.is_file():
             raise ValueError(f"unknown chunking {reference!r} (no {path})")
-        reference = OmegaConf.to_container(OmegaConf.load(path))
+        reference = yaml.safe_load(path.read_text(encoding="utf-8"))  # chunking options interpolate nothing
     if not isinstance(reference, dict) or "_target_" not in reference:
         raise ValueError("must be a conf/chunking option name or a mapping with _target_")
-    return instantiate(reference)
+    return build(reference)
 
 
 _FIELDS: dict[str, tuple[type, bool]] = {

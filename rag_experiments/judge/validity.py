@@ -18,6 +18,7 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
+from rag_experiments.core.build import build
 from rag_experiments.core.cache import StageCache, stage_key
 from rag_experiments.core.conf_groups import conf_dir, options
 from rag_experiments.core.progress import track
@@ -54,7 +55,6 @@ def judge_config(name: str, overrides: Sequence[str] = ()):
 
 def instantiate_judge(cfg, **kwargs: Any):
     """The judge a judge config describes (without its :data:`NON_ARGS`); ``kwargs`` override keys."""
-    from hydra.utils import instantiate
     from omegaconf import OmegaConf
     from omegaconf.errors import InterpolationKeyError
 
@@ -62,7 +62,7 @@ def instantiate_judge(cfg, **kwargs: Any):
         plain = OmegaConf.to_container(cfg, resolve=True)
     except InterpolationKeyError:  # a standalone conf/judge/NAME.yaml: what lies outside is unset
         plain = _unset_outside(OmegaConf.to_container(cfg, resolve=False))
-    return instantiate({k: v for k, v in plain.items() if k not in NON_ARGS}, **kwargs)
+    return build({k: v for k, v in plain.items() if k not in NON_ARGS}, **kwargs)  # resolved once
 
 
 def _unset_outside(node: Any) -> Any:

@@ -12,9 +12,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from rag_experiments.core.build import build as build_node
 from rag_experiments.core.cache import CachedEmbedder, StageCache
 from rag_experiments.core.run_names import run_name
 from rag_experiments.evalset.corpus import Corpus, CorpusError
@@ -39,6 +39,12 @@ MAX_PROBLEM_LINES = 50  # a broken 10,000-line eval set must not flood the termi
 def container(node) -> Any:
     """The resolved plain-Python value of a config node (None stays None)."""
     return OmegaConf.to_container(node, resolve=True) if node is not None else None
+
+
+def instantiate(node, **kwargs: Any) -> Any:
+    """The object a config node describes, its values resolved exactly once (``core.build``: an
+    escaped ``\\${…}`` stays literal text, as in the logged config.yaml)."""
+    return build_node(container(node), **kwargs)
 
 
 def priced(node: DictConfig) -> DictConfig:

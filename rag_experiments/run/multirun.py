@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from hydra.utils import instantiate
 from mlflow.exceptions import MlflowException
 from omegaconf import DictConfig, OmegaConf
 
@@ -31,7 +30,7 @@ from rag_experiments.evalset.load import EvalSetError
 from rag_experiments.evaluation.headline import table_metrics
 from rag_experiments.run.assemble import container as _container
 from rag_experiments.run.assemble import input_error as _input_error
-from rag_experiments.run.assemble import print_problems, run_name_from
+from rag_experiments.run.assemble import instantiate, print_problems, run_name_from
 from rag_experiments.run.assemble import problems_of as _problems_of
 from rag_experiments.run.config_schema import ConfigError, check
 from rag_experiments.tracking import writer as tracking
