@@ -50,13 +50,14 @@ class FakeLLM:
     ``slow_s`` before answering) · malformed (200, body not JSON) · nochoices (200, no choices) ·
     bad400 · garbage (200, content "banana split", no logprobs) · echokey (401 whose message
     repeats the API key it was sent). ``attempts[(model, prompt)]``
-    counts requests on the server side.
+    counts requests on the server side. Models in ``down`` answer 503 (an outage a test can end).
     """
 
     slow_s = 2.0
 
     def __init__(self) -> None:
         self.attempts: Counter = Counter()
+        self.down: set[str] = set()
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -76,6 +77,8 @@ class FakeLLM:
                 prompt = req.get("messages", [{}])[-1].get("content", "")
                 fake.attempts[(model, prompt)] += 1
                 n = fake.attempts[(model, prompt)]
+                if model in fake.down:
+                    return self._send(503, b'{"error": {"message": "down"}}')
                 if model == "flaky500" and n == 1:
                     return self._send(500, b'{"error": {"message": "boom"}}')
                 if model == "always503":

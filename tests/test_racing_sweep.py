@@ -125,3 +125,43 @@ def _readers_keep_stopped_configs_apart(root, ok, bad, capsys):
     assert report_cli.main([sweep_id, "--out", str(out_dir), "--no-log", "--resamples", "99", *uri]) == 0
     md = (out_dir / "report.md").read_text()
     assert "Stopped by racing (1)" in md and "partial" in md
+
+
+def _racing_args(tmp_path, url):
+    docs, ev = make_tiny(tmp_path, n_items=40)
+    return [
+        "-m", "racing=true", "racing.batch_size=4", "racing.primary=correctness",
+        "generator.model=ok,garbage", *sweep_args(tmp_path, docs, ev), *_gen_args(url),
+        "retriever=bm25", "retriever.k=1", "metrics.ks=[1]", "metrics.token_budgets=[]",
+    ]
+
+
+def _stops(root) -> dict[str, tuple[str, str]]:
+    runs = [r for r in _children(root) if r.info.status == "FINISHED"]
+    ids = {r.info.run_id: r.data.params["generator.model"] for r in runs}
+    return {
+        ids[r.info.run_id]: (r.data.tags.get("racing.status"), r.data.tags.get("racing.stopped_at_n"),
+                             ids.get(r.data.tags.get("racing.stopped_by", ""), ""))
+        for r in runs
+    }
+
+
+def test_a_resumed_racing_sweep_decides_as_an_uninterrupted_one(tmp_path, fake_llm):  # noqa: F811
+    """Issue 31 item 13: the configs a resumed sweep reuses go back on its board, so the configs it
+    re-runs race them and stop where the uninterrupted sweep stopped them."""
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    run_sweep(whole, *_racing_args(whole, fake_llm.base_url))
+    expected = _stops(whole)
+    assert expected["garbage"][0] == "stopped" and expected["garbage"][2] == "ok"
+
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    args = _racing_args(resumed, fake_llm.base_url)
+    fake_llm.down = {"garbage"}  # an outage kills the sweep at its second config: ok FINISHED
+    first = run_sweep(resumed, *args, check=False)
+    assert first.returncode != 0 or "garbage" not in _stops(resumed)
+    fake_llm.down = set()
+    again = run_sweep(resumed, *args)
+    assert _stops(resumed) == expected
+    assert "[skip]" in again.stdout and "back on the board" in again.stdout

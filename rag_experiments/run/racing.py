@@ -268,6 +268,47 @@ def make_race(cfg, sweep: dict, chash: str, run_id: str, name: str) -> Race:
     return Race(s, board, n, name)
 
 
+def republish(job, run, table) -> int:
+    """Put a config that FINISHED in an earlier invocation back on this invocation's board, as an
+    uninterrupted sweep would have it (docs/racing.md, "Resume"): its per-query primary values in
+    the same seeded batches, then its end (``stopped`` at the batch its run stopped, or
+    ``finished``). ``run``: the reused MLflow run; ``table``: its per-query table. Without this a
+    resumed sweep raced only the configs it re-ran, and their decisions could differ. Returns the
+    number of batches published (0: not a racing job, or nothing generated)."""
+    if not enabled(job.cfg) or not job.sweep:
+        return 0
+    from hydra.core.hydra_config import HydraConfig
+
+    from rag_experiments.evalset.subset import stratified_subset
+    from rag_experiments.tracking.race_board import Board
+
+    s = settings(job.cfg, job.sweep)
+    items = job.inputs.evalset.items
+    subset = stratified_subset(items, job.cfg.get("generation_subset"))
+    order = [subset[i] for i in batch_order(len(subset), s.seed)]
+    batches = [order[i : i + s.batch_size] for i in range(0, len(order), s.batch_size)]
+    tags = run.data.tags
+    n_done = int(tags.get(TAG_STOPPED_AT, 0)) if tags.get(TAG_STATUS) == "stopped" else len(order)
+    rows = {str(r["id"]): r for r in table.to_dict("records")}
+    root = f"{HydraConfig.get().sweep.dir}/{job.sweep.get('invocation', '')}".rstrip("/")
+    board = Board.in_sweep_dir(root, job.chash, s.wait_timeout_s)
+    board.start(run.info.run_id, job.run_name)
+    b, done = -1, 0
+    for b, batch in enumerate(batches):
+        if done >= n_done:
+            b -= 1
+            break
+        ids = [str(items[i].id) for i in batch]
+        board.publish(b, ids, [primary_value(rows.get(i, {}), s.primary) for i in ids])
+        done += len(batch)
+    if tags.get(TAG_STATUS) == "stopped":
+        board.end("stopped", b, tags.get(TAG_STOPPED_BY, ""))
+    else:
+        board.end("finished", b)
+    print(f"[racing] {job.run_name}: reused run {run.info.run_id}: its {b + 1} batches are back on the board")
+    return b + 1
+
+
 def generate_subset(work, rows, items, subset, stages, settings, cache, timings, calls, race, tags) -> list[int]:
     """The pipeline's generation and judging of ``subset``: all at once, or with a :class:`Race`
     in racing batches until stopped (its ``racing.*`` run tags go into ``tags``; ``timings`` and

@@ -46,6 +46,7 @@ from rag_experiments.core.sanitize import shell_line, terminal_output  # noqa: E
 from rag_experiments.evaluation.registry import metric_keys, spec, wrap  # noqa: E402
 from rag_experiments.evaluation.replicates import collapse_replicates  # noqa: E402
 from rag_experiments.judge.validity import add_card  # noqa: E402
+from rag_experiments.run import racing  # noqa: E402
 from rag_experiments.run.assemble import (  # noqa: E402
     Loaded,
     container,
@@ -69,6 +70,7 @@ from rag_experiments.tracking.prompt_registry import (  # noqa: E402
     link_run,
     register_for_run,
 )
+from rag_experiments.tracking.runs import load_per_query  # noqa: E402
 from rag_experiments.tracking.traces import log_traces  # noqa: E402
 
 log = logging.getLogger("rag_experiments")
@@ -334,6 +336,8 @@ def run_job(cfg: DictConfig) -> float:
             print(f"[skip] {run_name}: {why}")
             if job.prompt_version:  # e.g. v3 holds v1's text: the v1 run is v3's result too
                 link_reused_run(client, exp_id, done.info.run_id, *job.prompt_version)
+            if racing.enabled(cfg) and job.sweep:  # its values race the configs this invocation runs
+                racing.republish(job, done, load_per_query(client, done, long=False))
             return float(done.data.metrics.get(f"hit_at_{k}", float("nan")))
         if why:
             print(f"[rerun] {run_name}: {why}")
