@@ -1,14 +1,37 @@
 """The thread pool the model-calling stages share: ``concurrency`` requests in flight, and on
-Ctrl-C/SIGTERM no wait for the queued ones (a killed run loses only what was in flight)."""
+Ctrl-C/SIGTERM no wait for the queued ones (a killed run loses only what was in flight).
+
+Once interrupted (:data:`ABORTED`), no worker starts another call: a queued item a worker had
+already taken raises :class:`Aborted` instead of sending a request after the signal. The calls
+still in flight are abandoned, not awaited: ``run.sweep.cli`` ends the process without joining
+the worker threads once the run is marked KILLED.
+"""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+#: Set on Ctrl-C / SIGTERM (by the consumer's KeyboardInterrupt): no new model call starts.
+ABORTED = threading.Event()
+
+
+class Aborted(Exception):
+    """A call not started because the run was interrupted."""
+
+
+def _guarded(fn: Callable[[T], R]) -> Callable[[T], R]:
+    def call(x: T) -> R:
+        if ABORTED.is_set():
+            raise Aborted("interrupted: call not started")
+        return fn(x)
+
+    return call
 
 
 def thread_map(
@@ -21,10 +44,12 @@ def thread_map(
             return [fn(x) for x in items]
         pool = ThreadPoolExecutor(max_workers=min(workers, len(items)))
         try:
-            return list(pool.map(fn, items))
+            return list(pool.map(_guarded(fn), items))
         finally:  # on an exception the queued calls are cancelled, in-flight ones not awaited
             pool.shutdown(wait=False, cancel_futures=True)
-    except BaseException:
+    except BaseException as e:
+        if isinstance(e, KeyboardInterrupt):
+            ABORTED.set()
         if on_abort is not None:
             on_abort()
         raise
@@ -34,9 +59,13 @@ def as_they_complete(fn: Callable[[T], R], items: Sequence[T], workers: int) -> 
     """``(index, fn(items[index]))`` in completion order, ``workers`` at a time, so a caller can
     commit each result as it arrives."""
     pool = ThreadPoolExecutor(max_workers=max(1, workers))
+    guarded = _guarded(fn)
     try:
-        futures = {pool.submit(fn, x): i for i, x in enumerate(items)}
+        futures = {pool.submit(guarded, x): i for i, x in enumerate(items)}
         for fut in as_completed(futures):
             yield futures[fut], fut.result()
+    except KeyboardInterrupt:
+        ABORTED.set()
+        raise
     finally:  # on Ctrl-C / SIGTERM do not wait for the queued requests
         pool.shutdown(wait=False, cancel_futures=True)

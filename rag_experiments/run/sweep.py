@@ -13,6 +13,7 @@ loaded before any run exists: bad input exits 2 and creates nothing. A config wh
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -364,7 +365,14 @@ def run_job(cfg: DictConfig) -> float:
     return float(res.aggregates.get(f"hit_at_{k}", float("nan")))
 
 
+_SIGNAL: list[int] = []  # the signal that stopped this process, once one has
+
+
 def _terminate(signum, frame):  # SIGTERM (timeout, CI cancel) → KILLED run, never left RUNNING
+    if _SIGNAL:  # a second signal must not break the cleanup of the first (the run left RUNNING)
+        print(f"[interrupted] {signal.Signals(signum).name} again: still marking the run KILLED", file=sys.stderr)
+        return
+    _SIGNAL.append(signum)
     raise KeyboardInterrupt(f"signal {signum}")
 
 
@@ -374,6 +382,8 @@ def _terminate(signum, frame):  # SIGTERM (timeout, CI cancel) → KILLED run, n
 def main(cfg: DictConfig) -> float:
     if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):  # a multirun installed its own
         signal.signal(signal.SIGTERM, _terminate)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _terminate)
     for noisy in ("mlflow", "httpx", "httpx2", "openai"):  # one line per HTTP call drowns the summary
         logging.getLogger(noisy).setLevel(logging.WARNING)
     with terminal_output(), infrastructure_exits_2():  # the store named, exit 2 (tracking/errors.py)
@@ -390,7 +400,20 @@ def cli() -> None:
     if bad := unknown_group_options(sys.argv[1:]) + missing_launcher_plugins(sys.argv[1:]):
         print_problems(bad)
         sys.exit(2)
-    main()
+    try:
+        main()
+    except KeyboardInterrupt as e:
+        # The run (and a sweep's parent) is marked KILLED by now. Do not join the model calls still
+        # in flight (a trickling endpoint, a local generation): end the process at once.
+        signum = _SIGNAL[0] if _SIGNAL else signal.SIGINT
+        print(f"[interrupted] {signal.Signals(signum).name}: run marked KILLED; {e or 'Ctrl-C'}; "
+              "in-flight model calls abandoned (the same command resumes)", file=sys.stderr)
+        # The atexit cleanups (a multirun's parent run, the store's connections) still run; only
+        # the interpreter's join of the worker threads is skipped.
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + int(signum))
 
 
 if __name__ == "__main__":

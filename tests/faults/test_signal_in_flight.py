@@ -1,0 +1,86 @@
+"""Issue 31 item 3: SIGTERM / Ctrl-C abort in-flight generation at once. Against an endpoint that
+trickles its body (1 byte every 2 s) the sweep used to wait for the request (alive 96 s after
+SIGTERM) and sent a new request after the signal; a second signal during cleanup left the run
+RUNNING. Now the run is marked KILLED, no request starts after the signal, and the process ends
+without joining the calls in flight."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tests.faults.test_interrupts import _popen, _runs
+from tests.sweep_helpers import make_tiny, sweep_args
+
+
+class Trickle:
+    """An OpenAI-compatible endpoint that answers 200 and then one byte every 2 s, forever."""
+
+    def __init__(self) -> None:
+        self.requests: list[float] = []
+        trickle = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                trickle.requests.append(time.monotonic())
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                try:
+                    for _ in range(600):
+                        self.wfile.write(b" ")
+                        self.wfile.flush()
+                        time.sleep(2)
+                except OSError:
+                    return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def trickle():
+    t = Trickle()
+    yield t
+    t.server.shutdown()
+    t.server.server_close()
+
+
+@pytest.mark.parametrize("signals", [1, 2], ids=["once", "twice"])
+def test_sigterm_aborts_in_flight_generation_at_once(tmp_path, trickle, signals):
+    docs, ev = make_tiny(tmp_path, n_items=4)
+    args = [*sweep_args(tmp_path, docs, ev), "generator=openai", f"generator.base_url={trickle.url}",
+            "generator.api_key_env=null", "generator.timeout_s=600", "generator.max_retries=0",
+            "generator.concurrency=2", "generation_subset=null", "judge=heuristic", "judge_card.enabled=false",
+            "tracking.traces=false"]
+    proc = _popen(tmp_path, args)
+    t0 = time.monotonic()
+    while not trickle.requests and time.monotonic() - t0 < 240 and proc.poll() is None:
+        time.sleep(0.2)
+    assert trickle.requests, "the sweep never reached generation"
+    time.sleep(1.0)
+    n_before = len(trickle.requests)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    if signals == 2:  # during the cleanup of the first
+        time.sleep(0.3)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    took = time.monotonic() - sent
+    assert took < 15, f"alive {took:.1f}s after SIGTERM\n{out[-2000:]}"
+    assert proc.returncode == 128 + signal.SIGTERM, out[-2000:]
+    assert "Traceback" not in out, out[-3000:]
+    assert len(trickle.requests) == n_before  # no request started after the signal
+    statuses = {r.info.status for r in _runs(tmp_path)}
+    assert statuses == {"KILLED"}, statuses
