@@ -26,7 +26,8 @@ tolerance; df r = their number), referred to F(r, G − 1) (W/r; the small-clust
 Cameron & Miller 2015). Degenerate data never produce an effect: when the metric does not vary
 within any query (identical configs, a constant metric) or V_t has no direction left, W = 0 and
 p = 1; only an estimate off every direction of V_t (the same non-zero shift on every query, no noise
-at all) is an exact effect, p = 0. p-values are Holm-adjusted over every term and metric tested.
+at all, every query agreeing) is an exact effect, W = ∞ with p = 2·2^−G, the smallest p a
+sign-flip test of G queries can give. p-values are Holm-adjusted over every term and metric tested.
 An interaction with p_holm < α gets a plain-language line giving the first factor's best level and
 spread at each level of the second.
 """
@@ -155,8 +156,10 @@ def wald_terms(df: pd.DataFrame, n_factors: int) -> list[tuple[str, int, float, 
         z = q.T @ b
         # directions with (numerically) no variance: V is ~s²/G, anything 1e-14 below that is zero
         ok = lam > max(1e-9 * max(lam.max(), 0.0), (1e-7 * s) ** 2 / n_groups)
-        if np.any(np.abs(z[~ok]) > 1e-6 * s):  # an estimate where the data show no noise at all
-            out.append((name, int(ok.sum()) or len(cols), math.inf, 0.0))
+        if np.any(np.abs(z[~ok]) > 1e-6 * s):
+            # an estimate where the data show no noise at all: every query agrees. The strongest
+            # evidence G exchangeable queries can give is the sign-flip bound 2·2^−G, not p = 0.
+            out.append((name, int(ok.sum()) or len(cols), math.inf, min(1.0, 2.0 ** (1 - n_groups))))
             continue
         r = int(ok.sum())
         if r == 0:
@@ -251,7 +254,7 @@ def _sort_key(v: str) -> tuple[int, float, str]:
         return (1, 0.0, str(v))
 
 
-INTERACTION_HEADERS = ["metric", "term", "kind", "df", "χ²", "p", "p_holm", "n (query × config)"]
+INTERACTION_HEADERS = ["metric", "term", "kind", "df", "Wald W", "p", "p_holm", "n (query × config)"]
 
 
 def interaction_rows(res: InteractionResult) -> list[list[str]]:
