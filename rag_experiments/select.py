@@ -121,7 +121,7 @@ def render(sel: Selection) -> str:
         f"{fmt_num(sel.margin)} (paired bootstrap; Holm over the configs: NI p_holm <= {sel.alpha:g}). "
         f"p_holm: two-sided paired test (exact McNemar for binary metrics, sign-flip otherwise, Holm), "
         "'worse' when significant",
-        f"noise: {sel.noise} (reported; the margin decides)",
+        f"noise (reported, not deciding): {sel.noise}",
         f"choice among tied configs within the constraints: {sel.tie_break}",
         text_table(headers, rows),
         *sel.notes,

@@ -38,7 +38,7 @@ TIE_BREAK = (
     "generator), then serving latency p95, then run name"
 )
 #: When underpowered: the best mean within the constraints (the cheapest tie is not evidence).
-UNDERPOWERED_PICK = "the best mean among the tied configs within the constraints"
+UNDERPOWERED_PICK = "best mean (underpowered: the cheapest tie would not be evidence)"
 
 
 @dataclass(frozen=True)
@@ -62,16 +62,18 @@ class Underpowered:
 
     def message(self) -> str:
         need = (
-            f"`plan` says n ≈ {self.n_needed} queries for an MDE of {self.margin:.3g} "
-            f"(keep --margin {self.margin:.3g} then: the default margin shrinks as 1/√n, like the MDE)"
+            f"`plan` says n ≈ {self.n_needed} queries for an MDE of {self.margin:.3g} (with --margin "
+            f"{self.margin:.3g}: the default margin shrinks as 1/√n, like the MDE)"
             if self.n_needed
             else "the MDE is unknown (fewer than 2 paired queries)"
         )
+        cmp = ">" if self.mde > self.margin else "≤"
         return (
-            f"UNDERPOWERED: this eval set cannot separate the configs ({'; '.join(self.reasons)}). "
-            f"{self.n_indistinguishable} of {self.n_others} configs are indistinguishable from the "
-            f"best (neither shown non-inferior nor shown worse); MDE {self.mde:.3g} vs margin "
-            f"{self.margin:.3g} at n = {self.n}; {need}. Choosing {UNDERPOWERED_PICK}, not the cheapest."
+            f"UNDERPOWERED: this eval set cannot separate the configs. {self.n_indistinguishable} of "
+            f"{self.n_others} configs are indistinguishable from the best (neither shown non-inferior "
+            f"nor shown worse); MDE {self.mde:.3g} {cmp} margin {self.margin:.3g} at n = {self.n} "
+            f"queries; {need}. Choosing the best mean among the tied configs within the constraints, "
+            "not the cheapest."
         )
 
 
