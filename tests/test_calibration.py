@@ -99,7 +99,10 @@ def test_sweep_wald_tests_hold_their_level_on_aa_grids():
     reps, rates, all_p = 150, {}, []
     for kind in KINDS:
         p = np.array(
-            [[pv for *_, pv in wald_terms(_aa_grid(kind, 40, (2, 2) if r % 2 else (3, 2), rng), 2)] for r in range(reps)]
+            [
+                [pv for *_, pv in wald_terms(_aa_grid(kind, 40, (2, 2) if r % 2 else (3, 2), rng), 2)]
+                for r in range(reps)
+            ]
         )
         rates[kind] = float(np.mean(p < ALPHA))
         all_p.append(p.ravel())

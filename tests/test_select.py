@@ -119,7 +119,9 @@ def test_not_significant_is_not_a_tie_and_underpowered_picks_the_best_mean():
     msg = u.message()
     assert msg.startswith("UNDERPOWERED") and "6 of 6" in msg and f"n ≈ {u.n_needed}" in msg
     # constraints still apply: the best is too expensive, nothing else is shown non-inferior
-    capped = select_config(runs, "m", True, costs=[1.0] + [0.0] * 6, constraints=Constraints(max_cost_usd=0.5))
+    capped = select_config(
+        runs, "m", True, costs=[1.0] + [0.0] * 6, constraints=Constraints(max_cost_usd=0.5)
+    )
     assert capped.chosen is None and capped.underpowered is not None
 
 
@@ -242,12 +244,25 @@ def test_underpowered_sweep_leads_with_the_warning_and_its_pick_passes_gate(swee
     best = next(line for line in lines if "(best)" in line).split(" (best)")[0]
     chosen = next(line for line in lines if line.startswith("chosen:"))
     chosen_id = chosen.split("(run ")[1].split(",")[0]
-    runs = {r.info.run_name: r for r in client.search_runs([client.get_experiment_by_name("test").experiment_id])}
+    runs = {
+        r.info.run_name: r for r in client.search_runs([client.get_experiment_by_name("test").experiment_id])
+    }
     best_id = runs[best].info.run_id
-    assert gate_cli.main(
-        ["--baseline", best_id, "--candidate", chosen_id, "--metric", "hit_at_5",
-         "--tracking-uri", f"sqlite:///{root}/mlflow.db"]
-    ) == 0
+    assert (
+        gate_cli.main(
+            [
+                "--baseline",
+                best_id,
+                "--candidate",
+                chosen_id,
+                "--metric",
+                "hit_at_5",
+                "--tracking-uri",
+                f"sqlite:///{root}/mlflow.db",
+            ]
+        )
+        == 0
+    )
     assert "GATE PASSED" in capsys.readouterr().out
     parent = client.get_run(runs[best].data.tags["mlflow.parentRunId"])
     assert parent.data.tags["select.underpowered"] == "true"

@@ -123,7 +123,9 @@ def non_inferiority(
     m = default_margin(n) if margin is None else float(margin)
     nan = float("nan")
     if n == 0:
-        return GateResult(metric, nan, nan, nan, nan, m, nan, 0, alpha, False, higher_is_better, nan, 1.0, 1.0)
+        return GateResult(
+            metric, nan, nan, nan, nan, m, nan, 0, alpha, False, higher_is_better, nan, 1.0, 1.0
+        )
     d = xb - xa
     w = d if higher_is_better else -d  # oriented: higher is better
     mean = float(d.mean())
