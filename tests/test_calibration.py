@@ -185,3 +185,42 @@ def test_holm_keeps_the_familywise_rate_on_aa_p_values():
         fwer = np.mean([np.any(holm(row) < ALPHA) for row in p])
         assert fwer <= ALPHA + 3 * _se(reps), fwer
     assert holm([0.03])[0] == 0.03
+
+
+def test_sweep_attribution_of_identical_configs_is_no_effect():
+    """compare --sweep / report's one-factor-at-a-time and marginal tests on a 2 × 2 grid whose four
+    configs have the same per-query values (binary and bounded): every p and p_holm is 1."""
+    import json
+
+    from rag_experiments.analysis.attribution import RunData, factor_effects
+
+    rng = np.random.default_rng(12)
+    n = 40
+    table = pd.DataFrame(
+        {
+            "id": [f"q{i}" for i in range(n)],
+            "hit_at_5": (rng.random(n) < 0.6).astype(float),
+            "mrr": rng.random(n),
+        }
+    )
+    runs = [
+        RunData(
+            f"{p}{k}",
+            f"prompt={p},retriever.k={k}",
+            {"prompt": p, "retriever.k": k},
+            {"overrides": json.dumps([f"prompt={p}", f"retriever.k={k}"])},
+            table.copy(),
+        )
+        for p in ("cite", "concise")
+        for k in ("3", "5")
+    ]
+    att = factor_effects(runs, runs[0], ["hit_at_5", "mrr"], n_resamples=199, n_splits=100)
+    assert (
+        len(att.effects) == 4
+        and (att.effects["p_value"] == 1.0).all()
+        and (att.effects["p_holm"] == 1.0).all()
+    )
+    tested = att.marginals.dropna(subset=["p_value"])
+    assert (
+        len(tested) and (tested["p_value"] == 1.0).all() and (tested["delta_vs_baseline_level"] == 0.0).all()
+    )
