@@ -67,13 +67,17 @@ class Underpowered:
             if self.n_needed
             else "the MDE is unknown (fewer than 2 paired queries)"
         )
-        cmp = ">" if self.mde > self.margin else "≤"
+        power = (
+            f"MDE {self.mde:.3g} {'>' if self.mde > self.margin else '≤'} margin {self.margin:.3g} "
+            f"at n = {self.n} queries; {need}"
+            if math.isfinite(self.mde) and math.isfinite(self.margin)
+            else f"only {self.n} paired queries: no MDE"
+        )
         return (
             f"UNDERPOWERED: this eval set cannot separate the configs. {self.n_indistinguishable} of "
             f"{self.n_others} configs are indistinguishable from the best (neither shown non-inferior "
-            f"nor shown worse); MDE {self.mde:.3g} {cmp} margin {self.margin:.3g} at n = {self.n} "
-            f"queries; {need}. Choosing the best mean among the tied configs within the constraints, "
-            "not the cheapest."
+            f"nor shown worse); {power}. Choosing the best mean among the tied configs within the "
+            "constraints, not the cheapest."
         )
 
 
