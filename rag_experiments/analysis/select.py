@@ -225,37 +225,13 @@ def select_config(
     if np.all(np.isnan(means)):
         raise ValueError(f"metric {metric}: no config has a value on any query")
     best = int(np.nanargmax(means) if higher_is_better else np.nanargmin(means))
-    cmp = _compare_to_best(runs, metric, higher_is_better, best, seed)
-    others = [i for i in range(len(runs)) if i != best]
-    ni = non_inferiority_family(
-        runs[best].series(metric),
-        [runs[i].series(metric) for i in others],
-        margin=margin,
-        alpha=alpha,
-        seed=seed,
-        n_resamples=n_resamples,
-        metric=metric,
-        higher_is_better=higher_is_better,
-    )
-    by_run = dict(zip(others, ni, strict=True))
-    nan = math.nan
-    tie = [i == best or by_run[i].passed for i in range(len(runs))]
-    worse = ((cmp["p_holm"] < alpha) & (cmp["worse_by"] > 0)).to_numpy()
-    power = underpowered(
-        ni,
-        [bool(worse[i]) for i in others],
-        [_paired_var(runs[best].series(metric), runs[i].series(metric)) for i in others],
-        alpha,
-    )
+    cmp, by_run, power = _against_best(runs, metric, higher_is_better, best, margin, alpha, seed, n_resamples)
+    ni = list(by_run.values())
     nf_margin, noise = noise_margin(list(replicates) or list(runs), metric, seed)
-    lat = [float(np.percentile(serving_latency_ms(r.table), 95)) if len(r.table) else math.nan for r in runs]
-    ctx = [
-        context_chars(r.table, int(float(r.params["retriever.k"])) if r.params.get("retriever.k") else None)
-        for r in runs
-    ]
-    c = constraints
-    lat_ok = [c.max_latency_ms is None or (x <= c.max_latency_ms) for x in lat]
-    cost_ok = [c.max_cost_usd is None or (not math.isnan(x) and x <= c.max_cost_usd) for x in costs]
+
+    def ni_col(attr: str) -> list[float]:  # gate's figures of each config against the best
+        return [getattr(by_run[i], attr) if i in by_run else math.nan for i in range(len(runs))]
+
     table = pd.DataFrame(
         {
             "config": [r.name for r in runs],
@@ -267,33 +243,17 @@ def select_config(
             "delta": cmp["delta"],
             "p_holm": cmp["p_holm"],
             "test": cmp["test"],
-            # gate's bound of config − best on the worse side, the margin and the Holm NI p
-            "ni_bound": [by_run[i].bound if i in by_run else nan for i in range(len(runs))],
-            "ni_margin": [by_run[i].margin if i in by_run else nan for i in range(len(runs))],
-            "ni_p_holm": [by_run[i].p_holm if i in by_run else nan for i in range(len(runs))],
-            "worse": worse,
-            "tie": tie,
-            "latency_p95_ms": lat,
-            "cost_usd": list(costs),
-            "context_chars": ctx,
-            "ok": [a and b for a, b in zip(lat_ok, cost_ok, strict=True)],
+            "ni_bound": ni_col("bound"),  # config − best on the worse side
+            "ni_margin": ni_col("margin"),
+            "ni_p_holm": ni_col("p_holm"),
+            "worse": cmp["worse"],
+            "tie": [i == best or by_run[i].passed for i in range(len(runs))],
+            **_serving(runs, costs, constraints),
         }
     )
-    key = table.assign(
-        _c=table["cost_usd"].fillna(np.inf),
-        _x=table["context_chars"].fillna(np.inf),
-        _l=table["latency_p95_ms"],
-        _m=-table["mean"] if higher_is_better else table["mean"],
-    )
-    pool = key[key["tie"] & key["ok"]]
-    order = ["_m", "config"] if power else ["_c", "_x", "_l", "config"]
-    pool = pool.sort_values(order, kind="stable")
-    chosen = None if pool.empty else str(pool["run_id"].iloc[0])
+    chosen = _choose(table, higher_is_better, power is not None)
     table["chosen"] = table["run_id"] == chosen
-    notes = []
-    if chosen is None:
-        notes.append("no config is both tied with the best and within the constraints")
-    used = float(np.median([r.margin for r in ni])) if ni else nan
+    notes = [] if chosen else ["no config is both tied with the best and within the constraints"]
     return Selection(
         metric,
         higher_is_better,
@@ -305,9 +265,76 @@ def select_config(
         nf_margin,
         tie_break=UNDERPOWERED_PICK if power else TIE_BREAK,
         notes=notes,
-        margin=used,
+        margin=float(np.median([r.margin for r in ni])) if ni else math.nan,
         underpowered=power,
     )
+
+
+def _against_best(
+    runs: Sequence[RunData],
+    metric: str,
+    hib: bool,
+    best: int,
+    margin: float | None,
+    alpha: float,
+    seed: int,
+    n_resamples: int,
+) -> tuple[pd.DataFrame, dict[int, GateResult], Underpowered | None]:
+    """(two-sided tests with a ``worse`` column, {config index: gate's non-inferiority result},
+    underpowered verdict) of every other config against the best: the family select and gate share."""
+    cmp = _compare_to_best(runs, metric, hib, best, seed)
+    others = [i for i in range(len(runs)) if i != best]
+    ni = non_inferiority_family(
+        runs[best].series(metric),
+        [runs[i].series(metric) for i in others],
+        margin=margin,
+        alpha=alpha,
+        seed=seed,
+        n_resamples=n_resamples,
+        metric=metric,
+        higher_is_better=hib,
+    )
+    cmp["worse"] = (cmp["p_holm"] < alpha) & (cmp["worse_by"] > 0)
+    worse = cmp["worse"].to_numpy()
+    power = underpowered(
+        ni,
+        [bool(worse[i]) for i in others],
+        [_paired_var(runs[best].series(metric), runs[i].series(metric)) for i in others],
+        alpha,
+    )
+    return cmp, dict(zip(others, ni, strict=True)), power
+
+
+def _serving(runs: Sequence[RunData], costs: Sequence[float], c: Constraints) -> dict[str, list]:
+    """Columns latency_p95_ms, cost_usd, context_chars and ok (within both limits; a NaN cost fails
+    a cost limit)."""
+    lat = [float(np.percentile(serving_latency_ms(r.table), 95)) if len(r.table) else math.nan for r in runs]
+    ctx = [
+        context_chars(r.table, int(float(r.params["retriever.k"])) if r.params.get("retriever.k") else None)
+        for r in runs
+    ]
+    lat_ok = [c.max_latency_ms is None or (x <= c.max_latency_ms) for x in lat]
+    cost_ok = [c.max_cost_usd is None or (not math.isnan(x) and x <= c.max_cost_usd) for x in costs]
+    return {
+        "latency_p95_ms": lat,
+        "cost_usd": list(costs),
+        "context_chars": ctx,
+        "ok": [a and b for a, b in zip(lat_ok, cost_ok, strict=True)],
+    }
+
+
+def _choose(table: pd.DataFrame, higher_is_better: bool, underpowered: bool) -> str | None:
+    """The run id of the first tied config within the constraints: in :data:`TIE_BREAK` order, or
+    by best mean when underpowered; None when there is none."""
+    key = table.assign(
+        _c=table["cost_usd"].fillna(np.inf),
+        _x=table["context_chars"].fillna(np.inf),
+        _l=table["latency_p95_ms"],
+        _m=-table["mean"] if higher_is_better else table["mean"],
+    )
+    order = ["_m", "config"] if underpowered else ["_c", "_x", "_l", "config"]
+    pool = key[key["tie"] & key["ok"]].sort_values(order, kind="stable")
+    return None if pool.empty else str(pool["run_id"].iloc[0])
 
 
 def _literal(node):
