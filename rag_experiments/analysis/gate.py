@@ -15,10 +15,17 @@ import numpy as np
 import pandas as pd
 
 from rag_experiments.analysis.power import mde
-from rag_experiments.analysis.stats import as_series, pair
-from rag_experiments.evaluation.aggregate import mean_ci
+from rag_experiments.analysis.stats import as_series, holm, pair
+from rag_experiments.evaluation.aggregate import resampled_means
 
-__all__ = ["GateResult", "default_margin", "min_detectable_effect", "non_inferiority"]
+__all__ = [
+    "GateResult",
+    "default_margin",
+    "min_detectable_effect",
+    "non_inferiority",
+    "non_inferiority_family",
+    "non_inferiority_p",
+]
 
 
 def default_margin(n: int) -> float:
@@ -49,6 +56,8 @@ class GateResult:
     passed: bool
     higher_is_better: bool = True
     upper: float = math.inf  # one-sided (1 - alpha) upper bound of delta when lower is better
+    p_value: float = math.nan  # non-inferiority p: passed iff p_value <= alpha (non_inferiority_p)
+    p_holm: float = math.nan  # Holm over the family tested together (= p_value for one test)
 
     @property
     def verdict(self) -> str:
@@ -58,6 +67,35 @@ class GateResult:
     def bound(self) -> float:
         """The confidence bound on the worse side: ``lower`` (higher is better) or ``upper``."""
         return self.lower if self.higher_is_better else self.upper
+
+
+def non_inferiority_p(boot: np.ndarray, mean: float, margin: float) -> float:
+    """Non-inferiority p-value of one percentile bootstrap, oriented so that higher is better.
+
+    ``boot``: the bootstrap means of the oriented difference w (w = b − a when higher is better,
+    a − b otherwise), ``mean`` = mean(w). The one-sided (1 − α') lower bound is
+    L(α') = min(Q(α'), mean) with Q numpy's linear-interpolation quantile of ``boot``; PASS at level
+    α' iff L(α') ≥ −margin. Q is non-decreasing in α', so p = inf{α' : L(α') ≥ −margin} and
+    **PASS iff p ≤ α** — the bound and the p-value are one decision. With the sorted means
+    s_0 ≤ … ≤ s_{B−1} and k = #{s_i < −margin}: p = 0 when k = 0, 1 when k = B or mean < −margin,
+    else ((k − 1) + t)/(B − 1) with t = (−margin − s_{k−1})/(s_k − s_{k−1}) (where Q crosses −margin).
+    No resamples (B = 0, or n = 1): p = 0 if mean ≥ −margin else 1. A 1e-12 tolerance absorbs
+    float noise (identical runs pass a zero margin).
+    """
+    thr = -margin - 1e-12
+    if not mean >= thr:  # NaN mean: not shown
+        return 1.0
+    s = np.sort(np.asarray(boot, float))
+    b = s.size
+    if b == 0:
+        return 0.0
+    k = int(np.searchsorted(s, thr, side="left"))
+    if k == 0:
+        return 0.0
+    if k == b or b == 1:
+        return 1.0
+    t = (thr - s[k - 1]) / (s[k] - s[k - 1])
+    return float(min(1.0, ((k - 1) + t) / (b - 1)))
 
 
 def non_inferiority(
@@ -73,36 +111,69 @@ def non_inferiority(
     """Is candidate ``b`` no worse than baseline ``a`` by more than ``margin``?
 
     d = b − a per paired query. Higher is better: lower = the one-sided (1 − alpha) lower bound of
-    mean(d) (seeded percentile paired bootstrap, ``evaluation.aggregate.mean_ci``); PASS iff
-    lower >= −margin. Lower is better: upper = the one-sided (1 − alpha) upper bound of mean(d);
-    PASS iff upper <= +margin. ``margin=None`` uses ``default_margin(n_pairs)``.
+    mean(d) (seeded percentile paired bootstrap, the draws of ``evaluation.aggregate.mean_ci``);
+    PASS iff lower >= −margin. Lower is better: upper = the one-sided (1 − alpha) upper bound of
+    mean(d); PASS iff upper <= +margin. ``margin=None`` uses ``default_margin(n_pairs)``.
+    ``p_value`` (:func:`non_inferiority_p`) is the same decision as a p-value (PASS iff
+    p_value <= alpha), so a family of these tests can be Holm-adjusted
+    (:func:`non_inferiority_family`).
     """
     xa, xb, _ = pair(as_series(a), as_series(b))
     n = int(xa.size)
     m = default_margin(n) if margin is None else float(margin)
     nan = float("nan")
     if n == 0:
-        return GateResult(metric, nan, nan, nan, nan, m, nan, 0, alpha, False, higher_is_better, nan)
+        return GateResult(
+            metric, nan, nan, nan, nan, m, nan, 0, alpha, False, higher_is_better, nan, 1.0, 1.0
+        )
     d = xb - xa
-    alternative = "greater" if higher_is_better else "less"
-    _, lower, upper, _ = mean_ci(
-        d, n_resamples=n_resamples, seed=seed, confidence=1 - alpha, alternative=alternative
-    )
-    passed = lower >= -m - 1e-12 if higher_is_better else upper <= m + 1e-12
+    w = d if higher_is_better else -d  # oriented: higher is better
+    mean = float(d.mean())
+    boot = resampled_means(w, n_resamples, seed) if n > 1 and n_resamples > 0 else np.empty(0)
+    bound = float(min(np.quantile(boot, alpha), w.mean())) if boot.size else float(w.mean())
+    p = non_inferiority_p(boot, float(w.mean()), m)
+    lower, upper = (bound, math.inf) if higher_is_better else (-math.inf, -bound)
     return GateResult(
         metric=metric,
         baseline=float(xa.mean()),
         candidate=float(xb.mean()),
-        delta=float(d.mean()),
+        delta=mean,
         lower=lower,
         margin=m,
         mde=min_detectable_effect(xa, xb, alpha=alpha),
         n_pairs=n,
         alpha=alpha,
-        passed=bool(passed),
+        passed=bool(p <= alpha),
         higher_is_better=higher_is_better,
         upper=upper,
+        p_value=p,
+        p_holm=p,
     )
+
+
+def non_inferiority_family(
+    baseline: pd.Series,
+    candidates: list[pd.Series],
+    margin: float | None = None,
+    alpha: float = 0.05,
+    seed: int = 0,
+    n_resamples: int = 9999,
+    metric: str = "",
+    higher_is_better: bool = True,
+) -> list[GateResult]:
+    """:func:`non_inferiority` of every candidate against one baseline, Holm over the family:
+    ``p_holm`` = Holm-adjusted ``p_value`` and ``passed`` = p_holm <= alpha. Holm only raises a
+    p-value, so a candidate that passes here passes :func:`non_inferiority` alone (``gate``)
+    with the same margin, alpha, seed and resamples; a family of one is ``gate`` itself."""
+    res = [
+        non_inferiority(baseline, c, margin, alpha, seed, n_resamples, metric, higher_is_better)
+        for c in candidates
+    ]
+    adj = holm([r.p_value for r in res])
+    for r, p in zip(res, adj, strict=True):
+        r.p_holm = float(p)
+        r.passed = bool(p <= alpha)
+    return res
 
 
 def min_detectable_effect(

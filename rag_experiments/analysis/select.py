@@ -1,11 +1,16 @@
 """Best-config selection that knows what is noise (docs/select.md). Pure functions, no MLflow.
 
 The *best* config is the one with the best mean of the metric (direction from the registry).
-Every other config is paired with it query by query (``stats.paired_delta``: exact McNemar for
-binary metrics, sign-flip otherwise), the p-values are Holm-adjusted over the comparisons, and a
-config is *tied* with the best unless it is significantly worse (``p_holm < alpha`` and worse on
-the metric's direction) by more than the A/A noise floor when one is known. Constraints (serving
-latency p95, cost) are applied to the tie set, and the cheapest config that passes is chosen.
+Every other config is tested against it with ``gate``'s paired non-inferiority test
+(``analysis.gate.non_inferiority_family``: the one-sided bootstrap bound of config − best must
+clear the same margin, ``max(0.01, 1/sqrt(n))`` unless given, Holm over the configs). A config is
+*tied* with the best only when it is **shown non-inferior** — failing to show a difference is not
+evidence of equivalence — so the chosen config passes ``gate`` against the best by construction.
+The two-sided paired test (``stats.paired_delta``, Holm) still marks configs shown *worse*; the
+rest (neither shown non-inferior nor worse) are *indistinguishable*: the eval set cannot tell.
+When the MDE of the test exceeds the margin or most configs are indistinguishable the selection
+is *underpowered* and the best mean is chosen instead of the cheapest tied config. Constraints
+(serving latency p95, cost) apply either way.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ import pandas as pd
 import yaml
 
 from rag_experiments.analysis.attribution import noise_floor
-from rag_experiments.analysis.stats import holm, paired_delta
+from rag_experiments.analysis.gate import GateResult, non_inferiority_family
+from rag_experiments.analysis.power import n_for_effect
+from rag_experiments.analysis.stats import holm, pair, paired_delta
 from rag_experiments.core.run_record import RunData
 from rag_experiments.evaluation.aggregate import mean_ci
 from rag_experiments.evaluation.cost import serving_latency_ms
@@ -30,6 +37,8 @@ TIE_BREAK = (
     "cost_usd (lowest), then mean context size (characters of the top-k chunks handed to the "
     "generator), then serving latency p95, then run name"
 )
+#: When underpowered: the best mean within the constraints (the cheapest tie is not evidence).
+UNDERPOWERED_PICK = "best mean (underpowered: the cheapest tie would not be evidence)"
 
 
 @dataclass(frozen=True)
@@ -38,9 +47,46 @@ class Constraints:
     max_cost_usd: float | None = None  # on the run's cost_usd
 
 
+@dataclass(frozen=True)
+class Underpowered:
+    """Why the eval set cannot separate the candidates (``Selection.underpowered``; the report and
+    the ``select.underpowered`` tag read it)."""
+
+    n_indistinguishable: int  # configs neither shown non-inferior nor shown worse
+    n_others: int  # configs compared with the best
+    mde: float  # median over the comparisons of gate's MDE (one-sided, 80 % power)
+    margin: float  # the non-inferiority margin used (median over the comparisons)
+    n: int  # paired queries (median over the comparisons)
+    n_needed: int | None  # queries for MDE <= margin (analysis.power.n_for_effect); None: unknown
+    reasons: tuple[str, ...]
+
+    def message(self) -> str:
+        need = (
+            f"`plan` says n ≈ {self.n_needed} queries for an MDE of {self.margin:.3g} (with --margin "
+            f"{self.margin:.3g}: the default margin shrinks as 1/√n, like the MDE)"
+            if self.n_needed
+            else "the MDE is unknown (fewer than 2 paired queries)"
+        )
+        power = (
+            f"MDE {self.mde:.3g} {'>' if self.mde > self.margin else '≤'} margin {self.margin:.3g} "
+            f"at n = {self.n} queries; {need}"
+            if math.isfinite(self.mde) and math.isfinite(self.margin)
+            else f"only {self.n} paired queries: no MDE"
+        )
+        return (
+            f"UNDERPOWERED: this eval set cannot separate the configs. {self.n_indistinguishable} of "
+            f"{self.n_others} configs are indistinguishable from the best (neither shown non-inferior "
+            f"nor shown worse); {power}. Choosing the best mean among the tied configs within the "
+            "constraints, not the cheapest."
+        )
+
+
 @dataclass
 class Selection:
-    """The result: one row per config (``table``), the chosen run id (None: nothing passes)."""
+    """The result: one row per config (``table``), the chosen run id (None: nothing passes).
+
+    ``underpowered`` is None when the eval set separates the candidates; otherwise why not
+    (printed first by the CLI, logged as the ``select.underpowered`` tag)."""
 
     metric: str
     higher_is_better: bool
@@ -52,6 +98,18 @@ class Selection:
     noise_margin: float | None
     tie_break: str = TIE_BREAK
     notes: list[str] = field(default_factory=list)
+    margin: float = math.nan  # the non-inferiority margin (median over the comparisons)
+    underpowered: Underpowered | None = None
+
+    def tags(self) -> dict[str, str]:
+        """What the CLI logs on the sweep's parent run."""
+        u = self.underpowered
+        return {
+            "select.metric": self.metric,
+            "select.underpowered": "true" if u else "false",
+            "select.chosen": self.chosen or "",
+            **({"select.underpowered_reason": u.message()[:5000]} if u else {}),
+        }
 
 
 def context_chars(table: pd.DataFrame, k: int | None) -> float:
@@ -76,6 +134,7 @@ def noise_margin(runs: Sequence[RunData], metric: str, seed: int = 0) -> tuple[f
 
 
 def _compare_to_best(runs: Sequence[RunData], metric: str, hib: bool, best: int, seed: int) -> pd.DataFrame:
+    """Two-sided paired test of every config against the best (``paired_delta``), Holm over them."""
     rows = []
     for i, r in enumerate(runs):
         if i == best:
@@ -92,6 +151,49 @@ def _compare_to_best(runs: Sequence[RunData], metric: str, hib: bool, best: int,
     return out
 
 
+def _paired_var(a: pd.Series, b: pd.Series) -> float:
+    xa, xb, _ = pair(a, b)
+    return float(np.var(xb - xa, ddof=1)) if xa.size > 1 else math.nan
+
+
+def underpowered(
+    ni: Sequence[GateResult],
+    worse: Sequence[bool],
+    paired_vars: Sequence[float],
+    alpha: float,
+) -> Underpowered | None:
+    """Whether the eval set separates the candidates from the best; None when it does.
+
+    indistinguishable = not shown non-inferior (``ni[i].passed``) and not shown worse
+    (``worse[i]``); MDE, margin, n = medians over the comparisons. Underpowered iff
+    MDE > margin or indistinguishable > half the comparisons. n_needed = ``n_for_effect(margin,
+    median paired variance, alpha, power 0.8, one-sided)``: the queries at which gate's MDE reaches
+    the current margin.
+    """
+    if not ni:
+        return None
+    k = int(sum(not r.passed and not w for r, w in zip(ni, worse, strict=True)))
+    mdes = np.array([r.mde for r in ni], float)
+    mde = float(np.nanmedian(mdes)) if np.isfinite(mdes).any() else math.nan
+    margin = float(np.median([r.margin for r in ni]))
+    n = int(np.median([r.n_pairs for r in ni]))
+    reasons = []
+    if mde > margin:
+        reasons.append(f"MDE {mde:.3g} > margin {margin:.3g}")
+    if k > len(ni) / 2:
+        reasons.append(f"{k} of {len(ni)} configs indistinguishable from the best")
+    if not reasons:
+        return None
+    v = np.array(paired_vars, float)
+    var = float(np.nanmedian(v)) if np.isfinite(v).any() else math.nan
+    needed = (
+        n_for_effect(margin, var, alpha=alpha, power=0.8, sides=1)
+        if margin > 0 and math.isfinite(var) and var > 0
+        else None
+    )
+    return Underpowered(k, len(ni), mde, margin, n, needed, tuple(reasons))
+
+
 def select_config(
     runs: Sequence[RunData],
     metric: str,
@@ -101,32 +203,35 @@ def select_config(
     alpha: float = 0.05,
     seed: int = 0,
     replicates: Sequence[RunData] = (),
+    margin: float | None = None,
+    n_resamples: int = 9999,
 ) -> Selection:
     """Rank ``runs`` (one per config, each with its per-query table) on ``metric`` and choose one.
 
     mean/CI: ``mean_ci`` of the per-query column; best = argmax (argmin when lower is better);
-    delta = mean(config − best) over the paired ids; tie = not (p_holm < alpha and worse_by >
-    noise margin (0 when none)); ok = latency p95 ≤ max_latency_ms and cost_usd ≤ max_cost_usd
-    (a NaN cost fails a cost limit); chosen = first of tie ∧ ok in :data:`TIE_BREAK` order.
-    ``costs``: each run's logged cost_usd (NaN when not logged). ``replicates``: every FINISHED
-    run of the sweep, for the A/A noise floor.
+    delta = mean(config − best) over the paired ids; tie = best, or shown non-inferior to the best
+    (``gate.non_inferiority_family``: one-sided (1 − alpha) bootstrap bound of config − best past
+    −margin on the metric's worse side, Holm over the m − 1 configs; ``margin`` None: gate's
+    default ``max(0.01, 1/sqrt(n_pairs))``); worse = two-sided paired p_holm < alpha and worse on
+    the metric's direction; ok = latency p95 ≤ max_latency_ms and cost_usd ≤ max_cost_usd (a NaN
+    cost fails a cost limit). chosen = first of tie ∧ ok in :data:`TIE_BREAK` order, or, when
+    :func:`underpowered`, the best mean of tie ∧ ok. ``costs``: each run's logged cost_usd (NaN
+    when not logged). ``replicates``: every FINISHED run of the sweep, for the A/A noise floor
+    (reported, not deciding). ``seed``, ``n_resamples``, ``alpha`` and ``margin`` are gate's, so
+    ``gate --baseline BEST --candidate CHOSEN --metric METRIC`` passes.
     """
     stats = [mean_ci(r.series(metric).to_numpy(), seed=seed) for r in runs]
     means = np.array([s[0] for s in stats])
     if np.all(np.isnan(means)):
         raise ValueError(f"metric {metric}: no config has a value on any query")
     best = int(np.nanargmax(means) if higher_is_better else np.nanargmin(means))
-    cmp = _compare_to_best(runs, metric, higher_is_better, best, seed)
-    margin, noise = noise_margin(list(replicates) or list(runs), metric, seed)
-    significant_worse = (cmp["p_holm"] < alpha) & (cmp["worse_by"] > (margin or 0.0))
-    lat = [float(np.percentile(serving_latency_ms(r.table), 95)) if len(r.table) else math.nan for r in runs]
-    ctx = [
-        context_chars(r.table, int(float(r.params["retriever.k"])) if r.params.get("retriever.k") else None)
-        for r in runs
-    ]
-    c = constraints
-    lat_ok = [c.max_latency_ms is None or (x <= c.max_latency_ms) for x in lat]
-    cost_ok = [c.max_cost_usd is None or (not math.isnan(x) and x <= c.max_cost_usd) for x in costs]
+    cmp, by_run, power = _against_best(runs, metric, higher_is_better, best, margin, alpha, seed, n_resamples)
+    ni = list(by_run.values())
+    nf_margin, noise = noise_margin(list(replicates) or list(runs), metric, seed)
+
+    def ni_col(attr: str) -> list[float]:  # gate's figures of each config against the best
+        return [getattr(by_run[i], attr) if i in by_run else math.nan for i in range(len(runs))]
+
     table = pd.DataFrame(
         {
             "config": [r.name for r in runs],
@@ -138,27 +243,98 @@ def select_config(
             "delta": cmp["delta"],
             "p_holm": cmp["p_holm"],
             "test": cmp["test"],
-            "tie": ~significant_worse,
-            "latency_p95_ms": lat,
-            "cost_usd": list(costs),
-            "context_chars": ctx,
-            "ok": [a and b for a, b in zip(lat_ok, cost_ok, strict=True)],
+            "ni_bound": ni_col("bound"),  # config − best on the worse side
+            "ni_margin": ni_col("margin"),
+            "ni_p_holm": ni_col("p_holm"),
+            "worse": cmp["worse"],
+            "tie": [i == best or by_run[i].passed for i in range(len(runs))],
+            **_serving(runs, costs, constraints),
         }
     )
+    chosen = _choose(table, higher_is_better, power is not None)
+    table["chosen"] = table["run_id"] == chosen
+    notes = [] if chosen else ["no config is both tied with the best and within the constraints"]
+    return Selection(
+        metric,
+        higher_is_better,
+        alpha,
+        runs[best].run_id,
+        chosen,
+        table,
+        noise,
+        nf_margin,
+        tie_break=UNDERPOWERED_PICK if power else TIE_BREAK,
+        notes=notes,
+        margin=float(np.median([r.margin for r in ni])) if ni else math.nan,
+        underpowered=power,
+    )
+
+
+def _against_best(
+    runs: Sequence[RunData],
+    metric: str,
+    hib: bool,
+    best: int,
+    margin: float | None,
+    alpha: float,
+    seed: int,
+    n_resamples: int,
+) -> tuple[pd.DataFrame, dict[int, GateResult], Underpowered | None]:
+    """(two-sided tests with a ``worse`` column, {config index: gate's non-inferiority result},
+    underpowered verdict) of every other config against the best: the family select and gate share."""
+    cmp = _compare_to_best(runs, metric, hib, best, seed)
+    others = [i for i in range(len(runs)) if i != best]
+    ni = non_inferiority_family(
+        runs[best].series(metric),
+        [runs[i].series(metric) for i in others],
+        margin=margin,
+        alpha=alpha,
+        seed=seed,
+        n_resamples=n_resamples,
+        metric=metric,
+        higher_is_better=hib,
+    )
+    cmp["worse"] = (cmp["p_holm"] < alpha) & (cmp["worse_by"] > 0)
+    worse = cmp["worse"].to_numpy()
+    power = underpowered(
+        ni,
+        [bool(worse[i]) for i in others],
+        [_paired_var(runs[best].series(metric), runs[i].series(metric)) for i in others],
+        alpha,
+    )
+    return cmp, dict(zip(others, ni, strict=True)), power
+
+
+def _serving(runs: Sequence[RunData], costs: Sequence[float], c: Constraints) -> dict[str, list]:
+    """Columns latency_p95_ms, cost_usd, context_chars and ok (within both limits; a NaN cost fails
+    a cost limit)."""
+    lat = [float(np.percentile(serving_latency_ms(r.table), 95)) if len(r.table) else math.nan for r in runs]
+    ctx = [
+        context_chars(r.table, int(float(r.params["retriever.k"])) if r.params.get("retriever.k") else None)
+        for r in runs
+    ]
+    lat_ok = [c.max_latency_ms is None or (x <= c.max_latency_ms) for x in lat]
+    cost_ok = [c.max_cost_usd is None or (not math.isnan(x) and x <= c.max_cost_usd) for x in costs]
+    return {
+        "latency_p95_ms": lat,
+        "cost_usd": list(costs),
+        "context_chars": ctx,
+        "ok": [a and b for a, b in zip(lat_ok, cost_ok, strict=True)],
+    }
+
+
+def _choose(table: pd.DataFrame, higher_is_better: bool, underpowered: bool) -> str | None:
+    """The run id of the first tied config within the constraints: in :data:`TIE_BREAK` order, or
+    by best mean when underpowered; None when there is none."""
     key = table.assign(
         _c=table["cost_usd"].fillna(np.inf),
         _x=table["context_chars"].fillna(np.inf),
         _l=table["latency_p95_ms"],
+        _m=-table["mean"] if higher_is_better else table["mean"],
     )
-    pool = key[key["tie"] & key["ok"]].sort_values(["_c", "_x", "_l", "config"], kind="stable")
-    chosen = None if pool.empty else str(pool["run_id"].iloc[0])
-    table["chosen"] = table["run_id"] == chosen
-    notes = []
-    if chosen is None:
-        notes.append("no config is both tied with the best and within the constraints")
-    return Selection(
-        metric, higher_is_better, alpha, runs[best].run_id, chosen, table, noise, margin, notes=notes
-    )
+    order = ["_m", "config"] if underpowered else ["_c", "_x", "_l", "config"]
+    pool = key[key["tie"] & key["ok"]].sort_values(order, kind="stable")
+    return None if pool.empty else str(pool["run_id"].iloc[0])
 
 
 def _literal(node):

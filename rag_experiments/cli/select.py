@@ -1,10 +1,15 @@
-"""Choose the cheapest config of a sweep that is not significantly worse than the best (docs/select.md).
+"""Choose the cheapest config of a sweep shown non-inferior to the best (docs/select.md).
 
     python -m rag_experiments.select SWEEP_ID --metric hit_at_5 [--max-latency-ms X]
-        [--max-cost-usd Y] [--out DIR]
+        [--max-cost-usd Y] [--margin M] [--out DIR]
 
-Prints one row per config (mean [CI], delta vs the best, Holm-adjusted p, tie?, constraints ok?,
-cost) and, with ``--out``, writes the chosen run's resolved config as ``DIR/NAME.yaml`` that
+A config ties with the best only when ``gate``'s non-inferiority test (same margin, Holm over the
+configs) shows it no worse, so ``gate --baseline BEST --candidate CHOSEN`` passes. When the eval
+set cannot separate the configs the output says so first (``UNDERPOWERED: ...``) and the best
+mean is chosen; the verdict is also set as the ``select.underpowered`` tag of the sweep's parent
+run. Prints one row per config (mean [CI], delta vs the best, the two-sided Holm p, gate's bound,
+the non-inferiority Holm p, tie?, constraints ok?, cost) and, with ``--out``, writes the chosen
+run's resolved config as ``DIR/NAME.yaml`` that
 ``python -m rag_experiments.sweep --config-dir DIR --config-name NAME`` runs unchanged.
 Exit 0 a config was chosen, 1 none passes the constraints, 2 bad input (configs scored by different
 judges without --allow-judge-change: docs/judges.md).
@@ -20,6 +25,7 @@ from collections.abc import Sequence
 from importlib.resources import files
 from pathlib import Path
 
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from rag_experiments.analysis.racing import STOPPED_HEADERS, STOPPED_NOTE, split_stopped, stopped_rows
@@ -47,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-cost-usd", type=float, help="limit on the run's cost_usd")
     p.add_argument("--alpha", type=float, default=0.05, help="significance level after Holm (default 0.05)")
+    p.add_argument(
+        "--margin",
+        type=float,
+        help="non-inferiority margin, as gate's --margin (default gate's max(0.01, 1/sqrt(n)))",
+    )
+    p.add_argument("--resamples", type=int, default=9999, help="bootstrap resamples (gate's default 9999)")
     p.add_argument("--out", metavar="DIR", help="write the chosen config as DIR/<config_hash>.yaml")
     p.add_argument("--name", help="config name (file stem) for --out; default selected_<config_hash>")
     p.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
@@ -69,11 +81,14 @@ def _direction(metric: str) -> bool:
 
 
 def render(sel: Selection) -> str:
+    """The underpowered warning first (when any), then the rule, the table and the notes."""
     headers = [
         "config",
         "mean [95% CI]",
         "delta vs best",
         "p_holm",
+        "gate bound",
+        "NI p_holm",
         "tie?",
         "constraints ok?",
         "cost_usd",
@@ -88,7 +103,9 @@ def render(sel: Selection) -> str:
                 r.config + (" (best)" if best else ""),
                 ci,
                 "–" if best else fmt_num(r.delta, signed=True),
-                "–" if best else fmt_p(r.p_holm),
+                "–" if best else fmt_p(r.p_holm) + (" worse" if r.worse else ""),
+                "–" if best else fmt_num(r.ni_bound, signed=True),
+                "–" if best else fmt_p(r.ni_p_holm),
                 "yes" if r.tie else "no",
                 "yes" if r.ok else f"no (p95 {fmt_num(r.latency_p95_ms, 1)} ms)",
                 fmt_num(r.cost_usd, 6),
@@ -96,15 +113,35 @@ def render(sel: Selection) -> str:
             ]
         )
     better = "higher" if sel.higher_is_better else "lower"
-    lines = [
-        f"metric {sel.metric} ({better} is better); ties: not worse at p_holm < {sel.alpha:g} "
-        "(paired: exact McNemar for binary metrics, sign-flip otherwise, Holm over the configs)",
-        f"noise: {sel.noise}",
-        f"tie-break among tied configs within the constraints: {sel.tie_break}",
+    side = "lower" if sel.higher_is_better else "upper"
+    lines = [sel.underpowered.message()] if sel.underpowered else []
+    lines += [
+        f"metric {sel.metric} ({better} is better); tie = shown non-inferior to the best: gate's one-sided "
+        f"{100 * (1 - sel.alpha):g}% {side} bound of config − best within the margin "
+        f"{fmt_num(sel.margin)} (paired bootstrap; Holm over the configs: NI p_holm <= {sel.alpha:g}). "
+        f"p_holm: two-sided paired test (exact McNemar for binary metrics, sign-flip otherwise, Holm), "
+        "'worse' when significant",
+        f"noise (reported, not deciding): {sel.noise}",
+        f"choice among tied configs within the constraints: {sel.tie_break}",
         text_table(headers, rows),
         *sel.notes,
     ]
     return "\n".join(lines)
+
+
+def log_tags(client: MlflowClient, children: Sequence, sel: Selection) -> str | None:
+    """Set ``sel.tags()`` (``select.underpowered`` …) on the sweep's parent run, for the report;
+    a note when the sweep has no parent run or the store refuses."""
+    parents = {r.data.tags.get("mlflow.parentRunId") for r in children} - {None}
+    if len(parents) != 1:
+        return "note: no single sweep parent run: select.underpowered not logged"
+    (parent,) = parents
+    try:
+        for k, v in sel.tags().items():
+            client.set_tag(parent, k, v)
+    except MlflowException as e:
+        return f"note: could not tag the sweep's parent run: {e}"
+    return None
 
 
 def run_select(client: MlflowClient, args: argparse.Namespace) -> tuple[Selection, dict]:
@@ -135,11 +172,15 @@ def run_select(client: MlflowClient, args: argparse.Namespace) -> tuple[Selectio
             alpha=args.alpha,
             seed=args.seed,
             replicates=replicates,
+            margin=args.margin,
+            n_resamples=args.resamples,
         )
     except ValueError as e:  # e.g. no config has a value of the metric
         raise RunInputError(str(e)) from None
     if judge_note:
         sel.notes.append(judge_note)
+    if sel.underpowered and sel.chosen is None:
+        sel.notes.append("underpowered and the best config fails the constraints: no config within them is shown non-inferior")
     if stopped:
         sel.notes += [
             f"stopped by racing ({len(stopped)}): not candidates for best, tie set or choice",
@@ -168,6 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _check_name(args.name)
         sel, by_id = run_select(client, args)
+        tag_note = log_tags(client, list(by_id.values()), sel)
+        if tag_note:
+            sel.notes.append(tag_note)
         print(render(sel))
         if sel.chosen is None:
             return 1

@@ -20,7 +20,7 @@ import pandas as pd
 from rag_experiments.evaluation.registry import REGISTRY, parse, render_key
 from rag_experiments.evaluation.replicates import collapse_replicates
 
-__all__ = ["aggregate", "cluster_mean_ci", "mean_ci", "metric_columns"]
+__all__ = ["aggregate", "cluster_mean_ci", "mean_ci", "metric_columns", "resampled_means"]
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,12 @@ def cluster_mean_ci(
     frame = pd.DataFrame({"c": np.asarray(clusters), "v": np.asarray(values, dtype=float)})
     means = frame.groupby("c", sort=False)["v"].mean().to_numpy()
     return mean_ci(means, n_resamples=n_resamples, seed=seed, confidence=confidence)
+
+
+def resampled_means(v: np.ndarray, n_resamples: int, seed: int) -> np.ndarray:
+    """The ``n_resamples`` bootstrap means :func:`mean_ci` takes its quantiles of (same seed, same
+    draws), for a test that needs the distribution itself (``analysis.gate``)."""
+    return _resampled_means(np.asarray(v, float), n_resamples, seed)
 
 
 def _resampled_means(v: np.ndarray, n_resamples: int, seed: int) -> np.ndarray:
