@@ -22,7 +22,7 @@ from rag_experiments.evalset import EvalSet, EvalSetError, sample_dir
 from rag_experiments.evaluation.defaults import RANK_DEPTH, TOKEN_BUDGETS
 from rag_experiments.evaluation.judge_validity import judge_with_repeats
 from rag_experiments.evaluation.labels import load_thresholds
-from rag_experiments.run_names import run_name
+from rag_experiments.run_names import experiment_for_corpus, run_name
 from rag_experiments.run_types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.embedding import set_model_reuse
 from rag_experiments.stages.judging.verifier import VerifierError
@@ -30,6 +30,19 @@ from rag_experiments.stages.prompts import PromptRegistryError
 
 if not OmegaConf.has_resolver("sample_dir"):  # ${sample_dir:} in conf/: wherever a config is composed
     OmegaConf.register_new_resolver("sample_dir", lambda: str(sample_dir()))
+
+
+def _corpus_experiment(*, _root_: DictConfig) -> str:
+    """``${corpus_experiment:}``, the default ``experiment_name``: named after the corpus
+    (``run_names.experiment_for_corpus``). Read from the root so an unset ``corpus.path`` (a sweep
+    over corpora, composed before its jobs) gives the fallback name instead of an error."""
+    path = OmegaConf.select(_root_, "corpus.path", default=None, throw_on_missing=False)
+    name = OmegaConf.select(_root_, "corpus.name", default=None, throw_on_missing=False)
+    return experiment_for_corpus(path, name, str(sample_dir() / "docs"))
+
+
+if not OmegaConf.has_resolver("corpus_experiment"):
+    OmegaConf.register_new_resolver("corpus_experiment", _corpus_experiment)
 
 #: user-input errors: reported as problems (exit 2), anything else is a bug and raises
 INPUT_ERRORS = (ConfigError, EvalSetError, CorpusError, FileNotFoundError, VerifierError, PromptRegistryError)
