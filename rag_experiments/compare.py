@@ -30,7 +30,7 @@ from mlflow.entities import Metric, Run
 from mlflow.tracking import MlflowClient
 
 from rag_experiments.analysis.attribution import SweepAttribution, config_diff, factor_effects, infer_factors
-from rag_experiments.analysis.baseline import BaselineChoice, sweep_baseline
+from rag_experiments.analysis.baseline import BaselineChoice, context_k, levels_label, sweep_baseline
 from rag_experiments.analysis.interactions import sweep_interactions
 from rag_experiments.analysis.racing import split_stopped
 from rag_experiments.analysis.stats import PairedResult, flips, holm, paired_deltas, transition_matrix
@@ -202,8 +202,8 @@ def headline_family(run_a: Run, run_b: Run, available: Sequence[str]) -> tuple[l
     context k. Holm over a few metrics that can move keeps the power a ~40-metric family (most
     of them copies of one another) would bury; ``--all`` widens the family."""
     diff = list(config_diff(run_a.data.params, run_b.data.params))
-    k = run_b.data.params.get("retriever.k", "5")
-    chosen = table_metrics(available, diff, k=int(k) if str(k).isdigit() else 5) or list(available)
+    k = context_k([run_a.data.params, run_b.data.params])  # the sweep's rule: a tie goes to the larger
+    chosen = table_metrics(available, diff, k=k) or list(available)
     reason = headline_reason(diff, generates(available))
     more = len(available) - len(chosen)
     line = (
@@ -498,7 +498,7 @@ def _main_sweep(client: MlflowClient, args: argparse.Namespace) -> int:
         raise RunInputError(f"baseline {args.baseline!r} was stopped early by racing; choose a config that finished")
     base = next((d for d in data if d.run_id == base_run.info.run_id), None) or run_data(client, base_run)
     why = choice.why if choice else "given with --baseline"
-    print(choice.line() if choice else f"baseline: {run_label(base_run)} ({why})")
+    print(choice.line() if choice else f"baseline: {levels_label(base, factors)} ({why})")
     tables = [d.table for d in data if d.table is not None]
     metrics = args.metric or sweep_metrics(metric_columns(*tables), factors)
     att = factor_effects(data, base, metrics, seed=args.seed, n_resamples=min(args.resamples, 4999))

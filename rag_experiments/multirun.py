@@ -274,6 +274,8 @@ class MultirunParent(Callback):
             "overrides": overrides,
             "command": "python -m rag_experiments.sweep " + shell_line(sys.argv[1:]),
             "n_jobs": n_jobs,
+            # the parent's experiment, for every job: a sweep over corpus.path names no single corpus
+            "experiment_name": str(config.experiment_name),
             **sweep_naming(config),  # run names show only what varies (run_names)
         }
         tracking.write_sweep_context(config.hydra.sweep.dir, sweep)

@@ -27,7 +27,14 @@ from rag_experiments.evaluation.headline import primary_metric
 from rag_experiments.evaluation.registry import higher_is_better
 from rag_experiments.run_record import RunData
 
-__all__ = ["BaselineChoice", "choose_baseline", "context_k", "default_levels", "sweep_baseline"]
+__all__ = [
+    "BaselineChoice",
+    "choose_baseline",
+    "context_k",
+    "default_levels",
+    "levels_label",
+    "sweep_baseline",
+]
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,11 @@ def default_levels(factors: Sequence[str]) -> dict[str, str]:
 
 def _label(levels: Mapping[str, str | None]) -> str:
     return ", ".join(f"{f}={v}" for f, v in levels.items())
+
+
+def levels_label(run: RunData, factors: Sequence[str]) -> str:
+    """``prompt=concise, retriever.k=5``: a run named by its levels, as the report labels configs."""
+    return _label({f: _level(run, f) for f in factors}) or run.name
 
 
 def choose_baseline(
