@@ -3,11 +3,9 @@
     python -m rag_experiments.compare RUN_A RUN_B [--all | --metric KEY ...] [--out FILE.md] [--log]
     python -m rag_experiments.compare --sweep SWEEP_ID [--baseline RUN] [--out FILE.md] [--long]
 
-``RUN_A RUN_B`` tests the headline family of what differs between the two configs
-(``evaluation.headline.table_metrics`` of the config diff's keys) and Holm-adjusts over that
-family; ``--all`` tests every common metric (Holm over all of them), ``--metric`` the ones named.
-``--sweep`` compares against ``--baseline``, or without it against the default baseline
-(``analysis.baseline``: the rule ``report`` uses), and prints which one and why. It prints one row per level with the headline metrics of the swept factors as columns
+``RUN_A RUN_B`` tests the headline family of the config diff (``evaluation.headline.change_family``),
+Holm over it; ``--all``: every common metric. ``--sweep`` without ``--baseline`` uses the default
+baseline (``analysis.baseline``, as ``report`` does) and prints which and why. It prints one row per level with the headline metrics of the swept factors as columns
 (``evaluation.headline.table_metrics``); ``--long`` prints every (level, metric) comparison with
 its CI and p-values, the marginal means and the noise floor one metric per row.
 
@@ -36,7 +34,7 @@ from rag_experiments.analysis.racing import split_stopped
 from rag_experiments.analysis.stats import PairedResult, flips, holm, paired_deltas, transition_matrix
 from rag_experiments.cli.errors import cli_main
 from rag_experiments.evaluation.aggregate import metric_columns
-from rag_experiments.evaluation.headline import generates, headline_reason, sweep_metrics, table_metrics
+from rag_experiments.evaluation.headline import change_family, sweep_metrics, table_metrics
 from rag_experiments.evaluation.registry import higher_is_better, parse, render_key
 from rag_experiments.report.tables import (
     EFFECT_HEADERS,
@@ -197,23 +195,10 @@ def build_comparison(
 
 
 def headline_family(run_a: Run, run_b: Run, available: Sequence[str]) -> tuple[list[str], str]:
-    """The metrics ``compare A B`` tests by default, and a line saying which: the headline columns
-    (``evaluation.headline.table_metrics``) of the keys the two configs differ in, at run B's
-    context k. Holm over a few metrics that can move keeps the power a ~40-metric family (most
-    of them copies of one another) would bury; ``--all`` widens the family."""
-    diff = list(config_diff(run_a.data.params, run_b.data.params))
-    k = context_k([run_a.data.params, run_b.data.params])  # the sweep's rule: a tie goes to the larger
-    chosen = table_metrics(available, diff, k=k) or list(available)
-    reason = headline_reason(diff, generates(available))
-    more = len(available) - len(chosen)
-    line = (
-        f"Metrics: the headline family of what differs ({len(chosen)}"
-        + (f"; {reason}" if reason else "")
-        + ")"
-        + (f"; {more} more with --all (Holm then over all {len(available)})" if more > 0 else "")
-        + "."
-    )
-    return chosen, line
+    """``evaluation.headline.change_family`` of the keys the two configs differ in, at the context
+    k of the two (the sweep's rule: a tie goes to the larger)."""
+    k = context_k([run_a.data.params, run_b.data.params])
+    return change_family(list(config_diff(run_a.data.params, run_b.data.params)), available, k)
 
 
 # --------------------------------------------------------------------------------------------- rendering
@@ -402,27 +387,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("runs", nargs="*", metavar="RUN", help="RUN_A RUN_B: run ids or run names")
     p.add_argument("--sweep", metavar="SWEEP_ID", help="attribute the sweep's effects to its factors")
-    p.add_argument(
-        "--baseline",
-        metavar="RUN",
-        help="--sweep: baseline run (id or name); default: the default config, else the closest to it "
-        "(the rule report uses; printed with why)",
-    )
-    p.add_argument(
-        "--all",
-        dest="every_metric",
-        action="store_true",
-        help="RUN_A RUN_B: test every common metric (Holm over all), not only the headline family",
-    )
+    p.add_argument("--baseline", metavar="RUN", help="--sweep: baseline run (default: as report, printed)")
+    p.add_argument("--all", dest="every_metric", action="store_true", help="test every common metric")
     p.add_argument(
         "--long", action="store_true", help="--sweep: every (level, metric) comparison, one per row, with CIs and p"
     )
-    p.add_argument(
-        "--metric",
-        action="append",
-        metavar="KEY",
-        help="metric(s) to compare (default: the headline family of what differs; --all: every common)",
-    )
+    p.add_argument("--metric", action="append", metavar="KEY", help="metric(s) to compare (default: headline)")
     p.add_argument("--out", type=Path, metavar="FILE.md", help="also write the report as Markdown")
     p.add_argument(
         "--log", action="store_true", help="log the Markdown and compare/<metric>/* metrics on run B"

@@ -22,7 +22,8 @@ metrics at the context k lead.
 The rule has one home: :func:`lead_side` names the side, :func:`primary_metric` the report's
 primary metric, :func:`table_metrics` the columns of every one-row-per-config table (the
 end-of-sweep table of ``multirun``, ``compare --sweep``, ``compare A B``'s headline family),
-:func:`sweep_metrics` the metrics ``compare --sweep`` tests.
+:func:`sweep_metrics` the metrics ``compare --sweep`` tests, :func:`change_family` those
+``compare A B`` tests.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from rag_experiments.evaluation.registry import REGISTRY, parse
 __all__ = [
     "CHUNKING_REASON",
     "GENERATION_HEADLINE",
+    "change_family",
     "GENERATION_REASON",
     "factor_side",
     "generates",
@@ -159,6 +161,23 @@ def primary_metric(varying_factors: Iterable[str], available: Iterable[str], k: 
     ``hit_at_{k}``); ``hit_at_{k}`` when none of them is available."""
     lead = table_metrics(available, varying_factors, k)
     return lead[0] if lead else f"hit_at_{k}"
+
+
+def change_family(changed: Sequence[str], available: Sequence[str], k: int = 5) -> tuple[list[str], str]:
+    """The metrics ``compare A B`` tests by default (its Holm family), and a line saying which:
+    :func:`table_metrics` of the ``changed`` config keys (every ``available`` metric when none of
+    them is available). Holm over the few metrics the change can move keeps the power that a
+    ~40-metric family, most of them copies of one another, would bury; ``--all`` widens it."""
+    chosen = table_metrics(available, changed, k=k) or list(available)
+    reason = headline_reason(changed, generates(available))
+    more = len(available) - len(chosen)
+    return chosen, (
+        f"Metrics: the headline family of what differs ({len(chosen)}"
+        + (f"; {reason}" if reason else "")
+        + ")"
+        + (f"; {more} more with --all (Holm then over all {len(available)})" if more > 0 else "")
+        + "."
+    )
 
 
 def sweep_metrics(available: Iterable[str], varying_factors: Iterable[str], k: int = 5) -> list[str]:
