@@ -12,6 +12,7 @@ import json
 import re
 
 import pytest
+from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from rag_experiments import compare
@@ -173,12 +174,46 @@ def test_compare_two_runs_tests_the_headline_family_and_holm_over_it(own_corpus,
     assert "every common metric" in out and "ndcg_at_5" in out
 
 
-def test_a_swept_key_is_never_held_fixed_even_with_one_level_left(own_corpus):
-    _, _, client, parent, _, _ = own_corpus
+def test_a_swept_key_is_never_held_fixed_even_with_one_level_left(own_corpus, tmp_path, capsys):
+    """The k=3 configs of the prompt × k sweep never finished (racing stopped them, the endpoint
+    died): the report compares the two k=5 configs, whose only factor is the prompt. k was swept
+    all the same, so it is not "held fixed" (it was, when Held fixed left out only the factors the
+    compared runs vary)."""
+    _, uri, client, parent, children, _ = own_corpus
     assert sweep_override_keys(parent) == ["prompt", "retriever.k"]
-    # a hand-written parent whose k sweep's other levels never finished: k still counts as swept
-    exp = client.get_experiment_by_name(CORPUS).experiment_id
-    tags = {"sweep_overrides": json.dumps(["retriever.k=3,5", "cache_dir=/x,/y", "seed=0"])}
-    rid = client.create_run(exp, run_name="hand-made parent", tags=tags).info.run_id
+    exp = parent.info.experiment_id
+    tags = {k: v for k, v in parent.data.tags.items() if not k.startswith("mlflow.")}
+    half = client.create_run(exp, run_name="half sweep", tags={**tags, "sweep_id": "half-sweep"}).info.run_id
+    for kid in (r for r in children if r.data.params["retriever.k"] == "5"):
+        kid_tags = {k: v for k, v in kid.data.tags.items() if not k.startswith("mlflow.")}
+        kid_tags.update({"mlflow.parentRunId": half, "sweep_id": "half-sweep"})
+        rid = client.create_run(exp, run_name=kid.info.run_name, tags=kid_tags).info.run_id
+        client.log_batch(
+            rid,
+            metrics=[Metric(k, v, 0, 0) for k, v in kid.data.metrics.items()],
+            params=[Param(k, v) for k, v in kid.data.params.items()],
+        )
+        client.log_artifact(
+            rid, client.download_artifacts(kid.info.run_id, "per_query.parquet", str(tmp_path))
+        )
+        client.set_terminated(rid, "FINISHED")
+    out = tmp_path / "report"
+    assert (
+        report_cli.main(
+            ["half-sweep", "--tracking-uri", uri, "--out", str(out), "--no-log", "--resamples", "99"]
+        )
+        == 0
+    )
+    assert "baseline: prompt=concise (the default config)" in capsys.readouterr().out
+    question = (out / "report.md").read_text().split("## Results per config")[0]
+    (held,) = [line for line in question.splitlines() if line.startswith("Held fixed:")]
+    assert "retriever.k" not in held and "`generator=openai`" in held
+    assert (
+        "Swept, with one level among the configs compared (others stopped or unfinished): `retriever.k=5`"
+        in question
+    )
+    # a hand-written tag: only the keys swept over several values count, place keys never
+    tagged = {"sweep_overrides": json.dumps(["retriever.k=3,5", "cache_dir=/x,/y", "seed=0"])}
+    rid = client.create_run(exp, run_name="hand-made parent", tags=tagged).info.run_id
     assert sweep_override_keys(client.get_run(rid)) == ["retriever.k"]
     client.delete_run(rid)
