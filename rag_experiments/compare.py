@@ -155,10 +155,10 @@ def build_comparison(
                 f"available: {', '.join(metric_columns(ta, tb, known_only=False))}"
             )
         chosen = list(metrics)
-        family = f"the {len(chosen)} metric(s) given with --metric"
+        family = f"Metrics: the {len(chosen)} given with --metric."
     elif every_metric:
         chosen = available
-        family = f"every common metric ({len(chosen)}, --all)"
+        family = f"Metrics: every common metric ({len(chosen)}, --all)."
     else:
         chosen, family = headline_family(run_a, run_b, available)
     # all metrics at once, vectorised (two 20k-item runs compare in seconds, docs/scale.md)
