@@ -163,7 +163,7 @@ def test_compare_two_runs_tests_the_headline_family_and_holm_over_it(own_corpus,
     # the CLI says which family it tested and how to widen it
     assert compare.main([a.info.run_id, b.info.run_id, "--tracking-uri", uri, "--resamples", "99"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"Metrics: the headline family of what differs \(\d+; generation settings swept", out)
+    assert re.search(r"Metrics: the headline family of what differs \(\d+; a generation setting is swept", out)
     assert "more with --all" in out
     table = out.split("== Metrics (paired, B − A) ==")[1]
     assert "ndcg_at_5" not in table.split("delta = mean(B)")[0]

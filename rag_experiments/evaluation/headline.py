@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 CHUNKING_REASON = "chunkers of different sizes compared at equal context cost"
-GENERATION_REASON = "generation settings swept: retrieval metrics cannot tell their levels apart"
+GENERATION_REASON = "a generation setting is swept: only the generation metrics move with every swept factor"
 #: The context-size key: a generation factor when the runs generate (module docstring).
 CONTEXT_K = "retriever.k"
 DEFAULT_BUDGETS = TOKEN_BUDGETS  # the metrics.token_budgets default
