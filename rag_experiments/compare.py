@@ -5,7 +5,8 @@
 
 ``RUN_A RUN_B`` tests the headline family of the config diff (``evaluation.headline.change_family``),
 Holm over it; ``--all``: every common metric. ``--sweep`` without ``--baseline`` uses the default
-baseline (``analysis.baseline``, as ``report`` does) and prints which and why. It prints one row per level with the headline metrics of the swept factors as columns
+baseline (``analysis.baseline``, as ``report`` does) and prints which and why. It prints one row
+per level with the headline metrics of the swept factors as columns
 (``evaluation.headline.table_metrics``); ``--long`` prints every (level, metric) comparison with
 its CI and p-values, the marginal means and the noise floor one metric per row.
 
