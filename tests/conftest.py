@@ -73,6 +73,7 @@ SLOW_MODULES = {
     "test_healing",
     "test_interrupts",
     "test_judge_change",
+    "test_headlines_sweep",  # a generating prompt × k sweep and a single run through the CLI (~1.5 min)
     "test_kill_resume",
     "test_mlflow_ui",
     "test_mlflow_ui_versions",  # a sweep, a re-run, a real mlflow server and Chromium (~1-2 min)

@@ -271,12 +271,13 @@ def test_compare_reads_direction_from_the_registry(store, tmp_path):
     """More retrieval failures is worse, fewer is better; hit@5 the other way round."""
     r, uri = store["runs"], store["uri"]
     out = tmp_path / "worse.md"
-    assert compare.main([r["a"], r["worse"], "--tracking-uri", uri, "--out", str(out)]) == 0
+    # the failure rates are outside an embedding change's headline family: --all tests every metric
+    assert compare.main([r["a"], r["worse"], "--all", "--tracking-uri", uri, "--out", str(out)]) == 0
     md = out.read_text()
     fail, hit, ok = (_row(md, m) for m in ("rate_retrieval_failure", "hit_at_5", "rate_ok"))
     assert fail[3].startswith("+0.3") and fail[-1] == "worse"
     assert hit[3].startswith("-0.3") and hit[-1] == "worse" and ok[-1] == "worse"
-    assert compare.main([r["worse"], r["a"], "--tracking-uri", uri, "--out", str(out)]) == 0
+    assert compare.main([r["worse"], r["a"], "--all", "--tracking-uri", uri, "--out", str(out)]) == 0
     md = out.read_text()
     assert _row(md, "rate_retrieval_failure")[-1] == "better" and _row(md, "hit_at_5")[-1] == "better"
     assert compare.change("n_queries", 1.0, 0.001) == "–" and compare.change("mrr", 0.01, 0.4) == "n.s."

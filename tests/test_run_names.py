@@ -50,13 +50,18 @@ def test_two_factors_keep_the_job_order_and_a_swept_input_path_names_the_run() -
     varying = varying_keys(jobs)
     assert varying == ["chunking", "retriever.k"]
     assert run_name(jobs[1], varying) == "chunking=fixed,retriever.k=10"
-    paths = [["corpus.path=/a", "cache_dir=/c1"], ["corpus.path=/b", "cache_dir=/c2"]]
+    paths = [["corpus.path=/data/a/", "cache_dir=/c1"], ["corpus.path=/data/b", "cache_dir=/c2"]]
     assert varying_keys(paths) == ["corpus.path"]  # a content path names the run, a cache dir never
+    # ... by its last component: no run name holds an absolute path
+    assert [run_name(j, ["corpus.path"]) for j in paths] == ["corpus.path=a", "corpus.path=b"]
 
 
 def test_single_run_keeps_its_overrides_and_no_cap_cuts_a_varying_value() -> None:
     assert run_name(["chunking=fixed", "retriever=bm25", "cache_dir=/x"]) == "chunking=fixed,retriever=bm25"
     assert run_name(["cache_dir=/x"]) == "default"
+    # a single run on one's own corpus: the place keys (paths) never name it
+    own = ["corpus=dir", "corpus.path=/home/me/acme-docs", "evalset=file", "evalset.path=/home/me/ev.jsonl"]
+    assert run_name([*own, "chunking=fixed"]) == "corpus=dir,evalset=file,chunking=fixed"
     long_path = "corpus.path=/" + "d" * 260
     single = run_name([long_path, "chunking=fixed", "retriever=bm25"])
     assert single == "chunking=fixed,retriever=bm25"  # the data overrides go first
@@ -102,7 +107,9 @@ def test_table_metrics_follow_the_swept_factors() -> None:
     assert chunked[:2] == ["evidence_recall_at_256tok", "hit_at_256tok"]
     assert chunked[2:5] == ["hit_at_5", "mrr", "evidence_recall_at_5"]
     assert table_metrics(avail, ["prompt"])[:3] == ["correctness", "faithfulness", "rate_ok"]
-    assert table_metrics(avail, ["retriever", "prompt"])[0] == "hit_at_5"
+    # a generation factor among retrieval ones: only the generation metrics move with every factor
+    assert table_metrics(avail, ["retriever", "prompt"])[0] == "correctness"
+    assert table_metrics(avail, ["retriever"])[0] == "hit_at_5"
     # compare --sweep's default set: led by the same columns, then the rest in registry order
     lead = sweep_metrics(avail, ["chunking"])
     assert lead[:2] == chunked[:2] and "ndcg_at_10" not in lead and "correctness" in lead
@@ -161,3 +168,17 @@ def test_in_brief_stays_short_and_the_table_marks_significance() -> None:
     assert [md_inline(r[0]) for r in tab.rows] == [f"chunking={c}" for c in CHUNKERS[1:]]
     cells = [[md_inline(c) for c in r[1:]] for r in tab.rows]
     assert cells[0] == ["**+0.200** *", "+0.200", "**+0.100** *"]
+
+
+def test_the_experiment_is_named_after_the_corpus_unless_it_is_the_sample() -> None:
+    from rag_experiments.core.run_names import experiment_for_corpus
+    from rag_experiments.evalset.load import sample_dir
+
+    sample = str(sample_dir() / "docs")
+    assert experiment_for_corpus(sample, "ferrymail-docs", sample) == "rag-sample"
+    assert experiment_for_corpus(sample + "/", "", sample) == "rag-sample"
+    assert experiment_for_corpus("/data/acme-docs/", "", sample) == "acme-docs"
+    assert experiment_for_corpus("/data/acme-docs", "Acme handbook", sample) == "Acme handbook"
+    assert experiment_for_corpus("/data/pages.jsonl", "", sample) == "pages"
+    assert experiment_for_corpus("/data/beir/scifact/corpus.jsonl", None, sample) == "scifact"
+    assert experiment_for_corpus(None, None, sample) == "rag-experiments"

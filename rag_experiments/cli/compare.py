@@ -1,9 +1,12 @@
 """Compare two runs query by query, or attribute a sweep's effects to its factors (docs/metrics.md).
 
-    python -m rag_experiments.compare RUN_A RUN_B [--out FILE.md] [--log] [--metric KEY ...]
-    python -m rag_experiments.compare --sweep SWEEP_ID --baseline RUN [--out FILE.md] [--long]
+    python -m rag_experiments.compare RUN_A RUN_B [--all | --metric KEY ...] [--out FILE.md] [--log]
+    python -m rag_experiments.compare --sweep SWEEP_ID [--baseline RUN] [--out FILE.md] [--long]
 
-``--sweep`` prints one row per level with the headline metrics of the swept factors as columns
+``RUN_A RUN_B`` tests the headline family of the config diff (``evaluation.headline.change_family``),
+Holm over it; ``--all``: every common metric. ``--sweep`` without ``--baseline`` uses the default
+baseline (``analysis.baseline``, as ``report`` does) and prints which and why. It prints one row
+per level with the headline metrics of the swept factors as columns
 (``evaluation.headline.table_metrics``); ``--long`` prints every (level, metric) comparison with
 its CI and p-values, the marginal means and the noise floor one metric per row.
 
@@ -26,11 +29,12 @@ from mlflow.entities import Metric, Run
 from mlflow.tracking import MlflowClient
 
 from rag_experiments.analysis.attribution import SweepAttribution, config_diff, factor_effects, infer_factors
+from rag_experiments.analysis.baseline import BaselineChoice, context_k, levels_label, sweep_baseline
 from rag_experiments.analysis.interactions import sweep_interactions
 from rag_experiments.analysis.racing import split_stopped
 from rag_experiments.analysis.stats import PairedResult, flips, holm, paired_deltas, transition_matrix
 from rag_experiments.evaluation.aggregate import metric_columns
-from rag_experiments.evaluation.headline import sweep_metrics, table_metrics
+from rag_experiments.evaluation.headline import change_family, sweep_metrics, table_metrics
 from rag_experiments.evaluation.registry import higher_is_better, parse, render_key
 from rag_experiments.report.tables import (
     EFFECT_HEADERS,
@@ -46,6 +50,7 @@ from rag_experiments.report.tables import (
 from rag_experiments.report.tables import fmt_num as _f
 from rag_experiments.report.tables import fmt_p as _p
 from rag_experiments.report.wide import sweep_head, wide_sweep_lines
+from rag_experiments.run.defaults import default_levels
 from rag_experiments.tracking.errors import cli_main
 from rag_experiments.tracking.judge_runs import ALLOW_FLAG, check_same_judge
 from rag_experiments.tracking.runs import (
@@ -63,7 +68,7 @@ METHOD_NOTE = (
     "delta = mean(B) − mean(A) over eval ids with a value in both runs (n). 95 % CI: paired "
     "bootstrap of the mean delta over queries, percentile method, seeded. p: exact McNemar "
     "(binomial test on discordant pairs) for binary metrics, paired sign-flip permutation test of "
-    "the mean difference otherwise; p_holm: Holm-adjusted across the metrics shown. "
+    "the mean difference otherwise; p_holm: Holm-adjusted across the metrics shown (the family). "
     "change: better / worse in the metric's own direction (the registry's higher_is_better: "
     "failure rates and latencies are better lower) when p_holm < 0.05, else n.s. "
     "rate_<label> rows are the per-query failure-label indicators."
@@ -83,6 +88,7 @@ class Comparison:
     n_b: int
     n_common: int
     warnings: list[str] = field(default_factory=list)
+    family: str = ""  # which metrics were tested (the Holm family), one line
 
 
 def _with_label_rates(df: pd.DataFrame, labels: Sequence[str]) -> pd.DataFrame:
@@ -130,7 +136,11 @@ def build_comparison(
     seed: int = 0,
     n_resamples: int = 9999,
     allow_judge_change: bool = False,
+    every_metric: bool = False,
 ) -> Comparison:
+    """The paired comparison of two runs on ``metrics`` if given, else on every common metric
+    (``every_metric``), else on the headline family of the keys their configs differ in
+    (:func:`headline_family`). Holm adjusts over exactly the metrics tested."""
     warnings = [w for w in [check_same_evalset(run_a, run_b), check_same_judge([run_a, run_b], allow_judge_change)] if w]
     ta, tb = load_per_query(client, run_a), load_per_query(client, run_b)
     labels: list[str] = []
@@ -147,8 +157,12 @@ def build_comparison(
                 f"available: {', '.join(metric_columns(ta, tb, known_only=False))}"
             )
         chosen = list(metrics)
-    else:
+        family = f"Metrics: the {len(chosen)} given with --metric."
+    elif every_metric:
         chosen = available
+        family = f"Metrics: every common metric ({len(chosen)}, --all)."
+    else:
+        chosen, family = headline_family(run_a, run_b, available)
     # all metrics at once, vectorised (two 20k-item runs compare in seconds, docs/scale.md)
     results = [r for r in paired_deltas(ta, tb, chosen, seed=seed, n_resamples=n_resamples) if r.n_pairs]
     for res, p in zip(results, holm([r.p_value for r in results]), strict=True):
@@ -178,7 +192,15 @@ def build_comparison(
         n_b=len(tb),
         n_common=len(ids_a & ids_b),
         warnings=warnings,
+        family=family,
     )
+
+
+def headline_family(run_a: Run, run_b: Run, available: Sequence[str]) -> tuple[list[str], str]:
+    """``evaluation.headline.change_family`` of the keys the two configs differ in, at the context
+    k of the two (the sweep's rule: a tie goes to the larger)."""
+    k = context_k([run_a.data.params, run_b.data.params])
+    return change_family(list(config_diff(run_a.data.params, run_b.data.params)), available, k)
 
 
 # --------------------------------------------------------------------------------------------- rendering
@@ -239,6 +261,7 @@ def render(comp: Comparison, markdown: bool) -> str:
     out += [
         "",
         h("Metrics (paired, B − A)"),
+        *([comp.family] if comp.family else []),
         table(RESULT_HEADERS, _result_rows(comp.results)),
         "",
         METHOD_NOTE,
@@ -261,11 +284,16 @@ def render(comp: Comparison, markdown: bool) -> str:
 
 
 def render_sweep(
-    att: SweepAttribution, sweep_id: str, markdown: bool, interactions=None, stopped: Sequence = ()
+    att: SweepAttribution,
+    sweep_id: str,
+    markdown: bool,
+    interactions=None,
+    stopped: Sequence = (),
+    why: str = "",
 ) -> str:
     table = md_table if markdown else text_table
     h = (lambda s: f"## {s}") if markdown else (lambda s: f"\n== {s} ==")
-    out = sweep_head(att, sweep_id, markdown)
+    out = sweep_head(att, sweep_id, markdown, why)
     if att.skipped:
         out.append("Not in the grid (one-factor-at-a-time comparison skipped): " + "; ".join(att.skipped))
     out += ["", h("One factor at a time: level vs baseline (others at the baseline's values)")]
@@ -295,11 +323,12 @@ def render_sweep_wide(
     columns: Sequence[str],
     interactions=None,
     stopped: Sequence = (),
+    why: str = "",
 ) -> str:
     """One row per level (the baseline first) with ``columns`` (the headline metrics) as columns."""
     table = md_table if markdown else (lambda hs, rs: text_blocks(hs, rs))
     h = (lambda s: f"## {s}") if markdown else (lambda s: f"\n== {s} ==")
-    out = wide_sweep_lines(att, sweep_id, markdown, columns, table, h)
+    out = wide_sweep_lines(att, sweep_id, markdown, columns, table, h, why)
     out += _sweep_extras(table, h, att, interactions, stopped)
     return "\n".join(out) + "\n"
 
@@ -360,13 +389,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("runs", nargs="*", metavar="RUN", help="RUN_A RUN_B: run ids or run names")
     p.add_argument("--sweep", metavar="SWEEP_ID", help="attribute the sweep's effects to its factors")
-    p.add_argument("--baseline", metavar="RUN", help="baseline run for --sweep (id or name)")
+    p.add_argument("--baseline", metavar="RUN", help="--sweep: baseline run (default: as report, printed)")
+    p.add_argument("--all", dest="every_metric", action="store_true", help="test every common metric")
     p.add_argument(
         "--long", action="store_true", help="--sweep: every (level, metric) comparison, one per row, with CIs and p"
     )
-    p.add_argument(
-        "--metric", action="append", metavar="KEY", help="metric(s) to compare (default: all common)"
-    )
+    p.add_argument("--metric", action="append", metavar="KEY", help="metric(s) to compare (default: headline)")
     p.add_argument("--out", type=Path, metavar="FILE.md", help="also write the report as Markdown")
     p.add_argument(
         "--log", action="store_true", help="log the Markdown and compare/<metric>/* metrics on run B"
@@ -385,15 +413,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     client = MlflowClient(tracking_uri=tracking_uri(args.tracking_uri))
     try:
         if args.sweep:
-            if not args.baseline:
-                raise RunInputError("--sweep needs --baseline RUN")
             return _main_sweep(client, args)
         if len(args.runs) != 2:
-            raise RunInputError("give exactly two runs (RUN_A RUN_B), or --sweep SWEEP_ID --baseline RUN")
+            raise RunInputError("give exactly two runs (RUN_A RUN_B), or --sweep SWEEP_ID [--baseline RUN]")
         run_a = resolve_run(client, args.runs[0], args.experiment)
         run_b = resolve_run(client, args.runs[1], args.experiment)
         comp = build_comparison(
-            client, run_a, run_b, args.metric, args.seed, args.resamples, args.allow_judge_change
+            client, run_a, run_b, args.metric, args.seed, args.resamples, args.allow_judge_change, args.every_metric
         )
     except RunInputError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -409,42 +435,53 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _given_baseline(client: MlflowClient, children: Sequence[Run], args: argparse.Namespace) -> Run:
+    """The run ``--baseline`` names: a child's id or name, else any run (``resolve_run``)."""
+    by_id = {r.info.run_id: r for r in children}
+    named = [r for r in children if r.info.run_name == args.baseline]
+    if args.baseline in by_id:
+        return by_id[args.baseline]
+    if len(named) == 1:
+        return named[0]
+    if len(named) > 1:
+        ids = ", ".join(r.info.run_id for r in named)
+        raise RunInputError(f"baseline name {args.baseline!r} is ambiguous in the sweep: {ids}")
+    return resolve_run(client, args.baseline, args.experiment)
+
+
 def _main_sweep(client: MlflowClient, args: argparse.Namespace) -> int:
     children = sweep_children(client, args.sweep, args.experiment)
     if not children:
         raise RunInputError(f"no child runs with sweep_id {args.sweep!r}")
-    by_id = {r.info.run_id: r for r in children}
-    named = [r for r in children if r.info.run_name == args.baseline]
-    if args.baseline in by_id:
-        base_run = by_id[args.baseline]
-    elif len(named) == 1:
-        base_run = named[0]
-    elif len(named) > 1:
-        ids = ", ".join(r.info.run_id for r in named)
-        raise RunInputError(f"baseline name {args.baseline!r} is ambiguous in the sweep: {ids}")
-    else:
-        base_run = resolve_run(client, args.baseline, args.experiment)
+    data, stopped = split_stopped([run_data(client, r) for r in children])  # racing: docs/racing.md
+    factors = infer_factors(data)
+    choice: BaselineChoice | None = None
+    if args.baseline:
+        base_run = _given_baseline(client, children, args)
+    else:  # the report's rule (analysis.baseline), on the configs that finished
+        choice = sweep_baseline(data, factors, args.metric[0] if args.metric else None, defaults=default_levels(factors))
+        base_run = next(r for r in children if r.info.run_id == data[choice.index].run_id)
     for r in children:
         check_same_evalset(base_run, r)
     judge_note = check_same_judge([base_run, *children], args.allow_judge_change)
     if judge_note:
         print(judge_note)
-    data, stopped = split_stopped([run_data(client, r) for r in children])  # racing: docs/racing.md
     if any(d.run_id == base_run.info.run_id for d in stopped):
         raise RunInputError(f"baseline {args.baseline!r} was stopped early by racing; choose a config that finished")
     base = next((d for d in data if d.run_id == base_run.info.run_id), None) or run_data(client, base_run)
+    why = choice.why if choice else "given with --baseline"
+    print(choice.line() if choice else f"baseline: {levels_label(base, factors)} ({why})")
     tables = [d.table for d in data if d.table is not None]
-    factors = infer_factors(data)
     metrics = args.metric or sweep_metrics(metric_columns(*tables), factors)
     att = factor_effects(data, base, metrics, seed=args.seed, n_resamples=min(args.resamples, 4999))
     inter = sweep_interactions(data, factors, metrics)
     if args.long:
-        print(render_sweep(att, args.sweep, markdown=False, interactions=inter, stopped=stopped))
-        md = render_sweep(att, args.sweep, markdown=True, interactions=inter, stopped=stopped)
+        print(render_sweep(att, args.sweep, False, inter, stopped, why))
+        md = render_sweep(att, args.sweep, True, inter, stopped, why)
     else:  # one row per level: the headline metrics (or the --metric keys) as columns
         cols = list(args.metric) if args.metric else table_metrics(metrics, factors)
-        print(render_sweep_wide(att, args.sweep, False, cols, interactions=inter, stopped=stopped))
-        md = render_sweep_wide(att, args.sweep, True, cols, interactions=inter, stopped=stopped)
+        print(render_sweep_wide(att, args.sweep, False, cols, inter, stopped, why))
+        md = render_sweep_wide(att, args.sweep, True, cols, inter, stopped, why)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(md)

@@ -5,8 +5,10 @@ of a sentence listing every significant (level, metric) pair.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rag_experiments.analysis.attribution import SweepAttribution
-from rag_experiments.evaluation.headline import CHUNKING_REASON
+from rag_experiments.evaluation.headline import CHUNKING_REASON, GENERATION_HEADLINE, GENERATION_REASON
 from rag_experiments.evaluation.registry import higher_is_better
 from rag_experiments.report.load import Config
 from rag_experiments.report.model import Block, Paragraph, Text, bold, code, f3, table, text, with_ci
@@ -27,16 +29,24 @@ def _effect_text(r) -> str:
     return f"{f3(r.delta, signed=True)} [{f3(r.ci_low, signed=True)}, {f3(r.ci_high, signed=True)}]"
 
 
-def in_brief(base: Config, primary: str, att: SweepAttribution | None) -> list[Text]:
-    """At most four lines: the baseline on the primary metric, why that metric (budgeted), what
-    differs significantly on it, and how many comparisons are significant (the table has them all)."""
-    out = [text("Baseline ", bold(base.label), f": {primary} = {with_ci(base.metrics, primary)}.")]
+def in_brief(
+    base: Config, primary: str, att: SweepAttribution | None, why: str = "", also: Sequence[str] = ()
+) -> list[Text]:
+    """At most four lines: the baseline on the primary metric (and on ``also``, the rest of the
+    generation headline when a generation metric leads) with ``why`` it is the baseline, why that
+    metric (budgeted or generation), what differs significantly on it, and how many comparisons are
+    significant (the table has them all)."""
+    shown = [primary, *(m for m in also if m != primary and m in base.metrics)]
+    values = "; ".join(f"{m} = {with_ci(base.metrics, m)}" for m in shown)
+    out = [text("Baseline ", bold(base.label), f" ({why})" if why else "", f": {values}.")]
     if primary.endswith("tok"):
         out.append(
             text(
                 f"Primary metric {primary}: {CHUNKING_REASON} (the context holds the same number of tokens)."
             )
         )
+    elif primary in GENERATION_HEADLINE:
+        out.append(text(f"Primary metric {primary}: {GENERATION_REASON} (docs/metrics.md)."))
     if att is None or att.effects.empty:
         return out
     eff = att.effects

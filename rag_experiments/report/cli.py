@@ -39,8 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("target", metavar="RUN_OR_SWEEP", help="sweep_id, parent run id/name, or run id/name")
     p.add_argument("--out", type=Path, metavar="DIR", help="default: reports/<sweep_id or run>")
-    p.add_argument("--baseline", metavar="RUN", help="baseline for the attribution (default: best config)")
-    p.add_argument("--metric", metavar="KEY", help="primary metric (default: hit_at_<retriever.k>)")
+    p.add_argument(
+        "--baseline",
+        metavar="RUN",
+        help="baseline for the attribution (default: the default config, else the closest to it; "
+        "the rule compare --sweep uses)",
+    )
+    p.add_argument(
+        "--metric",
+        metavar="KEY",
+        help="primary metric (default: the headline of the swept factors, docs/metrics.md)",
+    )
     p.add_argument("--worst", type=int, default=5, metavar="N", help="worst queries per config (default 5)")
     p.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
     p.add_argument("--experiment", metavar="NAME", help="look names up in this experiment only")
@@ -78,7 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     files = write_report(report, args.out or Path("reports") / safe_dirname(target.label))
     print(f"wrote {files.markdown}, {files.html} and {len(files.pngs)} plots in {files.out_dir}")
-    print(f"baseline: {report.baseline}; primary metric: {report.primary}")
+    print(f"baseline: {report.baseline} ({report.baseline_why})")  # the line compare --sweep prints
+    print(f"primary metric: {report.primary}")
     for n in report.notes:
         print(n, file=sys.stderr)
     if not args.no_log:

@@ -6,6 +6,7 @@ without touching MLflow again.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from rag_experiments.analysis.attribution import (
     _level,  # the level definition factor_effects uses, so labels match its tables
     infer_factors,
 )
+from rag_experiments.run.multirun import swept_override_keys
 from rag_experiments.tracking.runs import RunInputError, resolve_run, run_data, run_label, sweep_children
 
 
@@ -124,6 +126,7 @@ class ReportInput:
     factors: list[str]
     experiment_name: str  # "?" when the experiment is gone
     stopped: list[Config] = field(default_factory=list)  # stopped early by racing (docs/racing.md)
+    swept: list[str] = field(default_factory=list)  # every key the sweep varied: never "held fixed"
 
     @property
     def is_sweep(self) -> bool:
@@ -135,7 +138,21 @@ def load_input(client: MlflowClient, target: Target) -> ReportInput:
 
     configs, factors = load_configs(client, target.runs)
     exp = client.get_experiment(configs[0].run.info.experiment_id)
+    swept = list(dict.fromkeys([*factors, *sweep_override_keys(target.parent)]))
     kept, stopped = split_stopped(configs)  # partial runs never enter the comparisons
     if stopped and kept:
         factors = infer_factors([c.data for c in kept])
-    return ReportInput(target, kept or configs, factors, exp.name if exp else "?", stopped if kept else [])
+    return ReportInput(
+        target, kept or configs, factors, exp.name if exp else "?", stopped if kept else [], swept
+    )
+
+
+def sweep_override_keys(parent: Run | None) -> list[str]:
+    """The keys the sweep's command line swept (``prompt=a,b``, ``retriever.k=range(1,4)``: the
+    parent's ``sweep_overrides`` tag): a key swept whose other levels were stopped by racing or never
+    finished is still not held fixed. [] without a parent, or when the tag does not parse."""
+    try:
+        args = json.loads((parent.data.tags.get("sweep_overrides") if parent else None) or "[]")
+        return swept_override_keys(args)
+    except Exception:  # noqa: BLE001 - an old or hand-edited tag only loses this safeguard
+        return []

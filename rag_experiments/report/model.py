@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -20,14 +19,17 @@ from typing import Any, ClassVar
 
 from rag_experiments import judge as judging
 from rag_experiments.analysis.attribution import SweepAttribution, factor_effects
+from rag_experiments.analysis.baseline import context_k as _context_k
+from rag_experiments.analysis.baseline import sweep_baseline
 from rag_experiments.core.conf_groups import option_class
 from rag_experiments.evaluation import aggregate, labels, registry
 from rag_experiments.evaluation import metrics as M
-from rag_experiments.evaluation.headline import headline_metrics, headline_reason, varies_chunking  # noqa: F401
+from rag_experiments.evaluation.headline import primary_metric, table_metrics
 from rag_experiments.evaluation.labels import FAILURE_LABELS
 from rag_experiments.report.load import Config, ReportInput
 from rag_experiments.report.plots import PlotData
 from rag_experiments.report.tables import fmt_num
+from rag_experiments.run.defaults import default_levels
 from rag_experiments.tracking.runs import RunInputError
 
 # --------------------------------------------------------------------------------------------- metrics
@@ -50,10 +52,12 @@ def retrieval_metrics(hit_ks: Sequence[int], k: int) -> list[str]:
 def attribution_metrics(
     primary: str, k: int, configs: Sequence[Config], factors: Sequence[str] = ()
 ) -> list[str]:
-    """The primary metric, the headline metrics for the varied ``factors`` (budgeted metrics first
-    when the chunking varies: ``evaluation.headline``), the ranking metrics at context k, generation
-    metrics and rate_ok: those every config's per-query table has."""
-    lead = headline_metrics(factors, available=list(configs[0].table.columns), k=k) if factors else []
+    """The primary metric, the headline columns of the varied ``factors`` in the order of their
+    side (``evaluation.headline.table_metrics``: generation metrics first when a generation setting
+    is swept, budgeted metrics first when the chunking varies), the ranking metrics at context k,
+    generation metrics and rate_ok: those every config's per-query table has."""
+    cols = sorted(set.intersection(*(set(c.table.columns) for c in configs)))
+    lead = table_metrics(cols, factors, k=k) if factors else []
     keys = [primary, *lead] + [m for m in (f"evidence_recall_at_{k}", "mrr", f"ndcg_at_{k}") if m != primary]
     keys += [*GENERATION_METRICS, "rate_ok"]
     keys = list(dict.fromkeys(keys))
@@ -218,6 +222,7 @@ class Report:
     baseline: str
     primary: str
     notes: list[str]  # warnings worth printing on the terminal too (plain text)
+    baseline_why: str = ""  # why that baseline (analysis.baseline): printed as compare --sweep does
 
     @property
     def figures(self) -> list[Figure]:
@@ -242,8 +247,7 @@ def with_ci(m: dict[str, float], key: str) -> str:
 
 def context_k(configs: Sequence[Config]) -> int:
     """The context k (retriever.k) most configs share; ties go to the larger k."""
-    ks = Counter(int(float(c.params.get("retriever.k", 5))) for c in configs)
-    return max(ks, key=lambda k: (ks[k], k))
+    return _context_k([c.params for c in configs])
 
 
 def logged_ks(configs: Sequence[Config], prefix: str = "hit_at_") -> list[int]:
@@ -257,20 +261,23 @@ def has_generation(configs: Sequence[Config]) -> bool:
     return any(m in c.metrics for c in configs for m in GENERATION_METRICS)
 
 
-def choose_baseline(configs: Sequence[Config], primary: str, baseline: str | None) -> Config:
-    """The config named by ``baseline`` (run id, run name or label), else the best on ``primary``."""
+def choose_baseline(
+    configs: Sequence[Config], factors: Sequence[str], primary: str, baseline: str | None
+) -> tuple[Config, str]:
+    """The config named by ``baseline`` (run id, run name or label), else the sweep's default
+    baseline (``analysis.baseline.sweep_baseline``, the rule ``compare --sweep`` uses); and why."""
     if baseline:
         for c in configs:
             if baseline in (c.run.info.run_id, c.run.info.run_name, c.label):
-                return c
+                return c, "given with --baseline"
         raise RunInputError(
             f"--baseline {baseline!r} is not a run of this report; runs: "
             + ", ".join(f"{c.label} ({c.run.info.run_id})" for c in configs)
         )
-    # best on the primary metric; ties: higher MRR, then the first run
-    return max(
-        configs, key=lambda c: (c.metrics.get(primary, -1.0), c.metrics.get("mrr", -1.0), -configs.index(c))
-    )
+    if len(configs) == 1 or not factors:
+        return configs[0], "the only config" if len(configs) == 1 else "the first run"
+    got = sweep_baseline([c.data for c in configs], factors, primary, defaults=default_levels(factors))
+    return configs[got.index], got.why
 
 
 @dataclass
@@ -280,6 +287,7 @@ class Analysis:
     inp: ReportInput
     base: Config
     baseline_given: bool
+    baseline_why: str  # "the default config", "given with --baseline", … (analysis.baseline)
     primary: str
     k: int  # context k
     gen: bool
@@ -310,13 +318,13 @@ def analyse(
     """Choose the baseline and primary metric, check the runs agree, run the attribution."""
     configs = inp.configs
     k = context_k(configs)
-    lead = headline_metrics(inp.factors, available=list(configs[0].table.columns), k=k)
-    # a chunking ablation is judged at equal context cost, not by chunk counts (docs/metrics.md)
-    primary = primary or (lead[0] if varies_chunking(inp.factors) and lead else f"hit_at_{k}")
+    # the metric every swept factor can move leads (evaluation.headline; docs/metrics.md)
+    common = set.intersection(*(set(c.table.columns) for c in configs))
+    primary = primary or primary_metric(inp.factors, sorted(common), k=k)
     missing = [c.label for c in configs if primary not in c.table.columns]
     if missing:
         raise RunInputError(f"metric {primary!r} is not in the per-query table of: {', '.join(missing)}")
-    base = choose_baseline(configs, primary, baseline)
+    base, why = choose_baseline(configs, inp.factors, primary, baseline)
     notes = []
     if len({c.tags.get("evalset_digest") for c in configs} - {None}) > 1:
         notes.append(
@@ -336,6 +344,7 @@ def analyse(
         inp=inp,
         base=base,
         baseline_given=bool(baseline),
+        baseline_why=why,
         primary=primary,
         k=k,
         gen=has_generation(configs),

@@ -11,7 +11,12 @@ from collections.abc import Sequence
 
 from rag_experiments.core.conf_groups import embedding_used, generation_only
 from rag_experiments.core.run_record import is_bookkeeping
-from rag_experiments.evaluation.headline import headline_metrics, headline_reason
+from rag_experiments.evaluation.headline import (
+    CHUNKING_REASON,
+    GENERATION_HEADLINE,
+    headline_metrics,
+    varies_chunking,
+)
 from rag_experiments.report.brief import in_brief, levels_table
 from rag_experiments.report.diagnostics import diagnostics_section
 from rag_experiments.report.figures import plots_section
@@ -91,14 +96,29 @@ def question(an: Analysis) -> Section:
                 )
             )
         )
-    fixed = join([code(f"{k}={v}") for k, v in held_fixed(configs, factors, an.gen).items()], ", ")
+    swept = [*factors, *inp.swept]  # a key the sweep varied is never "held fixed"
+    fixed = join([code(f"{k}={v}") for k, v in held_fixed(configs, swept, an.gen).items()], ", ")
     s.blocks.append(Paragraph(text("Held fixed: ", fixed, ".")))
+    one_level = [f for f in inp.swept if f not in factors]
+    if one_level:  # swept, but the configs compared here have a single level of it
+        shown = join([code(f"{f}={level(configs[0], f) or '–'}") for f in one_level], ", ")
+        s.blocks.append(
+            Paragraph(
+                text(
+                    "Swept, with one level among the configs compared (others stopped or unfinished): ",
+                    shown,
+                    ".",
+                )
+            )
+        )
     n_q = int(max(c.metrics.get("n_queries", len(c.table)) for c in configs))
     n_unans = int(max(c.metrics.get("n_unanswerable", 0) for c in configs))
-    why = (
-        "(given with --baseline)."
-        if an.baseline_given
-        else text("(the best config on ", code(an.primary), ").")
+    why = f"({an.baseline_why})."
+    # k swept: one k cannot be "the" context k; the retrieval columns are read at the common one
+    k_text = (
+        f" is swept; retrieval metrics at k are shown at k = {an.k}"
+        if "retriever.k" in factors
+        else f" = {an.k}"
     )
     s.blocks.append(
         Paragraph(
@@ -108,7 +128,7 @@ def question(an: Analysis) -> Section:
                 f", {len(configs)} config(s), {n_q} eval queries ({n_unans} unanswerable: excluded from "
                 "retrieval metrics). Context k (",
                 code("retriever.k"),
-                f") = {an.k}; primary metric ",
+                f"){k_text}; primary metric ",
                 code(an.primary),
                 "; baseline = ",
                 bold(an.base.label),
@@ -119,7 +139,8 @@ def question(an: Analysis) -> Section:
     )
     s.blocks += [Paragraph(text(bold("warning"), ": ", n)) for n in an.notes]
     s.blocks.append(Paragraph(text("In brief:")))
-    s.blocks.append(Bullets(in_brief(an.base, an.primary, an.att)))
+    also = GENERATION_HEADLINE[:2] if an.primary in GENERATION_HEADLINE else ()
+    s.blocks.append(Bullets(in_brief(an.base, an.primary, an.att, an.baseline_why, also)))
     s.blocks += levels_table(an.base, an.att)
     return s
 
@@ -171,8 +192,8 @@ def results(an: Analysis) -> Section:
             )
         )
     )
-    reason = headline_reason(an.factors)
-    if reason:  # chunk-count metrics favour big chunks: lead with equal-cost ones (docs/metrics.md)
+    if varies_chunking(an.factors):  # chunk-count metrics favour big chunks: equal-cost ones lead
+        reason = CHUNKING_REASON
         cols = list(an.configs[0].table.columns)
         budgeted = [m for m in headline_metrics(an.factors, available=cols, k=an.k) if m.endswith("tok")]
         lead = [
@@ -180,14 +201,16 @@ def results(an: Analysis) -> Section:
             results_table(an, budgeted),
         ]
         s.subsections.append(Subsection("Retrieval at equal token budget", lead))
-    s.subsections.append(
-        Subsection("Retrieval", [results_table(an, retrieval_metrics(logged_ks(an.configs), an.k))])
-    )
+    retrieval = Subsection("Retrieval", [results_table(an, retrieval_metrics(logged_ks(an.configs), an.k))])
+    generation = []
     if an.gen_keys:
-        s.subsections.append(Subsection("Generation", [results_table(an, an.gen_keys)]))
+        generation.append(Subsection("Generation", [results_table(an, an.gen_keys)]))
         card = judge_card_table(an)
         if card:  # beside the generation metrics: how far the judge behind them can be trusted
-            s.subsections.append(Subsection("Judge validity card", card))
+            generation.append(Subsection("Judge validity card", card))
+    # the side the primary metric is on leads (evaluation.headline)
+    lead_gen = an.primary in an.gen_keys
+    s.subsections += [*generation, retrieval] if lead_gen else [retrieval, *generation]
     if an.rate_keys:
         s.subsections.append(Subsection("Failure-label rates", [results_table(an, an.rate_keys, False)]))
     spot = spotcheck_table(an)
@@ -380,6 +403,7 @@ def build_report(
         sections=body,
         footer=text("Report generated by ", code(f"python -m rag_experiments.report {t.label}"), "."),
         baseline=an.base.label,
+        baseline_why=an.baseline_why,
         primary=an.primary,
         notes=[f"warning: {n}" for n in an.notes] + curve_notes,
     )

@@ -13,7 +13,7 @@ import pandas as pd
 
 from rag_experiments.analysis.attribution import SweepAttribution
 from rag_experiments.analysis.attribution import _level as level_of  # the level the effects rows name
-from rag_experiments.evaluation.headline import headline_reason
+from rag_experiments.evaluation.headline import generates, headline_reason
 from rag_experiments.report.tables import fmt_num as _f
 from rag_experiments.report.tables import metric_header, wide_rows
 
@@ -24,19 +24,25 @@ WIDE_NOTE = (
 )
 
 
-def sweep_head(att: SweepAttribution, sweep_id: str, markdown: bool) -> list[str]:
-    """The first lines of every ``compare --sweep`` form: title, baseline, the swept factors."""
+def sweep_head(att: SweepAttribution, sweep_id: str, markdown: bool, why: str = "") -> list[str]:
+    """The first lines of every ``compare --sweep`` form: title, baseline (and why), the factors."""
     return [
         (f"# Sweep attribution: {sweep_id}" if markdown else f"Sweep attribution  {sweep_id}"),
         "",
-        f"Baseline: {att.baseline.name} ({att.baseline.run_id[:8]})",
+        f"Baseline: {att.baseline.name} ({att.baseline.run_id[:8]})" + (f": {why}" if why else ""),
         "Factors: "
         + ("; ".join(f"{f} ∈ {{{', '.join(v)}}}" for f, v in att.factors.items()) or "(none vary)"),
     ]
 
 
 def wide_sweep_lines(
-    att: SweepAttribution, sweep_id: str, markdown: bool, columns: Sequence[str], table: Callable, h: Callable
+    att: SweepAttribution,
+    sweep_id: str,
+    markdown: bool,
+    columns: Sequence[str],
+    table: Callable,
+    h: Callable,
+    why: str = "",
 ) -> list[str]:
     """The head of ``compare --sweep`` and one row per level (the baseline first) with ``columns``
     (the headline metrics) as columns; ``table`` lays a table out, ``h`` a heading."""
@@ -44,9 +50,9 @@ def wide_sweep_lines(
     cols = [
         m for m in columns if m in set(att.effects.get("metric", [])) | set(att.marginals.get("metric", []))
     ]
-    reason = headline_reason(att.factors)
+    reason = headline_reason(att.factors, generates(columns))
     out = [
-        *sweep_head(att, sweep_id, markdown),
+        *sweep_head(att, sweep_id, markdown, why),
         "Columns: the headline metrics of the swept factors" + (f" ({reason})" if reason else "") + ".",
     ]
     if att.skipped:

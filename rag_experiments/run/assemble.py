@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rag_experiments.core.build import build as build_node
 from rag_experiments.core.cache import CachedEmbedder, StageCache
-from rag_experiments.core.run_names import run_name
+from rag_experiments.core.run_names import experiment_for_corpus, run_name
 from rag_experiments.evalset.corpus import Corpus, CorpusError
 from rag_experiments.evalset.load import EvalSet, EvalSetError, sample_dir
 from rag_experiments.evaluation.defaults import RANK_DEPTH, TOKEN_BUDGETS
@@ -30,6 +30,19 @@ from rag_experiments.stages.prompts import PromptRegistryError
 
 if not OmegaConf.has_resolver("sample_dir"):  # ${sample_dir:} in conf/: wherever a config is composed
     OmegaConf.register_new_resolver("sample_dir", lambda: str(sample_dir()))
+
+
+def _corpus_experiment(*, _root_: DictConfig) -> str:
+    """``${corpus_experiment:}``, the default ``experiment_name``: named after the corpus
+    (``run_names.experiment_for_corpus``). Read from the root so an unset ``corpus.path`` (a sweep
+    over corpora, composed before its jobs) gives the fallback name instead of an error."""
+    path = OmegaConf.select(_root_, "corpus.path", default=None, throw_on_missing=False)
+    name = OmegaConf.select(_root_, "corpus.name", default=None, throw_on_missing=False)
+    return experiment_for_corpus(path, name, str(sample_dir() / "docs"))
+
+
+if not OmegaConf.has_resolver("corpus_experiment"):
+    OmegaConf.register_new_resolver("corpus_experiment", _corpus_experiment)
 
 #: user-input errors: reported as problems (exit 2), anything else is a bug and raises
 INPUT_ERRORS = (ConfigError, EvalSetError, CorpusError, FileNotFoundError, VerifierError, PromptRegistryError)

@@ -61,6 +61,14 @@ def _sweep_args(config: DictConfig) -> list[str]:
     return [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
 
 
+def swept_override_keys(args: list[str]) -> list[str]:
+    """The keys a sweep's command-line overrides sweep (``prompt=concise,cite`` → ``prompt``), read
+    with Hydra's own override parser (the report keeps them out of "Held fixed")."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return swept_keys(OverridesParser.create().parse_overrides([str(a) for a in args]))
+
+
 def sweep_naming(config: DictConfig) -> dict[str, list[str]]:
     """``varying``: the override keys whose value differs between the jobs (they name the runs,
     ``run_names``); ``constants``: the overrides every job shares (the parent's description)."""
@@ -272,6 +280,8 @@ class MultirunParent(Callback):
             "overrides": overrides,
             "command": "python -m rag_experiments.sweep " + shell_line(sys.argv[1:]),
             "n_jobs": n_jobs,
+            # the parent's experiment, for every job: a sweep over corpus.path names no single corpus
+            "experiment_name": str(config.experiment_name),
             **sweep_naming(config),  # run names show only what varies (run_names)
         }
         tracking.write_sweep_context(config.hydra.sweep.dir, sweep)

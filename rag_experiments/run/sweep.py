@@ -323,7 +323,9 @@ def run_job(cfg: DictConfig) -> float:
     job = describe_job(cfg, load_inputs(cfg, cache), cache, t_start)
     client = tracking.open_store(uri)
     mlflow.set_tracking_uri(uri)
-    exp_id = tracking.get_experiment_id(client, cfg.experiment_name, cfg.tracking.artifact_root)
+    # in a sweep, the experiment the multirun chose holds the parent: every job's runs go there
+    experiment = (job.sweep or {}).get("experiment_name") or cfg.experiment_name
+    exp_id = tracking.get_experiment_id(client, experiment, cfg.tracking.artifact_root)
     print_pilot_mde(client, exp_id, job)  # the primary metric's MDE, from a pilot run
     if job.inputs.stages.prompt is not None:  # templates in the Prompt Registry, by content
         job.prompt_version = register_for_run(client, exp_id, job.inputs.stages.prompt)
