@@ -27,6 +27,7 @@ from mlflow.tracking import MlflowClient
 
 from rag_experiments.analysis.attribution import SweepAttribution, config_diff, factor_effects, infer_factors
 from rag_experiments.analysis.interactions import sweep_interactions
+from rag_experiments.analysis.judge_trust import generation_marker, is_generation_metric, mlflow_runs
 from rag_experiments.analysis.racing import split_stopped
 from rag_experiments.analysis.stats import PairedResult, flips, holm, paired_deltas, transition_matrix
 from rag_experiments.cli.errors import cli_main
@@ -161,6 +162,8 @@ def build_comparison(
         flip_tables[title] = flips(ta, tb, ha, metric_b=hb)
     if labels:
         flip_tables["failure_label"] = flips(ta, tb, "failure_label")
+    if any(is_generation_metric(r.metric) for r in results):  # human κ < 0.4 (analysis.judge_trust)
+        warnings += [f"warning: {m}" for m in [generation_marker(mlflow_runs([run_a, run_b]))] if m]
     ids_a, ids_b = set(ta["id"]), set(tb["id"])
     if ids_a != ids_b:
         warnings.append(
@@ -429,6 +432,8 @@ def _main_sweep(client: MlflowClient, args: argparse.Namespace) -> int:
     judge_note = check_same_judge([base_run, *children], args.allow_judge_change)
     if judge_note:
         print(judge_note)
+    if marker := generation_marker(mlflow_runs(children)):  # human κ < 0.4 (analysis.judge_trust)
+        print(f"warning: {marker}")
     data, stopped = split_stopped([run_data(client, r) for r in children])  # racing: docs/racing.md
     if any(d.run_id == base_run.info.run_id for d in stopped):
         raise RunInputError(f"baseline {args.baseline!r} was stopped early by racing; choose a config that finished")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+from rag_experiments.analysis.judge_trust import generation_marker, is_generation_metric, mlflow_runs
 from rag_experiments.analysis.racing import STOPPED_HEADERS, STOPPED_NOTE, split_stopped, stopped_rows
 from rag_experiments.analysis.select import Constraints, Selection, runnable_config, select_config
 from rag_experiments.cli.errors import cli_main
@@ -140,6 +141,8 @@ def run_select(client: MlflowClient, args: argparse.Namespace) -> tuple[Selectio
         raise RunInputError(str(e)) from None
     if judge_note:
         sel.notes.append(judge_note)
+    if is_generation_metric(args.metric) and (m := generation_marker(mlflow_runs(children))):
+        sel.notes.append(f"warning: {m}")  # human κ < 0.4 (analysis.judge_trust)
     if stopped:
         sel.notes += [
             f"stopped by racing ({len(stopped)}): not candidates for best, tie set or choice",
