@@ -9,7 +9,7 @@ import pytest
 
 from rag_experiments import spotcheck
 from rag_experiments.analysis.ppi import judge_only, ppi_mean
-from tests.test_spotcheck import _per_query, _read, _write, store  # noqa: F401  (fixture)
+from tests.test_spotcheck import _per_query, _read, _write, judge_verdicts, store  # noqa: F401  (fixture)
 
 
 def _biased_run(rng: np.random.Generator, n_claims: int = 1500) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -100,8 +100,9 @@ def test_score_prints_and_logs_ppi_beside_judge_only(store, tmp_path, capsys):  
     assert spotcheck.main(["--tracking-uri", uri, "sample", rid, "-n", "100", "--out", str(out)]) == 0
     rows = _read(out)
     flip = {"q2#0": "unsupported", "q4#2": "unsupported", "q1#1": "supported"}
+    judge = judge_verdicts()  # the blind CSV has no judge column
     for r in rows:
-        r["human_verdict"] = flip.get(r["item_id"], r["judge_verdict"].replace("unparseable", "supported"))
+        r["human_verdict"] = flip.get(r["item_id"], judge[r["item_id"]].replace("unparseable", "supported"))
     _write(out, rows)
     capsys.readouterr()
     assert spotcheck.main(["--tracking-uri", uri, "score", rid, str(out)]) == 0
