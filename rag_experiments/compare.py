@@ -432,8 +432,6 @@ def _main_sweep(client: MlflowClient, args: argparse.Namespace) -> int:
     judge_note = check_same_judge([base_run, *children], args.allow_judge_change)
     if judge_note:
         print(judge_note)
-    if marker := generation_marker(mlflow_runs(children)):  # human κ < 0.4 (analysis.judge_trust)
-        print(f"warning: {marker}")
     data, stopped = split_stopped([run_data(client, r) for r in children])  # racing: docs/racing.md
     if any(d.run_id == base_run.info.run_id for d in stopped):
         raise RunInputError(f"baseline {args.baseline!r} was stopped early by racing; choose a config that finished")
@@ -441,6 +439,8 @@ def _main_sweep(client: MlflowClient, args: argparse.Namespace) -> int:
     tables = [d.table for d in data if d.table is not None]
     factors = infer_factors(data)
     metrics = args.metric or sweep_metrics(metric_columns(*tables), factors)
+    if any(map(is_generation_metric, metrics)) and (marker := generation_marker(mlflow_runs(children))):
+        print(f"warning: {marker}")  # human κ < 0.4 (analysis.judge_trust)
     att = factor_effects(data, base, metrics, seed=args.seed, n_resamples=min(args.resamples, 4999))
     inter = sweep_interactions(data, factors, metrics)
     if args.long:
