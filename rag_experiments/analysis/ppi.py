@@ -36,7 +36,7 @@ a normal interval near 0 or 1 spills over (10 labels, κ 0: [−0.157, 0.808], i
 estimates are therefore **clipped to [0, 1]**: value, CI low and CI high each → min(max(x, 0), 1).
 Clipping never removes a feasible value, so the coverage of a clipped interval is at least that of
 the unclipped one; a CI that touches a bound says the labels cannot place θ more closely there.
-(ppi-python 0.2 offers no bounded-outcome method for the mean, only the same CLT interval.)
+(ppi-python offers no bounded-outcome method for the mean: `ppi_mean_ci` is the same CLT interval.)
 """
 
 from __future__ import annotations
