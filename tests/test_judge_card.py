@@ -157,6 +157,9 @@ def test_card_cli_json_keys_and_ci_shapes(tmp_path, capsys):
     assert judge_main([*argv, "--cache-dir", str(tmp_path / "cache")]) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["cached"] and again["kappa"] == card["kappa"]
+    # the table names what the pairs are: human labels here (a synthetic card says it is a bound)
+    assert judge_main([a for a in argv if a != "--json"] + ["--cache-dir", str(tmp_path / "cache")]) == 0
+    assert "claim groups, human-labelled pairs, pairs.jsonl;" in capsys.readouterr().out
 
 
 def test_card_cli_bad_labels_exit_2_with_file_line(tmp_path, capsys):
