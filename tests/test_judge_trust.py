@@ -57,5 +57,6 @@ def test_notes_marker_below_0_4_else_unvalidated_once():
     ok = [({"spotcheck/kappa": KAPPA_UNRELIABLE}, SYNTH)]
     assert runs_judge_notes(ok) == [] and generation_marker(ok) is None
     assert runs_judge_notes([({"hit_at_5": 0.8}, {})]) == []  # retrieval-only: nothing to say
+    assert runs_judge_notes([({}, {"judge_card_source": "disabled"})])[0].startswith("generation metrics unvalidated")
     assert is_generation_metric("faithfulness") and is_generation_metric("rate_ok")
     assert not is_generation_metric("hit_at_5") and not is_generation_metric("no_such_metric")

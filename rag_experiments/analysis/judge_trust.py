@@ -91,10 +91,6 @@ def human_kappa(metrics: Mapping[str, float], tags: Mapping[str, str]) -> HumanK
     return None
 
 
-def is_synthetic(tags: Mapping[str, str]) -> bool:
-    return tags.get("judge_card_source") == "synthetic"
-
-
 def card_title(source: str) -> str:
     """What the card is, by its pairs' source: a synthetic card says it is a bound."""
     if source == "synthetic":
@@ -108,8 +104,8 @@ def unvalidated_note(run: str = "RUN", half_width: float = DEFAULT_HALF_WIDTH) -
     """The one-line note of a generating run without human labels: what is wrong, how to fix it."""
     n = labels_needed(half_width)
     return (
-        "generation metrics unvalidated on this corpus: no human labels of this judge (the judge card "
-        "above is on synthetic pairs, an optimistic bound). Label "
+        "generation metrics unvalidated on this corpus: no human labels of this judge (a judge card "
+        "on synthetic pairs is only an optimistic bound). Label "
         f"{n} claims for agreement within ±{half_width:g} (n = ⌈1.96²·0.25/h²⌉): "
         f"{SPOTCHECK_CMD.format(run=run, n=n)}, fill human_verdict, then spotcheck score"
     )
@@ -141,15 +137,15 @@ def generation_marker(runs: Iterable[tuple[Mapping[str, float], Mapping[str, str
 def runs_judge_notes(
     runs: Iterable[tuple[Mapping[str, float], Mapping[str, str]]], run: str = "RUN"
 ) -> list[str]:
-    """The judge notes of a set of generating runs: the unreliable marker of the lowest human κ
-    among them; else, when none has human labels and some logged a synthetic card, the
-    unvalidated note once. Retrieval-only runs (no card, no labels) add nothing."""
+    """The judge notes of a set of runs: the unreliable marker of the lowest human κ among them;
+    else, when none has human labels and some had a judge (tag ``judge_card_source``: synthetic,
+    disabled or skipped), the unvalidated note once. Retrieval-only runs add nothing."""
     runs = list(runs)
     hk = _lowest(runs)
     if hk is not None:
         marker = unreliable_marker(hk)
         return [marker] if marker else []
-    return [unvalidated_note(run)] if any(is_synthetic(t) for _, t in runs) else []
+    return [unvalidated_note(run)] if any("judge_card_source" in t for _, t in runs) else []
 
 
 def mlflow_runs(runs) -> list[tuple[Mapping[str, float], Mapping[str, str]]]:
