@@ -3,7 +3,7 @@
 ``generate`` samples passages from the corpus (seeded), asks a generator for one question grounded
 in a verbatim quote of each passage (JSON ``{question, quote, answer}``), keeps only replies whose
 quote resolves to exactly one span of the document (the eval-set resolver, so what survives here
-loads later) or, failing that, is a *near miss* (:func:`near_miss`: the passage's most similar span,
+loads later) or, failing that, is a *near miss* (``datasets.near_miss``: the passage's most similar span,
 kept with its similarity for the reviewer), drops near-duplicate questions (cosine ≥ threshold with the fixed MiniLM metric
 embedder), tags what is left heuristically and writes a review CSV. Every rejected reply is
 counted by reason. ``accept`` turns the rows a human marked ``keep`` into eval-set items and runs
@@ -13,7 +13,6 @@ the eval-set validator on them. Rules and their limits: ``docs/evalset-generatio
 from __future__ import annotations
 
 import csv
-import difflib
 import hashlib
 import io
 import json
@@ -27,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from rag_experiments.datasets.corpus import CorpusError, load_corpus
+from rag_experiments.datasets.near_miss import NEAR_MISS_THRESHOLD, near_miss
 from rag_experiments.evalset import EvalSetError, Normalised, load_evalset, normalise_ws
 from rag_experiments.parallel import as_they_complete
 from rag_experiments.progress import Progress
@@ -38,9 +38,6 @@ from rag_experiments.types import Document
 #: The review CSV; ``accept`` needs :data:`REQUIRED_COLUMNS` (hand-made files may omit the rest).
 REVIEW_COLUMNS = ["id", "query", "doc_id", "quote", "answer", "tags", "similarity", "generated_quote", "keep"]
 REQUIRED_COLUMNS = ["id", "query", "doc_id", "quote", "answer", "tags", "keep"]
-NEAR_MISS_THRESHOLD = 0.85  # similarity (ratio) at or above which a quote not found is a near miss
-_TOKEN = re.compile(r"\S+")
-_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 KEEP_YES, KEEP_NO = ("yes", "y", "1", "true"), ("", "no", "n", "0", "false")
 REJECT_REASONS = (
     "generation_error",
@@ -180,47 +177,6 @@ def resolve_quote(doc: Document, quote: str, norm: Normalised | None = None) -> 
     return hits[0] if len(hits) == 1 else "quote_ambiguous"
 
 
-def _fold(s: str) -> str:
-    """Lower-cased words of ``s`` without punctuation, one space apart: small models drop Markdown
-    emphasis, backticks and quote marks when they copy a sentence."""
-    return " ".join(re.sub(r"[^\w\s]", "", w) for w in s.lower().split()).strip()
-
-
-def near_miss(
-    doc: Document, passage: Passage, quote: str, threshold: float = NEAR_MISS_THRESHOLD
-) -> tuple[int, int, float] | None:
-    """(start, end, similarity) of the passage's span most like a quote that was not found exactly,
-    when similarity ≥ ``threshold``; else None.
-
-    Candidates: every run of L consecutive whitespace-separated words of the passage, L within ±2
-    of the quote's word count. similarity = ``difflib.SequenceMatcher`` ratio 2·M / (|a| + |b|)
-    of the two texts folded by :func:`_fold` (case, punctuation and spacing ignored; M = matched
-    characters). Numbers must agree: a span whose numbers differ from the quote's is another fact,
-    not a copying slip, and is never a near miss. Offsets are in ``doc``'s text.
-    """
-    q = _fold(quote)
-    if not q:
-        return None
-    numbers = _NUMBER.findall(quote)
-    toks = [(m.start(), m.end()) for m in _TOKEN.finditer(passage.text)]
-    n_q = len(q.split())
-    best: tuple[float, int, int] = (0.0, 0, 0)
-    sm = difflib.SequenceMatcher(autojunk=False)
-    sm.set_seq2(q)
-    for length in range(max(1, n_q - 2), n_q + 3):
-        for i in range(len(toks) - length + 1):
-            s, e = toks[i][0], toks[i + length - 1][1]
-            sm.set_seq1(_fold(passage.text[s:e]))
-            if sm.real_quick_ratio() <= best[0] or sm.quick_ratio() <= best[0]:
-                continue
-            r = sm.ratio()
-            if r > best[0] and _NUMBER.findall(passage.text[s:e]) == numbers:
-                best = (r, s, e)
-    if best[0] < threshold:
-        return None
-    return passage.start + best[1], passage.start + best[2], best[0]
-
-
 def _words(s: str) -> list[str]:
     return [w for w in _WORD.findall(s.lower()) if w not in _STOP and len(w) > 2]
 
@@ -299,7 +255,7 @@ def generate_candidates(
         doc = by_id[p.doc_id]
         norm = norms.setdefault(p.doc_id, Normalised.of(doc.text))
         span, quote, sim = resolve_quote(doc, obj["quote"], norm), obj["quote"], None
-        if span == "quote_not_found" and (near := near_miss(doc, p, obj["quote"], near_threshold)):
+        if span == "quote_not_found" and (near := near_miss(p.text, p.start, obj["quote"], near_threshold)):
             # kept for review: the document's own span (it loads), the generated text beside it
             quote, sim = doc.text[near[0] : near[1]], round(near[2], 3)
             span = resolve_quote(doc, quote, norm)
