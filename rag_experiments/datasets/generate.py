@@ -1,11 +1,13 @@
 """Bootstrapping an eval set from the corpus: an LLM proposes, the resolver and a human dispose.
 
 ``generate`` samples passages from the corpus (seeded), asks a generator for one question grounded
-in a verbatim quote of each passage (JSON ``{question, quote, answer}``), keeps only replies whose
-quote resolves to exactly one span of the document (the eval-set resolver, so what survives here
-loads later) or, failing that, is a *near miss* (``datasets.near_miss``: the passage's most similar span,
-kept with its similarity for the reviewer), drops near-duplicate questions (cosine ≥ threshold with the fixed MiniLM metric
-embedder), tags what is left heuristically and writes a review CSV. Every rejected reply is
+in a verbatim quote of each passage (JSON ``{question, quote, answer}``, progress with an ETA),
+keeps only replies whose quote resolves to exactly one span of the document (the eval-set
+resolver, so what survives here loads later) or, failing that, is a *near miss*
+(``datasets.near_miss``: the passage's most similar span, kept with its similarity for the
+reviewer), drops near-duplicate questions (cosine ≥ threshold with the fixed MiniLM metric
+embedder), tags what is left heuristically and writes a review CSV; an empty result says why and
+what to do (:func:`empty_advice`). Every rejected reply is
 counted by reason. ``accept`` turns the rows a human marked ``keep`` into eval-set items and runs
 the eval-set validator on them. Rules and their limits: ``docs/evalset-generation.md``.
 """
