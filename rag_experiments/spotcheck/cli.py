@@ -158,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.cmd == "sample":
             return _sample(uri, args, run, claims, warn)
         if ql is None:
-            source = None
+            source = f"`{args.labels.name}`"  # the summary names the user's file, not the restored copy
             labels = read_labels(args.labels, claims)
             labels_path = restore_judge(args.labels, claims, Path(tmp.name) / "labels.csv")
         else:
