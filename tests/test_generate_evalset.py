@@ -206,7 +206,7 @@ def test_end_to_end_with_the_packaged_local_model(tmp_path, capsys):
     argv = ["generate", "--corpus", str(d), "--n", "4", "--max-tokens", "96", "--out", str(review)]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    m = re.search(r"(\d+) generator calls, (\d+) kept; rejected (.*)", out)
+    m = re.search(r"(\d+) generator calls, (\d+) kept \(\d+ near-miss quotes[^)]*\); rejected (.*)", out)
     calls, kept = int(m.group(1)), int(m.group(2))
     rejected = {k: int(v) for k, v in re.findall(r"(\w+): (\d+)", m.group(3))}
     assert calls == 4 and kept + sum(rejected.values()) == calls, out
