@@ -303,3 +303,29 @@ def test_gate_fails_a_rise_of_a_lower_is_better_metric(store, capsys):
         == 2
     )
     assert "not registered" in capsys.readouterr().err
+
+
+def test_human_kappa_below_0_4_marks_generation_conclusions(store, capsys):
+    """A spot-check κ of 0.05 on one run of the comparison: compare (two runs and --sweep) and
+    select on a generation metric print the marker; a retrieval-only comparison does not."""
+    from rag_experiments.cli import select
+
+    client, r, uri = store["client"], store["runs"], store["uri"]
+    marker = "judge κ=0.05 vs your labels (spot-check, n=58): generation conclusions unreliable"
+    args = ["--tracking-uri", uri, r["a"], r["b"], "--resamples", "999"]
+    assert compare.main([*args, "--metric", "faithfulness"]) == 0
+    assert marker not in capsys.readouterr().out  # no human labels yet
+    for rid in (r["b"], r["s512"]):
+        client.log_metric(rid, "spotcheck/kappa", 0.05)
+        client.log_metric(rid, "spotcheck/n", 58)
+    assert compare.main([*args, "--metric", "faithfulness"]) == 0
+    assert f"warning: {marker}" in capsys.readouterr().out
+    assert compare.main([*args, "--metric", "hit_at_5"]) == 0
+    assert marker not in capsys.readouterr().out  # retrieval: the judge plays no part
+    sweep = ["--tracking-uri", uri, "--sweep", "sw1", "--baseline", "sweep chunking.size=256", "--resamples", "999"]
+    assert compare.main([*sweep, "--metric", "faithfulness"]) == 0
+    assert f"warning: {marker}" in capsys.readouterr().out
+    assert select.main(["sw1", "--metric", "faithfulness", "--tracking-uri", uri]) in (0, 1)
+    assert f"warning: {marker}" in capsys.readouterr().out
+    assert select.main(["sw1", "--metric", "hit_at_5", "--tracking-uri", uri]) in (0, 1)
+    assert marker not in capsys.readouterr().out

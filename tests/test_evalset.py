@@ -93,6 +93,26 @@ def test_each_corruption_is_reported_with_file_line_field_and_exit_2(tiny, capsy
     assert f"{ev}:{line}: {expected}" in err, err
 
 
+def test_unknown_document_suggests_the_closest_id(tiny, capsys):
+    """The validator names the document a mistyped doc_id most likely means (same file name in
+    another folder first, then the closest spelling), and suggests nothing for a stranger."""
+    from rag_experiments.evalset.load import closest_doc_id
+
+    docs, ev = tiny
+    (docs / "guide").mkdir()
+    (docs / "guide" / "auth.md").write_text("# Auth\n\nKeys rotate yearly.\n")
+    cases = {"webhook.md": "webhooks.md", "Webhooks.MD": "webhooks.md", "auth.md": "guide/auth.md"}
+    for typo, meant in cases.items():
+        _write(ev, [{**GOOD, "gold_evidence": [{"doc_id": typo, "quote": "24 hours"}]}])
+        assert main(["validate", "--corpus", str(docs), "--evalset", str(ev)]) == 2
+        err = capsys.readouterr().err
+        assert f"unknown document {typo!r} (not in the corpus; did you mean {meant!r}?)" in err, err
+    assert closest_doc_id("billing/invoices.md", ["webhooks.md", "guide/auth.md"]) is None
+    _write(ev, [{**GOOD, "gold_evidence": [{"doc_id": "zzz.txt", "quote": "x"}]}])
+    assert main(["validate", "--corpus", str(docs), "--evalset", str(ev)]) == 2
+    assert "unknown document 'zzz.txt' (not in the corpus)" in capsys.readouterr().err
+
+
 def test_every_problem_is_reported_not_just_the_first(tiny):
     docs, ev = tiny
     _write(ev, [c[1][-1] for c in CORRUPTIONS[1:]])

@@ -52,7 +52,23 @@ REPLIES = {  # doc -> reply content (None: HTTP 400, a generation error)
         {"question": "Are requests signed?", "quote": "Requests are signed.", "answer": "yes"}
     ),
     "err.md": None,
+    # not in DOCS: the near-miss test's own corpus
+    "near.md": json.dumps(
+        {
+            "question": "What happens to exports before they reach the bucket?",
+            "quote": "Exports are compressed with gzip before they're uploaded to the bucket",
+            "answer": "they are gzip-compressed",
+        }
+    ),
+    "number.md": json.dumps(
+        {
+            "question": "How many regions are there?",
+            "quote": "Data is replicated across 5 regions",
+            "answer": "5",
+        }
+    ),
 }
+NEAR_DOC = "Exports are **compressed** with `gzip` before they are uploaded to the bucket. Nothing else."
 
 
 @pytest.fixture
@@ -190,7 +206,7 @@ def test_end_to_end_with_the_packaged_local_model(tmp_path, capsys):
     argv = ["generate", "--corpus", str(d), "--n", "4", "--max-tokens", "96", "--out", str(review)]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    m = re.search(r"(\d+) generator calls, (\d+) kept; rejected (.*)", out)
+    m = re.search(r"(\d+) generator calls, (\d+) kept \(\d+ near-miss quotes[^)]*\); rejected (.*)", out)
     calls, kept = int(m.group(1)), int(m.group(2))
     rejected = {k: int(v) for k, v in re.findall(r"(\w+): (\d+)", m.group(3))}
     assert calls == 4 and kept + sum(rejected.values()) == calls, out
@@ -217,3 +233,66 @@ def test_end_to_end_with_the_packaged_local_model(tmp_path, capsys):
     assert main(["accept", str(review), "--corpus", str(d), "--out", str(out_jsonl)]) == 0
     items, _ = load_evalset(out_jsonl, load_corpus(d))
     assert len(items) == kept + 1
+
+
+def _corpus(root: Path, docs: dict[str, str]) -> Path:
+    d = root / "docs"
+    d.mkdir()
+    for name, text in docs.items():
+        (d / name).write_text(text + "\n", encoding="utf-8")
+    return d
+
+
+def test_near_miss_quote_is_kept_with_its_similarity_and_progress_has_an_eta(scripted_llm, tmp_path, capsys):
+    """A quote the model did not copy verbatim (Markdown dropped, "they are" → "they're") is kept
+    for review as the document's span with its similarity; a changed number is not a near miss."""
+    url, _ = scripted_llm
+    docs = _corpus(tmp_path, {"near.md": NEAR_DOC, "number.md": "Data is replicated across 3 regions."})
+    review = tmp_path / "review.csv"
+    argv = ["generate", "--corpus", str(docs), "--n", "5", "--base-url", url, "--model", "scripted"]
+    assert main([*argv, "--api-key-env", "", "--out", str(review)]) == 0
+    cap = capsys.readouterr()
+    assert "2 generator calls, 1 kept (1 near-miss quotes" in cap.out and "quote_not_found: 1" in cap.out
+    (row,) = _rows(review)
+    assert row["quote"] == "Exports are **compressed** with `gzip` before they are uploaded to the bucket."
+    assert row["generated_quote"] == json.loads(REPLIES["near.md"])["quote"]
+    assert 0.85 <= float(row["similarity"]) < 1 and row["tags"].endswith(";near_miss")
+    # progress on stderr (not a TTY): started, a line with the ETA, done
+    assert "[evalset generate] started: 2 passages" in cap.err and "ETA" in cap.err
+    assert "[evalset generate] done: 2 passages" in cap.err
+    # the kept span loads: accept validates it like any row
+    row["keep"] = "yes"
+    _write(review, [row])
+    assert main(["accept", str(review), "--corpus", str(docs), "--out", str(tmp_path / "e.jsonl")]) == 0
+    # --near-miss above 1: exact quotes only, so nothing is kept
+    assert main([*argv, "--api-key-env", "", "--out", str(review), "--near-miss", "1.01"]) == 0
+    assert "0 kept" in capsys.readouterr().out
+
+
+def test_nothing_kept_says_why_and_what_to_do(scripted_llm, tmp_path, capsys):
+    url, _ = scripted_llm
+    docs = _corpus(tmp_path, {k: DOCS[k] for k in ("notfound.md", "nojson.md")})
+    review = tmp_path / "review.csv"
+    argv = ["generate", "--corpus", str(docs), "--n", "5", "--base-url", url, "--model", "scripted"]
+    assert main([*argv, "--api-key-env", "", "--no-progress", "--out", str(review)]) == 0
+    cap = capsys.readouterr()
+    assert "set keep=yes" not in cap.out and cap.err == ""
+    assert (
+        "nothing kept: 1 no_json, 1 quote_not_found" in cap.out
+        or "nothing kept: 1 quote_not_found, 1 no_json" in cap.out
+    )
+    assert "quote_not_found: the model did not copy a sentence of the passage verbatim" in cap.out
+    assert f"Use a more capable --model at {url}" in cap.out
+    assert "no_json: replies held no JSON object: raise --max-tokens (now 200)" in cap.out
+    assert _rows(review) == []
+    # with the packaged local model the advice names the exact flags of a capable endpoint
+    from types import SimpleNamespace
+
+    from rag_experiments.evalset.generate import GenerationReport, empty_advice
+
+    rep = GenerationReport(calls=20)
+    rep.rejected.update({"quote_not_found": 17, "no_json": 3})
+    args = SimpleNamespace(base_url=None, max_tokens=200, dedup_threshold=0.9)
+    advice = empty_advice(rep, args)
+    assert advice[0] == "nothing kept: 17 quote_not_found, 3 no_json"
+    assert "--base-url http://localhost:8000/v1 --model qwen2.5-7b-instruct" in advice[1]

@@ -157,6 +157,9 @@ def test_card_cli_json_keys_and_ci_shapes(tmp_path, capsys):
     assert judge_main([*argv, "--cache-dir", str(tmp_path / "cache")]) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["cached"] and again["kappa"] == card["kappa"]
+    # the table names what the pairs are: human labels here (a synthetic card says it is a bound)
+    assert judge_main([a for a in argv if a != "--json"] + ["--cache-dir", str(tmp_path / "cache")]) == 0
+    assert "claim groups, human-labelled pairs, pairs.jsonl;" in capsys.readouterr().out
 
 
 def test_card_cli_bad_labels_exit_2_with_file_line(tmp_path, capsys):
@@ -271,3 +274,47 @@ def test_config_rejects_bad_judge_card_and_repeats():
     assert "conf/config: judge_card.max_pairs: must be an integer >= 1" in problems
     assert "conf/config: judge_card.typo: unknown key" in problems
     assert "conf/judge: repeats: must be an integer >= 1" in problems
+
+
+def test_default_run_shows_a_synthetic_card_as_a_bound_and_says_it_is_unvalidated(tmp_path, fake_llm):  # noqa: F811
+    """No human labels: the run summary and the report label the card synthetic (an optimistic
+    bound) and say once that the generation metrics are unvalidated, with the spotcheck command."""
+    from mlflow.tracking import MlflowClient
+
+    from rag_experiments.analysis.judge_trust import labels_needed
+    from rag_experiments.report import cli as report_cli
+
+    docs, ev = make_tiny(tmp_path, n_items=4)
+    p = run_sweep(
+        tmp_path,
+        *sweep_args(tmp_path, docs, ev),
+        "generator=openai",
+        f"generator.base_url={fake_llm.base_url}",
+        "generator.model=ok",
+        "generator.api_key_env=null",
+        "generator.max_retries=0",
+        "retriever=bm25",
+        "generation_subset=2",
+        "metrics.bootstrap_resamples=100",
+        "judge_card.max_pairs=40",
+        "judge_card.bootstrap_resamples=100",
+    )
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("test").experiment_id])
+    rid = run.info.run_id
+    assert run.data.tags["judge_card_source"] == "synthetic"
+    assert "judge card (40 synthetic pairs: an optimistic bound, not accuracy on this corpus" in p.stdout
+    n = labels_needed(0.1)
+    assert n == 97  # ⌈1.96² · 0.25 / 0.1²⌉
+    note = "note: generation metrics unvalidated on this corpus"
+    assert p.stdout.count(note) == 1, p.stdout
+    assert f"python -m rag_experiments.spotcheck sample {rid} -n {n}" in p.stdout
+
+    out = tmp_path / "report"
+    assert report_cli.main([rid, "--tracking-uri", uri, "--out", str(out), "--no-log"]) == 0
+    md = (out / "report.md").read_text()
+    assert md.count("generation metrics unvalidated on this corpus") == 1
+    assert f"spotcheck sample {rid} -n {n}" in md
+    assert "synthetic pairs: an optimistic bound, not this corpus's accuracy (40)" in md
+    assert "conclusions unreliable" not in md  # no human κ: no marker, the note instead

@@ -9,7 +9,7 @@ import pytest
 
 from rag_experiments import spotcheck
 from rag_experiments.analysis.ppi import judge_only, ppi_mean
-from tests.test_spotcheck import _per_query, _read, _write, store  # noqa: F401  (fixture)
+from tests.test_spotcheck import _per_query, _read, _write, judge_verdicts, store  # noqa: F401  (fixture)
 
 
 def _biased_run(rng: np.random.Generator, n_claims: int = 1500) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -29,7 +29,8 @@ def test_equal_weights_is_the_classic_ppi_mean_estimator():
     r = y - f
     assert math.isclose(est.value, f_all.mean() + r.mean())
     se = r.std(ddof=1) / math.sqrt(len(r))
-    assert math.isclose(est.ci_high - est.value, 1.959963984540054 * se)
+    assert math.isclose(est.value - est.ci_low, 1.959963984540054 * se)
+    assert est.ci_high == min(1.0, est.value + 1.959963984540054 * se) == 1.0  # clipped at the bound
     # constant weights change nothing (Hájek normalisation)
     assert math.isclose(ppi_mean(f_all, y, f, [0.3] * 5).value, est.value)
     # unequal weights: Σ w r / Σ w
@@ -37,6 +38,25 @@ def test_equal_weights_is_the_classic_ppi_mean_estimator():
     assert math.isclose(ppi_mean(f_all, y, f, pi).value, f_all.mean() + np.sum(r / pi) / np.sum(1 / pi))
     assert math.isnan(ppi_mean(f_all, [], []).value)
     assert math.isnan(ppi_mean(f_all, [1], [0]).ci_low)  # one label: no variance estimate
+
+
+def test_intervals_stay_inside_0_1_on_extreme_cases():
+    """A proportion's estimate and CI are clipped to [0, 1] (docs/spotcheck.md, "Bounded outcomes")."""
+    # issue 27's case: 10 labels, the judge agrees by chance; unclipped the CI reached below 0
+    f_all = np.r_[np.ones(30), np.zeros(70)]
+    y, f = np.array([0, 0, 0, 0, 0, 0, 0, 1, 0, 0.0]), np.array([1, 0, 1, 0, 1, 0, 0, 0, 1, 0.0])
+    raw_low = f_all.mean() + (y - f).mean() - 1.959963984540054 * (y - f).std(ddof=1) / math.sqrt(10)
+    assert raw_low < 0  # the unclipped interval would leave [0, 1]
+    est = ppi_mean(f_all, y, f)
+    assert 0.0 == est.ci_low <= est.value <= est.ci_high <= 1.0
+    # the rectifier pushes the point past 1: judge passes 90 %, every labelled claim judged 0, human 1
+    over = ppi_mean(np.r_[np.ones(90), np.zeros(10)], np.ones(5), np.zeros(5))
+    assert over.value == over.ci_low == over.ci_high == 1.0
+    under = ppi_mean(np.r_[np.ones(10), np.zeros(90)], [0, 0, 0, 1], [1, 1, 1, 1], [0.5, 0.2, 0.9, 0.4])
+    assert 0.0 <= under.ci_low <= under.value <= under.ci_high <= 1.0 and under.value == 0.0
+    # judge-only binomial interval near a bound
+    j = judge_only([1.0] + [0.0] * 9)
+    assert j.ci_low == 0.0 and 0.1 < j.ci_high <= 1.0
 
 
 @pytest.mark.parametrize("design", ["srs", "borderline_pps"])
@@ -80,8 +100,9 @@ def test_score_prints_and_logs_ppi_beside_judge_only(store, tmp_path, capsys):  
     assert spotcheck.main(["--tracking-uri", uri, "sample", rid, "-n", "100", "--out", str(out)]) == 0
     rows = _read(out)
     flip = {"q2#0": "unsupported", "q4#2": "unsupported", "q1#1": "supported"}
+    judge = judge_verdicts()  # the blind CSV has no judge column
     for r in rows:
-        r["human_verdict"] = flip.get(r["item_id"], r["judge_verdict"].replace("unparseable", "supported"))
+        r["human_verdict"] = flip.get(r["item_id"], judge[r["item_id"]].replace("unparseable", "supported"))
     _write(out, rows)
     capsys.readouterr()
     assert spotcheck.main(["--tracking-uri", uri, "score", rid, str(out)]) == 0

@@ -260,7 +260,7 @@ def test_generation_sections_appear_with_generation_metrics(tiny_sweep, tmp_path
         },
     )
     rng = np.random.default_rng(0)
-    for kid in kids:
+    for i_kid, kid in enumerate(kids):
         with tempfile.TemporaryDirectory() as tmp:
             path = client.download_artifacts(kid.info.run_id, "per_query.parquet", tmp)
             t = pd.read_parquet(path)
@@ -314,7 +314,8 @@ def test_generation_sections_appear_with_generation_metrics(tiny_sweep, tmp_path
         card = {"kappa": 0.31, "balanced_accuracy": 0.65, "unparseable_rate": 0.0, "seconds_per_verdict": 0.01}
         for k, v in card.items():  # the judge card a run logs (judge_card/*, docs/judges.md)
             metrics.update({f"judge_card/{k}": v, f"judge_card/{k}/ci_low": v / 2, f"judge_card/{k}/ci_high": v})
-        metrics.update({"judge_card/n_pairs": 200, "spotcheck/kappa": 0.4})
+        # human labels: κ 0.40 on the first config, 0.05 on the others (below 0.4: marked)
+        metrics.update({"judge_card/n_pairs": 200, "spotcheck/kappa": 0.4 if i_kid == 0 else 0.05})
         client.log_batch(rid, metrics=[Metric(k, float(v), 0, 0) for k, v in metrics.items()])
         with tempfile.TemporaryDirectory() as tmp:
             p = Path(tmp) / "per_query.parquet"
@@ -341,9 +342,13 @@ def test_generation_sections_appear_with_generation_metrics(tiny_sweep, tmp_path
     md = (out / "report.md").read_text()
     assert "### Generation" in md and "| config | faithfulness | answer_relevance | correctness |" in md
     # the judge's card beside the generation metrics, with the spot-check κ joined
-    card_md = md.split("### Judge validity card")[1].split("###")[0]
-    assert "| κ | balanced accuracy |" in card_md and "spot-check κ" in card_md
-    assert "0.310 [0.155, 0.310]" in card_md and "synthetic (200)" in card_md and "0.400" in card_md
+    card_md = md.split("### Judge validity: human labels first")[1].split("###")[0]
+    assert "| human κ (spot-check, this run) | card pairs (n) | card κ | card balanced accuracy |" in card_md
+    assert "0.310 [0.155, 0.310]" in card_md and "0.400" in card_md
+    assert "synthetic pairs: an optimistic bound, not this corpus's accuracy (200)" in card_md
+    # human labels exist: no unvalidated note; the lowest human κ (0.05 < 0.4) marks the report
+    assert "unvalidated" not in md
+    assert "judge κ=0.05 vs your labels (spot-check): generation conclusions unreliable" in md
     assert "baseline = **chunking=fixed** (given with --baseline)" in md
     assert "chunking=markdown | faithfulness |" in md  # attributed
     assert "rag_experiments.judge.claims.faithfulness" in md and "HeuristicJudge" in md

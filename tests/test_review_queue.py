@@ -19,7 +19,7 @@ from rag_experiments.spotcheck import review
 from rag_experiments.tracking import bounds
 from rag_experiments.tracking import review_queue as rq
 from tests.sweep_helpers import free_port
-from tests.test_spotcheck import _per_query, judged_run
+from tests.test_spotcheck import _per_query, judge_verdicts, judged_run
 
 # the human's labels (item → verdict); items not listed stay blank
 HUMAN = {"q2#0": "unsupported", "q4#2": "unsupported", "q1#1": "supported"}
@@ -85,14 +85,17 @@ def test_queue_labels_score_exactly_like_the_csv(judged, tmp_path, capsys):
         assert t.info.tags[review.RUN] == rid
         (rec,) = [sp.inputs for sp in t.data.spans if sp.name == rq.RECORD_SPAN]
         assert (rec["claim"], rec["context"]) == (r["claim"], r["context"])  # exact, as the judge saw it
+        assert not any(k.startswith("spotcheck.judge_") and k != "spotcheck.judge_model" for k in t.info.tags)
+        assert "why claim" not in json.dumps(t.data.spans[0].inputs)  # blind: no judge verdict or rationale
         shown = t.data.spans[0].inputs["messages"][0]["content"]
         assert "**Claim:**" in shown and 'second chunk, "quoted"  \nacross lines' in shown  # lines kept
         assert "marked failed\\." in shown  # Markdown punctuation escaped: shown literally
 
     # a reviewer labels all but one claim in the Review tab: HUMAN feedback named after the schema
     blank = rows[-1]["item_id"]
+    judge = judge_verdicts()  # the blind CSV carries no judge column
     for r in rows:
-        human = _human(r["item_id"], r["judge_verdict"])
+        human = _human(r["item_id"], judge[r["item_id"]])
         if r["item_id"] != blank:
             r["human_verdict"] = human
             mlflow.log_feedback(

@@ -79,6 +79,12 @@ def store(tmp_path_factory):
     return uri, client, run_id
 
 
+def judge_verdicts() -> dict[str, str]:
+    """item_id → the judge's verdict, from the run's table (a blind CSV does not carry it)."""
+    claims = spotcheck.judged_claims(_per_query())
+    return dict(zip(claims["item_id"], claims["judge_verdict"], strict=True))
+
+
 def _read(path: Path) -> list[dict]:
     with open(path, newline="", encoding="utf-8") as f:
         return list(csv.DictReader(f))
@@ -116,9 +122,17 @@ def test_sample_is_seeded_stratified_and_has_the_columns(store, tmp_path):
         )
     assert a.read_text() == b.read_text()  # seeded
     rows = _read(a)
-    assert list(rows[0]) == spotcheck.COLUMNS
+    # blind by default: nothing of the judge beside the empty human column
+    assert list(rows[0]) == spotcheck.BLIND_COLUMNS
+    assert not set(spotcheck.JUDGE_COLUMNS) & set(rows[0]) and "why claim" not in a.read_text()
     assert len(rows) == 6
-    verdicts = [r["judge_verdict"] for r in rows]
+    shown = tmp_path / "shown.csv"
+    argv = ["--tracking-uri", uri, "sample", "gen-run", "-n", "6", "--stratify", "--seed", "3"]
+    assert spotcheck.main([*argv, "--show-judge", "--out", str(shown)]) == 0
+    with_judge = _read(shown)
+    assert list(with_judge[0]) == spotcheck.COLUMNS  # --show-judge: the same sample, judge columns in
+    assert [r["item_id"] for r in with_judge] == [r["item_id"] for r in rows]
+    verdicts = [r["judge_verdict"] for r in with_judge]
     # 1 unparseable claim exists: it is taken, its unused share goes to the other two labels
     assert verdicts.count("unparseable") == 1
     assert verdicts.count("supported") + verdicts.count("unsupported") == 5
@@ -164,15 +178,16 @@ def test_score_round_trip_kappa_confusion_and_logging(store, tmp_path, capsys):
     # the human disagrees on two judge-supported claims and one judge-unsupported one; one row blank
     flip = {"q2#0": "unsupported", "q4#2": "unsupported", "q1#1": "supported"}
     pairs = []
+    judge = judge_verdicts()
+    assert "judge_verdict" not in rows[0]  # blind
     for r in rows:
         if r["item_id"] == "q5#1":
             continue  # left blank
-        human = flip.get(
-            r["item_id"], r["judge_verdict"] if r["judge_verdict"] != "unparseable" else "supported"
-        )
+        jv = judge[r["item_id"]]
+        human = flip.get(r["item_id"], jv if jv != "unparseable" else "supported")
         r["human_verdict"] = human.upper() if r["item_id"] == "q1#0" else human  # case-insensitive
-        if r["judge_verdict"] != "unparseable":
-            pairs.append((human, r["judge_verdict"]))
+        if jv != "unparseable":
+            pairs.append((human, jv))
     _write(out, rows)
     capsys.readouterr()
     assert spotcheck.main(["--tracking-uri", uri, "score", "gen-run", str(out)]) == 0
@@ -199,6 +214,13 @@ def test_score_round_trip_kappa_confusion_and_logging(store, tmp_path, capsys):
     assert "spotcheck/kappa_ci_low" in run.data.metrics and "spotcheck/leniency" in run.data.metrics
     arts = {a.path for a in client.list_artifacts(rid, "spotcheck")}
     assert arts == {"spotcheck/labels.csv", "spotcheck/summary.md"}
+    # scoring restored the judge's columns from the run, by item_id, beside the human labels
+    with tempfile.TemporaryDirectory() as tmp:
+        logged = _read(Path(client.download_artifacts(rid, "spotcheck/labels.csv", tmp)))
+    assert list(logged[0]) == spotcheck.COLUMNS
+    assert {r["item_id"]: r["judge_verdict"] for r in logged} == judge
+    assert all(r["judge_rationale"] == f"why {r['claim']}" for r in logged)
+    assert {r["item_id"]: r["human_verdict"] for r in logged} == {r["item_id"]: r["human_verdict"] for r in rows}
     assert "Cohen's κ" in cap.out and "human unsupported" in cap.out
 
 

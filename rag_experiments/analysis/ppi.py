@@ -29,6 +29,14 @@ the finite-population correction and any stratification, so it is conservative (
 for samples drawn without replacement. The judge-only figure (1/N) Σ f_i is reported beside it with
 the naive binomial interval p̂ ± z √(p̂(1−p̂)/N): that interval is narrow around the wrong value
 whenever the judge is biased.
+
+**Bounded outcomes.** θ is a proportion, so θ ∈ [0, 1], but neither formula knows it: the rectifier
+can push θ̂_PP past a bound (judge mean 0.9, every labelled claim judged 0 and labelled 1: 1.9), and
+a normal interval near 0 or 1 spills over (10 labels, κ 0: [−0.157, 0.808], issue 27). Both
+estimates are therefore **clipped to [0, 1]**: value, CI low and CI high each → min(max(x, 0), 1).
+Clipping never removes a feasible value, so the coverage of a clipped interval is at least that of
+the unclipped one; a CI that touches a bound says the labels cannot place θ more closely there.
+(ppi-python offers no bounded-outcome method for the mean: `ppi_mean_ci` is the same CLT interval.)
 """
 
 from __future__ import annotations
@@ -42,6 +50,11 @@ import numpy as np
 Z975 = 1.959963984540054
 
 
+def clip01(x: float) -> float:
+    """min(max(x, 0), 1); NaN stays NaN (a proportion's estimate, module docstring)."""
+    return x if math.isnan(x) else min(max(x, 0.0), 1.0)
+
+
 @dataclass(frozen=True)
 class Estimate:
     value: float
@@ -51,13 +64,13 @@ class Estimate:
 
 
 def judge_only(f_all: Sequence[float], z: float = Z975) -> Estimate:
-    """p̂ = mean(f) over all N claims, CI p̂ ± z √(p̂(1−p̂)/N). NaN without claims."""
+    """p̂ = mean(f) over all N claims, CI p̂ ± z √(p̂(1−p̂)/N) clipped to [0, 1]. NaN without claims."""
     f = np.asarray(f_all, float)
     if f.size == 0:
         return Estimate(math.nan, math.nan, math.nan, 0)
     p = float(f.mean())
     half = z * math.sqrt(p * (1 - p) / f.size)
-    return Estimate(p, p - half, p + half, int(f.size))
+    return Estimate(p, clip01(p - half), clip01(p + half), int(f.size))
 
 
 def ppi_mean(
@@ -70,7 +83,8 @@ def ppi_mean(
     """θ̂_PP = mean(f_all) + Σ w (y − f) / Σ w with its CLT interval (module docstring), w = 1/π.
 
     ``pi_lab`` None means a simple random sample (equal weights). NaN for no labels; the interval is
-    NaN with a single label (no variance estimate). Values are not clipped to [0, 1].
+    NaN with a single label (no variance estimate). Value and CI are clipped to [0, 1]
+    (:func:`clip01`, module docstring: θ is a proportion).
     """
     f_all = np.asarray(f_all, float)
     y, f = np.asarray(y_lab, float), np.asarray(f_lab, float)
@@ -82,7 +96,7 @@ def ppi_mean(
     rbar = float(np.sum(w * r) / np.sum(w))
     theta = float(f_all.mean()) + rbar
     if n < 2:
-        return Estimate(theta, math.nan, math.nan, n)
+        return Estimate(clip01(theta), math.nan, math.nan, n)
     var = n / (n - 1) * float(np.sum((w * (r - rbar)) ** 2)) / float(np.sum(w)) ** 2
     half = z * math.sqrt(var)
-    return Estimate(theta, theta - half, theta + half, n)
+    return Estimate(clip01(theta), clip01(theta - half), clip01(theta + half), n)

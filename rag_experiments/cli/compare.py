@@ -5,10 +5,9 @@
 
 ``RUN_A RUN_B`` tests the headline family of the config diff (``evaluation.headline.change_family``),
 Holm over it; ``--all``: every common metric. ``--sweep`` without ``--baseline`` uses the default
-baseline (``analysis.baseline``, as ``report`` does) and prints which and why. It prints one row
-per level with the headline metrics of the swept factors as columns
-(``evaluation.headline.table_metrics``); ``--long`` prints every (level, metric) comparison with
-its CI and p-values, the marginal means and the noise floor one metric per row.
+baseline (``analysis.baseline``, as ``report`` does), printed with why; one row per level, the
+swept factors' headline metrics as columns (``evaluation.headline.table_metrics``); ``--long``:
+every (level, metric) comparison with CI and p-values, marginal means and noise floor.
 
 Exit codes: 0 ok, 2 bad input (unknown run, missing per_query.parquet, different eval sets, runs
 scored by different judges without --allow-judge-change: docs/judges.md).
@@ -31,8 +30,12 @@ from mlflow.tracking import MlflowClient
 from rag_experiments.analysis.attribution import SweepAttribution, config_diff, factor_effects, infer_factors
 from rag_experiments.analysis.baseline import BaselineChoice, context_k, levels_label, sweep_baseline
 from rag_experiments.analysis.interactions import sweep_interactions
+from rag_experiments.analysis.judge_trust import generation_marker, is_generation_metric, mlflow_runs
 from rag_experiments.analysis.racing import split_stopped
 from rag_experiments.analysis.stats import PairedResult, flips, holm, paired_deltas, transition_matrix
+from rag_experiments.core.formatting import fmt_num as _f
+from rag_experiments.core.formatting import fmt_p as _p
+from rag_experiments.core.formatting import md_table, text_blocks, text_table
 from rag_experiments.evaluation.aggregate import metric_columns
 from rag_experiments.evaluation.headline import change_family, sweep_metrics, table_metrics
 from rag_experiments.evaluation.registry import higher_is_better, parse, render_key
@@ -42,13 +45,8 @@ from rag_experiments.report.tables import (
     effect_rows,
     marginal_headers,
     marginal_rows,
-    md_table,
     noise_rows,
-    text_blocks,
-    text_table,
 )
-from rag_experiments.report.tables import fmt_num as _f
-from rag_experiments.report.tables import fmt_p as _p
 from rag_experiments.report.wide import sweep_head, wide_sweep_lines
 from rag_experiments.run.defaults import default_levels
 from rag_experiments.tracking.errors import cli_main
@@ -175,6 +173,8 @@ def build_comparison(
         flip_tables[title] = flips(ta, tb, ha, metric_b=hb)
     if labels:
         flip_tables["failure_label"] = flips(ta, tb, "failure_label")
+    if any(is_generation_metric(r.metric) for r in results):  # human κ < 0.4 (analysis.judge_trust)
+        warnings += [f"warning: {m}" for m in [generation_marker(mlflow_runs([run_a, run_b]))] if m]
     ids_a, ids_b = set(ta["id"]), set(tb["id"])
     if ids_a != ids_b:
         warnings.append(
@@ -473,6 +473,8 @@ def _main_sweep(client: MlflowClient, args: argparse.Namespace) -> int:
     print(choice.line() if choice else f"baseline: {levels_label(base, factors)} ({why})")
     tables = [d.table for d in data if d.table is not None]
     metrics = args.metric or sweep_metrics(metric_columns(*tables), factors)
+    if any(map(is_generation_metric, metrics)) and (marker := generation_marker(mlflow_runs(children))):
+        print(f"warning: {marker}")  # human κ < 0.4 (analysis.judge_trust)
     att = factor_effects(data, base, metrics, seed=args.seed, n_resamples=min(args.resamples, 4999))
     inter = sweep_interactions(data, factors, metrics)
     if args.long:

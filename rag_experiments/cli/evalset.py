@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from rag_experiments.evalset.corpus import CorpusError, load_corpus
+from rag_experiments.evalset.generate import NEAR_MISS_THRESHOLD
 from rag_experiments.evalset.generate import cli as generate_cli
 from rag_experiments.evalset.importers import import_beir, import_squad
 from rag_experiments.evalset.load import EvalSetError, load_evalset, sample_dir, tag_counts
@@ -63,6 +64,15 @@ def _add_generate_parsers(sub) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--out", required=True, help="review CSV to write")
     g.add_argument("--dedup-threshold", type=float, default=0.9, help="drop questions with cosine ≥ this")
+    g.add_argument(
+        "--near-miss",
+        type=float,
+        default=NEAR_MISS_THRESHOLD,
+        metavar="SIMILARITY",
+        help="keep a quote not found verbatim when a passage span is at least this similar "
+        f"(difflib ratio over case- and punctuation-folded text; default {NEAR_MISS_THRESHOLD}; above 1: off)",
+    )
+    g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress lines")
     g.add_argument("--base-url", help="OpenAI-compatible endpoint (default: the packaged local SmolLM2)")
     g.add_argument("--model", help="model name at --base-url")
     g.add_argument("--api-key-env", default="OPENAI_API_KEY", help="name of the env var holding the key")

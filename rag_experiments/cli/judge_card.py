@@ -67,9 +67,12 @@ def _cell(c: dict, nd: int = 3) -> str:
 
 
 def render(card: dict, name: str, source: str) -> str:
-    """The card as a text table (value and 95 % CI per figure, then acceptance per pair type)."""
+    """The card as a text table (value and 95 % CI per figure, then acceptance per pair type); a
+    synthetic card says it is an optimistic bound (``analysis.judge_trust.card_title``)."""
+    from rag_experiments.analysis.judge_trust import card_title
+
     lines = [
-        f"judge card: {name}  ({card['n']} pairs in {card['n_groups']} claim groups, {source}; "
+        f"judge card: {name}  ({card['n']} pairs in {card['n_groups']} claim groups, {card_title(source)}; "
         f"pairs digest {card['pairs_digest'][:12]})",
         f"judge identity {card['judge'][:200]}",
         f"{'figure':<38} value  [95% CI]",

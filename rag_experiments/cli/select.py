@@ -28,6 +28,7 @@ from pathlib import Path
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from rag_experiments.analysis.judge_trust import generation_marker, is_generation_metric, mlflow_runs
 from rag_experiments.analysis.racing import STOPPED_HEADERS, STOPPED_NOTE, split_stopped, stopped_rows
 from rag_experiments.analysis.select import Constraints, Selection, runnable_config, select_config
 from rag_experiments.evaluation.registry import higher_is_better
@@ -181,6 +182,8 @@ def run_select(client: MlflowClient, args: argparse.Namespace) -> tuple[Selectio
         sel.notes.append(judge_note)
     if sel.underpowered and sel.chosen is None:
         sel.notes.append("underpowered and the best config fails the constraints: no config within them is shown non-inferior")
+    if is_generation_metric(args.metric) and (m := generation_marker(mlflow_runs(children))):
+        sel.notes.append(f"warning: {m}")  # human κ < 0.4 (analysis.judge_trust)
     if stopped:
         sel.notes += [
             f"stopped by racing ({len(stopped)}): not candidates for best, tie set or choice",

@@ -1,10 +1,13 @@
 """Bootstrapping an eval set from the corpus: an LLM proposes, the resolver and a human dispose.
 
 ``generate`` samples passages from the corpus (seeded), asks a generator for one question grounded
-in a verbatim quote of each passage (JSON ``{question, quote, answer}``), keeps only replies whose
-quote resolves to exactly one span of the document (the eval-set resolver, so what survives here
-loads later), drops near-duplicate questions (cosine ≥ threshold with the fixed MiniLM metric
-embedder), tags what is left heuristically and writes a review CSV. Every rejected reply is
+in a verbatim quote of each passage (JSON ``{question, quote, answer}``, progress with an ETA),
+keeps only replies whose quote resolves to exactly one span of the document (the eval-set
+resolver, so what survives here loads later) or, failing that, is a *near miss*
+(``datasets.near_miss``: the passage's most similar span, kept with its similarity for the
+reviewer), drops near-duplicate questions (cosine ≥ threshold with the fixed MiniLM metric
+embedder), tags what is left heuristically and writes a review CSV; an empty result says why and
+what to do (:func:`empty_advice`). Every rejected reply is
 counted by reason. ``accept`` turns the rows a human marked ``keep`` into eval-set items and runs
 the eval-set validator on them. Rules and their limits: ``docs/evalset-generation.md``.
 """
@@ -24,14 +27,19 @@ from pathlib import Path
 
 import numpy as np
 
+from rag_experiments.core.parallel import as_they_complete
+from rag_experiments.core.progress import Progress
 from rag_experiments.core.types import Document
 from rag_experiments.evalset.corpus import CorpusError, load_corpus
 from rag_experiments.evalset.load import EvalSetError, Normalised, load_evalset, normalise_ws
+from rag_experiments.evalset.near_miss import NEAR_MISS_THRESHOLD, near_miss
 from rag_experiments.stages.embedding import metric_embedder
 from rag_experiments.stages.generation import LocalLlamaGenerator, OpenAICompatibleGenerator
 from rag_experiments.stages.text import split_sentences
 
-REVIEW_COLUMNS = ["id", "query", "doc_id", "quote", "answer", "tags", "keep"]
+#: The review CSV; ``accept`` needs :data:`REQUIRED_COLUMNS` (hand-made files may omit the rest).
+REVIEW_COLUMNS = ["id", "query", "doc_id", "quote", "answer", "tags", "similarity", "generated_quote", "keep"]
+REQUIRED_COLUMNS = ["id", "query", "doc_id", "quote", "answer", "tags", "keep"]
 KEEP_YES, KEEP_NO = ("yes", "y", "1", "true"), ("", "no", "n", "0", "false")
 REJECT_REASONS = (
     "generation_error",
@@ -80,6 +88,8 @@ class Candidate:
     start: int = 0
     end: int = 0
     tags: list[str] = field(default_factory=list)
+    similarity: float | None = None  # a near miss: ratio of the generated quote to the span kept
+    generated_quote: str = ""  # a near miss: what the generator wrote (``quote`` is the document's)
 
 
 @dataclass
@@ -90,7 +100,11 @@ class GenerationReport:
 
     def summary(self) -> str:
         rej = ", ".join(f"{r}: {self.rejected.get(r, 0)}" for r in REJECT_REASONS)
-        return f"{self.calls} generator calls, {len(self.kept)} kept; rejected {rej}"
+        near = sum(c.similarity is not None for c in self.kept)
+        return (
+            f"{self.calls} generator calls, {len(self.kept)} kept ({near} near-miss quotes, "
+            f"similarity ≥ {NEAR_MISS_THRESHOLD:g}: check them); rejected {rej}"
+        )
 
 
 # --------------------------------------------------------------------------------------- passages
@@ -221,12 +235,15 @@ def generate_candidates(
     seed: int = 0,
     dedup_threshold: float = 0.9,
     encode: Callable[[list[str]], np.ndarray] | None = None,
+    near_threshold: float = NEAR_MISS_THRESHOLD,
+    progress: bool = True,
 ) -> GenerationReport:
-    """One generator call per sampled passage; replies parsed, resolved, de-duplicated, tagged."""
+    """One generator call per sampled passage; replies parsed, resolved (exactly, else as a near
+    miss with its similarity), de-duplicated, tagged."""
     by_id = {d.doc_id: d for d in docs}
     passages = sample_passages(docs, n, seed)
     rep = GenerationReport(calls=len(passages))
-    gens = generator.generate([prompt(p) for p in passages])
+    gens = _generate(generator, passages, progress)
     cands: list[Candidate] = []
     norms: dict[str, Normalised] = {}
     for p, g in zip(passages, gens, strict=True):
@@ -239,22 +256,41 @@ def generate_candidates(
             continue
         doc = by_id[p.doc_id]
         norm = norms.setdefault(p.doc_id, Normalised.of(doc.text))
-        span = resolve_quote(doc, obj["quote"], norm)
+        span, quote, sim = resolve_quote(doc, obj["quote"], norm), obj["quote"], None
+        if span == "quote_not_found" and (near := near_miss(p.text, p.start, obj["quote"], near_threshold)):
+            # kept for review: the document's own span (it loads), the generated text beside it
+            quote, sim = doc.text[near[0] : near[1]], round(near[2], 3)
+            span = resolve_quote(doc, quote, norm)
         if isinstance(span, str):
             rep.rejected[span] += 1
             continue
         key = f"{p.doc_id}\0{obj['quote']}\0{obj['question']}".encode()
         cid = "gen-" + hashlib.sha256(key).hexdigest()[:10]
-        cands.append(Candidate(cid, obj["question"], p.doc_id, obj["quote"], obj["answer"], *span))
+        c = Candidate(cid, obj["question"], p.doc_id, quote, obj["answer"], *span, similarity=sim)
+        c.generated_quote = obj["quote"] if sim is not None else ""
+        cands.append(c)
     if encode is None:
         emb = metric_embedder()
         encode = lambda texts: emb.encode(texts, kind="query")  # noqa: E731
     kept, n_dup = drop_near_duplicates(cands, encode, dedup_threshold)
     rep.rejected["near_duplicate"] += n_dup
     for c in kept:
-        c.tags = heuristic_tags(by_id[c.doc_id], c)
+        c.tags = heuristic_tags(by_id[c.doc_id], c) + (["near_miss"] if c.similarity is not None else [])
     rep.kept = kept
     return rep
+
+
+def _generate(generator, passages: list[Passage], progress: bool) -> list:
+    """One generation per passage, ``generator.concurrency`` at a time, in passage order, with a
+    progress line and ETA (``progress.Progress``: the mean rate so far) as replies arrive."""
+    out: list = [None] * len(passages)
+    workers = max(1, int(getattr(generator, "concurrency", 1) or 1))
+    asked = [prompt(p) for p in passages]
+    with Progress("evalset generate", len(asked), enabled=progress, unit="passages") as bar:
+        for i, g in as_they_complete(lambda m: generator.generate([m])[0], asked, workers):
+            out[i] = g
+            bar.update()
+    return out
 
 
 def write_review_csv(path: Path, cands: list[Candidate]) -> None:
@@ -264,7 +300,10 @@ def write_review_csv(path: Path, cands: list[Candidate]) -> None:
         w = csv.writer(f)
         w.writerow(REVIEW_COLUMNS)
         for c in cands:
-            w.writerow([c.id, c.query, c.doc_id, c.quote, c.answer, ";".join(c.tags), ""])
+            sim = "" if c.similarity is None else f"{c.similarity:.3f}"
+            w.writerow(
+                [c.id, c.query, c.doc_id, c.quote, c.answer, ";".join(c.tags), sim, c.generated_quote, ""]
+            )
 
 
 # --------------------------------------------------------------------------------------- accept
@@ -278,7 +317,7 @@ def _review_rows(path: Path) -> tuple[list[tuple[int, dict]], list[str]]:
         return [], [f"{path}:0: file: cannot read ({e})"]
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     header = [h.strip() for h in next(reader, [])]
-    missing = [c for c in REVIEW_COLUMNS if c not in header]
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
     if missing:
         return [], [f"{path}:1: {c}: missing column" for c in missing]
     rows, problems = [], []
@@ -346,6 +385,42 @@ def make_generator(args):
     return LocalLlamaGenerator(model_path=args.model_path, extra_body={"json_schema": REPLY_SCHEMA}, **common)
 
 
+#: An example capable endpoint for the advice (any OpenAI-compatible server works).
+EXAMPLE_ENDPOINT = "--base-url http://localhost:8000/v1 --model qwen2.5-7b-instruct"
+
+
+def empty_advice(rep: GenerationReport, args) -> list[str]:
+    """Why nothing was kept (the rejections, largest first) and what to do about each cause."""
+    rejected = [(r, n) for r, n in rep.rejected.most_common() if n]
+    lines = ["nothing kept: " + (", ".join(f"{n} {r}" for r, n in rejected) or "no passage sampled")]
+    local = not getattr(args, "base_url", None)
+    fix = {
+        "quote_not_found": (
+            "the model did not copy a sentence of the passage verbatim (nor within similarity "
+            f"{NEAR_MISS_THRESHOLD:g}). "
+            + (
+                "The packaged 135M model rarely can: use a capable model behind an OpenAI-compatible "
+                f"endpoint, e.g. {EXAMPLE_ENDPOINT} [--api-key-env VAR], or --model-path a 7B+ "
+                "instruct GGUF"
+                if local
+                else f"Use a more capable --model at {args.base_url} (7B+ instruct)"
+            )
+        ),
+        "no_json": f"replies held no JSON object: raise --max-tokens (now {getattr(args, 'max_tokens', '?')}) "
+        "or use a model that follows the format",
+        "missing_field": "replies lacked question / quote / answer: use a model that follows the format",
+        "quote_ambiguous": "the quotes occur more than once in their document: the model copied too "
+        "little; a more capable model gives longer quotes",
+        "generation_error": "the generator failed: check the endpoint (--base-url, --model, --api-key-env)",
+        "near_duplicate": f"the questions repeat each other: raise --dedup-threshold (now "
+        f"{getattr(args, 'dedup_threshold', '?')}) or sample more passages (--n)",
+    }
+    lines += [f"{r}: {fix[r]}" for r, _ in rejected if r in fix]
+    if not rejected:
+        lines.append("the corpus has no paragraphs to sample: check --corpus")
+    return lines
+
+
 def cli(args, generator=None) -> int:
     """``generate`` and ``accept`` subcommands of ``python -m rag_experiments.evalset``."""
     import sys
@@ -360,10 +435,21 @@ def cli(args, generator=None) -> int:
             print("error: --n must be >= 1; --base-url needs --model", file=sys.stderr)
             return 2
         rep = generate_candidates(
-            docs, generator or make_generator(args), args.n, args.seed, args.dedup_threshold
+            docs,
+            generator or make_generator(args),
+            args.n,
+            args.seed,
+            args.dedup_threshold,
+            near_threshold=getattr(args, "near_miss", NEAR_MISS_THRESHOLD),
+            progress=getattr(args, "progress", True),
         )
         write_review_csv(Path(args.out), rep.kept)
         print(rep.summary())
+        if not rep.kept:
+            print(f"wrote an empty review CSV {args.out}: nothing to review.")
+            for line in empty_advice(rep, args):
+                print(f"  {line}")
+            return 0
         print(
             f"wrote {len(rep.kept)} rows to {args.out}; set keep=yes on the rows to accept, then: "
             f"python -m rag_experiments.evalset accept {args.out} --corpus {args.corpus} --out evalset.jsonl"

@@ -20,11 +20,13 @@ cannot find, printing kept / repaired / dropped counts; ``--strict`` lists them 
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import re
 import unicodedata
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -90,6 +92,29 @@ def normalise_ws(s: str) -> str:
     return _WS.sub(" ", s).strip()
 
 
+def closest_doc_id(doc_id: str, known: Iterable[str]) -> str | None:
+    """The corpus document a mistyped ``doc_id`` most likely means, else None.
+
+    First a document with the same file name in another folder (``webhooks.md`` →
+    ``guide/webhooks.md``; the shortest path wins), then the highest ``difflib`` similarity
+    ratio 2·M / (|a| + |b|) over case-folded ids, if ≥ 0.6 (``difflib.get_close_matches``).
+    """
+    known = sorted(known)
+    base = doc_id.replace("\\", "/").rsplit("/", 1)[-1].lower()
+    same = [k for k in known if k.replace("\\", "/").rsplit("/", 1)[-1].lower() == base]
+    if same:
+        return min(same, key=len)
+    folded = {k.lower(): k for k in known}
+    hit = difflib.get_close_matches(doc_id.lower(), list(folded), n=1, cutoff=0.6)
+    return folded[hit[0]] if hit else None
+
+
+def did_you_mean(doc_id: str, known: Iterable[str]) -> str:
+    """``; did you mean 'x'?`` for :func:`closest_doc_id`, else ``""``."""
+    best = closest_doc_id(doc_id, known)
+    return f"; did you mean {best!r}?" if best else ""
+
+
 class _Resolver:
     """Resolves evidence items against a corpus, caching the normalised documents."""
 
@@ -111,7 +136,9 @@ class _Resolver:
         if not isinstance(doc_id, str) or not doc_id:
             return None, [f"{where}.doc_id: missing or not a string"]
         if doc_id not in self.docs:
-            return None, [f"{where}.doc_id: unknown document {doc_id!r} (not in the corpus)"]
+            return None, [
+                f"{where}.doc_id: unknown document {doc_id!r} (not in the corpus{did_you_mean(doc_id, self.docs)})"
+            ]
         text = self.docs[doc_id].text
         quote, start, end = ev.get("quote"), ev.get("start"), ev.get("end")
         for name, val in (("start", start), ("end", end)):
@@ -155,7 +182,7 @@ class _Resolver:
                 sp, pr = self.evidence({"doc_id": m["doc"], "start": int(m["s"]), "end": int(m["e"])}, w)
             elif m := _CHUNK_INDEX.match(cid):
                 if m["doc"] not in self.docs:
-                    sp, pr = None, [f"{w}: unknown document {m['doc']!r}"]
+                    sp, pr = None, [f"{w}: unknown document {m['doc']!r}{did_you_mean(m['doc'], self.docs)}"]
                 elif reference is None:
                     sp, pr = None, [f"{w}: chunk index ids need 'reference_chunking' on the item"]
                 else:

@@ -180,7 +180,8 @@ def card_metrics(card: Mapping[str, Any], prefix: str = "judge_card/") -> dict[s
 
 
 def card_line(card: Mapping[str, Any], source: str = "") -> str:
-    """One line for a run's summary: n, κ, balanced accuracy and acceptance of unsupported pairs."""
+    """One line for a run's summary: n, κ, balanced accuracy and unparseable share; a ``synthetic``
+    card is labelled as an optimistic bound (``analysis.judge_trust``)."""
 
     def f(key: str) -> str:
         c = card[key]
@@ -188,7 +189,13 @@ def card_line(card: Mapping[str, Any], source: str = "") -> str:
         return "n/a" if v is None or math.isnan(v) else f"{v:.3f} [{lo:.3f}, {hi:.3f}]"
 
     flip = "" if math.isnan(card["flip_rate"]["value"]) else f", flip rate {f('flip_rate')}"
+    # a synthetic card's κ is a bound on easy rule-made pairs, never the judge's accuracy here
+    what = (
+        f"{card['n']} synthetic pairs: an optimistic bound, not accuracy on this corpus"
+        if source == "synthetic"
+        else f"{card['n']} {source} pairs"
+    )
     return (
-        f"judge card ({card['n']} {source} pairs, 95% CI): kappa {f('kappa')}, balanced accuracy "
+        f"judge card ({what}; 95% CI): kappa {f('kappa')}, balanced accuracy "
         f"{f('balanced_accuracy')}, unparseable {f('unparseable_rate')}{flip}"
     )

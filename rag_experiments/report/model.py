@@ -21,6 +21,7 @@ from rag_experiments import judge as judging
 from rag_experiments.analysis.attribution import SweepAttribution, factor_effects
 from rag_experiments.analysis.baseline import context_k as _context_k
 from rag_experiments.analysis.baseline import sweep_baseline
+from rag_experiments.analysis.judge_trust import runs_judge_notes
 from rag_experiments.core.conf_groups import option_class
 from rag_experiments.evaluation import aggregate, labels, registry
 from rag_experiments.evaluation import metrics as M
@@ -331,6 +332,8 @@ def analyse(
             "the runs were evaluated on different eval sets (evalset_digest differs); "
             "paired comparisons below are not meaningful."
         )
+    if has_generation(configs):  # human κ < 0.4, or no human labels at all (analysis.judge_trust)
+        notes += runs_judge_notes([(c.metrics, c.tags) for c in configs], base.run.info.run_id)
     att = inter = None
     if len(configs) > 1 and inp.factors:
         from rag_experiments.analysis.interactions import sweep_interactions

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rag_experiments.analysis.judge_trust import card_title
 from rag_experiments.core.conf_groups import embedding_used, generation_only
 from rag_experiments.core.run_record import is_bookkeeping
 from rag_experiments.evaluation.headline import (
@@ -207,7 +208,7 @@ def results(an: Analysis) -> Section:
         generation.append(Subsection("Generation", [results_table(an, an.gen_keys)]))
         card = judge_card_table(an)
         if card:  # beside the generation metrics: how far the judge behind them can be trusted
-            generation.append(Subsection("Judge validity card", card))
+            generation.append(Subsection("Judge validity: human labels first", card))
     # the side the primary metric is on leads (evaluation.headline)
     lead_gen = an.primary in an.gen_keys
     s.subsections += [*generation, retrieval] if lead_gen else [retrieval, *generation]
@@ -227,15 +228,15 @@ def results(an: Analysis) -> Section:
     return s
 
 
-#: The card's columns: (metric key, header).
+#: The card's columns: (metric key, header). Human labels lead; the synthetic card follows.
 CARD_KEYS = (
-    ("judge_card/kappa", "κ"),
-    ("judge_card/balanced_accuracy", "balanced accuracy"),
+    ("spotcheck/kappa", "human κ (spot-check, this run)"),
+    ("judge_card/kappa", "card κ"),
+    ("judge_card/balanced_accuracy", "card balanced accuracy"),
     ("judge_card/unparseable_rate", "unparseable"),
     ("judge_card/seconds_per_verdict", "s / verdict"),
     ("judge_card/flip_rate", "flip rate (repeats, pairs)"),
     ("judge_flip_rate", "flip rate (repeats, run claims)"),
-    ("spotcheck/kappa", "spot-check κ (this run)"),
 )
 
 
@@ -247,27 +248,33 @@ def _card_cell(m: dict[str, float], key: str) -> str:
 
 
 def judge_card_table(an: Analysis) -> list:
-    """The judge's validity card per config (``judge_card/*``, docs/judges.md), with the human
-    spot-check's κ when labels exist (``spotcheck/kappa``): both measure the same judge."""
-    configs = [c for c in an.configs if "judge_card/kappa" in c.metrics]
+    """The judge's agreement with humans and its validity card per config (``spotcheck/kappa``,
+    ``judge_card/*``, docs/judges.md): human labels first; a card on synthetic pairs is labelled
+    an optimistic bound (``analysis.judge_trust``), never the judge's accuracy on this corpus."""
+    configs = [c for c in an.configs if "judge_card/kappa" in c.metrics or "spotcheck/kappa" in c.metrics]
     if not configs:
         return []
     rows = [
         [
             c.label,
             c.params.get("judge", "?"),
-            f"{c.tags.get('judge_card_source', '?')} ({f3(c.metrics.get('judge_card/n_pairs'), nd=0)})",
-            *(_card_cell(c.metrics, key) for key, _ in CARD_KEYS),
+            *(_card_cell(c.metrics, key) for key, _ in CARD_KEYS[:1]),
+            f"{card_title(c.tags.get('judge_card_source', '?'))} "
+            f"({f3(c.metrics.get('judge_card/n_pairs'), nd=0)})",
+            *(_card_cell(c.metrics, key) for key, _ in CARD_KEYS[1:]),
         ]
         for c in configs
     ]
     note = text(
-        "The judge's agreement with labelled (claim, evidence) pairs, 95 % cluster-bootstrap CI over "
-        "claim groups; pairs: human labels (file) or synthetic pairs from the run's corpus. An "
-        "unparseable verdict counts as a disagreement. Spot-check κ: the judge against this run's "
-        "human labels (spotcheck score). Definitions: docs/judges.md."
+        "Human κ: the judge against this run's own human labels (spotcheck score), the figure to "
+        "trust. Card: the judge's agreement with labelled (claim, evidence) pairs, 95 % cluster-bootstrap "
+        "CI over claim groups; on human-labelled pairs (judge_card.pairs) it measures the judge, on "
+        "synthetic pairs made from the corpus by rule it is an optimistic bound (clean, easy "
+        "perturbations: a judge can score κ 0.5 there and 0.05 on real answers). An unparseable verdict "
+        "counts as a disagreement. Definitions: docs/judges.md."
     )
-    return [Paragraph(note), table(["config", "judge", "pairs (n)", *(h for _, h in CARD_KEYS)], rows)]
+    heads = [h for _, h in CARD_KEYS]
+    return [Paragraph(note), table(["config", "judge", heads[0], "card pairs (n)", *heads[1:]], rows)]
 
 
 def spotcheck_table(an: Analysis) -> list:

@@ -36,6 +36,7 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.types import RunMode  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
+from rag_experiments.analysis.judge_trust import runs_judge_notes  # noqa: E402
 from rag_experiments.core.cache import StageCache  # noqa: E402
 from rag_experiments.core.conf_groups import STAGE_GROUPS  # noqa: E402
 from rag_experiments.core.formatting import fmt_num  # noqa: E402
@@ -350,6 +351,9 @@ def run_job(cfg: DictConfig) -> float:
     print(summary_table(res.aggregates, k, job.ks))
     if job.card is not None:
         print(job.card["line"])
+    if job.inputs.stages.generates:  # once per run: synthetic card and no human labels yet
+        for note in runs_judge_notes([(res.aggregates, res.tags)], run_id):
+            print(f"note: {note}")
     n_items = len(job.inputs.evalset.items)
     if job.inputs.stages.generates and res.n_generated < n_items:
         what = "stopped by racing after" if res.tags.get("racing.status") == "stopped" else "stratified subset of"

@@ -5,8 +5,10 @@
     python -m rag_experiments.spotcheck sample RUN ... --to-mlflow [--queue NAME]; score --from-mlflow QUEUE
 
 ``sample`` writes a CSV of judged claims from the run's per-query table (one row per claim: the
-query, the claim, the exact context the judge saw, the judge's verdict, score and rationale, the
-answer) with an empty ``human_verdict`` column. Claims are drawn without replacement, seeded, by
+query, the claim, the exact context the judge saw, the answer) with an empty ``human_verdict``
+column. It is blind by default: the judge's verdict, score and rationale are not in it (they would
+anchor the labeller); ``score`` restores them from the run by ``item_id`` and ``--show-judge``
+keeps them in the file. Claims are drawn without replacement, seeded, by
 systematic πps with size ``1 + 3·exp(−|score − threshold| / s)`` (``s`` = the median distance of
 all claims' scores to the judge's threshold) so that borderline verdicts are over-weighted when the
 judge gives scores; ``--stratify`` splits n evenly across the verdict labels first. Each row
@@ -38,13 +40,16 @@ from rag_experiments.judge.agreement import (  # re-exported: the one definition
     systematic_pps,
 )
 from rag_experiments.spotcheck.claims import (
+    BLIND_COLUMNS,
     BORDERLINE_BOOST,
     COLUMNS,
+    JUDGE_COLUMNS,
     item_id,
     judge_threshold,
     judged_claims,
     sample_claims,
     sample_weights,
+    with_judge_columns,
 )
 from rag_experiments.spotcheck.cli import build_parser, main
 from rag_experiments.spotcheck.labels import HUMAN_LABELS, REQUIRED, LabelFileError, Labels, read_labels
@@ -57,8 +62,10 @@ from rag_experiments.spotcheck.scoring import (
 from rag_experiments.spotcheck.summary import log_spotcheck, render_summary
 
 __all__ = [
+    "BLIND_COLUMNS",
     "BORDERLINE_BOOST",
     "COLUMNS",
+    "JUDGE_COLUMNS",
     "HUMAN_LABELS",
     "REQUIRED",
     "Agreement",
@@ -78,6 +85,7 @@ __all__ = [
     "render_summary",
     "sample_claims",
     "sample_weights",
+    "with_judge_columns",
     "score_labels",
     "self_preference_warning",
     "systematic_pps",

@@ -1,6 +1,9 @@
 """The run's judged claims, one row each, and the seeded borderline-weighted sample of them.
 
-``COLUMNS`` is the label CSV's column contract: ``sample`` writes it, ``labels`` reads it back.
+``COLUMNS`` is the label CSV's full column contract; ``sample`` writes it **blind** by default
+(:data:`BLIND_COLUMNS`: no judge verdict, score or rationale beside the empty human column, so the
+judge cannot anchor the human), ``labels`` reads either back, and ``score`` restores the judge's
+columns from the run by ``item_id`` (:func:`with_judge_columns`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ COLUMNS = [
     "inclusion_prob",
     "human_verdict",
 ]
+#: The judge's columns: hidden from the labeller by default (``sample --show-judge`` keeps them).
+JUDGE_COLUMNS = ("judge_verdict", "judge_score", "judge_rationale")
+BLIND_COLUMNS = [c for c in COLUMNS if c not in JUDGE_COLUMNS]
 #: The 3 in 1 + 3·exp(−|score − threshold| / s): a claim's weight is 4 at the threshold, → 1 far from it.
 BORDERLINE_BOOST = 3.0
 
@@ -119,3 +125,14 @@ def sample_claims(
     out["inclusion_prob"] = pi[sorted(chosen)]
     out["human_verdict"] = ""
     return out.reset_index(drop=True)
+
+
+def with_judge_columns(labelled: pd.DataFrame, claims: pd.DataFrame) -> pd.DataFrame:
+    """``labelled`` (rows of a label file, any subset of :data:`COLUMNS`) in :data:`COLUMNS` order
+    with the judge's columns taken from the run's ``claims`` by ``item_id``: what a blind file
+    left out, restored for reading judge and human side by side after scoring. An ``item_id``
+    the run does not have gets empty judge cells."""
+    judge = claims.set_index("item_id")[list(JUDGE_COLUMNS)]
+    out = labelled.drop(columns=[c for c in JUDGE_COLUMNS if c in labelled.columns])
+    out = out.join(judge, on="item_id")
+    return out.reindex(columns=[c for c in COLUMNS if c in out.columns or c in JUDGE_COLUMNS])

@@ -10,7 +10,14 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from rag_experiments.spotcheck.claims import COLUMNS, judge_threshold, judged_claims, sample_claims
+from rag_experiments.spotcheck.claims import (
+    BLIND_COLUMNS,
+    COLUMNS,
+    judge_threshold,
+    judged_claims,
+    sample_claims,
+    with_judge_columns,
+)
 from rag_experiments.spotcheck.labels import LabelFileError, read_labels
 from rag_experiments.spotcheck.review import SCHEMA, publish, queue_labels, read_queue, review_url
 from rag_experiments.spotcheck.scoring import faithfulness_estimates, score_labels, self_preference_warning
@@ -40,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--queue", metavar="NAME", help="the review queue's name (default: spotcheck <run> <digest>)"
     )
+    s.add_argument(
+        "--show-judge",
+        action="store_true",
+        help="put the judge's verdict, score and rationale in the CSV and the queue (default: blind, "
+        "so the judge does not anchor the labeller; score restores them from the run)",
+    )
     c = sub.add_parser("score", help="score a filled label CSV (or a review queue) against the judge and log")
     c.add_argument(
         "run", metavar="RUN", nargs="?", help="with --from-mlflow: optional, the queue names its run"
@@ -61,19 +74,25 @@ def _sample(uri: str, args: argparse.Namespace, run, claims, warn: str | None) -
     out = sample_claims(claims, args.n, stratify=args.stratify, seed=args.seed, threshold=th)
     path = args.out or Path(f"spotcheck_{run.info.run_id[:8]}.csv")
     path.parent.mkdir(parents=True, exist_ok=True)
-    out.to_csv(path, index=False, columns=COLUMNS)
+    out.to_csv(path, index=False, columns=COLUMNS if args.show_judge else BLIND_COLUMNS)
     counts = out["judge_verdict"].value_counts().to_dict()
+    what = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) if args.show_judge else "blind"
     print(
-        f"wrote {len(out)} claims ({', '.join(f'{k}: {v}' for k, v in sorted(counts.items()))}) to {path}"
+        f"wrote {len(out)} claims ({what}) to {path}"
         + (f"; borderline over-weighted around score threshold {th}" if th is not None else "")
     )
+    if not args.show_judge:
+        print(
+            "blind: no judge verdict, score or rationale in the file (they would anchor your label); "
+            "score restores them from the run by item_id; --show-judge to include them"
+        )
     print(
         "fill human_verdict with supported / unsupported, then: python -m rag_experiments.spotcheck "
         f"score {run.info.run_id} {path}"
     )
     if args.to_mlflow:
         design = f"n={args.n} seed={args.seed} stratify={args.stratify} threshold={th}"
-        pub = publish(uri, run, out, design, args.queue)
+        pub = publish(uri, run, out, design, args.queue, show_judge=args.show_judge)
         q = pub.queue
         print(
             f"review queue {q.name!r} ({q.queue_id}, experiment {q.experiment_id}): {len(out)} claims "
@@ -112,6 +131,18 @@ def _resolve(client: MlflowClient, uri: str, args: argparse.Namespace):
     return resolve_run(client, args.run, args.experiment), None
 
 
+def restore_judge(labels_path: Path, claims, out: Path) -> Path:
+    """The label file with the judge's columns restored from the run by item_id
+    (``claims.with_judge_columns``), written to ``out``: what ``score`` logs as
+    ``spotcheck/labels.csv``, judge and human side by side; it re-scores identically."""
+    import pandas as pd
+
+    rows = pd.read_csv(labels_path, dtype=str, keep_default_na=False, encoding="utf-8-sig")
+    rows.columns = [c.strip() for c in rows.columns]
+    with_judge_columns(rows, claims).to_csv(out, index=False)
+    return out
+
+
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
@@ -127,8 +158,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.cmd == "sample":
             return _sample(uri, args, run, claims, warn)
         if ql is None:
-            labels_path, source = args.labels, None
-            labels = read_labels(labels_path, claims)
+            source = f"`{args.labels.name}`"  # the summary names the user's file, not the restored copy
+            labels = read_labels(args.labels, claims)
+            labels_path = restore_judge(args.labels, claims, Path(tmp.name) / "labels.csv")
         else:
             labels_path = Path(tmp.name) / "labels.csv"
             labels = queue_labels(ql, claims, labels_path)

@@ -90,21 +90,27 @@ class Published:
     n_reused: int
 
 
-def _tags(run: Run, row, design: str) -> dict[str, str]:
+def _tags(run: Run, row, design: str, show_judge: bool = False) -> dict[str, str]:
+    """The claim trace's tags; the judge's verdict and score only with ``show_judge`` (the Review
+    tab shows tags to the reviewer: blind by default, ``score`` takes the verdict from the run)."""
     score = row["judge_score"]
-    return {
+    tags = {
         RUN: run.info.run_id,
         ITEM: row["item_id"],
         PI: repr(float(row["inclusion_prob"])),  # repr: the float round-trips exactly
         "spotcheck.design": design,
         "spotcheck.judge": run.data.params.get("judge", ""),
         "spotcheck.judge_model": run.data.tags.get("judge_model", ""),
-        "spotcheck.judge_verdict": row["judge_verdict"],
-        "spotcheck.judge_score": "" if score != score else repr(float(score)),
     }
+    if show_judge:
+        tags["spotcheck.judge_verdict"] = row["judge_verdict"]
+        tags["spotcheck.judge_score"] = "" if score != score else repr(float(score))
+    return tags
 
 
-def publish(uri: str, run: Run, sample: pd.DataFrame, design: str, name: str | None = None) -> Published:
+def publish(
+    uri: str, run: Run, sample: pd.DataFrame, design: str, name: str | None = None, show_judge: bool = False
+) -> Published:
     """Create (or find) the queue ``name`` (default :func:`queue_name`) holding ``sample``'s claims.
 
     Idempotent: traces already written for the queue (found by tag, attached or not) are reused,
@@ -149,7 +155,9 @@ def publish(uri: str, run: Run, sample: pd.DataFrame, design: str, name: str | N
             "answer": row["answer"],
         }
         ids.append(
-            rq.write_item(uri, eid, name, key, TRACE_NAME, shown(record), record, _tags(run, row, design))
+            rq.write_item(
+                uri, eid, name, key, TRACE_NAME, shown(record), record, _tags(run, row, design, show_judge)
+            )
         )
         n_new += 1
     rq.flush()
