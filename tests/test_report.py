@@ -387,3 +387,26 @@ def test_held_fixed_lists_only_keys_of_stages_that_ran():
     assert retriever_sweep["embedding"] == "minilm" and retriever_sweep["embedding.name"] == "all-MiniLM-L6-v2"
     assert held(dense, {**dense, "chunking": "sentence"})["embedding"] == "minilm"
     assert held(custom, {**custom, "chunking": "sentence"})["embedding"] == "minilm"  # shown, not hidden
+
+
+def test_the_report_says_first_when_the_eval_set_cannot_separate_the_configs():
+    """Issue 27: the report leads with select's underpowered verdict (same rule as select/gate)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import pandas as pd
+
+    from rag_experiments.core.run_record import RunData
+    from rag_experiments.report.model import underpowered_note
+
+    rng = np.random.default_rng(0)
+
+    def cfg(name, p):
+        table = pd.DataFrame({"id": [f"q{i}" for i in range(12)], "hit_at_5": (rng.random(12) < p).astype(float)})
+        return SimpleNamespace(data=RunData(name, name, {}, {}, table))
+
+    noisy = [cfg(f"c{i}", 0.5 + 0.02 * i) for i in range(4)]  # 12 queries, differences of 0.02
+    (note,) = underpowered_note(noisy, "hit_at_5", seed=0)
+    assert note.startswith("underpowered on hit_at_5") and "`plan` says n" in note
+    same = [cfg("a", 1.0), cfg("b", 1.0)]  # identical: the data can tell they are equal
+    assert underpowered_note(same, "hit_at_5", seed=0) == []

@@ -52,7 +52,9 @@ def in_brief(
     eff = att.effects
     on_primary = eff[eff["metric"] == primary]
     sig = on_primary[on_primary["p_holm"] < ALPHA]
-    if not on_primary.empty and sig.empty:
+    if not on_primary.empty and sig.empty and not (on_primary["delta"].abs() > 0).any():
+        out.append(text(f"On {primary} every level equals the baseline on every query pair (no difference)."))
+    elif not on_primary.empty and sig.empty:
         top = on_primary.loc[on_primary["delta"].abs().idxmax()]
         out.append(
             text(

@@ -308,6 +308,19 @@ class Analysis:
         return self.inp.factors
 
 
+def underpowered_note(configs: list, primary: str, seed: int) -> list[str]:
+    """``select``'s verdict on the primary metric (``analysis.select.select_config``, gate's test and
+    margin): one note when the eval set cannot separate the configs, else none."""
+    from rag_experiments.analysis.select import select_config
+
+    try:
+        sel = select_config([c.data for c in configs], primary, registry.higher_is_better(primary),
+                            [float("nan")] * len(configs), seed=seed, n_resamples=1999)
+    except ValueError:
+        return []
+    return [f"underpowered on {primary}: {sel.underpowered.message()}"] if sel.underpowered else []
+
+
 def analyse(
     inp: ReportInput,
     baseline: str | None = None,
@@ -332,6 +345,8 @@ def analyse(
             "the runs were evaluated on different eval sets (evalset_digest differs); "
             "paired comparisons below are not meaningful."
         )
+    if len(configs) > 1:  # can this eval set tell the configs apart? said first (docs/select.md)
+        notes += underpowered_note(configs, primary, seed)
     if has_generation(configs):  # human κ < 0.4, or no human labels at all (analysis.judge_trust)
         notes += runs_judge_notes([(c.metrics, c.tags) for c in configs], base.run.info.run_id)
     att = inter = None
