@@ -28,7 +28,12 @@ _LABEL = re.compile(
 _DECLINE_PATTERNS = [
     r"\bi (?:do not|don't|dont) know\b",
     r"\bi (?:am not|'m not|m not) sure\b",
-    r"\b(?:i|we) (?:cannot|can't|can not|am unable to|are unable to) (?:answer|find|tell|say|determine)",
+    r"\b(?:i|we) (?:cannot|can't|can not|could not|couldn't|am unable to|are unable to|was unable to|"
+    r"were unable to) (?:answer|find|tell|say|determine|locate|help with (?:that|this))",
+    r"\b(?:i|we) (?:do not|don't|dont) have (?:enough |sufficient |any |the )?(?:information|details|context)\b",
+    r"\bnone of the (?:provided |given )?(?:context|documentation|docs|passages?|documents?|sources?) "
+    r"(?:mentions?|says?|contains?|specif(?:y|ies)|states?|covers?|address(?:es)?|describes?|provides?)\b",
+    r"\b(?:there is|there's|there are) no (?:mention|information|details?|data)\b",
     r"\bunable to (?:answer|find|determine)\b",
     r"\bno (?:relevant )?information (?:about|on|regarding|in|is|was)\b",
     r"\b(?:not|never) (?:mentioned|specified|stated|provided|covered|included|given|described|"
@@ -51,11 +56,13 @@ def is_decline(answer: str) -> bool:
     """True when the answer declines: its first sentence, or every sentence, is a decline.
 
     Declines: "I don't know", "not mentioned in the context", "the documentation does not say ...",
-    "cannot be determined", "not enough information" ... An empty answer is not a decline (it is a
-    failed generation). "Refunds take 5 days; the docs do not say more" is *not* a decline: its
-    first sentence answers.
+    "cannot be determined", "not enough information", "I couldn't find any information", "none of
+    the passages mention", "there's no mention of" ... (:data:`_DECLINE_PATTERNS`; tested on real
+    SmolLM2 answers and typical API-model phrasings in tests/test_answer_metrics.py). An empty
+    answer is not a decline (it is a failed generation). Clauses split at ";" count as sentences,
+    so "Refunds take 5 days; the docs do not say more" is *not* a decline: its first clause answers.
     """
-    sents = sentence_texts(_plain(answer or ""))
+    sents = [c for s in sentence_texts(_plain(answer or "")) for c in s.split(";") if c.strip()]
     if not sents:
         return False
     if _DECLINE.search(sents[0]):
