@@ -5,7 +5,7 @@ against the retrieval relevance rule, the decline detector, abstention, context 
 
 ``tests/fixtures/smollm2_cite_answers.jsonl``: real answers of the packaged SmolLM2-135M-Instruct
 (conf/generator/local.yaml, temperature 0) on bundled-sample items, markdown chunks, BM25 top 3,
-``prompt=cite`` on 10 answerable and 4 unanswerable items and ``prompt=concise`` on 6 unanswerable
+``prompt=cite`` on 10 answerable and 4 unanswerable items and ``prompt=concise`` on 7 unanswerable
 ones (``chunk_ids``: the passages [1]..[3] the model was given).
 """
 
@@ -315,7 +315,7 @@ def test_decline_detector_leaves_answers_alone(text):
 
 def test_decline_detector_on_real_smollm2_answers():
     """SmolLM2-135M almost never declines, even on unanswerable items (rate_false_answer is high):
-    of the 20 fixture answers only a001 declines, with "The answer is "I don't know."" first."""
+    of the 21 fixture answers only a001 declines, with "The answer is "I don't know."" first."""
     rows = _fixture()
     declined = {k for k, r in rows.items() if is_decline(r["answer"])}
     assert declined == {("a001", "cite")}
@@ -408,7 +408,7 @@ def test_judge_free_run_scores_generation_without_a_judge(tmp_path):
     df, agg = res.per_query, res.aggregates
     assert gen.calls == len(items) and not any(k.startswith("judge_") for k in res.calls)
     n_ans = sum(it.answerable for it in items)
-    assert agg["n_scored/answer_token_f1"] == n_ans - 1 + 1  # the over-refusal is scored (F1 0), unanswerable not
+    assert agg["n_scored/answer_token_f1"] == n_ans  # the over-refusal is scored (F1 0), unanswerable not
     assert agg["rate_over_refusal"] == pytest.approx(1 / n_ans) and agg["rate_false_answer"] == 0.0
     assert agg["abstention/unanswerable_declined"] == 1 and agg["abstention_f1"] == pytest.approx(2 / 3)
     assert agg["answer_exact_match"] == pytest.approx((n_ans - 1) / n_ans)
