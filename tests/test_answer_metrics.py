@@ -138,7 +138,9 @@ def test_f1_edge_cases_and_citation_markers():
 
 
 def test_gold_answers_prefer_the_list_then_the_single_answer():
-    it = EvalItem("q", "?", [Span("d", 0, 1)], gold_answer="Santa Clara", gold_answers=["Santa Clara", "Levi's"])
+    it = EvalItem(
+        "q", "?", [Span("d", 0, 1)], gold_answer="Santa Clara", gold_answers=["Santa Clara", "Levi's"]
+    )
     assert gold_answers(it) == ["Santa Clara", "Levi's"]
     assert gold_answers(EvalItem("q", "?", [], gold_answer="x")) == ["x"]
     assert gold_answers(EvalItem("q", "?", [], gold_answer="  ")) == []
@@ -193,7 +195,11 @@ REAL = {
     "a043": ((), (), ()),
     "a060": ((), (), ()),
     "b008": ((), (), ()),  # "1) The payment method ...": a list number, not a marker
-    "b022": ((), (), ("Sourcing and delivery of products", "Floats and returns money")),  # headings in brackets
+    "b022": (
+        (),
+        (),
+        ("Sourcing and delivery of products", "Floats and returns money"),
+    ),  # headings in brackets
     "b036": ((2, 3), (), ()),  # "1. [2] (usage.md) ... 2. [3] (rate-limits.md)"
     "b050": ((2, 1), (), ()),
     "b064": ((), (), ()),
@@ -264,7 +270,9 @@ def test_citation_recall_is_evidence_recall_over_the_cited_chunks():
     # independent: covered_chars + span_recalled, the scalar form of evidence recall
     for q in (0, 1):
         ranges = [(c.start, c.end) for c in cited[q]]
-        n = sum(bool(M.span_recalled(M.covered_chars(ranges, s.start, s.end), s.end - s.start)) for s in gold[q])
+        n = sum(
+            bool(M.span_recalled(M.covered_chars(ranges, s.start, s.end), s.end - s.start)) for s in gold[q]
+        )
         assert got[q] == n / len(gold[q])
 
 
@@ -356,7 +364,9 @@ def test_answer_context_overlap():
     assert answer_context_overlap("I don't know.", ctx) == 0.0  # "know": the pipeline leaves declines NaN
     assert math.isnan(answer_context_overlap(None, ctx))
     # the documented limit: negation is invisible
-    assert answer_context_overlap("Ferrymail does not retry webhooks.", "Ferrymail does retry webhooks.") == 1.0
+    assert (
+        answer_context_overlap("Ferrymail does not retry webhooks.", "Ferrymail does retry webhooks.") == 1.0
+    )
     assert content_tokens("The [1] 24-hour window, isn't it?") == ["24", "hour", "window"]
 
 

@@ -127,7 +127,9 @@ _WORD = r"(?:doc(?:ument)?|passage|source|context|chunk|ref(?:erence)?)s?\.?\s*#
 _SQUARE = re.compile(rf"[\[【]\s*(?:\^|#)?\s*(?:{_WORD})?(?P<nums>{_NUM_LIST})\s*[\]】]", re.I)
 #: Parenthesised markers: (1) (1, 2) (Doc 2) (Passage 3). Bare numbers only up to 2 digits, so a
 #: year "(2019)" or a count "(100)" is prose, not a citation.
-_PAREN = re.compile(rf"\(\s*(?:(?:{_WORD})(?P<wnums>{_NUM_LIST})|(?P<nums>\d{{1,2}}(?:\s*,\s*\d{{1,2}})*))\s*\)", re.I)
+_PAREN = re.compile(
+    rf"\(\s*(?:(?:{_WORD})(?P<wnums>{_NUM_LIST})|(?P<nums>\d{{1,2}}(?:\s*,\s*\d{{1,2}})*))\s*\)", re.I
+)
 #: Any other short square-bracket group: a citation attempt we cannot read ("[Doc A]", "[source]",
 #: "[1.2]"); not a Markdown link "[text](url)". Counted as unparseable.
 _OTHER = re.compile(r"\[(?P<body>[^\[\]\n]{1,40})\](?!\()")
@@ -160,7 +162,7 @@ class Citations:
 
 
 def _numbers(group: str) -> list[int]:
-    """"1-3" → 1, 2, 3; "1, 2 and 4" → 1, 2, 4 (a range longer than 20 is read as its two ends)."""
+    """ "1-3" → 1, 2, 3; "1, 2 and 4" → 1, 2, 4 (a range longer than 20 is read as its two ends)."""
     out: list[int] = []
     for part in re.split(r"\s*(?:[,;&]|and)\s*", group):
         ends = [int(x) for x in re.split(r"\s*[-–]\s*", part) if x.strip().isdigit()]
@@ -198,9 +200,7 @@ def parse_citations(answer: str | None, n_passages: int) -> Citations:
         for m in _OTHER.finditer(text)
         if not any(a <= m.start() < b for a, b in taken)
     ]
-    return Citations(
-        tuple(dict.fromkeys(cited)), tuple(dict.fromkeys(oor)), tuple(bad), n_markers + len(bad)
-    )
+    return Citations(tuple(dict.fromkeys(cited)), tuple(dict.fromkeys(oor)), tuple(bad), n_markers + len(bad))
 
 
 def strip_citations(answer: str) -> str:
@@ -404,7 +404,9 @@ def judge_free_columns(
             citation_precision=float(prec[i]) if answered[i] else _NAN,
             citation_recall=float(rec[i]) if answered[i] else _NAN,
             rate_uncited_answer=float(unc[i]),
-            answer_cited_overlap=answer_context_overlap(answers[i], cited_text) if answered[i] and cs else _NAN,
+            answer_cited_overlap=answer_context_overlap(answers[i], cited_text)
+            if answered[i] and cs
+            else _NAN,
             cited_chunk_ids=json.dumps([c.chunk_id for c in cs]),
             n_citations_out_of_range=len(p.out_of_range),
             n_citations_unparseable=len(p.unparseable),

@@ -262,8 +262,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "generation",
         True,
         "proportion",
-        "answer_context_overlap against the cited passages only; nothing cited or a decline: NaN; "
-        + _CITE,
+        "answer_context_overlap against the cited passages only; nothing cited or a decline: NaN; " + _CITE,
         _A + "answer_context_overlap",
     ),
     # -- claim-level diagnostics (docs/metrics.md, "Claim-level diagnostics")
