@@ -425,7 +425,7 @@ def test_judge_free_run_scores_generation_without_a_judge(tmp_path):
     for key in ("answer_token_f1", "citation_precision", "citation_recall", "rate_uncited_answer"):
         assert f"{key}_ci_low" in agg, key
     assert agg["rate_uncited_answer"] == 0.0
-    assert "faithfulness" not in agg or math.isnan(agg["faithfulness"])
+    assert not {"faithfulness", "answer_relevance", "claim_recall"} & set(agg)  # not NaN: absent
     assert not df["correctness"].isna().all()  # key facts still checked without a judge
     assert set(json.loads(df.loc[df["id"] == first.id, "cited_chunk_ids"].item())) == set()
     cited = [json.loads(x) for x in df["cited_chunk_ids"].dropna()]

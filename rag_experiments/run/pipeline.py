@@ -351,7 +351,10 @@ def _generate_and_judge(
         row.update(usage_columns(g.usage))  # cached answers keep their usage: cost of the config
         row.update(_judged_columns(g, it, j))
         row.update(fr)  # judge-free: answer F1/EM, citations, abstention, context overlap
-        row.update(diagnostic_columns(d, j.usage if j is not None else None))
+        if judge is None:  # no judge: no judge-metric or diagnostic columns (not "NaN, n_scored 0")
+            del row["faithfulness"], row["answer_relevance"]
+        else:
+            row.update(diagnostic_columns(d, j.usage if j is not None else None))
         row.update(fl)
 
 
