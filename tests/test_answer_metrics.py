@@ -452,3 +452,19 @@ def test_judge_none_config_builds_no_judge(tmp_path):
         cfg = compose("config", overrides=["generator=local", "judge=none", f"cache_dir={tmp_path}"])
     st = build(cfg, StageCache(tmp_path)).stages
     assert st.generates and st.judge is None and st.judge_repeats == ()
+
+
+def test_trace_carries_cited_chunk_ids_and_no_judge_spans_without_a_judge():
+    from rag_experiments.tracking.mlflow_adapter import to_spans
+    from rag_experiments.tracking.traces import build_spans
+
+    retrieved = [{"chunk_id": "d#0-5", "doc_id": "d", "start": 0, "end": 5, "score": 1.0, "rank": 1}]
+    row = {
+        "id": "q1", "retrieved": json.dumps(retrieved), "answer": "hello [1]", "verdicts": "[]", "claims": "[]",
+        "latency_retrieval_s": 0.1, "latency_generation_s": 1.0, "latency_judge_s": 0.0,
+        "relevance_method": "", "cited_chunk_ids": json.dumps(["d#0-5"]),
+    }  # fmt: skip
+    item = EvalItem(id="q1", query="q?", gold_spans=[Span("d", 0, 5)])
+    spans = {s.name: s for s in to_spans(build_spans(row, item, {"d": "hello world"}, 0, 1)[0])}
+    assert spans["generate"].get_attribute("rag.cited_chunk_ids") == ["d#0-5"]
+    assert not any(n.startswith("judge.") for n in spans)
