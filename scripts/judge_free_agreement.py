@@ -73,9 +73,7 @@ def main(argv=None) -> int:
             for j in JUDGED:
                 if j not in df:
                     continue
-                rho, lo, hi, n = spearman_ci(
-                    df[m].to_numpy(float), df[j].to_numpy(float), a.resamples
-                )
+                rho, lo, hi, n = spearman_ci(df[m].to_numpy(float), df[j].to_numpy(float), a.resamples)
                 print(f"{m:<24} {j:<13} {rho:6.2f}  [{lo:5.2f}, {hi:5.2f}]  {n}")
         for m, j in (("answer_token_f1", "correctness"), ("answer_context_overlap", "faithfulness")):
             if m not in df or j not in df:

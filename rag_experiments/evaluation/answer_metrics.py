@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from rag_experiments.core.types import Chunk, EvalItem, Span
 from rag_experiments.evaluation import metrics as M
@@ -51,6 +52,7 @@ __all__ = [
     "normalize_answer",
     "parse_citations",
     "rate_uncited_answer",
+    "run_aggregates",
     "strip_citations",
 ]
 
@@ -412,3 +414,32 @@ def judge_free_columns(
             n_citations_unparseable=len(p.unparseable),
         )
     return rows
+
+
+#: The run tag ``failure_label_evidence`` of a ``judge=none`` run.
+JUDGE_FREE_LABEL_EVIDENCE = (
+    "judge-free: hit@k and correctness (key facts in the answer; unanswerable: declined); "
+    "no judge, so faithfulness does not enter the label"
+)
+
+
+def run_aggregates(per_query: pd.DataFrame) -> dict[str, float]:
+    """Run-level judge-free figures over the generated answers (every replicate's row): the
+    :func:`abstention_table`, :func:`abstention_f1` (only with unanswerable items) and the citation
+    marker counts ``n_out_of_range_citations`` / ``n_unparseable_citations`` (cite prompts)."""
+    if "declined" not in per_query:
+        return {}
+    got = per_query["declined"].notna()
+    declined = per_query.loc[got, "declined"].astype(bool).to_numpy()
+    answerable = per_query.loc[got, "gold_spans"].ne("[]").to_numpy()
+    out: dict[str, float] = dict(abstention_table(declined, answerable))
+    f1 = abstention_f1(declined, answerable)
+    if not np.isnan(f1):
+        out["abstention_f1"] = f1
+    for col, key in (
+        ("n_citations_out_of_range", "n_out_of_range_citations"),
+        ("n_citations_unparseable", "n_unparseable_citations"),
+    ):
+        if col in per_query:
+            out[key] = int(per_query[col].fillna(0).sum())
+    return out

@@ -3,6 +3,10 @@
 One declaration per metric (pattern, side, direction, value type, definition text, the dotted path
 of the pure function that computes it); :mod:`rag_experiments.evaluation.registry` reads this table
 to parse, render, order and judge the direction of logged keys.
+
+Why this module is long: it is one table, a declaration per metric with its definition text
+(docs/metrics.md repeats those verbatim); split across files, the registry order and the one place
+to look for a metric would be lost.
 """
 
 from __future__ import annotations

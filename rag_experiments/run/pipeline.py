@@ -29,18 +29,12 @@ from rag_experiments.core.parallel import as_they_complete
 from rag_experiments.core.progress import Progress, track
 from rag_experiments.core.types import Chunk, Document, EvalItem, Generation
 from rag_experiments.evalset.subset import stratified_subset
+from rag_experiments.evaluation import answer_metrics as A
 from rag_experiments.evaluation import metrics as M
 from rag_experiments.evaluation.aggregate import aggregate
-from rag_experiments.evaluation.answer_metrics import (
-    abstention_f1,
-    abstention_table,
-    asks_for_citations,
-    judge_free_columns,
-)
 from rag_experiments.evaluation.budget import budgeted_metrics
 from rag_experiments.evaluation.cost import cost_metrics, usage_columns
 from rag_experiments.evaluation.labels import RATE_LABELS, failure_label
-from rag_experiments.evaluation.registry import GENERATION_METRICS
 from rag_experiments.judge import correctness, faithfulness
 from rag_experiments.judge.cached import (
     JudgedAnswer,
@@ -258,17 +252,13 @@ def _retrieval_rows(items, ranked, scores, per_q, latency_s: float) -> list[dict
     return rows
 
 
-#: The generation metrics the judge fills (the judge-free ones come from evaluation.answer_metrics).
-_JUDGE_METRICS = ("faithfulness", "answer_relevance", "correctness")
-assert set(_JUDGE_METRICS) <= set(GENERATION_METRICS)
-
-
-def _judged_columns(g: Generation, it: EvalItem, j: JudgedAnswer | None) -> dict[str, Any]:
+def _judged_columns(g: Generation, it: EvalItem, j: JudgedAnswer | None, judge: bool) -> dict[str, Any]:
     """Generation metrics and judge bookkeeping of one generated answer (``j`` None: not judged —
-    a failed generation, or ``judge=none``, where correctness, a key-fact match, is still scored)."""
+    a failed generation, or no ``judge`` (judge=none: no judge metric columns at all); correctness,
+    a key-fact match, is scored either way)."""
     if j is None:
         return {
-            **{m: math.nan for m in _JUDGE_METRICS},
+            **(dict.fromkeys(("faithfulness", "answer_relevance"), math.nan) if judge else {}),
             "correctness": math.nan if g.error else correctness(g.text, it.key_facts, it.answerable),
             "claims": "[]",
             "verdicts": "[]",
@@ -329,12 +319,11 @@ def _generate_and_judge(
     timings["generation_s"] = time.perf_counter() - t
     answers = [None if g.error else g.text for g in gens]
     contexts = ["\n\n".join(c.text for c in cs) for cs in contexts_chunks]
-    cites = asks_for_citations(stages.prompt.text)  # citation metrics only where the prompt asks
-    free = judge_free_columns(sub_items, answers, contexts, contexts_chunks, cites, settings.min_coverage)
+    cites = A.asks_for_citations(stages.prompt.text)  # citation metrics only where the prompt asks
+    free = A.judge_free_columns(sub_items, answers, contexts, contexts_chunks, cites, settings.min_coverage)
     t = time.perf_counter()
     if judge is None:  # judge=none: the judge-free metrics alone, no judge call
-        judged = diags = [None] * len(sub_items)
-        flips: list[dict] = [{} for _ in sub_items]
+        judged, diags, flips = [None] * len(sub_items), [None] * len(sub_items), [{}] * len(sub_items)
     else:
         judged, jcalls = judge_stage(judge, sub_items, answers, contexts, cache, progress)
         diags, dcalls = diagnostics_stage(
@@ -349,11 +338,8 @@ def _generate_and_judge(
         row.update(answer=g.text, context=ctx, error=g.error)  # context: exactly what both saw
         row.update(latency_generation_s=g.latency_s, generation_cached=g.cached)
         row.update(usage_columns(g.usage))  # cached answers keep their usage: cost of the config
-        row.update(_judged_columns(g, it, j))
-        row.update(fr)  # judge-free: answer F1/EM, citations, abstention, context overlap
-        if judge is None:  # no judge: no judge-metric or diagnostic columns (not "NaN, n_scored 0")
-            del row["faithfulness"], row["answer_relevance"]
-        else:
+        row.update(_judged_columns(g, it, j, judge is not None), **fr)  # fr: the judge-free metrics
+        if judge is not None:  # judge=none: no diagnostic columns (rather than NaN with n_scored 0)
             row.update(diagnostic_columns(d, j.usage if j is not None else None))
         row.update(fl)
 
@@ -437,29 +423,8 @@ def _run_aggregates(
         if "n_unparseable_diagnostics" in df:
             aggregates["n_unparseable_diagnostic_verdicts"] = int(df["n_unparseable_diagnostics"].sum())
         aggregates["n_escalated_verdicts"] = int(df.get("n_escalated", pd.Series(dtype=float)).fillna(0).sum())
-        aggregates.update(_abstention_aggregates(df))
+        aggregates.update(A.run_aggregates(df))  # abstention table and F1, citation marker counts
     return aggregates
-
-
-def _abstention_aggregates(df: pd.DataFrame) -> dict[str, float]:
-    """The abstention table, ``abstention_f1`` (when there are unanswerable items) and the citation
-    marker counts, over the generated answers (every replicate's)."""
-    if "declined" not in df:
-        return {}
-    got = df["declined"].notna()
-    declined = df.loc[got, "declined"].astype(bool).to_numpy()
-    answerable = df.loc[got, "gold_spans"].ne("[]").to_numpy()
-    out: dict[str, float] = dict(abstention_table(declined, answerable))
-    f1 = abstention_f1(declined, answerable)
-    if not math.isnan(f1):
-        out["abstention_f1"] = f1
-    for col, key in (
-        ("n_citations_out_of_range", "n_out_of_range_citations"),
-        ("n_citations_unparseable", "n_unparseable_citations"),
-    ):
-        if col in df:
-            out[key] = int(df[col].fillna(0).sum())
-    return out
 
 
 def run_pipeline(
@@ -515,10 +480,7 @@ def run_pipeline(
     _label_rows(rows, [items[i] for i in row_items], settings.k, settings.thresholds, generated)
 
     if stages.generates and stages.judge is None:  # judge=none: say what the labels rest on
-        scored.tags["failure_label_evidence"] = (
-            "judge-free: hit@k and correctness (key facts in the answer; unanswerable: declined); "
-            "no judge, so faithfulness does not enter the label"
-        )
+        scored.tags["failure_label_evidence"] = A.JUDGE_FREE_LABEL_EVIDENCE
     df = _per_query_table(rows, generated, with_generation=stages.generates)
     n_generated = len(subset) if stages.generates else None
     aggregates = _run_aggregates(
