@@ -445,6 +445,17 @@ def test_concise_prompt_has_no_citation_columns(tmp_path):
     prompt = PromptTemplate(p.name, p.system, p.template, p.decline_text)
     res = tiny_pipeline(inputs, generator=_Canned(answers), prompt=prompt, judge=None)
     assert "citation_precision" not in res.per_query and "answer_context_overlap" in res.per_query
+    assert "rate_false_answer" in res.per_query  # the tiny set has an unanswerable item
+
+
+def test_no_false_answer_rate_without_unanswerable_items():
+    from rag_experiments.evaluation.answer_metrics import judge_free_columns
+
+    it = EvalItem("q", "?", [Span("d", 0, 5)], gold_answer="x")
+    (row,) = judge_free_columns([it], ["x"], ["x"], [[_ch("d", 0, 5)]], cites=True)
+    assert "rate_false_answer" not in row and row["rate_over_refusal"] == 0.0
+    assert row["answer_exact_match"] == 1.0 and row["cited_chunk_ids"] == "[]"
+    assert row["rate_uncited_answer"] == 1.0 and math.isnan(row["citation_precision"])
 
 
 def test_judge_none_config_builds_no_judge(tmp_path):

@@ -368,8 +368,8 @@ def judge_free_columns(
     generation failed, every metric NaN).
 
     Columns: ``answer_token_f1``, ``answer_exact_match`` (answerable items with a gold answer),
-    ``declined``, ``rate_over_refusal``, ``rate_false_answer``, ``answer_context_overlap`` (not for
-    declines), and with ``cites`` (:func:`asks_for_citations` of the prompt) ``citation_precision``,
+    ``declined``, ``rate_over_refusal`` (only when some item is answerable), ``rate_false_answer``
+    (only when some item is unanswerable), ``answer_context_overlap`` (not for declines), and with ``cites`` (:func:`asks_for_citations` of the prompt) ``citation_precision``,
     ``citation_recall``, ``rate_uncited_answer``, ``answer_cited_overlap`` (the overlap with the
     cited chunks' text), ``cited_chunk_ids`` (JSON list), ``n_citations_out_of_range``,
     ``n_citations_unparseable``; without ``cites`` there are no citation columns at all (a prompt
@@ -392,6 +392,10 @@ def judge_free_columns(
             rate_false_answer=float(abst["rate_false_answer"][i]) if ok[i] else _NAN,
             answer_context_overlap=answer_context_overlap(a, ctx) if answered[i] else _NAN,
         )
+    for key, kind in (("rate_over_refusal", True), ("rate_false_answer", False)):
+        if kind not in answerable:  # e.g. XQuAD: no unanswerable item, no rate_false_answer column
+            for r in rows:
+                del r[key]
     if not cites:
         return rows
     parsed = [parse_citations(a, len(cs)) for a, cs in zip(answers, context_chunks, strict=True)]
