@@ -211,10 +211,6 @@ def strip_citations(answer: str) -> str:
     return _PAREN.sub("", _SQUARE.sub("", text))
 
 
-def _cited_arrays(cited: Sequence[Sequence[Chunk]], gold: Sequence[Sequence[Span]]) -> M.RankedArrays:
-    return M.ranked_arrays(cited, gold)
-
-
 def citation_precision(
     cited: Sequence[Sequence[Chunk]],
     n_out_of_range: Sequence[int],
@@ -230,7 +226,7 @@ def citation_precision(
     unanswerable item (no gold span): 0 when it cites anything. Unparseable markers are left out
     (counted in ``n_citations_unparseable``), as unparseable verdicts are left out of faithfulness.
     """
-    a = _cited_arrays(cited, gold)
+    a = M.ranked_arrays(cited, gold)
     rel = M.span_hits(a, min_coverage).any(axis=2).sum(axis=1).astype(float)
     n = np.array([len(c) for c in cited], dtype=float) + np.asarray(n_out_of_range, dtype=float)
     return M._ratio(rel, n, np.nan)
@@ -244,7 +240,7 @@ def citation_recall(
     union of the cited chunks covers at least ``min_coverage`` of its characters (and one).
     Nothing cited: 0. Unanswerable item (no gold span): NaN.
     """
-    a = _cited_arrays(cited, gold)
+    a = M.ranked_arrays(cited, gold)
     width = a.c_doc.shape[1]
     if width == 0:
         return np.where(a.n_spans > 0, 0.0, np.nan)
