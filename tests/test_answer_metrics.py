@@ -479,3 +479,14 @@ def test_trace_carries_cited_chunk_ids_and_no_judge_spans_without_a_judge():
     spans = {s.name: s for s in to_spans(build_spans(row, item, {"d": "hello world"}, 0, 1)[0])}
     assert spans["generate"].get_attribute("rag.cited_chunk_ids") == ["d#0-5"]
     assert not any(n.startswith("judge.") for n in spans)
+
+
+def test_judge_free_rates_are_assessed_but_label_rates_are_not():
+    import pandas as pd
+
+    from rag_experiments.tracking.assessments import assessed_columns
+
+    df = pd.DataFrame({"id": ["a"], "hit_at_3": [1.0], "rate_ok": [1.0], "rate_over_refusal": [0.0],
+                       "answer_token_f1": [0.5], "failure_label": ["ok"]})  # fmt: skip
+    own, more = assessed_columns(df, 3)
+    assert {"rate_over_refusal", "answer_token_f1", "hit_at_3"} <= set(own) and "rate_ok" not in own + more
