@@ -135,6 +135,11 @@ def test_f1_edge_cases_and_citation_markers():
     assert answer_exact_match("24 hours [1].", ["24 hours"]) == 1.0
     assert answer_token_f1("24 hours [1][2]", ["24 hours"]) == 1.0
     assert _squad_f1_score("24 hours [1]", "24 hours") < 1.0
+    # prompt=quote_then_answer: the quote is not the answer
+    quoted = "Quote: Ferrymail will retry for 24 hours after the first attempt.\nAnswer: 24 hours"
+    assert answer_exact_match(quoted, ["24 hours"]) == 1.0
+    assert answer_exact_match("**Final answer:** 24 hours", ["24 hours"]) == 1.0
+    assert answer_token_f1("The answer is 24 hours", ["24 hours"]) == pytest.approx(2 / 3)  # not a label
 
 
 def test_gold_answers_prefer_the_list_then_the_single_answer():

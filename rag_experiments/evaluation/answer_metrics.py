@@ -46,6 +46,7 @@ __all__ = [
     "citation_precision",
     "citation_recall",
     "content_tokens",
+    "final_answer",
     "gold_answers",
     "is_decline",
     "judge_free_columns",
@@ -82,6 +83,19 @@ def gold_answers(item: EvalItem) -> list[str]:
     return [item.gold_answer] if item.gold_answer and item.gold_answer.strip() else []
 
 
+_FINAL = re.compile(r"^\s*(?:\*\*)?(?:final answer|answer)\s*:(?:\*\*)?", re.I | re.M)
+
+
+def final_answer(answer: str) -> str:
+    """The part of the answer that answers: the text after the last line-initial "Answer:" (or
+    "Final answer:") when there is one — ``prompt=quote_then_answer`` writes "Quote: ... Answer: ..."
+    and the quote is not the answer — else the whole text; citation markers removed
+    (:func:`strip_citations`) so a citing prompt is not charged for its ``[1]``."""
+    text = strip_citations(answer)
+    labels = list(_FINAL.finditer(text))
+    return text[labels[-1].end() :] if labels else text
+
+
 def _f1(pred: list[str], gold: list[str]) -> float:
     same = sum((Counter(pred) & Counter(gold)).values())
     if same == 0:
@@ -93,8 +107,8 @@ def _f1(pred: list[str], gold: list[str]) -> float:
 def answer_token_f1(answer: str | None, golds: Sequence[str]) -> float:
     """SQuAD v1.1 token F1: ``max_g 2PR / (P + R)`` over the gold answers g, with P (R) the share of
     the answer's (g's) tokens in the bag intersection (multiset: a token counts as often as it
-    occurs in both). Tokens: whitespace split after :func:`normalize_answer`; citation markers are
-    removed first (:func:`strip_citations`) so a citing prompt is not charged for its ``[1]``.
+    occurs in both). Tokens: whitespace split after :func:`normalize_answer` of
+    :func:`final_answer` (no citation markers, no "Quote: ..." before "Answer:").
 
     No common token (incl. either side empty after normalisation): 0, as v1.1 (v2.0 gives 1 when
     both are empty). No gold answer, or no answer (a failed generation, ``None``): NaN.
@@ -102,18 +116,18 @@ def answer_token_f1(answer: str | None, golds: Sequence[str]) -> float:
     golds = [g for g in golds if g is not None]
     if answer is None or not golds:
         return _NAN
-    pred = normalize_answer(strip_citations(answer)).split()
+    pred = normalize_answer(final_answer(answer)).split()
     return max(_f1(pred, normalize_answer(g).split()) for g in golds)
 
 
 def answer_exact_match(answer: str | None, golds: Sequence[str]) -> float:
     """SQuAD v1.1 exact match: 1.0 if the answer equals some gold answer after
-    :func:`normalize_answer` (citation markers removed first), else 0.0. No gold answer, or no
+    :func:`normalize_answer` of :func:`final_answer`, else 0.0. No gold answer, or no
     answer (``None``): NaN. A long answer that contains the gold answer scores 0 (that is F1's job)."""
     golds = [g for g in golds if g is not None]
     if answer is None or not golds:
         return _NAN
-    pred = normalize_answer(strip_citations(answer))
+    pred = normalize_answer(final_answer(answer))
     return float(any(pred == normalize_answer(g) for g in golds))
 
 

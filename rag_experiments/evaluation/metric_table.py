@@ -175,7 +175,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "generation",
         True,
         "continuous",
-        "SQuAD v1.1 token F1 of the answer (citation markers removed) against the gold answer(s), the "
+        "SQuAD v1.1 token F1 of the answer (after 'Answer:' if it has one; citation markers removed) against the gold answer(s), the "
         "best over gold_answers; normalised: lower case, no punctuation, no a/an/the, whitespace "
         "collapsed; unanswerable items and items without a gold answer: NaN",
         _A + "answer_token_f1",
@@ -186,7 +186,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "generation",
         True,
         "binary",
-        "1 if the normalised answer (SQuAD v1.1, citation markers removed) equals a normalised gold "
+        "1 if the normalised answer (SQuAD v1.1; after 'Answer:' if it has one; citation markers removed) equals a normalised gold "
         "answer, else 0; unanswerable items and items without a gold answer: NaN",
         _A + "answer_exact_match",
         headline=14,
