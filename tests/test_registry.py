@@ -38,6 +38,7 @@ EXAMPLE = {
     "ptype": "support_evidence",
     "metric": "faithfulness",
     "component": "query",
+    "cell": "unanswerable_declined",
 }
 
 
@@ -112,7 +113,17 @@ def test_metric_keys_order():
         "hit_at_10",
     ]
     assert gen[8:11] == ["faithfulness", "answer_relevance", "correctness"]
-    assert gen[11:] == [
+    assert gen[11:19] == [  # judge-free (evaluation.answer_metrics)
+        "answer_token_f1",
+        "answer_exact_match",
+        "citation_precision",
+        "citation_recall",
+        "rate_uncited_answer",
+        "rate_over_refusal",
+        "rate_false_answer",
+        "answer_context_overlap",
+    ]
+    assert gen[19:] == [
         "rate_retrieval_failure",
         "rate_generation_failure",
         "rate_ok",

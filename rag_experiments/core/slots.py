@@ -28,6 +28,7 @@ class Slot:
 _EMBEDDING = "rag_experiments.stages.embedding"
 _JUDGE_CODE = (
     "rag_experiments.judge",
+    "rag_experiments.evaluation.declines",  # the claim splitter drops declining sentences
     _EMBEDDING,  # the metric embedder
     "rag_experiments.stages.generation",  # LLM judges call the model through it
 )

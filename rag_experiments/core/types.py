@@ -50,6 +50,8 @@ class EvalItem:
     key_facts: list[str] = field(default_factory=list)
     tags: list[str] = field(default_factory=list)
     line: int = 0  # 1-based line in the source file, for error messages
+    # every acceptable answer (SQuAD keeps each annotator's); empty: [gold_answer]
+    gold_answers: list[str] = field(default_factory=list)
 
     @property
     def answerable(self) -> bool:

@@ -72,8 +72,9 @@ def import_squad(squad_json: str | Path) -> tuple[list[dict], list[dict], Import
     """SQuAD v1.1 → (corpus rows, eval rows, report).
 
     Paragraphs of one article are joined with a blank line into one document; every answer span
-    becomes offset evidence (overlapping answers of one question merged into one span), and the
-    distinct answer texts found become ``key_facts``. A misaligned answer is moved to the
+    becomes offset evidence (overlapping answers of one question merged into one span); the
+    distinct answer texts found become ``gold_answers`` (answer F1 / exact match take the best),
+    the first of them ``gold_answer`` and the one ``key_facts`` entry. A misaligned answer is moved to the
     occurrence of its text nearest to ``answer_start`` (:func:`locate_answer`); one that occurs
     nowhere in its paragraph is dropped, and so is a question left with no answer.
     """
@@ -136,6 +137,7 @@ def _squad_row(qa, spans, answers, doc_id, text) -> dict:
             {"doc_id": doc_id, "start": s, "end": e, "quote": text[s:e]} for s, e in _merge(spans)
         ],
         "gold_answer": answers[0] if answers else None,
+        "gold_answers": answers,  # every distinct answer text: answer F1/EM take the best match
         "key_facts": answers[:1],
         "tags": ["squad"],
     }

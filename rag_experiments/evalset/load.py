@@ -234,6 +234,7 @@ _FIELDS: dict[str, tuple[type, bool]] = {
     "query": (str, True),
     "gold_evidence": (list, False),
     "gold_answer": (str, False),
+    "gold_answers": (list, False),
     "key_facts": (list, False),
     "tags": (list, False),
 }
@@ -313,7 +314,7 @@ def _text_problems(row: dict, where: str) -> list[str]:
     for name in ("query", "gold_answer"):
         if isinstance(row.get(name), str) and "\x00" in row[name]:
             problems.append(f"{where}: {name}: contains a NUL character (U+0000)")
-    for name in ("key_facts", "tags"):
+    for name in ("key_facts", "tags", "gold_answers"):
         if any(isinstance(v, str) and "\x00" in v for v in row.get(name) or []):
             problems.append(f"{where}: {name}: contains a NUL character (U+0000)")
     return problems
@@ -322,7 +323,7 @@ def _text_problems(row: dict, where: str) -> list[str]:
 def _item_of(row: dict, lineno: int, where: str, resolver: _Resolver) -> tuple[EvalItem, list[str]]:
     """A well-typed row → (EvalItem, problems of its values: strings, evidence, unanswerable tag)."""
     problems = []
-    for name in ("key_facts", "tags"):
+    for name in ("key_facts", "tags", "gold_answers"):
         for j, v in enumerate(row.get(name) or []):
             if not isinstance(v, str) or not v.strip():
                 problems.append(f"{where}: {name}[{j}]: must be a non-empty string")
@@ -345,6 +346,7 @@ def _item_of(row: dict, lineno: int, where: str, resolver: _Resolver) -> tuple[E
         key_facts=list(row.get("key_facts") or []),
         tags=tags,
         line=lineno,
+        gold_answers=list(row.get("gold_answers") or []),
     )
     return item, problems
 

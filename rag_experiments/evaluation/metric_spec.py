@@ -28,6 +28,7 @@ _PLACEHOLDERS: dict[str, str] = {
     "ptype": r"(?!\S*_ci_(?:low|high)$)[A-Za-z0-9_.\-]+?",  # a judge_pairs pair type (not a CI form)
     "metric": r"[a-z][a-z0-9_]*",  # a per-query metric key (var_share/{metric}/...)
     "component": "query|generation|judge",  # a variance component (analysis.variance)
+    "cell": "(?:answerable|unanswerable)_(?:answered|declined)",  # the abstention table
 }
 _INT_PLACEHOLDERS = frozenset({"k", "B"})
 

@@ -3,6 +3,10 @@
 One declaration per metric (pattern, side, direction, value type, definition text, the dotted path
 of the pure function that computes it); :mod:`rag_experiments.evaluation.registry` reads this table
 to parse, render, order and judge the direction of logged keys.
+
+Why this module is long: it is one table, a declaration per metric with its definition text
+(docs/metrics.md repeats those verbatim); split across files, the registry order and the one place
+to look for a metric would be lost.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ _M = "rag_experiments.evaluation.metrics."
 _J = "rag_experiments.judge."
 _B = "rag_experiments.evaluation.budget."
 _D = "rag_experiments.evaluation.diagnostics."
+_A = "rag_experiments.evaluation.answer_metrics."
+_CITE = "prompts that ask for [n] citations (prompt=cite; NaN for other prompts)"
 _TOKEN_UNION = "the union of the top-k chunks' character ranges (overlaps counted once)"
 _BUDGET = (
     "the B-token context (the ranked chunks in order up to B tokens of the fixed MiniLM tokenizer "
@@ -163,6 +169,106 @@ REGISTRY: tuple[MetricSpec, ...] = (
         _J + "correctness",
         headline=12,
     ),
+    # -- judge-free generation metrics (docs/metrics.md, "Judge-free generation metrics")
+    MetricSpec(
+        "answer_token_f1",
+        "generation",
+        True,
+        "continuous",
+        "SQuAD v1.1 token F1 of the answer (after 'Answer:' if it has one; citation markers removed) against the gold answer(s), the "
+        "best over gold_answers; normalised: lower case, no punctuation, no a/an/the, whitespace "
+        "collapsed; unanswerable items and items without a gold answer: NaN",
+        _A + "answer_token_f1",
+        headline=13,
+    ),
+    MetricSpec(
+        "answer_exact_match",
+        "generation",
+        True,
+        "binary",
+        "1 if the normalised answer (SQuAD v1.1; after 'Answer:' if it has one; citation markers removed) equals a normalised gold "
+        "answer, else 0; unanswerable items and items without a gold answer: NaN",
+        _A + "answer_exact_match",
+        headline=14,
+    ),
+    MetricSpec(
+        "citation_precision",
+        "generation",
+        True,
+        "proportion",
+        "cited passages relevant to a gold span (the retrieval relevance rule) / cited passages, a "
+        f"number naming no passage counted as not relevant; nothing cited or a decline: NaN; {_CITE}",
+        _A + "citation_precision",
+        headline=15,
+    ),
+    MetricSpec(
+        "citation_recall",
+        "generation",
+        True,
+        "proportion",
+        "share of the gold spans the cited passages together cover (metrics.min_coverage of the "
+        f"characters, the evidence-recall rule); nothing cited: 0; unanswerable or a decline: NaN; {_CITE}",
+        _A + "citation_recall",
+        headline=16,
+    ),
+    MetricSpec(
+        "rate_uncited_answer",
+        "generation",
+        False,
+        "binary",
+        f"1 if an answer that does not decline carries no citation marker, else 0; declines: NaN; {_CITE}",
+        _A + "rate_uncited_answer",
+        headline=17,
+    ),
+    MetricSpec(
+        "rate_over_refusal",
+        "generation",
+        False,
+        "binary",
+        "answerable items: 1 if the answer declines (judge.claims.is_decline), else 0; unanswerable: NaN",
+        _A + "abstention_columns",
+        headline=18,
+    ),
+    MetricSpec(
+        "rate_false_answer",
+        "generation",
+        False,
+        "binary",
+        "unanswerable items: 1 if the answer does not decline (judge.claims.is_decline), else 0; "
+        "answerable: NaN",
+        _A + "abstention_columns",
+        headline=19,
+    ),
+    MetricSpec(
+        "abstention_f1",
+        "generation",
+        True,
+        "proportion",
+        "F1 of declining as a detector of unanswerable items over the generated answers: 2TP / (2TP + "
+        "FP + FN), TP unanswerable and declined, FP answerable and declined, FN unanswerable and "
+        "answered; logged only when the run has unanswerable items; run-level (no CI)",
+        _A + "abstention_f1",
+        per_query=False,
+    ),
+    MetricSpec(
+        "answer_context_overlap",
+        "generation",
+        True,
+        "proportion",
+        "share of the answer's content tokens (stopwords and citation markers removed) found in the "
+        "context given to the model; a lexical grounding proxy (paraphrases score low, copied "
+        "context scores 1, negation is invisible); declines: NaN",
+        _A + "answer_context_overlap",
+        headline=21,
+    ),
+    MetricSpec(
+        "answer_cited_overlap",
+        "generation",
+        True,
+        "proportion",
+        "answer_context_overlap against the cited passages only; nothing cited or a decline: NaN; " + _CITE,
+        _A + "answer_context_overlap",
+    ),
     # -- claim-level diagnostics (docs/metrics.md, "Claim-level diagnostics")
     MetricSpec(
         "claim_recall",
@@ -224,7 +330,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "binary",
         "share of queries with that failure label (decision table in evaluation.labels.failure_label)",
         None,
-        headline=20,
+        headline=30,
     ),
     # -- cost (per-query columns, not aggregated; compared only when asked for by name)
     MetricSpec(
@@ -403,6 +509,50 @@ REGISTRY: tuple[MetricSpec, ...] = (
         False,
         "count",
         "number of the query's claim-level diagnostic verdicts that could not be parsed",
+        per_query=False,
+    ),
+    MetricSpec(
+        "abstention/{cell}",
+        "count",
+        None,
+        "count",
+        "the abstention table over the generated answers (every replicate): answerable or "
+        "unanswerable item × answer answered or declined (judge.claims.is_decline)",
+        _A + "abstention_table",
+        per_query=False,
+    ),
+    MetricSpec(
+        "n_citations_out_of_range",
+        "count",
+        False,
+        "count",
+        "number of distinct passage numbers the query's answer cites that name no passage given",
+        _A + "parse_citations",
+        per_query=False,
+    ),
+    MetricSpec(
+        "n_citations_unparseable",
+        "count",
+        False,
+        "count",
+        'number of bracket groups in the query\'s answer that look like citations but give no number ("[Doc A]")',
+        _A + "parse_citations",
+        per_query=False,
+    ),
+    MetricSpec(
+        "n_out_of_range_citations",
+        "count",
+        False,
+        "count",
+        "n_citations_out_of_range summed over the generated queries",
+        per_query=False,
+    ),
+    MetricSpec(
+        "n_unparseable_citations",
+        "count",
+        False,
+        "count",
+        "n_citations_unparseable summed over the generated queries",
         per_query=False,
     ),
     MetricSpec(

@@ -77,7 +77,8 @@ _LABEL_DIRECTION: dict[str, bool] = {
     "retrieved": True,  # retrieval-only runs: the evidence reached the context
     "error": False,
 }
-#: Per-query columns the judge fills (NaN when a query has no answer to judge).
+#: Generation metrics: the judge's (faithfulness, answer_relevance), key-fact correctness and the
+#: judge-free ones of evaluation.answer_metrics (NaN when a query has no answer to score).
 GENERATION_METRICS = tuple(s.pattern for s in REGISTRY if s.side == "generation")
 #: Per-query claim-level diagnostics (evaluation.diagnostics; NaN outside the judged answers).
 DIAGNOSTIC_METRICS = tuple(s.pattern for s in REGISTRY if s.side == "diagnostic")

@@ -13,6 +13,7 @@ import unicodedata
 from typing import Protocol
 
 from rag_experiments.core.types import Verdict
+from rag_experiments.evaluation.declines import _DECLINE, _plain, is_decline  # noqa: F401  (re-exported: the judges' one detector)
 from rag_experiments.stages.text import sentence_texts
 
 # -- text utilities -----------------------------------------------------------------------------
@@ -23,44 +24,6 @@ _ORDERED_MARKER = re.compile(r"^\s*\d{1,9}[.)]\s+")
 _LABEL = re.compile(
     r"^\s*(?:[-*•]\s+|\d+[.)]\s+)?(?:\*\*)?(?:answer|quote|final answer|claim)\s*:?(?:\*\*)?\s*", re.I
 )
-
-
-_DECLINE_PATTERNS = [
-    r"\bi (?:do not|don't|dont) know\b",
-    r"\bi (?:am not|'m not|m not) sure\b",
-    r"\b(?:i|we) (?:cannot|can't|can not|am unable to|are unable to) (?:answer|find|tell|say|determine)",
-    r"\bunable to (?:answer|find|determine)\b",
-    r"\bno (?:relevant )?information (?:about|on|regarding|in|is|was)\b",
-    r"\b(?:not|never) (?:mentioned|specified|stated|provided|covered|included|given|described|"
-    r"discussed|addressed|available|found|present) (?:in|by) the (?:provided |given )?"
-    r"(?:context|documentation|docs|passages?|text|documents?|sources?)\b",
-    r"\bthe (?:provided |given )?(?:context|documentation|docs|passages?|text|documents?|sources?) "
-    r"(?:does not|doesn't|do not|don't|did not|didn't) (?:say|mention|specify|state|contain|provide|"
-    r"include|cover|answer|describe|discuss|address|tell)\b",
-    r"\b(?:not enough|insufficient) (?:information|context)\b",
-    r"\bcannot be (?:determined|answered|found)\b",
-]
-_DECLINE = re.compile("|".join(_DECLINE_PATTERNS), re.I)
-
-
-def _plain(text: str) -> str:
-    return unicodedata.normalize("NFKC", text).replace("’", "'").replace("‘", "'")
-
-
-def is_decline(answer: str) -> bool:
-    """True when the answer declines: its first sentence, or every sentence, is a decline.
-
-    Declines: "I don't know", "not mentioned in the context", "the documentation does not say ...",
-    "cannot be determined", "not enough information" ... An empty answer is not a decline (it is a
-    failed generation). "Refunds take 5 days; the docs do not say more" is *not* a decline: its
-    first sentence answers.
-    """
-    sents = sentence_texts(_plain(answer or ""))
-    if not sents:
-        return False
-    if _DECLINE.search(sents[0]):
-        return True
-    return all(_DECLINE.search(s) for s in sents)
 
 
 def split_claims(answer: str) -> list[str]:

@@ -93,7 +93,8 @@ def build(cfg: DictConfig, cache: StageCache) -> Loaded:
     if cfg.generator.get("_target_"):
         generator = instantiate(priced(cfg.generator))
         prompt = instantiate(cfg.prompt)
-        judge, repeats = judge_with_repeats(cfg.judge)  # masks pricing and repeats
+        if cfg.judge.get("_target_"):  # judge=none: judge-free metrics only (docs/metrics.md)
+            judge, repeats = judge_with_repeats(cfg.judge)  # masks pricing and repeats
     stages = Stages(
         chunker=instantiate(cfg.chunking),
         chunking_cfg=container(cfg.chunking),

@@ -29,12 +29,12 @@ from rag_experiments.core.parallel import as_they_complete
 from rag_experiments.core.progress import Progress, track
 from rag_experiments.core.types import Chunk, Document, EvalItem, Generation
 from rag_experiments.evalset.subset import stratified_subset
+from rag_experiments.evaluation import answer_metrics as A
 from rag_experiments.evaluation import metrics as M
 from rag_experiments.evaluation.aggregate import aggregate
 from rag_experiments.evaluation.budget import budgeted_metrics
 from rag_experiments.evaluation.cost import cost_metrics, usage_columns
 from rag_experiments.evaluation.labels import RATE_LABELS, failure_label
-from rag_experiments.evaluation.registry import GENERATION_METRICS
 from rag_experiments.judge import correctness, faithfulness
 from rag_experiments.judge.cached import (
     JudgedAnswer,
@@ -252,11 +252,14 @@ def _retrieval_rows(items, ranked, scores, per_q, latency_s: float) -> list[dict
     return rows
 
 
-def _judged_columns(g: Generation, it: EvalItem, j: JudgedAnswer | None) -> dict[str, Any]:
-    """Generation metrics and judge bookkeeping of one generated answer (``j`` None: not judged)."""
+def _judged_columns(g: Generation, it: EvalItem, j: JudgedAnswer | None, judge: bool) -> dict[str, Any]:
+    """Generation metrics and judge bookkeeping of one generated answer (``j`` None: not judged —
+    a failed generation, or no ``judge`` (judge=none: no judge metric columns at all); correctness,
+    a key-fact match, is scored either way)."""
     if j is None:
         return {
-            **{m: math.nan for m in GENERATION_METRICS},
+            **(dict.fromkeys(("faithfulness", "answer_relevance"), math.nan) if judge else {}),
+            "correctness": math.nan if g.error else correctness(g.text, it.key_facts, it.answerable),
             "claims": "[]",
             "verdicts": "[]",
             "n_claims": 0,
@@ -316,21 +319,28 @@ def _generate_and_judge(
     timings["generation_s"] = time.perf_counter() - t
     answers = [None if g.error else g.text for g in gens]
     contexts = ["\n\n".join(c.text for c in cs) for cs in contexts_chunks]
+    cites = A.asks_for_citations(stages.prompt.text)  # citation metrics only where the prompt asks
+    free = A.judge_free_columns(sub_items, answers, contexts, contexts_chunks, cites, settings.min_coverage)
     t = time.perf_counter()
-    judged, jcalls = judge_stage(judge, sub_items, answers, contexts, cache, progress)
-    diags, dcalls = diagnostics_stage(
-        judge, sub_items, answers, contexts_chunks, judged, cache, settings.min_coverage, progress
-    )
-    flips = repeat_columns(stages.judge_repeats, judged, contexts, cache, jcalls)  # judge.repeats
-    calls.update({f"judge_{k_}": v for k_, v in (jcalls + dcalls).items()})
+    if judge is None:  # judge=none: the judge-free metrics alone, no judge call
+        judged, diags, flips = [None] * len(sub_items), [None] * len(sub_items), [{}] * len(sub_items)
+    else:
+        judged, jcalls = judge_stage(judge, sub_items, answers, contexts, cache, progress)
+        diags, dcalls = diagnostics_stage(
+            judge, sub_items, answers, contexts_chunks, judged, cache, settings.min_coverage, progress
+        )
+        flips = repeat_columns(stages.judge_repeats, judged, contexts, cache, jcalls)  # judge.repeats
+        calls.update({f"judge_{k_}": v for k_, v in (jcalls + dcalls).items()})
     timings["judging_s"] = time.perf_counter() - t
-    for qi, it, g, j, ctx, d, fl in zip(subset, sub_items, gens, judged, contexts, diags, flips, strict=True):
+    rows_of = zip(subset, sub_items, gens, judged, contexts, diags, flips, free, strict=True)
+    for qi, it, g, j, ctx, d, fl, fr in rows_of:
         row = rows[qi]
         row.update(answer=g.text, context=ctx, error=g.error)  # context: exactly what both saw
         row.update(latency_generation_s=g.latency_s, generation_cached=g.cached)
         row.update(usage_columns(g.usage))  # cached answers keep their usage: cost of the config
-        row.update(_judged_columns(g, it, j))
-        row.update(diagnostic_columns(d, j.usage if j is not None else None))
+        row.update(_judged_columns(g, it, j, judge is not None), **fr)  # fr: the judge-free metrics
+        if judge is not None:  # judge=none: no diagnostic columns (rather than NaN with n_scored 0)
+            row.update(diagnostic_columns(d, j.usage if j is not None else None))
         row.update(fl)
 
 
@@ -413,6 +423,7 @@ def _run_aggregates(
         if "n_unparseable_diagnostics" in df:
             aggregates["n_unparseable_diagnostic_verdicts"] = int(df["n_unparseable_diagnostics"].sum())
         aggregates["n_escalated_verdicts"] = int(df.get("n_escalated", pd.Series(dtype=float)).fillna(0).sum())
+        aggregates.update(A.run_aggregates(df))  # abstention table and F1, citation marker counts
     return aggregates
 
 
@@ -468,6 +479,8 @@ def run_pipeline(
     generated = [i in chosen for i in row_items]  # replicates: one row per (item, replicate)
     _label_rows(rows, [items[i] for i in row_items], settings.k, settings.thresholds, generated)
 
+    if stages.generates and stages.judge is None:  # judge=none: say what the labels rest on
+        scored.tags["failure_label_evidence"] = A.JUDGE_FREE_LABEL_EVIDENCE
     df = _per_query_table(rows, generated, with_generation=stages.generates)
     n_generated = len(subset) if stages.generates else None
     aggregates = _run_aggregates(

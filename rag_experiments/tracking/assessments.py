@@ -80,7 +80,12 @@ def metric_definitions(per_query: pd.DataFrame) -> dict[str, str]:
 def _metric_columns(per_query: pd.DataFrame) -> list[str]:
     from rag_experiments.evaluation.aggregate import metric_columns
 
-    return [c for c in metric_columns(per_query) if not c.startswith(_NOT_ASSESSED_PREFIXES)]
+    # failure-label rates only (rate_over_refusal etc. are metrics of their own)
+    return [
+        c
+        for c in metric_columns(per_query)
+        if not (c.startswith(_NOT_ASSESSED_PREFIXES) and _definition(c)[0] == "label")
+    ]
 
 
 def assessed_columns(per_query: pd.DataFrame, k: int) -> tuple[list[str], list[str]]:

@@ -162,6 +162,8 @@ def build_spans(
         attrs[SpanAttributeKey.MODEL] = generator_model
     if usage := _token_usage(row, "generation"):
         attrs[SpanAttributeKey.CHAT_USAGE] = usage
+    if isinstance(row.get("cited_chunk_ids"), str):  # prompt=cite: the passages the answer cites
+        attrs["rag.cited_chunk_ids"] = parse_json(row["cited_chunk_ids"], [])
     w.add(
         "generate",
         SpanType.CHAT_MODEL,
@@ -176,7 +178,7 @@ def build_spans(
         error,
     )
     t += t_gen
-    if not error:
+    if not error and row.get("relevance_method", True):  # "": not judged (judge=none): no judge spans
         _judge_spans(w, root, row, item, t, t_jud)
     return w.spans, end_ns
 

@@ -1,0 +1,459 @@
+"""Judge-free generation metrics (docs/metrics.md, "Judge-free generation metrics").
+
+What the eval set's gold data lets us check without a judge:
+
+- **answer overlap** with the gold answer(s): :func:`answer_token_f1`, :func:`answer_exact_match`
+  (SQuAD v1.1 normalisation, the maximum over the gold answers);
+- **citations** of prompts that ask for them (:func:`asks_for_citations`): :func:`parse_citations`
+  reads the ``[n]`` markers, :func:`citation_precision` / :func:`citation_recall` check the cited
+  chunks against the gold spans with the retrieval metrics' own relevance and coverage rules,
+  :func:`rate_uncited_answer`;
+- **abstention**: :func:`abstention_columns` (``rate_over_refusal``, ``rate_false_answer``) and
+  :func:`abstention_f1`, with the judges' decline detector (``evaluation.declines.is_decline``);
+- a lexical grounding proxy, :func:`answer_context_overlap`.
+
+Every function is pure and returns one value per query (NaN where the metric is undefined for that
+query); :func:`judge_free_columns` computes them all for the pipeline. Nothing here calls a model.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+import unicodedata
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from rag_experiments.core.types import Chunk, EvalItem, Span
+from rag_experiments.evaluation import metrics as M
+from rag_experiments.evaluation.declines import is_decline
+from rag_experiments.evaluation.defaults import MIN_COVERAGE
+
+__all__ = [
+    "Citations",
+    "abstention_columns",
+    "abstention_f1",
+    "abstention_table",
+    "answer_context_overlap",
+    "answer_exact_match",
+    "answer_token_f1",
+    "asks_for_citations",
+    "citation_precision",
+    "citation_recall",
+    "content_tokens",
+    "final_answer",
+    "gold_answers",
+    "is_decline",
+    "judge_free_columns",
+    "normalize_answer",
+    "parse_citations",
+    "rate_uncited_answer",
+    "run_aggregates",
+    "strip_citations",
+]
+
+_NAN = float("nan")
+
+# --------------------------------------------------------------------------- answer overlap
+
+_PUNCT = str.maketrans("", "", string.punctuation)  # ASCII punctuation only, as SQuAD v1.1
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def normalize_answer(s: str) -> str:
+    """SQuAD v1.1 normalisation: lower case, remove ASCII punctuation (``string.punctuation``),
+    remove the articles a/an/the as whole words, collapse whitespace (in that order, so "the-end"
+    → "theend" and "a.b" → "ab" exactly as the official ``evaluate-v1.1.py``). Non-ASCII
+    punctuation ("–", "’") is kept, as there."""
+    s = (s or "").lower().translate(_PUNCT)
+    return " ".join(_ARTICLES.sub(" ", s).split())
+
+
+def gold_answers(item: EvalItem) -> list[str]:
+    """The item's reference answers: ``gold_answers`` (every distinct SQuAD answer) when it has
+    them, else ``[gold_answer]``; empty for an item without a gold answer."""
+    many = [a for a in getattr(item, "gold_answers", None) or [] if a and a.strip()]
+    if many:
+        return many
+    return [item.gold_answer] if item.gold_answer and item.gold_answer.strip() else []
+
+
+_FINAL = re.compile(r"^\s*(?:\*\*)?(?:final answer|answer)\s*:(?:\*\*)?", re.I | re.M)
+
+
+def final_answer(answer: str) -> str:
+    """The part of the answer that answers: the text after the last line-initial "Answer:" (or
+    "Final answer:") when there is one — ``prompt=quote_then_answer`` writes "Quote: ... Answer: ..."
+    and the quote is not the answer — else the whole text; citation markers removed
+    (:func:`strip_citations`) so a citing prompt is not charged for its ``[1]``."""
+    text = strip_citations(answer)
+    labels = list(_FINAL.finditer(text))
+    return text[labels[-1].end() :] if labels else text
+
+
+def _f1(pred: list[str], gold: list[str]) -> float:
+    same = sum((Counter(pred) & Counter(gold)).values())
+    if same == 0:
+        return 0.0
+    p, r = same / len(pred), same / len(gold)
+    return 2 * p * r / (p + r)
+
+
+def answer_token_f1(answer: str | None, golds: Sequence[str]) -> float:
+    """SQuAD v1.1 token F1: ``max_g 2PR / (P + R)`` over the gold answers g, with P (R) the share of
+    the answer's (g's) tokens in the bag intersection (multiset: a token counts as often as it
+    occurs in both). Tokens: whitespace split after :func:`normalize_answer` of
+    :func:`final_answer` (no citation markers, no "Quote: ..." before "Answer:").
+
+    No common token (incl. either side empty after normalisation): 0, as v1.1 (v2.0 gives 1 when
+    both are empty). No gold answer, or no answer (a failed generation, ``None``): NaN.
+    """
+    golds = [g for g in golds if g is not None]
+    if answer is None or not golds:
+        return _NAN
+    pred = normalize_answer(final_answer(answer)).split()
+    return max(_f1(pred, normalize_answer(g).split()) for g in golds)
+
+
+def answer_exact_match(answer: str | None, golds: Sequence[str]) -> float:
+    """SQuAD v1.1 exact match: 1.0 if the answer equals some gold answer after
+    :func:`normalize_answer` of :func:`final_answer`, else 0.0. No gold answer, or no
+    answer (``None``): NaN. A long answer that contains the gold answer scores 0 (that is F1's job)."""
+    golds = [g for g in golds if g is not None]
+    if answer is None or not golds:
+        return _NAN
+    pred = normalize_answer(final_answer(answer))
+    return float(any(pred == normalize_answer(g) for g in golds))
+
+
+# --------------------------------------------------------------------------- citations
+
+#: A prompt asks for citations when its wording shows a bracketed number, e.g. "for example [2]"
+#: (conf/prompt/cite.yaml; a registry prompt with the same marker rule qualifies the same way).
+_ASKS = re.compile(r"\[\d+\]")
+
+_NUM_LIST = r"\d{1,3}(?:\s*(?:[-–,;&]|and)\s*\d{1,3})*"
+_WORD = r"(?:doc(?:ument)?|passage|source|context|chunk|ref(?:erence)?)s?\.?\s*#?\s*"
+#: Square-bracket markers: [1] [1, 2] [1-3] [1][3] [Doc 2] [Passage 2] [^1] [#2]; full-width 【1】.
+_SQUARE = re.compile(rf"[\[【]\s*(?:\^|#)?\s*(?:{_WORD})?(?P<nums>{_NUM_LIST})\s*[\]】]", re.I)
+#: Parenthesised markers: (1) (1, 2) (Doc 2) (Passage 3). Bare numbers only up to 2 digits, so a
+#: year "(2019)" or a count "(100)" is prose, not a citation.
+_PAREN = re.compile(
+    rf"\(\s*(?:(?:{_WORD})(?P<wnums>{_NUM_LIST})|(?P<nums>\d{{1,2}}(?:\s*,\s*\d{{1,2}})*))\s*\)", re.I
+)
+#: Any other short square-bracket group: a citation attempt we cannot read ("[Doc A]", "[source]",
+#: "[1.2]"); not a Markdown link "[text](url)". Counted as unparseable.
+_OTHER = re.compile(r"\[(?P<body>[^\[\]\n]{1,40})\](?!\()")
+
+
+def asks_for_citations(prompt_text: str) -> bool:
+    """Does the prompt ask for ``[n]`` citations? True when its text (system + template) contains a
+    bracketed number such as "[2]" — the marker rule of conf/prompt/cite.yaml."""
+    return bool(_ASKS.search(prompt_text or ""))
+
+
+@dataclass(frozen=True)
+class Citations:
+    """The citation markers of one answer.
+
+    ``cited``: the distinct in-range passage numbers (1-based, the ``[n]`` of
+    ``stages.prompts.format_context``) in order of first mention; ``out_of_range``: distinct numbers
+    cited that name no passage (0 or > the passages given); ``unparseable``: bracket groups that look
+    like a citation but give no number, e.g. "[Doc A]"; ``n_markers``: marker occurrences read.
+    """
+
+    cited: tuple[int, ...] = ()
+    out_of_range: tuple[int, ...] = ()
+    unparseable: tuple[str, ...] = ()
+    n_markers: int = 0
+
+    @property
+    def any_marker(self) -> bool:
+        return bool(self.cited or self.out_of_range or self.unparseable)
+
+
+def _numbers(group: str) -> list[int]:
+    """ "1-3" → 1, 2, 3; "1, 2 and 4" → 1, 2, 4 (a range longer than 20 is read as its two ends)."""
+    out: list[int] = []
+    for part in re.split(r"\s*(?:[,;&]|and)\s*", group):
+        ends = [int(x) for x in re.split(r"\s*[-–]\s*", part) if x.strip().isdigit()]
+        if len(ends) == 2 and 0 <= ends[1] - ends[0] <= 20:
+            out += range(ends[0], ends[1] + 1)
+        else:
+            out += ends
+    return out
+
+
+def parse_citations(answer: str | None, n_passages: int) -> Citations:
+    """Read the citation markers of ``answer`` given ``n_passages`` numbered passages.
+
+    Recognised: ``[1]``, ``[1, 2]``, ``[1,2]``, ``[1-3]``, ``[1][3]``, ``[Doc 2]``, ``[Passage 2]``,
+    ``[^1]``, ``【1】`` and, in parentheses, ``(1)``, ``(1, 2)``, ``(Doc 2)`` (bare parenthesised
+    numbers only up to two digits: "(2019)" is prose). A number outside 1..n_passages is kept in
+    ``out_of_range``; any other short ``[...]`` group (not a Markdown link) in ``unparseable`` —
+    nothing is dropped silently.
+    """
+    text = unicodedata.normalize("NFKC", answer or "")
+    cited: list[int] = []
+    oor: list[int] = []
+    n_markers = 0
+    taken: list[tuple[int, int]] = []
+    found = sorted((m for rx in (_SQUARE, _PAREN) for m in rx.finditer(text)), key=lambda m: m.start())
+    for m in found:  # in reading order: "cited" lists passages in order of first mention
+        if any(a <= m.start() < b for a, b in taken):
+            continue
+        taken.append(m.span())
+        n_markers += 1
+        for n in _numbers(m.group("nums") or m.groupdict().get("wnums") or ""):
+            (cited if 1 <= n <= n_passages else oor).append(n)
+    bad = [
+        m.group("body").strip()
+        for m in _OTHER.finditer(text)
+        if not any(a <= m.start() < b for a, b in taken)
+    ]
+    return Citations(tuple(dict.fromkeys(cited)), tuple(dict.fromkeys(oor)), tuple(bad), n_markers + len(bad))
+
+
+def strip_citations(answer: str) -> str:
+    """The answer without its citation markers (those :func:`parse_citations` reads)."""
+    text = unicodedata.normalize("NFKC", answer or "")
+    return _PAREN.sub("", _SQUARE.sub("", text))
+
+
+def citation_precision(
+    cited: Sequence[Sequence[Chunk]],
+    n_out_of_range: Sequence[int],
+    gold: Sequence[Sequence[Span]],
+    min_coverage: float = MIN_COVERAGE,
+) -> np.ndarray:
+    """Per query: cited chunks relevant to a gold span / cited chunks, counting a number that names
+    no passage (``n_out_of_range``) as a cited chunk that is not relevant.
+
+    ``precision[q] = |{c ∈ cited_q : ∃ s ∈ gold_q, relevance(c, s)}| / (|cited_q| + oor_q)`` with
+    :func:`~rag_experiments.evaluation.metrics.relevance` — the rule hit@k uses (vectorised through
+    ``metrics.span_hits``). Nothing cited: NaN (``rate_uncited_answer`` counts those answers). An
+    unanswerable item (no gold span): 0 when it cites anything. Unparseable markers are left out
+    (counted in ``n_citations_unparseable``), as unparseable verdicts are left out of faithfulness.
+    """
+    a = M.ranked_arrays(cited, gold)
+    rel = M.span_hits(a, min_coverage).any(axis=2).sum(axis=1).astype(float)
+    n = np.array([len(c) for c in cited], dtype=float) + np.asarray(n_out_of_range, dtype=float)
+    return M._ratio(rel, n, np.nan)
+
+
+def citation_recall(
+    cited: Sequence[Sequence[Chunk]], gold: Sequence[Sequence[Span]], min_coverage: float = MIN_COVERAGE
+) -> np.ndarray:
+    """Per query: share of the gold spans covered by the cited chunks together — the rule of
+    ``evidence_recall_at_k`` with the cited chunks in place of the top k: span s counts when the
+    union of the cited chunks covers at least ``min_coverage`` of its characters (and one).
+    Nothing cited: 0. Unanswerable item (no gold span): NaN.
+    """
+    a = M.ranked_arrays(cited, gold)
+    width = a.c_doc.shape[1]
+    if width == 0:
+        return np.where(a.n_spans > 0, 0.0, np.nan)
+    cov = M.coverage_arrays(a)
+    return M.evidence_recall_at_k(cov.span_new, cov.span_len, a.n_spans, width, min_coverage)
+
+
+def rate_uncited_answer(answered: Sequence[bool], citations: Sequence[Citations]) -> np.ndarray:
+    """1.0 for an answer that is not a decline yet carries no citation marker at all (not even an
+    out-of-range or unparseable one), 0.0 for an answer with one; NaN for a decline or no answer
+    (``answered`` False: a decline needs no citation)."""
+    return np.array(
+        [(0.0 if c.any_marker else 1.0) if a else np.nan for a, c in zip(answered, citations, strict=True)]
+    )
+
+
+# --------------------------------------------------------------------------- abstention
+
+
+def abstention_columns(declined: Sequence[bool], answerable: Sequence[bool]) -> dict[str, np.ndarray]:
+    """Per-query indicator columns of the abstention table.
+
+    ``rate_over_refusal``: answerable items only (else NaN), 1 if the answer declines — its mean is
+    P(declined | answerable). ``rate_false_answer``: unanswerable items only (else NaN), 1 if the
+    answer does not decline — P(answered | unanswerable). Declines by ``evaluation.declines.is_decline``.
+    """
+    d = np.asarray(declined, dtype=bool)
+    a = np.asarray(answerable, dtype=bool)
+    return {
+        "rate_over_refusal": np.where(a, d.astype(float), np.nan),
+        "rate_false_answer": np.where(~a, (~d).astype(float), np.nan),
+    }
+
+
+def abstention_table(declined: Sequence[bool], answerable: Sequence[bool]) -> dict[str, int]:
+    """The answerable/unanswerable × answered/declined counts (keys ``abstention/<row>_<column>``)."""
+    d = np.asarray(declined, dtype=bool)
+    a = np.asarray(answerable, dtype=bool)
+    return {
+        "abstention/answerable_answered": int((a & ~d).sum()),
+        "abstention/answerable_declined": int((a & d).sum()),
+        "abstention/unanswerable_answered": int((~a & ~d).sum()),
+        "abstention/unanswerable_declined": int((~a & d).sum()),
+    }
+
+
+def abstention_f1(declined: Sequence[bool], answerable: Sequence[bool]) -> float:
+    """F1 of declining as a detector of unanswerable items: ``2 TP / (2 TP + FP + FN)`` with TP =
+    unanswerable and declined, FP = answerable and declined (over-refusal), FN = unanswerable and
+    answered (false answer). No unanswerable item: NaN (nothing to detect). Unanswerable items but
+    no decline at all: 0. A run-level figure (no per-query value, so no CI or paired test); the two
+    rates above carry the per-query view."""
+    d = np.asarray(declined, dtype=bool)
+    a = np.asarray(answerable, dtype=bool)
+    if (~a).sum() == 0:
+        return _NAN
+    tp, fp, fn = int((~a & d).sum()), int((a & d).sum()), int((~a & ~d).sum())
+    return 2 * tp / (2 * tp + fp + fn)
+
+
+# --------------------------------------------------------------------------- grounding proxy
+
+#: NLTK's English stopword list (nltk.corpus.stopwords "english", 179 words), lower case,
+#: apostrophes removed the way :func:`content_tokens` splits words.
+_STOPWORDS = frozenset(
+    """i me my myself we our ours ourselves you youre youve youll youd your yours yourself
+    yourselves he him his himself she shes her hers herself it its itself they them their theirs
+    themselves what which who whom this that thatll these those am is are was were be been being
+    have has had having do does did doing a an the and but if or because as until while of at by
+    for with about against between into through during before after above below to from up down in
+    out on off over under again further then once here there when where why how all any both each
+    few more most other some such no nor not only own same so than too very s t can will just don
+    dont should shouldve now d ll m o re ve y ain aren arent couldn couldnt didn didnt doesn doesnt
+    hadn hadnt hasn hasnt haven havent isn isnt ma mightn mightnt mustn mustnt needn neednt shan
+    shant shouldn shouldnt wasn wasnt weren werent won wont wouldn wouldnt""".split()
+)
+_TOKEN = re.compile(r"\w+")
+
+
+def content_tokens(text: str) -> list[str]:
+    """Lower-cased word tokens (NFKC; apostrophes dropped so "don't" → "dont") without stopwords
+    and without citation markers."""
+    t = unicodedata.normalize("NFKC", strip_citations(text)).lower().replace("'", "").replace("’", "")
+    return [w for w in _TOKEN.findall(t) if w not in _STOPWORDS]
+
+
+def answer_context_overlap(answer: str | None, context: str | None) -> float:
+    """Share of the answer's content tokens (token occurrences, :func:`content_tokens`) that occur
+    anywhere in ``context``: ``|{i : a_i ∈ tokens(context)}| / |a|``.
+
+    NaN: no answer (``None``), or no content token (e.g. "I don't know" is all stopwords and
+    markers). The pipeline also leaves declines NaN (:func:`judge_free_columns`).
+
+    Limits — a *lexical* proxy for grounding, not faithfulness: copying the context scores 1 whether
+    or not it answers the question; a correct paraphrase or a synonym scores low; negation and
+    numbers' roles are invisible ("not", "no" are stopwords: "retries are not capped" against "retries
+    are capped" scores 1); a claim assembled from words scattered over several passages scores 1;
+    English stopwords only; no stemming ("retry" ≠ "retries").
+    """
+    if answer is None:
+        return _NAN
+    toks = content_tokens(answer)
+    if not toks:
+        return _NAN
+    have = set(content_tokens(context or ""))
+    return sum(t in have for t in toks) / len(toks)
+
+
+# --------------------------------------------------------------------------- the pipeline's columns
+
+
+def judge_free_columns(
+    items: Sequence[EvalItem],
+    answers: Sequence[str | None],
+    contexts: Sequence[str],
+    context_chunks: Sequence[Sequence[Chunk]],
+    cites: bool,
+    min_coverage: float = MIN_COVERAGE,
+) -> list[dict]:
+    """Every judge-free per-query column of the generated queries (``answers[i] None``: the
+    generation failed, every metric NaN).
+
+    Columns: ``answer_token_f1``, ``answer_exact_match`` (answerable items with a gold answer),
+    ``declined``, ``rate_over_refusal`` (only when some item is answerable), ``rate_false_answer``
+    (only when some item is unanswerable), ``answer_context_overlap`` (not for declines), and with ``cites`` (:func:`asks_for_citations` of the prompt) ``citation_precision``,
+    ``citation_recall``, ``rate_uncited_answer``, ``answer_cited_overlap`` (the overlap with the
+    cited chunks' text), ``cited_chunk_ids`` (JSON list), ``n_citations_out_of_range``,
+    ``n_citations_unparseable``; without ``cites`` there are no citation columns at all (a prompt
+    that asks for none is not scored on them, and its trace carries no empty feedback for them).
+    """
+    n = len(items)
+    ok = [a is not None for a in answers]
+    declined = [bool(a is not None and is_decline(a)) for a in answers]
+    answered = [o and not d for o, d in zip(ok, declined, strict=True)]
+    answerable = [it.answerable for it in items]
+    rows: list[dict] = [{} for _ in range(n)]
+    abst = abstention_columns(declined, answerable)
+    for i, (it, a, ctx) in enumerate(zip(items, answers, contexts, strict=True)):
+        golds = gold_answers(it) if it.answerable else []
+        rows[i].update(
+            answer_token_f1=answer_token_f1(a, golds),
+            answer_exact_match=answer_exact_match(a, golds),
+            declined=declined[i] if ok[i] else None,
+            rate_over_refusal=float(abst["rate_over_refusal"][i]) if ok[i] else _NAN,
+            rate_false_answer=float(abst["rate_false_answer"][i]) if ok[i] else _NAN,
+            answer_context_overlap=answer_context_overlap(a, ctx) if answered[i] else _NAN,
+        )
+    for key, kind in (("rate_over_refusal", True), ("rate_false_answer", False)):
+        if kind not in answerable:  # e.g. XQuAD: no unanswerable item, no rate_false_answer column
+            for r in rows:
+                del r[key]
+    if not cites:
+        return rows
+    parsed = [parse_citations(a, len(cs)) for a, cs in zip(answers, context_chunks, strict=True)]
+    cited = [[cs[j - 1] for j in p.cited] for p, cs in zip(parsed, context_chunks, strict=True)]
+    gold = [it.gold_spans for it in items]
+    prec = citation_precision(cited, [len(p.out_of_range) for p in parsed], gold, min_coverage)
+    rec = citation_recall(cited, gold, min_coverage)
+    unc = rate_uncited_answer(answered, parsed)
+    for i, (p, cs) in enumerate(zip(parsed, cited, strict=True)):
+        cited_text = "\n\n".join(c.text for c in cs)
+        rows[i].update(
+            citation_precision=float(prec[i]) if answered[i] else _NAN,
+            citation_recall=float(rec[i]) if answered[i] else _NAN,
+            rate_uncited_answer=float(unc[i]),
+            answer_cited_overlap=answer_context_overlap(answers[i], cited_text)
+            if answered[i] and cs
+            else _NAN,
+            cited_chunk_ids=json.dumps([c.chunk_id for c in cs]),
+            n_citations_out_of_range=len(p.out_of_range),
+            n_citations_unparseable=len(p.unparseable),
+        )
+    return rows
+
+
+#: The run tag ``failure_label_evidence`` of a ``judge=none`` run.
+JUDGE_FREE_LABEL_EVIDENCE = (
+    "judge-free: hit@k and correctness (key facts in the answer; unanswerable: declined); "
+    "no judge, so faithfulness does not enter the label"
+)
+
+
+def run_aggregates(per_query: pd.DataFrame) -> dict[str, float]:
+    """Run-level judge-free figures over the generated answers (every replicate's row): the
+    :func:`abstention_table`, :func:`abstention_f1` (only with unanswerable items) and the citation
+    marker counts ``n_out_of_range_citations`` / ``n_unparseable_citations`` (cite prompts)."""
+    if "declined" not in per_query:
+        return {}
+    got = per_query["declined"].notna()
+    declined = per_query.loc[got, "declined"].astype(bool).to_numpy()
+    answerable = per_query.loc[got, "gold_spans"].ne("[]").to_numpy()
+    out: dict[str, float] = dict(abstention_table(declined, answerable))
+    f1 = abstention_f1(declined, answerable)
+    if not np.isnan(f1):
+        out["abstention_f1"] = f1
+    for col, key in (
+        ("n_citations_out_of_range", "n_out_of_range_citations"),
+        ("n_citations_unparseable", "n_unparseable_citations"),
+    ):
+        if col in per_query:
+            out[key] = int(per_query[col].fillna(0).sum())
+    return out
