@@ -410,3 +410,21 @@ def test_the_report_says_first_when_the_eval_set_cannot_separate_the_configs():
     assert note.startswith("underpowered on hit_at_5") and "`plan` says n" in note
     same = [cfg("a", 1.0), cfg("b", 1.0)]  # identical: the data can tell they are equal
     assert underpowered_note(same, "hit_at_5", seed=0) == []
+
+
+def test_bold_marks_the_best_mean_in_the_metrics_own_direction():
+    from types import SimpleNamespace
+
+    from rag_experiments.report.model import plain
+    from rag_experiments.report.sections import results_table
+
+    a = SimpleNamespace(label="a", metrics={"hit_at_5": 0.8, "rate_retrieval_failure": 0.1})
+    b = SimpleNamespace(label="b", metrics={"hit_at_5": 0.6, "rate_retrieval_failure": 0.3})
+    t = results_table(SimpleNamespace(configs=[a, b], base=a), ["hit_at_5", "rate_retrieval_failure"])
+    rows = {plain(r[0]).split(" ")[0]: r for r in t.rows}
+
+    def is_bold(cell) -> bool:
+        return any(span.style == "bold" for span in cell)
+
+    assert is_bold(rows["a"][1]) and not is_bold(rows["b"][1])  # hit@5: higher is better
+    assert is_bold(rows["a"][2]) and not is_bold(rows["b"][2])  # a failure rate: lower is better

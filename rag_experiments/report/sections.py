@@ -18,6 +18,7 @@ from rag_experiments.evaluation.headline import (
     headline_metrics,
     varies_chunking,
 )
+from rag_experiments.evaluation.registry import higher_is_better
 from rag_experiments.report.brief import in_brief, levels_table
 from rag_experiments.report.diagnostics import diagnostics_section
 from rag_experiments.report.figures import plots_section
@@ -147,16 +148,24 @@ def question(an: Analysis) -> Section:
 
 
 def results_table(an: Analysis, keys: Sequence[str], mark_best: bool = True) -> Table:
-    """Each config's mean and 95 % CI per metric; the best value per metric in bold (higher is better)."""
+    """Each config's mean and 95 % CI per metric; the best mean per metric in bold, in the metric's
+    own direction (the registry's: lower is better for failure rates, latency, cost)."""
     configs = an.configs
     keys = [x for x in keys if any(x in c.metrics for c in configs)]
-    best = {key: max(c.metrics[key] for c in configs if key in c.metrics) for key in keys}
+    best = {}
+    for key in keys:
+        try:
+            hib = higher_is_better(key)
+        except KeyError:  # not a registered metric: no better side to mark
+            continue
+        if hib is not None:
+            best[key] = (max if hib else min)(c.metrics[key] for c in configs if key in c.metrics)
     rows = []
     for c in configs:
         cells: list = [c.label + (" (baseline)" if c is an.base else "")]
         for key in keys:
             cell = with_ci(c.metrics, key)
-            is_best = mark_best and len(configs) > 1 and key in c.metrics and c.metrics[key] == best[key]
+            is_best = mark_best and len(configs) > 1 and key in c.metrics and c.metrics[key] == best.get(key)
             cells.append(bold(cell) if is_best else cell)
         rows.append(cells)
     return table(["config", *keys], rows)
@@ -189,7 +198,8 @@ def results(an: Analysis) -> Section:
                 "Each cell: mean over the queries it is defined for, with the 95 % bootstrap CI "
                 "(query-level resampling, seeded) as logged by the sweep. ",
                 bold("Bold"),
-                ": best config on that metric.",
+                ": best mean on that metric in its direction (lower is better for rates, latency and cost); "
+                "a mean, not a test: which differences are significant is in the comparisons below.",
             )
         )
     )
