@@ -107,3 +107,21 @@ def test_runs_without_the_tag_compare_by_judge_params(store):
     assert check_same_judge([old, h1]) is None  # same judge params: same judge
     with pytest.raises(RunInputError, match="different judges"):
         check_same_judge([old, llm])
+
+
+def test_a_judge_free_run_compares_with_a_judged_one():
+    """judge=none logs only judge-free metrics (F1/EM, citations, abstention, key-fact correctness):
+    no judge change can move them, so compare/gate/select do not refuse the pair."""
+    from types import SimpleNamespace
+
+    from rag_experiments.tracking.judge_runs import check_same_judge
+
+    def run(judge, ident, rid):
+        return SimpleNamespace(
+            data=SimpleNamespace(params={"judge": judge}, tags={"judge_identity": ident, "mlflow.runName": rid}),
+            info=SimpleNamespace(run_id=rid, run_name=rid),
+        )
+
+    assert check_same_judge([run("heuristic", "abc", "r1"), run("none", "", "r2")]) is None
+    with pytest.raises(Exception, match="different judges"):
+        check_same_judge([run("heuristic", "abc", "r1"), run("verifier", "def", "r2")])

@@ -43,6 +43,8 @@ def run_judge(run: Run) -> JudgeRef | None:
     tags, params = run.data.tags, run.data.params
     if "judge_identity" not in tags and "judge_model" not in tags:
         return None  # no generator: nothing was judged
+    if params.get("judge") == "none" or tags.get("judge_identity") in ("", "None"):
+        return None  # judge=none: only judge-free metrics, which no judge change can move
     name = params.get("judge") or "?"
     model = tags.get("judge_model")
     if model and model != "None":
