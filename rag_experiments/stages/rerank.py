@@ -68,8 +68,14 @@ class DenseReranker:
     """Re-score candidates with a bi-encoder: score(q, c) = cos(E(q), E(c)).
 
     ``embedding``: an embedder (an ``embedding`` option's node; the sweep wraps it in the vector
-    cache). Only the candidates' texts are embedded, each distinct text once per ``score`` call.
+    cache). Only the candidates' texts are embedded, each distinct text once per ``score`` call;
+    the pipeline hands it up to ``query_batch`` queries per call, so a run embeds the union of its
+    candidates once (the vector cache commits it in blocks: a killed run resumes from the last
+    block). Its ``latency_rerank_s`` is therefore that cost amortised over the queries; a server
+    that embeds each query's candidates alone pays more (docs/stages.md measures both).
     """
+
+    query_batch = 4096
 
     def __init__(self, embedding, candidates: int = 50) -> None:
         self.embedder = embedding
