@@ -227,6 +227,12 @@ def test_pipeline_attributes_first_stage_and_only_the_reranker_is_recomputed(tmp
     for key in ("hit_at_1", "hit_at_3", "mrr", "hit_at_512tok"):
         assert dense.aggregates[f"first_stage/{key}"] == pytest.approx(base.aggregates[key], nan_ok=True)
     assert (dense.per_query["latency_rerank_s"] > 0).all()
+    # select trades it: the serving latency adds the reranker's seconds to retrieval's
+    from rag_experiments.evaluation.cost import serving_latency_ms
+
+    served = serving_latency_ms(dense.per_query) - 1000 * dense.per_query["latency_retrieval_s"]
+    assert np.allclose(served, 1000 * dense.per_query["latency_rerank_s"])
+    assert dense.aggregates["latency_p50_ms/rerank"] > 0
     assert dense.aggregates["n_rerank_errors"] == 0
     # same bi-encoder as the retriever: re-scoring its own top 10 by cosine keeps the top 3
     top3 = [[r["chunk_id"] for r in json.loads(x)[:3]] for x in base.per_query["retrieved"]]
