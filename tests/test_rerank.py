@@ -88,8 +88,13 @@ def tiny_cross_encoder(root) -> str:
 
     vocab = (minilm_path() / "vocab.txt").read_text(encoding="utf-8").splitlines()
     cfg = BertConfig(
-        vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=64, max_position_embeddings=512, num_labels=1,
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        num_labels=1,
     )
     import torch
 
@@ -151,8 +156,10 @@ class RerankServer:
                     msg = f"overloaded; your key was {echo_secret}" if echo_secret else "overloaded"
                     return self._send(status, {"error": msg})
                 words = set(body["query"].lower().split())
-                res = [{"index": i, "relevance_score": float(sum(w in d.lower() for w in words))}
-                       for i, d in enumerate(body["documents"])]
+                res = [
+                    {"index": i, "relevance_score": float(sum(w in d.lower() for w in words))}
+                    for i, d in enumerate(body["documents"])
+                ]
                 self._send(200, {"results": sorted(res, key=lambda r: -r["relevance_score"])})
 
             def _send(self, status, obj):
@@ -262,13 +269,18 @@ def test_bm25_then_endpoint_reranks_the_final_list_and_failures_keep_first_stage
         first_ids = [json.loads(r)[0]["chunk_id"] for r in base.per_query["retrieved"]]
         top = [json.loads(r)[0] for r in res.per_query["retrieved"]]
         # the generator's and the metrics' list is the reranked one: its top chunk has the most words
-        best = [max(sum(w in d.lower() for w in b["query"].lower().split()) for d in b["documents"])
-                for _, b, _ in srv.bodies]
+        best = [
+            max(sum(w in d.lower() for w in b["query"].lower().split()) for d in b["documents"])
+            for _, b, _ in srv.bodies
+        ]
         assert [t["score"] for t in top] == best
         assert first_ids != [t["chunk_id"] for t in top]
         # the failure label reads the final list's hit@k
-        assert (res.per_query["rate_retrieval_failure"] == (res.per_query["hit_at_3"] == 0.0)
-                ).where(res.per_query["hit_at_3"].notna(), True).all()
+        assert (
+            (res.per_query["rate_retrieval_failure"] == (res.per_query["hit_at_3"] == 0.0))
+            .where(res.per_query["hit_at_3"].notna(), True)
+            .all()
+        )
     finally:
         srv.close()
     broken = RerankServer(script=[400] * 100)
@@ -311,14 +323,23 @@ def test_bad_rerank_input_names_the_key(tmp_path) -> None:
     ]
     probs = validate(_cfg("rerank=cross_encoder", f"rerank.path={minilm_path()}"))
     assert len(probs) == 1 and probs[0].startswith("conf/rerank: path: not a cross-encoder")
-    assert validate(_cfg("rerank=endpoint", "rerank.base_url=ftp://x"))[0].startswith("conf/rerank: base_url:")
+    assert validate(_cfg("rerank=endpoint", "rerank.base_url=ftp://x"))[0].startswith(
+        "conf/rerank: base_url:"
+    )
     assert validate(_cfg("retriever=hybrid", "retriever.fusion=max")) == [
         "conf/retriever: fusion: must be one of rrf, weighted (got 'max')"
     ]
     assert unknown_group_options(["rerank=colbert"])[0].startswith("conf/rerank: unknown option 'colbert'")
     # end to end: exit 2 before any run, naming the key
     docs, ev = make_tiny(tmp_path)
-    p = run_sweep(tmp_path, *sweep_args(tmp_path, docs, ev), "generator=none", "rerank=dense",
-                  "rerank.candidates=2", "retriever.k=5", check=False)
+    p = run_sweep(
+        tmp_path,
+        *sweep_args(tmp_path, docs, ev),
+        "generator=none",
+        "rerank=dense",
+        "rerank.candidates=2",
+        "retriever.k=5",
+        check=False,
+    )
     assert p.returncode == 2 and "conf/rerank: candidates: must be >= retriever.k=5" in p.stderr
     assert not (tmp_path / "mlflow.db").exists() or "test" not in p.stdout

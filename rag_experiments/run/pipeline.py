@@ -49,8 +49,8 @@ from rag_experiments.run.racing import generate_subset
 from rag_experiments.run.types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.chunking import chunk_corpus
 from rag_experiments.stages.context_fit import fit_contexts
-from rag_experiments.stages.rerank import RerankError, rerank_order, timed_scores
 from rag_experiments.stages.replicates import run_replicates
+from rag_experiments.stages.rerank import RerankError, rerank_order, timed_scores
 from rag_experiments.stages.text import token_ends, tokenizer_identity
 
 log = logging.getLogger(__name__)

@@ -87,8 +87,10 @@ class DenseReranker:
         where = {t: i for i, t in enumerate(unique)}
         passages = self.embedder.encode(unique, kind="passage") if unique else np.zeros((0, 1), np.float32)
         q = self.embedder.encode(list(queries), kind="query")
-        return [_cos(q[i], passages[[where[t] for t in ts]]) if ts else np.zeros(0, np.float32)
-                for i, ts in enumerate(texts)]
+        return [
+            _cos(q[i], passages[[where[t] for t in ts]]) if ts else np.zeros(0, np.float32)
+            for i, ts in enumerate(texts)
+        ]
 
 
 def is_cross_encoder(path: str | os.PathLike) -> bool:
@@ -119,11 +121,17 @@ class CrossEncoderReranker:
         if not self.path.is_dir():
             raise FileNotFoundError(f"rerank.path: model directory not found: {self.path}")
         if not is_cross_encoder(self.path):
-            raise FileNotFoundError(f"rerank.path: not a cross-encoder (no *ForSequenceClassification in config.json): {self.path}")
+            raise FileNotFoundError(
+                f"rerank.path: not a cross-encoder (no *ForSequenceClassification in config.json): {self.path}"
+            )
         self.candidates = int(candidates)
         self.batch_size, self.max_length = int(batch_size), int(max_length)
         self.identity = json.dumps(
-            {"reranker": "cross_encoder", "weights_sha256": dir_sha256(self.path), "max_length": self.max_length},
+            {
+                "reranker": "cross_encoder",
+                "weights_sha256": dir_sha256(self.path),
+                "max_length": self.max_length,
+            },
             sort_keys=True,
         )
 
@@ -143,7 +151,9 @@ class CrossEncoderReranker:
         flat = np.zeros(0, np.float32)
         if pairs:
             raw = np.asarray(
-                self.model.predict(pairs, batch_size=self.batch_size, show_progress_bar=False, convert_to_numpy=True),
+                self.model.predict(
+                    pairs, batch_size=self.batch_size, show_progress_bar=False, convert_to_numpy=True
+                ),
                 dtype=np.float32,
             )
             flat = raw[:, 0] if raw.ndim == 2 else raw
@@ -182,7 +192,11 @@ class EndpointReranker:
         self.model = model
         self.candidates = int(candidates)
         self._key = os.environ.get(api_key_env) if api_key_env else None
-        self.timeout_s, self.max_retries, self.backoff_s = float(timeout_s), max(0, int(max_retries)), float(backoff_s)
+        self.timeout_s, self.max_retries, self.backoff_s = (
+            float(timeout_s),
+            max(0, int(max_retries)),
+            float(backoff_s),
+        )
         self.max_length = max_length
         # the endpoint and model name, as the generator's identity does (the weights are remote)
         self.identity = json.dumps(
@@ -219,7 +233,9 @@ class EndpointReranker:
         raise RerankError(f"{self.base_url}/rerank: failed after {self.max_retries + 1} attempts: {last}")
 
     def score(self, queries: list[str], texts: list[list[str]]) -> list[np.ndarray]:
-        return [self._post(q, ts) if ts else np.zeros(0, np.float32) for q, ts in zip(queries, texts, strict=True)]
+        return [
+            self._post(q, ts) if ts else np.zeros(0, np.float32) for q, ts in zip(queries, texts, strict=True)
+        ]
 
 
 def _parse_scores(reply, n: int) -> np.ndarray:
