@@ -343,3 +343,23 @@ def test_bad_rerank_input_names_the_key(tmp_path) -> None:
     )
     assert p.returncode == 2 and "conf/rerank: candidates: must be >= retriever.k=5" in p.stderr
     assert not (tmp_path / "mlflow.db").exists() or "test" not in p.stdout
+
+
+def test_a_run_cut_short_resumes_with_only_the_missing_queries(tmp_path) -> None:
+    """The endpoint answers 3 queries, then refuses (as a killed or broken run would leave it): the
+    3 answers are committed; the re-run sends only the other 5 and ends with every query reranked."""
+    inputs = tiny_inputs(tmp_path, n_items=8)
+    srv = RerankServer(script=[200, 200, 200] + [400] * 5)
+    try:
+        reranker = EndpointReranker(srv.url, candidates=10, backoff_s=0.0)
+        first, stats = _run(inputs, reranker)
+        assert first.aggregates["n_rerank_errors"] == 5 and stats["rerank.miss"] == 8
+        assert srv.calls == 8
+        second, stats = _run(inputs, reranker)
+        assert stats["rerank.hit"] == 3 and stats["rerank.miss"] == 5
+        assert srv.calls == 13 and second.aggregates["n_rerank_errors"] == 0
+        third, stats = _run(inputs, reranker)
+        assert stats["rerank.hit"] == 8 and srv.calls == 13
+        assert third.per_query["retrieved"].tolist() == second.per_query["retrieved"].tolist()
+    finally:
+        srv.close()
