@@ -363,3 +363,24 @@ def test_a_run_cut_short_resumes_with_only_the_missing_queries(tmp_path) -> None
         assert third.per_query["retrieved"].tolist() == second.per_query["retrieved"].tolist()
     finally:
         srv.close()
+
+
+def test_trace_has_a_rerank_span_between_retrieve_and_generate() -> None:
+    from rag_experiments.core.types import EvalItem
+    from rag_experiments.tracking.mlflow_adapter import to_spans
+    from rag_experiments.tracking.traces import build_spans
+
+    retrieved = [{"chunk_id": "d#0-5", "doc_id": "d", "start": 0, "end": 5, "score": 1.0, "rank": 1}]
+    row = {
+        "id": "q1", "retrieved": json.dumps(retrieved), "answer": "hello", "verdicts": "[]", "claims": "[]",
+        "latency_retrieval_s": 0.1, "latency_rerank_s": 0.3, "latency_generation_s": 1.0, "latency_judge_s": 0.5,
+        "rerank_error": None,
+    }  # fmt: skip
+    item = EvalItem(id="q1", query="q?", gold_spans=[], tags=[])
+    specs, end = build_spans(row, item, {"d": "hello world"}, 0, 1)
+    spans = {s.name: s for s in to_spans(specs)}
+    assert spans["rerank"].span_type == "RERANKER"
+    assert spans["rerank"].start_time_ns == int(0.1e9) and spans["rerank"].end_time_ns == int(0.4e9)
+    assert spans["generate"].start_time_ns == int(0.4e9) and end == int(1.9e9)
+    no_rerank = {k: v for k, v in row.items() if k not in ("latency_rerank_s", "rerank_error")}
+    assert "rerank" not in {s.name for s in to_spans(build_spans(no_rerank, item, {"d": "x"}, 0, 1)[0])}
