@@ -384,3 +384,30 @@ def test_trace_has_a_rerank_span_between_retrieve_and_generate() -> None:
     assert spans["generate"].start_time_ns == int(0.4e9) and end == int(1.9e9)
     no_rerank = {k: v for k, v in row.items() if k not in ("latency_rerank_s", "rerank_error")}
     assert "rerank" not in {s.name for s in to_spans(build_spans(no_rerank, item, {"d": "x"}, 0, 1)[0])}
+
+
+def test_every_rerank_option_builds_from_its_yaml(tmp_path) -> None:
+    """conf/rerank/*.yaml → the reranker class, through the same ``build_reranker`` the sweep uses."""
+    ce_path = tiny_cross_encoder(tmp_path)
+    with initialize_config_dir(version_base="1.3", config_dir=CONF):
+        ce = build_reranker(
+            compose("config", overrides=["rerank=cross_encoder", f"rerank.path={ce_path}"]).rerank,
+            StageCache(tmp_path),
+        )
+        ep = build_reranker(
+            compose("config", overrides=["rerank=endpoint", "rerank.base_url=http://127.0.0.1:9/v1"]).rerank,
+            StageCache(tmp_path),
+        )
+    assert isinstance(ce, CrossEncoderReranker) and (ce.batch_size, ce.max_length, ce.candidates) == (
+        32,
+        512,
+        50,
+    )
+    assert isinstance(ep, EndpointReranker) and ep.max_retries == 3 and ep.query_batch == 1
+    assert validate(_cfg("rerank=cross_encoder", f"rerank.path={ce_path}")) == []
+    from rag_experiments.run.config_schema import ConfigError, check
+
+    with initialize_config_dir(version_base="1.3", config_dir=CONF):
+        with pytest.raises(ConfigError) as e:
+            check(compose("config", overrides=["generator=none", "rerank=cross_encoder"]))
+    assert e.value.problems == ["conf/rerank: path: missing (set rerank.path=...)"]
