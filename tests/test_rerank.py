@@ -289,6 +289,7 @@ def test_bm25_then_endpoint_reranks_the_final_list_and_failures_keep_first_stage
         assert res.aggregates["n_rerank_errors"] == 8 and "rerank.hit" not in stats
         assert res.per_query["retrieved"].tolist() == base.per_query["retrieved"].tolist()
         assert res.per_query["rerank_error"].str.contains("HTTP 400").all()
+        assert res.per_query["latency_rerank_s"].isna().all()  # no reranker latency to report
     finally:
         broken.close()
 

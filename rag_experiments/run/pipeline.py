@@ -117,7 +117,8 @@ def retrieval_stage(
 @dataclass
 class Reranked:
     """The final list after the reranker, and per query the reranker's seconds (measured when the
-    scores were computed, kept with them in the cache) and its error ("" when reranked)."""
+    scores were computed, kept with them in the cache; NaN when it failed) and its error ("" when
+    reranked)."""
 
     ranking: Ranking
     seconds: np.ndarray
@@ -155,7 +156,7 @@ def rerank_stage(reranker, chunks: list[Chunk], queries: list[str], first: Ranki
                 found.update(fresh)
             bar.update(len(part))
     idx, sc = first.idx.copy(), first.scores.copy()
-    seconds = np.zeros(len(queries))
+    seconds = np.full(len(queries), np.nan)  # a failed query: its time is not a reranker's latency
     for qi, k in enumerate(keys):
         if k not in found:
             continue
