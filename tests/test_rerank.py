@@ -412,3 +412,77 @@ def test_every_rerank_option_builds_from_its_yaml(tmp_path) -> None:
         with pytest.raises(ConfigError) as e:
             check(compose("config", overrides=["generator=none", "rerank=cross_encoder"]))
     assert e.value.problems == ["conf/rerank: path: missing (set rerank.path=...)"]
+
+
+class ChatServer:
+    """A real OpenAI-compatible chat endpoint on 127.0.0.1: replies with how many question words the
+    passage contains; the model ``garbage`` replies with words only (an unparseable rating)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.calls += 1
+                text = body["messages"][-1]["content"]
+                q = text.split("Question: ", 1)[1].split("\n", 1)[0].lower().split()
+                passage = text.split("Passage:\n", 1)[1].lower()
+                content = "no idea" if body["model"] == "garbage" else str(sum(w in passage for w in q))
+                data = json.dumps({
+                    "id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                                 "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                }).encode()  # fmt: skip
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_llm_reranker_rates_pointwise_and_an_unparseable_reply_keeps_first_stage(tmp_path) -> None:
+    from rag_experiments.stages.rerank import LLMReranker
+
+    srv = ChatServer()
+    try:
+        r = LLMReranker(srv.url, "ok", candidates=3, concurrency=2, backoff_s=0.0)
+        got = r.score(["refund days"], [["no", "refund within days", "refund"]])[0]
+        assert got.tolist() == [0.0, 2.0, 1.0] and srv.calls == 3
+        inputs = tiny_inputs(tmp_path, n_items=4)
+        base, _ = _run(inputs, None)
+        res, _ = _run(inputs, LLMReranker(srv.url, "ok", candidates=5, backoff_s=0.0))
+        assert res.aggregates["n_rerank_errors"] == 0 and srv.calls == 3 + 4 * 5
+        top = [json.loads(x)[0]["score"] for x in res.per_query["retrieved"]]
+        assert all(float(t).is_integer() for t in top)  # the model's integer ratings, not BM25's
+        bad, _ = _run(inputs, LLMReranker(srv.url, "garbage", candidates=5, backoff_s=0.0))
+        assert bad.aggregates["n_rerank_errors"] == 4
+        assert bad.per_query["rerank_error"].str.contains("unparseable reply 'no idea'").all()
+        assert bad.per_query["retrieved"].tolist() == base.per_query["retrieved"].tolist()
+    finally:
+        srv.close()
+    probs = validate(
+        _cfg(
+            "rerank=llm", "rerank.base_url=http://127.0.0.1:9/v1", "rerank.model=m", "+rerank.prompt=rate it"
+        )
+    )
+    assert probs == ["conf/rerank: prompt: must contain {query} and {passage} (got 'rate it')"]
+    from rag_experiments.run.config_schema import ConfigError, check
+
+    with initialize_config_dir(version_base="1.3", config_dir=CONF):
+        with pytest.raises(ConfigError) as e:  # generator=none and no endpoint of its own
+            check(compose("config", overrides=["generator=none", "rerank=llm"]))
+    assert e.value.problems[0].startswith("conf/rerank: base_url: missing (set rerank.base_url=...)")

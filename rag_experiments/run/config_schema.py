@@ -230,9 +230,15 @@ def _rerank(g: _Group) -> None:
         if os.path.isdir(path) and not is_cross_encoder(path):
             g.bad("path", "not a cross-encoder (its config.json names no *ForSequenceClassification "
                   "architecture; a bi-encoder belongs in rerank=dense)", str(g.node["path"]))
-    if "base_url" in g.node:
+    if "base_url" in g.node:  # rerank=endpoint, rerank=llm
         g.url("base_url")
         g.api_key_env()
+        g.int_at_least("max_tokens", 1)
+        g.int_at_least("concurrency", 1)
+        if "model" in g.node and str(g.node["_target_"]).endswith(".LLMReranker") and not str(g.node["model"] or "").strip():
+            g.bad("model", "must be a non-empty model name", g.node["model"])
+    if "prompt" in g.node and not all(f in str(g.node["prompt"]) for f in ("{query}", "{passage}")):
+        g.bad("prompt", "must contain {query} and {passage}", str(g.node["prompt"])[:60])
         g.int_at_least("max_retries", 0)
         g.num_at_least("timeout_s", 0, strict=True)
         g.num_at_least("backoff_s", 0)

@@ -12,6 +12,7 @@ or the first stage (docs/stages.md).
 - ``DenseReranker``: a bi-encoder (any embedder) re-scores the candidates, cos(q, c). BM25 → dense
   needs no vector index of the whole corpus: only the candidates are embedded.
 - ``CrossEncoderReranker``: a sentence-transformers ``CrossEncoder`` from a local directory.
+- ``LLMReranker``: pointwise, an OpenAI-compatible chat endpoint rates each (query, passage) 0-10.
 - ``EndpointReranker``: an HTTP rerank API in the Cohere/Jina shape (``POST {base_url}/rerank``
   with ``{"model", "query", "documents", "top_n"}`` → ``{"results": [{"index", "relevance_score"}]}``),
   which Jina, vLLM, llama.cpp's server (``/v1/rerank``) and Cohere's v2 API answer; TEI's
@@ -24,6 +25,7 @@ import json
 import logging
 import os
 import random
+import re
 import threading
 import time
 from pathlib import Path
@@ -236,6 +238,71 @@ class EndpointReranker:
         return [
             self._post(q, ts) if ts else np.zeros(0, np.float32) for q, ts in zip(queries, texts, strict=True)
         ]
+
+
+LLM_PROMPT = (
+    "Rate how well the passage answers the question, from 0 (unrelated) to 10 (answers it fully).\n"
+    "Reply with the number only.\n\nQuestion: {query}\n\nPassage:\n{passage}"
+)
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+class LLMReranker:
+    """Pointwise LLM reranking: score(q, c) = the first number in the chat model's reply to
+    ``prompt`` (``{query}``, ``{passage}``), asked once per candidate at temperature 0.
+
+    Through ``stages.generation.OpenAICompatibleGenerator`` (a local llama.cpp server's ``/v1`` or
+    any OpenAI-compatible endpoint), so the generator's timeout, retry and redaction rules apply.
+    A query with a failed call or an unparseable reply raises ``RerankError``: the pipeline keeps
+    its first-stage order and counts it (``n_rerank_errors``). ``identity``: the endpoint's
+    (base URL, model, sampling) and the prompt text.
+    """
+
+    query_batch = 1  # one query per call: a failure costs only that query
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        candidates: int = 20,
+        prompt: str = LLM_PROMPT,
+        api_key_env: str | None = None,
+        max_tokens: int = 8,
+        concurrency: int = 4,
+        timeout_s: float = 60.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+    ) -> None:
+        from rag_experiments.stages.generation import OpenAICompatibleGenerator
+
+        self.client = OpenAICompatibleGenerator(
+            base_url, model, api_key_env=api_key_env, temperature=0.0, seed=0, max_tokens=max_tokens,
+            concurrency=concurrency, timeout_s=timeout_s, max_retries=max_retries, backoff_s=backoff_s,
+        )  # fmt: skip
+        self.candidates, self.prompt = int(candidates), prompt
+        self.identity = json.dumps(
+            {"reranker": "llm", "llm": self.client.identity, "prompt": prompt}, sort_keys=True
+        )
+
+    def _one(self, query: str, passage: str) -> float:
+        reply = self.client.complete(
+            [{"role": "user", "content": self.prompt.format(query=query, passage=passage)}]
+        )
+        if reply.error:
+            raise RerankError(f"{self.client.base_url}: {reply.error}")
+        m = _NUMBER.search(reply.text or "")
+        if m is None:
+            raise RerankError(f"unparseable reply {redact(reply.text or '')[:80]!r} (expected a number)")
+        return float(m.group())
+
+    def score(self, queries: list[str], texts: list[list[str]]) -> list[np.ndarray]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        out = []
+        with ThreadPoolExecutor(self.client.concurrency) as pool:
+            for q, ts in zip(queries, texts, strict=True):
+                out.append(np.asarray(list(pool.map(lambda t, q=q: self._one(q, t), ts)), dtype=np.float32))
+        return out
 
 
 def _parse_scores(reply, n: int) -> np.ndarray:
