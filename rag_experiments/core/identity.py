@@ -198,6 +198,16 @@ LEGACY_TARGETS = (
 )
 
 
+#: Keys added to the config after runs were recorded, at the value under which results are what they
+#: were without the key (``rerank=none``: no reranker; hybrid fusion as before): left out of
+#: ``config_hash`` so those runs keep their hash (resume, ``[skip]``, the recorded-hash test).
+NEUTRAL_DEFAULTS: dict[str, Any] = {
+    "rerank": {"name": "none"},
+    "retriever.fusion": "rrf",
+    "retriever.alpha": 0.5,
+}
+
+
 def hashed_target(target: str) -> str:
     """The name a ``_target_`` is hashed under: its pre-layout module path (:data:`LEGACY_TARGETS`)."""
     for new, old in LEGACY_TARGETS:
@@ -215,11 +225,12 @@ def is_place_key(key: str) -> bool:
 
 
 def semantic_config(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``cfg`` without its place keys, at any depth (what ``config_hash`` hashes)."""
+    """``cfg`` without its place keys, at any depth, and without the keys at their
+    :data:`NEUTRAL_DEFAULTS` (what ``config_hash`` hashes)."""
     out: dict[str, Any] = {}
     for k, v in cfg.items():
         dotted = f"{prefix}{k}"
-        if is_place_key(dotted):
+        if is_place_key(dotted) or (dotted in NEUTRAL_DEFAULTS and NEUTRAL_DEFAULTS[dotted] == v):
             continue
         if isinstance(v, Mapping) and v.get("_target_") in REFERENCE_TARGETS:
             out[k] = {"_target_": v["_target_"]}

@@ -40,6 +40,9 @@ SLOTS: tuple[Slot, ...] = (
          (_EMBEDDING, "rag_experiments.stages.vector_store")),
     Slot("retriever", "retriever", "rag_experiments.stages.retrieval.Retriever", ("rankings",),
          ("rag_experiments.stages.retrieval", _EMBEDDING, "rag_experiments.stages.vector_store")),
+    # re-scores the first stage's candidates (docs/stages.md); rerank=none: no reranker
+    Slot("reranker", "rerank", "rag_experiments.stages.rerank.Reranker", ("rerank",),
+         ("rag_experiments.stages.rerank", _EMBEDDING), optional=True),
     Slot("generator", "generator", "rag_experiments.stages.generation.Generator", ("generation",),
          ("rag_experiments.stages.generation",), optional=True),
     # the prompt's text enters the generation key (the rendered messages), not a cache of its own

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 #: Stages whose per-query wall time is a ``latency_{stage}_s`` column.
-LATENCY_STAGES = ("retrieval", "generation", "judge")
+LATENCY_STAGES = ("retrieval", "rerank", "generation", "judge")
 #: Stages whose model calls report tokens (``tokens_in_{stage}`` / ``tokens_out_{stage}`` columns).
 TOKEN_STAGES = ("generation", "judge")
 
@@ -105,10 +105,10 @@ def cost_metrics(df: pd.DataFrame, pricing: Mapping[str, Mapping[str, Any] | Non
 
 
 def serving_latency_ms(df: pd.DataFrame) -> pd.Series:
-    """Per-query serving latency in ms: ``latency_retrieval_s + latency_generation_s`` (the judge is
-    evaluation, not serving); a query without a generation latency counts its retrieval only."""
+    """Per-query serving latency in ms: ``latency_retrieval_s + latency_rerank_s +
+    latency_generation_s`` (the judge is evaluation, not serving); a missing column counts 0."""
     total = pd.Series(0.0, index=df.index)
-    for col in ("latency_retrieval_s", "latency_generation_s"):
+    for col in ("latency_retrieval_s", "latency_rerank_s", "latency_generation_s"):
         if col in df.columns:
             total = total + pd.to_numeric(df[col], errors="coerce").fillna(0.0)
     return total * 1000.0

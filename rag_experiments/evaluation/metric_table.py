@@ -342,6 +342,16 @@ REGISTRY: tuple[MetricSpec, ...] = (
         per_query=False,
     ),
     MetricSpec(
+        "latency_rerank_s",
+        "cost",
+        False,
+        "continuous",
+        "the reranker's wall time for the query (its batch's time divided by the batch's queries), "
+        "seconds, as measured when its scores were computed (kept with them in the cache); NaN when the "
+        "reranker failed on the query",
+        per_query=False,
+    ),
+    MetricSpec(
         "latency_generation_s",
         "cost",
         False,

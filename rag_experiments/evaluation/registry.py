@@ -56,6 +56,7 @@ FORMS: tuple[Form, ...] = (
     Form("ci_high", suffix="_ci_high"),
     Form("n_scored", prefix="n_scored/"),
     Form("by_tag", prefix="by_tag/{tag}/"),
+    Form("first_stage", prefix="first_stage/"),  # the retriever's list before the reranker
     Form("compare_delta", prefix="compare/", suffix="/delta"),
     Form("compare_ci_low", prefix="compare/", suffix="/ci_low"),
     Form("compare_ci_high", prefix="compare/", suffix="/ci_high"),

@@ -184,6 +184,7 @@ COST_KEYS = {
     "tokens_in/judge": 0,
     "tokens_out/judge": 0,
     "latency_p95_ms/retrieval": 1,
+    "latency_p95_ms/rerank": 1,  # shown only when a config has a reranker (docs/stages.md)
     "latency_p95_ms/generation": 1,
 }
 COUNT_KEYS = ("n_queries", "n_unanswerable", "n_errors", "n_unparseable_verdicts")
@@ -233,8 +234,13 @@ def results(an: Analysis) -> Section:
     ]
     s.subsections.append(Subsection("Counts", [table(["config", "run", *COUNT_KEYS, "status"], counts)]))
     if any("cost_usd" in c.metrics for c in an.configs):  # docs/metrics.md, "Cost and tokens"
-        cost = [[c.label, *(f3(c.metrics.get(k), nd=nd) for k, nd in COST_KEYS.items())] for c in an.configs]
-        s.subsections.append(Subsection("Cost", [table(["config", *COST_KEYS], cost)]))
+        keys = {
+            k: nd
+            for k, nd in COST_KEYS.items()
+            if not k.endswith("/rerank") or any(k in c.metrics for c in an.configs)
+        }
+        cost = [[c.label, *(f3(c.metrics.get(k), nd=nd) for k, nd in keys.items())] for c in an.configs]
+        s.subsections.append(Subsection("Cost", [table(["config", *keys], cost)]))
     return s
 
 

@@ -97,6 +97,7 @@ def build(cfg: DictConfig, cache: StageCache) -> Loaded:
             judge, repeats = judge_with_repeats(cfg.judge)  # masks pricing and repeats
     stages = Stages(
         chunker=instantiate(cfg.chunking),
+        reranker=build_reranker(cfg.get("rerank"), cache),
         chunking_cfg=container(cfg.chunking),
         embedder=embedder,
         retriever=instantiate(cfg.retriever, embedder=embedder),
@@ -106,6 +107,19 @@ def build(cfg: DictConfig, cache: StageCache) -> Loaded:
         judge_repeats=tuple(repeats),
     )
     return Loaded(corpus, evalset, stages)
+
+
+def build_reranker(node: DictConfig | None, cache: StageCache):
+    """The reranker of ``conf/rerank/<option>.yaml`` (None for rerank=none: no ``_target_``). A
+    nested ``embedding`` node (rerank=dense) is built like the run's embedder, in the vector cache."""
+    if node is None or not node.get("_target_"):
+        return None
+    if node.get("embedding") is None:
+        return instantiate(node)
+    extra = {} if cache.enabled or "cache_dir" not in node.embedding else {"cache_dir": None}
+    embedder = CachedEmbedder(instantiate(node.embedding, **extra), cache)
+    rest = OmegaConf.masked_copy(node, [k for k in node if k != "embedding"])
+    return instantiate(rest, embedding=embedder)
 
 
 def run_settings(cfg: DictConfig) -> RunSettings:

@@ -5,6 +5,9 @@ them all and exits 2. The checks are about values a stage cannot work with (size
 >= size, k <= 0, thresholds outside [0, 1], paths that do not exist, malformed URLs, keys the
 stage's constructor does not take), so a typo costs a message, not a FAILED run.
 :func:`unknown_group_options` checks ``group=option`` on the command line before Hydra composes.
+
+Why this module is long: it is one validator per config group (nine groups and the cross-field
+rules), read top to bottom like the config tree; split, a group's rules would live in two places.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ Problems = list[str]
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LOOPBACK = ("localhost", "127.0.0.1", "::1", "0.0.0.0")
 BM25_METHODS = ("robertson", "lucene", "bm25l", "bm25+", "atire")
+FUSIONS = ("rrf", "weighted")  # retriever=hybrid (stages.retrieval.HybridRetriever)
 CONSTRAINED = ("response_format", "json_schema", "none")
 MIN_RESAMPLES = 100
 # Arguments the sweep passes itself (not from YAML), per group.
@@ -204,8 +208,52 @@ def _retriever(g: _Group) -> None:
     g.num_at_least("dense_weight", 0)
     g.num_at_least("bm25_weight", 0)
     g.num_at_least("rrf_c", 0, strict=True)
+    g.one_of("fusion", FUSIONS)
+    g.num_in("alpha", 0, 1)
     g.int_at_least("candidates", 1)
     g.int_at_least("batch_size", 1)
+
+
+def _rerank(g: _Group) -> None:
+    """conf/rerank: ``candidates`` (>= retriever.k: checked in :func:`validate`), a cross-encoder
+    directory, an endpoint URL, the bi-encoder node of rerank=dense (``embedding.*``)."""
+    if not g.node.get("_target_"):
+        for key in g.node:
+            if key != "name":
+                g.bad(key, "unknown option for rerank=none", g.node[key])
+        return
+    g.int_at_least("candidates", 1)
+    g.int_at_least("batch_size", 1)
+    g.int_at_least("max_length", 1)
+    if str(g.node["_target_"]).endswith(".CrossEncoderReranker") and g.has("path"):
+        g.path_exists("path", "dir")
+        from rag_experiments.stages.rerank import is_cross_encoder
+
+        path = os.path.expanduser(str(g.node["path"]))
+        if os.path.isdir(path) and not is_cross_encoder(path):
+            g.bad("path", "not a cross-encoder (its config.json names no *ForSequenceClassification "
+                  "architecture; a bi-encoder belongs in rerank=dense)", str(g.node["path"]))
+    if "base_url" in g.node:  # rerank=endpoint, rerank=llm
+        g.url("base_url")
+        g.api_key_env()
+        g.int_at_least("max_tokens", 1)
+        g.int_at_least("concurrency", 1)
+        if "model" in g.node and str(g.node["_target_"]).endswith(".LLMReranker") and not str(g.node["model"] or "").strip():
+            g.bad("model", "must be a non-empty model name", g.node["model"])
+    if "prompt" in g.node and not all(f in str(g.node["prompt"]) for f in ("{query}", "{passage}")):
+        g.bad("prompt", "must contain {query} and {passage}", str(g.node["prompt"])[:60])
+        g.int_at_least("max_retries", 0)
+        g.num_at_least("timeout_s", 0, strict=True)
+        g.num_at_least("backoff_s", 0)
+    emb = g.node.get("embedding")
+    if emb is not None:
+        if not isinstance(emb, dict) or not emb.get("_target_"):
+            g.bad("embedding", "must be an embedding option's node with a _target_", emb)
+            return
+        e = _Group("embedding", emb)
+        _embedding(e)
+        e.known_keys()
+        g.problems += [p.replace("conf/embedding: ", "conf/rerank: embedding.") for p in e.problems]
 
 
 def _llm_client(g: _Group) -> None:
@@ -337,6 +385,7 @@ GROUP_CHECKS: dict[str, Callable[[_Group], None]] = {
     "chunking": _chunking,
     "embedding": _embedding,
     "retriever": _retriever,
+    "rerank": _rerank,
     "generator": _generator,
     "prompt": _prompt,
     "judge": _judge,
@@ -410,7 +459,16 @@ def validate(cfg: dict) -> Problems:
         check(g)
         g.known_keys(extra={"pricing", "repeats"} if name == "judge" else {"pricing"} if name == "generator" else set())
         problems += g.problems
-    return problems
+    return problems + _rerank_depth(cfg)
+
+
+def _rerank_depth(cfg: dict) -> Problems:
+    """A reranker keeps retriever.k of its candidates: ``rerank.candidates >= retriever.k``."""
+    node, k = cfg.get("rerank") or {}, (cfg.get("retriever") or {}).get("k")
+    cand = node.get("candidates") if isinstance(node, dict) and node.get("_target_") else None
+    if _is_int(cand) and _is_int(k) and cand < k:
+        return [f"conf/rerank: candidates: must be >= retriever.k={k}, the chunks the reranker keeps (got {cand!r})"]
+    return []
 
 
 def check(cfg) -> None:

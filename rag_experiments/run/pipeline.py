@@ -7,6 +7,10 @@ carry everything the MLflow table, the failure labels and the statistics need. R
 committed to the cache as they complete (each answer, each judged answer, each embedding block),
 so a killed run resumes with only the missing model calls; every slow stage reports progress
 through ``rag_experiments.core.progress``.
+
+Why this module is long: it is the run path itself, the one place where every stage slot's output
+meets the per-query table (chunk, retrieve, rerank, generate, judge, label); each step is a short
+function, and the cache keys flow through them in order.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from rag_experiments.run.types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.chunking import chunk_corpus
 from rag_experiments.stages.context_fit import fit_contexts
 from rag_experiments.stages.replicates import run_replicates
+from rag_experiments.stages.rerank import RerankError, rerank_order, timed_scores
 from rag_experiments.stages.text import token_ends, tokenizer_identity
 
 log = logging.getLogger(__name__)
@@ -111,6 +116,61 @@ def retrieval_stage(
         "rankings", key, idx=np.asarray(idx, dtype=np.int64), scores=np.asarray(scores, dtype=np.float32)
     )
     return Ranking(idx, scores, key, calls=1)
+
+
+@dataclass
+class Reranked:
+    """The final list after the reranker, and per query the reranker's seconds (measured when the
+    scores were computed, kept with them in the cache; NaN when it failed) and its error ("" when
+    reranked)."""
+
+    ranking: Ranking
+    seconds: np.ndarray
+    errors: list[str]
+    calls: int = 0  # queries sent to the reranker (0: all from the cache)
+
+
+def rerank_stage(reranker, chunks: list[Chunk], queries: list[str], first: Ranking, cache: StageCache,
+                 progress: bool = True) -> Reranked:
+    """Re-score each query's first ``reranker.candidates`` first-stage chunks and re-sort them
+    (``stages.rerank.rerank_order``; deeper ranks keep first-stage order). Scores are cached per
+    query by (reranker identity, query, candidate texts) and committed per batch of
+    ``reranker.query_batch`` queries, so a killed run resumes with only the missing queries. A query
+    the reranker fails on (``RerankError``) keeps its first-stage order, is not cached, and is
+    counted (``n_rerank_errors``)."""
+    heads = [[int(i) for i in row[: reranker.candidates] if i >= 0] for row in first.idx]
+    texts = [[chunks[i].text for i in h] for h in heads]
+    keys = [stage_key("rerank", reranker.identity, q, ts) for q, ts in zip(queries, texts, strict=True)]
+    found = cache.get_json_many("rerank", keys)
+    todo = list({k: i for i, k in enumerate(keys) if k not in found}.items())
+    errors: dict[str, str] = {}
+    batch = max(1, int(getattr(reranker, "query_batch", 16)))
+    with Progress("reranking", len(todo), enabled=progress and bool(todo), unit="queries") as bar:
+        for a in range(0, len(todo), batch):
+            part = todo[a : a + batch]
+            try:
+                scores, secs = timed_scores(reranker, [queries[i] for _, i in part], [texts[i] for _, i in part])
+            except RerankError as e:
+                errors.update({k: str(e) for k, _ in part})
+                log.warning("reranker: %s", e)
+            else:
+                fresh = {k: {"scores": [float(x) for x in sc], "seconds": secs}
+                         for (k, _), sc in zip(part, scores, strict=True)}
+                cache.put_json_many("rerank", fresh)
+                found.update(fresh)
+            bar.update(len(part))
+    idx, sc = first.idx.copy(), first.scores.copy()
+    seconds = np.full(len(queries), np.nan)  # a failed query: its time is not a reranker's latency
+    for qi, k in enumerate(keys):
+        if k not in found:
+            continue
+        s = np.asarray(found[k]["scores"], dtype=np.float32)
+        order = np.argsort(-s.astype(np.float64), kind="stable")
+        idx[qi] = rerank_order(first.idx[qi], s)
+        sc[qi, : len(s)] = s[order]
+        seconds[qi] = found[k]["seconds"]
+    key = stage_key("rerank", reranker.identity, first.key)
+    return Reranked(Ranking(idx, sc, key), seconds, [errors.get(k, "") for k in keys], len(todo))
 
 
 @dataclass
@@ -427,6 +487,32 @@ def _run_aggregates(
     return aggregates
 
 
+def first_stage_aggregates(df: pd.DataFrame) -> dict[str, float]:
+    """``first_stage/<key>``: the mean over queries (NaN left out) of every first-stage retrieval
+    metric, beside ``<key>`` on the reranked list, so a run says what its reranker added."""
+    once = df.drop_duplicates("id") if "id" in df else df  # replicates repeat the retrieval columns
+    return {c: float(np.nanmean(once[c].to_numpy(dtype=float))) for c in once if c.startswith("first_stage/")}
+
+
+def _rerank(reranker, items, chunks, queries, ranking, settings, cache_keys, cache, timings, calls):
+    """(first-stage per-query retrieval metrics, the reranked result): the metrics of the list the
+    reranker received (``first_stage/<key>``), then the reranking itself, timed and counted."""
+    first_ranked = [[chunks[i] for i in row if i >= 0] for row in ranking.idx]
+    first_stage = _retrieval_scores(None, items, chunks, ranking.idx, first_ranked, settings, cache_keys, cache)
+    t = time.perf_counter()
+    reranked = rerank_stage(reranker, chunks, queries, ranking, cache, settings.progress)
+    timings["rerank_s"], calls["rerank"] = time.perf_counter() - t, reranked.calls
+    cache_keys["rerank"] = reranked.ranking.key
+    return first_stage.per_query, reranked
+
+
+def _rerank_columns(rows: list[dict], first_stage: dict, reranked) -> None:
+    """Each row's ``first_stage/<key>`` values, reranker seconds and reranker error (None: none)."""
+    for qi, row in enumerate(rows):
+        row.update({f"first_stage/{name}": float(v[qi]) for name, v in first_stage.items()})
+        row.update(latency_rerank_s=float(reranked.seconds[qi]), rerank_error=reranked.errors[qi] or None)
+
+
 def run_pipeline(
     stages: Stages, data: PipelineData, settings: RunSettings, cache: StageCache, race=None
 ) -> PipelineResult:
@@ -434,10 +520,8 @@ def run_pipeline(
     ``stratified_subset(items, settings.generation_subset)`` when ``stages.generator`` is set.
 
     Items outside the subset keep their retrieval metrics and a retrieval-only failure label; their
-    generation metrics and label rates are NaN, so every generation mean covers the subset only
-    (``n_scored/{key}``) and the rates share one denominator. ``settings.pricing``:
-    ``{"generation": {...}, "judge": {...}}`` price tables for ``cost_usd``
-    (evaluation.cost.cost_metrics).
+    generation metrics and label rates are NaN (every generation mean covers the subset only,
+    ``n_scored/{key}``). ``settings.pricing``: price tables for ``cost_usd`` (evaluation.cost).
     """
     timings: dict[str, float] = {}
     calls: Counter = Counter()
@@ -452,16 +536,25 @@ def run_pipeline(
     timings["chunking_s"] = time.perf_counter() - t
 
     queries = [it.query for it in items]
-    ranking = _timed_retrieval(stages.retriever, chunks, chunks_key, queries, settings.depth, cache, progress)
+    reranker = stages.reranker
+    depth = settings.depth if reranker is None else max(settings.depth, reranker.candidates)
+    ranking = _timed_retrieval(stages.retriever, chunks, chunks_key, queries, depth, cache, progress)
     calls["retrieval"], timings["retrieval_s"] = ranking.calls, ranking.seconds
-    ranked = [[chunks[i] for i in row if i >= 0] for row in ranking.idx]
     cache_keys = {"chunks": chunks_key, "rankings": ranking.key}
+    first_stage: dict[str, np.ndarray] = {}
+    if reranker is not None:  # the first stage's metrics, then the reranked list replaces it
+        first_stage, reranked = _rerank(reranker, items, chunks, queries, ranking, settings, cache_keys, cache,
+                                        timings, calls)
+        ranking = reranked.ranking
+    ranked = [[chunks[i] for i in row if i >= 0] for row in ranking.idx]
     scored = _retrieval_scores(
         stages.retriever, items, chunks, ranking.idx, ranked, settings, cache_keys, cache
     )
     shown = max(settings.all_ks)  # the per-query table lists the ranks the top-k metrics see
     latency = timings["retrieval_s"] / max(len(items), 1)
     rows = _retrieval_rows(items, [r[:shown] for r in ranked], ranking.scores, scored.per_query, latency)
+    if reranker is not None:
+        _rerank_columns(rows, first_stage, reranked)
 
     subset = stratified_subset(items, settings.generation_subset) if stages.generates else []
     if race is not None:  # racing batches (docs/racing.md); racing runs one replicate (config_schema)
@@ -487,6 +580,9 @@ def run_pipeline(
         df, scored.run_metrics, settings.pricing, n_generated, settings.n_resamples, settings.seed
     )
     aggregates.update(replicate_metrics(df, settings.thresholds))  # R > 1: flip rates, variance shares
+    if reranker is not None:
+        aggregates.update(first_stage_aggregates(df))
+        aggregates["n_rerank_errors"] = int(df["rerank_error"].notna().sum())
     return PipelineResult(
         per_query=df,
         aggregates=aggregates,

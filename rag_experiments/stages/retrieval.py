@@ -312,8 +312,45 @@ def rrf_fuse(rankings: list[np.ndarray], weights: list[float], n_items: int, k: 
     return top_k(fused, k)
 
 
+def minmax(scores: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Row-wise (s - min) / (max - min) over the ``valid`` entries (invalid → 0); a row whose valid
+    scores are all equal maps them to 1 (each is that list's best)."""
+    s = np.where(valid, scores, np.nan).astype(np.float64)
+    with np.errstate(all="ignore"):
+        lo, hi = np.nanmin(s, axis=1, keepdims=True), np.nanmax(s, axis=1, keepdims=True)
+        out = np.where(hi > lo, (s - lo) / (hi - lo), 1.0)
+    return np.where(valid, out, 0.0)
+
+
+def weighted_fuse(rankings, scores, weights: list[float], n_items: int, k: int):
+    """Convex score fusion: score(d) = Σ_r w_r · minmax_r(d), each list's scores min-max normalised
+    per query over its own candidates (``minmax``); items absent from a list get 0 from it. With
+    weights (α, 1-α) this is the usual α·dense + (1-α)·BM25. Returns top_k of the fused scores."""
+    n_q = rankings[0].shape[0]
+    fused = np.zeros((n_q, n_items), dtype=np.float64)
+    rows = np.arange(n_q)[:, None]
+    for ranking, sc, w in zip(rankings, scores, weights, strict=True):
+        valid = (ranking >= 0) & np.isfinite(sc)
+        norm = w * minmax(sc, valid)
+        np.add.at(fused, (np.broadcast_to(rows, ranking.shape)[valid], ranking[valid]), norm[valid])
+    reached = np.zeros((n_q, n_items), dtype=bool)
+    for ranking in rankings:
+        valid = ranking >= 0
+        reached[np.broadcast_to(rows, ranking.shape)[valid], ranking[valid]] = True
+    return top_k(np.where(reached, fused, -np.inf), k)
+
+
+FUSIONS = ("rrf", "weighted")
+
+
 class HybridRetriever:
-    """Reciprocal-rank fusion of dense and BM25, each searched to ``candidates`` deep."""
+    """Dense and BM25, each searched to ``candidates`` deep, fused by ``fusion``:
+
+    - ``rrf``: weighted reciprocal-rank fusion, Σ_r w_r / (rrf_c + rank_r) with w = (dense_weight,
+      bm25_weight) (``rrf_fuse``);
+    - ``weighted``: α·minmax(dense score) + (1-α)·minmax(BM25 score) with α = ``alpha``
+      (``weighted_fuse``).
+    """
 
     def __init__(
         self,
@@ -324,8 +361,13 @@ class HybridRetriever:
         rrf_c: int = 60,
         candidates: int = 50,
         bm25: dict | None = None,
+        fusion: str = "rrf",
+        alpha: float = 0.5,
     ) -> None:
+        if fusion not in FUSIONS:
+            raise ValueError(f"retriever.fusion={fusion!r}: expected one of {', '.join(FUSIONS)}")
         self.k = k
+        self.fusion, self.alpha = fusion, float(alpha)
         self.dense = DenseRetriever(embedder, k=k)
         self.bm25 = BM25Retriever(k=k, **(bm25 or {}))
         self.weights = [dense_weight, bm25_weight]
@@ -339,6 +381,8 @@ class HybridRetriever:
                 "weights": self.weights,
                 "rrf_c": rrf_c,
                 "candidates": candidates,
+                # rrf keeps the identity it had before fusion was a setting: its rankings stay cached
+                **({"fusion": fusion, "alpha": self.alpha} if fusion != "rrf" else {}),
             },
             sort_keys=True,
         )
@@ -351,8 +395,11 @@ class HybridRetriever:
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         depth = max(k, self.candidates)
-        d_idx, _ = self.dense.search(queries, depth)
-        b_idx, _ = self.bm25.search(queries, depth)
+        d_idx, d_sc = self.dense.search(queries, depth)
+        b_idx, b_sc = self.bm25.search(queries, depth)
+        if self.fusion == "weighted":
+            idx, sc = weighted_fuse([d_idx, b_idx], [d_sc, b_sc], [self.alpha, 1 - self.alpha], self._n, k)
+            return np.where(np.isfinite(sc), idx, -1), sc
         idx, sc = rrf_fuse([d_idx, b_idx], self.weights, self._n, k, self.rrf_c)
         idx = np.where(np.isfinite(sc) & (sc > 0), idx, -1)  # unreached items are not results
         return idx, sc

@@ -1,10 +1,9 @@
 """One MLflow trace per traced eval item per run, so MLflow's own evaluation UI shows our per-query results.
 
-Built after the fact from the per-query table ``run_pipeline`` returns and the eval items (no hooks
-in the stages). Each trace is linked to its run (trace metadata ``mlflow.sourceRun``) and holds:
+Built after the fact from the per-query table and the eval items (no hooks in the stages); each
+trace is linked to its run (trace metadata ``mlflow.sourceRun``) and holds:
 
-- a root span (CHAIN): inputs ``{query, item_id, tags}``, outputs the answer (retrieval-only runs:
-  the top chunk ids);
+- a root span (CHAIN): inputs ``{query, item_id, tags}``, outputs the answer (or the top chunk ids);
 - a RETRIEVER span whose outputs are the ranked chunks as MLflow Documents (``page_content``,
   ``metadata`` doc_id, chunk_id, start, end, score, rank), in rank order;
 - with a generator: a CHAT_MODEL span (prompt messages, completion, latency, token usage from the
@@ -135,9 +134,11 @@ def build_spans(
     retrieved = json.loads(row["retrieved"])
     generated = "answer" in row and isinstance(row.get("answer"), str)
     t_ret = int((_num(row, "latency_retrieval_s") or 0.0) * 1e9)
+    reranked = "latency_rerank_s" in row  # a reranker set (rerank != none): its own span
+    t_rer = int((_num(row, "latency_rerank_s") or 0.0) * 1e9) if reranked else 0
     t_gen = int((_num(row, "latency_generation_s") or 0.0) * 1e9) if generated else 0
     t_jud = int((_num(row, "latency_judge_s") or 0.0) * 1e9) if generated else 0
-    end_ns = start_ns + t_ret + t_gen + t_jud
+    end_ns = start_ns + t_ret + t_rer + t_gen + t_jud
     error = row.get("error") if isinstance(row.get("error"), str) else None
     outputs: Any = row["answer"] if generated else [r["chunk_id"] for r in retrieved[:k]]
     root = w.add(
@@ -152,9 +153,13 @@ def build_spans(
     )
     docs = _documents(retrieved, doc_text)
     w.add("retrieve", SpanType.RETRIEVER, start_ns, start_ns + t_ret, {"query": item.query}, docs, root)
+    if reranked:  # the table keeps only the final (reranked) list: both spans show it (docs/stages.md)
+        rerank_error = row.get("rerank_error") if isinstance(row.get("rerank_error"), str) else None
+        t = start_ns + t_ret
+        w.add("rerank", SpanType.RERANKER, t, t + t_rer, {"query": item.query}, docs, root, error=rerank_error)
     if not generated:
         return w.spans, end_ns
-    t = start_ns + t_ret
+    t = start_ns + t_ret + t_rer
     context_docs = docs[:k]  # what the generator was given (retriever.k)
     messages = prompt.render(item.query, [_chunk(d) for d in context_docs]) if prompt is not None else None
     attrs: dict[str, Any] = {"cached": bool(row.get("generation_cached", False))}
