@@ -301,3 +301,17 @@ def test_bad_input_exits_2(sweep, capsys, args, message):
     args = [sweep_id if a == "SWEEP" else a for a in args]
     assert _main(root, *args) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_wide_default_margin_is_underpowered_not_a_tie():
+    """n = 8: gate's default margin 1/√8 = 0.35 makes every config 'non-inferior'; select says the
+    eval set cannot decide (and how many queries would, for ±0.15) instead of calling it a tie."""
+    a = np.array([1, 0, 0, 1, 0, 0, 1, 0], float)
+    b = a.copy()
+    b[0] = 0.0
+    sel = select_config([_run("a", a), _run("b", b)], "m", True, costs=[0.0, 0.0])
+    assert sel.underpowered is not None and "default margin" in sel.underpowered.message()
+    assert "within ±0.15" in sel.underpowered.message()
+    assert sel.chosen == "a"  # the best mean, not the cheaper/smaller tie
+    explicit = select_config([_run("a", a), _run("b", b)], "m", True, costs=[0.0, 0.0], margin=0.4)
+    assert explicit.underpowered is None or "default margin" not in explicit.underpowered.message()

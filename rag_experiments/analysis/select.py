@@ -59,10 +59,13 @@ class Underpowered:
     n: int  # paired queries (median over the comparisons)
     n_needed: int | None  # queries for MDE <= margin (analysis.power.n_for_effect); None: unknown
     reasons: tuple[str, ...]
+    target: float | None = None  # the margin n_needed is for, when not the current one (a wide default)
 
     def message(self) -> str:
         need = (
-            f"`plan` says n ≈ {self.n_needed} queries for an MDE of {self.margin:.3g} (with --margin "
+            f"`plan` says n ≈ {self.n_needed} queries to tell configs apart within ±{self.target:.3g}"
+            if self.n_needed and self.target is not None
+            else f"`plan` says n ≈ {self.n_needed} queries for an MDE of {self.margin:.3g} (with --margin "
             f"{self.margin:.3g}: the default margin shrinks as 1/√n, like the MDE)"
             if self.n_needed
             else "the MDE is unknown (fewer than 2 paired queries)"
@@ -74,7 +77,8 @@ class Underpowered:
             else f"only {self.n} paired queries: no MDE"
         )
         return (
-            f"UNDERPOWERED: this eval set cannot separate the configs. {self.n_indistinguishable} of "
+            f"UNDERPOWERED: this eval set cannot separate the configs ({'; '.join(self.reasons)}). "
+            f"{self.n_indistinguishable} of "
             f"{self.n_others} configs are indistinguishable from the best (neither shown non-inferior "
             f"nor shown worse); {power}. Choosing the best mean among the tied configs within the "
             "constraints, not the cheapest."
@@ -156,11 +160,17 @@ def _paired_var(a: pd.Series, b: pd.Series) -> float:
     return float(np.var(xb - xa, ddof=1)) if xa.size > 1 else math.nan
 
 
+#: The widest default margin a tie may stand on: gate's default margin is 1/√n, so below 45 paired
+#: queries a "tie" would only mean "within ±0.15 or more" — said as underpowered, not as equivalence.
+WIDE_DEFAULT_MARGIN = 0.15
+
+
 def underpowered(
     ni: Sequence[GateResult],
     worse: Sequence[bool],
     paired_vars: Sequence[float],
     alpha: float,
+    default_margin: bool = False,
 ) -> Underpowered | None:
     """Whether the eval set separates the candidates from the best; None when it does.
 
@@ -168,7 +178,9 @@ def underpowered(
     (``worse[i]``); MDE, margin, n = medians over the comparisons. Underpowered iff
     MDE > margin or indistinguishable > half the comparisons. n_needed = ``n_for_effect(margin,
     median paired variance, alpha, power 0.8, one-sided)``: the queries at which gate's MDE reaches
-    the current margin.
+    the current margin. With gate's default margin (``default_margin``) wider than
+    :data:`WIDE_DEFAULT_MARGIN` the sweep is underpowered too (a tie within ±0.35 at n = 8 is no
+    evidence of equivalence), and n_needed is for :data:`WIDE_DEFAULT_MARGIN`.
     """
     if not ni:
         return None
@@ -182,16 +194,20 @@ def underpowered(
         reasons.append(f"MDE {mde:.3g} > margin {margin:.3g}")
     if k > len(ni) / 2:
         reasons.append(f"{k} of {len(ni)} configs indistinguishable from the best")
+    wide = default_margin and margin > WIDE_DEFAULT_MARGIN
+    if wide:
+        reasons.append(f"the default margin 1/√n = {margin:.3g} is wider than {WIDE_DEFAULT_MARGIN:g}: a tie says little")
     if not reasons:
         return None
     v = np.array(paired_vars, float)
     var = float(np.nanmedian(v)) if np.isfinite(v).any() else math.nan
+    target = WIDE_DEFAULT_MARGIN if wide else margin
     needed = (
-        n_for_effect(margin, var, alpha=alpha, power=0.8, sides=1)
-        if margin > 0 and math.isfinite(var) and var > 0
+        n_for_effect(target, var, alpha=alpha, power=0.8, sides=1)
+        if target > 0 and math.isfinite(var) and var > 0
         else None
     )
-    return Underpowered(k, len(ni), mde, margin, n, needed, tuple(reasons))
+    return Underpowered(k, len(ni), mde, margin, n, needed, tuple(reasons), WIDE_DEFAULT_MARGIN if wide else None)
 
 
 def select_config(
@@ -301,6 +317,7 @@ def _against_best(
         [bool(worse[i]) for i in others],
         [_paired_var(runs[best].series(metric), runs[i].series(metric)) for i in others],
         alpha,
+        default_margin=margin is None,
     )
     return cmp, dict(zip(others, ni, strict=True)), power
 
