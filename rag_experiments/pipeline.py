@@ -46,6 +46,7 @@ from rag_experiments.stages.judging.cached import (
     cached_verdicts,
     diagnostic_columns,
     diagnostics_stage,
+    last_error,
     last_usage,
 )
 from rag_experiments.stages.replicates import run_replicates
@@ -181,6 +182,7 @@ def _judge_one(
     """Claims, verdicts and answer relevance of one answer; each part cached."""
     t0 = time.perf_counter()
     tally: dict[str, dict | None] = {}
+    errors_before = calls["errors"]
     claims = cached_claims(judge, answer, cache, calls, tally)
     verdicts = cached_verdicts(judge, claims, context, cache, calls, tally, "verdicts")
     rk = stage_key("relevance", judge.identity, item.query, answer)
@@ -192,8 +194,12 @@ def _judge_one(
         rel, method = judge.answer_relevance(item.query, answer)
         tally[rk] = last_usage(judge)
         calls["relevance"] += 1
-        cache.put_json_many("relevance", {rk: [rel, method, tally[rk]]})
-    return JudgedAnswer(claims, verdicts, rel, method, time.perf_counter() - t0, tally)
+        if last_error(judge):  # NaN from a failed call: counted, not cached, retried next run
+            calls["errors"] += 1
+        else:
+            cache.put_json_many("relevance", {rk: [rel, method, tally[rk]]})
+    n_errors = calls["errors"] - errors_before
+    return JudgedAnswer(claims, verdicts, rel, method, time.perf_counter() - t0, tally, n_errors)
 
 
 def judge_stage(
@@ -261,10 +267,13 @@ def _judged_columns(g: Generation, it: EvalItem, j: JudgedAnswer | None) -> dict
             "verdicts": "[]",
             "n_claims": 0,
             "n_unparseable": 0,
+            "n_judge_errors": 0,
             "relevance_method": "",
             "latency_judge_s": 0.0,
         }
-    faith, n_claims, n_unp = faithfulness(j.verdicts)
+    faith, n_claims, _ = faithfulness(j.verdicts)
+    n_failed = sum(v.error is not None for v in j.verdicts)  # transport errors, not model replies
+    n_unp = sum(v.label == "unparseable" and v.error is None for v in j.verdicts)
     verdict_rows = [
         {"claim": v.claim, "label": v.label, "score": v.score, "rationale": v.rationale}
         | ({"stage": v.stage} if v.stage else {})
@@ -278,6 +287,7 @@ def _judged_columns(g: Generation, it: EvalItem, j: JudgedAnswer | None) -> dict
         "verdicts": json.dumps(verdict_rows),
         "n_claims": n_claims,
         "n_unparseable": n_unp,
+        "n_judge_errors": n_failed + j.n_errors,
         "n_escalated": sum(v.stage == "llm" for v in j.verdicts),  # judge=cascade: decided by the LLM
         "relevance_method": j.method,
         "latency_judge_s": j.seconds,
@@ -412,6 +422,7 @@ def _run_aggregates(
         aggregates["n_context_truncated"] = int(df["context_truncated"].sum()) if n_generated else 0
         if "n_unparseable_diagnostics" in df:
             aggregates["n_unparseable_diagnostic_verdicts"] = int(df["n_unparseable_diagnostics"].sum())
+        aggregates["n_judge_errors"] = int(df.get("n_judge_errors", pd.Series(dtype=float)).fillna(0).sum())
         aggregates["n_escalated_verdicts"] = int(df.get("n_escalated", pd.Series(dtype=float)).fillna(0).sum())
     return aggregates
 

@@ -97,6 +97,7 @@ def summary_table(agg: dict[str, float], k: int, ks: list[int]) -> str:
     lines.append(
         f"queries {int(agg['n_queries'])} (unanswerable {int(agg.get('n_unanswerable', 0))}), "
         f"errors {int(agg['n_errors'])}, unparseable verdicts {int(agg['n_unparseable_verdicts'])}"
+        + (f", judge transport errors {int(agg['n_judge_errors'])}" if agg.get("n_judge_errors") else "")
     )
     return "\n".join(lines)
 
@@ -235,6 +236,36 @@ def every_item_failed(aggregates: dict[str, float]) -> bool:
     return n > 0 and aggregates.get("n_errors", 0) >= n
 
 
+def dead_judge(per_query: pd.DataFrame) -> tuple[int, int]:
+    """(judged answers, of them with a judge transport error). Equal and > 0: the judge is dead
+    (closed port, HTTP errors, bodies that are not JSON) and the run must fail, not report ``n/a``.
+    """
+    if "n_judge_errors" not in per_query:
+        return 0, 0
+    judged = per_query["answer"].notna() & per_query["error"].isna() if "answer" in per_query else None
+    if judged is None:
+        return 0, 0
+    errs = per_query.loc[judged, "n_judge_errors"].fillna(0)
+    return int(judged.sum()), int((errs > 0).sum())
+
+
+def failure_reason(res: PipelineResult) -> str:
+    """Why a completed pipeline is a FAILED run ("" when it is not): every generated query errored,
+    or the judge failed on transport for every judged answer."""
+    agg = res.aggregates
+    if every_item_failed(agg):
+        n = int(agg.get("n_generated", agg["n_queries"]))
+        return f"every one of the {n} generated queries errored (see per_query 'error')"
+    judged, failed = dead_judge(res.per_query)
+    if judged and failed >= judged:
+        return (
+            f"the judge failed on every one of the {judged} judged answers "
+            f"({int(agg.get('n_judge_errors', 0))} judge calls with a transport error; "
+            "see per_query 'n_judge_errors')"
+        )
+    return ""
+
+
 def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
     """Run the pipeline into ``run_id`` and set its final status; re-raises after marking it.
 
@@ -266,9 +297,7 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
             judges_tab.register_judges(exp_id, inputs.stages.judge)
         res.timings["total_s"] = time.perf_counter() - job.t_start
         client.set_tag(run_id, "timings", json.dumps({k: round(v, 3) for k, v in res.timings.items()}))
-        if every_item_failed(res.aggregates):
-            n = int(res.aggregates.get("n_generated", res.aggregates["n_queries"]))
-            why = f"every one of the {n} generated queries errored (see per_query 'error')"
+        if why := failure_reason(res):
             client.set_tag(run_id, "failure_reason", why)
             client.set_terminated(run_id, "FAILED")
             print(f"[failed] {job.run_name}: {why}; marked FAILED so a re-run retries it", file=sys.stderr)
@@ -354,7 +383,10 @@ def run_job(cfg: DictConfig) -> float:
     print(f"model calls {res.calls or '{}'}; cache {dict(sorted(cache.stats.items()))}")
     if not job.sweep:
         print(f"\nOpen the MLflow UI:\n  {tracking.ui_command(uri, cfg.tracking.artifact_root, exp_id)}")
-    if every_item_failed(res.aggregates) and not job.sweep:
+    if n_failed := int(res.aggregates.get("n_judge_errors", 0)):
+        print(f"[warn] {run_name}: {n_failed} judge calls failed on transport errors (n_judge_errors)",
+              file=sys.stderr)
+    if failure_reason(res) and not job.sweep:
         sys.exit(1)
     return float(res.aggregates.get(f"hit_at_{k}", float("nan")))
 

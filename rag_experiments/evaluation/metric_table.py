@@ -389,6 +389,16 @@ REGISTRY: tuple[MetricSpec, ...] = (
         per_query=False,
     ),
     MetricSpec(
+        "n_judge_errors",
+        "count",
+        False,
+        "count",
+        "number of judge calls (claims, verdicts, answer relevance) that failed on transport (connection, "
+        "timeout, HTTP error, a body that is not JSON) after retries, per query and summed over queries; "
+        "apart from n_unparseable_verdicts (replies that were read but not understood)",
+        per_query=False,
+    ),
+    MetricSpec(
         "n_unparseable_diagnostic_verdicts",
         "count",
         False,

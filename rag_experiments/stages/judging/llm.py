@@ -206,8 +206,14 @@ class LLMJudge:
         when it made no call; None when a call reported no usage). Verdicts carry their own."""
         return getattr(self._last, "usage", None)
 
+    def last_error(self) -> str | None:
+        """The transport error of this thread's last :meth:`split` or :meth:`answer_relevance`
+        (None: it succeeded or made no call); its fallback result must not be cached."""
+        return getattr(self._last, "error", None)
+
     def _record(self, *completions) -> None:
         self._last.usage = add_usage(*(c.usage for c in completions))
+        self._last.error = next((c.error for c in completions if c.error), None)
 
     def verdicts(self, claims: list[str], context: str) -> list[Verdict]:
         return self.client._map(lambda c: self._one_verdict(c, context), list(claims))
