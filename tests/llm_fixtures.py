@@ -48,7 +48,7 @@ class FakeLLM:
 
     ok · flaky500 (500 on the first attempt per prompt, then ok) · always503 · slow (sleeps
     ``slow_s`` before answering) · malformed (200, body not JSON) · nochoices (200, no choices) ·
-    bad400 · garbage (200, content "banana split", no logprobs) · echokey (401 whose message
+    bad400 · flaky400 (400 on the first attempt of every second new prompt, then ok) · garbage (200, content "banana split", no logprobs) · echokey (401 whose message
     repeats the API key it was sent). ``attempts[(model, prompt)]``
     counts requests on the server side.
     """
@@ -57,6 +57,7 @@ class FakeLLM:
 
     def __init__(self) -> None:
         self.attempts: Counter = Counter()
+        self.new_prompts = 0
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -80,6 +81,10 @@ class FakeLLM:
                     return self._send(500, b'{"error": {"message": "boom"}}')
                 if model == "always503":
                     return self._send(503, b'{"error": {"message": "overloaded"}}')
+                if model == "flaky400" and n == 1:
+                    fake.new_prompts += 1
+                    if fake.new_prompts % 2 == 0:
+                        return self._send(400, b'{"error": {"message": "bad request (flaky)"}}')
                 if model == "bad400":
                     return self._send(400, b'{"error": {"message": "bad request"}}')
                 if model == "echokey":  # a careless endpoint: the key it was sent, in its error
