@@ -36,6 +36,7 @@ from rag_experiments.evaluation.registry import GENERATION_METRICS
 from rag_experiments.parallel import as_they_complete
 from rag_experiments.progress import Progress, track
 from rag_experiments.racing_run import generate_subset
+from rag_experiments.redaction import redact
 from rag_experiments.run_types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.chunking import chunk_corpus
 from rag_experiments.stages.context_fit import fit_contexts
@@ -150,7 +151,8 @@ def generation_stage(
 
     Requests run ``generator.concurrency`` at a time and each answer is committed to the cache as
     soon as it arrives, so a killed run loses only the requests in flight. Failed generations are
-    not cached, so a re-run retries them.
+    not cached, so a re-run retries them. Answers are redacted (``redaction.redact``: the
+    configured API keys, ``sk-…`` and other credential shapes) before they are stored anywhere.
     """
     keys = [stage_key("generation", generator.identity, p) for p in prompts]
     found = cache.get_json_many("generations", keys)
@@ -161,6 +163,7 @@ def generation_stage(
         asked = [prompts[i] for _, i in todo]
         for j, g in as_they_complete(lambda p: _generate_one(generator, p), asked, workers):
             k = todo[j][0]
+            g.text = redact(g.text)  # a key the model repeats is stored nowhere (cache, table, traces)
             fresh[k] = g
             if not g.error:
                 cache.put_json_many("generations", {k: asdict(g)})
@@ -171,7 +174,7 @@ def generation_stage(
             gens.append(fresh[k])
         else:
             g = Generation(**found[k])
-            g.cached = True
+            g.text, g.cached = redact(g.text), True  # an answer cached before redaction existed
             gens.append(g)
     return gens, len(todo)
 

@@ -49,11 +49,14 @@ class FakeLLM:
     ok · flaky500 (500 on the first attempt per prompt, then ok) · always503 · slow (sleeps
     ``slow_s`` before answering) · malformed (200, body not JSON) · nochoices (200, no choices) ·
     bad400 · flaky400 (400 on the first attempt of every second new prompt, then ok) · garbage (200, content "banana split", no logprobs) · echokey (401 whose message
-    repeats the API key it was sent). ``attempts[(model, prompt)]``
+    repeats the API key it was sent) · leakkey (200 whose answer repeats the API key it was sent
+    and an ``sk-…`` key) · huge (200 with an answer of ``huge_chars`` characters, whatever
+    ``max_tokens`` says). ``attempts[(model, prompt)]``
     counts requests on the server side.
     """
 
     slow_s = 2.0
+    huge_chars = 2_000_000
 
     def __init__(self) -> None:
         self.attempts: Counter = Counter()
@@ -100,6 +103,11 @@ class FakeLLM:
                         200, json.dumps({"id": "x", "object": "chat.completion", "choices": []}).encode()
                     )
                 content = "banana split" if model == "garbage" else f"echo: {prompt}"
+                if model == "leakkey":  # a model that repeats secrets from its context
+                    auth = self.headers.get("Authorization", "").removeprefix("Bearer ")
+                    content = f"Use the key {auth} or sk-proj-Zz9Yy8Xx7Ww6Vv5Uu4Tt3 to call it."
+                if model == "huge":
+                    content = "x" * fake.huge_chars
                 return self._send(200, json.dumps(_completion(content, model)).encode())
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
