@@ -168,6 +168,9 @@ def generation_stage(
             if not g.error:
                 cache.put_json_many("generations", {k: asdict(g)})
             bar.update()
+    if n_cut := sum(g.truncated for g in fresh.values()):
+        cap = getattr(generator, "max_answer_chars", "?")
+        log.warning("%d answers cut at generator.max_answer_chars=%s (the endpoint ignored max_tokens)", n_cut, cap)
     gens = []
     for k in keys:
         if k in fresh:
@@ -340,7 +343,7 @@ def _generate_and_judge(
     for qi, it, g, j, ctx, d, fl in zip(subset, sub_items, gens, judged, contexts, diags, flips, strict=True):
         row = rows[qi]
         row.update(answer=g.text, context=ctx, error=g.error)  # context: exactly what both saw
-        row.update(latency_generation_s=g.latency_s, generation_cached=g.cached)
+        row.update(latency_generation_s=g.latency_s, generation_cached=g.cached, answer_truncated=g.truncated)
         row.update(usage_columns(g.usage))  # cached answers keep their usage: cost of the config
         row.update(_judged_columns(g, it, j))
         row.update(diagnostic_columns(d, j.usage if j is not None else None))
@@ -425,6 +428,7 @@ def _run_aggregates(
         aggregates["n_context_truncated"] = int(df["context_truncated"].sum()) if n_generated else 0
         if "n_unparseable_diagnostics" in df:
             aggregates["n_unparseable_diagnostic_verdicts"] = int(df["n_unparseable_diagnostics"].sum())
+        aggregates["n_answer_truncated"] = int(df["answer_truncated"].fillna(False).sum()) if n_generated else 0
         aggregates["n_judge_errors"] = int(df.get("n_judge_errors", pd.Series(dtype=float)).fillna(0).sum())
         aggregates["n_escalated_verdicts"] = int(df.get("n_escalated", pd.Series(dtype=float)).fillna(0).sum())
     return aggregates

@@ -389,6 +389,15 @@ REGISTRY: tuple[MetricSpec, ...] = (
         per_query=False,
     ),
     MetricSpec(
+        "n_answer_truncated",
+        "count",
+        False,
+        "count",
+        "number of generated answers cut at generator.max_answer_chars (default max_tokens * 16 characters: "
+        "an endpoint that ignores max_tokens; per-query column answer_truncated)",
+        per_query=False,
+    ),
+    MetricSpec(
         "n_judge_errors",
         "count",
         False,

@@ -84,6 +84,14 @@ def _describe(exc: Exception) -> str:
     return error_text(exc, 200 + len(type(exc).__name__) + 2)
 
 
+CHARS_PER_TOKEN_CAP = 16  # no tokenizer makes 16 characters of one token: the cap never cuts an honest reply
+
+
+def answer_cap(max_answer_chars: int | None, max_tokens: int) -> int:
+    """The longest answer kept: ``max_answer_chars``, or ``max_tokens * 16`` when it is None."""
+    return int(max_answer_chars) if max_answer_chars is not None else int(max_tokens) * CHARS_PER_TOKEN_CAP
+
+
 class OpenAICompatibleGenerator:
     """Chat completions from any OpenAI-compatible endpoint, with bounded retries and a thread pool.
 
@@ -108,6 +116,7 @@ class OpenAICompatibleGenerator:
         backoff_s: float = 0.5,
         extra_body: dict[str, Any] | None = None,
         identity_extra: dict[str, Any] | None = None,
+        max_answer_chars: int | None = None,
     ) -> None:
         from openai import OpenAI
 
@@ -123,6 +132,8 @@ class OpenAICompatibleGenerator:
         self.max_retries = max(0, int(max_retries))
         self.backoff_s = float(backoff_s)
         self.extra_body = dict(extra_body or {})
+        # an endpoint that ignores max_tokens must not flood the judge and the store
+        self.max_answer_chars = answer_cap(max_answer_chars, self.max_tokens)
         self._aborted = threading.Event()
         self._client = OpenAI(
             base_url=self.base_url,
@@ -140,6 +151,8 @@ class OpenAICompatibleGenerator:
         }
         if self.extra_body:
             ident["extra_body"] = self.extra_body
+        if max_answer_chars is not None:  # the default follows max_tokens: default identity unchanged
+            ident["max_answer_chars"] = self.max_answer_chars
         ident.update(identity_extra or {})
         self.identity = json.dumps(ident, sort_keys=True)
 
@@ -147,12 +160,14 @@ class OpenAICompatibleGenerator:
     def generate(self, prompts: list[Messages]) -> list[Generation]:
         def one(messages: Messages) -> Generation:
             c = self.complete(messages)
+            text = "" if c.error else c.text
             return Generation(
-                text="" if c.error else c.text,
+                text=text[: self.max_answer_chars],
                 model=self.model,
                 latency_s=c.latency_s,
                 error=c.error,
                 usage={**c.usage, "attempts": c.attempts},
+                truncated=len(text) > self.max_answer_chars,
             )
 
         return self._map(one, prompts)
@@ -381,8 +396,10 @@ class LocalLlamaGenerator:
         max_retries: int = 2,
         backoff_s: float = 0.5,
         extra_body: dict[str, Any] | None = None,
+        max_answer_chars: int | None = None,
     ) -> None:
         self.model_path = resolve_model_path(model_path)
+        self.max_answer_chars = answer_cap(max_answer_chars, max_tokens)
         extra_body = dict(extra_body or {})  # llama.cpp sampling extras, e.g. repeat_penalty
         self.model = self.model_path.name
         self.ctx_size = int(ctx_size)
@@ -402,6 +419,7 @@ class LocalLlamaGenerator:
             max_retries=max_retries,
             backoff_s=backoff_s,
             extra_body=extra_body,
+            max_answer_chars=self.max_answer_chars,
         )
         # the port is ephemeral, so the identity names the file's content, not the URL
         self.identity = json.dumps(
@@ -413,6 +431,7 @@ class LocalLlamaGenerator:
                 "seed": int(seed),
                 "max_tokens": int(max_tokens),
                 **({"extra_body": extra_body} if extra_body else {}),
+                **({"max_answer_chars": self.max_answer_chars} if max_answer_chars is not None else {}),
             },
             sort_keys=True,
         )
