@@ -51,16 +51,21 @@ class FakeLLM:
     bad400 · flaky400 (400 on the first attempt of every second new prompt, then ok) · garbage (200, content "banana split", no logprobs) · echokey (401 whose message
     repeats the API key it was sent) · leakkey (200 whose answer repeats the API key it was sent
     and an ``sk-…`` key) · huge (200 with an answer of ``huge_chars`` characters, whatever
-    ``max_tokens`` says). ``attempts[(model, prompt)]``
+    ``max_tokens`` says) · trickle (200 whose body arrives one byte every ``trickle_s``) ·
+    ratelimit (429 with ``Retry-After: {retry_after}`` on the first attempt per prompt, then ok).
+    ``attempt_times[(model, prompt)]`` lists when each request arrived (time.monotonic). ``attempts[(model, prompt)]``
     counts requests on the server side.
     """
 
     slow_s = 2.0
     huge_chars = 2_000_000
+    trickle_s = 2.0
+    retry_after = "2"
 
     def __init__(self) -> None:
         self.attempts: Counter = Counter()
         self.new_prompts = 0
+        self.attempt_times: dict[tuple[str, str], list[float]] = {}
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -79,9 +84,33 @@ class FakeLLM:
                 model = req.get("model", "ok")
                 prompt = req.get("messages", [{}])[-1].get("content", "")
                 fake.attempts[(model, prompt)] += 1
+                fake.attempt_times.setdefault((model, prompt), []).append(time.monotonic())
                 n = fake.attempts[(model, prompt)]
                 if model == "flaky500" and n == 1:
                     return self._send(500, b'{"error": {"message": "boom"}}')
+                if model == "ratelimit" and n == 1:
+                    self.send_response(429)
+                    body = b'{"error": {"message": "rate limited"}}'
+                    self.send_header("Retry-After", fake.retry_after)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return None
+                if model == "trickle":
+                    body = json.dumps(_completion("slowly", model)).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    try:
+                        for b in body:
+                            self.wfile.write(bytes([b]))
+                            self.wfile.flush()
+                            time.sleep(fake.trickle_s)
+                    except OSError:  # the client gave up: fine
+                        pass
+                    return None
                 if model == "always503":
                     return self._send(503, b'{"error": {"message": "overloaded"}}')
                 if model == "flaky400" and n == 1:

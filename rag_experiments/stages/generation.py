@@ -19,12 +19,14 @@ import copy
 import importlib.util
 import json
 import logging
+import math
 import os
 import random
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Protocol
 
 from rag_experiments.identity import file_sha256
@@ -61,12 +63,30 @@ class _Retryable(Exception):
     """A failure worth retrying: 5xx, 429, timeout, connection error, malformed or empty reply."""
 
 
+class _GiveUp(Exception):
+    """A failure that retrying within the deadline cannot fix (a Retry-After beyond it)."""
+
+
+def retry_after_s(exc: Exception) -> float | None:
+    """The seconds a 429/503 reply asks us to wait (``Retry-After: <seconds>``), else None.
+    The HTTP-date form is not read (the backoff applies)."""
+    response = getattr(exc, "response", None)
+    value = getattr(response, "headers", {}).get("retry-after") if response is not None else None
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and math.isfinite(seconds) and seconds >= 0 else None
+
+
 def _classify(exc: Exception) -> bool:
     """True when ``exc`` is transient (retry), False when retrying cannot help (other 4xx)."""
     import openai
 
     if isinstance(exc, _Retryable):
         return True
+    if isinstance(exc, _GiveUp):
+        return False
     if isinstance(exc, openai.APIStatusError):
         return exc.status_code >= 500 or exc.status_code in (408, 409, 429)
     # APITimeoutError subclasses APIConnectionError; validation errors are malformed bodies
@@ -99,7 +119,9 @@ class OpenAICompatibleGenerator:
     read at construction and never stored in ``identity`` or config. Retries: up to
     ``max_retries`` after the first attempt, sleeping ``backoff_s * 2**attempt`` times a jitter in
     [0.5, 1.5); retried on HTTP 5xx/408/409/429, timeouts, connection errors and malformed or empty
-    replies, never on other 4xx (a bad request stays bad).
+    replies, never on other 4xx (a bad request stays bad). A 429/503 with ``Retry-After: <seconds>``
+    waits at least that long; one beyond ``timeout_s`` fails at once. ``timeout_s`` bounds each
+    attempt in total (headers and body), not only each wait for a byte.
     """
 
     def __init__(
@@ -202,15 +224,15 @@ class OpenAICompatibleGenerator:
             kwargs["extra_body"] = body
 
         t0 = time.perf_counter()
-        last_error = "no attempt made"
+        last_error, wait_s = "no attempt made", None
         for attempt in range(self.max_retries + 1):
             if attempt:
                 delay = self.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random())
-                self._aborted.wait(delay)
+                self._aborted.wait(max(delay, wait_s or 0.0))  # the server's Retry-After, if longer
             if self._aborted.is_set():
                 return Completion("", "aborted (interrupted)", time.perf_counter() - t0, attempt)
             try:
-                resp = self._client.chat.completions.create(**kwargs)
+                resp = self._request(kwargs)
                 text, usage, first_lp = self._parse(resp, allow_empty)
                 return Completion(
                     text=text,
@@ -221,6 +243,10 @@ class OpenAICompatibleGenerator:
                 )
             except Exception as exc:  # noqa: BLE001 - classified below; never escapes
                 last_error = _describe(exc)
+                wait_s = retry_after_s(exc)
+                if wait_s is not None and wait_s > self.timeout_s:  # waiting less only earns another 429
+                    exc = _GiveUp(exc)
+                    last_error += f" (Retry-After {wait_s:g} s is beyond generator.timeout_s={self.timeout_s:g} s)"
                 if not _classify(exc):
                     log.warning("%s: not retried: %s", self.base_url, last_error)
                     return Completion("", last_error, time.perf_counter() - t0, attempt + 1)
@@ -240,6 +266,23 @@ class OpenAICompatibleGenerator:
         return other
 
     # -- internals --------------------------------------------------------------------------------
+    def _request(self, kwargs: dict[str, Any]) -> Any:
+        """One HTTP attempt, bounded in total by ``timeout_s``: the client's timeout bounds each
+        wait for a byte, so a body trickling one byte every 2 s would otherwise never end. The
+        body is read here and checked against the deadline after every chunk; leaving the
+        ``with`` closes the connection. The reply is parsed leniently (attributes, no schema)."""
+        deadline = time.monotonic() + self.timeout_s
+        with self._client.chat.completions.with_streaming_response.create(**kwargs) as raw:
+            body = bytearray()
+            for chunk in raw.http_response.iter_bytes():
+                body += chunk
+                if time.monotonic() > deadline:
+                    raise _Retryable(
+                        f"no complete reply within generator.timeout_s={self.timeout_s:g} s "
+                        f"(body still arriving after {len(body)} bytes)"
+                    )
+        return json.loads(bytes(body), object_hook=lambda d: SimpleNamespace(**d))
+
     def _map(self, fn, items: list) -> list:
         # SIGTERM/Ctrl-C: abort so in-flight requests fail now instead of timing out
         return thread_map(fn, items, self.concurrency, on_abort=self.abort)
