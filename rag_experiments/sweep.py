@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -391,6 +392,16 @@ def run_job(cfg: DictConfig) -> float:
     return float(res.aggregates.get(f"hit_at_{k}", float("nan")))
 
 
+def interrupted_exit(e: KeyboardInterrupt) -> int:
+    """Say in one line that a signal stopped the process (the run and the sweep parent are marked
+    KILLED by then) and return the shell's exit code for it, 128 + the signal number."""
+    found = re.search(r"signal (\d+)", str(e))
+    signum = int(found.group(1)) if found else int(signal.SIGINT)
+    name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else f"signal {signum}"
+    print(f"[interrupted] {name}: the run was marked KILLED; a re-run resumes from the cache", file=sys.stderr)
+    return 128 + signum
+
+
 def _terminate(signum, frame):  # SIGTERM (timeout, CI cancel) → KILLED run, never left RUNNING
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -413,4 +424,7 @@ if __name__ == "__main__":
     if bad := unknown_group_options(sys.argv[1:]) + missing_launcher_plugins(sys.argv[1:]):
         print_problems(bad)
         sys.exit(2)
-    main()
+    try:
+        main()
+    except KeyboardInterrupt as e:  # SIGTERM / Ctrl-C: the run is already marked; no traceback
+        sys.exit(interrupted_exit(e))
