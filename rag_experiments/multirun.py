@@ -40,6 +40,7 @@ from rag_experiments.tracking import writer as tracking
 from rag_experiments.tracking.bounds import best_effort, bound_tracking_calls
 from rag_experiments.tracking.mlflow_adapter import release_interrupted_connections
 from rag_experiments.tracking.prompt_registry import registered_prompt_problems
+from rag_experiments.tracking.reuse import REUSED_FROM
 from rag_experiments.tracking.runs import sweep_config_runs
 
 
@@ -346,5 +347,7 @@ def _print_sweep(client, exp_id: str, parent, status: str, varying: list[str] | 
         name = run_name(json.loads(c.data.tags.get("overrides") or "[]"), varying) if varying else ""
         name = name or c.info.run_name or c.info.run_id
         status_mark = "" if c.info.status == "FINISHED" else f" ({c.info.status})"
+        if c.data.tags.get(REUSED_FROM):  # finished by an earlier run, counted in this sweep
+            status_mark += " (reused)"
         rows.append([name + status_mark, *(fmt_num(c.data.metrics.get(k), 3) for k in keys)])
     print(text_blocks(["run", *keys], sorted(rows)))

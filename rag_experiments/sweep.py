@@ -53,7 +53,7 @@ from rag_experiments.evaluation.registry import metric_keys, spec, wrap  # noqa:
 from rag_experiments.evaluation.replicates import collapse_replicates  # noqa: E402
 from rag_experiments.formatting import fmt_num  # noqa: E402
 from rag_experiments.identity import code_fingerprint, judge_fingerprint  # noqa: E402
-from rag_experiments.multirun import MultirunParent, start_sweep_child  # noqa: E402, F401 - conf names the callback here
+from rag_experiments.multirun import MultirunParent, settle_parent, start_sweep_child  # noqa: E402, F401 - conf names the callback here
 from rag_experiments.pipeline import PipelineResult, run_pipeline  # noqa: E402
 from rag_experiments.progress import Progress, timing_table  # noqa: E402
 from rag_experiments.redaction import error_text, redact  # noqa: E402
@@ -69,6 +69,7 @@ from rag_experiments.tracking.prompt_registry import (  # noqa: E402
     link_run,
     register_for_run,
 )
+from rag_experiments.tracking.reuse import already_in_parent, copy_results, original_run_id  # noqa: E402
 from rag_experiments.tracking.traces import log_traces  # noqa: E402
 
 log = logging.getLogger("rag_experiments")
@@ -335,6 +336,26 @@ def start_run(client, exp_id: str, job: Job) -> tuple[str, str | None]:
     return start_sweep_child(client, exp_id, job.sweep, bool(job.cfg.force), child)
 
 
+def reuse_in_sweep(client, exp_id: str, job: Job, done) -> str | None:
+    """Make the FINISHED run ``done`` part of this multirun: a child of its parent that carries
+    ``done``'s results (``tracking.reuse``), so the sweep counts, lists and reports the config.
+    None when the parent already holds this config (a resumed sweep)."""
+    parent_id, _ = tracking.get_or_create_parent(client, exp_id, job.sweep, bool(job.cfg.force))
+    parent_id = settle_parent(client, exp_id, job.sweep["invocation"]) or parent_id
+    if already_in_parent(client, exp_id, parent_id, job.chash):
+        return None
+    run_id, _ = start_run(client, exp_id, job)
+    try:
+        copy_results(client, done, run_id)
+        client.set_terminated(run_id, "FINISHED")
+    except BaseException:
+        with best_effort(f"mark run {run_id} FAILED"):
+            client.set_terminated(run_id, "FAILED")
+        raise
+    print(f"[reuse] {job.run_name}: counted in this sweep as run {run_id} (results of run {original_run_id(done)})")
+    return run_id
+
+
 def run_job(cfg: DictConfig) -> float:
     """One resolved config → one MLflow run. Returns the context hit rate (Hydra's objective).
 
@@ -363,6 +384,8 @@ def run_job(cfg: DictConfig) -> float:
             print(f"[skip] {run_name}: {why}")
             if job.prompt_version:  # e.g. v3 holds v1's text: the v1 run is v3's result too
                 link_reused_run(client, exp_id, done.info.run_id, *job.prompt_version)
+            if job.sweep:  # a sweep is the set of its configs: the finished one joins this sweep
+                reuse_in_sweep(client, exp_id, job, done)
             return float(done.data.metrics.get(f"hit_at_{k}", float("nan")))
         if why:
             print(f"[rerun] {run_name}: {why}")
