@@ -40,6 +40,7 @@ from rag_experiments.redaction import redact
 from rag_experiments.run_types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.chunking import chunk_corpus
 from rag_experiments.stages.context_fit import fit_contexts
+from rag_experiments.stages.endpoint_limits import warn_truncated
 from rag_experiments.stages.judging import correctness, faithfulness
 from rag_experiments.stages.judging.cached import (
     JudgedAnswer,
@@ -49,6 +50,7 @@ from rag_experiments.stages.judging.cached import (
     diagnostics_stage,
     last_error,
     last_usage,
+    verdict_failures,
 )
 from rag_experiments.stages.replicates import run_replicates
 from rag_experiments.stages.text import token_ends, tokenizer_identity
@@ -151,8 +153,7 @@ def generation_stage(
 
     Requests run ``generator.concurrency`` at a time and each answer is committed to the cache as
     soon as it arrives, so a killed run loses only the requests in flight. Failed generations are
-    not cached, so a re-run retries them. Answers are redacted (``redaction.redact``: the
-    configured API keys, ``sk-…`` and other credential shapes) before they are stored anywhere.
+    not cached, so a re-run retries them. Answers are redacted (``redaction.redact``) first.
     """
     keys = [stage_key("generation", generator.identity, p) for p in prompts]
     found = cache.get_json_many("generations", keys)
@@ -168,9 +169,7 @@ def generation_stage(
             if not g.error:
                 cache.put_json_many("generations", {k: asdict(g)})
             bar.update()
-    if n_cut := sum(g.truncated for g in fresh.values()):
-        cap = getattr(generator, "max_answer_chars", "?")
-        log.warning("%d answers cut at generator.max_answer_chars=%s (the endpoint ignored max_tokens)", n_cut, cap)
+    warn_truncated(generator, fresh.values())
     gens = []
     for k in keys:
         if k in fresh:
@@ -200,12 +199,10 @@ def _judge_one(
         rel, method = judge.answer_relevance(item.query, answer)
         tally[rk] = last_usage(judge)
         calls["relevance"] += 1
-        if last_error(judge):  # NaN from a failed call: counted, not cached, retried next run
-            calls["errors"] += 1
-        else:
+        calls["errors"] += bool(failed := last_error(judge))  # NaN of a failed call: retried next run
+        if not failed:
             cache.put_json_many("relevance", {rk: [rel, method, tally[rk]]})
-    n_errors = calls["errors"] - errors_before
-    return JudgedAnswer(claims, verdicts, rel, method, time.perf_counter() - t0, tally, n_errors)
+    return JudgedAnswer(claims, verdicts, rel, method, time.perf_counter() - t0, tally, calls["errors"] - errors_before)
 
 
 def judge_stage(
@@ -278,8 +275,7 @@ def _judged_columns(g: Generation, it: EvalItem, j: JudgedAnswer | None) -> dict
             "latency_judge_s": 0.0,
         }
     faith, n_claims, _ = faithfulness(j.verdicts)
-    n_failed = sum(v.error is not None for v in j.verdicts)  # transport errors, not model replies
-    n_unp = sum(v.label == "unparseable" and v.error is None for v in j.verdicts)
+    n_unp, n_failed = verdict_failures(j.verdicts)
     verdict_rows = [
         {"claim": v.claim, "label": v.label, "score": v.score, "rationale": v.rationale}
         | ({"stage": v.stage} if v.stage else {})

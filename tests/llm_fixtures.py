@@ -48,12 +48,14 @@ class FakeLLM:
 
     ok · flaky500 (500 on the first attempt per prompt, then ok) · always503 · slow (sleeps
     ``slow_s`` before answering) · malformed (200, body not JSON) · nochoices (200, no choices) ·
-    bad400 · flaky400 (400 on the first attempt of every second new prompt, then ok) · garbage (200, content "banana split", no logprobs) · echokey (401 whose message
+    bad400 · flaky400 (400 on the first attempt of every second new prompt, then ok) ·
+    garbage (200, content "banana split", no logprobs) · echokey (401 whose message
     repeats the API key it was sent) · leakkey (200 whose answer repeats the API key it was sent
     and an ``sk-…`` key) · huge (200 with an answer of ``huge_chars`` characters, whatever
     ``max_tokens`` says) · trickle (200 whose body arrives one byte every ``trickle_s``) ·
     ratelimit (429 with ``Retry-After: {retry_after}`` on the first attempt per prompt, then ok).
-    ``attempt_times[(model, prompt)]`` lists when each request arrived (time.monotonic). ``attempts[(model, prompt)]``
+    ``attempt_times[(model, prompt)]`` lists when each request arrived (time.monotonic);
+    ``attempts[(model, prompt)]``
     counts requests on the server side.
     """
 

@@ -19,19 +19,18 @@ import copy
 import importlib.util
 import json
 import logging
-import math
 import os
 import random
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Protocol
 
 from rag_experiments.identity import file_sha256
 from rag_experiments.parallel import thread_map
 from rag_experiments.redaction import error_text, redact, register_secret_env
+from rag_experiments.stages.endpoint_limits import GiveUp, Retryable, answer_cap, read_within, retry_after_s
 from rag_experiments.types import Generation
 
 log = logging.getLogger(__name__)
@@ -59,33 +58,13 @@ class Completion:
     first_token_logprobs: list[tuple[str, float]] | None = None
 
 
-class _Retryable(Exception):
-    """A failure worth retrying: 5xx, 429, timeout, connection error, malformed or empty reply."""
-
-
-class _GiveUp(Exception):
-    """A failure that retrying within the deadline cannot fix (a Retry-After beyond it)."""
-
-
-def retry_after_s(exc: Exception) -> float | None:
-    """The seconds a 429/503 reply asks us to wait (``Retry-After: <seconds>``), else None.
-    The HTTP-date form is not read (the backoff applies)."""
-    response = getattr(exc, "response", None)
-    value = getattr(response, "headers", {}).get("retry-after") if response is not None else None
-    try:
-        seconds = float(value) if value is not None else None
-    except ValueError:
-        return None
-    return seconds if seconds is not None and math.isfinite(seconds) and seconds >= 0 else None
-
-
 def _classify(exc: Exception) -> bool:
     """True when ``exc`` is transient (retry), False when retrying cannot help (other 4xx)."""
     import openai
 
-    if isinstance(exc, _Retryable):
+    if isinstance(exc, Retryable):
         return True
-    if isinstance(exc, _GiveUp):
+    if isinstance(exc, GiveUp):
         return False
     if isinstance(exc, openai.APIStatusError):
         return exc.status_code >= 500 or exc.status_code in (408, 409, 429)
@@ -102,14 +81,6 @@ def _describe(exc: Exception) -> str:
     if isinstance(exc, openai.APIStatusError):  # an endpoint may echo the key: redacted first
         return f"HTTP {exc.status_code}: {redact(str(exc))[:200]}"
     return error_text(exc, 200 + len(type(exc).__name__) + 2)
-
-
-CHARS_PER_TOKEN_CAP = 16  # no tokenizer makes 16 characters of one token: the cap never cuts an honest reply
-
-
-def answer_cap(max_answer_chars: int | None, max_tokens: int) -> int:
-    """The longest answer kept: ``max_answer_chars``, or ``max_tokens * 16`` when it is None."""
-    return int(max_answer_chars) if max_answer_chars is not None else int(max_tokens) * CHARS_PER_TOKEN_CAP
 
 
 class OpenAICompatibleGenerator:
@@ -245,7 +216,7 @@ class OpenAICompatibleGenerator:
                 last_error = _describe(exc)
                 wait_s = retry_after_s(exc)
                 if wait_s is not None and wait_s > self.timeout_s:  # waiting less only earns another 429
-                    exc = _GiveUp(exc)
+                    exc = GiveUp(exc)
                     last_error += f" (Retry-After {wait_s:g} s is beyond generator.timeout_s={self.timeout_s:g} s)"
                 if not _classify(exc):
                     log.warning("%s: not retried: %s", self.base_url, last_error)
@@ -267,21 +238,9 @@ class OpenAICompatibleGenerator:
 
     # -- internals --------------------------------------------------------------------------------
     def _request(self, kwargs: dict[str, Any]) -> Any:
-        """One HTTP attempt, bounded in total by ``timeout_s``: the client's timeout bounds each
-        wait for a byte, so a body trickling one byte every 2 s would otherwise never end. The
-        body is read here and checked against the deadline after every chunk; leaving the
-        ``with`` closes the connection. The reply is parsed leniently (attributes, no schema)."""
-        deadline = time.monotonic() + self.timeout_s
+        """One HTTP attempt, bounded in total by ``timeout_s`` (``endpoint_limits.read_within``)."""
         with self._client.chat.completions.with_streaming_response.create(**kwargs) as raw:
-            body = bytearray()
-            for chunk in raw.http_response.iter_bytes():
-                body += chunk
-                if time.monotonic() > deadline:
-                    raise _Retryable(
-                        f"no complete reply within generator.timeout_s={self.timeout_s:g} s "
-                        f"(body still arriving after {len(body)} bytes)"
-                    )
-        return json.loads(bytes(body), object_hook=lambda d: SimpleNamespace(**d))
+            return read_within(raw.http_response, time.monotonic() + self.timeout_s, self.timeout_s)
 
     def _map(self, fn, items: list) -> list:
         # SIGTERM/Ctrl-C: abort so in-flight requests fail now instead of timing out
@@ -297,14 +256,14 @@ class OpenAICompatibleGenerator:
     def _parse(resp: Any, allow_empty: bool) -> tuple[str, dict, list[tuple[str, float]] | None]:
         choices = getattr(resp, "choices", None)
         if not choices:
-            raise _Retryable("malformed response: no choices")
+            raise Retryable("malformed response: no choices")
         choice = choices[0]
         message = getattr(choice, "message", None)
         text = getattr(message, "content", None) if message is not None else None
         if not isinstance(text, str):
-            raise _Retryable("malformed response: no message content")
+            raise Retryable("malformed response: no message content")
         if not text.strip() and not allow_empty:
-            raise _Retryable("empty completion")
+            raise Retryable("empty completion")
         usage = {}
         if getattr(resp, "usage", None) is not None:
             u = resp.usage

@@ -20,18 +20,39 @@ def _write(path, rows):
 @pytest.mark.parametrize(
     "rows,message",
     [
-        ([{"id": f"p{i}", "claim": f"Refunds take {i} days.", "context": CTX, "label": "supported"} for i in range(4)],
-         "one class"),
-        ([{"id": "a", "claim": "Refunds take 5 days.", "context": CTX, "label": "supported"},
-          {"id": "b", "claim": "Refunds take 9 days.", "context": CTX, "label": "unsupported"},
-          {"id": "c", "claim": "refunds take 5  days.", "context": CTX, "label": "unsupported"}],
-         "opposite labels"),
+        (
+            [
+                {"id": f"p{i}", "claim": f"Refunds take {i} days.", "context": CTX, "label": "supported"}
+                for i in range(4)
+            ],
+            "one class",
+        ),
+        (
+            [
+                {"id": "a", "claim": "Refunds take 5 days.", "context": CTX, "label": "supported"},
+                {"id": "b", "claim": "Refunds take 9 days.", "context": CTX, "label": "unsupported"},
+                {"id": "c", "claim": "refunds take 5  days.", "context": CTX, "label": "unsupported"},
+            ],
+            "opposite labels",
+        ),
     ],
 )
 def test_unusable_labels_exit_2_naming_the_file(tmp_path, capsys, rows, message):
     labels = _write(tmp_path / "my_labels.jsonl", rows)
-    rc = main(["--labels", str(labels), "--no-mlflow", "--no-progress", "--cache-dir", str(tmp_path / "cache"),
-               "--synthetic-max", "20"])
+    rc = main(
+        [
+            "--labels",
+            str(labels),
+            "--no-mlflow",
+            "--no-progress",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--synthetic-max",
+            "20",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "my_labels.jsonl" in err and message in err, err
-    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.json"))  # nothing trained
+    assert not (tmp_path / "cache").exists() or not any(
+        (tmp_path / "cache").rglob("*.json")
+    )  # nothing trained

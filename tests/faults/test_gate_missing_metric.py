@@ -13,7 +13,9 @@ N = 40
 
 
 def _log(client, exp, tmp, name, faith) -> str:
-    rid = client.create_run(exp, run_name=name, tags={"evalset_digest": "e1", "corpus_digest": "c1"}).info.run_id
+    rid = client.create_run(
+        exp, run_name=name, tags={"evalset_digest": "e1", "corpus_digest": "c1"}
+    ).info.run_id
     hits = np.array([1.0 if i % 4 else 0.0 for i in range(N)])
     table = {"id": [f"q{i}" for i in range(N)], "hit_at_5": hits, "mrr": hits * 0.5, "error": [None] * N}
     if faith is not None:

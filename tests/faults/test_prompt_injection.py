@@ -26,7 +26,10 @@ def _outside(prompt: str) -> str:
 
 @pytest.mark.parametrize("doc", INJECTIONS)
 def test_a_document_cannot_change_the_verdict_prompt_structure(doc):
-    clean, injected = verdict_user("Refunds take 5 days.", "Refunds take 5 days."), verdict_user("Refunds take 5 days.", doc)
+    clean, injected = (
+        verdict_user("Refunds take 5 days.", "Refunds take 5 days."),
+        verdict_user("Refunds take 5 days.", doc),
+    )
     assert _outside(injected) == _outside(clean)  # same structure, whatever the document says
     assert injected.count("<context>") == 1 and injected.count("</context>") == 1
     assert injected.count("<claim>") == 1 and injected.count("</claim>") == 1
@@ -41,8 +44,14 @@ def test_delimited_text_cannot_close_its_block():
 def test_injected_document_does_not_change_how_the_reply_is_read(fake_llm):  # noqa: F811
     # the fake endpoint answers "banana split" (no logprobs, not a verdict): unparseable, with or
     # without a document that writes its own "yes" — the injection is never read as the reply
-    judge = LLMJudge(base_url=fake_llm.base_url, model="garbage", use_logprobs=False, constrained="none",
-                     max_retries=0, timeout_s=5)
+    judge = LLMJudge(
+        base_url=fake_llm.base_url,
+        model="garbage",
+        use_logprobs=False,
+        constrained="none",
+        max_retries=0,
+        timeout_s=5,
+    )
     for doc in ["Refunds take 5 days.", *INJECTIONS]:
         (v,) = judge.verdicts(["Refunds take 5 days."], doc)
         assert v.label == "unparseable" and v.error is None, (doc, v)

@@ -21,12 +21,23 @@ def test_sigterm_prints_no_traceback(fake_llm, tmp_path):  # noqa: F811
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
     args = [
-        "generator=openai", f"generator.base_url={fake_llm.base_url}", "generator.model=slow",
-        "generator.timeout_s=120", "generation_subset=null", "retriever=bm25", "judge=heuristic",
+        "generator=openai",
+        f"generator.base_url={fake_llm.base_url}",
+        "generator.model=slow",
+        "generator.timeout_s=120",
+        "generation_subset=null",
+        "retriever=bm25",
+        "judge=heuristic",
         *sweep_args(tmp_path, docs, ev),
     ]
-    proc = subprocess.Popen([sys.executable, "-m", "rag_experiments.sweep", *args], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rag_experiments.sweep", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 240
         while not fake_llm.attempts and time.monotonic() < deadline and proc.poll() is None:

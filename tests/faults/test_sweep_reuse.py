@@ -22,7 +22,9 @@ def test_a_config_finished_earlier_is_part_of_the_new_sweep(tmp_path):
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     exp_id = client.get_experiment_by_name("test").experiment_id
-    parents = client.search_runs([exp_id], filter_string="tags.is_parent = 'true'", order_by=["attributes.start_time DESC"])
+    parents = client.search_runs(
+        [exp_id], filter_string="tags.is_parent = 'true'", order_by=["attributes.start_time DESC"]
+    )
     new_sweep = parents[0].data.tags["sweep_id"]
     children = sweep_children(client, new_sweep)
     ks = sorted("retriever.k=1" in json.loads(c.data.tags["overrides"]) for c in children)

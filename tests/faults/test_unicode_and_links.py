@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 import unicodedata
 
-from rag_experiments.datasets.corpus import load_directory
+from rag_experiments.datasets.corpus import Corpus, load_directory
 from rag_experiments.evalset import EvalSet
-from rag_experiments.datasets.corpus import Corpus
 
 
 def test_nfd_document_matches_an_nfc_quote(tmp_path):
@@ -18,7 +17,10 @@ def test_nfd_document_matches_an_nfc_quote(tmp_path):
     (docs / "cafe.md").write_text(text, encoding="utf-8")
     quote = unicodedata.normalize("NFC", "café ferme à 18 h")
     ev = tmp_path / "evalset.jsonl"
-    ev.write_text(json.dumps({"id": "q1", "query": "Quand?", "gold_evidence": [{"doc_id": "cafe.md", "quote": quote}]}) + "\n")
+    ev.write_text(
+        json.dumps({"id": "q1", "query": "Quand?", "gold_evidence": [{"doc_id": "cafe.md", "quote": quote}]})
+        + "\n"
+    )
     (item,) = EvalSet(str(ev), Corpus(str(docs))).items
     (span,) = item.gold_spans
     assert unicodedata.normalize("NFC", text[span.start : span.end]) == quote  # the whole NFD text

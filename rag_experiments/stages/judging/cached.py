@@ -76,6 +76,13 @@ def last_error(judge) -> str | None:
     return last() if callable(last) else None
 
 
+def verdict_failures(verdicts: list[Verdict]) -> tuple[int, int]:
+    """(unparseable replies, transport errors): a reply read but not understood is a model
+    problem; a call that failed (``error`` set) is the endpoint's, counted in ``n_judge_errors``."""
+    errors = sum(v.error is not None for v in verdicts)
+    return sum(v.label == "unparseable" and v.error is None for v in verdicts), errors
+
+
 def cached_verdicts(
     judge, claims: list[str], context: str, cache: StageCache, calls: Counter, tally: dict, counter: str
 ) -> list[Verdict]:
