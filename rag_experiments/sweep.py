@@ -352,7 +352,8 @@ def reuse_in_sweep(client, exp_id: str, job: Job, done) -> str | None:
         with best_effort(f"mark run {run_id} FAILED"):
             client.set_terminated(run_id, "FAILED")
         raise
-    print(f"[reuse] {job.run_name}: counted in this sweep as run {run_id} (results of run {original_run_id(done)})")
+    origin = original_run_id(done)
+    print(f"[reuse] {job.run_name}: counted in this sweep as run {run_id} (results of run {origin})")
     return run_id
 
 
@@ -408,8 +409,7 @@ def run_job(cfg: DictConfig) -> float:
     if not job.sweep:
         print(f"\nOpen the MLflow UI:\n  {tracking.ui_command(uri, cfg.tracking.artifact_root, exp_id)}")
     if n_failed := int(res.aggregates.get("n_judge_errors", 0)):
-        print(f"[warn] {run_name}: {n_failed} judge calls failed on transport errors (n_judge_errors)",
-              file=sys.stderr)
+        print(f"[warn] {run_name}: {n_failed} judge calls failed on transport errors", file=sys.stderr)
     if failure_reason(res) and not job.sweep:
         sys.exit(1)
     return float(res.aggregates.get(f"hit_at_{k}", float("nan")))
@@ -420,7 +420,10 @@ def interrupted_exit(e: KeyboardInterrupt) -> int:
     KILLED by then) and return the shell's exit code for it, 128 + the signal number."""
     found = re.search(r"signal (\d+)", str(e))
     signum = int(found.group(1)) if found else int(signal.SIGINT)
-    name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else f"signal {signum}"
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
     print(f"[interrupted] {name}: the run was marked KILLED; a re-run resumes from the cache", file=sys.stderr)
     return 128 + signum
 
