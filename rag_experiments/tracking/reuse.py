@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 
 REUSED_FROM = "reused_from"
 # tags that describe this child's place (set by ``start_child``), never copied from the original
-_OWN_TAGS = {"mlflow.parentRunId", "sweep_id", "overrides", "command", "runner", "mlflow.runName"}
+_OWN_TAGS = {"sweep_id", "overrides", "command", "runner"}
 
 
 def original_run_id(run) -> str:
@@ -47,7 +47,7 @@ def copy_results(client: MlflowClient, src, dst_run_id: str) -> None:
         client.log_batch(dst_run_id, metrics=metrics[i : i + 500])
     dst_tags = client.get_run(dst_run_id).data.tags
     for key, value in src.data.tags.items():
-        if key not in _OWN_TAGS and key not in dst_tags and not key.startswith("mlflow.log-model"):
+        if key not in _OWN_TAGS and key not in dst_tags and not key.startswith("mlflow."):  # MLflow's own
             client.set_tag(dst_run_id, key, value)
     with tempfile.TemporaryDirectory(prefix="rag_reuse_") as tmp:
         if client.list_artifacts(src.info.run_id):
