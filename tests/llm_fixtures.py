@@ -48,16 +48,27 @@ class FakeLLM:
 
     ok · flaky500 (500 on the first attempt per prompt, then ok) · always503 · slow (sleeps
     ``slow_s`` before answering) · malformed (200, body not JSON) · nochoices (200, no choices) ·
-    bad400 · garbage (200, content "banana split", no logprobs) · echokey (401 whose message
-    repeats the API key it was sent). ``attempts[(model, prompt)]``
+    bad400 · flaky400 (400 on the first attempt of every second new prompt, then ok) ·
+    garbage (200, content "banana split", no logprobs) · echokey (401 whose message
+    repeats the API key it was sent) · leakkey (200 whose answer repeats the API key it was sent
+    and an ``sk-…`` key) · huge (200 with an answer of ``huge_chars`` characters, whatever
+    ``max_tokens`` says) · trickle (200 whose body arrives one byte every ``trickle_s``) ·
+    ratelimit (429 with ``Retry-After: {retry_after}`` on the first attempt per prompt, then ok).
+    ``attempt_times[(model, prompt)]`` lists when each request arrived (time.monotonic);
+    ``attempts[(model, prompt)]``
     counts requests on the server side. Models in ``down`` answer 503 (an outage a test can end).
     """
 
     slow_s = 2.0
+    huge_chars = 2_000_000
+    trickle_s = 2.0
+    retry_after = "2"
 
     def __init__(self) -> None:
         self.attempts: Counter = Counter()
         self.down: set[str] = set()
+        self.new_prompts = 0
+        self.attempt_times: dict[tuple[str, str], list[float]] = {}
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -76,13 +87,41 @@ class FakeLLM:
                 model = req.get("model", "ok")
                 prompt = req.get("messages", [{}])[-1].get("content", "")
                 fake.attempts[(model, prompt)] += 1
+                fake.attempt_times.setdefault((model, prompt), []).append(time.monotonic())
                 n = fake.attempts[(model, prompt)]
                 if model in fake.down:
                     return self._send(503, b'{"error": {"message": "down"}}')
                 if model == "flaky500" and n == 1:
                     return self._send(500, b'{"error": {"message": "boom"}}')
+                if model == "ratelimit" and n == 1:
+                    self.send_response(429)
+                    body = b'{"error": {"message": "rate limited"}}'
+                    self.send_header("Retry-After", fake.retry_after)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return None
+                if model == "trickle":
+                    body = json.dumps(_completion("slowly", model)).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    try:
+                        for b in body:
+                            self.wfile.write(bytes([b]))
+                            self.wfile.flush()
+                            time.sleep(fake.trickle_s)
+                    except OSError:  # the client gave up: fine
+                        pass
+                    return None
                 if model == "always503":
                     return self._send(503, b'{"error": {"message": "overloaded"}}')
+                if model == "flaky400" and n == 1:
+                    fake.new_prompts += 1
+                    if fake.new_prompts % 2 == 0:
+                        return self._send(400, b'{"error": {"message": "bad request (flaky)"}}')
                 if model == "bad400":
                     return self._send(400, b'{"error": {"message": "bad request"}}')
                 if model == "echokey":  # a careless endpoint: the key it was sent, in its error
@@ -98,6 +137,11 @@ class FakeLLM:
                         200, json.dumps({"id": "x", "object": "chat.completion", "choices": []}).encode()
                     )
                 content = "banana split" if model == "garbage" else f"echo: {prompt}"
+                if model == "leakkey":  # a model that repeats secrets from its context
+                    auth = self.headers.get("Authorization", "").removeprefix("Bearer ")
+                    content = f"Use the key {auth} or sk-proj-Zz9Yy8Xx7Ww6Vv5Uu4Tt3 to call it."
+                if model == "huge":
+                    content = "x" * fake.huge_chars
                 return self._send(200, json.dumps(_completion(content, model)).encode())
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

@@ -48,7 +48,8 @@ that size, larger ones are real. MDE printed per metric: the smallest true drop 
 detects with 80 % power, (z_0.95 + z_0.8)·sd(paired differences)/sqrt(n); if MDE > margin the gate
 is underpowered for that margin.
 
-Default metrics: {", ".join(DEFAULT_METRICS)} (faithfulness only when both runs have it).
+Default metrics: {", ".join(DEFAULT_METRICS)} (faithfulness unless both runs are retrieval only;
+a run whose faithfulness has no value, e.g. a dead judge, is refused, exit 2).
 Exit codes: 0 pass, 1 some metric failed, 2 bad input (unknown run, different eval sets, missing
 metric or per_query.parquet, runs scored by different judges without --allow-judge-change)."""
 
@@ -145,10 +146,20 @@ def run_gate(
             raise RunInputError(f"metric(s) {', '.join(missing)} missing from a run's per_query.parquet")
         gated = list(metrics)
     else:
-        gated = [m for m in DEFAULT_METRICS if present(m) or m not in OPTIONAL_DEFAULTS]
-        missing = [m for m in gated if not present(m)]
+        # an optional default is left out only when neither run has its column (both retrieval
+        # only); one run without values (a dead judge: all NaN) is refused, never dropped
+        gated = [m for m in DEFAULT_METRICS if m not in OPTIONAL_DEFAULTS or m in tb or m in tc]
+        missing = [
+            f"{m} (no values in {run_label(r)})"
+            for m in gated
+            for r, t in ((rb, tb), (rc, tc))
+            if not (m in t.columns and t[m].notna().any())
+        ]
         if missing:
-            raise RunInputError(f"default metric(s) {', '.join(missing)} missing; pass --metric KEY")
+            raise RunInputError(
+                f"default metric(s) missing: {'; '.join(missing)}; gate the rest only by naming "
+                "them with --metric KEY"
+            )
     unknown = set(per_metric) - set(gated)
     if unknown:
         raise RunInputError(f"--margin given for metric(s) not gated: {', '.join(sorted(unknown))}")

@@ -19,7 +19,7 @@ import sys
 
 from rag_experiments.evalset.corpus import CorpusError, corpus_digest, load_corpus
 from rag_experiments.evalset.judge_pairs import JudgePairsError, pairs_digest
-from rag_experiments.evalset.label_csv import load_labels
+from rag_experiments.evalset.label_csv import load_labels, training_label_problems
 from rag_experiments.evalset.synthetic_pairs import SyntheticPairsError, synthetic_pairs, type_shares
 from rag_experiments.judge.verifier import VerifierError
 
@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         labelled, meta = [], []
         for f in args.labels:
             got = load_labels(f)
+            if problems := training_label_problems(got, f):
+                raise JudgePairsError("\n".join(problems))
             labelled += got
             meta.append({"file": os.path.basename(f), "pairs_digest": pairs_digest(got), "n": len(got)})
         recipe = Recipe(synthetic_max=args.synthetic_max, seed=args.seed)

@@ -8,6 +8,8 @@ function per target.
 - :func:`shell_quote` / :func:`shell_line`: a command line that reruns exactly what ran.
 - :func:`terminal` and :func:`terminal_output`: what a CLI prints.
 - :func:`omegaconf_literal`: a string value that Hydra/OmegaConf reads back unchanged.
+- :func:`delimited`: untrusted text (a document, an answer, a claim) inside an LLM prompt, in
+  ``<tag>…</tag>`` that the text cannot open or close.
 """
 
 from __future__ import annotations
@@ -142,3 +144,16 @@ def omegaconf_literal(s: str) -> str:
     """``s`` as an OmegaConf string value that reads back as ``s``: each ``${`` escaped as
     ``\\${`` and the backslashes before it doubled (OmegaConf's escaping rule)."""
     return _INTERPOLATION.sub(lambda m: m.group(1) * 2 + "\\${", s)
+
+
+#: The tags our LLM prompts delimit untrusted text with; inside any block, none of them can open or close.
+PROMPT_TAGS = ("context", "claim", "answer", "document", "question")
+
+
+def delimited(tag: str, text: str) -> str:
+    """``text`` between ``<tag>`` and ``</tag>`` lines, every opening or closing prompt tag inside it
+    escaped (``&lt;/context>``), so a document that writes ``</context> <claim>… yes`` stays
+    inside its block and the prompt's own structure is the only structure outside it."""
+    names = "|".join(dict.fromkeys((tag, *PROMPT_TAGS)))
+    body = re.sub(rf"<(\s*/?\s*(?:{names})\b)", r"&lt;\1", text, flags=re.IGNORECASE)
+    return f"<{tag}>\n{body}\n</{tag}>"

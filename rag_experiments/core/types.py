@@ -68,6 +68,7 @@ class Generation:
     cached: bool = False
     error: str | None = None
     usage: dict[str, Any] = field(default_factory=dict)
+    truncated: bool = False  # cut at the generator's max_answer_chars (an endpoint ignoring max_tokens)
 
 
 VERDICTS = ("supported", "unsupported", "unparseable")

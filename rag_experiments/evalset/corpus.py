@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from pathlib import Path
 
 from rag_experiments.core.types import Document
@@ -50,7 +51,11 @@ def load_directory(root: str | Path) -> list[Document]:
     """
     root = Path(root)
     docs = []
+    real_root = root.resolve()
     for path in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES):
+        if not path.resolve().is_relative_to(real_root):  # a symlink out of the corpus is not a document
+            print(f"corpus: skipped {path}: a symlink to {path.resolve()}, outside {root}", file=sys.stderr)
+            continue
         doc_id = path.relative_to(root).as_posix()
         text = decode_utf8(path.read_bytes(), str(path)).replace("\r\n", "\n").replace("\r", "\n")
         docs.append(Document(doc_id, _title_from_markdown(text, path.stem), text))

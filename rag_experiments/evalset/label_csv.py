@@ -87,3 +87,25 @@ def load_labels(path: str | Path) -> list[JudgePair]:
     from rag_experiments.evalset.judge_pairs import load_pairs
 
     return load_pairs(path)
+
+
+def training_label_problems(pairs: list, where: str) -> list[str]:
+    """Why human labels cannot train a verifier ([] when they can): every label the same (one
+    class: nothing to separate), or one (claim, context) labelled both supported and unsupported
+    (the labels contradict themselves). ``where`` names the file in each problem."""
+    if not pairs:
+        return []
+    problems = []
+    labels = {p.label for p in pairs}
+    if len(labels) == 1:
+        problems.append(f"{where}: every one of the {len(pairs)} labels is {next(iter(labels))!r} (one class)")
+    seen: dict[tuple[str, str], object] = {}
+    for p in pairs:
+        key = (" ".join(p.claim.split()).lower(), " ".join(p.context.split()))
+        first = seen.setdefault(key, p)
+        if first.label != p.label:
+            problems.append(
+                f"{where}: pairs {first.id!r} ({first.label}) and {p.id!r} ({p.label}) give the same claim "
+                "and context opposite labels"
+            )
+    return problems

@@ -56,40 +56,55 @@ class EvalSetError(ValueError):
         super().__init__("\n".join(problems))
 
 
+def _segments(text: str):
+    """(offset, text) of each starter character with the combining marks that follow it: the
+    units NFC composes, so every composed character maps back to one original range."""
+    start = 0
+    for i in range(1, len(text) + 1):
+        if i == len(text) or not unicodedata.combining(text[i]):
+            yield start, text[start:i]
+            start = i
+
+
 @dataclass
 class Normalised:
-    """A document's whitespace-collapsed text plus the map back to original offsets."""
+    """A document's NFC, whitespace-collapsed text plus the map back to original offsets (an NFD
+    document, "e" + U+0301, matches an NFC quote, "é", and the span covers both code points)."""
 
     text: str
-    orig: list[int]  # orig[i] = offset in the original text of normalised character i
+    orig: list[int]  # orig[i] = offset in the original text where normalised character i starts
+    orig_end: list[int]  # ... and where it ends
 
     @classmethod
     def of(cls, text: str) -> Normalised:
-        out, orig = [], []
+        out, orig, orig_end = [], [], []
         prev_space = False
-        for i, ch in enumerate(text):
-            if ch.isspace():
-                if prev_space:
-                    continue
-                out.append(" ")
-                prev_space = True
-            else:
-                out.append(ch)
-                prev_space = False
-            orig.append(i)
-        return cls("".join(out), orig)
+        for at, seg in _segments(text):
+            for ch in unicodedata.normalize("NFC", seg):
+                if ch.isspace():
+                    if prev_space:
+                        continue
+                    out.append(" ")
+                    prev_space = True
+                else:
+                    out.append(ch)
+                    prev_space = False
+                orig.append(at)
+                orig_end.append(at + len(seg))
+        return cls("".join(out), orig, orig_end)
 
     def find_all(self, quote: str) -> list[tuple[int, int]]:
         """Original-text spans of every occurrence of the normalised quote."""
         spans, i = [], self.text.find(quote)
         while i != -1:
-            spans.append((self.orig[i], self.orig[i + len(quote) - 1] + 1))
+            spans.append((self.orig[i], self.orig_end[i + len(quote) - 1]))
             i = self.text.find(quote, i + 1)
         return spans
 
 
 def normalise_ws(s: str) -> str:
-    return _WS.sub(" ", s).strip()
+    """Whitespace collapsed and NFC: how quotes are matched against ``Normalised`` documents."""
+    return unicodedata.normalize("NFC", _WS.sub(" ", s).strip())
 
 
 def closest_doc_id(doc_id: str, known: Iterable[str]) -> str | None:

@@ -505,6 +505,25 @@ REGISTRY: tuple[MetricSpec, ...] = (
         per_query=False,
     ),
     MetricSpec(
+        "n_answer_truncated",
+        "count",
+        False,
+        "count",
+        "number of generated answers cut at generator.max_answer_chars (default max_tokens * 16 characters: "
+        "an endpoint that ignores max_tokens; per-query column answer_truncated)",
+        per_query=False,
+    ),
+    MetricSpec(
+        "n_judge_errors",
+        "count",
+        False,
+        "count",
+        "number of judge calls (claims, verdicts, answer relevance) that failed on transport (connection, "
+        "timeout, HTTP error, a body that is not JSON) after retries, per query and summed over queries; "
+        "apart from n_unparseable_verdicts (replies that were read but not understood)",
+        per_query=False,
+    ),
+    MetricSpec(
         "n_unparseable_diagnostic_verdicts",
         "count",
         False,

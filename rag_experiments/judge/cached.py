@@ -41,6 +41,7 @@ class JudgedAnswer:
     method: str
     seconds: float
     usage: dict[str, dict | None]
+    n_errors: int = 0  # split / relevance calls that failed on transport (verdicts carry their own)
 
 
 def cached_claims(judge, text: str, cache: StageCache, calls: Counter, tally: dict) -> list[str]:
@@ -54,7 +55,10 @@ def cached_claims(judge, text: str, cache: StageCache, calls: Counter, tally: di
         claims = judge.split(text)
         usage = last_usage(judge)
         calls["claims"] += 1
-        cache.put_json_many("claims", {ck: {"claims": claims, "usage": usage}})
+        if last_error(judge):  # a fallback after a transport error: counted, retried next run
+            calls["errors"] += 1
+        else:
+            cache.put_json_many("claims", {ck: {"claims": claims, "usage": usage}})
     tally[ck] = usage
     return claims
 
@@ -63,6 +67,20 @@ def last_usage(judge) -> dict | None:
     """Token usage of the judge's last split / answer_relevance call (None: no model or not reported)."""
     last = getattr(judge, "last_usage", None)
     return last() if callable(last) else None
+
+
+def last_error(judge) -> str | None:
+    """Transport error of the judge's last split / answer_relevance call (None: none, or a judge
+    without model calls)."""
+    last = getattr(judge, "last_error", None)
+    return last() if callable(last) else None
+
+
+def verdict_failures(verdicts: list[Verdict]) -> tuple[int, int]:
+    """(unparseable replies, transport errors): a reply read but not understood is a model
+    problem; a call that failed (``error`` set) is the endpoint's, counted in ``n_judge_errors``."""
+    errors = sum(v.error is not None for v in verdicts)
+    return sum(v.label == "unparseable" and v.error is None for v in verdicts), errors
 
 
 def cached_verdicts(

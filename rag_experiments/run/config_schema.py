@@ -267,6 +267,8 @@ def _llm_client(g: _Group) -> None:
     for key in ("max_tokens", "concurrency", "ctx_size", "n_threads", "n_parallel", "n_questions"):
         g.int_at_least(key, 1)
     g.int_at_least("max_retries", 0)
+    if g.node.get("max_answer_chars") is not None:  # null: max_tokens * 16
+        g.int_at_least("max_answer_chars", 1)
     g.num_at_least("timeout_s", 0, strict=True)
     g.num_at_least("backoff_s", 0)
     _pricing(g)

@@ -38,7 +38,8 @@ from rag_experiments.tracking.bounds import best_effort, bound_tracking_calls
 from rag_experiments.tracking.errors import infrastructure_exits_2
 from rag_experiments.tracking.mlflow_adapter import release_interrupted_connections
 from rag_experiments.tracking.prompt_registry import registered_prompt_problems
-from rag_experiments.tracking.runs import sweep_children
+from rag_experiments.tracking.reuse import REUSED_FROM
+from rag_experiments.tracking.runs import sweep_config_runs
 
 
 def split_sweep(overrides) -> list[list[str]]:
@@ -315,12 +316,16 @@ class MultirunParent(Callback):
         if exp is not None:  # every job has ended: this pass sees every parent any host created
             settle_parent(client, exp.experiment_id, sweep["invocation"])
         exp_id, parent = tracking.find_parent(client, config.experiment_name, sweep["invocation"])
+        status = "FINISHED"
         if parent is not None:
             status = tracking.close_parent(client, exp_id, parent.info.run_id, complete=True)
             _print_sweep(client, exp_id, client.get_run(parent.info.run_id), status, sweep.get("varying"))
         if guard is not None:
             guard.ended = True
         print(f"\nOpen the MLflow UI:\n  {tracking.ui_command(uri, config.tracking.artifact_root, exp_id)}")
+        if status != "FINISHED":  # a sweep with a FAILED config fails as a single failed run does
+            print(f"sweep {status}: not every config FINISHED (listed above)", file=sys.stderr)
+            sys.exit(1)
 
 
 def _config_problems(config: DictConfig) -> tuple[list[str], None]:
@@ -335,7 +340,7 @@ def _print_sweep(client, exp_id: str, parent, status: str, varying: list[str] | 
     """One row per config, named by the overrides that vary (``run_names``), with the headline
     metrics of the swept factors as columns (``evaluation.headline.table_metrics``, the rule
     ``compare --sweep`` uses); wide tables continue in column blocks, nothing is cut."""
-    children = sweep_children(client, parent.data.tags["sweep_id"])
+    children = sweep_config_runs(client, parent.data.tags["sweep_id"])  # every config, any status
     print(
         f"\nsweep {parent.data.tags.get('sweep_id')}: parent run {parent.info.run_id} {status}, "
         f"configs finished {parent.data.tags.get('configs_finished', '?')}"
@@ -350,5 +355,7 @@ def _print_sweep(client, exp_id: str, parent, status: str, varying: list[str] | 
         name = run_name(json.loads(c.data.tags.get("overrides") or "[]"), varying) if varying else ""
         name = name or c.info.run_name or c.info.run_id
         status_mark = "" if c.info.status == "FINISHED" else f" ({c.info.status})"
+        if c.data.tags.get(REUSED_FROM):  # finished by an earlier run, counted in this sweep
+            status_mark += " (reused)"
         rows.append([name + status_mark, *(fmt_num(c.data.metrics.get(k), 3) for k in keys)])
     print(text_blocks(["run", *keys], sorted(rows)))

@@ -31,6 +31,7 @@ from rag_experiments.analysis.variance import replicate_metrics
 from rag_experiments.core.cache import StageCache, stage_key
 from rag_experiments.core.parallel import as_they_complete
 from rag_experiments.core.progress import Progress, track
+from rag_experiments.core.redaction import redact
 from rag_experiments.core.types import Chunk, Document, EvalItem, Generation
 from rag_experiments.evalset.subset import stratified_subset
 from rag_experiments.evaluation import answer_metrics as A
@@ -46,13 +47,16 @@ from rag_experiments.judge.cached import (
     cached_verdicts,
     diagnostic_columns,
     diagnostics_stage,
+    last_error,
     last_usage,
+    verdict_failures,
 )
 from rag_experiments.judge.repeats import repeat_columns
 from rag_experiments.run.racing import generate_subset
 from rag_experiments.run.types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.chunking import chunk_corpus
 from rag_experiments.stages.context_fit import fit_contexts
+from rag_experiments.stages.endpoint_limits import warn_truncated
 from rag_experiments.stages.replicates import run_replicates
 from rag_experiments.stages.rerank import RerankError, rerank_order, timed_scores
 from rag_experiments.stages.text import token_ends, tokenizer_identity
@@ -209,7 +213,7 @@ def generation_stage(
 
     Requests run ``generator.concurrency`` at a time and each answer is committed to the cache as
     soon as it arrives, so a killed run loses only the requests in flight. Failed generations are
-    not cached, so a re-run retries them.
+    not cached, so a re-run retries them. Answers are redacted (``redaction.redact``) first.
     """
     keys = [stage_key("generation", generator.identity, p) for p in prompts]
     found = cache.get_json_many("generations", keys)
@@ -220,17 +224,19 @@ def generation_stage(
         asked = [prompts[i] for _, i in todo]
         for j, g in as_they_complete(lambda p: _generate_one(generator, p), asked, workers):
             k = todo[j][0]
+            g.text = redact(g.text)  # a key the model repeats is stored nowhere (cache, table, traces)
             fresh[k] = g
             if not g.error:
                 cache.put_json_many("generations", {k: asdict(g)})
             bar.update()
+    warn_truncated(generator, fresh.values())
     gens = []
     for k in keys:
         if k in fresh:
             gens.append(fresh[k])
         else:
             g = Generation(**found[k])
-            g.cached = True
+            g.text, g.cached = redact(g.text), True  # an answer cached before redaction existed
             gens.append(g)
     return gens, len(todo)
 
@@ -241,6 +247,7 @@ def _judge_one(
     """Claims, verdicts and answer relevance of one answer; each part cached."""
     t0 = time.perf_counter()
     tally: dict[str, dict | None] = {}
+    errors_before = calls["errors"]
     claims = cached_claims(judge, answer, cache, calls, tally)
     verdicts = cached_verdicts(judge, claims, context, cache, calls, tally, "verdicts")
     rk = stage_key("relevance", judge.identity, item.query, answer)
@@ -252,8 +259,10 @@ def _judge_one(
         rel, method = judge.answer_relevance(item.query, answer)
         tally[rk] = last_usage(judge)
         calls["relevance"] += 1
-        cache.put_json_many("relevance", {rk: [rel, method, tally[rk]]})
-    return JudgedAnswer(claims, verdicts, rel, method, time.perf_counter() - t0, tally)
+        calls["errors"] += bool(failed := last_error(judge))  # NaN of a failed call: retried next run
+        if not failed:
+            cache.put_json_many("relevance", {rk: [rel, method, tally[rk]]})
+    return JudgedAnswer(claims, verdicts, rel, method, time.perf_counter() - t0, tally, calls["errors"] - errors_before)
 
 
 def judge_stage(
@@ -324,10 +333,12 @@ def _judged_columns(g: Generation, it: EvalItem, j: JudgedAnswer | None, judge: 
             "verdicts": "[]",
             "n_claims": 0,
             "n_unparseable": 0,
+            "n_judge_errors": 0,
             "relevance_method": "",
             "latency_judge_s": 0.0,
         }
-    faith, n_claims, n_unp = faithfulness(j.verdicts)
+    faith, n_claims, _ = faithfulness(j.verdicts)
+    n_unp, n_failed = verdict_failures(j.verdicts)
     verdict_rows = [
         {"claim": v.claim, "label": v.label, "score": v.score, "rationale": v.rationale}
         | ({"stage": v.stage} if v.stage else {})
@@ -341,6 +352,7 @@ def _judged_columns(g: Generation, it: EvalItem, j: JudgedAnswer | None, judge: 
         "verdicts": json.dumps(verdict_rows),
         "n_claims": n_claims,
         "n_unparseable": n_unp,
+        "n_judge_errors": n_failed + j.n_errors,
         "n_escalated": sum(v.stage == "llm" for v in j.verdicts),  # judge=cascade: decided by the LLM
         "relevance_method": j.method,
         "latency_judge_s": j.seconds,
@@ -396,7 +408,7 @@ def _generate_and_judge(
     for qi, it, g, j, ctx, d, fl, fr in rows_of:
         row = rows[qi]
         row.update(answer=g.text, context=ctx, error=g.error)  # context: exactly what both saw
-        row.update(latency_generation_s=g.latency_s, generation_cached=g.cached)
+        row.update(latency_generation_s=g.latency_s, generation_cached=g.cached, answer_truncated=g.truncated)
         row.update(usage_columns(g.usage))  # cached answers keep their usage: cost of the config
         row.update(_judged_columns(g, it, j, judge is not None), **fr)  # fr: the judge-free metrics
         if judge is not None:  # judge=none: no diagnostic columns (rather than NaN with n_scored 0)
@@ -482,6 +494,8 @@ def _run_aggregates(
         aggregates["n_context_truncated"] = int(df["context_truncated"].sum()) if n_generated else 0
         if "n_unparseable_diagnostics" in df:
             aggregates["n_unparseable_diagnostic_verdicts"] = int(df["n_unparseable_diagnostics"].sum())
+        aggregates["n_answer_truncated"] = int(df["answer_truncated"].fillna(False).sum()) if n_generated else 0
+        aggregates["n_judge_errors"] = int(df.get("n_judge_errors", pd.Series(dtype=float)).fillna(0).sum())
         aggregates["n_escalated_verdicts"] = int(df.get("n_escalated", pd.Series(dtype=float)).fillna(0).sum())
         aggregates.update(A.run_aggregates(df))  # abstention table and F1, citation marker counts
     return aggregates

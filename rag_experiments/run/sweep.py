@@ -58,7 +58,7 @@ from rag_experiments.run.assemble import (  # noqa: E402
 )
 from rag_experiments.run.assemble import priced as _priced  # noqa: E402, F401 - tests price a stage config
 from rag_experiments.run.config_schema import unknown_group_options  # noqa: E402
-from rag_experiments.run.multirun import MultirunParent, start_sweep_child  # noqa: E402, F401 - conf names the callback here
+from rag_experiments.run.multirun import MultirunParent, settle_parent, start_sweep_child  # noqa: E402, F401 - conf names the callback here
 from rag_experiments.run.pilot import print_pilot_mde  # noqa: E402
 from rag_experiments.run.pipeline import PipelineResult, run_pipeline  # noqa: E402
 from rag_experiments.tracking import app_versions, judges_tab  # noqa: E402
@@ -72,6 +72,7 @@ from rag_experiments.tracking.prompt_registry import (  # noqa: E402
     link_run,
     register_for_run,
 )
+from rag_experiments.tracking.reuse import already_in_parent, copy_results, original_run_id  # noqa: E402
 from rag_experiments.tracking.runs import load_per_query  # noqa: E402
 from rag_experiments.tracking.traces import log_traces  # noqa: E402
 
@@ -102,6 +103,7 @@ def summary_table(agg: dict[str, float], k: int, ks: list[int]) -> str:
     lines.append(
         f"queries {int(agg['n_queries'])} (unanswerable {int(agg.get('n_unanswerable', 0))}), "
         f"errors {int(agg['n_errors'])}, unparseable verdicts {int(agg['n_unparseable_verdicts'])}"
+        + (f", judge transport errors {int(agg['n_judge_errors'])}" if agg.get("n_judge_errors") else "")
     )
     return "\n".join(lines)
 
@@ -240,6 +242,36 @@ def every_item_failed(aggregates: dict[str, float]) -> bool:
     return n > 0 and aggregates.get("n_errors", 0) >= n
 
 
+def dead_judge(per_query: pd.DataFrame) -> tuple[int, int]:
+    """(judged answers, of them with a judge transport error). Equal and > 0: the judge is dead
+    (closed port, HTTP errors, bodies that are not JSON) and the run must fail, not report ``n/a``.
+    """
+    if "n_judge_errors" not in per_query:
+        return 0, 0
+    judged = per_query["answer"].notna() & per_query["error"].isna() if "answer" in per_query else None
+    if judged is None:
+        return 0, 0
+    errs = per_query.loc[judged, "n_judge_errors"].fillna(0)
+    return int(judged.sum()), int((errs > 0).sum())
+
+
+def failure_reason(res: PipelineResult) -> str:
+    """Why a completed pipeline is a FAILED run ("" when it is not): every generated query errored,
+    or the judge failed on transport for every judged answer."""
+    agg = res.aggregates
+    if every_item_failed(agg):
+        n = int(agg.get("n_generated", agg["n_queries"]))
+        return f"every one of the {n} generated queries errored (see per_query 'error')"
+    judged, failed = dead_judge(res.per_query)
+    if judged and failed >= judged:
+        return (
+            f"the judge failed on every one of the {judged} judged answers "
+            f"({int(agg.get('n_judge_errors', 0))} judge calls with a transport error; "
+            "see per_query 'n_judge_errors')"
+        )
+    return ""
+
+
 def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
     """Run the pipeline into ``run_id`` and set its final status; re-raises after marking it.
 
@@ -271,9 +303,7 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
             judges_tab.register_judges(exp_id, inputs.stages.judge)
         res.timings["total_s"] = time.perf_counter() - job.t_start
         client.set_tag(run_id, "timings", json.dumps({k: round(v, 3) for k, v in res.timings.items()}))
-        if every_item_failed(res.aggregates):
-            n = int(res.aggregates.get("n_generated", res.aggregates["n_queries"]))
-            why = f"every one of the {n} generated queries errored (see per_query 'error')"
+        if why := failure_reason(res):
             client.set_tag(run_id, "failure_reason", why)
             client.set_terminated(run_id, "FAILED")
             print(f"[failed] {job.run_name}: {why}; marked FAILED so a re-run retries it", file=sys.stderr)
@@ -310,6 +340,27 @@ def start_run(client, exp_id: str, job: Job) -> tuple[str, str | None]:
     return start_sweep_child(client, exp_id, job.sweep, bool(job.cfg.force), child)
 
 
+def reuse_in_sweep(client, exp_id: str, job: Job, done) -> str | None:
+    """Make the FINISHED run ``done`` part of this multirun: a child of its parent that carries
+    ``done``'s results (``tracking.reuse``), so the sweep counts, lists and reports the config.
+    None when the parent already holds this config (a resumed sweep)."""
+    parent_id, _ = tracking.get_or_create_parent(client, exp_id, job.sweep, bool(job.cfg.force))
+    parent_id = settle_parent(client, exp_id, job.sweep["invocation"]) or parent_id
+    if already_in_parent(client, exp_id, parent_id, job.chash):
+        return None
+    run_id, _ = start_run(client, exp_id, job)
+    try:
+        copy_results(client, done, run_id)
+        client.set_terminated(run_id, "FINISHED")
+    except BaseException:
+        with best_effort(f"mark run {run_id} FAILED"):
+            client.set_terminated(run_id, "FAILED")
+        raise
+    origin = original_run_id(done)
+    print(f"[reuse] {job.run_name}: counted in this sweep as run {run_id} (results of run {origin})")
+    return run_id
+
+
 def run_job(cfg: DictConfig) -> float:
     """One resolved config → one MLflow run. Returns the context hit rate (Hydra's objective).
 
@@ -340,6 +391,8 @@ def run_job(cfg: DictConfig) -> float:
             print(f"[skip] {run_name}: {why}")
             if job.prompt_version:  # e.g. v3 holds v1's text: the v1 run is v3's result too
                 link_reused_run(client, exp_id, done.info.run_id, *job.prompt_version)
+            if job.sweep:  # a sweep is the set of its configs: the finished one joins this sweep
+                reuse_in_sweep(client, exp_id, job, done)
             if racing.enabled(cfg) and job.sweep:  # its values race the configs this invocation runs
                 racing.republish(job, done, load_per_query(client, done, long=False))
             return float(done.data.metrics.get(f"hit_at_{k}", float("nan")))
@@ -366,7 +419,9 @@ def run_job(cfg: DictConfig) -> float:
     print(f"model calls {res.calls or '{}'}; cache {dict(sorted(cache.stats.items()))}")
     if not job.sweep:
         print(f"\nOpen the MLflow UI:\n  {tracking.ui_command(uri, cfg.tracking.artifact_root, exp_id)}")
-    if every_item_failed(res.aggregates) and not job.sweep:
+    if n_failed := int(res.aggregates.get("n_judge_errors", 0)):
+        print(f"[warn] {run_name}: {n_failed} judge calls failed on transport errors", file=sys.stderr)
+    if failure_reason(res) and not job.sweep:
         sys.exit(1)
     return float(res.aggregates.get(f"hit_at_{k}", float("nan")))
 

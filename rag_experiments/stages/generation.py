@@ -31,6 +31,7 @@ from rag_experiments.core.identity import file_sha256
 from rag_experiments.core.parallel import thread_map
 from rag_experiments.core.redaction import error_text, redact, register_secret_env
 from rag_experiments.core.types import Generation
+from rag_experiments.stages.endpoint_limits import GiveUp, Retryable, answer_cap, read_within, retry_after_s
 
 log = logging.getLogger(__name__)
 
@@ -57,16 +58,14 @@ class Completion:
     first_token_logprobs: list[tuple[str, float]] | None = None
 
 
-class _Retryable(Exception):
-    """A failure worth retrying: 5xx, 429, timeout, connection error, malformed or empty reply."""
-
-
 def _classify(exc: Exception) -> bool:
     """True when ``exc`` is transient (retry), False when retrying cannot help (other 4xx)."""
     import openai
 
-    if isinstance(exc, _Retryable):
+    if isinstance(exc, Retryable):
         return True
+    if isinstance(exc, GiveUp):
+        return False
     if isinstance(exc, openai.APIStatusError):
         return exc.status_code >= 500 or exc.status_code in (408, 409, 429)
     # APITimeoutError subclasses APIConnectionError; validation errors are malformed bodies
@@ -91,7 +90,9 @@ class OpenAICompatibleGenerator:
     read at construction and never stored in ``identity`` or config. Retries: up to
     ``max_retries`` after the first attempt, sleeping ``backoff_s * 2**attempt`` times a jitter in
     [0.5, 1.5); retried on HTTP 5xx/408/409/429, timeouts, connection errors and malformed or empty
-    replies, never on other 4xx (a bad request stays bad).
+    replies, never on other 4xx (a bad request stays bad). A 429/503 with ``Retry-After: <seconds>``
+    waits at least that long; one beyond ``timeout_s`` fails at once. ``timeout_s`` bounds each
+    attempt in total (headers and body), not only each wait for a byte.
     """
 
     def __init__(
@@ -108,6 +109,7 @@ class OpenAICompatibleGenerator:
         backoff_s: float = 0.5,
         extra_body: dict[str, Any] | None = None,
         identity_extra: dict[str, Any] | None = None,
+        max_answer_chars: int | None = None,
     ) -> None:
         from openai import OpenAI
 
@@ -123,6 +125,8 @@ class OpenAICompatibleGenerator:
         self.max_retries = max(0, int(max_retries))
         self.backoff_s = float(backoff_s)
         self.extra_body = dict(extra_body or {})
+        # an endpoint that ignores max_tokens must not flood the judge and the store
+        self.max_answer_chars = answer_cap(max_answer_chars, self.max_tokens)
         self._aborted = threading.Event()
         self._client = OpenAI(
             base_url=self.base_url,
@@ -140,6 +144,8 @@ class OpenAICompatibleGenerator:
         }
         if self.extra_body:
             ident["extra_body"] = self.extra_body
+        if max_answer_chars is not None:  # the default follows max_tokens: default identity unchanged
+            ident["max_answer_chars"] = self.max_answer_chars
         ident.update(identity_extra or {})
         self.identity = json.dumps(ident, sort_keys=True)
 
@@ -147,12 +153,14 @@ class OpenAICompatibleGenerator:
     def generate(self, prompts: list[Messages]) -> list[Generation]:
         def one(messages: Messages) -> Generation:
             c = self.complete(messages)
+            text = "" if c.error else c.text
             return Generation(
-                text="" if c.error else c.text,
+                text=text[: self.max_answer_chars],
                 model=self.model,
                 latency_s=c.latency_s,
                 error=c.error,
                 usage={**c.usage, "attempts": c.attempts},
+                truncated=len(text) > self.max_answer_chars,
             )
 
         return self._map(one, prompts)
@@ -187,15 +195,15 @@ class OpenAICompatibleGenerator:
             kwargs["extra_body"] = body
 
         t0 = time.perf_counter()
-        last_error = "no attempt made"
+        last_error, wait_s = "no attempt made", None
         for attempt in range(self.max_retries + 1):
             if attempt:
                 delay = self.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random())
-                self._aborted.wait(delay)
+                self._aborted.wait(max(delay, wait_s or 0.0))  # the server's Retry-After, if longer
             if self._aborted.is_set():
                 return Completion("", "aborted (interrupted)", time.perf_counter() - t0, attempt)
             try:
-                resp = self._client.chat.completions.create(**kwargs)
+                resp = self._request(kwargs)
                 text, usage, first_lp = self._parse(resp, allow_empty)
                 return Completion(
                     text=text,
@@ -206,6 +214,10 @@ class OpenAICompatibleGenerator:
                 )
             except Exception as exc:  # noqa: BLE001 - classified below; never escapes
                 last_error = _describe(exc)
+                wait_s = retry_after_s(exc)
+                if wait_s is not None and wait_s > self.timeout_s:  # waiting less only earns another 429
+                    exc = GiveUp(exc)
+                    last_error += f" (Retry-After {wait_s:g} s is beyond generator.timeout_s={self.timeout_s:g} s)"
                 if not _classify(exc):
                     log.warning("%s: not retried: %s", self.base_url, last_error)
                     return Completion("", last_error, time.perf_counter() - t0, attempt + 1)
@@ -225,6 +237,11 @@ class OpenAICompatibleGenerator:
         return other
 
     # -- internals --------------------------------------------------------------------------------
+    def _request(self, kwargs: dict[str, Any]) -> Any:
+        """One HTTP attempt, bounded in total by ``timeout_s`` (``endpoint_limits.read_within``)."""
+        with self._client.chat.completions.with_streaming_response.create(**kwargs) as raw:
+            return read_within(raw.http_response, time.monotonic() + self.timeout_s, self.timeout_s)
+
     def _map(self, fn, items: list) -> list:
         # SIGTERM/Ctrl-C: abort so in-flight requests fail now instead of timing out
         return thread_map(fn, items, self.concurrency, on_abort=self.abort)
@@ -239,14 +256,14 @@ class OpenAICompatibleGenerator:
     def _parse(resp: Any, allow_empty: bool) -> tuple[str, dict, list[tuple[str, float]] | None]:
         choices = getattr(resp, "choices", None)
         if not choices:
-            raise _Retryable("malformed response: no choices")
+            raise Retryable("malformed response: no choices")
         choice = choices[0]
         message = getattr(choice, "message", None)
         text = getattr(message, "content", None) if message is not None else None
         if not isinstance(text, str):
-            raise _Retryable("malformed response: no message content")
+            raise Retryable("malformed response: no message content")
         if not text.strip() and not allow_empty:
-            raise _Retryable("empty completion")
+            raise Retryable("empty completion")
         usage = {}
         if getattr(resp, "usage", None) is not None:
             u = resp.usage
@@ -381,8 +398,10 @@ class LocalLlamaGenerator:
         max_retries: int = 2,
         backoff_s: float = 0.5,
         extra_body: dict[str, Any] | None = None,
+        max_answer_chars: int | None = None,
     ) -> None:
         self.model_path = resolve_model_path(model_path)
+        self.max_answer_chars = answer_cap(max_answer_chars, max_tokens)
         extra_body = dict(extra_body or {})  # llama.cpp sampling extras, e.g. repeat_penalty
         self.model = self.model_path.name
         self.ctx_size = int(ctx_size)
@@ -402,6 +421,7 @@ class LocalLlamaGenerator:
             max_retries=max_retries,
             backoff_s=backoff_s,
             extra_body=extra_body,
+            max_answer_chars=self.max_answer_chars,
         )
         # the port is ephemeral, so the identity names the file's content, not the URL
         self.identity = json.dumps(
@@ -413,6 +433,7 @@ class LocalLlamaGenerator:
                 "seed": int(seed),
                 "max_tokens": int(max_tokens),
                 **({"extra_body": extra_body} if extra_body else {}),
+                **({"max_answer_chars": self.max_answer_chars} if max_answer_chars is not None else {}),
             },
             sort_keys=True,
         )

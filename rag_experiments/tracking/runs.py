@@ -151,6 +151,18 @@ def sweep_children(client: MlflowClient, sweep_id: str, experiment: str | None =
     return sorted(latest.values(), key=lambda r: r.info.start_time or 0)
 
 
+def sweep_config_runs(client: MlflowClient, sweep_id: str, experiment: str | None = None) -> list[Run]:
+    """Every config of the sweep with its outcome: per ``config_hash`` the latest FINISHED child,
+    else (the config never finished) its latest child whatever its status, oldest first. The
+    end-of-sweep summary lists these, so a FAILED config is shown, not left out."""
+    latest: dict[str, Run] = {}
+    for r in _all_sweep_runs(client, sweep_id, experiment):  # oldest first: later ones win
+        key = r.data.tags.get("config_hash") or r.info.run_id
+        if r.info.status == "FINISHED" or latest.get(key) is None or latest[key].info.status != "FINISHED":
+            latest[key] = r
+    return sorted(latest.values(), key=lambda r: r.info.start_time or 0)
+
+
 def run_label(run: Run) -> str:
     name = run.info.run_name
     return f"{name} ({run.info.run_id[:8]})" if name else run.info.run_id

@@ -113,14 +113,21 @@ def find_finished(client: MlflowClient, experiment_id: str, chash: str):
 
 
 def incomplete_reason(client: MlflowClient, run) -> str:
-    """Why a FINISHED run cannot be reused ("" when it is complete): no ``per_query.parquet``, or
+    """Why a FINISHED run cannot be reused ("" when it is complete): items whose generation or
+    judging failed (``n_errors``, ``n_judge_errors``: a re-run retries exactly those), no
+    ``per_query.parquet``, or
     fewer traces written (tag ``traces`` = ``{"n": ...}``, set after the last trace) than the run
     should have (tag ``traces_expected``, set before the first). A run from before
     ``traces_expected`` existed counts as complete only with its ``traces`` tag.
 
     The run's status is set last (``sweep.execute``), so this catches runs that an older version
     (or a kill in that window) left FINISHED without their traces."""
-    tags = run.data.tags
+    tags, metrics = run.data.tags, run.data.metrics
+    # failed items are resumable: their errors were not cached, so the re-run asks only for them
+    if metrics.get("n_errors", 0) > 0:
+        return f"{int(metrics['n_errors'])} generation errors to retry"
+    if metrics.get("n_judge_errors", 0) > 0:
+        return f"{int(metrics['n_judge_errors'])} judge transport errors to retry"
     names = {Path(a.path).name for a in client.list_artifacts(run.info.run_id)}
     if "per_query.parquet" not in names:
         return "no per_query.parquet artifact"

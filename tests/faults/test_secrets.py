@@ -86,3 +86,36 @@ def test_echoed_key_is_stored_nowhere(fake_llm, tmp_path):  # noqa: F811
     errors = [e for e in table["error"] if e]
     assert errors and all(f"[REDACTED ${ENV}]" in e for e in errors), errors[:2]
     assert json.loads(run.data.tags["model_calls"])  # the endpoint was really called
+
+
+SK = "sk-proj-Zz9Yy8Xx7Ww6Vv5Uu4Tt3"
+
+
+def test_a_secret_in_a_200_answer_is_stored_nowhere(fake_llm, tmp_path):  # noqa: F811
+    docs, ev = make_tiny(tmp_path, n_items=3)
+    args = [
+        "generator=openai",
+        f"generator.base_url={fake_llm.base_url}",
+        "generator.model=leakkey",
+        f"generator.api_key_env={ENV}",
+        "generator.max_retries=0",
+        "generation_subset=null",
+        "retriever=bm25",
+        "judge=heuristic",
+        *sweep_args(tmp_path, docs, ev),
+    ]
+    os.environ[ENV] = KEY
+    try:
+        p = run_sweep(tmp_path, *args)
+    finally:
+        del os.environ[ENV]
+    assert KEY not in p.stdout + p.stderr and SK not in p.stdout + p.stderr
+    leaked = [
+        f for f in Path(tmp_path).rglob("*") if f.is_file() and (KEY.encode() in (b := f.read_bytes()) or SK.encode() in b)
+    ]
+    assert not leaked, leaked  # store, per-query table, traces, cache
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    (run,) = client.search_runs([client.get_experiment_by_name("test").experiment_id])
+    table = pd.read_parquet(client.download_artifacts(run.info.run_id, "per_query.parquet", str(tmp_path)))
+    answers = [a for a in table["answer"] if a]
+    assert answers and all(f"[REDACTED ${ENV}]" in a and "sk-[REDACTED]" in a for a in answers), answers[:2]
