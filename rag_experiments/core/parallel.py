@@ -1,10 +1,12 @@
 """The thread pool the model-calling stages share: ``concurrency`` requests in flight, and on
 Ctrl-C/SIGTERM no wait for the queued ones (a killed run loses only what was in flight).
 
-Once interrupted (:data:`ABORTED`), no worker starts another call: a queued item a worker had
-already taken raises :class:`Aborted` instead of sending a request after the signal. The calls
-still in flight are abandoned, not awaited: ``run.sweep.cli`` ends the process without joining
-the worker threads once the run is marked KILLED.
+Once a map is interrupted (its own stop flag, set by the consumer's KeyboardInterrupt), no worker
+of that map starts another call: an item a worker had already taken raises :class:`Aborted`
+instead of sending a request after the signal. The calls still in flight are abandoned, not
+awaited: ``run.sweep.cli`` ends the process without joining the worker threads once the run is
+marked KILLED. The flag is per map, so a library caller that catches the interrupt and goes on
+(a notebook, a test) is not left with every later call refused.
 """
 
 from __future__ import annotations
@@ -17,17 +19,13 @@ from typing import TypeVar
 T = TypeVar("T")
 R = TypeVar("R")
 
-#: Set on Ctrl-C / SIGTERM (by the consumer's KeyboardInterrupt): no new model call starts.
-ABORTED = threading.Event()
-
-
 class Aborted(Exception):
     """A call not started because the run was interrupted."""
 
 
-def _guarded(fn: Callable[[T], R]) -> Callable[[T], R]:
+def _guarded(fn: Callable[[T], R], stop: threading.Event) -> Callable[[T], R]:
     def call(x: T) -> R:
-        if ABORTED.is_set():
+        if stop.is_set():
             raise Aborted("interrupted: call not started")
         return fn(x)
 
@@ -39,17 +37,18 @@ def thread_map(
 ) -> list[R]:
     """``[fn(x) for x in items]``, ``workers`` at a time, order kept; in this thread when one
     worker or one item suffices. ``on_abort`` runs before re-raising (e.g. closing a client)."""
+    stop = threading.Event()
     try:
         if workers <= 1 or len(items) <= 1:
             return [fn(x) for x in items]
         pool = ThreadPoolExecutor(max_workers=min(workers, len(items)))
         try:
-            return list(pool.map(_guarded(fn), items))
+            return list(pool.map(_guarded(fn, stop), items))
         finally:  # on an exception the queued calls are cancelled, in-flight ones not awaited
             pool.shutdown(wait=False, cancel_futures=True)
     except BaseException as e:
         if isinstance(e, KeyboardInterrupt):
-            ABORTED.set()
+            stop.set()
         if on_abort is not None:
             on_abort()
         raise
@@ -59,13 +58,14 @@ def as_they_complete(fn: Callable[[T], R], items: Sequence[T], workers: int) -> 
     """``(index, fn(items[index]))`` in completion order, ``workers`` at a time, so a caller can
     commit each result as it arrives."""
     pool = ThreadPoolExecutor(max_workers=max(1, workers))
-    guarded = _guarded(fn)
+    stop = threading.Event()
+    guarded = _guarded(fn, stop)
     try:
         futures = {pool.submit(guarded, x): i for i, x in enumerate(items)}
         for fut in as_completed(futures):
             yield futures[fut], fut.result()
     except KeyboardInterrupt:
-        ABORTED.set()
+        stop.set()
         raise
     finally:  # on Ctrl-C / SIGTERM do not wait for the queued requests
         pool.shutdown(wait=False, cancel_futures=True)
