@@ -192,10 +192,13 @@ def test_ray_data_embedding_gives_the_local_vectors(local_ray, tmp_path):
         assert local_ray.is_initialized() == (path == "ray"), (
             "the ray path started Ray, the local one did not"
         )
-    assert np.array_equal(mats["local"], mats["ray"])  # the same vectors, bit for bit
+    # the same vectors up to float rounding: each actor's torch runs one thread (Ray's num_cpus=1),
+    # the local path as many as it has, and a matmul summed in another order differs in the last bit
+    assert float(np.abs(mats["local"] - mats["ray"]).max()) <= 1e-6
     # identity (hence every cache key) does not say where the vectors were computed
     files = {
-        p: sorted(x.relative_to(tmp_path / p) for x in (tmp_path / p / "vectors_mm").rglob("*.npy"))
+        # the cache key (the name before the content digest): same for both paths
+        p: sorted(x.name.split(".")[0] for x in (tmp_path / p / "vectors_mm").rglob("*.npy"))
         for p in mats
     }
     assert files["local"] == files["ray"] and len(files["local"]) == 1
