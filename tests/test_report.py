@@ -401,14 +401,14 @@ def test_the_report_says_first_when_the_eval_set_cannot_separate_the_configs():
 
     rng = np.random.default_rng(0)
 
-    def cfg(name, p):
-        table = pd.DataFrame({"id": [f"q{i}" for i in range(12)], "hit_at_5": (rng.random(12) < p).astype(float)})
+    def cfg(name, p, n=12):
+        table = pd.DataFrame({"id": [f"q{i}" for i in range(n)], "hit_at_5": (rng.random(n) < p).astype(float)})
         return SimpleNamespace(data=RunData(name, name, {}, {}, table))
 
     noisy = [cfg(f"c{i}", 0.5 + 0.02 * i) for i in range(4)]  # 12 queries, differences of 0.02
     (note,) = underpowered_note(noisy, "hit_at_5", seed=0)
     assert note.startswith("underpowered on hit_at_5") and "`plan` says n" in note
-    same = [cfg("a", 1.0), cfg("b", 1.0)]  # identical: the data can tell they are equal
+    same = [cfg("a", 1.0, 200), cfg("b", 1.0, 200)]  # identical on 200 queries: shown equal
     assert underpowered_note(same, "hit_at_5", seed=0) == []
 
 
@@ -428,3 +428,30 @@ def test_bold_marks_the_best_mean_in_the_metrics_own_direction():
 
     assert is_bold(rows["a"][1]) and not is_bold(rows["b"][1])  # hit@5: higher is better
     assert is_bold(rows["a"][2]) and not is_bold(rows["b"][2])  # a failure rate: lower is better
+
+
+def test_a_failed_report_leaves_no_partial_folder(tmp_path, monkeypatch):
+    """Issue 31 item 12: a report killed while drawing left a folder of some figures and no report;
+    now nothing appears until every file is written (fault injected: the second figure fails)."""
+    from rag_experiments.report import render
+
+    calls = []
+
+    def failing_draw(plot, path):
+        calls.append(path)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("signal 15")
+        path.write_bytes(b"png")
+        return path
+
+    monkeypatch.setattr(render, "draw", failing_draw)
+    from types import SimpleNamespace
+
+    report = SimpleNamespace(figures=[SimpleNamespace(plot=None, file=n) for n in ("a.png", "b.png")])
+    out = tmp_path / "report"
+    try:
+        render.write_report(report, out)
+    except KeyboardInterrupt:
+        pass
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no temporary folder left either

@@ -7,6 +7,9 @@ The layout is in ``report/templates/`` (Jinja2); here are only the filters that 
 from __future__ import annotations
 
 import base64
+import os
+import shutil
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
@@ -80,11 +83,23 @@ class ReportFiles:
 
 
 def write_report(report: Report, out_dir: Path) -> ReportFiles:
-    """Draw the figures into ``out_dir``, then write ``report.md`` and ``report.html`` there."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    pngs = [draw(fig.plot, out_dir / fig.file) for fig in report.figures]
+    """Draw the figures, then write ``report.md`` and ``report.html``: all into a temporary sibling
+    folder first, moved into ``out_dir`` at the end (the whole folder when it is new, else file by
+    file, the report files last), so a killed or failed report leaves no partial folder and never
+    a report.md that points at figures not written."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    try:
+        pngs = [draw(fig.plot, tmp / fig.file) for fig in report.figures]
+        (tmp / "report.md").write_text(render_markdown(report), encoding="utf-8")
+        images = {p.name: data_uri(p) for p in pngs}
+        (tmp / "report.html").write_text(render_html(report, images), encoding="utf-8")
+        if not out_dir.exists():
+            os.rename(tmp, out_dir)
+        else:  # a folder the user named may hold other files: replace ours only
+            for name in [*(p.name for p in pngs), "report.md", "report.html"]:
+                os.replace(tmp / name, out_dir / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     md_path, html_path = out_dir / "report.md", out_dir / "report.html"
-    md_path.write_text(render_markdown(report), encoding="utf-8")
-    images = {p.name: data_uri(p) for p in pngs}
-    html_path.write_text(render_html(report, images), encoding="utf-8")
-    return ReportFiles(out_dir, md_path, html_path, pngs)
+    return ReportFiles(out_dir, md_path, html_path, [out_dir / p.name for p in pngs])
