@@ -1,5 +1,6 @@
-"""``python -m rag_experiments.judge fit|card``: the command lives in ``rag_experiments.judge``."""
+"""``python -m rag_experiments.judge fit|card``: the command lives in ``rag_experiments.cli.judge``
+(run, not imported: the judges sit below the CLIs)."""
 
-from rag_experiments.cli.judge import main
+import runpy
 
-raise SystemExit(main())
+runpy.run_module("rag_experiments.cli.judge", run_name="__main__")
