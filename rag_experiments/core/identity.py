@@ -91,6 +91,7 @@ RESULT_CODE = (
     "rag_experiments.judge",  # was stages.judging: the judges' code decides generation metrics
     "rag_experiments.evaluation",
     "rag_experiments.run.pipeline",
+    "rag_experiments.run.retrieval",
     "rag_experiments.evalset.corpus",
     "rag_experiments.evalset.load",
     "rag_experiments.core.types",

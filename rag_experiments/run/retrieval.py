@@ -1,0 +1,250 @@
+"""The retrieval half of a run: chunk the corpus, rank every query, rerank, and score the ranking
+(per-query retrieval metrics, equal-budget metrics, the first stage's metrics beside the final
+list's). ``run.pipeline`` composes it with the generation half; retrieval and generation are
+measured separately, so neither half reads the other's results."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from rag_experiments.core.cache import StageCache, stage_key
+from rag_experiments.core.progress import Progress, track
+from rag_experiments.core.types import Chunk, Document
+from rag_experiments.evaluation import metrics as M
+from rag_experiments.evaluation.budget import budgeted_metrics
+from rag_experiments.run.types import RunSettings
+from rag_experiments.stages.chunking import chunk_corpus
+from rag_experiments.stages.rerank import RerankError, rerank_order, timed_scores
+from rag_experiments.stages.text import token_ends, tokenizer_identity
+
+log = logging.getLogger(__name__)
+
+
+def chunk_stage(
+    docs: list[Document],
+    corpus_digest: str,
+    chunker,
+    chunking_cfg: dict,
+    cache: StageCache,
+    progress: bool = True,
+):
+    key = stage_key("chunks", corpus_digest, chunking_cfg)
+    chunks = cache.get_chunks(key, docs)  # verified: bytes, and every chunk a span of its doc
+    if chunks is None:
+        chunks = []
+        # same order as chunk_corpus(chunker, docs); a line per 10 % only for large corpora
+        for doc in track(docs, "chunking", enabled=progress and len(docs) >= 200, unit="docs"):
+            chunks.extend(chunk_corpus(chunker, [doc]))
+        cache.put_chunks(key, chunks)
+    return chunks, key
+
+
+@dataclass
+class Ranking:
+    """Every query ranked to ``depth``: chunk indices (-1: none) and scores, row per query."""
+
+    idx: np.ndarray
+    scores: np.ndarray
+    key: str  # the rankings cache key
+    calls: int = 0  # retriever runs (0: from the cache)
+    seconds: float = 0.0
+
+
+def retrieval_stage(
+    retriever, chunks: list[Chunk], chunks_key: str, queries: list[str], depth: int, cache: StageCache
+) -> Ranking:
+    """Rank once at ``depth`` (the largest k any metric or the generator needs); cached."""
+    key = stage_key("rankings", retriever.identity, chunks_key, queries, depth)
+    hit = cache.get_array("rankings", key)
+    if hit is not None:
+        return Ranking(hit["idx"], hit["scores"], key)
+    retriever.index(chunks)
+    idx, scores = retriever.search(queries, depth)
+    cache.put_array(
+        "rankings", key, idx=np.asarray(idx, dtype=np.int64), scores=np.asarray(scores, dtype=np.float32)
+    )
+    return Ranking(idx, scores, key, calls=1)
+
+
+@dataclass
+class Reranked:
+    """The final list after the reranker, and per query the reranker's seconds (measured when the
+    scores were computed, kept with them in the cache; NaN when it failed) and its error ("" when
+    reranked)."""
+
+    ranking: Ranking
+    seconds: np.ndarray
+    errors: list[str]
+    calls: int = 0  # queries sent to the reranker (0: all from the cache)
+
+
+def rerank_stage(reranker, chunks: list[Chunk], queries: list[str], first: Ranking, cache: StageCache,
+                 progress: bool = True) -> Reranked:
+    """Re-score each query's first ``reranker.candidates`` first-stage chunks and re-sort them
+    (``stages.rerank.rerank_order``; deeper ranks keep first-stage order). Scores are cached per
+    query by (reranker identity, query, candidate texts) and committed per batch of
+    ``reranker.query_batch`` queries, so a killed run resumes with only the missing queries. A query
+    the reranker fails on (``RerankError``) keeps its first-stage order, is not cached, and is
+    counted (``n_rerank_errors``)."""
+    heads = [[int(i) for i in row[: reranker.candidates] if i >= 0] for row in first.idx]
+    texts = [[chunks[i].text for i in h] for h in heads]
+    keys = [stage_key("rerank", reranker.identity, q, ts) for q, ts in zip(queries, texts, strict=True)]
+    found = cache.get_json_many("rerank", keys)
+    todo = list({k: i for i, k in enumerate(keys) if k not in found}.items())
+    errors: dict[str, str] = {}
+    batch = max(1, int(getattr(reranker, "query_batch", 16)))
+    with Progress("reranking", len(todo), enabled=progress and bool(todo), unit="queries") as bar:
+        for a in range(0, len(todo), batch):
+            part = todo[a : a + batch]
+            try:
+                scores, secs = timed_scores(reranker, [queries[i] for _, i in part], [texts[i] for _, i in part])
+            except RerankError as e:
+                errors.update({k: str(e) for k, _ in part})
+                log.warning("reranker: %s", e)
+            else:
+                fresh = {k: {"scores": [float(x) for x in sc], "seconds": secs}
+                         for (k, _), sc in zip(part, scores, strict=True)}
+                cache.put_json_many("rerank", fresh)
+                found.update(fresh)
+            bar.update(len(part))
+    idx, sc = first.idx.copy(), first.scores.copy()
+    seconds = np.full(len(queries), np.nan)  # a failed query: its time is not a reranker's latency
+    for qi, k in enumerate(keys):
+        if k not in found:
+            continue
+        s = np.asarray(found[k]["scores"], dtype=np.float32)
+        order = np.argsort(-s.astype(np.float64), kind="stable")
+        idx[qi] = rerank_order(first.idx[qi], s)
+        sc[qi, : len(s)] = s[order]
+        seconds[qi] = found[k]["seconds"]
+    key = stage_key("rerank", reranker.identity, first.key)
+    return Reranked(Ranking(idx, sc, key), seconds, [errors.get(k, "") for k in keys], len(todo))
+
+
+@dataclass
+class ChunkTokens:
+    """Token end offsets of every chunk (``stages.text.token_ends``) under ``tokenizer``."""
+
+    ends: np.ndarray
+    ptr: np.ndarray
+    tokenizer: str  # the budget tokenizer's identity (run tag token_budget_tokenizer)
+    key: str  # the chunk_tokens cache key
+
+
+def chunk_tokens_stage(chunks: list[Chunk], chunks_key: str, cache: StageCache) -> ChunkTokens:
+    """Token end offsets of every chunk under the fixed budget tokenizer, once per chunk set.
+
+    Cached with the chunks: the key is (chunks key, tokenizer identity).
+    """
+    ident = tokenizer_identity()
+    key = stage_key("chunk_tokens", chunks_key, ident)
+    hit = cache.get_array("chunk_tokens", key)
+    if hit is not None:
+        return ChunkTokens(hit["ends"], hit["ptr"], ident, key)
+    ends, ptr = token_ends([c.text for c in chunks])
+    cache.put_array("chunk_tokens", key, ends=ends, ptr=ptr)
+    return ChunkTokens(ends, ptr, ident, key)
+
+
+def retrieval_rows(items, ranked, scores, per_q, latency_s: float) -> list[dict[str, Any]]:
+    """One per-query row: gold spans, the ranked chunks with scores, every retrieval metric."""
+    rows = []
+    for qi, it in enumerate(items):
+        retrieved = [
+            {
+                "rank": r + 1,
+                "chunk_id": c.chunk_id,
+                "doc_id": c.doc_id,
+                "start": c.start,
+                "end": c.end,
+                "score": round(float(scores[qi][r]), 6),
+            }
+            for r, c in enumerate(ranked[qi])
+        ]
+        rows.append(
+            {
+                "id": it.id,
+                "query": it.query,
+                "tags": list(it.tags),
+                "gold_spans": json.dumps([[s.doc_id, s.start, s.end] for s in it.gold_spans]),
+                "retrieved": json.dumps(retrieved),
+                **{name: float(v[qi]) for name, v in per_q.items()},
+                "latency_retrieval_s": latency_s,
+                "error": None,
+            }
+        )
+    return rows
+
+
+@dataclass
+class RetrievalScores:
+    """Per-query retrieval metrics (name -> one value per query), run tags, run-level metrics."""
+
+    per_query: dict[str, np.ndarray]
+    tags: dict[str, str]
+    run_metrics: dict[str, float]
+
+
+def retrieval_scores(
+    retriever, items, chunks, idx, ranked, settings: RunSettings, cache_keys: dict[str, str], cache
+) -> RetrievalScores:
+    """Chunk-count metrics, token-level and budgeted metrics (docs/metrics.md), and the retriever's
+    run-level metrics, e.g. ANN recall (docs/scale.md)."""
+    all_ks, min_coverage = settings.all_ks, settings.min_coverage
+    gold = [it.gold_spans for it in items]
+    per_q = M.retrieval_metrics(ranked, gold, chunks, all_ks, min_coverage, rank_depth=settings.rank_depth)
+    per_q.update(M.token_metrics(ranked, gold, all_ks))
+    run_tags: dict[str, str] = {}
+    if settings.token_budgets:
+        tok = chunk_tokens_stage(chunks, cache_keys["chunks"], cache)
+        cache_keys["chunk_tokens"] = tok.key
+        per_q.update(
+            budgeted_metrics(idx, chunks, gold, tok.ends, tok.ptr, list(settings.token_budgets), min_coverage)
+        )
+        run_tags["token_budget_tokenizer"] = tok.tokenizer
+    run_metrics = getattr(retriever, "run_metrics", None)
+    queries = [it.query for it in items]
+    extra = run_metrics(chunks, cache_keys["chunks"], queries, all_ks, cache) if run_metrics else {}
+    return RetrievalScores(per_q, run_tags, extra)
+
+
+def timed_retrieval(retriever, chunks, chunks_key, queries, depth: int, cache, progress: bool) -> Ranking:
+    """Every query ranked to ``depth``, with the retriever calls and the seconds it took."""
+    t = time.perf_counter()
+    with Progress("retrieval", None, enabled=progress):  # start/done lines; embedding shows blocks
+        ranking = retrieval_stage(retriever, chunks, chunks_key, queries, depth, cache)
+    ranking.seconds = time.perf_counter() - t
+    return ranking
+
+
+def first_stage_aggregates(df: pd.DataFrame) -> dict[str, float]:
+    """``first_stage/<key>``: the mean over queries (NaN left out) of every first-stage retrieval
+    metric, beside ``<key>`` on the reranked list, so a run says what its reranker added."""
+    once = df.drop_duplicates("id") if "id" in df else df  # replicates repeat the retrieval columns
+    return {c: float(np.nanmean(once[c].to_numpy(dtype=float))) for c in once if c.startswith("first_stage/")}
+
+
+def rerank_first_stage(reranker, items, chunks, queries, ranking, settings, cache_keys, cache, timings, calls):
+    """(first-stage per-query retrieval metrics, the reranked result): the metrics of the list the
+    reranker received (``first_stage/<key>``), then the reranking itself, timed and counted."""
+    first_ranked = [[chunks[i] for i in row if i >= 0] for row in ranking.idx]
+    first_stage = retrieval_scores(None, items, chunks, ranking.idx, first_ranked, settings, cache_keys, cache)
+    t = time.perf_counter()
+    reranked = rerank_stage(reranker, chunks, queries, ranking, cache, settings.progress)
+    timings["rerank_s"], calls["rerank"] = time.perf_counter() - t, reranked.calls
+    cache_keys["rerank"] = reranked.ranking.key
+    return first_stage.per_query, reranked
+
+
+def rerank_columns(rows: list[dict], first_stage: dict, reranked) -> None:
+    """Each row's ``first_stage/<key>`` values, reranker seconds and reranker error (None: none)."""
+    for qi, row in enumerate(rows):
+        row.update({f"first_stage/{name}": float(v[qi]) for name, v in first_stage.items()})
+        row.update(latency_rerank_s=float(reranked.seconds[qi]), rerank_error=reranked.errors[qi] or None)
