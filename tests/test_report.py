@@ -35,6 +35,7 @@ from rag_experiments.report.model import (
 )
 from rag_experiments.report.render import md_cell, render_html, render_markdown
 from rag_experiments.report.sections import build_report
+from rag_experiments.tracking.run_reader import MlflowRunReader
 from tests.sweep_helpers import REPO, make_tiny, run_sweep, sweep_args
 
 HEADINGS = [
@@ -104,10 +105,11 @@ def test_report_files_sections_and_logging(tiny_sweep, sweep_report):
 
 
 def test_hit_curve_matches_logged_metrics(tiny_sweep):
-    _, _, client, parent = tiny_sweep
-    target = load.resolve_target(client, parent.info.run_id)  # a parent run id works too
+    _, uri, client, parent = tiny_sweep
+    reader = MlflowRunReader(uri)
+    target = load.resolve_target(reader, parent.info.run_id)  # a parent run id works too
     assert target.sweep_id == parent.data.tags["sweep_id"] and len(target.runs) == 2
-    configs, factors = load.load_configs(client, target.runs)
+    configs, factors = load.load_configs(reader, target.runs)
     assert factors == ["chunking"]
     curves, notes = figures.hit_curves(configs)
     assert notes == []
@@ -171,10 +173,9 @@ def _html_text(page: str) -> str:
 
 
 def test_markdown_and_html_of_one_model_carry_the_same_numbers(tiny_sweep):
-    _, _, client, parent = tiny_sweep
-    rep = build_report(
-        load.load_input(client, load.resolve_target(client, parent.info.run_id)), n_resamples=199
-    )
+    _, uri, client, parent = tiny_sweep
+    reader = MlflowRunReader(uri)
+    rep = build_report(load.load_input(reader, load.resolve_target(reader, parent.info.run_id)), n_resamples=199)
     assert [s.anchor for s in rep.sections] == SECTION_IDS
     assert [f.file for f in rep.figures][:2] == ["hit_at_k.png", "recall_vs_mrr.png"]
     md = render_markdown(rep)
@@ -185,7 +186,7 @@ def test_markdown_and_html_of_one_model_carry_the_same_numbers(tiny_sweep):
     numbers = _numbers(md_body)
     assert numbers == _numbers(_html_text(page))
     # the numbers are the logged ones: every config's hit_at_5 and its CI, to 3 decimals, in both
-    for c in load.load_configs(client, load.resolve_target(client, parent.info.run_id).runs)[0]:
+    for c in load.load_configs(reader, load.resolve_target(reader, parent.info.run_id).runs)[0]:
         m = c.metrics
         cell = f"{m['hit_at_5']:.3f} [{m['hit_at_5_ci_low']:.3f}, {m['hit_at_5_ci_high']:.3f}]"
         assert cell in md and cell in page

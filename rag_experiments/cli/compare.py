@@ -24,18 +24,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-from mlflow.entities import Metric, Run
-from mlflow.tracking import MlflowClient
 
 from rag_experiments.analysis.attribution import SweepAttribution, config_diff, factor_effects, infer_factors
 from rag_experiments.analysis.baseline import BaselineChoice, context_k, levels_label, sweep_baseline
 from rag_experiments.analysis.interactions import sweep_interactions
-from rag_experiments.analysis.judge_trust import generation_marker, is_generation_metric, mlflow_runs
+from rag_experiments.analysis.judge_trust import generation_marker, is_generation_metric
 from rag_experiments.analysis.racing import split_stopped
 from rag_experiments.analysis.stats import PairedResult, flips, holm, paired_deltas, transition_matrix
 from rag_experiments.core.formatting import fmt_num as _f
 from rag_experiments.core.formatting import fmt_p as _p
 from rag_experiments.core.formatting import md_table, text_blocks, text_table
+from rag_experiments.core.run_record import RunData
 from rag_experiments.evaluation.aggregate import metric_columns
 from rag_experiments.evaluation.headline import change_family, sweep_metrics, table_metrics
 from rag_experiments.evaluation.registry import higher_is_better, parse, render_key
@@ -49,18 +48,11 @@ from rag_experiments.report.tables import (
 )
 from rag_experiments.report.wide import sweep_head, wide_sweep_lines
 from rag_experiments.run.defaults import default_levels
+from rag_experiments.tracking import annotate
 from rag_experiments.tracking.errors import cli_main
 from rag_experiments.tracking.judge_runs import ALLOW_FLAG, check_same_judge
-from rag_experiments.tracking.runs import (
-    RunInputError,
-    check_same_evalset,
-    load_per_query,
-    resolve_run,
-    run_data,
-    run_label,
-    sweep_children,
-    tracking_uri,
-)
+from rag_experiments.tracking.run_reader import MlflowRunReader, RunReader
+from rag_experiments.tracking.runs import RunInputError, check_same_evalset, run_label, tracking_uri
 
 METHOD_NOTE = (
     "delta = mean(B) − mean(A) over eval ids with a value in both runs (n). 95 % CI: paired "
@@ -76,8 +68,8 @@ MAX_TERMINAL_FLIPS = 15
 
 @dataclass
 class Comparison:
-    run_a: Run
-    run_b: Run
+    run_a: RunData
+    run_b: RunData
     diff: dict[str, tuple]
     results: list[PairedResult]
     flips: dict[str, pd.DataFrame]  # section title -> flips table
@@ -104,8 +96,8 @@ def _is_hit_at_k(col: str) -> bool:
     return got is not None and got[0].pattern == "hit_at_{k}" and got[1]["form"] == "mean"
 
 
-def _context_hit_column(run: Run, table: pd.DataFrame) -> str | None:
-    k = run.data.params.get("retriever.k")
+def _context_hit_column(run: RunData, table: pd.DataFrame) -> str | None:
+    k = run.params.get("retriever.k")
     if k is not None and str(k).isdigit() and render_key("hit_at_{k}", k=int(k)) in table.columns:
         return render_key("hit_at_{k}", k=int(k))
     hits = [c for c in table.columns if _is_hit_at_k(c)]
@@ -127,9 +119,9 @@ def change(metric: str, delta: float, p: float | None, alpha: float = 0.05) -> s
 
 
 def build_comparison(
-    client: MlflowClient,
-    run_a: Run,
-    run_b: Run,
+    reader: RunReader,
+    run_a: RunData,
+    run_b: RunData,
     metrics: Sequence[str] | None = None,
     seed: int = 0,
     n_resamples: int = 9999,
@@ -140,7 +132,7 @@ def build_comparison(
     (``every_metric``), else on the headline family of the keys their configs differ in
     (:func:`headline_family`). Holm adjusts over exactly the metrics tested."""
     warnings = [w for w in [check_same_evalset(run_a, run_b), check_same_judge([run_a, run_b], allow_judge_change)] if w]
-    ta, tb = load_per_query(client, run_a), load_per_query(client, run_b)
+    ta, tb = reader.per_query(run_a), reader.per_query(run_b)
     labels: list[str] = []
     if "failure_label" in ta.columns and "failure_label" in tb.columns:
         seen = set(ta["failure_label"].dropna().astype(str)) | set(tb["failure_label"].dropna().astype(str))
@@ -174,7 +166,7 @@ def build_comparison(
     if labels:
         flip_tables["failure_label"] = flips(ta, tb, "failure_label")
     if any(is_generation_metric(r.metric) for r in results):  # human κ < 0.4 (analysis.judge_trust)
-        warnings += [f"warning: {m}" for m in [generation_marker(mlflow_runs([run_a, run_b]))] if m]
+        warnings += [f"warning: {m}" for m in [generation_marker(_trust([run_a, run_b]))] if m]
     ids_a, ids_b = set(ta["id"]), set(tb["id"])
     if ids_a != ids_b:
         warnings.append(
@@ -184,7 +176,7 @@ def build_comparison(
     return Comparison(
         run_a=run_a,
         run_b=run_b,
-        diff=config_diff(run_a.data.params, run_b.data.params),
+        diff=config_diff(run_a.params, run_b.params),
         results=results,
         flips=flip_tables,
         transitions=transition_matrix(ta, tb),
@@ -196,11 +188,16 @@ def build_comparison(
     )
 
 
-def headline_family(run_a: Run, run_b: Run, available: Sequence[str]) -> tuple[list[str], str]:
+def headline_family(run_a: RunData, run_b: RunData, available: Sequence[str]) -> tuple[list[str], str]:
     """``evaluation.headline.change_family`` of the keys the two configs differ in, at the context
     k of the two (the sweep's rule: a tie goes to the larger)."""
-    k = context_k([run_a.data.params, run_b.data.params])
-    return change_family(list(config_diff(run_a.data.params, run_b.data.params)), available, k)
+    k = context_k([run_a.params, run_b.params])
+    return change_family(list(config_diff(run_a.params, run_b.params)), available, k)
+
+
+def _trust(runs: Sequence[RunData]) -> list[tuple[dict[str, float], dict[str, str]]]:
+    """``(metrics, tags)`` per run: what ``analysis.judge_trust`` reads."""
+    return [(r.metrics, r.tags) for r in runs]
 
 
 # --------------------------------------------------------------------------------------------- rendering
@@ -253,7 +250,7 @@ def render(comp: Comparison, markdown: bool) -> str:
         f"# Compare: A = {a} vs B = {b}" if markdown else f"Compare  A = {a}   B = {b}",
         "",
         f"Eval items: A {comp.n_a}, B {comp.n_b}, paired {comp.n_common}. "
-        f"evalset_digest {comp.run_b.data.tags.get('evalset_digest', '?')[:12]}",
+        f"evalset_digest {comp.run_b.tags.get('evalset_digest', '?')[:12]}",
     ]
     out += comp.warnings
     out += ["", h("Config diff (the factor under test)")]
@@ -358,23 +355,17 @@ def _safe(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", s)
 
 
-def log_comparison(client: MlflowClient, comp: Comparison, markdown: str) -> str:
-    a, b = comp.run_a.info.run_id, comp.run_b.info.run_id
+def log_comparison(uri: str, comp: Comparison, markdown: str) -> str:
+    """The Markdown and ``compare/<metric>/{delta,ci_low,ci_high,p_value}`` on run B."""
+    a, b = comp.run_a.run_id, comp.run_b.run_id
     path = f"compare/{_safe(a)}_vs_{_safe(b)}.md"
-    client.log_text(b, markdown, path)
-    ts = int(pd.Timestamp.now().timestamp() * 1000)
-    metrics = []
-    for r in comp.results:
-        for name, v in (
-            ("delta", r.delta),
-            ("ci_low", r.ci_low),
-            ("ci_high", r.ci_high),
-            ("p_value", r.p_value),
-        ):
-            if v is not None and not math.isnan(v):
-                metrics.append(Metric(f"compare/{r.metric}/{name}", float(v), ts, 0))
-    for i in range(0, len(metrics), 500):
-        client.log_batch(b, metrics=metrics[i : i + 500])
+    annotate.log_text(uri, b, markdown, path)
+    values = {
+        f"compare/{r.metric}/{name}": v
+        for r in comp.results
+        for name, v in (("delta", r.delta), ("ci_low", r.ci_low), ("ci_high", r.ci_high), ("p_value", r.p_value))
+    }
+    annotate.log_metrics(uri, b, values)
     return path
 
 
@@ -410,16 +401,16 @@ def build_parser() -> argparse.ArgumentParser:
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    client = MlflowClient(tracking_uri=tracking_uri(args.tracking_uri))
+    reader = MlflowRunReader(tracking_uri(args.tracking_uri))
     try:
         if args.sweep:
-            return _main_sweep(client, args)
+            return _main_sweep(reader, args)
         if len(args.runs) != 2:
             raise RunInputError("give exactly two runs (RUN_A RUN_B), or --sweep SWEEP_ID [--baseline RUN]")
-        run_a = resolve_run(client, args.runs[0], args.experiment)
-        run_b = resolve_run(client, args.runs[1], args.experiment)
+        run_a = reader.resolve(args.runs[0], args.experiment)
+        run_b = reader.resolve(args.runs[1], args.experiment)
         comp = build_comparison(
-            client, run_a, run_b, args.metric, args.seed, args.resamples, args.allow_judge_change, args.every_metric
+            reader, run_a, run_b, args.metric, args.seed, args.resamples, args.allow_judge_change, args.every_metric
         )
     except RunInputError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -431,57 +422,106 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out.write_text(md)
         print(f"wrote {args.out}")
     if args.log:
-        print(f"logged {log_comparison(client, comp, md)} and compare/* metrics on run {run_label(run_b)}")
+        print(f"logged {log_comparison(reader.uri, comp, md)} and compare/* metrics on run {run_label(run_b)}")
     return 0
 
 
-def _given_baseline(client: MlflowClient, children: Sequence[Run], args: argparse.Namespace) -> Run:
-    """The run ``--baseline`` names: a child's id or name, else any run (``resolve_run``)."""
-    by_id = {r.info.run_id: r for r in children}
-    named = [r for r in children if r.info.run_name == args.baseline]
-    if args.baseline in by_id:
-        return by_id[args.baseline]
+def _given_baseline(reader: RunReader, children: Sequence[RunData], baseline: str, experiment: str | None) -> RunData:
+    """The run ``--baseline`` names: a child's id or name, else any run (``RunReader.resolve``)."""
+    by_id = {r.run_id: r for r in children}
+    named = [r for r in children if r.run_name == baseline]
+    if baseline in by_id:
+        return by_id[baseline]
     if len(named) == 1:
         return named[0]
     if len(named) > 1:
-        ids = ", ".join(r.info.run_id for r in named)
-        raise RunInputError(f"baseline name {args.baseline!r} is ambiguous in the sweep: {ids}")
-    return resolve_run(client, args.baseline, args.experiment)
+        ids = ", ".join(r.run_id for r in named)
+        raise RunInputError(f"baseline name {baseline!r} is ambiguous in the sweep: {ids}")
+    return reader.resolve(baseline, experiment)
 
 
-def _main_sweep(client: MlflowClient, args: argparse.Namespace) -> int:
-    children = sweep_children(client, args.sweep, args.experiment)
+@dataclass
+class SweepComparison:
+    """``compare --sweep``'s result: the attribution against the baseline, before rendering."""
+
+    children: list[RunData]
+    data: list[RunData]  # the configs that covered the eval set, with their tables
+    stopped: list[RunData]  # stopped early by racing (docs/racing.md)
+    factors: list[str]
+    base: RunData
+    choice: BaselineChoice | None  # None: given with --baseline
+    metrics: list[str]
+    attribution: SweepAttribution
+    interactions: object
+    notes: list[str] = field(default_factory=list)  # printed before the tables
+
+    @property
+    def why(self) -> str:
+        return self.choice.why if self.choice else "given with --baseline"
+
+
+def build_sweep_comparison(
+    reader: RunReader,
+    sweep_id: str,
+    baseline: str | None = None,
+    metrics: Sequence[str] | None = None,
+    experiment: str | None = None,
+    seed: int = 0,
+    n_resamples: int = 4999,
+    allow_judge_change: bool = False,
+) -> SweepComparison:
+    """The factor attribution of a sweep (``analysis.attribution.factor_effects``) against
+    ``baseline`` (a run id or name), else the default baseline (``analysis.baseline``)."""
+    children = reader.sweep_children(sweep_id, experiment)
     if not children:
-        raise RunInputError(f"no child runs with sweep_id {args.sweep!r}")
-    data, stopped = split_stopped([run_data(client, r) for r in children])  # racing: docs/racing.md
+        raise RunInputError(f"no child runs with sweep_id {sweep_id!r}")
+    data, stopped = split_stopped([reader.with_table(r) for r in children])  # racing: docs/racing.md
     factors = infer_factors(data)
     choice: BaselineChoice | None = None
-    if args.baseline:
-        base_run = _given_baseline(client, children, args)
+    if baseline:
+        base_run = _given_baseline(reader, children, baseline, experiment)
     else:  # the report's rule (analysis.baseline), on the configs that finished
-        choice = sweep_baseline(data, factors, args.metric[0] if args.metric else None, defaults=default_levels(factors))
-        base_run = next(r for r in children if r.info.run_id == data[choice.index].run_id)
+        choice = sweep_baseline(data, factors, metrics[0] if metrics else None, defaults=default_levels(factors))
+        base_run = next(r for r in children if r.run_id == data[choice.index].run_id)
     for r in children:
         check_same_evalset(base_run, r)
-    judge_note = check_same_judge([base_run, *children], args.allow_judge_change)
-    if judge_note:
-        print(judge_note)
-    if any(d.run_id == base_run.info.run_id for d in stopped):
-        raise RunInputError(f"baseline {args.baseline!r} was stopped early by racing; choose a config that finished")
-    base = next((d for d in data if d.run_id == base_run.info.run_id), None) or run_data(client, base_run)
-    why = choice.why if choice else "given with --baseline"
-    print(choice.line() if choice else f"baseline: {levels_label(base, factors)} ({why})")
+    notes = [n for n in [check_same_judge([base_run, *children], allow_judge_change)] if n]
+    if any(d.run_id == base_run.run_id for d in stopped):
+        raise RunInputError(f"baseline {baseline!r} was stopped early by racing; choose a config that finished")
+    base = next((d for d in data if d.run_id == base_run.run_id), None) or reader.with_table(base_run)
     tables = [d.table for d in data if d.table is not None]
-    metrics = args.metric or sweep_metrics(metric_columns(*tables), factors)
-    if any(map(is_generation_metric, metrics)) and (marker := generation_marker(mlflow_runs(children))):
-        print(f"warning: {marker}")  # human κ < 0.4 (analysis.judge_trust)
-    att = factor_effects(data, base, metrics, seed=args.seed, n_resamples=min(args.resamples, 4999))
-    inter = sweep_interactions(data, factors, metrics)
+    chosen = list(metrics) if metrics else sweep_metrics(metric_columns(*tables), factors)
+    if any(map(is_generation_metric, chosen)) and (marker := generation_marker(_trust(children))):
+        notes.append(f"warning: {marker}")  # human κ < 0.4 (analysis.judge_trust)
+    att = factor_effects(data, base, chosen, seed=seed, n_resamples=min(n_resamples, 4999))
+    inter = sweep_interactions(data, factors, chosen)
+    return SweepComparison(children, data, stopped, factors, base, choice, chosen, att, inter, notes)
+
+
+def _main_sweep(reader: RunReader, args: argparse.Namespace) -> int:
+    sc = build_sweep_comparison(
+        reader,
+        args.sweep,
+        args.baseline,
+        args.metric,
+        args.experiment,
+        args.seed,
+        args.resamples,
+        args.allow_judge_change,
+    )
+    judge_notes = [n for n in sc.notes if not n.startswith("warning: ")]
+    for n in judge_notes:
+        print(n)
+    print(sc.choice.line() if sc.choice else f"baseline: {levels_label(sc.base, sc.factors)} ({sc.why})")
+    for n in sc.notes:
+        if n not in judge_notes:
+            print(n)
+    att, inter, stopped, why = sc.attribution, sc.interactions, sc.stopped, sc.why
     if args.long:
         print(render_sweep(att, args.sweep, False, inter, stopped, why))
         md = render_sweep(att, args.sweep, True, inter, stopped, why)
     else:  # one row per level: the headline metrics (or the --metric keys) as columns
-        cols = list(args.metric) if args.metric else table_metrics(metrics, factors)
+        cols = list(args.metric) if args.metric else table_metrics(sc.metrics, sc.factors)
         print(render_sweep_wide(att, args.sweep, False, cols, inter, stopped, why))
         md = render_sweep_wide(att, args.sweep, True, cols, inter, stopped, why)
     if args.out:
@@ -489,9 +529,9 @@ def _main_sweep(client: MlflowClient, args: argparse.Namespace) -> int:
         args.out.write_text(md)
         print(f"wrote {args.out}")
     if args.log:
-        parent = children[0].data.tags.get("mlflow.parentRunId") or base.run_id
-        path = f"compare/sweep_{_safe(args.sweep)}_baseline_{_safe(base.run_id)}.md"
-        client.log_text(parent, md, path)
+        parent = sc.children[0].parent_id or sc.base.run_id
+        path = f"compare/sweep_{_safe(args.sweep)}_baseline_{_safe(sc.base.run_id)}.md"
+        annotate.log_text(reader.uri, parent, md, path)
         print(f"logged {path} on the sweep's parent run {parent}")
     return 0
 

@@ -12,22 +12,14 @@ import math
 import sys
 from collections.abc import Sequence
 
-from mlflow.tracking import MlflowClient
-
 from rag_experiments.analysis.gate import GateResult, non_inferiority
 from rag_experiments.cli.compare import text_table
 from rag_experiments.core.formatting import fmt_num
 from rag_experiments.evaluation.registry import higher_is_better
 from rag_experiments.tracking.errors import cli_main
 from rag_experiments.tracking.judge_runs import ALLOW_FLAG, check_same_judge
-from rag_experiments.tracking.runs import (
-    RunInputError,
-    check_same_evalset,
-    load_per_query,
-    resolve_run,
-    run_label,
-    tracking_uri,
-)
+from rag_experiments.tracking.run_reader import MlflowRunReader, RunReader
+from rag_experiments.tracking.runs import RunInputError, check_same_evalset, run_label, tracking_uri
 
 DEFAULT_METRICS = ("hit_at_5", "mrr", "faithfulness")
 OPTIONAL_DEFAULTS = {"faithfulness"}  # gated only when both runs have it (retrieval-only runs do not)
@@ -119,7 +111,7 @@ def _direction(metric: str) -> bool:
 
 
 def run_gate(
-    client: MlflowClient,
+    reader: RunReader,
     baseline: str,
     candidate: str,
     metrics: Sequence[str] | None = None,
@@ -131,11 +123,11 @@ def run_gate(
     allow_judge_change: bool = False,
 ) -> tuple[list[GateResult], list[str]]:
     default_m, per_metric = _parse_margins(margins)
-    rb = resolve_run(client, baseline, experiment)
-    rc = resolve_run(client, candidate, experiment)
+    rb = reader.resolve(baseline, experiment)
+    rc = reader.resolve(candidate, experiment)
     notes = [w for w in [check_same_evalset(rb, rc), check_same_judge([rb, rc], allow_judge_change)] if w]
     notes.insert(0, f"baseline  {run_label(rb)}\ncandidate {run_label(rc)}")
-    tb, tc = load_per_query(client, rb), load_per_query(client, rc)
+    tb, tc = reader.per_query(rb), reader.per_query(rc)
 
     def present(m: str) -> bool:
         return all(m in t.columns and t[m].notna().any() for t in (tb, tc))
@@ -186,10 +178,10 @@ def run_gate(
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    client = MlflowClient(tracking_uri=tracking_uri(args.tracking_uri))
+    reader = MlflowRunReader(tracking_uri(args.tracking_uri))
     try:
         results, notes = run_gate(
-            client,
+            reader,
             args.baseline,
             args.candidate,
             args.metric,

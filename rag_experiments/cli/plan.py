@@ -22,13 +22,8 @@ from rag_experiments.evaluation.headline import headline_metrics
 from rag_experiments.evaluation.registry import GENERATION_METRICS
 from rag_experiments.run.pilot import MIN_SCORED
 from rag_experiments.tracking.errors import cli_main
-from rag_experiments.tracking.runs import (
-    RunInputError,
-    load_per_query,
-    resolve_run,
-    run_label,
-    tracking_uri,
-)
+from rag_experiments.tracking.run_reader import MlflowRunReader
+from rag_experiments.tracking.runs import RunInputError, tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -160,9 +155,9 @@ def render(rows, effect: float, alpha: float, power: float, rho: float) -> str:
     return head + "\n" + text_table(headers, body)
 
 
-def run_plan(args) -> str:
-    from mlflow.tracking import MlflowClient
-
+def run_plan(args, reader=None) -> str:
+    """The plan's text; ``reader`` (a ``tracking.run_reader.RunReader``) defaults to the MLflow
+    store of ``--tracking-uri``."""
     for name, v in (("--alpha", args.alpha), ("--power", args.power)):
         if not 0 < v < 1:
             raise RunInputError(f"{name} {v}: must be in (0, 1)")
@@ -170,22 +165,20 @@ def run_plan(args) -> str:
         raise RunInputError(f"--effect {args.effect}: must be > 0")
     if not -1 <= args.rho <= 1:
         raise RunInputError(f"--rho {args.rho}: must be in [-1, 1]")
-    client = MlflowClient(tracking_uri=tracking_uri(args.tracking_uri))
-    run = resolve_run(client, args.pilot, args.experiment)
+    reader = reader or MlflowRunReader(tracking_uri(args.tracking_uri))
+    run = reader.resolve(args.pilot, args.experiment)
     if args.evalset:
-        check_pilot_evalset(
-            run.data.tags.get("evalset_digest"), expected_digest(args.evalset), run_label(run)
-        )
-    df = load_per_query(client, run, long=True)
-    k = int(run.data.params.get("retriever.k", 5))
+        check_pilot_evalset(run.tags.get("evalset_digest"), expected_digest(args.evalset), run.label)
+    df = reader.per_query(run, long=True)
+    k = int(run.params.get("retriever.k", 5))
     rows = plan_rows(df, planned_metrics(df, k, args.metric), args.effect, args.alpha, args.power, args.rho)
     best = max((r["n"] for r in rows), default=0)
     if best < MIN_SCORED:
         raise RunInputError(
-            f"pilot run {run_label(run)} has {best} scored queries (< {MIN_SCORED}): too few to estimate "
+            f"pilot run {run.label} has {best} scored queries (< {MIN_SCORED}): too few to estimate "
             "a per-query SD; run a pilot on more queries"
         )
-    out = f"pilot {run_label(run)}\n" + render(rows, args.effect, args.alpha, args.power, args.rho)
+    out = f"pilot {run.label}\n" + render(rows, args.effect, args.alpha, args.power, args.rho)
     if not any(r.get("r_measured") for r in rows):
         out += "\nnote: the pilot has one replicate: generation noise is inside sd query (replicates=R to split it)"
     return out

@@ -25,24 +25,17 @@ from collections.abc import Sequence
 from importlib.resources import files
 from pathlib import Path
 
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
-
-from rag_experiments.analysis.judge_trust import generation_marker, is_generation_metric, mlflow_runs
+from rag_experiments.analysis.judge_trust import generation_marker, is_generation_metric
 from rag_experiments.analysis.racing import STOPPED_HEADERS, STOPPED_NOTE, split_stopped, stopped_rows
 from rag_experiments.analysis.select import Constraints, Selection, runnable_config, select_config
+from rag_experiments.core.run_record import RunData
 from rag_experiments.evaluation.registry import higher_is_better
 from rag_experiments.report.tables import fmt_num, fmt_p, text_table
+from rag_experiments.tracking import annotate
 from rag_experiments.tracking.errors import cli_main
 from rag_experiments.tracking.judge_runs import ALLOW_FLAG, check_same_judge
-from rag_experiments.tracking.runs import (
-    RunInputError,
-    download_text,
-    run_data,
-    sweep_children,
-    sweep_finished_runs,
-    tracking_uri,
-)
+from rag_experiments.tracking.run_reader import MlflowRunReader, RunReader
+from rag_experiments.tracking.runs import RunInputError, tracking_uri
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,28 +123,29 @@ def render(sel: Selection) -> str:
     return "\n".join(lines)
 
 
-def log_tags(client: MlflowClient, children: Sequence, sel: Selection) -> str | None:
+def log_tags(uri: str, children: Sequence[RunData], sel: Selection) -> str | None:
     """Set ``sel.tags()`` (``select.underpowered`` …) on the sweep's parent run, for the report;
     a note when the sweep has no parent run or the store refuses."""
-    parents = {r.data.tags.get("mlflow.parentRunId") for r in children} - {None}
+    parents = {r.parent_id for r in children} - {None}
     if len(parents) != 1:
         return "note: no single sweep parent run: select.underpowered not logged"
     (parent,) = parents
     try:
-        for k, v in sel.tags().items():
-            client.set_tag(parent, k, v)
-    except MlflowException as e:
+        annotate.set_tags(uri, parent, sel.tags())
+    except annotate.AnnotateError as e:
         return f"note: could not tag the sweep's parent run: {e}"
     return None
 
 
-def run_select(client: MlflowClient, args: argparse.Namespace) -> tuple[Selection, dict]:
+def run_select(reader: RunReader, args: argparse.Namespace) -> tuple[Selection, dict[str, RunData]]:
+    """The selection over the sweep's configs (``analysis.select.select_config``) and the
+    configs by run id."""
     hib = _direction(args.metric)
-    children = sweep_children(client, args.sweep, args.experiment)
+    children = reader.sweep_children(args.sweep, args.experiment)
     if not children:
         raise RunInputError(f"unknown sweep {args.sweep!r}: no finished child run has that sweep_id")
     judge_note = check_same_judge(children, args.allow_judge_change)
-    runs, stopped = split_stopped([run_data(client, r) for r in children])  # racing: docs/racing.md
+    runs, stopped = split_stopped([reader.with_table(r) for r in children])  # racing: docs/racing.md
     if not runs:
         raise RunInputError(f"every config of sweep {args.sweep!r} was stopped by racing: nothing covers the eval set")
     missing = [r.name for r in runs if args.metric not in r.table.columns]
@@ -159,10 +153,10 @@ def run_select(client: MlflowClient, args: argparse.Namespace) -> tuple[Selectio
         raise RunInputError(
             f"metric {args.metric!r} is not in the per-query table of run(s) {', '.join(missing)}"
         )
-    all_runs = sweep_finished_runs(client, args.sweep, args.experiment)
-    replicates = [run_data(client, r) for r in all_runs] if len(all_runs) > len(children) else []
-    by_id = {r.info.run_id: r for r in children}
-    costs = [float(by_id[r.run_id].data.metrics.get("cost_usd", math.nan)) for r in runs]
+    all_runs = reader.sweep_finished_runs(args.sweep, args.experiment)
+    replicates = [reader.with_table(r) for r in all_runs] if len(all_runs) > len(children) else []
+    by_id = {r.run_id: r for r in children}
+    costs = [float(by_id[r.run_id].metrics.get("cost_usd", math.nan)) for r in runs]
     try:
         sel = select_config(
             runs,
@@ -182,7 +176,7 @@ def run_select(client: MlflowClient, args: argparse.Namespace) -> tuple[Selectio
         sel.notes.append(judge_note)
     if sel.underpowered and sel.chosen is None:
         sel.notes.append("underpowered and the best config fails the constraints: no config within them is shown non-inferior")
-    if is_generation_metric(args.metric) and (m := generation_marker(mlflow_runs(children))):
+    if is_generation_metric(args.metric) and (m := generation_marker([(r.metrics, r.tags) for r in children])):
         sel.notes.append(f"warning: {m}")  # human κ < 0.4 (analysis.judge_trust)
     if stopped:
         sel.notes += [
@@ -208,11 +202,11 @@ def _check_name(name: str | None) -> None:
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    client = MlflowClient(tracking_uri=tracking_uri(args.tracking_uri))
+    reader = MlflowRunReader(tracking_uri(args.tracking_uri))
     try:
         _check_name(args.name)
-        sel, by_id = run_select(client, args)
-        tag_note = log_tags(client, list(by_id.values()), sel)
+        sel, by_id = run_select(reader, args)
+        tag_note = log_tags(reader.uri, list(by_id.values()), sel)
         if tag_note:
             sel.notes.append(tag_note)
         print(render(sel))
@@ -220,12 +214,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         run = by_id[sel.chosen]
         print(
-            f"chosen: {run.info.run_name} (run {run.info.run_id}, config_hash {run.data.tags.get('config_hash')})"
+            f"chosen: {run.run_name} (run {run.run_id}, config_hash {run.tags.get('config_hash')})"
         )
         if args.out:
             primary = files("rag_experiments").joinpath("conf/config.yaml").read_text(encoding="utf-8")
-            text = runnable_config(download_text(client, run, "config.yaml"), primary)
-            name = args.name or f"selected_{run.data.tags.get('config_hash', run.info.run_id)}"
+            text = runnable_config(reader.text(run, "config.yaml"), primary)
+            name = args.name or f"selected_{run.tags.get('config_hash', run.run_id)}"
             out = Path(args.out) / f"{name}.yaml"
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(text, encoding="utf-8")

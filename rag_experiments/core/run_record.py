@@ -40,13 +40,26 @@ def as_series(x: pd.Series | pd.DataFrame, metric: str | None = None) -> pd.Seri
 
 @dataclass
 class RunData:
-    """What attribution needs from one run; built from MLflow by ``tracking.runs.run_data``."""
+    """One logged run as every reader sees it, whatever the store (``tracking.run_reader``):
+    params, tags, metrics, status and place in the sweep; ``table`` is the per-query table once
+    read (``RunReader.with_table``), None before."""
 
     run_id: str
-    name: str
+    name: str  # the run name, else the run id
     params: dict[str, str]
     tags: dict[str, str] = field(default_factory=dict)
     table: pd.DataFrame | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    status: str = "FINISHED"  # RUNNING / FINISHED / FAILED / KILLED (MLflow's names)
+    experiment_id: str = ""
+    parent_id: str | None = None  # the sweep's parent run
+    start_time: int = 0  # ms since the epoch, as MLflow keeps it
+    run_name: str = ""  # the name as logged ("" when the run has none)
+
+    @property
+    def label(self) -> str:
+        """``name (id prefix)``, or the id of a run without a name: how messages name a run."""
+        return f"{self.run_name} ({self.run_id[:8]})" if self.run_name else self.run_id
 
     def series(self, metric: str) -> pd.Series:
         if self.table is None or metric not in self.table.columns:

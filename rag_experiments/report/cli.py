@@ -21,12 +21,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from mlflow.tracking import MlflowClient
-
 from rag_experiments.report.load import load_input, resolve_target
 from rag_experiments.report.render import ReportFiles, write_report
 from rag_experiments.report.sections import build_report
+from rag_experiments.tracking import annotate
 from rag_experiments.tracking.errors import cli_main
+from rag_experiments.tracking.run_reader import MlflowRunReader
 from rag_experiments.tracking.runs import RunInputError, tracking_uri
 
 
@@ -63,19 +63,18 @@ def safe_dirname(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=-]+", "_", s).strip("_") or "report"
 
 
-def log_report(client: MlflowClient, run_id: str, files: ReportFiles) -> None:
-    for path in [files.markdown, files.html, *files.pngs]:
-        client.log_artifact(run_id, str(path), artifact_path="report")
+def log_report(uri: str, run_id: str, files: ReportFiles) -> None:
+    annotate.log_files(uri, run_id, [files.markdown, files.html, *files.pngs], "report")
 
 
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    client = MlflowClient(tracking_uri=tracking_uri(args.tracking_uri))
+    reader = MlflowRunReader(tracking_uri(args.tracking_uri))
     try:
-        target = resolve_target(client, args.target, args.experiment)
+        target = resolve_target(reader, args.target, args.experiment)
         report = build_report(
-            load_input(client, target),
+            load_input(reader, target),
             baseline=args.baseline,
             primary=args.metric,
             n_worst=args.worst,
@@ -92,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for n in report.notes:
         print(n, file=sys.stderr)
     if not args.no_log:
-        log_report(client, target.log_run_id, files)
+        log_report(reader.uri, target.log_run_id, files)
         print(f"logged report/ on run {target.log_run_id}")
     return 0
 

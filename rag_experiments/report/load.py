@@ -1,7 +1,7 @@
-"""Everything the report reads from MLflow: the target's runs, their per-query tables, the experiment.
+"""Everything the report reads from the run store: the target's runs, their per-query tables, the experiment.
 
-The client is passed in; what comes back (:class:`ReportInput`) is plain data the model is built from
-without touching MLflow again.
+The reader (``tracking.run_reader.RunReader``) is passed in; what comes back (:class:`ReportInput`) is
+plain data the model is built from without touching the store again.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pandas as pd
-from mlflow.entities import Run
-from mlflow.tracking import MlflowClient
 
 from rag_experiments.analysis.attribution import (
     RunData,
@@ -21,7 +19,8 @@ from rag_experiments.analysis.attribution import (
     infer_factors,
 )
 from rag_experiments.run.multirun import swept_override_keys
-from rag_experiments.tracking.runs import RunInputError, resolve_run, run_data, run_label, sweep_children
+from rag_experiments.tracking.run_reader import RunReader
+from rag_experiments.tracking.runs import RunInputError
 
 
 @dataclass
@@ -29,64 +28,52 @@ class Target:
     """What the report is about: the runs, and where to log the report."""
 
     label: str  # sweep_id, or the run's name
-    runs: list[Run]
+    runs: list[RunData]
     log_run_id: str  # the parent run (sweep) or the run itself
-    parent: Run | None
+    parent: RunData | None
     sweep_id: str | None
 
 
-def resolve_target(client: MlflowClient, target: str, experiment: str | None = None) -> Target:
+def resolve_target(reader: RunReader, target: str, experiment: str | None = None) -> Target:
     """A sweep_id, a sweep's parent run (id or name), or a single run (id or name)."""
-    children = sweep_children(client, target, experiment)
+    children = reader.sweep_children(target, experiment)
     if children:
-        pid = children[0].data.tags.get("mlflow.parentRunId")
-        parent = _get_run(client, pid)
-        return Target(target, children, pid or children[0].info.run_id, parent, target)
-    run = resolve_run(client, target, experiment)
-    tags = run.data.tags
+        pid = children[0].parent_id
+        parent = reader.get(pid) if pid else None  # a deleted parent only loses the sweep-level tags
+        return Target(target, children, pid or children[0].run_id, parent, target)
+    run = reader.resolve(target, experiment)
+    tags = run.tags
     sweep_id = tags.get("sweep_id")
     if tags.get("is_parent") == "true" and sweep_id:
-        kids = [
-            r
-            for r in sweep_children(client, sweep_id, experiment)
-            if r.data.tags.get("mlflow.parentRunId") == run.info.run_id
-        ]
+        kids = [r for r in reader.sweep_children(sweep_id, experiment) if r.parent_id == run.run_id]
         if not kids:
-            raise RunInputError(f"sweep parent {run_label(run)} has no child runs")
-        return Target(sweep_id, kids, run.info.run_id, run, sweep_id)
+            raise RunInputError(f"sweep parent {run.label} has no child runs")
+        return Target(sweep_id, kids, run.run_id, run, sweep_id)
     if tags.get("is_parent") == "true":
-        raise RunInputError(f"run {run_label(run)} is a sweep parent without a sweep_id tag")
-    return Target(run.info.run_name or run.info.run_id, [run], run.info.run_id, None, None)
-
-
-def _get_run(client: MlflowClient, run_id: str | None) -> Run | None:
-    if not run_id:
-        return None
-    try:
-        return client.get_run(run_id)
-    except Exception:  # noqa: BLE001 - a deleted parent only loses the sweep-level tags
-        return None
+        raise RunInputError(f"run {run.label} is a sweep parent without a sweep_id tag")
+    return Target(run.run_name or run.run_id, [run], run.run_id, None, None)
 
 
 @dataclass
 class Config:
-    """One run of the report, with its short label and per-query table."""
+    """One run of the report, with its short label and per-query table (``run`` and ``data``
+    are the same record, ``data`` the name attribution code knows it by)."""
 
-    run: Run
+    run: RunData
     data: RunData
     label: str
 
     @property
     def metrics(self) -> dict[str, float]:
-        return dict(self.run.data.metrics)
+        return dict(self.run.metrics)
 
     @property
     def params(self) -> dict[str, str]:
-        return dict(self.run.data.params)
+        return dict(self.run.params)
 
     @property
     def tags(self) -> dict[str, str]:
-        return dict(self.run.data.tags)
+        return dict(self.run.tags)
 
     @property
     def table(self) -> pd.DataFrame:
@@ -94,21 +81,21 @@ class Config:
         return self.data.table
 
 
-def load_configs(client: MlflowClient, runs: Sequence[Run]) -> tuple[list[Config], list[str]]:
+def load_configs(reader: RunReader, runs: Sequence[RunData]) -> tuple[list[Config], list[str]]:
     """Each run with its per-query table, labelled by its factor levels; and the factors."""
-    data = [run_data(client, r) for r in runs]
+    data = [reader.with_table(r) for r in runs]
     factors = infer_factors(data)
     configs = []
-    for r, d in zip(runs, data, strict=True):
+    for d in data:
         if factors:
             label = ", ".join(f"{f}={_level(d, f)}" for f in factors)
         else:
-            label = r.info.run_name or r.info.run_id[:8]
-        configs.append(Config(r, d, label))
+            label = d.run_name or d.run_id[:8]
+        configs.append(Config(d, d, label))
     seen = Counter(c.label for c in configs)
     for c in configs:  # replicate runs (same levels) stay distinguishable
         if seen[c.label] > 1:
-            c.label = f"{c.label} ({c.run.info.run_id[:6]})"
+            c.label = f"{c.label} ({c.run.run_id[:6]})"
     return configs, factors
 
 
@@ -133,26 +120,26 @@ class ReportInput:
         return self.target.sweep_id is not None
 
 
-def load_input(client: MlflowClient, target: Target) -> ReportInput:
+def load_input(reader: RunReader, target: Target) -> ReportInput:
     from rag_experiments.analysis.racing import split_stopped
 
-    configs, factors = load_configs(client, target.runs)
-    exp = client.get_experiment(configs[0].run.info.experiment_id)
+    configs, factors = load_configs(reader, target.runs)
+    exp_name = reader.experiment_name(configs[0].run.experiment_id)
     swept = list(dict.fromkeys([*factors, *sweep_override_keys(target.parent)]))
     kept, stopped = split_stopped(configs)  # partial runs never enter the comparisons
     if stopped and kept:
         factors = infer_factors([c.data for c in kept])
     return ReportInput(
-        target, kept or configs, factors, exp.name if exp else "?", stopped if kept else [], swept
+        target, kept or configs, factors, exp_name or "?", stopped if kept else [], swept
     )
 
 
-def sweep_override_keys(parent: Run | None) -> list[str]:
+def sweep_override_keys(parent: RunData | None) -> list[str]:
     """The keys the sweep's command line swept (``prompt=a,b``, ``retriever.k=range(1,4)``: the
     parent's ``sweep_overrides`` tag): a key swept whose other levels were stopped by racing or never
     finished is still not held fixed. [] without a parent, or when the tag does not parse."""
     try:
-        args = json.loads((parent.data.tags.get("sweep_overrides") if parent else None) or "[]")
+        args = json.loads((parent.tags.get("sweep_overrides") if parent else None) or "[]")
         return swept_override_keys(args)
     except Exception:  # noqa: BLE001 - an old or hand-edited tag only loses this safeguard
         return []

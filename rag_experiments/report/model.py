@@ -269,11 +269,11 @@ def choose_baseline(
     baseline (``analysis.baseline.sweep_baseline``, the rule ``compare --sweep`` uses); and why."""
     if baseline:
         for c in configs:
-            if baseline in (c.run.info.run_id, c.run.info.run_name, c.label):
+            if baseline in (c.run.run_id, c.run.run_name, c.label):
                 return c, "given with --baseline"
         raise RunInputError(
             f"--baseline {baseline!r} is not a run of this report; runs: "
-            + ", ".join(f"{c.label} ({c.run.info.run_id})" for c in configs)
+            + ", ".join(f"{c.label} ({c.run.run_id})" for c in configs)
         )
     if len(configs) == 1 or not factors:
         return configs[0], "the only config" if len(configs) == 1 else "the first run"
@@ -348,7 +348,7 @@ def analyse(
     if len(configs) > 1:  # can this eval set tell the configs apart? said first (docs/select.md)
         notes += underpowered_note(configs, primary, seed)
     if has_generation(configs):  # human κ < 0.4, or no human labels at all (analysis.judge_trust)
-        notes += runs_judge_notes([(c.metrics, c.tags) for c in configs], base.run.info.run_id)
+        notes += runs_judge_notes([(c.metrics, c.tags) for c in configs], base.run.run_id)
     att = inter = None
     if len(configs) > 1 and inp.factors:
         from rag_experiments.analysis.interactions import sweep_interactions

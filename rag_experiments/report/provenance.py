@@ -56,7 +56,7 @@ def _tag(key: str) -> Callable[[Config], str | None]:
 
 def _identity(an: Analysis) -> Bullets:
     configs, t = an.configs, an.inp.target
-    ptags = t.parent.data.tags if t.parent is not None else configs[0].tags
+    ptags = t.parent.tags if t.parent is not None else configs[0].tags
     commit = constant_or_per_config(configs, _tag("git_commit"))
     dirty = constant_or_per_config(configs, _tag("git_dirty"))
     run_kind = "sweep parent run" if an.inp.is_sweep else "run"
@@ -71,7 +71,7 @@ def _identity(an: Analysis) -> Bullets:
         text(
             "MLflow experiment: ",
             code(an.inp.experiment_name),
-            f" ({configs[0].run.info.experiment_id}); {run_kind} ",
+            f" ({configs[0].run.experiment_id}); {run_kind} ",
             code(t.log_run_id),
         ),
     ]
@@ -117,7 +117,7 @@ def _versions(configs: Sequence[Config]) -> Table:
 
 def _commands(an: Analysis) -> list:
     t = an.inp.target
-    ptags = t.parent.data.tags if t.parent is not None else an.configs[0].tags
+    ptags = t.parent.tags if t.parent is not None else an.configs[0].tags
     out: list = []
     if an.inp.is_sweep:
         out.append(Paragraph(text("The sweep, exactly as launched (parent run tag ", code("command"), "):")))

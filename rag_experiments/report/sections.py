@@ -229,7 +229,7 @@ def results(an: Analysis) -> Section:
     if spot:
         s.subsections.append(Subsection("Judge-corrected faithfulness (human spot-check)", spot))
     counts = [
-        [c.label, c.run.info.run_id, *(f3(c.metrics.get(k), nd=0) for k in COUNT_KEYS), c.run.info.status]
+        [c.label, c.run.run_id, *(f3(c.metrics.get(k), nd=0) for k in COUNT_KEYS), c.run.status]
         for c in an.configs
     ]
     s.subsections.append(Subsection("Counts", [table(["config", "run", *COUNT_KEYS, "status"], counts)]))

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from mlflow.entities import Run
 
-from rag_experiments.core.run_record import parse_json
+from rag_experiments.core.run_record import RunData, parse_json
 from rag_experiments.judge.agreement import inclusion_probabilities, systematic_pps
 from rag_experiments.tracking.runs import RunInputError
 
@@ -63,10 +62,10 @@ def judged_claims(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=[c for c in COLUMNS if c not in ("inclusion_prob", "human_verdict")])
 
 
-def judge_threshold(run: Run) -> float | None:
+def judge_threshold(run: RunData) -> float | None:
     """The score threshold the judge decides at (LLM judges: ``judge.threshold``; heuristic:
     ``judge.sim_threshold``), from the run's params."""
-    params = run.data.params
+    params = run.params
     for key in ("judge.threshold", "judge.sim_threshold"):
         try:
             return float(params[key])

@@ -8,8 +8,6 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from mlflow.tracking import MlflowClient
-
 from rag_experiments.spotcheck.claims import (
     BLIND_COLUMNS,
     COLUMNS,
@@ -22,8 +20,10 @@ from rag_experiments.spotcheck.labels import LabelFileError, read_labels
 from rag_experiments.spotcheck.review import SCHEMA, publish, queue_labels, read_queue, review_url
 from rag_experiments.spotcheck.scoring import faithfulness_estimates, score_labels, self_preference_warning
 from rag_experiments.spotcheck.summary import log_spotcheck, render_summary
+from rag_experiments.tracking import annotate
 from rag_experiments.tracking.errors import cli_main
-from rag_experiments.tracking.runs import RunInputError, load_per_query, resolve_run, run_label, tracking_uri
+from rag_experiments.tracking.run_reader import MlflowRunReader, RunReader
+from rag_experiments.tracking.runs import RunInputError, tracking_uri
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,7 +72,7 @@ def _sample(uri: str, args: argparse.Namespace, run, claims, warn: str | None) -
         raise RunInputError("-n must be >= 1")
     th = args.threshold if args.threshold is not None else judge_threshold(run)
     out = sample_claims(claims, args.n, stratify=args.stratify, seed=args.seed, threshold=th)
-    path = args.out or Path(f"spotcheck_{run.info.run_id[:8]}.csv")
+    path = args.out or Path(f"spotcheck_{run.run_id[:8]}.csv")
     path.parent.mkdir(parents=True, exist_ok=True)
     out.to_csv(path, index=False, columns=COLUMNS if args.show_judge else BLIND_COLUMNS)
     counts = out["judge_verdict"].value_counts().to_dict()
@@ -88,7 +88,7 @@ def _sample(uri: str, args: argparse.Namespace, run, claims, warn: str | None) -
         )
     print(
         "fill human_verdict with supported / unsupported, then: python -m rag_experiments.spotcheck "
-        f"score {run.info.run_id} {path}"
+        f"score {run.run_id} {path}"
     )
     if args.to_mlflow:
         design = f"n={args.n} seed={args.seed} stratify={args.stratify} threshold={th}"
@@ -105,30 +105,31 @@ def _sample(uri: str, args: argparse.Namespace, run, claims, warn: str | None) -
     return 0
 
 
-def _experiment_ids(client: MlflowClient, name: str | None) -> list[str]:
+def _experiment_ids(reader: RunReader, name: str | None) -> list[str]:
+    exps = reader.experiments()
     if name:
-        exp = client.get_experiment_by_name(name)
-        if exp is None:
+        ids = [eid for eid, n in exps.items() if n == name]
+        if not ids:
             raise RunInputError(f"experiment {name!r} does not exist")
-        return [exp.experiment_id]
-    return [e.experiment_id for e in client.search_experiments(max_results=1000)]
+        return ids
+    return list(exps)
 
 
-def _resolve(client: MlflowClient, uri: str, args: argparse.Namespace):
+def _resolve(reader: RunReader, uri: str, args: argparse.Namespace):
     """(run, queue labels or None): the run named on the command line, or the review queue's."""
     if args.cmd == "score" and args.from_mlflow:
         if args.labels is not None:
             raise RunInputError("give labels.csv or --from-mlflow QUEUE, not both")
-        ql = read_queue(uri, args.from_mlflow, _experiment_ids(client, args.experiment))
-        run = resolve_run(client, ql.run_id, None)
-        if args.run and resolve_run(client, args.run, args.experiment).info.run_id != run.info.run_id:
+        ql = read_queue(uri, args.from_mlflow, _experiment_ids(reader, args.experiment))
+        run = reader.resolve(ql.run_id, None)
+        if args.run and reader.resolve(args.run, args.experiment).run_id != run.run_id:
             raise RunInputError(
                 f"review queue {args.from_mlflow!r} holds claims of run {ql.run_id}, not {args.run}"
             )
         return run, ql
     if args.run is None or (args.cmd == "score" and args.labels is None):
         raise RunInputError("score needs RUN labels.csv, or --from-mlflow QUEUE")
-    return resolve_run(client, args.run, args.experiment), None
+    return reader.resolve(args.run, args.experiment), None
 
 
 def restore_judge(labels_path: Path, claims, out: Path) -> Path:
@@ -147,13 +148,13 @@ def restore_judge(labels_path: Path, claims, out: Path) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     uri = tracking_uri(args.tracking_uri)
-    client = MlflowClient(tracking_uri=uri)
+    reader = MlflowRunReader(uri)
     tmp = tempfile.TemporaryDirectory()
     try:
-        run, ql = _resolve(client, uri, args)
-        claims = judged_claims(load_per_query(client, run))
+        run, ql = _resolve(reader, uri, args)
+        claims = judged_claims(reader.per_query(run))
         if claims.empty:
-            raise RunInputError(f"run {run_label(run)} has no judged claims")
+            raise RunInputError(f"run {run.label} has no judged claims")
         warn = self_preference_warning(run)
         if args.cmd == "sample":
             return _sample(uri, args, run, claims, warn)
@@ -177,11 +178,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if warn:
             print(warn, file=sys.stderr)
         if not args.no_log:
-            log_spotcheck(client, run, ag, labels_path, summary)
+            log_spotcheck(uri, run, ag, labels_path, summary)
             if ql is not None:  # where the labels live: re-scoring reads the queue again
-                client.set_tag(run.info.run_id, "spotcheck.queue", ql.queue.queue_id)
+                annotate.set_tags(uri, run.run_id, {"spotcheck.queue": ql.queue.queue_id})
             print(
-                f"logged spotcheck/* metrics and spotcheck/labels.csv, spotcheck/summary.md on run {run.info.run_id}"
+                f"logged spotcheck/* metrics and spotcheck/labels.csv, spotcheck/summary.md on run {run.run_id}"
             )
         return 0
     except LabelFileError as e:

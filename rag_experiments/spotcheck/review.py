@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-from mlflow.entities import Run
 
+from rag_experiments.core.run_record import RunData
 from rag_experiments.spotcheck.claims import COLUMNS
 from rag_experiments.spotcheck.labels import HUMAN_LABELS, Labels, labels_from_records
 from rag_experiments.tracking import review_queue as rq
@@ -41,17 +41,17 @@ INSTRUCTION = (
 RUN, ITEM, PI = "spotcheck.run_id", "spotcheck.item_id", "spotcheck.inclusion_prob"
 
 
-def queue_name(run: Run, sample: pd.DataFrame) -> str:
+def queue_name(run: RunData, sample: pd.DataFrame) -> str:
     """``spotcheck <run name> <digest>``: the digest is of the run and the sampled (item, π), so the
     same sample names the same queue and another sample another one."""
     key = json.dumps(
         [
-            run.info.run_id,
+            run.run_id,
             [[i, repr(float(p))] for i, p in zip(sample["item_id"], sample["inclusion_prob"], strict=True)],
         ]
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:8]
-    return f"spotcheck {(run.info.run_name or run.info.run_id[:8])[:150]} {digest}"
+    return f"spotcheck {(run.run_name or run.run_id[:8])[:150]} {digest}"
 
 
 _MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~])")
@@ -90,17 +90,17 @@ class Published:
     n_reused: int
 
 
-def _tags(run: Run, row, design: str, show_judge: bool = False) -> dict[str, str]:
+def _tags(run: RunData, row, design: str, show_judge: bool = False) -> dict[str, str]:
     """The claim trace's tags; the judge's verdict and score only with ``show_judge`` (the Review
     tab shows tags to the reviewer: blind by default, ``score`` takes the verdict from the run)."""
     score = row["judge_score"]
     tags = {
-        RUN: run.info.run_id,
+        RUN: run.run_id,
         ITEM: row["item_id"],
         PI: repr(float(row["inclusion_prob"])),  # repr: the float round-trips exactly
         "spotcheck.design": design,
-        "spotcheck.judge": run.data.params.get("judge", ""),
-        "spotcheck.judge_model": run.data.tags.get("judge_model", ""),
+        "spotcheck.judge": run.params.get("judge", ""),
+        "spotcheck.judge_model": run.tags.get("judge_model", ""),
     }
     if show_judge:
         tags["spotcheck.judge_verdict"] = row["judge_verdict"]
@@ -109,14 +109,14 @@ def _tags(run: Run, row, design: str, show_judge: bool = False) -> dict[str, str
 
 
 def publish(
-    uri: str, run: Run, sample: pd.DataFrame, design: str, name: str | None = None, show_judge: bool = False
+    uri: str, run: RunData, sample: pd.DataFrame, design: str, name: str | None = None, show_judge: bool = False
 ) -> Published:
     """Create (or find) the queue ``name`` (default :func:`queue_name`) holding ``sample``'s claims.
 
     Idempotent: traces already written for the queue (found by tag, attached or not) are reused,
     and attaching is idempotent; a queue that holds another sample → :class:`RunInputError`.
     """
-    eid = run.info.experiment_id
+    eid = run.experiment_id
     name = name or queue_name(run, sample)
     schema = rq.ensure_schema(uri, eid, SCHEMA, HUMAN_LABELS, INSTRUCTION)
     queue, _ = rq.get_or_create_queue(uri, eid, name, schema.schema_id)
@@ -125,7 +125,7 @@ def publish(
             f"review queue {name!r} exists without the {SCHEMA!r} label schema; pick another --queue"
         )
     written = rq.traces_written_for(uri, eid, name)
-    want = {f"{run.info.run_id}/{r['item_id']}": r for r in sample.to_dict("records")}
+    want = {f"{run.run_id}/{r['item_id']}": r for r in sample.to_dict("records")}
     by_trace = {tid: key for key, (tid, _) in written.items()}
     other = [
         by_trace.get(it.item_id, it.item_id)

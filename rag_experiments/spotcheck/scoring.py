@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pandas as pd
-from mlflow.entities import Run
 
 from rag_experiments.analysis.ppi import Estimate, judge_only, ppi_mean
+from rag_experiments.core.run_record import RunData
 from rag_experiments.judge.agreement import agreement_figures, kappa_ci
 from rag_experiments.spotcheck.labels import HUMAN_LABELS, Labels
 
@@ -72,8 +72,8 @@ def score_labels(labels: Labels, seed: int = 0, n_resamples: int = 2000) -> Agre
     )
 
 
-def self_preference_warning(run: Run) -> str | None:
-    tags = run.data.tags
+def self_preference_warning(run: RunData) -> str | None:
+    tags = run.tags
     gen, judge = tags.get("generator_model"), tags.get("judge_model")
     same = tags.get("judge_is_generator") == "true" or (
         gen and judge and gen not in ("None", "") and gen == judge

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import math
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
-from mlflow.entities import Metric, Run
-from mlflow.tracking import MlflowClient
-
 from rag_experiments.core.formatting import fmt_num
+from rag_experiments.core.run_record import RunData
 from rag_experiments.spotcheck.labels import HUMAN_LABELS
 from rag_experiments.spotcheck.scoring import Agreement
-from rag_experiments.tracking.runs import run_label
+from rag_experiments.tracking import annotate
 
 
 def _f(x: float, nd: int = 3) -> str:
@@ -38,14 +34,14 @@ def _ppi_lines(ag: Agreement) -> list[str]:
     ]
 
 
-def render_summary(run: Run, ag: Agreement, labels_path: Path, source: str | None = None) -> str:
+def render_summary(run: RunData, ag: Agreement, labels_path: Path, source: str | None = None) -> str:
     """``source``: where the labels came from when not the file itself (a review queue)."""
     lo, hi = ag.kappa_ci
     lines = [
-        f"# Judge spot-check: {run_label(run)}",
+        f"# Judge spot-check: {run.label}",
         "",
-        f"Labels: {source or f'`{labels_path.name}`'}; judge `{run.data.tags.get('judge_model', '?')}` "
-        f"({run.data.params.get('judge', '?')}), generator `{run.data.tags.get('generator_model', '?')}`.",
+        f"Labels: {source or f'`{labels_path.name}`'}; judge `{run.tags.get('judge_model', '?')}` "
+        f"({run.params.get('judge', '?')}), generator `{run.tags.get('generator_model', '?')}`.",
         "",
     ]
     if ag.warnings:
@@ -100,9 +96,8 @@ def render_summary(run: Run, ag: Agreement, labels_path: Path, source: str | Non
     return "\n".join(lines) + "\n"
 
 
-def log_spotcheck(client: MlflowClient, run: Run, ag: Agreement, labels_path: Path, summary: str) -> None:
-    rid = run.info.run_id
-    now = int(time.time() * 1000)
+def spotcheck_metrics(ag: Agreement) -> dict[str, float]:
+    """The ``spotcheck/*`` metrics of an agreement (NaN ones are left out when logged)."""
     vals = {
         "spotcheck/n": ag.n,
         "spotcheck/n_blank": ag.n_blank,
@@ -125,10 +120,14 @@ def log_spotcheck(client: MlflowClient, run: Run, ag: Agreement, labels_path: Pa
             vals[f"spotcheck/confusion/human_{hl}/judge_{jl}"] = int(
                 ag.confusion.at[f"human {hl}", f"judge {jl}"]
             )
-    metrics = [Metric(k, float(v), now, 0) for k, v in vals.items() if not math.isnan(float(v))]
-    client.log_batch(rid, metrics=metrics)
+    return {k: float(v) for k, v in vals.items()}
+
+
+def log_spotcheck(uri: str, run: RunData, ag: Agreement, labels_path: Path, summary: str) -> None:
+    """The metrics, ``spotcheck/labels.csv`` and ``spotcheck/summary.md`` on the run."""
+    annotate.log_metrics(uri, run.run_id, spotcheck_metrics(ag))
     with tempfile.TemporaryDirectory() as tmp:  # stored under a fixed name, whatever the file was called
         copy = Path(tmp) / "labels.csv"
         shutil.copyfile(labels_path, copy)
-        client.log_artifact(rid, str(copy), artifact_path="spotcheck")
-    client.log_text(rid, summary, "spotcheck/summary.md")
+        annotate.log_files(uri, run.run_id, [copy], "spotcheck")
+    annotate.log_text(uri, run.run_id, summary, "spotcheck/summary.md")

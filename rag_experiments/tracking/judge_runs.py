@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from mlflow.entities import Run
 
-from rag_experiments.tracking.runs import RunInputError, run_label
+from rag_experiments.core.run_record import RunData
+from rag_experiments.tracking.runs import RunInputError, as_record, run_label
 
 ALLOW_FLAG = "--allow-judge-change"
 
@@ -38,9 +39,10 @@ def _params_identity(params: dict[str, str]) -> str:
     return "params:" + hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def run_judge(run: Run) -> JudgeRef | None:
+def run_judge(run: Run | RunData) -> JudgeRef | None:
     """The judge that scored ``run``; None for a retrieval-only run (no generation, no judge)."""
-    tags, params = run.data.tags, run.data.params
+    rec = as_record(run)
+    tags, params = rec.tags, rec.params
     if "judge_identity" not in tags and "judge_model" not in tags:
         return None  # no generator: nothing was judged
     if params.get("judge") == "none" or tags.get("judge_identity") in ("", "None"):
@@ -53,7 +55,7 @@ def run_judge(run: Run) -> JudgeRef | None:
     return JudgeRef(name, ident or _params_identity(dict(params)), bool(ident))
 
 
-def check_same_judge(runs: Sequence[Run], allow: bool = False) -> str | None:
+def check_same_judge(runs: Sequence[Run | RunData], allow: bool = False) -> str | None:
     """None when every judged run has the same judge; otherwise RunInputError naming the first two
     different judges, or with ``allow`` a note saying the comparison crosses judges.
 
@@ -64,7 +66,7 @@ def check_same_judge(runs: Sequence[Run], allow: bool = False) -> str | None:
     if len(refs) < 2:
         return None
     if not all(j.from_tag for _, j in refs):
-        refs = [(r, JudgeRef(j.name, _params_identity(dict(r.data.params)), False)) for r, j in refs]
+        refs = [(r, JudgeRef(j.name, _params_identity(as_record(r).params), False)) for r, j in refs]
     (r0, j0), other = refs[0], next(((r, j) for r, j in refs[1:] if j.identity != refs[0][1].identity), None)
     if other is None:
         return None

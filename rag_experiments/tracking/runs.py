@@ -163,27 +163,41 @@ def sweep_config_runs(client: MlflowClient, sweep_id: str, experiment: str | Non
     return sorted(latest.values(), key=lambda r: r.info.start_time or 0)
 
 
-def run_label(run: Run) -> str:
-    name = run.info.run_name
-    return f"{name} ({run.info.run_id[:8]})" if name else run.info.run_id
+def run_label(run: Run | RunData) -> str:
+    return as_record(run).label
 
 
-def run_data(client: MlflowClient, run: Run, with_table: bool = True) -> RunData:
+def as_record(run: Run | RunData) -> RunData:
+    """The neutral record of an MLflow run (no per-query table); a ``RunData`` as it is."""
+    if isinstance(run, RunData):
+        return run
+    info = run.info
     return RunData(
-        run_id=run.info.run_id,
-        name=run.info.run_name or run.info.run_id,
+        run_id=info.run_id,
+        name=info.run_name or info.run_id,
         params=dict(run.data.params),
         tags=dict(run.data.tags),
-        table=load_per_query(client, run) if with_table else None,
+        metrics=dict(run.data.metrics),
+        status=info.status,
+        experiment_id=info.experiment_id,
+        parent_id=run.data.tags.get("mlflow.parentRunId"),
+        start_time=info.start_time or 0,
+        run_name=info.run_name or "",
     )
 
 
-def check_same_evalset(run_a: Run, run_b: Run) -> str | None:
+def run_data(client: MlflowClient, run: Run, with_table: bool = True) -> RunData:
+    rec = as_record(run)
+    rec.table = load_per_query(client, run) if with_table else None
+    return rec
+
+
+def check_same_evalset(run_a: Run | RunData, run_b: Run | RunData) -> str | None:
     """Raise RunInputError when both runs carry different ``evalset_digest`` tags.
 
     Returns a warning string when a digest is missing (pairing then relies on ids alone).
     """
-    da, db = run_a.data.tags.get("evalset_digest"), run_b.data.tags.get("evalset_digest")
+    da, db = as_record(run_a).tags.get("evalset_digest"), as_record(run_b).tags.get("evalset_digest")
     if da and db and da != db:
         raise RunInputError(
             f"runs were evaluated on different eval sets (evalset_digest {da[:12]}… vs {db[:12]}…); "
