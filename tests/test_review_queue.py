@@ -234,3 +234,28 @@ def test_score_needs_labels_or_a_queue_not_both(judged, tmp_path, capsys):
     assert "score needs RUN labels.csv, or --from-mlflow QUEUE" in capsys.readouterr().err
     argv = ["--tracking-uri", uri, "score", rid, str(tmp_path / "x.csv"), "--from-mlflow", "q"]
     assert spotcheck.main(argv) == 2 and "not both" in capsys.readouterr().err
+
+
+def test_a_label_whose_trace_was_deleted_is_counted_not_dropped_silently(judged, tmp_path, capsys):
+    """Issue 31 item 12. Deleting a trace in MLflow removes its queue item and its HUMAN feedback
+    too, so the queue alone shrinks without a word; the manifest ``publish`` logs on the run names
+    the items whose trace is gone, in the output and in the logged summary, and n is the rest."""
+    root, uri, client, exp, rid = judged
+    qid = _queue_id(_sample(uri, rid, tmp_path / "d.csv", capsys, "--queue", "deleted traces"))
+    items = rq.read_items(uri, rq.find_queue(uri, qid, [exp]), review.SCHEMA)
+    assert len(items) == 6
+    mlflow.set_tracking_uri(uri)
+    for it in items:  # every claim labelled
+        mlflow.log_feedback(trace_id=it.trace_id, name=review.SCHEMA, value="supported", source=AssessmentSource("HUMAN", "alice"))  # fmt: skip
+    gone = [it.tags[review.ITEM] for it in items[:2]]
+    client.delete_traces(experiment_id=exp, trace_ids=[it.trace_id for it in items[:2]])
+    assert len(rq.queue_items(uri, qid)) == 4  # MLflow took the items with the traces: nothing else says so
+
+    assert spotcheck.main(["--tracking-uri", uri, "score", "--from-mlflow", qid]) == 0
+    out = capsys.readouterr().out
+    line = "2 of the 6 sampled item(s) of review queue 'deleted traces'"
+    assert line in out and "refer to deleted traces" in out and all(g in out for g in gone)
+    summary = Path(client.download_artifacts(rid, "spotcheck/summary.md", str(tmp_path / "dl"))).read_text()
+    assert line in summary
+    labelled = client.get_run(rid).data.metrics
+    assert labelled["spotcheck/n"] + labelled.get("spotcheck/n_judge_unparseable", 0) + labelled["spotcheck/n_blank"] == 4

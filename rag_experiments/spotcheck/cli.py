@@ -17,7 +17,15 @@ from rag_experiments.spotcheck.claims import (
     with_judge_columns,
 )
 from rag_experiments.spotcheck.labels import LabelFileError, read_labels
-from rag_experiments.spotcheck.review import SCHEMA, publish, queue_labels, read_queue, review_url
+from rag_experiments.spotcheck.review import (
+    SCHEMA,
+    manifest_path,
+    missing_items,
+    publish,
+    queue_labels,
+    read_queue,
+    review_url,
+)
 from rag_experiments.spotcheck.scoring import faithfulness_estimates, score_labels, self_preference_warning
 from rag_experiments.spotcheck.summary import log_spotcheck, render_summary
 from rag_experiments.tracking import annotate
@@ -126,6 +134,11 @@ def _resolve(reader: RunReader, uri: str, args: argparse.Namespace):
             raise RunInputError(
                 f"review queue {args.from_mlflow!r} holds claims of run {ql.run_id}, not {args.run}"
             )
+        try:
+            manifest = reader.text(run, manifest_path(ql.queue.queue_id))
+        except RunInputError:
+            manifest = None
+        ql.warnings += missing_items(ql, manifest)  # deleted traces: counted, never silent
         return run, ql
     if args.run is None or (args.cmd == "score" and args.labels is None):
         raise RunInputError("score needs RUN labels.csv, or --from-mlflow QUEUE")

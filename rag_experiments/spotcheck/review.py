@@ -9,6 +9,11 @@ answer the :data:`SCHEMA` label schema (the CSV's labels, the instructions in it
 answers are ``HUMAN`` feedback on the claim's trace. Re-publishing the same sample reuses the queue
 and its traces. ``queue_labels`` reads the queue back as the same :class:`Labels` the CSV reader
 gives, checked by the same rules, so ``score`` runs one scoring function on either.
+
+Deleting a trace in MLflow also removes its queue item and its feedback, so a queue alone cannot
+tell that a label went missing. ``publish`` therefore logs the sample's manifest on the run
+(``spotcheck/queues/<queue id>.json``: every item and its trace); :func:`missing_items` compares the
+queue with it, and ``score`` names the items whose trace is gone instead of shrinking n silently.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import pandas as pd
 from rag_experiments.core.run_record import RunData
 from rag_experiments.spotcheck.claims import COLUMNS
 from rag_experiments.spotcheck.labels import HUMAN_LABELS, Labels, labels_from_records
+from rag_experiments.tracking import annotate
 from rag_experiments.tracking import review_queue as rq
 from rag_experiments.tracking.runs import RunInputError
 from rag_experiments.tracking.uri import is_server
@@ -162,7 +168,37 @@ def publish(
         n_new += 1
     rq.flush()
     rq.attach(uri, queue.queue_id, ids)
+    items = [
+        {"item_id": row["item_id"], "inclusion_prob": repr(float(row["inclusion_prob"])), "trace_id": tid}
+        for row, tid in zip(want.values(), ids, strict=True)
+    ]
+    manifest = {"queue_id": queue.queue_id, "queue": name, "run_id": run.run_id, "items": items}
+    annotate.log_text(uri, run.run_id, json.dumps(manifest, indent=1), manifest_path(queue.queue_id))
     return Published(queue, n_new, len(ids) - n_new)
+
+
+def manifest_path(queue_id: str) -> str:
+    """The run artifact that records what ``publish`` put in the queue."""
+    return f"spotcheck/queues/{queue_id}.json"
+
+
+def missing_items(ql: QueueLabels, manifest: str | None) -> list[str]:
+    """Warnings for the sampled items the queue no longer holds (their trace was deleted, and the
+    item and its feedback with it): they are left out of n, and a label they had is lost. A queue
+    published before manifests existed (``manifest`` None) gets a note that it cannot be checked."""
+    label = f"review queue {ql.queue.name!r} (experiment {ql.queue.experiment_id})"
+    if manifest is None:
+        return [f"note: {label} has no manifest on the run (published by an older version): deleted traces cannot be counted"]
+    want = [it["item_id"] for it in json.loads(manifest)["items"]]
+    have = {rec["item_id"] for _, rec in ql.records}
+    gone = [i for i in want if i not in have]
+    if not gone:
+        return []
+    return [
+        f"{len(gone)} of the {len(want)} sampled item(s) of {label} refer to deleted traces "
+        f"({', '.join(gone[:5])}{' …' if len(gone) > 5 else ''}): any label they had is lost; they are "
+        f"left out of n"
+    ]
 
 
 @dataclass
