@@ -21,7 +21,8 @@ from rag_experiments.evaluation.aggregate import metric_columns
 from rag_experiments.evaluation.headline import GENERATION_HEADLINE, table_metrics
 from rag_experiments.report import cli as report_cli
 from rag_experiments.report.load import sweep_override_keys
-from rag_experiments.tracking.runs import load_per_query
+from rag_experiments.tracking.run_reader import MlflowRunReader
+from rag_experiments.tracking.runs import as_record, load_per_query
 from tests.llm_fixtures import FakeLLM
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 
@@ -148,7 +149,9 @@ def test_compare_sweep_needs_no_baseline_and_picks_the_reports(own_corpus, capsy
 def test_compare_two_runs_tests_the_headline_family_and_holm_over_it(own_corpus, capsys):
     _, uri, client, _, children, _ = own_corpus
     a, b = _child(children, "concise", "5"), _child(children, "concise", "3")  # only k differs
-    family = compare.build_comparison(client, a, b, n_resamples=199)
+    reader = MlflowRunReader(uri)
+    ra, rb = reader.resolve(a.info.run_id), reader.resolve(b.info.run_id)
+    family = compare.build_comparison(reader, ra, rb, n_resamples=199)
     available = metric_columns(load_per_query(client, a), load_per_query(client, b))
     shown = [r.metric for r in family.results]
     # k with generation: generation first; retrieval at the larger k of the two
@@ -157,7 +160,7 @@ def test_compare_two_runs_tests_the_headline_family_and_holm_over_it(own_corpus,
     assert [r.p_holm for r in family.results] == pytest.approx(
         list(holm([r.p_value for r in family.results]))
     )
-    every = compare.build_comparison(client, a, b, n_resamples=199, every_metric=True)
+    every = compare.build_comparison(reader, ra, rb, n_resamples=199, every_metric=True)
     assert len(every.results) > len(family.results) and "ndcg_at_5" in {r.metric for r in every.results}
     assert [r.p_holm for r in every.results] == pytest.approx(list(holm([r.p_value for r in every.results])))
     # the CLI says which family it tested and how to widen it
@@ -180,7 +183,7 @@ def test_a_swept_key_is_never_held_fixed_even_with_one_level_left(own_corpus, tm
     all the same, so it is not "held fixed" (it was, when Held fixed left out only the factors the
     compared runs vary)."""
     _, uri, client, parent, children, _ = own_corpus
-    assert sweep_override_keys(parent) == ["prompt", "retriever.k"]
+    assert sweep_override_keys(as_record(parent)) == ["prompt", "retriever.k"]
     exp = parent.info.experiment_id
     tags = {k: v for k, v in parent.data.tags.items() if not k.startswith("mlflow.")}
     half = client.create_run(exp, run_name="half sweep", tags={**tags, "sweep_id": "half-sweep"}).info.run_id
@@ -215,5 +218,5 @@ def test_a_swept_key_is_never_held_fixed_even_with_one_level_left(own_corpus, tm
     # a hand-written tag: only the keys swept over several values count, place keys never
     tagged = {"sweep_overrides": json.dumps(["retriever.k=3,5", "cache_dir=/x,/y", "seed=0"])}
     rid = client.create_run(exp, run_name="hand-made parent", tags=tagged).info.run_id
-    assert sweep_override_keys(client.get_run(rid)) == ["retriever.k"]
+    assert sweep_override_keys(as_record(client.get_run(rid))) == ["retriever.k"]
     client.delete_run(rid)

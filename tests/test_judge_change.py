@@ -112,15 +112,11 @@ def test_runs_without_the_tag_compare_by_judge_params(store):
 def test_a_judge_free_run_compares_with_a_judged_one():
     """judge=none logs only judge-free metrics (F1/EM, citations, abstention, key-fact correctness):
     no judge change can move them, so compare/gate/select do not refuse the pair."""
-    from types import SimpleNamespace
-
+    from rag_experiments.core.run_record import RunData
     from rag_experiments.tracking.judge_runs import check_same_judge
 
-    def run(judge, ident, rid):
-        return SimpleNamespace(
-            data=SimpleNamespace(params={"judge": judge}, tags={"judge_identity": ident, "mlflow.runName": rid}),
-            info=SimpleNamespace(run_id=rid, run_name=rid),
-        )
+    def run(judge, ident, rid):  # the neutral record every reader returns (tracking.run_reader)
+        return RunData(rid, rid, {"judge": judge}, {"judge_identity": ident}, run_name=rid)
 
     assert check_same_judge([run("heuristic", "abc", "r1"), run("none", "", "r2")]) is None
     with pytest.raises(Exception, match="different judges"):
