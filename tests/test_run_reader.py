@@ -198,3 +198,15 @@ def test_plan_is_identical(readers):
     args = plan.build_parser().parse_args(["--pilot", "chunking.size=512", "--experiment", "seam"])
     ml, mem = both(readers, lambda rd: _ids_out(plan.run_plan(args, rd), rd))
     assert ml == mem and "hit_at_5" in ml and ml.startswith("pilot <chunking.size=512@4000>")
+
+
+def test_missing_table_or_artifact_is_bad_input_in_both(readers):
+    for rd in readers.values():
+        parent = rd.get(rd.sweep_children(SWEEP)[0].parent_id)
+        assert parent is not None and parent.tags["is_parent"] == "true"
+        with pytest.raises(RunInputError, match=r"has no per_query\.parquet artifact"):
+            rd.per_query(parent)
+        with pytest.raises(RunInputError, match=r"has no nope\.txt artifact"):
+            rd.text(parent, "nope.txt")
+        assert rd.get("f" * 32) is None
+        assert rd.experiment_name(parent.experiment_id) == "seam"
