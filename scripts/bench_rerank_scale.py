@@ -30,12 +30,17 @@ Figures per size (columns side by side at the end)
               the dense index did once (≈ n / c; amortised batches only move it further out).
 
     python scripts/bench_rerank_scale.py [--sizes 10000 100000 1000000] [--dense-sizes 10000 100000]
-        [--candidates 20 50 100] [--queries 200] [--rerank-queries 8] [--st-chunks 500]
+        [--candidates 20 50 100] [--queries 200] [--rerank-queries 8] [--st-chunks 500] [--threads N]
 
-Budget on the shared 2-core machine: 10k + 100k ≈ 10 min; the 1M column adds reading 1M windows
-(≈ 1.5 min quiet) and a BM25 index of 1M chunks. The dense 1M column is never measured here
-(``bench_scale.py`` measures the static 1M index: ≈ 10 min quiet, an hour under load). Times
-follow the machine's load (printed per size); ratios less so.
+``--threads 1`` on a loaded machine: torch's default (one thread per core) made a one-query MiniLM
+encode take ≈ 1.2 s at load 9-11 on 2 cores against ≈ 40 ms with one thread (threads waiting for
+each other while other processes hold the cores); small per-query batches suffer most.
+
+Budget: 20 min for all three sizes on the shared 2-core machine at load 8-11 (reading 1M windows
+2 min, MiniLM throughput 2 min, ≈ 4.5 min per size, most of it MiniLM re-scoring 5 queries × 170
+candidates); peak RSS 2.4 GB at 1M. The dense 1M column is never measured here (``bench_scale.py``
+measures the static 1M index). Times follow the machine's load (printed per size); ratios less so.
+A ``--workdir`` re-run reuses the windows and every size already measured there (``size_<n>.json``).
 """
 
 from __future__ import annotations
@@ -237,7 +242,7 @@ def report(results: list[dict], args, rate: float, q_ms: float) -> None:
         )
     c_mid = sorted(args.candidates)[len(args.candidates) // 2]
     row(
-        f"BM25 build s / MiniLM index embed s (c={c_mid} n/a)",
+        "BM25 build s / MiniLM index embed s",
         lambda r: f"{r['bm25_build_s'] / (r['n'] / rate):.4f}",
     )
     row(
@@ -276,9 +281,18 @@ def main() -> None:
     p.add_argument("--st-chunks", type=int, default=500, help="windows for the MiniLM throughput")
     p.add_argument("--workdir", type=Path)
     p.add_argument("--static-cache", type=Path, help="a cache_dir that already holds the distilled model")
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads (default: torch's own, one per core); 1 avoids oversubscription",
+    )
     p.add_argument("--_size", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench_rerank_scale_"))
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     if args._size:
         print(json.dumps(bench_size(args._size, args, work)))
         return
@@ -323,6 +337,8 @@ def main() -> None:
         ]
         if args.static_cache:
             cmd += ["--static-cache", str(args.static_cache)]
+        if args.threads:
+            cmd += ["--threads", str(args.threads)]
         t, saved = time.perf_counter(), work / f"size_{n}.json"  # kept: a --workdir re-run reuses it
         if saved.exists():
             print(f"  size {n:,}: reusing {saved}")
