@@ -36,9 +36,10 @@ Figures per size (columns side by side at the end)
 encode take ≈ 1.2 s at load 9-11 on 2 cores against ≈ 40 ms with one thread (threads waiting for
 each other while other processes hold the cores); small per-query batches suffer most.
 
-Budget: 20 min for all three sizes on the shared 2-core machine at load 8-11 (reading 1M windows
-2 min, MiniLM throughput 2 min, ≈ 4.5 min per size, most of it MiniLM re-scoring 5 queries × 170
-candidates); peak RSS 2.4 GB at 1M. The dense 1M column is never measured here (``bench_scale.py``
+Budget (``--rerank-queries 5``, all three sizes, shared 2-core machine): 12 min with ``--threads 1``
+at load 6-8, 20 min with torch's default threads at load 8-11 (reading 1M windows 2 min, MiniLM
+throughput 1-2 min, 2-4.5 min per size, most of it MiniLM re-scoring 5 queries × 170 candidates);
+peak RSS 2.5 GB at 1M. The dense 1M column is never measured here (``bench_scale.py``
 measures the static 1M index). Times follow the machine's load (printed per size); ratios less so.
 A ``--workdir`` re-run reuses the windows and every size already measured there (``size_<n>.json``).
 """
