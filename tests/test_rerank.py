@@ -32,7 +32,7 @@ from rag_experiments.stages.rerank import (
     is_cross_encoder,
     rerank_order,
 )
-from rag_experiments.stages.retrieval import BM25Retriever, HybridRetriever, minmax, weighted_fuse
+from rag_experiments.stages.retrieval import BM25Retriever, HybridRetriever, minmax, rrf_fuse, weighted_fuse
 from tests.sweep_helpers import REPO, make_tiny, run_sweep, sweep_args, tiny_inputs
 
 CONF = str(REPO / "rag_experiments" / "conf")
@@ -59,6 +59,25 @@ def test_weighted_fusion_by_hand() -> None:
     assert np.allclose(sc[0][:4], [0.75, 0.25, 0.125, 0.0])
     assert sc[0][4] == -np.inf
     assert minmax(np.array([[3.0, 3.0]]), np.array([[True, True]])).tolist() == [[1.0, 1.0]]
+
+
+def test_fusion_in_query_blocks_equals_one_matrix() -> None:
+    # 1,190 queries × 1M chunks in one float64 matrix is 9.5 GB: fusion runs on blocks of queries;
+    # rows are independent, so any block size gives the same rankings, ties and pads included
+    rng = np.random.default_rng(3)
+    n_q, n_items, depth = 37, 60, 8
+    lists = [np.stack([rng.permutation(n_items)[:depth] for _ in range(n_q)]) for _ in range(2)]
+    lists[1][::5, -2:] = -1  # short lists (fewer chunks than candidates)
+    scores = [np.sort(rng.integers(0, 4, (n_q, depth)).astype(float), axis=1)[:, ::-1] for _ in range(2)]
+    scores[1][lists[1] < 0] = -np.inf
+    for max_cells in (1, n_items * 4, n_items * 7 + 3):
+        whole = rrf_fuse(lists, [1.0, 0.5], n_items, k=12)
+        blocked = rrf_fuse(lists, [1.0, 0.5], n_items, k=12, max_cells=max_cells)
+        assert all(np.array_equal(a, b) for a, b in zip(whole, blocked, strict=True))
+        whole = weighted_fuse(lists, scores, [0.3, 0.7], n_items, k=12)
+        blocked = weighted_fuse(lists, scores, [0.3, 0.7], n_items, k=12, max_cells=max_cells)
+        assert all(np.array_equal(a, b) for a, b in zip(whole, blocked, strict=True))
+    assert blocked[0].shape == (n_q, 12)
 
 
 def test_hybrid_rrf_keeps_its_identity_and_weighted_changes_it() -> None:
