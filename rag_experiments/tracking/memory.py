@@ -6,8 +6,8 @@ the production ones. Nothing here imports mlflow.
 
 from __future__ import annotations
 
-import itertools
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,13 +37,13 @@ class StoredRun:
 
 @dataclass
 class MemoryStore:
-    """Every run of one process, keyed by run id (32 hex digits, like MLflow's)."""
+    """Every run of one process, keyed by run id (32 random hex digits, like MLflow's: a run's
+    label shows its first 8, so they must differ between runs)."""
 
     runs: dict[str, StoredRun] = field(default_factory=dict)
-    _ids: itertools.count = field(default_factory=itertools.count, repr=False)
 
     def new_run(self, name: str, experiment: str, parent_id: str | None = None) -> StoredRun:
-        run_id = f"{next(self._ids):032x}"
+        run_id = uuid.uuid4().hex
         run = self.runs[run_id] = StoredRun(run_id, name, experiment, parent_id)
         return run
 
