@@ -207,15 +207,20 @@ class RegisteredPrompt(PromptTemplate):
 _checked: dict[str, list[str]] = {}
 
 
-def registered_prompt_problems(generator: Mapping[str, Any] | None, prompt: Mapping[str, Any] | None) -> list[str]:
-    """The problems of a job's ``prompt=registry`` (unknown name, version, alias; a template we
-    cannot run), read from the store; [] for other prompts and retrieval-only runs. ``generator``,
-    ``prompt``: the job's resolved ``generator`` and ``prompt`` nodes (plain data). The multirun
-    callback asks this for every job before the first run (memoised per reference)."""
+def is_registry_prompt(node: Mapping[str, Any] | None) -> bool:
+    """True when a ``prompt`` node names a registered prompt (``prompt=registry``)."""
+    return node is not None and node.get("_target_") in REFERENCE_TARGETS
+
+
+def registered_prompt_problems(prompt: Mapping[str, Any]) -> list[str]:
+    """The problems of a generating job's ``prompt=registry`` (unknown name, version, alias; a
+    template we cannot run), read from the store; [] for other prompts. ``prompt``: the job's
+    resolved ``prompt`` node (plain data). The multirun callback asks this for every generating
+    job before the first run (memoised per reference)."""
     from rag_experiments.core.build import build
 
     node = prompt
-    if not ((generator or {}).get("_target_") and node is not None and node.get("_target_") in REFERENCE_TARGETS):
+    if not is_registry_prompt(node):
         return []
     key = json.dumps([resolve_uri(node.get("tracking_uri")), node], sort_keys=True, default=str)
     if key not in _checked:
