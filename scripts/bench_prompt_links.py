@@ -60,7 +60,7 @@ def main() -> None:
 
     from rag_experiments.evalset.corpus import Corpus
     from rag_experiments.evalset.load import EvalSet, sample_dir
-    from rag_experiments.tracking.traces import write_traces
+    from rag_experiments.tracking.traces import TraceJob, TraceSettings, write_traces
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -73,16 +73,18 @@ def main() -> None:
         times: dict[tuple[str, bool], list[float]] = {}
         for path in ("fast", "public"):  # untimed: a process's first trace write pays one-off set-up
             run = c.create_run(exp).info.run_id
-            write_traces(uri, run, exp, df, evalset.items, corpus.docs, 5, evalset.digest, path=path)
+            job = TraceJob(TraceSettings(k=5, path=path), evalset.items, corpus.docs, evalset.digest)
+            write_traces(uri, run, exp, df, job)
         for r in range(a.rounds):
             for path in ("fast", "public"):
                 for linked in (False, True) if r % 2 == 0 else (True, False):  # order effects cancel
                     run = c.create_run(exp).info.run_id
                     t = time.perf_counter()
-                    write_traces(
-                        uri, run, exp, df, evalset.items, corpus.docs, 5, evalset.digest, path=path,
+                    job = TraceJob(
+                        TraceSettings(k=5, path=path), evalset.items, corpus.docs, evalset.digest,
                         prompt_version=(pv.name, 1) if linked else None,
                     )  # fmt: skip
+                    write_traces(uri, run, exp, df, job)
                     times.setdefault((path, linked), []).append(time.perf_counter() - t)
                     got = mlflow.search_traces(
                         locations=[exp], run_id=run, filter_string=f"prompt = '{pv.name}/1'", return_type="list"

@@ -16,8 +16,8 @@ from pathlib import Path
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
-from rag_experiments.run.multirun import settle_parent, start_sweep_child
 from rag_experiments.tracking import writer as tracking
+from rag_experiments.tracking.parents import settle_parent, start_sweep_child
 from tests.test_server import mlflow_server  # noqa: F401  (session fixture: the real server)
 
 SWEEP = {"sweep_hash": "h" * 16, "invocation": "inv0123456789", "sweep_id": "20260101-000000-inv012"}

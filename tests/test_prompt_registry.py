@@ -137,6 +137,18 @@ def test_registered_prompt_by_version_and_alias_and_unknown_entries_named(store)
         pr.RegisteredPrompt("rag-experiments.nope", version=1, tracking_uri=uri)
 
 
+def test_registered_prompt_problems_read_a_plain_node(store):
+    """The multirun's check before any run, on the job's resolved ``prompt`` node (no Hydra)."""
+    client, exp, uri = store
+    pr.register(client, by_name("concise"), exp)
+    node = {"_target_": pr.REFERENCE_TARGETS[0], "name": CONCISE, "version": 9, "alias": None, "tracking_uri": uri}
+    got = pr.registered_prompt_problems(node)
+    assert any("prompts:/rag-experiments.concise/9 does not exist" in p for p in got), got
+    assert pr.registered_prompt_problems({**node, "version": 1}) == []
+    assert pr.registered_prompt_problems({"_target_": "rag_experiments.stages.prompts.PromptTemplate"}) == []
+    assert pr.is_registry_prompt(node) and not pr.is_registry_prompt(None)
+
+
 def test_registry_config_is_checked_before_the_store_is_asked():
     node = {"_target_": pr.REFERENCE_TARGETS[0], "name": CONCISE, "version": None, "alias": None}
     cfg = {"experiment_name": "x", "seed": 0, "generator": {"_target_": "g"}, "prompt": node}

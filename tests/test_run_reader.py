@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from rag_experiments.cli import compare, gate, plan, select
+from rag_experiments.cli import compare, compare_sweep, gate, plan, select
 from rag_experiments.evaluation.labels import RATE_LABELS
 from rag_experiments.tracking.memory import MemoryStore
 from rag_experiments.tracking.run_reader import MemoryRunReader, MlflowRunReader, RunReader
@@ -153,8 +153,8 @@ def test_compare_pairwise_is_identical(readers):
 
 def test_compare_sweep_is_identical(readers):
     def run(rd):
-        sc = compare.build_sweep_comparison(rd, SWEEP, n_resamples=499)
-        text = compare.render_sweep(sc.attribution, SWEEP, True, sc.interactions, sc.stopped, sc.why)
+        sc = compare_sweep.build_sweep_comparison(rd, SWEEP, n_resamples=499)
+        text = compare_sweep.render_sweep(sc.attribution, SWEEP, True, sc.interactions, sc.stopped, sc.why)
         return sc, _ids_out(text, rd)
 
     (sm, tm), (sx, tx) = both(readers, run)

@@ -310,7 +310,7 @@ def test_fast_and_public_paths_store_the_same(retrieval_run, tmp_path):
     from rag_experiments.evalset.corpus import Corpus
     from rag_experiments.evalset.load import EvalSet
     from rag_experiments.tracking import mlflow_adapter
-    from rag_experiments.tracking.traces import write_traces
+    from rag_experiments.tracking.traces import TraceJob, TraceSettings, write_traces
 
     assert _mlflow.__version__ in mlflow_adapter.VERIFIED, "re-run this test, then add the version"
     root, docs, ev = retrieval_run
@@ -334,10 +334,11 @@ def test_fast_and_public_paths_store_the_same(retrieval_run, tmp_path):
         run = runs[path] = c.create_run(exp).info.run_id
         model = c.create_logged_model(exp, name=path).model_id  # the traces' app version
         prompt = c.register_prompt(f"p-{path}", "Context: {{context}} Q: {{question}}")  # one per path
-        write_traces(
-            uri, run, exp, df, evalset.items, corpus.docs, 5, evalset.digest, path=path, model_id=model,
+        job = TraceJob(
+            TraceSettings(k=5, path=path), evalset.items, corpus.docs, evalset.digest, model_id=model,
             prompt_version=(prompt.name, 1),
         )  # fmt: skip
+        write_traces(uri, run, exp, df, job)
         traces = mlflow.search_traces(locations=[exp], run_id=run, return_type="list")
         assert len(mlflow.search_traces(locations=[exp], model_id=model, return_type="list")) == len(df)
         # what the prompt version's Traces view asks the server (the entity associations)
@@ -449,7 +450,8 @@ def test_unverified_mlflow_falls_back_to_the_public_path_with_one_warning(monkey
     monkeypatch.setattr(traces, "_warned", set())
     for _ in range(2):
         run = c.create_run(exp).info.run_id
-        ids = traces.write_traces(uri, run, exp, res.per_query, items, corpus.docs, 3, "d" * 16)
+        job = traces.TraceJob(traces.TraceSettings(k=3), items, corpus.docs, "d" * 16)
+        ids = traces.write_traces(uri, run, exp, res.per_query, job)
         assert len(ids) == 3
     warned = [r for r in caplog.records if "not one the fast path was verified against" in r.message]
     assert len(warned) == 1, "one warning per process, not one per run"

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,29 +24,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from rag_experiments.analysis.attribution import SweepAttribution, config_diff, factor_effects, infer_factors
-from rag_experiments.analysis.baseline import BaselineChoice, context_k, levels_label, sweep_baseline
-from rag_experiments.analysis.interactions import sweep_interactions
+from rag_experiments.analysis.attribution import config_diff
+from rag_experiments.analysis.baseline import context_k
 from rag_experiments.analysis.judge_trust import generation_marker, is_generation_metric
-from rag_experiments.analysis.racing import split_stopped
 from rag_experiments.analysis.stats import PairedResult, flips, holm, paired_deltas, transition_matrix
+from rag_experiments.cli.compare_sweep import main_sweep, safe_name, trust_inputs
 from rag_experiments.core.formatting import fmt_num as _f
 from rag_experiments.core.formatting import fmt_p as _p
-from rag_experiments.core.formatting import md_table, text_blocks, text_table
+from rag_experiments.core.formatting import md_table, text_table
 from rag_experiments.core.run_record import RunData
 from rag_experiments.evaluation.aggregate import metric_columns
-from rag_experiments.evaluation.headline import change_family, sweep_metrics, table_metrics
+from rag_experiments.evaluation.headline import change_family
 from rag_experiments.evaluation.registry import higher_is_better, parse, render_key
-from rag_experiments.report.tables import (
-    EFFECT_HEADERS,
-    NOISE_HEADERS,
-    effect_rows,
-    marginal_headers,
-    marginal_rows,
-    noise_rows,
-)
-from rag_experiments.report.wide import sweep_head, wide_sweep_lines
-from rag_experiments.run.defaults import default_levels
 from rag_experiments.tracking import annotate
 from rag_experiments.tracking.errors import cli_main
 from rag_experiments.tracking.judge_runs import ALLOW_FLAG, check_same_judge
@@ -131,7 +119,11 @@ def build_comparison(
     """The paired comparison of two runs on ``metrics`` if given, else on every common metric
     (``every_metric``), else on the headline family of the keys their configs differ in
     (:func:`headline_family`). Holm adjusts over exactly the metrics tested."""
-    warnings = [w for w in [check_same_evalset(run_a, run_b), check_same_judge([run_a, run_b], allow_judge_change)] if w]
+    warnings = [
+        w
+        for w in [check_same_evalset(run_a, run_b), check_same_judge([run_a, run_b], allow_judge_change)]
+        if w
+    ]
     ta, tb = reader.per_query(run_a), reader.per_query(run_b)
     labels: list[str] = []
     if "failure_label" in ta.columns and "failure_label" in tb.columns:
@@ -166,7 +158,7 @@ def build_comparison(
     if labels:
         flip_tables["failure_label"] = flips(ta, tb, "failure_label")
     if any(is_generation_metric(r.metric) for r in results):  # human κ < 0.4 (analysis.judge_trust)
-        warnings += [f"warning: {m}" for m in [generation_marker(_trust([run_a, run_b]))] if m]
+        warnings += [f"warning: {m}" for m in [generation_marker(trust_inputs([run_a, run_b]))] if m]
     ids_a, ids_b = set(ta["id"]), set(tb["id"])
     if ids_a != ids_b:
         warnings.append(
@@ -193,11 +185,6 @@ def headline_family(run_a: RunData, run_b: RunData, available: Sequence[str]) ->
     k of the two (the sweep's rule: a tie goes to the larger)."""
     k = context_k([run_a.params, run_b.params])
     return change_family(list(config_diff(run_a.params, run_b.params)), available, k)
-
-
-def _trust(runs: Sequence[RunData]) -> list[tuple[dict[str, float], dict[str, str]]]:
-    """``(metrics, tags)`` per run: what ``analysis.judge_trust`` reads."""
-    return [(r.metrics, r.tags) for r in runs]
 
 
 # --------------------------------------------------------------------------------------------- rendering
@@ -280,90 +267,23 @@ def render(comp: Comparison, markdown: bool) -> str:
     return "\n".join(out) + "\n"
 
 
-def render_sweep(
-    att: SweepAttribution,
-    sweep_id: str,
-    markdown: bool,
-    interactions=None,
-    stopped: Sequence = (),
-    why: str = "",
-) -> str:
-    table = md_table if markdown else text_table
-    h = (lambda s: f"## {s}") if markdown else (lambda s: f"\n== {s} ==")
-    out = sweep_head(att, sweep_id, markdown, why)
-    if att.skipped:
-        out.append("Not in the grid (one-factor-at-a-time comparison skipped): " + "; ".join(att.skipped))
-    out += ["", h("One factor at a time: level vs baseline (others at the baseline's values)")]
-    if att.effects.empty:
-        out.append("(no comparisons)")
-    else:
-        out.append(table(EFFECT_HEADERS, effect_rows(att.effects)))
-    out += ["", h("Marginal means over the grid")]
-    if not att.marginals.empty:
-        out.append(table(marginal_headers(), marginal_rows(att.marginals)))
-        out.append(
-            "Marginal mean: each query averaged over the level's runs, then over queries; CI: percentile "
-            "bootstrap over queries. p_holm: Holm across every comparison above and below."
-        )
-    out += ["", h("A/A noise floor (what 'no change' looks like)")]
-    if not att.noise_floor.empty:
-        out.append(table(NOISE_HEADERS, noise_rows(att.noise_floor)))
-        out.append(f"Method: {att.noise_floor['detail'].iloc[0]}")
-    out += _sweep_extras(table, h, att, interactions, stopped)
-    return "\n".join(out) + "\n"
-
-
-def render_sweep_wide(
-    att: SweepAttribution,
-    sweep_id: str,
-    markdown: bool,
-    columns: Sequence[str],
-    interactions=None,
-    stopped: Sequence = (),
-    why: str = "",
-) -> str:
-    """One row per level (the baseline first) with ``columns`` (the headline metrics) as columns."""
-    table = md_table if markdown else (lambda hs, rs: text_blocks(hs, rs))
-    h = (lambda s: f"## {s}") if markdown else (lambda s: f"\n== {s} ==")
-    out = wide_sweep_lines(att, sweep_id, markdown, columns, table, h, why)
-    out += _sweep_extras(table, h, att, interactions, stopped)
-    return "\n".join(out) + "\n"
-
-
-def _sweep_extras(table, h, att: SweepAttribution, interactions, stopped: Sequence) -> list[str]:
-    """Interactions (full-factorial sweeps) and the configs racing stopped (docs/racing.md)."""
-    from rag_experiments.analysis.interactions import INTERACTION_HEADERS, interaction_rows
-    from rag_experiments.analysis.racing import STOPPED_HEADERS, STOPPED_NOTE, stopped_rows
-
-    out = []
-    if interactions is not None and not interactions.terms.empty:
-        out += ["", h("Main effects and two-way interactions (full-factorial grid)")]
-        out += [table(INTERACTION_HEADERS, interaction_rows(interactions)), *interactions.lines]
-        out.append(f"Method: {interactions.method}.")
-    elif len(att.factors) > 1:
-        out += ["", "Interactions: not a full-factorial grid, so only the one-factor-at-a-time view above."]
-    if stopped:
-        out += ["", h(f"Stopped by racing ({len(stopped)})"), table(STOPPED_HEADERS, stopped_rows(stopped))]
-        out.append(STOPPED_NOTE)
-    return out
-
-
 # --------------------------------------------------------------------------------------------- CLI
-
-
-def _safe(s: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", s)
 
 
 def log_comparison(uri: str, comp: Comparison, markdown: str) -> str:
     """The Markdown and ``compare/<metric>/{delta,ci_low,ci_high,p_value}`` on run B."""
     a, b = comp.run_a.run_id, comp.run_b.run_id
-    path = f"compare/{_safe(a)}_vs_{_safe(b)}.md"
+    path = f"compare/{safe_name(a)}_vs_{safe_name(b)}.md"
     annotate.log_text(uri, b, markdown, path)
     values = {
         f"compare/{r.metric}/{name}": v
         for r in comp.results
-        for name, v in (("delta", r.delta), ("ci_low", r.ci_low), ("ci_high", r.ci_high), ("p_value", r.p_value))
+        for name, v in (
+            ("delta", r.delta),
+            ("ci_low", r.ci_low),
+            ("ci_high", r.ci_high),
+            ("p_value", r.p_value),
+        )
     }
     annotate.log_metrics(uri, b, values)
     return path
@@ -383,9 +303,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", metavar="RUN", help="--sweep: baseline run (default: as report, printed)")
     p.add_argument("--all", dest="every_metric", action="store_true", help="test every common metric")
     p.add_argument(
-        "--long", action="store_true", help="--sweep: every (level, metric) comparison, one per row, with CIs and p"
+        "--long",
+        action="store_true",
+        help="--sweep: every (level, metric) comparison, one per row, with CIs and p",
     )
-    p.add_argument("--metric", action="append", metavar="KEY", help="metric(s) to compare (default: headline)")
+    p.add_argument(
+        "--metric", action="append", metavar="KEY", help="metric(s) to compare (default: headline)"
+    )
     p.add_argument("--out", type=Path, metavar="FILE.md", help="also write the report as Markdown")
     p.add_argument(
         "--log", action="store_true", help="log the Markdown and compare/<metric>/* metrics on run B"
@@ -394,7 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--experiment", metavar="NAME", help="look run names up in this experiment only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resamples", type=int, default=9999, help="bootstrap / permutation resamples")
-    p.add_argument(ALLOW_FLAG, action="store_true", help="compare runs scored by different judges (noted in the output)")
+    p.add_argument(
+        ALLOW_FLAG, action="store_true", help="compare runs scored by different judges (noted in the output)"
+    )
     return p
 
 
@@ -404,13 +330,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     reader = MlflowRunReader(tracking_uri(args.tracking_uri))
     try:
         if args.sweep:
-            return _main_sweep(reader, args)
+            return main_sweep(reader, args)
         if len(args.runs) != 2:
             raise RunInputError("give exactly two runs (RUN_A RUN_B), or --sweep SWEEP_ID [--baseline RUN]")
         run_a = reader.resolve(args.runs[0], args.experiment)
         run_b = reader.resolve(args.runs[1], args.experiment)
         comp = build_comparison(
-            reader, run_a, run_b, args.metric, args.seed, args.resamples, args.allow_judge_change, args.every_metric
+            reader,
+            run_a,
+            run_b,
+            args.metric,
+            args.seed,
+            args.resamples,
+            args.allow_judge_change,
+            args.every_metric,
         )
     except RunInputError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -422,117 +355,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out.write_text(md)
         print(f"wrote {args.out}")
     if args.log:
-        print(f"logged {log_comparison(reader.uri, comp, md)} and compare/* metrics on run {run_label(run_b)}")
-    return 0
-
-
-def _given_baseline(reader: RunReader, children: Sequence[RunData], baseline: str, experiment: str | None) -> RunData:
-    """The run ``--baseline`` names: a child's id or name, else any run (``RunReader.resolve``)."""
-    by_id = {r.run_id: r for r in children}
-    named = [r for r in children if r.run_name == baseline]
-    if baseline in by_id:
-        return by_id[baseline]
-    if len(named) == 1:
-        return named[0]
-    if len(named) > 1:
-        ids = ", ".join(r.run_id for r in named)
-        raise RunInputError(f"baseline name {baseline!r} is ambiguous in the sweep: {ids}")
-    return reader.resolve(baseline, experiment)
-
-
-@dataclass
-class SweepComparison:
-    """``compare --sweep``'s result: the attribution against the baseline, before rendering."""
-
-    children: list[RunData]
-    data: list[RunData]  # the configs that covered the eval set, with their tables
-    stopped: list[RunData]  # stopped early by racing (docs/racing.md)
-    factors: list[str]
-    base: RunData
-    choice: BaselineChoice | None  # None: given with --baseline
-    metrics: list[str]
-    attribution: SweepAttribution
-    interactions: object
-    notes: list[str] = field(default_factory=list)  # printed before the tables
-
-    @property
-    def why(self) -> str:
-        return self.choice.why if self.choice else "given with --baseline"
-
-
-def build_sweep_comparison(
-    reader: RunReader,
-    sweep_id: str,
-    baseline: str | None = None,
-    metrics: Sequence[str] | None = None,
-    experiment: str | None = None,
-    seed: int = 0,
-    n_resamples: int = 4999,
-    allow_judge_change: bool = False,
-) -> SweepComparison:
-    """The factor attribution of a sweep (``analysis.attribution.factor_effects``) against
-    ``baseline`` (a run id or name), else the default baseline (``analysis.baseline``)."""
-    children = reader.sweep_children(sweep_id, experiment)
-    if not children:
-        raise RunInputError(f"no child runs with sweep_id {sweep_id!r}")
-    data, stopped = split_stopped([reader.with_table(r) for r in children])  # racing: docs/racing.md
-    factors = infer_factors(data)
-    choice: BaselineChoice | None = None
-    if baseline:
-        base_run = _given_baseline(reader, children, baseline, experiment)
-    else:  # the report's rule (analysis.baseline), on the configs that finished
-        choice = sweep_baseline(data, factors, metrics[0] if metrics else None, defaults=default_levels(factors))
-        base_run = next(r for r in children if r.run_id == data[choice.index].run_id)
-    for r in children:
-        check_same_evalset(base_run, r)
-    notes = [n for n in [check_same_judge([base_run, *children], allow_judge_change)] if n]
-    if any(d.run_id == base_run.run_id for d in stopped):
-        raise RunInputError(f"baseline {baseline!r} was stopped early by racing; choose a config that finished")
-    base = next((d for d in data if d.run_id == base_run.run_id), None) or reader.with_table(base_run)
-    tables = [d.table for d in data if d.table is not None]
-    chosen = list(metrics) if metrics else sweep_metrics(metric_columns(*tables), factors)
-    if any(map(is_generation_metric, chosen)) and (marker := generation_marker(_trust(children))):
-        notes.append(f"warning: {marker}")  # human κ < 0.4 (analysis.judge_trust)
-    att = factor_effects(data, base, chosen, seed=seed, n_resamples=min(n_resamples, 4999))
-    inter = sweep_interactions(data, factors, chosen)
-    return SweepComparison(children, data, stopped, factors, base, choice, chosen, att, inter, notes)
-
-
-def _main_sweep(reader: RunReader, args: argparse.Namespace) -> int:
-    sc = build_sweep_comparison(
-        reader,
-        args.sweep,
-        args.baseline,
-        args.metric,
-        args.experiment,
-        args.seed,
-        args.resamples,
-        args.allow_judge_change,
-    )
-    judge_notes = [n for n in sc.notes if not n.startswith("warning: ")]
-    for n in judge_notes:
-        print(n)
-    print(sc.choice.line() if sc.choice else f"baseline: {levels_label(sc.base, sc.factors)} ({sc.why})")
-    for n in sc.notes:
-        if n not in judge_notes:
-            print(n)
-    att, inter, stopped, why = sc.attribution, sc.interactions, sc.stopped, sc.why
-    if args.long:
-        print(render_sweep(att, args.sweep, False, inter, stopped, why))
-        md = render_sweep(att, args.sweep, True, inter, stopped, why)
-    else:  # one row per level: the headline metrics (or the --metric keys) as columns
-        cols = list(args.metric) if args.metric else table_metrics(sc.metrics, sc.factors)
-        print(render_sweep_wide(att, args.sweep, False, cols, inter, stopped, why))
-        md = render_sweep_wide(att, args.sweep, True, cols, inter, stopped, why)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(md)
-        print(f"wrote {args.out}")
-    if args.log:
-        parent = sc.children[0].parent_id or sc.base.run_id
-        path = f"compare/sweep_{_safe(args.sweep)}_baseline_{_safe(sc.base.run_id)}.md"
-        annotate.log_text(reader.uri, parent, md, path)
-        print(f"logged {path} on the sweep's parent run {parent}")
+        print(
+            f"logged {log_comparison(reader.uri, comp, md)} and compare/* metrics on run {run_label(run_b)}"
+        )
     return 0
 
 

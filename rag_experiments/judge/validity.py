@@ -13,7 +13,8 @@ import hashlib
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from itertools import zip_longest
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,10 @@ def judge_config(name: str, overrides: Sequence[str] = ()):
 
 
 def instantiate_judge(cfg, **kwargs: Any):
-    """The judge a judge config describes (without its :data:`NON_ARGS`); ``kwargs`` override keys."""
+    """The judge a judge config describes (without its :data:`NON_ARGS`); ``kwargs`` override keys.
+    ``cfg``: a resolved plain mapping (the run's assembly) or a DictConfig (``judge_config``)."""
+    if isinstance(cfg, dict):  # a DictConfig is a Mapping too: only plain dicts skip OmegaConf
+        return build({k: v for k, v in cfg.items() if k not in NON_ARGS}, **kwargs)
     from omegaconf import OmegaConf
     from omegaconf.errors import InterpolationKeyError
 
@@ -82,7 +86,7 @@ def build_judge(name: str, overrides: Sequence[str] = ()):
 # ------------------------------------------------------------------------------ repeats
 
 
-def is_stochastic(cfg) -> bool:
+def is_stochastic(cfg: Mapping[str, Any]) -> bool:
     """A judge config whose verdicts can differ between calls: it samples (temperature > 0) and
     takes a seed. The heuristic judge (no temperature) and temperature 0 are deterministic."""
     temp = cfg.get("temperature")
@@ -90,7 +94,7 @@ def is_stochastic(cfg) -> bool:
 
 
 def repeat_judges(
-    cfg, repeats: int, build: Callable[..., Any] = instantiate_judge
+    cfg: Mapping[str, Any], repeats: int, build: Callable[..., Any] = instantiate_judge
 ) -> tuple[list, str | None]:
     """(the judges of repeats 2..N, a warning or None) for ``judge.repeats = N``.
 
@@ -116,8 +120,9 @@ def repeat_judges(
     return [build(cfg, seed=seed + r) for r in range(1, repeats)], None
 
 
-def judge_with_repeats(cfg) -> tuple[Any, list]:
-    """(the run's judge, the judges of repeats 2..N) from a judge config; a deterministic judge with
+def judge_with_repeats(cfg: Mapping[str, Any]) -> tuple[Any, list]:
+    """(the run's judge, the judges of repeats 2..N) from a judge config (the run's assembly passes
+    the resolved node as plain data, a DictConfig is read the same way); a deterministic judge with
     ``repeats > 1`` prints a warning on stderr and is asked once (:func:`repeat_judges`)."""
     import sys
 
@@ -227,16 +232,45 @@ def validity_card(
     return {**card, "cached": False}
 
 
-def run_card(card_cfg, judge, repeats: Sequence[Any], docs, cache: StageCache, progress: bool = True):
-    """The card a run logs: ``(metrics, tags, card)`` from the ``judge_card`` config block
-    (``enabled``, ``pairs``, ``max_pairs``, ``max_pairs_model``, ``bootstrap_resamples``, ``seed``);
+@dataclass(frozen=True)
+class CardSettings:
+    """The ``judge_card`` config block, typed (``conf/config.yaml``; docs/judges.md): ``pairs`` a
+    judge_pairs JSONL with human labels (None: synthetic pairs from the corpus), ``max_pairs`` /
+    ``max_pairs_model`` the caps for heuristic / model-calling judges."""
+
+    enabled: bool = True
+    pairs: str | None = None
+    max_pairs: int | None = 200
+    max_pairs_model: int | None = 40
+    bootstrap_resamples: int = 1000
+    seed: int = 0
+
+    @classmethod
+    def of(cls, block: Mapping[str, Any] | None) -> CardSettings | None:
+        """From the resolved ``judge_card`` block (None: no block, no card)."""
+        if block is None:
+            return None
+        return cls(
+            enabled=bool(block.get("enabled", True)),
+            pairs=block.get("pairs") or None,
+            max_pairs=block.get("max_pairs"),
+            max_pairs_model=block.get("max_pairs_model"),
+            bootstrap_resamples=int(block.get("bootstrap_resamples", 1000)),
+            seed=int(block.get("seed", 0) or 0),
+        )
+
+
+def run_card(
+    card: CardSettings | None, judge, repeats: Sequence[Any], docs, cache: StageCache, progress: bool = True
+):
+    """The card a run logs: ``(metrics, tags, card)`` from the run's :class:`CardSettings`;
     ``({}, {"judge_card_source": ...}, None)`` when disabled or without pairs."""
-    if card_cfg is None or not card_cfg.get("enabled", True) or judge is None:
+    if card is None or not card.enabled or judge is None:
         return {}, {"judge_card_source": "disabled"}, None
-    seed = int(card_cfg.get("seed", 0) or 0)
-    cap = card_cfg.get("max_pairs_model") if _is_model_judge(judge) else card_cfg.get("max_pairs")
+    seed = card.seed
+    cap = card.max_pairs_model if _is_model_judge(judge) else card.max_pairs
     try:
-        pairs, source = card_pairs(card_cfg.get("pairs"), docs, seed=seed, n_max=cap)
+        pairs, source = card_pairs(card.pairs, docs, seed=seed, n_max=cap)
     except ValueError as e:  # a corpus too small for synthetic pairs: the run goes on, said loudly
         if isinstance(e, JudgePairsError):
             raise
@@ -247,19 +281,19 @@ def run_card(card_cfg, judge, repeats: Sequence[Any], docs, cache: StageCache, p
         return {}, {"judge_card_source": source}, None
     chosen = select_pairs(pairs, cap)
     t0 = time.perf_counter()
-    card = validity_card(
-        judge, chosen, cache, repeats, int(card_cfg.get("bootstrap_resamples", 1000)), seed, progress
-    )
+    result = validity_card(judge, chosen, cache, repeats, card.bootstrap_resamples, seed, progress)
     log.info("judge card: %d pairs (%s) in %.1f s", len(chosen), source, time.perf_counter() - t0)
     tags = {
         "judge_card_source": source,
-        "judge_card_pairs_digest": card["pairs_digest"],
-        "judge_card_ci": card["ci_method"],
+        "judge_card_pairs_digest": result["pairs_digest"],
+        "judge_card_ci": result["ci_method"],
     }
-    return card_metrics(card), tags, card
+    return card_metrics(result), tags, result
 
 
-def add_card(card_cfg, stages, docs, cache: StageCache, res, progress: bool = True) -> dict | None:
+def add_card(
+    card_settings: CardSettings | None, stages, docs, cache: StageCache, res, progress: bool = True
+) -> dict | None:
     """The run's judge card into its results (``PipelineResult``): ``judge_card/*`` metrics, the
     pairs' source and digest as tags, ``judge_card_s`` in the timings. ``stages``: the run's
     ``run_types.Stages``; ``docs``: its corpus (for synthetic pairs). Returns the card (None: no
@@ -267,7 +301,7 @@ def add_card(card_cfg, stages, docs, cache: StageCache, res, progress: bool = Tr
     if stages.judge is None:
         return None
     t = time.perf_counter()
-    metrics, tags, card = run_card(card_cfg, stages.judge, stages.judge_repeats, docs, cache, progress)
+    metrics, tags, card = run_card(card_settings, stages.judge, stages.judge_repeats, docs, cache, progress)
     res.aggregates.update(metrics)
     res.tags.update(tags)
     res.timings["judge_card_s"] = time.perf_counter() - t

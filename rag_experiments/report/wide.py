@@ -1,6 +1,6 @@
 """``compare --sweep``'s default form: one row per level with the headline metrics as columns.
 
-The long form (one row per level and metric, with CIs and p-values) is ``compare.render_sweep``
+The long form (one row per level and metric, with CIs and p-values) is ``cli.compare_sweep.render_sweep``
 (``--long``); both show the same :class:`~rag_experiments.analysis.attribution.SweepAttribution`,
 so a ``*`` here is a p_holm < 0.05 there.
 """

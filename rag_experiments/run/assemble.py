@@ -2,31 +2,35 @@
 
 The one place a composed Hydra config becomes the typed run: ``input_problems`` checks the config
 (``config_schema``) and loads the data, ``build`` instantiates every stage once, ``run_settings``
-reads the plain values. Bad input is a list of problems naming the file/line or config key; the
+reads the plain values and ``job_settings`` the rest of a sweep job's keys (tracking, traces,
+racing, the judge card, naming, with ``hydra_context``'s runtime values). Nothing after assembly
+receives the Hydra config (``scripts/config_reach.py``, ``tests/test_layers.py``). Bad input is a list of problems naming the file/line or config key; the
 CLIs print them and exit 2 before any MLflow run exists.
 """
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from rag_experiments.core.build import build as build_node
 from rag_experiments.core.cache import CachedEmbedder, StageCache
+from rag_experiments.core.conf_groups import STAGE_GROUPS
 from rag_experiments.core.run_names import experiment_for_corpus, run_name
 from rag_experiments.evalset.corpus import Corpus, CorpusError
 from rag_experiments.evalset.load import EvalSet, EvalSetError, sample_dir
 from rag_experiments.evaluation.defaults import RANK_DEPTH, TOKEN_BUDGETS
 from rag_experiments.evaluation.labels import load_thresholds
-from rag_experiments.judge.validity import judge_with_repeats
+from rag_experiments.judge.validity import CardSettings, judge_with_repeats
 from rag_experiments.judge.verifier import VerifierError
 from rag_experiments.run.config_schema import ConfigError, check
-from rag_experiments.run.types import PipelineData, RunSettings, Stages
+from rag_experiments.run.types import JobSettings, PipelineData, RaceSettings, RunSettings, Stages
 from rag_experiments.stages.embedding import set_model_reuse
 from rag_experiments.stages.prompts import PromptRegistryError
+from rag_experiments.tracking.trace_settings import DEFAULT_SAMPLE, TraceSettings, trace_path
 
 if not OmegaConf.has_resolver("sample_dir"):  # ${sample_dir:} in conf/: wherever a config is composed
     OmegaConf.register_new_resolver("sample_dir", lambda: str(sample_dir()))
@@ -94,7 +98,7 @@ def build(cfg: DictConfig, cache: StageCache) -> Loaded:
         generator = instantiate(priced(cfg.generator))
         prompt = instantiate(cfg.prompt)
         if cfg.judge.get("_target_"):  # judge=none: judge-free metrics only (docs/metrics.md)
-            judge, repeats = judge_with_repeats(cfg.judge)  # masks pricing and repeats
+            judge, repeats = judge_with_repeats(container(cfg.judge))  # masks pricing and repeats
     stages = Stages(
         chunker=instantiate(cfg.chunking),
         reranker=build_reranker(cfg.get("rerank"), cache),
@@ -141,6 +145,91 @@ def run_settings(cfg: DictConfig) -> RunSettings:
             "judge": container(cfg.judge.get("pricing")),
         },
         progress=cfg.get("progress", True),
+    )
+
+
+@dataclass(frozen=True)
+class HydraContext:
+    """What Hydra's runtime knows about a job beyond its config (``hydra_context``): the job's
+    command-line overrides, the group choices, the multirun's context and folder, the job number.
+    The defaults are a single run's."""
+
+    overrides: tuple[str, ...] = ()
+    choices: dict[str, str] = field(default_factory=dict)
+    sweep: dict | None = None
+    sweep_dir: str | None = None
+    job_num: int = 0
+
+
+def hydra_context() -> HydraContext:
+    """The running Hydra job's :class:`HydraContext` (inside ``@hydra.main`` only)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from rag_experiments.tracking.parents import read_sweep_context
+
+    hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
+    sweep_dir = str(hc.sweep.dir) if multirun else None
+    return HydraContext(
+        overrides=tuple(hc.overrides.task),
+        choices={g: str(v) for g, v in hc.runtime.choices.items() if g in STAGE_GROUPS},
+        sweep=read_sweep_context(sweep_dir) if multirun else None,
+        sweep_dir=sweep_dir,
+        job_num=int(hc.job.get("num", 0) or 0),
+    )
+
+
+def racing_enabled(cfg: DictConfig) -> bool:
+    """``racing.enabled`` of a config (only the ``racing`` node is resolved)."""
+    from rag_experiments.run.racing import enabled_in
+
+    return enabled_in(container(cfg.get("racing")))
+
+
+def race_settings(cfg: DictConfig, sweep: dict | None) -> RaceSettings | None:
+    """The racing settings of a config that races (``racing.settings``), else None."""
+    from rag_experiments.run.racing import settings
+
+    if not racing_enabled(cfg):
+        return None
+    return settings(container(cfg.get("racing")), int(cfg.retriever.k), int(cfg.seed), sweep)
+
+
+def job_settings(cfg: DictConfig, ctx: HydraContext | None = None) -> JobSettings:
+    """A sweep job's typed settings (``run.types.JobSettings``), read from its config once; ``ctx``:
+    the Hydra runtime's values (None: a single run with no overrides, as in a test)."""
+    ctx = ctx or HydraContext()
+    tr = cfg.tracking
+    cap = tr.get("trace_sample", DEFAULT_SAMPLE)
+    racing = container(cfg.get("racing"))
+    return JobSettings(
+        run=run_settings(cfg),
+        full=container(cfg),
+        config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
+        experiment_name=str(cfg.experiment_name),
+        tracking_uri=tr.get("uri"),
+        artifact_root=tr.get("artifact_root"),
+        timeout_s=tr.get("timeout_s"),
+        force=bool(cfg.get("force", False)),
+        cache_dir=str(cfg.cache_dir),
+        cache_enabled=bool(cfg.get("cache_enabled", True)),
+        progress=bool(cfg.get("progress", True)),
+        choices=dict(ctx.choices),
+        overrides=tuple(ctx.overrides),
+        sweep=ctx.sweep,
+        sweep_dir=ctx.sweep_dir,
+        job_num=ctx.job_num,
+        traces=TraceSettings(
+            enabled=bool(tr.get("traces", True)),
+            sample=None if cap is None else int(cap),
+            seed=int(cfg.get("seed", 0)),
+            k=int(cfg.retriever.k),
+            path=trace_path(),
+        ),
+        card=CardSettings.of(container(cfg.get("judge_card"))),
+        racing=race_settings(cfg, ctx.sweep),
+        racing_primary=(racing or {}).get("primary") if isinstance(racing, dict) else None,
     )
 
 

@@ -14,11 +14,9 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from mlflow.exceptions import MlflowException
 from omegaconf import DictConfig, OmegaConf
 
 from rag_experiments.core.cache import stable_hash
@@ -30,14 +28,15 @@ from rag_experiments.evalset.load import EvalSetError
 from rag_experiments.evaluation.headline import table_metrics
 from rag_experiments.run.assemble import container as _container
 from rag_experiments.run.assemble import input_error as _input_error
-from rag_experiments.run.assemble import instantiate, print_problems, run_name_from
+from rag_experiments.run.assemble import instantiate, print_problems, racing_enabled, run_name_from
 from rag_experiments.run.assemble import problems_of as _problems_of
 from rag_experiments.run.config_schema import ConfigError, check
 from rag_experiments.tracking import writer as tracking
 from rag_experiments.tracking.bounds import best_effort, bound_tracking_calls
 from rag_experiments.tracking.errors import infrastructure_exits_2
 from rag_experiments.tracking.mlflow_adapter import release_interrupted_connections
-from rag_experiments.tracking.prompt_registry import registered_prompt_problems
+from rag_experiments.tracking.parents import close_sweep_early, end_sweep
+from rag_experiments.tracking.prompt_registry import is_registry_prompt, registered_prompt_problems
 from rag_experiments.tracking.reuse import REUSED_FROM
 from rag_experiments.tracking.runs import sweep_config_runs
 
@@ -117,7 +116,9 @@ def validate_multirun(config: DictConfig) -> list[str]:
         except ConfigError as e:
             problems += [f"job {name}: {p}" for p in e.problems]
             continue
-        problems += [f"job {name}: {p}" for p in registered_prompt_problems(job_cfg)]  # prompt=registry
+        prompt = job_cfg.get("prompt")
+        if job_cfg.generator.get("_target_") and is_registry_prompt(prompt):  # prompt=registry
+            problems += [f"job {name}: {p}" for p in registered_prompt_problems(_container(prompt))]
         data_key = json.dumps(
             _container(OmegaConf.masked_copy(job_cfg, ["corpus", "evalset"])), sort_keys=True
         )
@@ -133,76 +134,6 @@ def validate_multirun(config: DictConfig) -> list[str]:
                 raise
             problems += [f"job {name}: {p}" for p in _problems_of(cause)]
     return problems
-
-
-def sweep_parents(client, experiment_id: str, invocation: str) -> list:
-    """Live parent runs of one multirun, in election order: (start_time, run_id) ascending."""
-    runs = client.search_runs(
-        [experiment_id], filter_string=f"tags.sweep_invocation = '{invocation}'", max_results=1000
-    )
-    return sorted(runs, key=lambda r: (r.info.start_time, r.info.run_id))
-
-
-def settle_parent(client, experiment_id: str, invocation: str) -> str | None:
-    """The multirun's one parent, elected by the tracking store; the others' children move to it.
-
-    Jobs on different hosts share no lock directory, so two first jobs can each create a parent
-    (``tracking.writer.get_or_create_parent`` locks only per host). The store arbitrates:
-    winner = the earliest-created live parent tagged with this invocation, ties broken by the
-    smaller run id, the same answer for every job that sees the same runs. Every child of the
-    sweep (tag ``sweep_id``, fixed by the driver, so equal on every host) whose
-    ``mlflow.parentRunId`` names another parent is moved under the winner; the other parents are
-    tagged ``superseded_by`` and deleted. Each job calls this after creating its child and the
-    driver once more after the last job: that pass sees every parent and child, so the sweep
-    ends with one parent holding all children (``docs/scale.md``). None when there is no parent.
-    """
-    from mlflow.entities import ViewType
-
-    parents = sweep_parents(client, experiment_id, invocation)
-    if not parents:
-        return None
-    winner, losers = parents[0], parents[1:]
-    win_id = winner.info.run_id
-    for sweep_id in {winner.data.tags.get("sweep_id")} | {p.data.tags.get("sweep_id") for p in losers}:
-        children = client.search_runs(
-            [experiment_id],
-            filter_string=f"tags.sweep_id = '{sweep_id}'",
-            run_view_type=ViewType.ACTIVE_ONLY,
-            max_results=5000,
-        )
-        for c in children:
-            if c.data.tags.get("is_parent") != "true" and c.data.tags.get("mlflow.parentRunId") != win_id:
-                client.set_tag(c.info.run_id, "mlflow.parentRunId", win_id)
-                client.set_tag(c.info.run_id, "sweep_id", winner.data.tags.get("sweep_id", ""))
-    for p in losers:
-        try:
-            client.set_tag(p.info.run_id, "superseded_by", win_id)
-            client.set_terminated(p.info.run_id, "KILLED")
-            client.delete_run(p.info.run_id)
-        except MlflowException:  # another job settled it first: it is deleted already
-            pass
-    return win_id
-
-
-def start_sweep_child(
-    client, experiment_id: str, sweep: dict, force: bool, start_child: Callable[[str, str], str]
-) -> tuple[str, str]:
-    """(child run id, parent run id) of one job of a multirun, under the parent the store elects.
-
-    ``start_child(parent_id, sweep_id)`` creates the child run. The parent is found or created
-    under this host's lock, then settled across hosts (``settle_parent``) before the child is
-    created and once more after it, in case a parent another host created meanwhile won.
-    """
-    parent_id, sweep_id = tracking.get_or_create_parent(client, experiment_id, sweep, force)
-    parent_id = settle_parent(client, experiment_id, sweep["invocation"]) or parent_id
-    run_id = start_child(parent_id, sweep_id)
-    try:
-        return run_id, settle_parent(client, experiment_id, sweep["invocation"]) or parent_id
-    except BaseException as e:  # a signal before the caller's try: the child is never left RUNNING
-        if isinstance(e, KeyboardInterrupt):  # it may have hit inside a store transaction
-            release_interrupted_connections(client.tracking_uri, e)
-        client.set_terminated(run_id, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
-        raise
 
 
 class _SweepGuard:
@@ -232,18 +163,9 @@ class _SweepGuard:
             self._close_parent()
 
     def _close_parent(self) -> None:
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(tracking_uri=self.uri)
-        exp = client.get_experiment_by_name(self.experiment_name)
-        if exp is not None:
-            settle_parent(client, exp.experiment_id, self.invocation)
-        exp_id, parent = tracking.find_parent(client, self.experiment_name, self.invocation)
-        if parent is not None and client.get_run(parent.info.run_id).info.status == "RUNNING":
-            status = tracking.close_parent(
-                client, exp_id, parent.info.run_id, complete=False, interrupted=self.interrupted
-            )
-            print(f"sweep ended early: parent run {parent.info.run_id} marked {status}", file=sys.stderr)
+        closed = close_sweep_early(self.uri, self.experiment_name, self.invocation, self.interrupted)
+        if closed is not None:
+            print(f"sweep ended early: parent run {closed[0]} marked {closed[1]}", file=sys.stderr)
 
 
 class MultirunParent(Callback):
@@ -254,7 +176,7 @@ class MultirunParent(Callback):
         # Before Hydra writes its outputs: a key pasted into api_key_env must not reach them.
         from rag_experiments.run.racing import job_problems
 
-        problems = _config_problems(config)[0] + job_problems(config, None)  # racing needs -m
+        problems = _config_problems(config)[0] + job_problems(racing_enabled(config), None)  # racing needs -m
         if problems:
             print_problems(problems)
             sys.exit(2)
@@ -265,7 +187,7 @@ class MultirunParent(Callback):
         n_jobs = len(multirun_job_configs(config) or [])  # K, for racing's α/(K − 1)
         bound_tracking_calls(config.tracking.get("timeout_s"))  # prompt=registry reads the store
         with infrastructure_exits_2():
-            problems = validate_multirun(config) + job_problems(config, {"n_jobs": n_jobs})
+            problems = validate_multirun(config) + job_problems(racing_enabled(config), {"n_jobs": n_jobs})
         if problems:
             print_problems(problems, "no run was created: fix these inputs first")
             sys.exit(2)
@@ -304,22 +226,15 @@ class MultirunParent(Callback):
             self._end(config)
 
     def _end(self, config: DictConfig) -> None:
-        from mlflow.tracking import MlflowClient
-
         sweep = tracking.read_sweep_context(config.hydra.sweep.dir)
         guard = getattr(self, "_guard", None)
         if not sweep:
             return
         uri = tracking.resolve_uri(config.tracking.uri)
-        client = MlflowClient(tracking_uri=uri)
-        exp = client.get_experiment_by_name(config.experiment_name)
-        if exp is not None:  # every job has ended: this pass sees every parent any host created
-            settle_parent(client, exp.experiment_id, sweep["invocation"])
-        exp_id, parent = tracking.find_parent(client, config.experiment_name, sweep["invocation"])
-        status = "FINISHED"
+        # every job has ended: this pass sees every parent any host created (tracking.parents)
+        client, exp_id, parent, status = end_sweep(uri, config.experiment_name, sweep["invocation"])
         if parent is not None:
-            status = tracking.close_parent(client, exp_id, parent.info.run_id, complete=True)
-            _print_sweep(client, exp_id, client.get_run(parent.info.run_id), status, sweep.get("varying"))
+            _print_sweep(client, exp_id, parent, status, sweep.get("varying"))
         if guard is not None:
             guard.ended = True
         print(f"\nOpen the MLflow UI:\n  {tracking.ui_command(uri, config.tracking.artifact_root, exp_id)}")

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import logging
 
-from omegaconf import OmegaConf
-
 from rag_experiments.analysis.power import mde, paired_variance
 from rag_experiments.analysis.variance import pilot_components
 from rag_experiments.evalset.subset import stratified_subset
 from rag_experiments.evaluation.registry import GENERATION_METRICS
 from rag_experiments.tracking.runs import RunInputError, load_per_query, run_label
+from rag_experiments.tracking.writer import latest_finished_of_evalset
 
 log = logging.getLogger(__name__)
 MIN_SCORED = 10  # fewer scored queries than this: a per-query SD is not a basis for planning
@@ -25,17 +24,11 @@ def pilot_mde_line(
     ``replicates``, from the latest FINISHED run of the same eval set in the experiment (the pilot).
     None when there is no such run or it cannot tell (metric missing, < 10 scored queries)."""
 
-    digest = evalset_digest.replace("'", "")
-    found = client.search_runs(
-        [experiment_id],
-        filter_string=f"tags.evalset_digest = '{digest}' and attributes.status = 'FINISHED'",
-        max_results=1,
-        order_by=["attributes.start_time DESC"],
-    )
-    if not found:
+    pilot = latest_finished_of_evalset(client, experiment_id, evalset_digest)
+    if pilot is None:
         return None
     try:
-        df = load_per_query(client, found[0], long=True)
+        df = load_per_query(client, pilot, long=True)
     except RunInputError:
         return None
     if metric not in df.columns:
@@ -47,27 +40,24 @@ def pilot_mde_line(
     value = mde(pv.between, n, pv.within, replicates)
     return (
         f"[plan] {metric}: minimum detectable paired effect {value:.4f} at n={n}, R={replicates} "
-        f"(alpha 0.05 two-sided, power 0.8; pilot {run_label(found[0])}, same eval set; "
-        f"python -m rag_experiments.plan --pilot {found[0].info.run_id} for the rest)"
+        f"(alpha 0.05 two-sided, power 0.8; pilot {run_label(pilot)}, same eval set; "
+        f"python -m rag_experiments.plan --pilot {pilot.info.run_id} for the rest)"
     )
 
 
 def print_pilot_mde(client, exp_id: str, job) -> None:
     """At the start (first job of a multirun): the MDE of the primary metric when a run of the same
-    eval set exists in the experiment (``cli.plan.pilot_mde_line``); nothing when none does."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if job.sweep and HydraConfig.get().job.get("num", 0) != 0:
+    eval set exists in the experiment (:func:`pilot_mde_line`); nothing when none does. Reads the
+    job's typed settings (``run.types.JobSettings``): ``racing_primary``, ``run.k``,
+    ``run.generation_subset``, ``run.replicates``, ``job_num``."""
+    s = job.setup
+    if s.sweep and s.job_num != 0:
         return
     items = job.inputs.evalset.items
-    metric = OmegaConf.select(job.cfg, "racing.primary", default=None) or f"hit_at_{job.k}"
+    metric = s.racing_primary or f"hit_at_{s.run.k}"
     gen = metric in GENERATION_METRICS or metric.startswith("rate_")
-    n = (
-        len(stratified_subset(items, job.cfg.get("generation_subset")))
-        if gen
-        else len([it for it in items if it.gold_spans])
-    )
-    reps = int(job.cfg.get("replicates", 1)) if gen else 1
+    n = len(stratified_subset(items, s.run.generation_subset)) if gen else len([it for it in items if it.gold_spans])
+    reps = s.run.replicates if gen else 1
     try:
         line = pilot_mde_line(client, exp_id, job.inputs.evalset.digest, metric, n, reps)
     except Exception as e:  # noqa: BLE001 - advice only: never stops a run

@@ -21,22 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from rag_experiments.analysis.racing import batch_order, decide
+from rag_experiments.run.types import RaceSettings
 
 #: Run tags a racing config carries (compare / select / report read them).
 TAG_STATUS = "racing.status"  # "stopped" | "survived"
 TAG_STOPPED_AT = "racing.stopped_at_n"
 TAG_STOPPED_BY = "racing.stopped_by"
 TAG_PRIMARY = "racing.primary"
-
-
-@dataclass(frozen=True)
-class RaceSettings:
-    batch_size: int
-    alpha: float
-    primary: str
-    higher_is_better: bool
-    seed: int
-    wait_timeout_s: float
 
 
 def rewrite_argv(argv: list[str]) -> list[str]:
@@ -58,13 +49,9 @@ def _block(cfg: dict) -> dict:
     return r if isinstance(r, dict) else {}
 
 
-def enabled(cfg) -> bool:
-    """``racing.enabled`` of a config (DictConfig or dict; only the ``racing`` node is resolved)."""
-    from omegaconf import OmegaConf
-
-    r = cfg.get("racing")
-    r = OmegaConf.to_container(r, resolve=True) if OmegaConf.is_config(r) else r
-    return bool(_block({"racing": r}).get("enabled"))
+def enabled_in(block: Any) -> bool:
+    """``racing.enabled`` of a resolved ``racing`` node (a block of keys, a bool, or None)."""
+    return bool(_block({"racing": block}).get("enabled"))
 
 
 def problems(cfg: dict) -> list[str]:
@@ -125,22 +112,21 @@ def swept_factors(sweep: dict | None) -> list[str]:
     return keys
 
 
-def settings(cfg, sweep: dict | None) -> RaceSettings:
-    """The racing settings of an enabled config; ``racing.primary`` null → the sweep's headline
-    metric (``evaluation.headline.headline_metrics`` of the swept factors at the context k)."""
-    from omegaconf import OmegaConf
-
+def settings(block: dict, k: int, seed: int, sweep: dict | None) -> RaceSettings:
+    """The racing settings of an enabled config from its resolved ``racing`` block; ``primary``
+    null → the sweep's headline metric (``evaluation.headline.headline_metrics`` of the swept
+    factors at the context ``k``). ``seed``: the run's seed (the batch order)."""
     from rag_experiments.evaluation.headline import headline_metrics
     from rag_experiments.evaluation.registry import higher_is_better
 
-    r = _block(OmegaConf.to_container(cfg, resolve=True))
-    primary = r.get("primary") or headline_metrics(swept_factors(sweep), k=int(cfg.retriever.k))[0]
+    r = _block({"racing": block})
+    primary = r.get("primary") or headline_metrics(swept_factors(sweep), k=k)[0]
     return RaceSettings(
         batch_size=int(r.get("batch_size", 8)),
         alpha=float(r.get("alpha", 0.05)),
         primary=str(primary),
         higher_is_better=bool(higher_is_better(primary)),
-        seed=int(cfg.seed),
+        seed=int(seed),
         wait_timeout_s=float(r.get("wait_timeout_s", 1800)),
     )
 
@@ -227,10 +213,10 @@ def race_generation(
     return done, dict(timings), calls, tags
 
 
-def job_problems(cfg, sweep: dict | None) -> list[str]:
-    """Problems only a job can see: racing without a multirun, or with a sweeper whose jobs are
-    not known up front (the α/(K − 1) split needs K)."""
-    if not enabled(cfg):
+def job_problems(racing_on: bool, sweep: dict | None) -> list[str]:
+    """Problems only a job can see: racing (``racing_on``) without a multirun, or with a sweeper
+    whose jobs are not known up front (the α/(K − 1) split needs K)."""
+    if not racing_on:
         return []
     if not sweep:
         return ["conf/config: racing: needs a multirun (-m with at least two configs); a single run has no peers"]
@@ -240,25 +226,30 @@ def job_problems(cfg, sweep: dict | None) -> list[str]:
 
 
 def race_for(job, run_id: str) -> Race | None:
-    """The sweep job's :class:`Race` when ``racing=true``, else None. The CLI has refused racing
-    without a multirun already (``multirun.MultirunParent``); a library caller gets the same error."""
-    if not enabled(job.cfg):
+    """The sweep job's :class:`Race` when its settings race (``job.setup.racing``), else None. The
+    CLI has refused racing without a multirun already (``multirun.MultirunParent``); a library
+    caller gets the same error."""
+    s = job.setup
+    if s.racing is None:
         return None
-    if bad := job_problems(job.cfg, job.sweep):
+    if bad := job_problems(True, s.sweep):
         raise ValueError("\n".join(bad))
-    return make_race(job.cfg, job.sweep, job.chash, run_id, job.run_name)
+    return make_race(s.racing, s.sweep, s.sweep_dir, job.chash, run_id, job.run_name)
 
 
-def make_race(cfg, sweep: dict, chash: str, run_id: str, name: str) -> Race:
+def _board_root(sweep_dir: str | None, sweep: dict) -> str:
+    """One board per multirun invocation (``<sweep dir>/<invocation>/.racing``): a re-run into the
+    same sweep dir never reads stale batches."""
+    return f"{sweep_dir}/{sweep.get('invocation', '')}".rstrip("/")
+
+
+def make_race(
+    s: RaceSettings, sweep: dict, sweep_dir: str | None, chash: str, run_id: str, name: str
+) -> Race:
     """The job's :class:`Race` on the board in its sweep dir (``hydra.sweep.dir/<invocation>/.racing``)."""
-    from hydra.core.hydra_config import HydraConfig
-
     from rag_experiments.tracking.race_board import Board
 
-    s = settings(cfg, sweep)
-    # one board per multirun invocation: a re-run into the same sweep dir never reads stale batches
-    root = f"{HydraConfig.get().sweep.dir}/{sweep.get('invocation', '')}".rstrip("/")
-    board = Board.in_sweep_dir(root, chash, s.wait_timeout_s)
+    board = Board.in_sweep_dir(_board_root(sweep_dir, sweep), chash, s.wait_timeout_s)
     board.start(run_id, name)
     n = int(sweep["n_jobs"])
     print(
@@ -268,31 +259,28 @@ def make_race(cfg, sweep: dict, chash: str, run_id: str, name: str) -> Race:
     return Race(s, board, n, name)
 
 
-def republish(job, run, table) -> int:
+def republish(job, run_id: str, tags: dict[str, str], table) -> int:
     """Put a config that FINISHED in an earlier invocation back on this invocation's board, as an
     uninterrupted sweep would have it (docs/racing.md, "Resume"): its per-query primary values in
     the same seeded batches, then its end (``stopped`` at the batch its run stopped, or
-    ``finished``). ``run``: the reused MLflow run; ``table``: its per-query table. Without this a
-    resumed sweep raced only the configs it re-ran, and their decisions could differ. Returns the
-    number of batches published (0: not a racing job, or nothing generated)."""
-    if not enabled(job.cfg) or not job.sweep:
+    ``finished``). ``run_id``, ``tags``: the reused run's; ``table``: its per-query table. Without
+    this a resumed sweep raced only the configs it re-ran, and their decisions could differ.
+    Returns the number of batches published (0: not a racing job, or nothing generated)."""
+    st = job.setup
+    if st.racing is None or not st.sweep:
         return 0
-    from hydra.core.hydra_config import HydraConfig
-
     from rag_experiments.evalset.subset import stratified_subset
     from rag_experiments.tracking.race_board import Board
 
-    s = settings(job.cfg, job.sweep)
+    s = st.racing
     items = job.inputs.evalset.items
-    subset = stratified_subset(items, job.cfg.get("generation_subset"))
+    subset = stratified_subset(items, st.run.generation_subset)
     order = [subset[i] for i in batch_order(len(subset), s.seed)]
     batches = [order[i : i + s.batch_size] for i in range(0, len(order), s.batch_size)]
-    tags = run.data.tags
     n_done = int(tags.get(TAG_STOPPED_AT, 0)) if tags.get(TAG_STATUS) == "stopped" else len(order)
     rows = {str(r["id"]): r for r in table.to_dict("records")}
-    root = f"{HydraConfig.get().sweep.dir}/{job.sweep.get('invocation', '')}".rstrip("/")
-    board = Board.in_sweep_dir(root, job.chash, s.wait_timeout_s)
-    board.start(run.info.run_id, job.run_name)
+    board = Board.in_sweep_dir(_board_root(st.sweep_dir, st.sweep), job.chash, s.wait_timeout_s)
+    board.start(run_id, job.run_name)
     b, done = -1, 0
     for b, batch in enumerate(batches):
         if done >= n_done:
@@ -305,7 +293,7 @@ def republish(job, run, table) -> int:
         board.end("stopped", b, tags.get(TAG_STOPPED_BY, ""))
     else:
         board.end("finished", b)
-    print(f"[racing] {job.run_name}: reused run {run.info.run_id}: its {b + 1} batches are back on the board")
+    print(f"[racing] {job.run_name}: reused run {run_id}: its {b + 1} batches are back on the board")
     return b + 1
 
 

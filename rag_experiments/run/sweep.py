@@ -30,19 +30,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 import hydra  # noqa: E402
-import mlflow  # noqa: E402
 import pandas as pd  # noqa: E402
-from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from hydra.types import RunMode  # noqa: E402
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
 
 from rag_experiments.analysis.judge_trust import runs_judge_notes  # noqa: E402
 from rag_experiments.core.cache import StageCache  # noqa: E402
-from rag_experiments.core.conf_groups import STAGE_GROUPS  # noqa: E402
 from rag_experiments.core.formatting import fmt_num  # noqa: E402
 from rag_experiments.core.identity import code_fingerprint, judge_fingerprint  # noqa: E402
 from rag_experiments.core.progress import Progress, timing_table  # noqa: E402
-from rag_experiments.core.redaction import error_text, redact  # noqa: E402
+from rag_experiments.core.redaction import redact  # noqa: E402
 from rag_experiments.core.run_names import run_name  # noqa: E402
 from rag_experiments.core.sanitize import shell_line, terminal_output  # noqa: E402
 from rag_experiments.evaluation.registry import metric_keys, spec, wrap  # noqa: E402
@@ -51,30 +47,22 @@ from rag_experiments.judge.validity import add_card  # noqa: E402
 from rag_experiments.run import racing  # noqa: E402
 from rag_experiments.run.assemble import (  # noqa: E402
     Loaded,
-    container,
+    hydra_context,
+    job_settings,
     load_inputs,
     print_problems,
-    run_settings,
 )
 from rag_experiments.run.assemble import priced as _priced  # noqa: E402, F401 - tests price a stage config
 from rag_experiments.run.config_schema import unknown_group_options  # noqa: E402
-from rag_experiments.run.multirun import MultirunParent, settle_parent, start_sweep_child  # noqa: E402, F401 - conf names the callback here
+from rag_experiments.run.multirun import MultirunParent  # noqa: E402, F401 - conf names the callback here
 from rag_experiments.run.pilot import print_pilot_mde  # noqa: E402
 from rag_experiments.run.pipeline import PipelineResult, run_pipeline  # noqa: E402
-from rag_experiments.tracking import app_versions, judges_tab  # noqa: E402
+from rag_experiments.run.types import JobSettings  # noqa: E402
 from rag_experiments.tracking import writer as tracking  # noqa: E402
-from rag_experiments.tracking.bounds import best_effort, bound_tracking_calls  # noqa: E402
+from rag_experiments.tracking.bounds import bound_tracking_calls  # noqa: E402
 from rag_experiments.tracking.errors import infrastructure_error, infrastructure_exits_2  # noqa: E402
-from rag_experiments.tracking.mlflow_adapter import release_interrupted_connections  # noqa: E402
-from rag_experiments.tracking.prompt_registry import (  # noqa: E402
-    link_model,
-    link_reused_run,
-    link_run,
-    register_for_run,
-)
-from rag_experiments.tracking.reuse import already_in_parent, copy_results, original_run_id  # noqa: E402
-from rag_experiments.tracking.runs import load_per_query  # noqa: E402
-from rag_experiments.tracking.traces import log_traces  # noqa: E402
+from rag_experiments.tracking.reuse import original_run_id  # noqa: E402
+from rag_experiments.tracking.run_writer import MlflowRunWriter, RunResults, RunWriter, TraceInputs  # noqa: E402
 
 log = logging.getLogger("rag_experiments")
 
@@ -108,46 +96,44 @@ def summary_table(agg: dict[str, float], k: int, ks: list[int]) -> str:
     return "\n".join(lines)
 
 
-def job_sweep_context() -> dict | None:
-    """The multirun's context, handed over in ``hydra.sweep.dir/.sweep.json`` (None: single run)."""
-    hc = HydraConfig.get()
-    return tracking.read_sweep_context(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None
-
-
 @dataclass
 class Job:
-    """One resolved config with its loaded inputs: everything a run needs besides MLflow."""
+    """One resolved config with its loaded inputs and typed settings: everything a run needs
+    besides a run writer. No Hydra config past this point (``assemble.job_settings``)."""
 
-    cfg: DictConfig
+    setup: JobSettings
     inputs: Loaded  # the corpus, eval set and built stages
     cache: StageCache
-    full: dict
     chash: str
     run_name: str
-    overrides: list[str]
-    sweep: dict | None
     t_start: float
     card: dict | None = None  # the judge's validity card, once computed (docs/judges.md)
     prompt_version: tuple[str, int] | None = None  # (registry name, version) the run links (docs/tracing.md)
 
     @property
     def k(self) -> int:
-        return int(self.cfg.retriever.k)
+        return self.setup.run.k
 
     @property
     def ks(self) -> list[int]:
-        return list(self.cfg.metrics.ks)
+        return list(self.setup.run.ks)
+
+    @property
+    def sweep(self) -> dict | None:
+        return self.setup.sweep
+
+    @property
+    def overrides(self) -> list[str]:
+        return list(self.setup.overrides)
 
 
-def describe_job(cfg: DictConfig, inputs: Loaded, cache: StageCache, t_start: float) -> Job:
-    full = container(cfg)
-    overrides = list(HydraConfig.get().overrides.task)
+def describe_job(setup: JobSettings, inputs: Loaded, cache: StageCache, t_start: float) -> Job:
+    """The job's ``config_hash`` and run name (in a sweep, the name shows only the overrides that vary)."""
     chash = tracking.config_hash(
-        full, inputs.corpus.digest, inputs.evalset.digest, inputs.stages.identities()
+        setup.full, inputs.corpus.digest, inputs.evalset.digest, inputs.stages.identities()
     )
-    sweep = job_sweep_context()  # in a sweep, the name shows only the overrides that vary
-    name = run_name(overrides, sweep.get("varying") if sweep else None)
-    return Job(cfg, inputs, cache, full, chash, name, overrides, sweep, t_start)
+    name = run_name(list(setup.overrides), setup.sweep.get("varying") if setup.sweep else None)
+    return Job(setup, inputs, cache, chash, name, t_start)
 
 
 def run_tags(job: Job) -> dict[str, str]:
@@ -179,13 +165,13 @@ def run_tags(job: Job) -> dict[str, str]:
 def run_params(job: Job) -> dict[str, str]:
     """The flattened resolved config plus the group choices (``chunking`` = ``fixed``)."""
     params = {
-        k: v for k, v in tracking.flatten(job.full).items() if not k.startswith(("tracking.", "hydra."))
+        k: v for k, v in tracking.flatten(job.setup.full).items() if not k.startswith(("tracking.", "hydra."))
     }
-    params.update({g: str(v) for g, v in HydraConfig.get().runtime.choices.items() if g in STAGE_GROUPS})
+    params.update(job.setup.choices)  # the group choices (assemble.hydra_context: STAGE_GROUPS only)
     return params
 
 
-def _log(client, run_id: str, job: Job, res: PipelineResult, model_id: str | None = None) -> None:
+def _log(writer: RunWriter, run_id: str, job: Job, res: PipelineResult, model_id: str | None = None) -> None:
     evalset = job.inputs.evalset
     evalset_df = pd.DataFrame(
         [
@@ -200,7 +186,7 @@ def _log(client, run_id: str, job: Job, res: PipelineResult, model_id: str | Non
         ]
     )
     artifacts = {
-        "config.yaml": OmegaConf.to_yaml(job.cfg, resolve=True),
+        "config.yaml": job.setup.config_yaml,  # the resolved config's text, made at assembly
         "cache_keys.json": json.dumps(res.cache_keys, indent=2),
     }
     if job.inputs.stages.prompt is not None:
@@ -214,19 +200,9 @@ def _log(client, run_id: str, job: Job, res: PipelineResult, model_id: str | Non
         **{f"cache_key.{k}": v for k, v in res.cache_keys.items()},
         **res.tags,
     }
-    t_log, bar = time.perf_counter(), Progress("mlflow logging", None, job.cfg.get("progress", True))
-    tracking.log_results(
-        client,
-        run_id,
-        res.aggregates,
-        res.per_query,
-        evalset_df,
-        evalset.path,
-        evalset.digest,
-        artifacts,
-        extra,
-        model_id=model_id,
-    )
+    t_log, bar = time.perf_counter(), Progress("mlflow logging", None, job.setup.progress)
+    results = RunResults(res.aggregates, res.per_query, evalset_df, evalset.path, evalset.digest, artifacts, extra)
+    writer.log_results(run_id, results, model_id=model_id)
     bar.close()
     timing["logging_s"] = time.perf_counter() - t_log
     timing["total_s"] = time.perf_counter() - job.t_start
@@ -272,8 +248,23 @@ def failure_reason(res: PipelineResult) -> str:
     return ""
 
 
-def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
-    """Run the pipeline into ``run_id`` and set its final status; re-raises after marking it.
+def trace_inputs(job: Job) -> TraceInputs:
+    """What the run's traces are built from: its trace settings, eval items, documents, stages."""
+    inputs, gen = job.inputs, job.inputs.stages.generator
+    return TraceInputs(
+        job.setup.traces,
+        inputs.evalset.items,
+        inputs.corpus.docs,
+        inputs.evalset.digest,
+        prompt=inputs.stages.prompt,
+        generator_model=getattr(gen, "model", None) if gen is not None else None,
+        judge=inputs.stages.judge,
+        prompt_version=job.prompt_version,
+    )
+
+
+def execute(writer: RunWriter, run_id: str, job: Job, parent_id: str | None):
+    """Run the pipeline into ``run_id`` and set its final status, last; re-raises after marking it.
 
     FINISHED only when some query succeeded: a run with an error on every item is FAILED (tag
     ``failure_reason``) so that a re-run retries it.
@@ -282,124 +273,86 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
         from rag_experiments.run.racing import race_for  # racing=true: docs/racing.md
 
         inputs = job.inputs
-        version = app_versions.start(client, exp_id, run_id, job.chash, inputs.stages.identities())
-        if job.prompt_version:  # the Prompts tab lists the run under the version it used
-            link_run(client, run_id, *job.prompt_version)
-        res = run_pipeline(inputs.stages, inputs.data, run_settings(job.cfg), job.cache, race_for(job, run_id))
-        card_cfg, progress = job.cfg.get("judge_card"), job.cfg.get("progress", True)  # docs/judges.md
-        job.card = add_card(card_cfg, inputs.stages, inputs.corpus.docs, job.cache, res, progress)
-        model_id = app_versions.link(client, exp_id, run_id, job.chash, version)  # "Agent versions"
-        if job.prompt_version:  # the version's prompt, on its page (docs/tracing.md)
-            link_model(client, model_id, *job.prompt_version)
-        _log(client, run_id, job, res, model_id)
+        version = writer.begin_version(run_id, job.chash, inputs.stages.identities(), job.prompt_version)
+        res = run_pipeline(inputs.stages, inputs.data, job.setup.run, job.cache, race_for(job, run_id))
+        job.card = add_card(  # docs/judges.md
+            job.setup.card, inputs.stages, inputs.corpus.docs, job.cache, res, job.setup.progress
+        )
+        model_id = writer.link_version(run_id, job.chash, version, job.prompt_version)  # "Agent versions"
+        _log(writer, run_id, job, res, model_id)
         # one trace per eval item (docs/tracing.md); replicates collapsed (evaluation.replicates);
         # its time is a row of the per-stage table
         per_item = collapse_replicates(res.per_query)
-        res.timings["traces_s"] = log_traces(
-            client, run_id, exp_id, per_item, inputs.evalset, inputs.corpus, job.cfg, inputs.stages, model_id,
-            job.prompt_version,
-        )
+        res.timings["traces_s"] = writer.log_traces(run_id, per_item, trace_inputs(job), model_id)
         if inputs.stages.generates:  # the judge in the Judges tab, where MLflow accepts it (docs/tracing.md)
-            judges_tab.register_judges(exp_id, inputs.stages.judge)
+            writer.register_judges(inputs.stages.judge)
         res.timings["total_s"] = time.perf_counter() - job.t_start
-        client.set_tag(run_id, "timings", json.dumps({k: round(v, 3) for k, v in res.timings.items()}))
+        writer.set_tags(run_id, {"timings": json.dumps({k: round(v, 3) for k, v in res.timings.items()})})
         if why := failure_reason(res):
-            client.set_tag(run_id, "failure_reason", why)
-            client.set_terminated(run_id, "FAILED")
+            writer.set_tags(run_id, {"failure_reason": why})
+            writer.end(run_id, "FAILED")
             print(f"[failed] {job.run_name}: {why}; marked FAILED so a re-run retries it", file=sys.stderr)
         else:
-            client.set_terminated(run_id, "FINISHED")
+            writer.end(run_id, "FINISHED")
         return res
     except BaseException as e:
-        status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
-        if status == "KILLED":  # the signal may have hit inside a store transaction
-            with best_effort("release the interrupted store connection"):
-                release_interrupted_connections(client.tracking_uri, e)
-        with best_effort(f"mark run {run_id} {status}"):
-            client.set_tag(run_id, "error", error_text(e, 5000))
-            client.set_terminated(run_id, status)
-            if parent_id:  # the multirun stops here too: its parent must not stay RUNNING
-                interrupted = (str(e) or "KeyboardInterrupt") if status == "KILLED" else ""
-                tracking.close_parent(client, exp_id, parent_id, complete=False, interrupted=interrupted)
+        status = writer.abort(run_id, e, parent_id)
         if status == "FAILED" and infrastructure_error(e) is None:
             print(redact(traceback.format_exc()), file=sys.stderr, end="")
         raise
 
 
-def start_run(client, exp_id: str, job: Job) -> tuple[str, str | None]:
+def start_run(writer: RunWriter, job: Job) -> tuple[str, str | None]:
     """(child run id, parent run id or None): the run is created only now, inputs all valid.
-    In a multirun the store elects the parent (cross-host, ``multirun.start_sweep_child``)."""
-    tags = run_tags(job)
-    if not job.sweep:
-        return tracking.start_child(client, exp_id, job.run_name, tags, run_params(job)), None
-
-    def child(parent_id: str, sweep_id: str) -> str:
-        tags.update({"mlflow.parentRunId": parent_id, "sweep_id": sweep_id})
-        return tracking.start_child(client, exp_id, job.run_name, tags, run_params(job))
-
-    return start_sweep_child(client, exp_id, job.sweep, bool(job.cfg.force), child)
+    In a multirun the store elects the parent (cross-host, ``tracking.parents.start_sweep_child``)."""
+    return writer.start(job.run_name, run_tags(job), run_params(job), job.sweep, job.setup.force)
 
 
-def reuse_in_sweep(client, exp_id: str, job: Job, done) -> str | None:
-    """Make the FINISHED run ``done`` part of this multirun: a child of its parent that carries
-    ``done``'s results (``tracking.reuse``), so the sweep counts, lists and reports the config.
-    None when the parent already holds this config (a resumed sweep)."""
-    parent_id, _ = tracking.get_or_create_parent(client, exp_id, job.sweep, bool(job.cfg.force))
-    parent_id = settle_parent(client, exp_id, job.sweep["invocation"]) or parent_id
-    if already_in_parent(client, exp_id, parent_id, job.chash):
-        return None
-    run_id, _ = start_run(client, exp_id, job)
-    try:
-        copy_results(client, done, run_id)
-        client.set_terminated(run_id, "FINISHED")
-    except BaseException:
-        with best_effort(f"mark run {run_id} FAILED"):
-            client.set_terminated(run_id, "FAILED")
-        raise
-    origin = original_run_id(done)
-    print(f"[reuse] {job.run_name}: counted in this sweep as run {run_id} (results of run {origin})")
+def reuse_in_sweep(writer: MlflowRunWriter, job: Job, done) -> str | None:
+    """Make the FINISHED run ``done`` part of this multirun (``MlflowRunWriter.reuse_in_sweep``):
+    a child of its parent carrying ``done``'s results, so the sweep counts, lists and reports the
+    config. None when the parent already holds this config (a resumed sweep)."""
+    run_id = writer.reuse_in_sweep(done, job.chash, job.sweep, job.setup.force, lambda: start_run(writer, job))
+    if run_id is not None:
+        origin = original_run_id(done)
+        print(f"[reuse] {job.run_name}: counted in this sweep as run {run_id} (results of run {origin})")
     return run_id
 
 
-def run_job(cfg: DictConfig) -> float:
-    """One resolved config → one MLflow run. Returns the context hit rate (Hydra's objective).
+def run_job(job: Job, uri: str) -> float:
+    """One assembled job → one MLflow run. Returns the context hit rate (Hydra's objective).
 
     The skip check and the run hold a lock on the config_hash, so identical sweeps started
     together run each config once; RUNNING runs of that config left by a dead process are
     marked KILLED first.
     """
-    t_start = time.perf_counter()
-    cache = StageCache(cfg.cache_dir, enabled=cfg.get("cache_enabled", True))
-    bound_tracking_calls(cfg.tracking.get("timeout_s"))  # every MLflow call (prompt=registry too) is bounded
-    uri = tracking.resolve_uri(cfg.tracking.uri)  # after: a PostgreSQL connect timeout comes from it
-    job = describe_job(cfg, load_inputs(cfg, cache), cache, t_start)
-    client = tracking.open_store(uri)
-    mlflow.set_tracking_uri(uri)
+    s, t_start, cache = job.setup, job.t_start, job.cache
     # in a sweep, the experiment the multirun chose holds the parent: every job's runs go there
-    experiment = (job.sweep or {}).get("experiment_name") or cfg.experiment_name
-    exp_id = tracking.get_experiment_id(client, experiment, cfg.tracking.artifact_root)
-    print_pilot_mde(client, exp_id, job)  # the primary metric's MDE, from a pilot run
+    experiment = (s.sweep or {}).get("experiment_name") or s.experiment_name
+    writer = MlflowRunWriter.open(uri, experiment, s.artifact_root)
+    exp_id = writer.experiment_id
+    print_pilot_mde(writer.client, exp_id, job)  # the primary metric's MDE, from a pilot run
     if job.inputs.stages.prompt is not None:  # templates in the Prompt Registry, by content
-        job.prompt_version = register_for_run(client, exp_id, job.inputs.stages.prompt)
-    with tracking.config_lock(uri, exp_id, job.chash):
-        for rid in tracking.heal_stale_runs(client, exp_id, job.chash):
+        job.prompt_version = writer.register_prompt(job.inputs.stages.prompt)
+    with writer.config_lock(job.chash):
+        for rid in writer.heal_stale_runs(job.chash):
             print(f"[healed] run {rid} of config_hash {job.chash} was left RUNNING by a dead process: KILLED")
         run_name, chash, k = job.run_name, job.chash, job.k
         fingerprint = code_fingerprint()
-        done, why = (None, "") if cfg.force else tracking.resume_decision(client, exp_id, chash, fingerprint)
+        done, why = (None, "") if s.force else writer.resume_decision(chash, fingerprint)
         if done is not None:
             print(f"[skip] {run_name}: {why}")
             if job.prompt_version:  # e.g. v3 holds v1's text: the v1 run is v3's result too
-                link_reused_run(client, exp_id, done.info.run_id, *job.prompt_version)
+                writer.link_reused_run(done.info.run_id, job.prompt_version)
             if job.sweep:  # a sweep is the set of its configs: the finished one joins this sweep
-                reuse_in_sweep(client, exp_id, job, done)
-            if racing.enabled(cfg) and job.sweep:  # its values race the configs this invocation runs
-                racing.republish(job, done, load_per_query(client, done, long=False))
+                reuse_in_sweep(writer, job, done)
+            if s.racing is not None and job.sweep:  # its values race the configs this invocation runs
+                racing.republish(job, done.info.run_id, done.data.tags, writer.per_query(done))
             return float(done.data.metrics.get(f"hit_at_{k}", float("nan")))
         if why:
             print(f"[rerun] {run_name}: {why}")
-        run_id, parent_id = start_run(client, exp_id, job)
-        res = execute(client, exp_id, run_id, job, parent_id)
+        run_id, parent_id = start_run(writer, job)
+        res = execute(writer, run_id, job, parent_id)
     print(f"\n== {run_name}  (run {run_id}, {res.n_chunks} chunks, {time.perf_counter() - t_start:.1f}s)")
     print(summary_table(res.aggregates, k, job.ks))
     if job.card is not None:
@@ -412,13 +365,13 @@ def run_job(cfg: DictConfig) -> float:
         what = "stopped by racing after" if res.tags.get("racing.status") == "stopped" else "stratified subset of"
         print(
             f"generation metrics and label rates: {what} n={res.n_generated} of "
-            f"{n_items} items (generation_subset={cfg.get('generation_subset')}; "
+            f"{n_items} items (generation_subset={s.run.generation_subset}; "
             "generation_subset=null for all); retrieval metrics: all items"
         )
     print(timing_table(res.timings))
     print(f"model calls {res.calls or '{}'}; cache {dict(sorted(cache.stats.items()))}")
     if not job.sweep:
-        print(f"\nOpen the MLflow UI:\n  {tracking.ui_command(uri, cfg.tracking.artifact_root, exp_id)}")
+        print(f"\nOpen the MLflow UI:\n  {tracking.ui_command(uri, s.artifact_root, exp_id)}")
     if n_failed := int(res.aggregates.get("n_judge_errors", 0)):
         print(f"[warn] {run_name}: {n_failed} judge calls failed on transport errors", file=sys.stderr)
     if failure_reason(res) and not job.sweep:
@@ -448,7 +401,13 @@ def main(cfg: DictConfig) -> float:
     for noisy in ("mlflow", "httpx", "httpx2", "openai"):  # one line per HTTP call drowns the summary
         logging.getLogger(noisy).setLevel(logging.WARNING)
     with terminal_output(), infrastructure_exits_2():  # the store named, exit 2 (tracking/errors.py)
-        return run_job(cfg)
+        # The Hydra config stops here: assembly turns it into typed settings and built stages.
+        t_start = time.perf_counter()
+        cache = StageCache(cfg.cache_dir, enabled=cfg.get("cache_enabled", True))
+        bound_tracking_calls(cfg.tracking.get("timeout_s"))  # every MLflow call (prompt=registry too) is bounded
+        uri = tracking.resolve_uri(cfg.tracking.uri)  # after: a PostgreSQL connect timeout comes from it
+        inputs = load_inputs(cfg, cache)  # bad input exits 2 here, before any MLflow run exists
+        return run_job(describe_job(job_settings(cfg, hydra_context()), inputs, cache, t_start), uri)
 
 
 def cli() -> None:

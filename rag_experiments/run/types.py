@@ -3,7 +3,9 @@
 ``Stages`` holds the built stage objects, typed by their Protocols; ``PipelineData`` the documents
 and eval items; ``RunSettings`` the plain values (k, ks, metric settings, seed, subset …).
 ``run_pipeline(stages, data, settings, cache)`` takes these three plus the stage cache;
-``assemble.build`` makes them from a Hydra config. No Hydra or MLflow here.
+``assemble.build`` makes them from a Hydra config. ``JobSettings`` is the rest of a sweep job's
+config, typed (tracking, traces, racing, the judge card, naming): assembly builds it once and
+nothing after it reads the Hydra config. No Hydra or MLflow here.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from rag_experiments.evaluation.defaults import (
     TOKEN_BUDGETS,
 )
 from rag_experiments.judge.claims import Judge
+from rag_experiments.judge.validity import CardSettings
 from rag_experiments.stages.chunking import Chunker
 from rag_experiments.stages.embedding import Embedder
 from rag_experiments.stages.generation import Generator
 from rag_experiments.stages.prompts import PromptTemplate
 from rag_experiments.stages.rerank import Reranker
 from rag_experiments.stages.retrieval import Retriever
+from rag_experiments.tracking.trace_settings import TraceSettings
 
 
 @dataclass(frozen=True)
@@ -107,3 +111,53 @@ class RunSettings:
     def depth(self) -> int:
         """How deep each query is ranked: MRR and the token budgets read past max(ks)."""
         return max(*self.all_ks, self.rank_depth)
+
+
+@dataclass(frozen=True)
+class RaceSettings:
+    """A racing config's settings (``racing.*``, docs/racing.md); ``primary`` is resolved (null →
+    the sweep's headline metric) and ``higher_is_better`` read from the registry at assembly."""
+
+    batch_size: int
+    alpha: float
+    primary: str
+    higher_is_better: bool
+    seed: int
+    wait_timeout_s: float
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """A sweep job's config past assembly (``assemble.job_settings``): nothing below reads Hydra.
+
+    ``run``: the pipeline's :class:`RunSettings`; ``full``: the resolved config as plain data (the
+    run's params and ``config_hash``); ``config_yaml``: the same, as the logged ``config.yaml``;
+    ``choices``: the Hydra group choices (``chunking`` = ``fixed``); ``overrides``: the job's
+    command-line overrides; ``sweep``: the multirun context (``.sweep.json``; None for a single
+    run), ``sweep_dir`` its folder and ``job_num`` Hydra's job number; ``tracking_uri``,
+    ``artifact_root``, ``timeout_s`` (tracking.*), ``experiment_name``, ``force``, ``cache_dir``,
+    ``cache_enabled``, ``progress``: the keys of those names; ``traces``: the trace settings;
+    ``card``: the judge card's (None: no ``judge_card`` block); ``racing``: None unless
+    ``racing.enabled``; ``racing_primary``: the raw ``racing.primary`` (the pilot line's metric).
+    """
+
+    run: RunSettings
+    full: dict[str, Any]
+    config_yaml: str
+    experiment_name: str
+    tracking_uri: str | None = None
+    artifact_root: str | None = None
+    timeout_s: float | None = None
+    force: bool = False
+    cache_dir: str = ".cache"
+    cache_enabled: bool = True
+    progress: bool = True
+    choices: dict[str, str] = field(default_factory=dict)
+    overrides: tuple[str, ...] = ()
+    sweep: dict[str, Any] | None = None
+    sweep_dir: str | None = None
+    job_num: int = 0
+    traces: TraceSettings = field(default_factory=TraceSettings)
+    card: CardSettings | None = None
+    racing: RaceSettings | None = None
+    racing_primary: str | None = None

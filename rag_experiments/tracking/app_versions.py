@@ -21,7 +21,7 @@ carries the model id (trace metadata ``mlflow.modelId``, both trace writers).
 
 **Races.** On one host the sweep already holds ``config_lock`` for the config, and creation takes a
 file lock of its own. Across hosts the store arbitrates, as for sweep parents
-(``multirun.settle_parent``): :func:`settle` runs after the pipeline, long after any racing creation
+(``parents.settle_parent``): :func:`settle` runs after the pipeline, long after any racing creation
 committed, and every job picks the same winner from the same set (the earliest-created live model,
 ties broken by the smaller id); a job whose own freshly created model lost deletes it before
 anything was linked to it. See docs/tracing.md ("Every config an app version").

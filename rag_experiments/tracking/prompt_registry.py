@@ -22,8 +22,9 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any
 
 import mlflow
 import yaml
@@ -206,22 +207,27 @@ class RegisteredPrompt(PromptTemplate):
 _checked: dict[str, list[str]] = {}
 
 
-def registered_prompt_problems(cfg) -> list[str]:
-    """The problems of a composed config's ``prompt=registry`` (unknown name, version, alias; a
-    template we cannot run), read from the store; [] for other prompts and retrieval-only runs.
-    The multirun callback asks this for every job before the first run (memoised per reference)."""
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
+def is_registry_prompt(node: Mapping[str, Any] | None) -> bool:
+    """True when a ``prompt`` node names a registered prompt (``prompt=registry``)."""
+    return node is not None and node.get("_target_") in REFERENCE_TARGETS
 
-    node = cfg.get("prompt")
-    if not (cfg.generator.get("_target_") and node is not None and node.get("_target_") in REFERENCE_TARGETS):
+
+def registered_prompt_problems(prompt: Mapping[str, Any]) -> list[str]:
+    """The problems of a generating job's ``prompt=registry`` (unknown name, version, alias; a
+    template we cannot run), read from the store; [] for other prompts. ``prompt``: the job's
+    resolved ``prompt`` node (plain data). The multirun callback asks this for every generating
+    job before the first run (memoised per reference)."""
+    from rag_experiments.core.build import build
+
+    node = prompt
+    if not is_registry_prompt(node):
         return []
-    key = json.dumps([resolve_uri(node.get("tracking_uri")), OmegaConf.to_container(node, resolve=True)])
+    key = json.dumps([resolve_uri(node.get("tracking_uri")), node], sort_keys=True, default=str)
     if key not in _checked:
         try:
-            instantiate(node)
+            build(node)
             _checked[key] = []
-        except Exception as e:  # noqa: BLE001 - Hydra wraps it; only the registry's problems are kept
+        except Exception as e:  # noqa: BLE001 - only the registry's problems are kept; others raise
             cause = e
             while cause is not None and not isinstance(cause, PromptRegistryError):
                 cause = cause.__cause__ or cause.__context__

@@ -24,9 +24,9 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import mlflow
@@ -46,12 +46,30 @@ from rag_experiments.tracking.assessments import (
 )
 from rag_experiments.tracking.assessments import _num as _num
 from rag_experiments.tracking.runs import parse_json  # NaN cells: items outside generation_subset
+from rag_experiments.tracking.trace_settings import DEFAULT_SAMPLE, TraceSettings  # noqa: F401
 
 log = logging.getLogger(__name__)
 TRACE_NAME = "rag_query"
-DEFAULT_SAMPLE = 2000  # tracking.trace_sample: every item up to this many, then a sample
 TRACES_SAMPLED = "traces_sampled"  # run tag: the sampling rule's inputs and outcome
 _warned: set[str] = set()
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    """Everything one run's traces are built from: the settings, the eval items and documents, and
+    what the spans name (the prompt, the generator model, the judge), the config's app version
+    (``model_id``, linked to every trace) and the registry's (name, version) of the run's prompt
+    (linked to the trace of every item it generated)."""
+
+    settings: TraceSettings
+    items: Sequence[EvalItem]
+    docs: Sequence[Document]
+    evalset_digest: str
+    prompt: Any = None
+    generator_model: str | None = None
+    judge: Any = None
+    model_id: str | None = None
+    prompt_version: tuple[str, int] | None = None
 
 
 # ------------------------------------------------------------------------------ span building
@@ -383,32 +401,23 @@ def _status(error: str | None) -> SpanStatus:
 
 
 def write_traces(
-    tracking_uri: str,
-    run_id: str,
-    experiment_id: str,
-    per_query: pd.DataFrame,
-    items: Iterable[EvalItem],
-    docs: Iterable[Document],
-    k: int,
-    evalset_digest: str,
-    prompt=None,
-    generator_model: str | None = None,
-    judge=None,
-    path: str = "auto",
-    model_id: str | None = None,
-    prompt_version: tuple[str, int] | None = None,
+    tracking_uri: str, run_id: str, experiment_id: str, per_query: pd.DataFrame, job: TraceJob
 ) -> list[str]:
     """Write one trace per row of ``per_query``; returns the trace ids.
 
-    ``path``: ``"public"`` (:func:`write_public`), ``"fast"`` (the adapter's one-transaction SQL
-    path, or its per-trace client path off SQL), ``"fast-per-trace"``, or ``"auto"``: the fast path
-    when ``mlflow_adapter.fast_path_problem()`` is empty, else the public one with one warning.
-    ``model_id``: the config's app version (``tracking.app_versions``), on every trace.
-    ``prompt_version``: the registry's (name, version) of the run's prompt, linked to the trace of
-    every item it generated (items outside ``generation_subset`` never used it).
+    ``job.settings.path``: ``"public"`` (:func:`write_public`), ``"fast"`` (the adapter's
+    one-transaction SQL path, or its per-trace client path off SQL), ``"fast-per-trace"``, or
+    ``"auto"``: the fast path when ``mlflow_adapter.fast_path_problem()`` is empty, else the public
+    one with one warning. ``job.model_id``: the config's app version (``tracking.app_versions``), on
+    every trace. ``job.prompt_version``: linked to the trace of every item it generated (items
+    outside ``generation_subset`` never used it).
     """
-    records = build_records(per_query, items, docs, k, evalset_digest, prompt, generator_model, judge)
-    prompts = _prompt_versions(tracking_uri, prompt_version)
+    records = build_records(
+        per_query, job.items, job.docs, job.settings.k, job.evalset_digest, job.prompt, job.generator_model,
+        job.judge,
+    )  # fmt: skip
+    prompts = _prompt_versions(tracking_uri, job.prompt_version)
+    path = job.settings.path
     if path == "auto":
         from rag_experiments.tracking.mlflow_adapter import fast_path_problem
 
@@ -418,11 +427,11 @@ def write_traces(
             _warned.add(problem)
             log.warning("traces: %s; writing through MLflow's public API (slower, same content)", problem)
     if path == "public":
-        return write_public(tracking_uri, experiment_id, run_id, records, model_id, prompts)
+        return write_public(tracking_uri, experiment_id, run_id, records, job.model_id, prompts)
     from rag_experiments.tracking.mlflow_adapter import write_fast
 
     return write_fast(
-        tracking_uri, experiment_id, run_id, records, path == "fast", model_id, prompts
+        tracking_uri, experiment_id, run_id, records, path == "fast", job.model_id, prompts
     )
 
 
@@ -443,56 +452,27 @@ def _prompt_versions(tracking_uri: str, ref: tuple[str, int] | None) -> list:
 # ------------------------------------------------------------------------------ sweep entry point
 
 
-def log_traces(
-    client,
-    run_id: str,
-    experiment_id: str,
-    per_query: pd.DataFrame,
-    evalset,
-    corpus,
-    cfg,
-    stages,
-    model_id: str | None = None,
-    prompt_version: tuple[str, int] | None = None,
-) -> float:
-    """The sweep's one call: eval-set dataset + the traces, unless ``tracking.traces=false``.
-    Returns the seconds spent (the per-stage table's ``traces`` row). ``model_id``: the config's
-    app version (linked to every trace), ``prompt_version``: the run's registered prompt (linked
-    to every generated item's trace)."""
+def log_traces(client, run_id: str, experiment_id: str, per_query: pd.DataFrame, job: TraceJob) -> float:
+    """The sweep's one call: eval-set dataset + the traces, unless ``job.settings.enabled`` is off
+    (``tracking.traces=false``). Returns the seconds spent (the per-stage table's ``traces`` row)."""
     from rag_experiments.tracking.writer import TRACES_EXPECTED
 
     t0 = time.perf_counter()
-    if not cfg.tracking.get("traces", True):
+    s = job.settings
+    if not s.enabled:
         client.set_tag(run_id, TRACES_EXPECTED, "0")
         return time.perf_counter() - t0
-    cap = cfg.tracking.get("trace_sample", DEFAULT_SAMPLE)
-    traced, record = select_traced(per_query, None if cap is None else int(cap), int(cfg.get("seed", 0)))
+    traced, record = select_traced(per_query, s.sample, s.seed)
     # before the first trace: resume compares it with the ``traces`` tag set after the last one
     client.set_tag(run_id, TRACES_EXPECTED, str(len(traced)))
     client.set_tag(run_id, TRACES_SAMPLED, json.dumps(record))
-    gen = stages.generator  # run_types.Stages
     from rag_experiments.tracking.genai_dataset import link_dataset
 
     t_ds = time.perf_counter()
-    link_dataset(client, run_id, experiment_id, evalset.items, corpus.docs, evalset.digest)
+    link_dataset(client, run_id, experiment_id, job.items, job.docs, job.evalset_digest)
     dataset_s = time.perf_counter() - t_ds  # seconds on the first run of an eval set, ~0 after
     client.log_dict(run_id, metric_definitions(per_query), "metric_definitions.json")
-    ids = write_traces(
-        client.tracking_uri,
-        run_id,
-        experiment_id,
-        traced,
-        evalset.items,
-        corpus.docs,
-        int(cfg.retriever.k),
-        evalset.digest,
-        prompt=stages.prompt,
-        generator_model=getattr(gen, "model", None) if gen is not None else None,
-        judge=stages.judge,
-        path=os.environ.get("RAG_EXPERIMENTS_TRACES", "auto") or "auto",
-        model_id=model_id,
-        prompt_version=prompt_version,
-    )
+    ids = write_traces(client.tracking_uri, run_id, experiment_id, traced, job)
     seconds = time.perf_counter() - t0
     # how long tracing took, so its overhead is visible per run (scripts/bench_traces.py)
     tag = {"n": len(ids), "seconds": round(seconds, 3), "dataset_seconds": round(dataset_s, 3)}

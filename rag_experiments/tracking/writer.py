@@ -112,6 +112,19 @@ def find_finished(client: MlflowClient, experiment_id: str, chash: str):
     return runs[0] if runs else None
 
 
+def latest_finished_of_evalset(client: MlflowClient, experiment_id: str, evalset_digest: str):
+    """The latest FINISHED run of the experiment on the eval set ``evalset_digest`` (the sweep's
+    pilot, ``run.pilot``), or None."""
+    digest = evalset_digest.replace("'", "")
+    found = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.evalset_digest = '{digest}' and attributes.status = 'FINISHED'",
+        max_results=1,
+        order_by=["attributes.start_time DESC"],
+    )
+    return found[0] if found else None
+
+
 def incomplete_reason(client: MlflowClient, run) -> str:
     """Why a FINISHED run cannot be reused ("" when it is complete): items whose generation or
     judging failed (``n_errors``, ``n_judge_errors``: a re-run retries exactly those), no
