@@ -102,7 +102,7 @@ def test_full_pipeline_then_cache_reuse(setup):
     # claim-level diagnostics: NaN with a reason for the unanswerable item, proportions elsewhere
     diag = ["claim_recall", "context_utilization", "hallucination", "self_knowledge"]
     assert unanswerable[diag].isna().all(axis=None)
-    assert "unanswerable item" in unanswerable["diagnostics_nan_reason"].iloc[0]
+    assert "unanswerable item" in unanswerable["diagnostics_nan_reason"].iloc[0].values()
     answerable = df[df["gold_spans"].map(len) > 0]
     assert answerable["claim_recall"].between(0, 1).all() and first.calls["judge_diagnostic_verdicts"] > 0
     assert agg["n_scored/claim_recall"] == len(answerable) and "claim_recall_ci_high" in agg

@@ -12,6 +12,7 @@ import pytest
 from mlflow.entities import AssessmentSourceType
 from mlflow.tracking import MlflowClient
 
+from rag_experiments.core.query_table import read_per_query
 from tests.llm_fixtures import requires_smollm2
 from tests.mlflow_ui import SCREENSHOTS, chromium, mlflow_server
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
@@ -24,7 +25,7 @@ def _store(root):
     run = c.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])[0]  # the fixture's run
     mlflow.set_tracking_uri(uri)
     traces = mlflow.search_traces(locations=[exp.experiment_id], run_id=run.info.run_id, return_type="list")
-    df = pd.read_parquet(c.download_artifacts(run.info.run_id, "per_query.parquet", str(root)))
+    df = read_per_query(c.download_artifacts(run.info.run_id, "per_query.parquet", str(root)))
     return c, exp, run, traces, df
 
 
