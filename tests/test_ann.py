@@ -125,8 +125,8 @@ def test_pipeline_logs_ann_recall_and_caches_vectors_and_index(tiny):
     assert len(list((root / "cache" / "ann").rglob("*.faiss"))) == 1
     # an HNSW graph over ~60 vectors is searched exhaustively: ANN rankings equal exact ones
     assert agg["ann_recall_at_10"] == pytest.approx(1.0)
-    assert [json.loads(r)[0]["chunk_id"] for r in hnsw.per_query["retrieved"]] == [
-        json.loads(r)[0]["chunk_id"] for r in exact.per_query["retrieved"]
+    assert [r[0]["chunk_id"] for r in hnsw.per_query["retrieved"]] == [
+        r[0]["chunk_id"] for r in exact.per_query["retrieved"]
     ]
     again = _run(tiny, cache, index="faiss_hnsw", hnsw_m=8)  # ranking and recall both from the cache
     assert (

@@ -217,7 +217,7 @@ def test_stochastic_judge_repeats_flip_rate_cached_per_repeat(tmp_path):
     verdicts = judge.verdicts(claims, REFUND_CTX)
     judged = JudgedAnswer(claims, verdicts, 0.0, "", 0.0, {})
     cols = repeat_columns(repeats, [judged], [REFUND_CTX], cache, Counter())
-    labels = json.loads(cols[0]["judge_repeat_labels"])
+    labels = cols[0]["judge_repeat_labels"]
     assert len(labels) == 2 and all(len(ls) == 3 for ls in labels)
     assert cols[0]["judge_flip_rate"] == query_flip_rate(labels)
 

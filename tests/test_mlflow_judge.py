@@ -268,7 +268,7 @@ def test_sweep_with_judge_mlflow_finishes_and_records_verdicts(tmp_path, smol_ur
     assert run.data.tags["judge_model"] == "smollm2"
     df = load_per_query(c, run)
     assert len(df) == 2 and df["answer"].str.len().gt(0).all()
-    verdicts = [v for s in df["verdicts"] for v in json.loads(s)]
+    verdicts = [v for s in df["verdicts"] for v in s]
     assert {v["label"] for v in verdicts} <= set(VERDICTS)
     assert df["n_claims"].sum() == len(verdicts)
     n_unp = sum(v["label"] == "unparseable" for v in verdicts)

@@ -79,7 +79,7 @@ def test_ui_command_points_at_the_evaluation_runs_view(tmp_path, monkeypatch):
 def test_two_runs_side_by_side_differ_in_hit_and_response(two_runs, tmp_path):
     root, exp_id, (run_a, run_b), tables, out = two_runs
     item, query, hit_a, hit_b = _differing_item(tables)
-    top = [[r["chunk_id"] for r in json.loads(t.set_index("id").at[item, "retrieved"])[:5]] for t in tables]
+    top = [[r["chunk_id"] for r in t.set_index("id").at[item, "retrieved"][:5]] for t in tables]
     assert top[0] != top[1]
     # the sweep's last lines: the UI command and the experiment's evaluation-runs view
     printed = re.search(r"# then open (http://127\.0\.0\.1:5000(/\S*))", out.split("Open the MLflow UI:")[-1])

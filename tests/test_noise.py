@@ -86,7 +86,7 @@ def _long(y: np.ndarray, hits: np.ndarray | None = None) -> pd.DataFrame:
                     "id": f"q{i:04d}",
                     "query": f"question {i}",
                     "tags": ["t"],
-                    "gold_spans": "[]" if i == 0 else '[["d", 0, 5]]',
+                    "gold_spans": [] if i == 0 else [{"doc_id": "d", "start": 0, "end": 5}],
                     "hit_at_5": float(hits[i]),
                     "correctness": float(y[i, rep]),
                     "failure_label": "ok" if y[i, rep] >= 0.5 else "generation_failure",
@@ -302,7 +302,5 @@ def test_judge_repeats_without_replicates_split_query_and_judge():
     assert variance_metrics(df.drop(columns=["judge_repeat_labels"])) == {}
     # collapse keeps each replicate's repeat labels for the traces
     rep, _ = _judged_table(_simulate(4, 2, 2, seed=1))
-    import json
-
-    kept = json.loads(collapse_replicates(rep)["replicates"].iloc[0])
+    kept = collapse_replicates(rep)["replicates"].iloc[0]
     assert [r["judge_repeat_labels"] for r in kept] == rep.loc[rep["id"] == "q0000", "judge_repeat_labels"].tolist()

@@ -160,7 +160,6 @@ def test_judge_repeats_of_a_real_stochastic_judge_give_a_judge_share(tmp_path):
     """judge.repeats=3 with the packaged SmolLM2 as judge at temperature 1 (a real stochastic judge,
     offline): each row keeps every repeat's labels, the run logs var_share/faithfulness/judge from
     them, and the run's faithfulness stays repeat 0's."""
-    import json
 
     from rag_experiments.judge.repeats import repeat_scores
     from rag_experiments.judge.validity import judge_config, judge_with_repeats
@@ -174,10 +173,10 @@ def test_judge_repeats_of_a_real_stochastic_judge_give_a_judge_share(tmp_path):
     res = tiny_pipeline(tiny, generator=gen, prompt=prompt, judge=judge, judge_repeats=tuple(repeats))
     df = res.per_query
     assert df["error"].isna().all()
-    judged = df[df["judge_repeat_labels"].fillna("[]") != "[]"]  # answers with at least one claim
+    judged = df[df["judge_repeat_labels"].map(lambda v: isinstance(v, list) and len(v) > 0)]  # answers with at least one claim
     assert len(judged) >= 2
     for _, row in judged.iterrows():
-        labels = json.loads(row["judge_repeat_labels"])
+        labels = row["judge_repeat_labels"]
         assert all(len(ls) == 3 for ls in labels)
         scores = repeat_scores(row["judge_repeat_labels"])
         assert len(scores) == 3

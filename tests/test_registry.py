@@ -222,3 +222,31 @@ def test_generating_run_logs_only_registered_keys(tiny, fake_llm):  # noqa: F811
     assert not math.isnan(agg["answer_relevance"]) and agg["n_scored/correctness"] >= 1
     assert "faithfulness" in agg and "n_claims" in res.per_query
     assert sum(agg[f"rate_{lab}"] for lab in ("ok", "retrieval_failure", "generation_failure")) <= 1.0
+
+
+def test_every_compute_resolves_to_its_function_and_names_declared_columns(tmp_path):
+    """``MetricSpec.compute`` is a dotted path to a callable of that name; ``columns`` names only
+    columns the per-query table declares (core/query_table.py) or registered per-query metrics; on
+    a real retrieval run every column a present retrieval metric needs is in the table, as the
+    declared Python data."""
+    from rag_experiments.core.query_table import COLUMNS, NESTED, cell
+
+    with_compute = [s for s in REGISTRY if s.compute]
+    assert len(with_compute) >= 40
+    for s in with_compute:
+        f = s.function()
+        assert callable(f), s.pattern
+        assert f.__name__ == s.compute.rpartition(".")[2], (s.pattern, s.compute, f.__name__)
+        for col in s.columns:
+            found = parse(col)
+            assert col in COLUMNS or (found is not None and found[0].per_query), (s.pattern, col)
+    assert {s.pattern for s in REGISTRY if "retrieved" in s.columns} >= {"hit_at_{k}", "mrr", "ndcg_at_{k}"}
+    assert spec("faithfulness").columns == ("verdicts",)
+    assert all(not s.columns for s in REGISTRY if s.compute is None)
+
+    df = tiny_pipeline(tiny_inputs(tmp_path, n_items=4)).per_query
+    present = [spec(c) for c in df.columns if parse(c) is not None]
+    needed = {col for s in present for col in s.columns}
+    assert needed >= {"retrieved", "gold_spans"} and needed <= set(df.columns)
+    for col in needed & set(NESTED):
+        assert all(isinstance(v, list) and cell(col, v) == v for v in df[col]), col

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import html as html_lib
 import importlib.util
-import json
 import os
 import re
 import struct
@@ -20,6 +19,7 @@ import pytest
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
+from rag_experiments.core.query_table import read_per_query, write_per_query
 from rag_experiments.report import cli, figures, load
 from rag_experiments.report.model import (
     Bullets,
@@ -264,27 +264,18 @@ def test_generation_sections_appear_with_generation_metrics(tiny_sweep, tmp_path
     for i_kid, kid in enumerate(kids):
         with tempfile.TemporaryDirectory() as tmp:
             path = client.download_artifacts(kid.info.run_id, "per_query.parquet", tmp)
-            t = pd.read_parquet(path)
+            t = read_per_query(path)
         n = len(t)
         t["answer"] = [f"Answer {i}. It retries for 24 hours." for i in range(n)]
         t["context"] = "Webhooks retry with exponential backoff for 24 hours."
-        t["verdicts"] = json.dumps(
-            [
-                {
-                    "claim": "It retries for 24 hours.",
-                    "label": "supported",
-                    "score": 0.8,
-                    "rationale": "matches",
-                }
-            ]
-        )
+        verdict = {"claim": "It retries for 24 hours.", "label": "supported", "score": 0.8, "rationale": "matches"}
+        t["verdicts"] = [[verdict] for _ in range(n)]
         t["faithfulness"] = rng.integers(0, 2, n).astype(float)
         t["correctness"] = rng.random(n)
         t["answer_relevance"] = rng.random(n)
         t["claim_recall"] = rng.random(n)
         t["hallucination"] = rng.random(n)
-        t["diagnostics_nan_reason"] = json.dumps({})
-        t.loc[0, "diagnostics_nan_reason"] = json.dumps({"hallucination": "declining answer"})
+        t["diagnostics_nan_reason"] = [{"hallucination": "declining answer"}] + [{} for _ in range(n - 1)]
         t["failure_label"] = np.where(t["hit_at_5"] == 1, "ok", "retrieval_failure")
         t.loc[0, "failure_label"] = "generation_failure"
         tags = {k: v for k, v in kid.data.tags.items() if not k.startswith("mlflow.")}
@@ -320,7 +311,7 @@ def test_generation_sections_appear_with_generation_metrics(tiny_sweep, tmp_path
         client.log_batch(rid, metrics=[Metric(k, float(v), 0, 0) for k, v in metrics.items()])
         with tempfile.TemporaryDirectory() as tmp:
             p = Path(tmp) / "per_query.parquet"
-            t.to_parquet(p, index=False)
+            write_per_query(t, p)
             client.log_artifact(rid, str(p))
         client.set_terminated(rid, "FINISHED")
     out = tmp_path / "gen"
@@ -395,7 +386,6 @@ def test_the_report_says_first_when_the_eval_set_cannot_separate_the_configs():
     from types import SimpleNamespace
 
     import numpy as np
-    import pandas as pd
 
     from rag_experiments.core.run_record import RunData
     from rag_experiments.report.model import underpowered_note

@@ -261,8 +261,8 @@ def test_pipeline_attributes_first_stage_and_only_the_reranker_is_recomputed(tmp
     assert dense.aggregates["latency_p50_ms/rerank"] > 0
     assert dense.aggregates["n_rerank_errors"] == 0
     # same bi-encoder as the retriever: re-scoring its own top 10 by cosine keeps the top 3
-    top3 = [[r["chunk_id"] for r in json.loads(x)[:3]] for x in base.per_query["retrieved"]]
-    assert [[r["chunk_id"] for r in json.loads(x)[:3]] for x in dense.per_query["retrieved"]] == top3
+    top3 = [[r["chunk_id"] for r in x[:3]] for x in base.per_query["retrieved"]]
+    assert [[r["chunk_id"] for r in x[:3]] for x in dense.per_query["retrieved"]] == top3
 
     # another reranker: chunks, embedding and the first stage all hit; only reranking runs
     ce = CrossEncoderReranker(tiny_cross_encoder(tmp_path), candidates=10, batch_size=16, max_length=128)
@@ -285,8 +285,8 @@ def test_bm25_then_endpoint_reranks_the_final_list_and_failures_keep_first_stage
     try:
         res, _ = _run(inputs, EndpointReranker(srv.url, candidates=10))
         assert srv.calls == 8 and all(len(b["documents"]) == 10 for _, b, _ in srv.bodies)
-        first_ids = [json.loads(r)[0]["chunk_id"] for r in base.per_query["retrieved"]]
-        top = [json.loads(r)[0] for r in res.per_query["retrieved"]]
+        first_ids = [r[0]["chunk_id"] for r in base.per_query["retrieved"]]
+        top = [r[0] for r in res.per_query["retrieved"]]
         # the generator's and the metrics' list is the reranked one: its top chunk has the most words
         best = [
             max(sum(w in d.lower() for w in b["query"].lower().split()) for d in b["documents"])
@@ -392,7 +392,7 @@ def test_trace_has_a_rerank_span_between_retrieve_and_generate() -> None:
 
     retrieved = [{"chunk_id": "d#0-5", "doc_id": "d", "start": 0, "end": 5, "score": 1.0, "rank": 1}]
     row = {
-        "id": "q1", "retrieved": json.dumps(retrieved), "answer": "hello", "verdicts": "[]", "claims": "[]",
+        "id": "q1", "retrieved": retrieved, "answer": "hello", "verdicts": [], "claims": [],
         "latency_retrieval_s": 0.1, "latency_rerank_s": 0.3, "latency_generation_s": 1.0, "latency_judge_s": 0.5,
         "rerank_error": None,
     }  # fmt: skip
@@ -485,7 +485,7 @@ def test_llm_reranker_rates_pointwise_and_an_unparseable_reply_keeps_first_stage
         base, _ = _run(inputs, None)
         res, _ = _run(inputs, LLMReranker(srv.url, "ok", candidates=5, backoff_s=0.0))
         assert res.aggregates["n_rerank_errors"] == 0 and srv.calls == 3 + 4 * 5
-        top = [json.loads(x)[0]["score"] for x in res.per_query["retrieved"]]
+        top = [x[0]["score"] for x in res.per_query["retrieved"]]
         assert all(float(t).is_integer() for t in top)  # the model's integer ratings, not BM25's
         bad, _ = _run(inputs, LLMReranker(srv.url, "garbage", candidates=5, backoff_s=0.0))
         assert bad.aggregates["n_rerank_errors"] == 4

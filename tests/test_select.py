@@ -3,7 +3,6 @@ chosen config is written as YAML and re-run by the sweep with the same config_ha
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -31,7 +30,7 @@ def _run(name: str, values, latency_s: float = 0.01, k: int = 3, chash: str | No
             "id": [f"q{i}" for i in range(n)],
             "m": np.asarray(values, float),
             "latency_retrieval_s": latency_s,
-            "retrieved": [json.dumps([{"start": 0, "end": chunk}] * 5)] * n,
+            "retrieved": [[{"start": 0, "end": chunk}] * 5] * n,
         }
     )
     return RunData(name, name, {"retriever.k": str(k)}, {"config_hash": chash or name}, table)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import json
 import math
 import tempfile
 from pathlib import Path
@@ -36,13 +35,11 @@ def _per_query() -> pd.DataFrame:
                 "tags": ["exact"],
                 "answer": " ".join(claims),
                 "context": CONTEXT + '\n\nsecond chunk, "quoted"\nacross lines',
-                "claims": json.dumps(claims),
-                "verdicts": json.dumps(
-                    [
-                        {"claim": c, "label": lab, "score": sc, "rationale": f"why {c}"}
-                        for c, (lab, sc) in zip(claims, vs, strict=True)
-                    ]
-                ),
+                "claims": claims,
+                "verdicts": [
+                    {"claim": c, "label": lab, "score": sc, "rationale": f"why {c}"}
+                    for c, (lab, sc) in zip(claims, vs, strict=True)
+                ],
                 "faithfulness": 0.5,
             }
         )

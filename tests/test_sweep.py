@@ -71,7 +71,7 @@ def test_aggregates_equal_means_of_per_query_columns(grid):
             assert r.data.metrics[f"{key}_ci_low"] <= r.data.metrics[key] <= r.data.metrics[f"{key}_ci_high"]
         assert r.data.metrics["n_queries"] == n_items
         assert r.data.metrics["n_unanswerable"] == 1
-        retrieved = json.loads(df["retrieved"].iloc[0])
+        retrieved = df["retrieved"].iloc[0]
         assert [x["rank"] for x in retrieved] == list(range(1, len(retrieved) + 1))
         assert {"chunk_id", "doc_id", "start", "end", "score"} <= set(retrieved[0])
         arts = {a.path for a in c.list_artifacts(r.info.run_id)}

@@ -12,6 +12,7 @@ import pytest
 from mlflow.entities import AssessmentSourceType
 from mlflow.tracking import MlflowClient
 
+from rag_experiments.core.query_table import read_per_query
 from tests.llm_fixtures import requires_smollm2
 from tests.mlflow_ui import SCREENSHOTS, chromium, mlflow_server
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
@@ -24,7 +25,7 @@ def _store(root):
     run = c.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])[0]  # the fixture's run
     mlflow.set_tracking_uri(uri)
     traces = mlflow.search_traces(locations=[exp.experiment_id], run_id=run.info.run_id, return_type="list")
-    df = pd.read_parquet(c.download_artifacts(run.info.run_id, "per_query.parquet", str(root)))
+    df = read_per_query(c.download_artifacts(run.info.run_id, "per_query.parquet", str(root)))
     return c, exp, run, traces, df
 
 
@@ -73,7 +74,7 @@ def test_retriever_span_holds_the_ranked_chunks_as_documents(retrieval_run):
         t = by[row["id"]]
         root_span = t.data._get_root_span()
         assert root_span.inputs["query"] == row["query"] and root_span.inputs["item_id"] == row["id"]
-        retrieved = json.loads(row["retrieved"])
+        retrieved = row["retrieved"]
         assert root_span.outputs == [r["chunk_id"] for r in retrieved[:k]]
         (ret,) = [s for s in t.data.spans if s.span_type == "RETRIEVER"]
         assert ret.parent_id == root_span.span_id
@@ -105,8 +106,8 @@ def test_feedback_values_equal_the_per_query_table(retrieval_run):
         fb, ex = _assessments(by[row["id"]])
         assert fb["failure_label"].value == row["failure_label"]
         assert "hit_at_5=" in fb["failure_label"].rationale
-        gold = json.loads(row["gold_spans"])
-        assert [[e["doc_uri"], e["start"], e["end"]] for e in ex["expected_retrieved_context"]] == gold
+        gold = row["gold_spans"]
+        assert [{"doc_id": e["doc_uri"], "start": e["start"], "end": e["end"]} for e in ex["expected_retrieved_context"]] == gold
         for e in ex["expected_retrieved_context"]:
             assert e["content"] == (docs / e["doc_uri"]).read_text()[e["start"] : e["end"]]
         if not gold:  # unanswerable: retrieval metrics are not applicable, so no feedback
@@ -200,7 +201,7 @@ def test_generating_run_has_chat_and_judge_spans_and_generation_feedback(tmp_pat
             else:
                 assert fb[col].value == pytest.approx(row[col])
         assert fb["faithfulness"].source.source_id == "HeuristicJudge"
-        unsupported = [v["claim"] for v in json.loads(row["verdicts"]) if v["label"] != "supported"]
+        unsupported = [v["claim"] for v in row["verdicts"] if v["label"] != "supported"]
         for claim in unsupported:
             assert claim in fb["faithfulness"].rationale
         assert fb["failure_label"].value == row["failure_label"]
@@ -225,7 +226,7 @@ def test_judge_tokens_go_on_the_judge_span_and_into_the_trace_total():
 
     retrieved = [{"chunk_id": "d#0-5", "doc_id": "d", "start": 0, "end": 5, "score": 1.0, "rank": 1}]
     row = {
-        "id": "q1", "retrieved": json.dumps(retrieved), "answer": "hello", "verdicts": "[]", "claims": "[]",
+        "id": "q1", "retrieved": retrieved, "answer": "hello", "verdicts": [], "claims": [],
         "latency_retrieval_s": 0.1, "latency_generation_s": 1.0, "latency_judge_s": 0.5,
         "tokens_in_generation": 100.0, "tokens_out_generation": 7.0,
         "tokens_in_judge": 40.0, "tokens_out_judge": 3.0,

@@ -367,7 +367,7 @@ def test_verifier_judges_in_the_pipeline_and_its_identity_is_in_the_cache_keys(f
     finally:
         fake.server.shutdown()
         fake.server.server_close()
-    verdicts = [v for s in res.per_query["verdicts"].dropna() for v in json.loads(s)]
+    verdicts = [v for s in res.per_query["verdicts"].dropna() for v in s]
     assert verdicts and all(0 <= v["score"] <= 1 for v in verdicts)
     assert all(v["rationale"].startswith("P(supported)=") for v in verdicts)
     assert res.aggregates["n_escalated_verdicts"] == 0

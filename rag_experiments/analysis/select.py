@@ -15,7 +15,6 @@ is *underpowered* and the best mean is chosen instead of the cheapest tied confi
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from rag_experiments.analysis.attribution import noise_floor
 from rag_experiments.analysis.gate import GateResult, non_inferiority_family
 from rag_experiments.analysis.power import n_for_effect
 from rag_experiments.analysis.stats import holm, pair, paired_delta
+from rag_experiments.core.query_table import cell
 from rag_experiments.core.run_record import RunData
 from rag_experiments.evaluation.aggregate import mean_ci
 from rag_experiments.evaluation.cost import serving_latency_ms
@@ -117,11 +117,11 @@ class Selection:
 
 
 def context_chars(table: pd.DataFrame, k: int | None) -> float:
-    """Mean over queries of the characters of the top-``k`` retrieved chunks (``retrieved`` JSON:
+    """Mean over queries of the characters of the top-``k`` retrieved chunks (``retrieved``:
     sum of ``end - start``); NaN when the table has no ``retrieved`` column or k is unknown."""
     if "retrieved" not in table.columns or not k:
         return math.nan
-    sizes = [sum(r["end"] - r["start"] for r in json.loads(x)[:k]) for x in table["retrieved"] if x]
+    sizes = [sum(r["end"] - r["start"] for r in cell("retrieved", x)[:k]) for x in table["retrieved"] if x is not None]
     return float(np.mean(sizes)) if sizes else math.nan
 
 

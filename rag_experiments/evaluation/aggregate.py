@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from rag_experiments.core.query_table import cell
 from rag_experiments.evaluation.registry import REGISTRY, parse, render_key
 from rag_experiments.evaluation.replicates import collapse_replicates
 
@@ -175,5 +176,5 @@ def aggregate(df: pd.DataFrame, n_resamples: int = 1000, seed: int = 0) -> dict[
     out["n_queries"] = len(df)
     out["n_errors"] = int(df["error"].notna().sum()) if "error" in df else 0
     out["n_unparseable_verdicts"] = int(long["n_unparseable"].sum()) if "n_unparseable" in long else 0
-    out["n_unanswerable"] = int(df["gold_spans"].eq("[]").sum())
+    out["n_unanswerable"] = sum(not cell("gold_spans", v) for v in df["gold_spans"])
     return out

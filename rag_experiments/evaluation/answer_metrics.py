@@ -18,7 +18,6 @@ query); :func:`judge_free_columns` computes them all for the pipeline. Nothing h
 
 from __future__ import annotations
 
-import json
 import re
 import string
 import unicodedata
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from rag_experiments.core.query_table import cell
 from rag_experiments.core.types import Chunk, EvalItem, Span
 from rag_experiments.evaluation import metrics as M
 from rag_experiments.evaluation.declines import is_decline
@@ -381,7 +381,7 @@ def judge_free_columns(
     ``declined``, ``rate_over_refusal`` (only when some item is answerable), ``rate_false_answer``
     (only when some item is unanswerable), ``answer_context_overlap`` (not for declines), and with ``cites`` (:func:`asks_for_citations` of the prompt) ``citation_precision``,
     ``citation_recall``, ``rate_uncited_answer``, ``answer_cited_overlap`` (the overlap with the
-    cited chunks' text), ``cited_chunk_ids`` (JSON list), ``n_citations_out_of_range``,
+    cited chunks' text), ``cited_chunk_ids`` (a list), ``n_citations_out_of_range``,
     ``n_citations_unparseable``; without ``cites`` there are no citation columns at all (a prompt
     that asks for none is not scored on them, and its trace carries no empty feedback for them).
     """
@@ -423,7 +423,7 @@ def judge_free_columns(
             answer_cited_overlap=answer_context_overlap(answers[i], cited_text)
             if answered[i] and cs
             else _NAN,
-            cited_chunk_ids=json.dumps([c.chunk_id for c in cs]),
+            cited_chunk_ids=[c.chunk_id for c in cs],
             n_citations_out_of_range=len(p.out_of_range),
             n_citations_unparseable=len(p.unparseable),
         )
@@ -445,7 +445,7 @@ def run_aggregates(per_query: pd.DataFrame) -> dict[str, float]:
         return {}
     got = per_query["declined"].notna()
     declined = per_query.loc[got, "declined"].astype(bool).to_numpy()
-    answerable = per_query.loc[got, "gold_spans"].ne("[]").to_numpy()
+    answerable = np.array([bool(cell("gold_spans", v)) for v in per_query.loc[got, "gold_spans"]], dtype=bool)
     out: dict[str, float] = dict(abstention_table(declined, answerable))
     f1 = abstention_f1(declined, answerable)
     if not np.isnan(f1):

@@ -45,6 +45,10 @@ class MetricSpec:
     also lists it at every ``metrics.ks``, not only at the context k.
     ``compute``: dotted path of the pure function that computes the per-query value (resolved
     lazily by :meth:`function`, so importing the registry loads no judge or model code).
+    ``columns``: the per-query table columns (``core/query_table.py``) that function's per-query
+    inputs come from (``hit_at_{k}``: ``retrieved`` and ``gold_spans``); inputs that are no column
+    (the chunk set, an item's key facts, the judge) are not listed. () for keys not computed from
+    per-query columns (the judge card, cost, the variance split).
     """
 
     pattern: str
@@ -56,6 +60,7 @@ class MetricSpec:
     per_query: bool = True
     headline: int | None = None
     every_k: bool = False
+    columns: tuple[str, ...] = ()
     params: tuple[str, ...] = field(init=False)
     _regex: re.Pattern = field(init=False, repr=False, compare=False)
 

@@ -49,6 +49,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         _M + "hit_at_k",
         headline=1,
         every_k=True,
+        columns=("retrieved", "gold_spans"),
     ),
     MetricSpec(
         "evidence_recall_at_{k}",
@@ -59,6 +60,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "metrics.min_coverage of the characters (a chunk credits only the characters it covers)",
         _M + "evidence_recall_at_k",
         headline=2,
+        columns=("retrieved", "gold_spans"),
     ),
     MetricSpec(
         "mrr",
@@ -69,6 +71,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "independent of metrics.ks and retriever.k; 0 if none); the mean is MRR",
         _M + "reciprocal_rank",
         headline=3,
+        columns=("retrieved", "gold_spans"),
     ),
     MetricSpec(
         "context_precision_at_{k}",
@@ -78,6 +81,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "relevant chunks in the top k / k (missing ranks count as not relevant)",
         _M + "context_precision_at_k",
         headline=4,
+        columns=("retrieved", "gold_spans"),
     ),
     MetricSpec(
         "ndcg_at_{k}",
@@ -88,6 +92,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "every relevant chunk of the chunk set first",
         _M + "ndcg_at_k",
         headline=5,
+        columns=("retrieved", "gold_spans"),
     ),
     MetricSpec(
         "token_recall_at_{k}",
@@ -96,6 +101,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "proportion",
         f"share of the gold-evidence characters covered by {_TOKEN_UNION}",
         _M + "token_recall_at_k",
+        columns=("retrieved", "gold_spans"),
     ),
     MetricSpec(
         "token_precision_at_{k}",
@@ -104,6 +110,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "proportion",
         f"share of the characters of {_TOKEN_UNION} that are gold evidence (nothing retrieved: 0)",
         _M + "token_precision_at_k",
+        columns=("retrieved", "gold_spans"),
     ),
     MetricSpec(
         "token_iou_at_{k}",
@@ -112,6 +119,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "proportion",
         f"characters in gold ∩ retrieved / characters in gold ∪ retrieved, retrieved = {_TOKEN_UNION}",
         _M + "token_iou_at_k",
+        columns=("retrieved", "gold_spans"),
     ),
     MetricSpec(
         "evidence_recall_at_{B}tok",
@@ -149,6 +157,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         'and excluded, never read as "no"; NaN when no claim is scorable',
         _J + "faithfulness",
         headline=10,
+        columns=("verdicts",),
     ),
     MetricSpec(
         "answer_relevance",
@@ -168,6 +177,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "share of key_facts present in the answer (normalised match); unanswerable: 1 if the answer declines",
         _J + "correctness",
         headline=12,
+        columns=("answer",),
     ),
     # -- judge-free generation metrics (docs/metrics.md, "Judge-free generation metrics")
     MetricSpec(
@@ -180,6 +190,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "collapsed; unanswerable items and items without a gold answer: NaN",
         _A + "answer_token_f1",
         headline=13,
+        columns=("answer",),
     ),
     MetricSpec(
         "answer_exact_match",
@@ -190,6 +201,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "answer, else 0; unanswerable items and items without a gold answer: NaN",
         _A + "answer_exact_match",
         headline=14,
+        columns=("answer",),
     ),
     MetricSpec(
         "citation_precision",
@@ -200,6 +212,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         f"number naming no passage counted as not relevant; nothing cited or a decline: NaN; {_CITE}",
         _A + "citation_precision",
         headline=15,
+        columns=("cited_chunk_ids", "gold_spans"),
     ),
     MetricSpec(
         "citation_recall",
@@ -210,6 +223,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         f"characters, the evidence-recall rule); nothing cited: 0; unanswerable or a decline: NaN; {_CITE}",
         _A + "citation_recall",
         headline=16,
+        columns=("cited_chunk_ids", "gold_spans"),
     ),
     MetricSpec(
         "rate_uncited_answer",
@@ -219,6 +233,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         f"1 if an answer that does not decline carries no citation marker, else 0; declines: NaN; {_CITE}",
         _A + "rate_uncited_answer",
         headline=17,
+        columns=("answer", "declined"),
     ),
     MetricSpec(
         "rate_over_refusal",
@@ -228,6 +243,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "answerable items: 1 if the answer declines (judge.claims.is_decline), else 0; unanswerable: NaN",
         _A + "abstention_columns",
         headline=18,
+        columns=("declined", "gold_spans"),
     ),
     MetricSpec(
         "rate_false_answer",
@@ -238,6 +254,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "answerable: NaN",
         _A + "abstention_columns",
         headline=19,
+        columns=("declined", "gold_spans"),
     ),
     MetricSpec(
         "abstention_f1",
@@ -249,6 +266,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "answered; logged only when the run has unanswerable items; run-level (no CI)",
         _A + "abstention_f1",
         per_query=False,
+        columns=("declined", "gold_spans"),
     ),
     MetricSpec(
         "answer_context_overlap",
@@ -260,6 +278,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "context scores 1, negation is invisible); declines: NaN",
         _A + "answer_context_overlap",
         headline=21,
+        columns=("answer", "context"),
     ),
     MetricSpec(
         "answer_cited_overlap",
@@ -268,6 +287,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "proportion",
         "answer_context_overlap against the cited passages only; nothing cited or a decline: NaN; " + _CITE,
         _A + "answer_context_overlap",
+        columns=("answer", "cited_chunk_ids"),
     ),
     # -- claim-level diagnostics (docs/metrics.md, "Claim-level diagnostics")
     MetricSpec(
@@ -278,6 +298,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "share of the gold claims (the judge's claims of gold_answer, else key_facts) the judge finds "
         "entailed by the retrieved top-k context; unanswerable items: NaN",
         _D + "claim_recall",
+        columns=("gold_claims", "context"),
     ),
     MetricSpec(
         "context_utilization",
@@ -287,6 +308,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "of the gold claims the retrieved context entails, the share the answer entails (a declining "
         "answer: 0); NaN when the context entails no gold claim",
         _D + "context_utilization",
+        columns=("gold_claims", "context", "answer"),
     ),
     MetricSpec(
         "noise_sensitivity_relevant",
@@ -296,6 +318,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "share of the answer claims that are incorrect (not entailed by the gold answer) yet entailed "
         "by a relevant retrieved chunk (one relevant to a gold span)",
         _D + "answer_claim_shares",
+        columns=("answer_claim_classes",),
     ),
     MetricSpec(
         "noise_sensitivity_irrelevant",
@@ -304,6 +327,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "proportion",
         "share of the answer claims that are incorrect and entailed only by irrelevant retrieved chunks",
         _D + "answer_claim_shares",
+        columns=("answer_claim_classes",),
     ),
     MetricSpec(
         "hallucination",
@@ -312,6 +336,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "proportion",
         "share of the answer claims that no retrieved chunk entails and that are incorrect",
         _D + "answer_claim_shares",
+        columns=("answer_claim_classes",),
     ),
     MetricSpec(
         "self_knowledge",
@@ -321,6 +346,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "share of the answer claims that no retrieved chunk entails but that are correct (entailed by "
         "the gold answer)",
         _D + "answer_claim_shares",
+        columns=("answer_claim_classes",),
     ),
     # -- failure labels: one indicator column per label, its mean the rate
     MetricSpec(
@@ -444,6 +470,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "the same in every replicate",
         "rag_experiments.evaluation.replicates.flip_rates",
         per_query=False,
+        columns=("replicate", "failure_label"),
     ),
     MetricSpec(
         "replicate_flip/correctness",
@@ -454,6 +481,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         ">= attribution.correct) in some replicates and not in others",
         "rag_experiments.evaluation.replicates.flip_rates",
         per_query=False,
+        columns=("replicate", "correctness"),
     ),
     MetricSpec(
         "var_share/{metric}/{component}",
@@ -549,6 +577,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "unanswerable item × answer answered or declined (judge.claims.is_decline)",
         _A + "abstention_table",
         per_query=False,
+        columns=("declined", "gold_spans"),
     ),
     MetricSpec(
         "n_citations_out_of_range",
@@ -558,6 +587,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "number of distinct passage numbers the query's answer cites that name no passage given",
         _A + "parse_citations",
         per_query=False,
+        columns=("answer",),
     ),
     MetricSpec(
         "n_citations_unparseable",
@@ -567,6 +597,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         'number of bracket groups in the query\'s answer that look like citations but give no number ("[Doc A]")',
         _A + "parse_citations",
         per_query=False,
+        columns=("answer",),
     ),
     MetricSpec(
         "n_out_of_range_citations",
@@ -604,6 +635,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "with judge.repeats = N > 1 on a stochastic judge: share of the query's claims whose N verdicts "
         "are not all equal (repeat r asks with seed + r); the run's value is the mean over queries",
         "rag_experiments.judge.repeats.query_flip_rate",
+        columns=("judge_repeat_labels",),
     ),
     *(
         MetricSpec(

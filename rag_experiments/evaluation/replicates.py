@@ -11,7 +11,6 @@ A table without a ``replicate`` column (R = 1, the default) passes through uncha
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -21,7 +20,7 @@ __all__ = ["REPLICATE_COLUMNS", "collapse_replicates", "flip_rates", "is_replica
 
 #: The columns that index a replicate row (absent from an unreplicated table).
 REPLICATE_COLUMNS = ("replicate", "generation_seed")
-#: Per-replicate values kept, as a JSON list in the collapsed ``replicates`` column, for the traces.
+#: Per-replicate values kept, as a list of dicts in the collapsed ``replicates`` column, for the traces.
 _KEPT = (
     "replicate", "generation_seed", "answer", "failure_label", "correctness", "faithfulness", "error",
     "judge_repeat_labels",  # judge.repeats: each replicate's per-claim labels of every judge repeat
@@ -48,20 +47,17 @@ def _modal(labels: pd.Series) -> object:
     return counts.index[int(np.argmax(counts.to_numpy()))]
 
 
-def _replicate_json(g: pd.DataFrame) -> str:
+def _replicate_records(g: pd.DataFrame) -> list[dict]:
     cols = [c for c in _KEPT if c in g.columns]
     recs = g[cols].to_dict("records")
-    return json.dumps(
-        [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()} for r in recs],
-        default=str,
-    )
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()} for r in recs]
 
 
 def collapse_replicates(df: pd.DataFrame) -> pd.DataFrame:
     """One row per query: numeric columns the mean over its replicates (NaN replicates left out, all
     NaN stays NaN), other columns from replicate 0, except ``failure_label`` (the modal label over
     the replicates, ties to the lowest replicate) and ``error`` (set only when every replicate
-    failed). Adds ``n_replicates`` and ``replicates`` (a JSON list of each replicate's seed, answer,
+    failed). Adds ``n_replicates`` and ``replicates`` (a list of dicts: each replicate's seed, answer,
     label, correctness, faithfulness, error and, with judge repeats, its ``judge_repeat_labels``).
     Row order: first appearance of each id. Judge repeats stay inside each row (nothing to collapse:
     the run's metrics use repeat 0). Tables without a ``replicate`` column are returned unchanged."""
@@ -87,7 +83,7 @@ def collapse_replicates(df: pd.DataFrame) -> pd.DataFrame:
         all_failed = groups["error"].agg(lambda e: e.notna().all())
         out["error"] = out["error"].where(all_failed, None)
     out["n_replicates"] = groups.size()
-    out["replicates"] = groups.apply(_replicate_json, include_groups=False)
+    out["replicates"] = pd.Series({k: _replicate_records(g) for k, g in groups}, dtype=object)
     out = out.drop(columns=[c for c in REPLICATE_COLUMNS if c in out.columns])
     return out.loc[order].reset_index()
 

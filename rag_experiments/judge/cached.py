@@ -10,7 +10,6 @@ distinct calls (``evaluation.cost.add_usage``).
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -145,8 +144,8 @@ def diagnostic_columns(d: Diagnosis | None, tally: dict | None) -> dict[str, Any
     return {
         **d.values,
         "n_unparseable_diagnostics": d.n_unparseable,
-        "diagnostics_nan_reason": json.dumps(d.reasons),
-        "gold_claims": json.dumps(d.gold_claims),
-        "answer_claim_classes": json.dumps(d.answer_classes),
+        "diagnostics_nan_reason": dict(d.reasons),
+        "gold_claims": list(d.gold_claims),
+        "answer_claim_classes": list(d.answer_classes),
         **usage_columns(usage, "judge"),
     }

@@ -4,7 +4,7 @@ Repeat 0 is the run's judge; its verdicts are the ones every metric uses, so ``r
 measurement and changes no other figure. Repeats 2..N are the same judge with ``seed + r`` (their
 own identity, so each repeat's verdicts are cached separately and a resumed run re-asks nothing).
 Per query the table gets ``judge_flip_rate`` (registered; its mean with CI is the run's flip rate)
-and ``judge_repeat_labels``: per claim, the N labels in repeat order (JSON). Repeats stay inside the
+and ``judge_repeat_labels``: per claim, the N labels in repeat order (a list of lists). Repeats stay inside the
 query row, so every reader (and ``collapse_replicates``) sees one row per (item, replicate) as
 before; :func:`judge_repeat_long` unfolds them into a long view with a ``judge_repeat`` column for the
 variance split (``var_share/faithfulness/judge``, docs/noise.md). Only faithfulness is re-judged by
@@ -13,7 +13,6 @@ the repeats (claims are split once, answer relevance is asked once, correctness 
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from rag_experiments.core.cache import StageCache
+from rag_experiments.core.query_table import cell
 from rag_experiments.judge.cached import cached_verdicts
 from rag_experiments.judge.claims import label_faithfulness
 
@@ -64,18 +64,17 @@ def repeat_columns(
             per_repeat.append([v.label for v in vs])
         by_claim = [list(ls) for ls in zip(*per_repeat, strict=True)]
         out.append(
-            {"judge_flip_rate": query_flip_rate(by_claim), "judge_repeat_labels": json.dumps(by_claim)}
+            {"judge_flip_rate": query_flip_rate(by_claim), "judge_repeat_labels": by_claim}
         )
     return out
 
 
-def repeat_scores(labels_json: str | None) -> list[float]:
-    """Faithfulness of each judge repeat from a row's ``judge_repeat_labels``: repeat j scores
-    ``label_faithfulness([labels[c][j] for each claim c])`` (the formula of the run's faithfulness,
-    so repeat 0 equals the row's ``faithfulness``); [] for a row without repeats or claims."""
-    if not isinstance(labels_json, str) or not labels_json:
-        return []
-    by_claim = json.loads(labels_json)
+def repeat_scores(by_claim: Sequence[Sequence[str]] | None) -> list[float]:
+    """Faithfulness of each judge repeat from a row's ``judge_repeat_labels`` (per claim, the label of
+    each repeat): repeat j scores ``label_faithfulness([labels[c][j] for each claim c])`` (the formula
+    of the run's faithfulness, so repeat 0 equals the row's ``faithfulness``); [] for a row without
+    repeats or claims."""
+    by_claim = cell(LABELS_COLUMN, by_claim)  # JSON text in tables written before the schema
     if not by_claim:
         return []
     return [label_faithfulness([c[j] for c in by_claim]) for j in range(len(by_claim[0]))]

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 
 import pandas as pd
 
+from rag_experiments.core.query_table import cell
 from rag_experiments.evaluation.registry import DIAGNOSTIC_METRICS, higher_is_better
 from rag_experiments.report.model import (
     Analysis,
@@ -41,9 +41,8 @@ def _reasons(tab: pd.DataFrame) -> Counter:
     out: Counter = Counter()
     if "diagnostics_nan_reason" not in tab:
         return out
-    for cell in tab["diagnostics_nan_reason"].dropna():
-        reasons = json.loads(cell) if isinstance(cell, str) else {}
-        out.update(set(reasons.values()))  # a query counts once per reason
+    for v in tab["diagnostics_nan_reason"]:
+        out.update(set(cell("diagnostics_nan_reason", v).values()))  # a query counts once per reason
     return out
 
 

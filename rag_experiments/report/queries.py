@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rag_experiments.core.run_record import parse_json
+from rag_experiments.core.query_table import cell
 from rag_experiments.core.types import Chunk, Span
 from rag_experiments.evaluation import metrics as M
 from rag_experiments.report.load import Config
@@ -40,10 +40,10 @@ def relevance_matrix(table: pd.DataFrame, min_cov: float) -> tuple[np.ndarray, n
         ranked.append(
             [
                 Chunk(r["chunk_id"], r["doc_id"], int(r["start"]), int(r["end"]), "")
-                for r in sorted(parse_json(ret, []), key=lambda r: r["rank"])
+                for r in sorted(cell("retrieved", ret), key=lambda r: r["rank"])
             ]
         )
-        gold.append([Span(d, int(s), int(e)) for d, s, e in parse_json(gs, [])])
+        gold.append([Span(s["doc_id"], int(s["start"]), int(s["end"])) for s in cell("gold_spans", gs)])
     rel, _, _ = M.relevance_arrays(ranked, gold, [], min_cov)
     answerable = np.array([bool(g) for g in gold])
     return rel, answerable
@@ -90,14 +90,15 @@ def worst_rows(t: pd.DataFrame, gen: bool) -> list[list[str]]:
     """Rows for :func:`worst_query_headers`: top 3 chunks marked ✓ relevant / ✗ not, answers cut at 200."""
     rows = []
     for _, r in t.iterrows():
-        ret = sorted(parse_json(r.get("retrieved"), []), key=lambda x: x["rank"])[:3]
+        ret = sorted(cell("retrieved", r.get("retrieved")), key=lambda x: x["rank"])[:3]
         rel = r["_rel"]
         top = "; ".join(
             f"{x['rank']}. {x['chunk_id']} {'✓' if i < len(rel) and rel[i] else '✗'}"
             for i, x in enumerate(ret)
         )
         gold = (
-            "; ".join(f"{d}[{s}:{e}]" for d, s, e in parse_json(r.get("gold_spans"), [])) or "(unanswerable)"
+            "; ".join(f"{s['doc_id']}[{s['start']}:{s['end']}]" for s in cell("gold_spans", r.get("gold_spans")))
+            or "(unanswerable)"
         )
         row = [
             str(r["id"]),

@@ -12,7 +12,6 @@ The retrieval half (chunk, rank, rerank, retrieval metrics) is ``run.retrieval``
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -174,8 +173,8 @@ def _judged_columns(g: Generation, it: EvalItem, j: JudgedAnswer | None, judge: 
         return {
             **(dict.fromkeys(("faithfulness", "answer_relevance"), math.nan) if judge else {}),
             "correctness": math.nan if g.error else correctness(g.text, it.key_facts, it.answerable),
-            "claims": "[]",
-            "verdicts": "[]",
+            "claims": [],
+            "verdicts": [],
             "n_claims": 0,
             "n_unparseable": 0,
             "n_judge_errors": 0,
@@ -193,8 +192,8 @@ def _judged_columns(g: Generation, it: EvalItem, j: JudgedAnswer | None, judge: 
         "faithfulness": faith,
         "answer_relevance": float(j.relevance),
         "correctness": correctness(g.text, it.key_facts, it.answerable),
-        "claims": json.dumps(j.claims),
-        "verdicts": json.dumps(verdict_rows),
+        "claims": list(j.claims),
+        "verdicts": verdict_rows,
         "n_claims": n_claims,
         "n_unparseable": n_unp,
         "n_judge_errors": n_failed + j.n_errors,

@@ -5,7 +5,6 @@ measured separately, so neither half reads the other's results."""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -173,8 +172,8 @@ def retrieval_rows(items, ranked, scores, per_q, latency_s: float) -> list[dict[
                 "id": it.id,
                 "query": it.query,
                 "tags": list(it.tags),
-                "gold_spans": json.dumps([[s.doc_id, s.start, s.end] for s in it.gold_spans]),
-                "retrieved": json.dumps(retrieved),
+                "gold_spans": [{"doc_id": s.doc_id, "start": s.start, "end": s.end} for s in it.gold_spans],
+                "retrieved": retrieved,
                 **{name: float(v[qi]) for name, v in per_q.items()},
                 "latency_retrieval_s": latency_s,
                 "error": None,

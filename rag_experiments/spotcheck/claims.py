@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from rag_experiments.core.run_record import RunData, parse_json
+from rag_experiments.core.query_table import cell
+from rag_experiments.core.run_record import RunData
 from rag_experiments.judge.agreement import inclusion_probabilities, systematic_pps
 from rag_experiments.tracking.runs import RunInputError
 
@@ -45,7 +46,7 @@ def judged_claims(table: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for r in table.itertuples(index=False):
         rd = r._asdict()
-        for i, v in enumerate(parse_json(rd.get("verdicts"), [])):
+        for i, v in enumerate(cell("verdicts", rd.get("verdicts"))):
             score = v.get("score")
             rows.append(
                 {

@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 import pandas as pd
 from mlflow.entities import AssessmentError, AssessmentSource, AssessmentSourceType, Expectation, Feedback
 
+from rag_experiments.core.query_table import cell  # NaN cells: items outside generation_subset
 from rag_experiments.core.types import EvalItem
-from rag_experiments.tracking.runs import parse_json  # NaN cells: items outside generation_subset
 
 CODE_SOURCE = "rag_experiments.evaluation.metrics"
 MORE_METRICS = "more_metrics"  # the feedback holding the non-headline metric columns
@@ -125,7 +125,7 @@ def expectations(item: EvalItem, doc_text: dict[str, str], evalset_digest: str) 
 
 
 def _unsupported(row: dict) -> str:
-    verdicts = parse_json(row.get("verdicts"), [])
+    verdicts = cell("verdicts", row.get("verdicts"))
     bad = [v["claim"] for v in verdicts if v.get("label") != "supported"]
     return ("unsupported or unparseable claims: " + " | ".join(bad)) if bad else ""
 

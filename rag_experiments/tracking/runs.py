@@ -16,6 +16,7 @@ from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from rag_experiments.core.query_table import QueryTableError, read_per_query
 from rag_experiments.core.run_record import RunData, group_choice_keys, parse_json  # noqa: F401  (re-exported)
 from rag_experiments.evaluation.replicates import collapse_replicates
 from rag_experiments.tracking.uri import DEFAULT_TRACKING_URI, tracking_uri  # noqa: F401  (the CLIs import it here)
@@ -95,7 +96,10 @@ def load_per_query(client: MlflowClient, run: Run, long: bool = False) -> pd.Dat
             ) from None
         if not Path(path).is_file():
             raise RunInputError(f"run {run_label(run)} has no {PER_QUERY_ARTIFACT} artifact")
-        df = pd.read_parquet(path)
+        try:
+            df = read_per_query(path)  # nested cells as lists/dicts; tables of older versions upgraded
+        except (QueryTableError, OSError, ValueError) as e:
+            raise RunInputError(f"run {run_label(run)}: {PER_QUERY_ARTIFACT} does not read: {e}") from None
     if "id" not in df.columns:
         raise RunInputError(f"run {run_label(run)}: {PER_QUERY_ARTIFACT} has no 'id' column")
     df["id"] = df["id"].astype(str)

@@ -35,6 +35,7 @@ from mlflow import MlflowClient
 from mlflow.entities import SpanStatus, SpanStatusCode, SpanType
 from mlflow.tracing.constant import SpanAttributeKey
 
+from rag_experiments.core.query_table import cell  # NaN cells: items outside generation_subset
 from rag_experiments.core.types import Document, EvalItem
 from rag_experiments.tracking.assessments import (
     Pending,
@@ -45,7 +46,6 @@ from rag_experiments.tracking.assessments import (
     metric_definitions,
 )
 from rag_experiments.tracking.assessments import _num as _num
-from rag_experiments.tracking.runs import parse_json  # NaN cells: items outside generation_subset
 from rag_experiments.tracking.trace_settings import DEFAULT_SAMPLE, TraceSettings  # noqa: F401
 
 log = logging.getLogger(__name__)
@@ -149,7 +149,7 @@ def build_spans(
     """The spans of one query's trace (root first) and its end time (ns). Durations are the table's
     latencies; retrieval runs as one batch, so each query's retrieval span lasts the batch time / n."""
     w = _Specs()
-    retrieved = json.loads(row["retrieved"])
+    retrieved = cell("retrieved", row["retrieved"])
     generated = "answer" in row and isinstance(row.get("answer"), str)
     t_ret = int((_num(row, "latency_retrieval_s") or 0.0) * 1e9)
     reranked = "latency_rerank_s" in row  # a reranker set (rerank != none): its own span
@@ -166,7 +166,7 @@ def build_spans(
         end_ns,
         {"query": item.query, "item_id": item.id, "tags": list(item.tags)},
         outputs,
-        attributes={"rag.replicates": parse_json(row["replicates"], [])} if "replicates" in row else None,
+        attributes={"rag.replicates": cell("replicates", row["replicates"])} if "replicates" in row else None,
         error=error,
     )
     docs = _documents(retrieved, doc_text)
@@ -185,8 +185,8 @@ def build_spans(
         attrs[SpanAttributeKey.MODEL] = generator_model
     if usage := _token_usage(row, "generation"):
         attrs[SpanAttributeKey.CHAT_USAGE] = usage
-    if isinstance(row.get("cited_chunk_ids"), str):  # prompt=cite: the passages the answer cites
-        attrs["rag.cited_chunk_ids"] = parse_json(row["cited_chunk_ids"], [])
+    if isinstance(row.get("cited_chunk_ids"), list):  # prompt=cite: the passages the answer cites
+        attrs["rag.cited_chunk_ids"] = row["cited_chunk_ids"]
     w.add(
         "generate",
         SpanType.CHAT_MODEL,
@@ -208,14 +208,14 @@ def build_spans(
 
 def _judge_spans(w: _Specs, root, row: dict, item: EvalItem, t: int, t_jud: int) -> None:
     """The two judge steps of a generated answer, from ``t`` for ``t_jud`` ns."""
-    verdicts = parse_json(row.get("verdicts"), [])
+    verdicts = cell("verdicts", row.get("verdicts"))
     half = t_jud // 2  # the table has one judge latency per query: split evenly between the steps
     w.add(
         "judge.faithfulness",
         SpanType.EVALUATOR,
         t,
         t + half,
-        {"answer": row["answer"], "claims": parse_json(row.get("claims"), [])},
+        {"answer": row["answer"], "claims": cell("claims", row.get("claims"))},
         {"verdicts": verdicts, "faithfulness": _num(row, "faithfulness")},
         root,
         # the table has one judge token count per query, for both steps: it goes here, once

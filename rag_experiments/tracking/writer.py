@@ -25,6 +25,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
+from rag_experiments.core.query_table import write_per_query
 from rag_experiments.tracking.app_versions import DATASET, version_metric
 from rag_experiments.tracking.locks import config_lock, file_lock, store_lock  # noqa: F401
 from rag_experiments.tracking.parents import (  # noqa: F401
@@ -270,7 +271,7 @@ def log_results(
         client.log_batch(run_id, tags=batch)
     with tempfile.TemporaryDirectory() as tmp:
         pq = Path(tmp) / "per_query.parquet"
-        per_query.to_parquet(pq, index=False)
+        write_per_query(per_query, pq)  # the declared schema (core/query_table.py); raises naming a bad column
         client.log_artifact(run_id, str(pq))
         for name, content in artifacts.items():
             p = Path(tmp) / name
