@@ -92,6 +92,7 @@ RESULT_CODE = (
     "rag_experiments.evaluation",
     "rag_experiments.run.pipeline",
     "rag_experiments.run.retrieval",
+    "rag_experiments.run.query_stage",
     "rag_experiments.evalset.corpus",
     "rag_experiments.evalset.load",
     "rag_experiments.core.types",
@@ -204,6 +205,7 @@ LEGACY_TARGETS = (
 #: ``config_hash`` so those runs keep their hash (resume, ``[skip]``, the recorded-hash test).
 NEUTRAL_DEFAULTS: dict[str, Any] = {
     "rerank": {"name": "none"},
+    "query": {"name": "none"},
     "retriever.fusion": "rrf",
     "retriever.alpha": 0.5,
 }
