@@ -282,6 +282,9 @@ def _cfg(*overrides: str) -> dict:
 def test_query_none_is_not_in_config_hash_and_each_option_builds(tmp_path, chat) -> None:
     none = _cfg()
     assert none["query"] == {"name": "none"} and "query" not in semantic_config(none)
+    # a sweep -m query=none,hyde +generator@query.llm=local: none calls no model, its hash is plain none's
+    shared = _cfg("+generator@query.llm=local")
+    assert "llm" in shared["query"] and validate(shared) == [] and semantic_config(shared) == semantic_config(none)
     own = ["+generator@query.llm=openai", f"query.llm.base_url={chat.url}", "query.llm.model=multi",
            "query.llm.api_key_env=null"]  # fmt: skip
     for option, cls in (("rewrite", RewriteQuery), ("hyde", HydeQuery), ("multi_query", MultiQuery)):
@@ -330,3 +333,36 @@ def test_bad_query_input_names_the_key(tmp_path) -> None:
     p = run_sweep(tmp_path, *sweep_args(tmp_path, docs, ev), "generator=none", "query=hyde", check=False)
     assert p.returncode == 2 and "conf/query: llm: missing" in p.stderr, p.stderr[-2000:]
     assert not (tmp_path / "mlruns").exists()
+
+
+def test_query_and_llm_rerank_prompts_are_registered_like_answer_prompts(tmp_path, chat) -> None:
+    """rag-experiments.query.<kind> and rag-experiments.rerank.llm in a real sqlite store: by content
+    (the same text twice is one version, an edited text a new one), linked to the run."""
+    from mlflow.tracking import MlflowClient
+
+    from rag_experiments.stages.query import MULTI_QUERY_PROMPT
+    from rag_experiments.stages.rerank import LLMReranker
+    from rag_experiments.tracking import prompt_registry as pr
+
+    pr._registered.clear()
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.create_experiment("prompts")
+
+    def stages(transform) -> Stages:
+        return Stages(chunker=MarkdownChunker(), retriever=BM25Retriever(k=3), query_transform=transform,
+                      reranker=LLMReranker(chat.url, "m"))  # fmt: skip
+
+    refs = pr.register_stage_prompts(client, exp, stages(MultiQuery(chat.llm("multi"))))
+    assert refs == [("rag-experiments.query.multi_query", 1), ("rag-experiments.rerank.llm", 1)]
+    text = client.get_prompt_version(*refs[0]).template
+    assert "{{question}}" in text and "{{n}}" in text and "{question}" not in text.replace("{{question}}", "")
+    assert "{{passage}}" in client.get_prompt_version(*refs[1]).template
+    pr._registered.clear()  # another process: the store, not the memo, says the text is there
+    assert pr.register_stage_prompts(client, exp, stages(MultiQuery(chat.llm("multi")))) == refs
+    edited = MultiQuery(chat.llm("multi"), prompt=MULTI_QUERY_PROMPT + " Keep each under ten words.")
+    assert pr.register_stage_prompts(client, exp, stages(edited))[0] == ("rag-experiments.query.multi_query", 2)
+    run = client.create_run(exp).info.run_id
+    for ref in refs:
+        pr.link_run(client, run, *ref)
+    assert set(pr.linked_prompts(client, run)) == set(refs)
+    assert pr.stage_prompts(Stages(chunker=MarkdownChunker(), retriever=BM25Retriever(k=3))) == []

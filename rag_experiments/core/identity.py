@@ -211,6 +211,21 @@ NEUTRAL_DEFAULTS: dict[str, Any] = {
 }
 
 
+#: Keys an option ignores when the slot is off: ``query=none`` with ``+generator@query.llm=local`` (a
+#: sweep ``-m query=none,hyde`` shares the override) calls no model, so its hash is plain none's.
+UNUSED_WHEN_NONE: dict[str, tuple[str, ...]] = {"query": ("llm",)}
+
+
+def _drop_unused(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``cfg`` without the :data:`UNUSED_WHEN_NONE` keys of a slot whose option is ``none``."""
+    out = dict(cfg)
+    for group, keys in UNUSED_WHEN_NONE.items():
+        node = out.get(group)
+        if isinstance(node, Mapping) and node.get("name") == "none" and not node.get("_target_"):
+            out[group] = {k: v for k, v in node.items() if k not in keys}
+    return out
+
+
 def hashed_target(target: str) -> str:
     """The name a ``_target_`` is hashed under: its pre-layout module path (:data:`LEGACY_TARGETS`)."""
     for new, old in LEGACY_TARGETS:
@@ -231,7 +246,7 @@ def semantic_config(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """``cfg`` without its place keys, at any depth, and without the keys at their
     :data:`NEUTRAL_DEFAULTS` (what ``config_hash`` hashes)."""
     out: dict[str, Any] = {}
-    for k, v in cfg.items():
+    for k, v in (cfg if prefix else _drop_unused(cfg)).items():
         dotted = f"{prefix}{k}"
         if is_place_key(dotted) or (dotted in NEUTRAL_DEFAULTS and NEUTRAL_DEFAULTS[dotted] == v):
             continue

@@ -262,7 +262,7 @@ def _query(g: _Group) -> None:
     an ``llm`` the run's generator is called: generator=none is refused in :func:`_query_llm`."""
     if not g.node.get("_target_"):
         for key in g.node:
-            if key != "name":
+            if key not in ("name", "llm"):  # llm: unused (a sweep -m query=none,hyde shares it)
                 g.bad(key, "unknown option for query=none", g.node[key])
         return
     g.int_at_least("n", 1)

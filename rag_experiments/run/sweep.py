@@ -71,6 +71,7 @@ from rag_experiments.tracking.prompt_registry import (  # noqa: E402
     link_reused_run,
     link_run,
     register_for_run,
+    register_stage_prompts,
 )
 from rag_experiments.tracking.reuse import already_in_parent, copy_results, original_run_id  # noqa: E402
 from rag_experiments.tracking.runs import load_per_query  # noqa: E402
@@ -129,6 +130,7 @@ class Job:
     t_start: float
     card: dict | None = None  # the judge's validity card, once computed (docs/judges.md)
     prompt_version: tuple[str, int] | None = None  # (registry name, version) the run links (docs/tracing.md)
+    stage_prompts: tuple[tuple[str, int], ...] = ()  # the query transform's / LLM reranker's prompt versions
 
     @property
     def k(self) -> int:
@@ -283,14 +285,14 @@ def execute(client, exp_id: str, run_id: str, job: Job, parent_id: str | None):
 
         inputs = job.inputs
         version = app_versions.start(client, exp_id, run_id, job.chash, inputs.stages.identities())
-        if job.prompt_version:  # the Prompts tab lists the run under the version it used
-            link_run(client, run_id, *job.prompt_version)
+        for ref in filter(None, (job.prompt_version, *job.stage_prompts)):  # the Prompts tab lists the run
+            link_run(client, run_id, *ref)
         res = run_pipeline(inputs.stages, inputs.data, run_settings(job.cfg), job.cache, race_for(job, run_id))
         card_cfg, progress = job.cfg.get("judge_card"), job.cfg.get("progress", True)  # docs/judges.md
         job.card = add_card(card_cfg, inputs.stages, inputs.corpus.docs, job.cache, res, progress)
         model_id = app_versions.link(client, exp_id, run_id, job.chash, version)  # "Agent versions"
-        if job.prompt_version:  # the version's prompt, on its page (docs/tracing.md)
-            link_model(client, model_id, *job.prompt_version)
+        for ref in filter(None, (job.prompt_version, *job.stage_prompts)):  # on the version's page (docs/tracing.md)
+            link_model(client, model_id, *ref)
         _log(client, run_id, job, res, model_id)
         # one trace per eval item (docs/tracing.md); replicates collapsed (evaluation.replicates);
         # its time is a row of the per-stage table
@@ -381,6 +383,7 @@ def run_job(cfg: DictConfig) -> float:
     print_pilot_mde(client, exp_id, job)  # the primary metric's MDE, from a pilot run
     if job.inputs.stages.prompt is not None:  # templates in the Prompt Registry, by content
         job.prompt_version = register_for_run(client, exp_id, job.inputs.stages.prompt)
+    job.stage_prompts = tuple(register_stage_prompts(client, exp_id, job.inputs.stages))  # rerank=llm, query
     with tracking.config_lock(uri, exp_id, job.chash):
         for rid in tracking.heal_stale_runs(client, exp_id, job.chash):
             print(f"[healed] run {rid} of config_hash {job.chash} was left RUNNING by a dead process: KILLED")

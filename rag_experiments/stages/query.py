@@ -124,6 +124,7 @@ class _LLMTransform:
     def __init__(self, llm, prompt: str | None = None, **settings: Any) -> None:
         self.llm = llm
         self.prompt = prompt or self.default_prompt
+        self.prompt_name = f"query.{self.kind}"  # in MLflow's Prompt Registry: rag-experiments.query.<kind>
         self.concurrency = max(1, int(getattr(llm, "concurrency", 1) or 1))
         asked = {k: v for k, v in settings.items() if k == "n"}  # what changes the model's reply
         self.llm_identity = json.dumps(
