@@ -366,3 +366,36 @@ def test_query_and_llm_rerank_prompts_are_registered_like_answer_prompts(tmp_pat
         pr.link_run(client, run, *ref)
     assert set(pr.linked_prompts(client, run)) == set(refs)
     assert pr.stage_prompts(Stages(chunker=MarkdownChunker(), retriever=BM25Retriever(k=3))) == []
+
+
+def test_a_sweep_logs_the_searched_queries_the_span_and_the_prompt(tmp_path, chat) -> None:
+    """End to end through ``python -m rag_experiments.sweep`` (retrieval only, the transform's own
+    model a real chat server on 127.0.0.1): the run's table holds ``search_queries``, each trace a
+    ``query`` span, the prompt is registered and linked to the run, and ``query=none`` in the same
+    sweep shares the ``query.llm`` override without calling it."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from rag_experiments.tracking.prompt_registry import linked_prompts
+    from rag_experiments.tracking.runs import load_per_query
+
+    docs, ev = make_tiny(tmp_path, n_items=4)
+    run_sweep(
+        tmp_path, "-m", *sweep_args(tmp_path, docs, ev), "generator=none", "retriever=bm25", "query=none,rewrite",
+        "+generator@query.llm=openai", f"query.llm.base_url={chat.url}", "query.llm.model=rewrite",
+        "query.llm.api_key_env=null",
+    )  # fmt: skip
+    assert chat.calls == 4  # rewrite's 4 questions; none called nothing
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.get_experiment_by_name("test").experiment_id
+    runs = {r.data.params.get("query"): r for r in client.search_runs([exp], "attributes.status = 'FINISHED'")}
+    table = load_per_query(client, runs["rewrite"])
+    assert [list(x) for x in table["search_queries"]] == [[REWRITTEN]] * 4
+    assert [list(x) for x in load_per_query(client, runs["none"])["search_queries"]] == [[q] for q in table["query"]]
+    assert runs["rewrite"].data.metrics["n_query_errors"] == 0 and runs["rewrite"].data.metrics["tokens_in/query"] == 28
+    assert ("rag-experiments.query.rewrite", 1) in linked_prompts(client, runs["rewrite"].info.run_id)
+    assert linked_prompts(client, runs["none"].info.run_id) == []
+    mlflow.set_tracking_uri(client.tracking_uri)
+    traces = mlflow.search_traces(locations=[exp], run_id=runs["rewrite"].info.run_id, return_type="list")
+    spans = [{s.name: s for s in t.data.spans} for t in traces]
+    assert len(spans) == 4 and all(s["query"].outputs == {"search_queries": [REWRITTEN]} for s in spans)
