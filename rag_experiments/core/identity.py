@@ -92,6 +92,7 @@ RESULT_CODE = (
     "rag_experiments.evaluation",
     "rag_experiments.run.pipeline",
     "rag_experiments.run.retrieval",
+    "rag_experiments.run.query_stage",
     "rag_experiments.evalset.corpus",
     "rag_experiments.evalset.load",
     "rag_experiments.core.types",
@@ -204,9 +205,25 @@ LEGACY_TARGETS = (
 #: ``config_hash`` so those runs keep their hash (resume, ``[skip]``, the recorded-hash test).
 NEUTRAL_DEFAULTS: dict[str, Any] = {
     "rerank": {"name": "none"},
+    "query": {"name": "none"},
     "retriever.fusion": "rrf",
     "retriever.alpha": 0.5,
 }
+
+
+#: Keys an option ignores when the slot is off: ``query=none`` with ``+generator@query.llm=local`` (a
+#: sweep ``-m query=none,hyde`` shares the override) calls no model, so its hash is plain none's.
+UNUSED_WHEN_NONE: dict[str, tuple[str, ...]] = {"query": ("llm",)}
+
+
+def _drop_unused(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``cfg`` without the :data:`UNUSED_WHEN_NONE` keys of a slot whose option is ``none``."""
+    out = dict(cfg)
+    for group, keys in UNUSED_WHEN_NONE.items():
+        node = out.get(group)
+        if isinstance(node, Mapping) and node.get("name") == "none" and not node.get("_target_"):
+            out[group] = {k: v for k, v in node.items() if k not in keys}
+    return out
 
 
 def hashed_target(target: str) -> str:
@@ -229,7 +246,7 @@ def semantic_config(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """``cfg`` without its place keys, at any depth, and without the keys at their
     :data:`NEUTRAL_DEFAULTS` (what ``config_hash`` hashes)."""
     out: dict[str, Any] = {}
-    for k, v in cfg.items():
+    for k, v in (cfg if prefix else _drop_unused(cfg)).items():
         dotted = f"{prefix}{k}"
         if is_place_key(dotted) or (dotted in NEUTRAL_DEFAULTS and NEUTRAL_DEFAULTS[dotted] == v):
             continue

@@ -22,7 +22,7 @@ T = TypeVar("T")
 
 # Stages shown in the timing table, in pipeline order; unknown keys follow in insertion order.
 STAGE_ORDER = (
-    "chunking_s", "retrieval_s", "rerank_s", "generation_s", "judging_s", "judge_card_s", "logging_s", "traces_s", "total_s"
+    "chunking_s", "query_s", "retrieval_s", "rerank_s", "generation_s", "judging_s", "judge_card_s", "logging_s", "traces_s", "total_s"
 )
 
 

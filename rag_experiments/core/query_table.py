@@ -19,6 +19,8 @@ column                      type (what it holds)
                             transformation rewrote or expanded the question (optional)
 ``error``                   string: the generation error, null when none
 ``rerank_error``            string: the reranker's error, null when none
+``query_error``             string: the query transformation's error (the question was searched
+                            as it is), null when none
 ``failure_label``           string: ``evaluation.labels`` (``ok``, ``retrieval_failure`` …)
 ``answer``                  string: the generated answer
 ``context``                 string: exactly the context the generator and the judge saw
@@ -91,6 +93,7 @@ def _types() -> dict[str, Any]:
         "search_queries": strings,
         "error": s,
         "rerank_error": s,
+        "query_error": s,
         "failure_label": s,
         "answer": s,
         "context": s,
@@ -121,7 +124,7 @@ def declared_types() -> dict:
 #: The declared columns, in table order.
 COLUMNS: tuple[str, ...] = (
     "id", "query", "tags", "gold_spans", "retrieved", "search_queries", "error", "rerank_error",
-    "failure_label", "answer", "context", "relevance_method", "claims", "verdicts", "cited_chunk_ids",
+    "query_error", "failure_label", "answer", "context", "relevance_method", "claims", "verdicts", "cited_chunk_ids",
     "gold_claims", "answer_claim_classes", "diagnostics_nan_reason", "judge_repeat_labels", "declined",
     "generated", "answer_truncated", "context_truncated", "generation_cached", "replicate", "generation_seed",
 )  # fmt: skip

@@ -40,6 +40,11 @@ SLOTS: tuple[Slot, ...] = (
          (_EMBEDDING, "rag_experiments.stages.vector_store")),
     Slot("retriever", "retriever", "rag_experiments.stages.retrieval.Retriever", ("rankings",),
          ("rag_experiments.stages.retrieval", _EMBEDDING, "rag_experiments.stages.vector_store")),
+    # what the retriever searches: a rewritten query, a hypothetical answer (HyDE) or variants fused by
+    # RRF, from a chat model (docs/stages.md); query=none: the question. After the retriever in this
+    # list (the first three are the retrieval core), before it in the run.
+    Slot("query_transform", "query", "rag_experiments.stages.query.QueryTransform", ("query",),
+         ("rag_experiments.stages.query", "rag_experiments.stages.generation"), optional=True),
     # re-scores the first stage's candidates (docs/stages.md); rerank=none: no reranker
     Slot("reranker", "rerank", "rag_experiments.stages.rerank.Reranker", ("rerank",),
          ("rag_experiments.stages.rerank", _EMBEDDING), optional=True),

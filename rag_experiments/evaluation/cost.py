@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 
 #: Stages whose per-query wall time is a ``latency_{stage}_s`` column.
-LATENCY_STAGES = ("retrieval", "rerank", "generation", "judge")
+LATENCY_STAGES = ("query", "retrieval", "rerank", "generation", "judge")
 #: Stages whose model calls report tokens (``tokens_in_{stage}`` / ``tokens_out_{stage}`` columns).
-TOKEN_STAGES = ("generation", "judge")
+TOKEN_STAGES = ("query", "generation", "judge")
 
 
 def usage_columns(usage: Mapping[str, Any] | None, stage: str = "generation") -> dict[str, float]:
@@ -69,7 +69,8 @@ def cost_metrics(df: pd.DataFrame, pricing: Mapping[str, Mapping[str, Any] | Non
 
     ``tokens_in/{stage}`` = sum over queries of ``tokens_in_{stage}`` (NaN rows, i.e. no usage
     reported, are left out; the key is not logged when no row has a value), same for out.
-    ``cost_usd`` = sum over token stages of (tokens_in/1000 · price_per_1k_in + tokens_out/1000 ·
+    ``cost_usd`` = sum over token stages (query transform, generation, judge; the transform's
+    tokens counted once per item) of (tokens_in/1000 · price_per_1k_in + tokens_out/1000 ·
     price_per_1k_out) with ``pricing[stage]`` (absent: 0); NaN when a priced stage has queries
     without token counts (cost unknown, never silently 0).
     ``latency_p50_ms/{stage}``, ``latency_p95_ms/{stage}`` = 50th / 95th percentile (numpy
@@ -80,17 +81,20 @@ def cost_metrics(df: pd.DataFrame, pricing: Mapping[str, Mapping[str, Any] | Non
     cost = 0.0
     for stage in TOKEN_STAGES:
         p_in, p_out = price(pricing.get(stage))
+        # the query transform runs once per item, before replicates repeat the row
+        rows = df.drop_duplicates("id") if stage == "query" and "id" in df.columns else df
         for side, p in (("in", p_in), ("out", p_out)):
             col = f"tokens_{side}_{stage}"
             v = (
-                pd.to_numeric(df[col], errors="coerce")
-                if col in df.columns
-                else pd.Series(math.nan, df.index)
+                pd.to_numeric(rows[col], errors="coerce")
+                if col in rows.columns
+                else pd.Series(math.nan, rows.index)
             )
             if v.notna().any():
                 out[f"tokens_{side}/{stage}"] = float(v.sum())
-            if p > 0:  # every query with an answer made this stage's calls: each needs a count
-                ran = df["answer"].notna() if "answer" in df.columns else v.notna()
+            if p > 0:  # every query with an answer (a transform) made this stage's calls: each needs a count
+                ran_col = "latency_query_s" if stage == "query" else "answer"
+                ran = rows[ran_col].notna() if ran_col in rows.columns else v.notna()
                 cost += math.nan if v[ran].isna().any() else float(v.sum()) / 1000.0 * p
     out["cost_usd"] = cost
     for stage in LATENCY_STAGES:
@@ -105,10 +109,10 @@ def cost_metrics(df: pd.DataFrame, pricing: Mapping[str, Mapping[str, Any] | Non
 
 
 def serving_latency_ms(df: pd.DataFrame) -> pd.Series:
-    """Per-query serving latency in ms: ``latency_retrieval_s + latency_rerank_s +
+    """Per-query serving latency in ms: ``latency_query_s + latency_retrieval_s + latency_rerank_s +
     latency_generation_s`` (the judge is evaluation, not serving); a missing column counts 0."""
     total = pd.Series(0.0, index=df.index)
-    for col in ("latency_retrieval_s", "latency_rerank_s", "latency_generation_s"):
+    for col in ("latency_query_s", "latency_retrieval_s", "latency_rerank_s", "latency_generation_s"):
         if col in df.columns:
             total = total + pd.to_numeric(df[col], errors="coerce").fillna(0.0)
     return total * 1000.0

@@ -378,6 +378,15 @@ REGISTRY: tuple[MetricSpec, ...] = (
         per_query=False,
     ),
     MetricSpec(
+        "latency_query_s",
+        "cost",
+        False,
+        "continuous",
+        "the query transform's model call for the query (query=rewrite, hyde or multi_query), seconds, as "
+        "measured when it was made (kept with its reply in the cache); a failed call counts its time too",
+        per_query=False,
+    ),
+    MetricSpec(
         "latency_generation_s",
         "cost",
         False,
@@ -436,8 +445,8 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "cost",
         False,
         "continuous",
-        "sum over generation and judge of tokens_in/1000 x pricing.price_per_1k_in + tokens_out/1000 x "
-        "pricing.price_per_1k_out (the stage's generator/judge config; absent: 0 USD); NaN when a priced "
+        "sum over query transform, generation and judge of tokens_in/1000 x pricing.price_per_1k_in + tokens_out/1000 x "
+        "pricing.price_per_1k_out (the stage's generator/judge config, the query transform's model's; absent: 0 USD); NaN when a priced "
         "stage lacks token counts",
         "rag_experiments.evaluation.cost.cost_metrics",
         per_query=False,
@@ -539,6 +548,15 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "count",
         "number of generated answers cut at generator.max_answer_chars (default max_tokens * 16 characters: "
         "an endpoint that ignores max_tokens; per-query column answer_truncated)",
+        per_query=False,
+    ),
+    MetricSpec(
+        "n_query_errors",
+        "count",
+        False,
+        "count",
+        "number of queries whose query transform failed (a failed call, an empty or unparseable reply): "
+        "they searched the question as it is (per-query column query_error)",
         per_query=False,
     ),
     MetricSpec(

@@ -179,10 +179,13 @@ TOKEN_BUDGET_NOTE = (
 #: Cost keys shown per config, with their decimals.
 COST_KEYS = {
     "cost_usd": 6,
+    "tokens_in/query": 0,  # shown only when a config transforms the query (docs/stages.md)
+    "tokens_out/query": 0,
     "tokens_in/generation": 0,
     "tokens_out/generation": 0,
     "tokens_in/judge": 0,
     "tokens_out/judge": 0,
+    "latency_p95_ms/query": 1,
     "latency_p95_ms/retrieval": 1,
     "latency_p95_ms/rerank": 1,  # shown only when a config has a reranker (docs/stages.md)
     "latency_p95_ms/generation": 1,
@@ -237,7 +240,7 @@ def results(an: Analysis) -> Section:
         keys = {
             k: nd
             for k, nd in COST_KEYS.items()
-            if not k.endswith("/rerank") or any(k in c.metrics for c in an.configs)
+            if not k.endswith(("/rerank", "/query")) or any(k in c.metrics for c in an.configs)
         }
         cost = [[c.label, *(f3(c.metrics.get(k), nd=nd) for k, nd in keys.items())] for c in an.configs]
         s.subsections.append(Subsection("Cost", [table(["config", *keys], cost)]))

@@ -101,6 +101,7 @@ def build(cfg: DictConfig, cache: StageCache) -> Loaded:
             judge, repeats = judge_with_repeats(container(cfg.judge))  # masks pricing and repeats
     stages = Stages(
         chunker=instantiate(cfg.chunking),
+        query_transform=build_query_transform(cfg.get("query"), generator),
         reranker=build_reranker(cfg.get("rerank"), cache),
         chunking_cfg=container(cfg.chunking),
         embedder=embedder,
@@ -126,6 +127,17 @@ def build_reranker(node: DictConfig | None, cache: StageCache):
     return instantiate(rest, embedding=embedder)
 
 
+def build_query_transform(node: DictConfig | None, generator):
+    """The transform of ``conf/query/<option>.yaml`` (None for query=none: no ``_target_``), calling
+    its own ``llm`` node (any generator option's, ``+generator@query.llm=local``) or the run's
+    generator (``config_schema`` refuses neither)."""
+    if node is None or not node.get("_target_"):
+        return None
+    llm = instantiate(priced(node.llm)) if node.get("llm") is not None else generator
+    rest = OmegaConf.masked_copy(node, [k for k in node if k != "llm"])
+    return instantiate(rest, llm=llm)
+
+
 def run_settings(cfg: DictConfig) -> RunSettings:
     """The plain settings of the run (``RunSettings`` names the config key of each)."""
     m = cfg.metrics
@@ -143,6 +155,7 @@ def run_settings(cfg: DictConfig) -> RunSettings:
         pricing={
             "generation": container(cfg.generator.get("pricing")),
             "judge": container(cfg.judge.get("pricing")),
+            "query": container(_query_llm(cfg).get("pricing")),
         },
         progress=cfg.get("progress", True),
     )
@@ -231,6 +244,15 @@ def job_settings(cfg: DictConfig, ctx: HydraContext | None = None) -> JobSetting
         racing=race_settings(cfg, ctx.sweep),
         racing_primary=(racing or {}).get("primary") if isinstance(racing, dict) else None,
     )
+
+
+def _query_llm(cfg: DictConfig) -> DictConfig:
+    """The config of the model the query transform calls: its own ``query.llm``, else the generator
+    (an empty node for query=none: no price)."""
+    node = cfg.get("query")
+    if node is None or not node.get("_target_"):
+        return OmegaConf.create({})
+    return node.llm if node.get("llm") is not None else cfg.generator
 
 
 def input_error(e: BaseException | None, kinds: tuple = INPUT_ERRORS) -> BaseException | None:

@@ -256,6 +256,47 @@ def _rerank(g: _Group) -> None:
         g.problems += [p.replace("conf/embedding: ", "conf/rerank: embedding.") for p in e.problems]
 
 
+def _query(g: _Group) -> None:
+    """conf/query: ``n`` >= 1, ``query_weight`` in [0, 1], ``rrf_c`` > 0, a ``prompt`` with its
+    placeholders, and an ``llm`` node checked like the generator group (``query.llm.*``). Without
+    an ``llm`` the run's generator is called: generator=none is refused in :func:`_query_llm`."""
+    if not g.node.get("_target_"):
+        for key in g.node:
+            if key not in ("name", "llm"):  # llm: unused (a sweep -m query=none,hyde shares it)
+                g.bad(key, "unknown option for query=none", g.node[key])
+        return
+    g.int_at_least("n", 1)
+    g.num_in("query_weight", 0, 1)
+    g.num_at_least("rrf_c", 0, strict=True)
+    if g.has("prompt"):
+        kind = str(g.node["_target_"]).rsplit(".", 1)[-1]
+        need = ("{question}", "{n}") if kind == "MultiQuery" else ("{question}",)
+        if not isinstance(g.node["prompt"], str) or not all(f in g.node["prompt"] for f in need):
+            g.bad("prompt", f"must be a string containing {' and '.join(need)}", str(g.node["prompt"])[:60])
+    llm = g.node.get("llm")
+    if llm is not None:
+        if not isinstance(llm, dict) or not llm.get("_target_"):
+            g.bad("llm", "must be a generator option's node with a _target_ (+generator@query.llm=local)", llm)
+            return
+        e = _Group("generator", llm)
+        _generator(e)
+        e.known_keys(extra={"pricing"})
+        g.problems += [p.replace("conf/generator: ", "conf/query: llm.") for p in e.problems]
+
+
+def _query_llm(cfg: dict) -> Problems:
+    """A query transform calls the run's generator unless it has an ``llm`` of its own."""
+    node = cfg.get("query") or {}
+    if not isinstance(node, dict) or not node.get("_target_") or node.get("llm") is not None:
+        return []
+    if (cfg.get("generator") or {}).get("_target_"):
+        return []
+    return [
+        "conf/query: llm: missing: with generator=none the transform needs a chat model of its own "
+        "(e.g. +generator@query.llm=local, or +generator@query.llm=openai query.llm.model=...)"
+    ]
+
+
 def _llm_client(g: _Group) -> None:
     """Keys shared by the OpenAI-compatible and local generators and LLM judges."""
     g.url("base_url")
@@ -387,6 +428,7 @@ GROUP_CHECKS: dict[str, Callable[[_Group], None]] = {
     "chunking": _chunking,
     "embedding": _embedding,
     "retriever": _retriever,
+    "query": _query,
     "rerank": _rerank,
     "generator": _generator,
     "prompt": _prompt,
@@ -461,7 +503,7 @@ def validate(cfg: dict) -> Problems:
         check(g)
         g.known_keys(extra={"pricing", "repeats"} if name == "judge" else {"pricing"} if name == "generator" else set())
         problems += g.problems
-    return problems + _rerank_depth(cfg)
+    return problems + _rerank_depth(cfg) + _query_llm(cfg)
 
 
 def _rerank_depth(cfg: dict) -> Problems:

@@ -46,6 +46,7 @@ from rag_experiments.judge.cached import (
     verdict_failures,
 )
 from rag_experiments.judge.repeats import repeat_columns
+from rag_experiments.run.query_stage import query_columns, query_retrieval
 from rag_experiments.run.racing import generate_subset
 from rag_experiments.run.retrieval import (
     chunk_stage,
@@ -327,9 +328,13 @@ def run_pipeline(
     timings["chunking_s"] = time.perf_counter() - t
 
     queries = [it.query for it in items]
-    reranker = stages.reranker
+    reranker, transform, queried = stages.reranker, stages.query_transform, None
     depth = settings.depth if reranker is None else max(settings.depth, reranker.candidates)
-    ranking = timed_retrieval(stages.retriever, chunks, chunks_key, queries, depth, cache, progress)
+    if transform is None:
+        ranking = timed_retrieval(stages.retriever, chunks, chunks_key, queries, depth, cache, progress)
+    else:  # the retriever searches what the transform says (docs/stages.md, "Query transformation")
+        queried, ranking = query_retrieval(transform, stages.retriever, chunks, chunks_key, queries, depth,
+                                           cache, progress, timings, calls)  # fmt: skip
     calls["retrieval"], timings["retrieval_s"] = ranking.calls, ranking.seconds
     cache_keys = {"chunks": chunks_key, "rankings": ranking.key}
     first_stage: dict[str, np.ndarray] = {}
@@ -346,6 +351,7 @@ def run_pipeline(
     rows = retrieval_rows(items, [r[:shown] for r in ranked], ranking.scores, scored.per_query, latency)
     if reranker is not None:
         rerank_columns(rows, first_stage, reranked)
+    query_columns(rows, queried)
 
     subset = stratified_subset(items, settings.generation_subset) if stages.generates else []
     if race is not None:  # racing batches (docs/racing.md); racing runs one replicate (config_schema)
@@ -374,6 +380,8 @@ def run_pipeline(
     if reranker is not None:
         aggregates.update(first_stage_aggregates(df))
         aggregates["n_rerank_errors"] = int(df["rerank_error"].notna().sum())
+    if transform is not None:
+        aggregates["n_query_errors"] = int(df.drop_duplicates("id")["query_error"].notna().sum())
     return PipelineResult(
         per_query=df,
         aggregates=aggregates,

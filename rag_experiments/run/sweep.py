@@ -109,6 +109,12 @@ class Job:
     t_start: float
     card: dict | None = None  # the judge's validity card, once computed (docs/judges.md)
     prompt_version: tuple[str, int] | None = None  # (registry name, version) the run links (docs/tracing.md)
+    stage_prompts: tuple[tuple[str, int], ...] = ()  # the query transform's / LLM reranker's prompt versions
+
+    @property
+    def prompt_refs(self) -> tuple[tuple[str, int], ...]:
+        """Every registered prompt version the run links: the answer prompt's, then its stages'."""
+        return tuple(filter(None, (self.prompt_version, *self.stage_prompts)))
 
     @property
     def k(self) -> int:
@@ -273,12 +279,12 @@ def execute(writer: RunWriter, run_id: str, job: Job, parent_id: str | None):
         from rag_experiments.run.racing import race_for  # racing=true: docs/racing.md
 
         inputs = job.inputs
-        version = writer.begin_version(run_id, job.chash, inputs.stages.identities(), job.prompt_version)
+        version = writer.begin_version(run_id, job.chash, inputs.stages.identities(), job.prompt_refs)
         res = run_pipeline(inputs.stages, inputs.data, job.setup.run, job.cache, race_for(job, run_id))
         job.card = add_card(  # docs/judges.md
             job.setup.card, inputs.stages, inputs.corpus.docs, job.cache, res, job.setup.progress
         )
-        model_id = writer.link_version(run_id, job.chash, version, job.prompt_version)  # "Agent versions"
+        model_id = writer.link_version(run_id, job.chash, version, job.prompt_refs)  # "Agent versions"
         _log(writer, run_id, job, res, model_id)
         # one trace per eval item (docs/tracing.md); replicates collapsed (evaluation.replicates);
         # its time is a row of the per-stage table
@@ -334,6 +340,7 @@ def run_job(job: Job, uri: str) -> float:
     print_pilot_mde(writer.client, exp_id, job)  # the primary metric's MDE, from a pilot run
     if job.inputs.stages.prompt is not None:  # templates in the Prompt Registry, by content
         job.prompt_version = writer.register_prompt(job.inputs.stages.prompt)
+    job.stage_prompts = tuple(writer.register_stage_prompts(job.inputs.stages))  # rerank=llm, query
     with writer.config_lock(job.chash):
         for rid in writer.heal_stale_runs(job.chash):
             print(f"[healed] run {rid} of config_hash {job.chash} was left RUNNING by a dead process: KILLED")

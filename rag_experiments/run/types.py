@@ -28,6 +28,7 @@ from rag_experiments.stages.chunking import Chunker
 from rag_experiments.stages.embedding import Embedder
 from rag_experiments.stages.generation import Generator
 from rag_experiments.stages.prompts import PromptTemplate
+from rag_experiments.stages.query import QueryTransform
 from rag_experiments.stages.rerank import Reranker
 from rag_experiments.stages.retrieval import Retriever
 from rag_experiments.tracking.trace_settings import TraceSettings
@@ -46,6 +47,7 @@ class Stages:
     retriever: Retriever
     chunking_cfg: dict[str, Any] = field(default_factory=dict)
     embedder: Embedder | None = None
+    query_transform: QueryTransform | None = None  # query=none: the retriever searches the question
     reranker: Reranker | None = None  # rerank=none: the retriever's list goes to the generator
     generator: Generator | None = None
     prompt: PromptTemplate | None = None

@@ -259,6 +259,7 @@ class LLMReranker:
     """
 
     query_batch = 1  # one query per call: a failure costs only that query
+    prompt_name = "rerank.llm"  # its prompt in MLflow's Prompt Registry: rag-experiments.rerank.llm
 
     def __init__(
         self,

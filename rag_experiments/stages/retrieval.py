@@ -214,11 +214,14 @@ class DenseRetriever:
         return idx.astype(np.int64), sc
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        q = self.embedder.encode(queries, kind="query")
+        return self.search_vectors(self.embedder.encode(queries, kind="query"), k)
+
+    def search_vectors(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``search`` for query vectors already computed (query=hyde mixes two embeddings)."""
         if self._ann is not None:
             return self._ann_search(q, k)
         if self._n == 0:
-            return top_k(np.zeros((len(queries), 0), dtype=np.float32), k)
+            return top_k(np.zeros((len(q), 0), dtype=np.float32), k)
         return exact_search(q, self._matrix, k, self.batch_size, self.block_rows)
 
     def run_metrics(self, chunks: list[Chunk], chunks_key: str, queries: list[str], ks: list[int], cache):

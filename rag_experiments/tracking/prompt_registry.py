@@ -330,6 +330,58 @@ def register_for_run(client: MlflowClient, experiment_id: str, prompt: PromptTem
     return register(client, prompt, experiment_id)
 
 
+_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")  # a str.format field: {question}, {passage}
+
+
+def stage_prompts(stages) -> list[tuple[str, str]]:
+    """(registry name, template) of the prompts a run's stages send besides the answer prompt: the
+    query transform's (``rag-experiments.query.<kind>``) and the LLM reranker's
+    (``rag-experiments.rerank.llm``); a stage says so with a ``prompt_name`` and a ``prompt``."""
+    out = []
+    for stage in (getattr(stages, "query_transform", None), getattr(stages, "reranker", None)):
+        name, text = getattr(stage, "prompt_name", None), getattr(stage, "prompt", None)
+        if name and isinstance(text, str):
+            out.append((PREFIX + name, text))
+    return out
+
+
+def register_text(
+    client: MlflowClient, name: str, template: str, experiment_id: str | None = None
+) -> tuple[str, int]:
+    """(name, version) of a text prompt (``{field}`` → MLflow's ``{{field}}``), registered like the
+    answer prompts: by content (a version only when no version of ``name`` holds the same text),
+    under the per-prompt host lock, linked to the experiment."""
+    text = _FIELD.sub(lambda m: "{{" + m.group(1) + "}}", template)
+    memo = (client.tracking_uri, name, text, experiment_id)
+    if memo in _registered:
+        return _registered[memo]
+    with _prompt_lock(client, name):
+        version = _matching_text(client, name, text)
+        if version is None:
+            with _in_experiment(client, experiment_id):
+                pv = client.register_prompt(name, text, commit_message=f"rag-experiments: the {name[len(PREFIX):]} prompt")
+            client.set_prompt_version_tag(name, pv.version, CONTENT_TAG, stable_hash(template))
+            version = _matching_text(client, name, text)
+            print(f"[prompt] registered prompts:/{name}/{version} (a template text new to this store)")
+        if experiment_id is not None:
+            link_prompt_to_experiment(client, name, experiment_id)
+    _registered[memo] = (name, version)
+    return name, version
+
+
+def _matching_text(client: MlflowClient, name: str, text: str) -> int | None:
+    """The lowest version of ``name`` whose template is ``text`` (None: none is)."""
+    if client.get_prompt(name) is None:
+        return None
+    return next((int(pv.version) for pv in _versions(client, name) if pv.template == text), None)
+
+
+def register_stage_prompts(client: MlflowClient, experiment_id: str, stages) -> list[tuple[str, int]]:
+    """At a run's start: the query transform's and LLM reranker's prompts registered
+    (:func:`stage_prompts`, :func:`register_text`); their (name, version) to link once the run exists."""
+    return [register_text(client, name, text, experiment_id) for name, text in stage_prompts(stages)]
+
+
 def link_run(client: MlflowClient, run_id: str, name: str, version: int) -> None:
     """The run's ``mlflow.linkedPrompts`` tag (MLflow's link) and the version's run list (the
     Prompts tab's "MLflow runs")."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -82,12 +82,16 @@ class RunWriter(Protocol):
         or created (``force``: never reuse an identical earlier sweep's parent)."""
         ...
 
-    def begin_version(self, run_id: str, chash: str, identities: dict[str, str], prompt_version) -> Any:
+    def begin_version(
+        self, run_id: str, chash: str, identities: dict[str, str], prompt_refs: Sequence[tuple[str, int]]
+    ) -> Any:
         """Before the pipeline: the config's app version (None where the store has none) and the
-        run's link to its registered prompt."""
+        run's links to its registered prompts (answer prompt, query transform, LLM reranker)."""
         ...
 
-    def link_version(self, run_id: str, chash: str, version: Any, prompt_version) -> str | None:
+    def link_version(
+        self, run_id: str, chash: str, version: Any, prompt_refs: Sequence[tuple[str, int]]
+    ) -> str | None:
         """After the pipeline: the app version's id the metrics and traces are linked to (or None)."""
         ...
 
@@ -167,22 +171,22 @@ class MlflowRunWriter:
 
         return start_sweep_child(self.client, self.experiment_id, sweep, force, child)
 
-    def begin_version(self, run_id, chash, identities, prompt_version):
+    def begin_version(self, run_id, chash, identities, prompt_refs):
         from rag_experiments.tracking import app_versions
         from rag_experiments.tracking.prompt_registry import link_run
 
         version = app_versions.start(self.client, self.experiment_id, run_id, chash, identities)
-        if prompt_version:  # the Prompts tab lists the run under the version it used
-            link_run(self.client, run_id, *prompt_version)
+        for ref in prompt_refs:  # the Prompts tab lists the run under the versions it used
+            link_run(self.client, run_id, *ref)
         return version
 
-    def link_version(self, run_id, chash, version, prompt_version):
+    def link_version(self, run_id, chash, version, prompt_refs):
         from rag_experiments.tracking import app_versions
         from rag_experiments.tracking.prompt_registry import link_model
 
         model_id = app_versions.link(self.client, self.experiment_id, run_id, chash, version)  # "Agent versions"
-        if prompt_version:  # the version's prompt, on its page (docs/tracing.md)
-            link_model(self.client, model_id, *prompt_version)
+        for ref in prompt_refs:  # the version's prompts, on its page (docs/tracing.md)
+            link_model(self.client, model_id, *ref)
         return model_id
 
     def log_results(self, run_id, results, model_id=None):
@@ -258,6 +262,12 @@ class MlflowRunWriter:
         from rag_experiments.tracking.prompt_registry import register_for_run
 
         return register_for_run(self.client, self.experiment_id, prompt)
+
+    def register_stage_prompts(self, stages) -> list[tuple[str, int]]:
+        """The query transform's and LLM reranker's prompts in the Prompt Registry: (name, version)s."""
+        from rag_experiments.tracking.prompt_registry import register_stage_prompts
+
+        return register_stage_prompts(self.client, self.experiment_id, stages)
 
     def link_reused_run(self, run_id: str, prompt_version: tuple[str, int]) -> None:
         from rag_experiments.tracking.prompt_registry import link_reused_run
@@ -336,10 +346,10 @@ class MemoryRunWriter:
         run.params.update({k[:250]: v[:6000] for k, v in params.items()})  # MLflow's limits
         return run.run_id, parent.run_id if parent else None
 
-    def begin_version(self, run_id, chash, identities, prompt_version):
+    def begin_version(self, run_id, chash, identities, prompt_refs):
         return None  # a memory store keeps no app versions
 
-    def link_version(self, run_id, chash, version, prompt_version):
+    def link_version(self, run_id, chash, version, prompt_refs):
         return None
 
     def log_results(self, run_id, results, model_id=None):

@@ -151,12 +151,14 @@ def build_spans(
     w = _Specs()
     retrieved = cell("retrieved", row["retrieved"])
     generated = "answer" in row and isinstance(row.get("answer"), str)
+    transformed = "latency_query_s" in row  # a query transform set (query != none): its own span first
+    t_q = int((_num(row, "latency_query_s") or 0.0) * 1e9) if transformed else 0
     t_ret = int((_num(row, "latency_retrieval_s") or 0.0) * 1e9)
     reranked = "latency_rerank_s" in row  # a reranker set (rerank != none): its own span
     t_rer = int((_num(row, "latency_rerank_s") or 0.0) * 1e9) if reranked else 0
     t_gen = int((_num(row, "latency_generation_s") or 0.0) * 1e9) if generated else 0
     t_jud = int((_num(row, "latency_judge_s") or 0.0) * 1e9) if generated else 0
-    end_ns = start_ns + t_ret + t_rer + t_gen + t_jud
+    end_ns = start_ns + t_q + t_ret + t_rer + t_gen + t_jud
     error = row.get("error") if isinstance(row.get("error"), str) else None
     outputs: Any = row["answer"] if generated else [r["chunk_id"] for r in retrieved[:k]]
     root = w.add(
@@ -170,14 +172,23 @@ def build_spans(
         error=error,
     )
     docs = _documents(retrieved, doc_text)
-    w.add("retrieve", SpanType.RETRIEVER, start_ns, start_ns + t_ret, {"query": item.query}, docs, root)
+    searched = _search_queries(row.get("search_queries"), item.query)
+    if transformed:
+        query_error = row.get("query_error") if isinstance(row.get("query_error"), str) else None
+        usage = _token_usage(row, "query")
+        w.add("query", SpanType.LLM, start_ns, start_ns + t_q, {"question": item.query},
+              {"search_queries": searched}, root, {SpanAttributeKey.CHAT_USAGE: usage} if usage else None,
+              query_error)  # fmt: skip
+    start_ret = start_ns + t_q
+    w.add("retrieve", SpanType.RETRIEVER, start_ret, start_ret + t_ret, {"query": item.query,
+          **({"search_queries": searched} if transformed else {})}, docs, root)  # fmt: skip
     if reranked:  # the table keeps only the final (reranked) list: both spans show it (docs/stages.md)
         rerank_error = row.get("rerank_error") if isinstance(row.get("rerank_error"), str) else None
-        t = start_ns + t_ret
+        t = start_ret + t_ret
         w.add("rerank", SpanType.RERANKER, t, t + t_rer, {"query": item.query}, docs, root, error=rerank_error)
     if not generated:
         return w.spans, end_ns
-    t = start_ns + t_ret + t_rer
+    t = start_ret + t_ret + t_rer
     context_docs = docs[:k]  # what the generator was given (retriever.k)
     messages = prompt.render(item.query, [_chunk(d) for d in context_docs]) if prompt is not None else None
     attrs: dict[str, Any] = {"cached": bool(row.get("generation_cached", False))}
@@ -204,6 +215,12 @@ def build_spans(
     if not error and row.get("relevance_method", True):  # "": not judged (judge=none): no judge spans
         _judge_spans(w, root, row, item, t, t_jud)
     return w.spans, end_ns
+
+
+def _search_queries(value: Any, question: str) -> list[str]:
+    """The per-query ``search_queries`` cell as a list (``core.query_table.cell``: a list, an array
+    read back, or JSON text); the question alone when the cell is missing."""
+    return [str(x) for x in cell("search_queries", value, [question])]
 
 
 def _judge_spans(w: _Specs, root, row: dict, item: EvalItem, t: int, t_jud: int) -> None:

@@ -1,0 +1,136 @@
+"""The query slot in a run: transform every question (``stages.query``), then rank what the
+transform says to search (docs/stages.md, "Query transformation").
+
+The model's replies are cached per question under (the transform's ``llm_identity``, question),
+with their usage and seconds, and committed as they arrive: a killed run resumes with only the
+missing questions, and a re-run makes no call. A failed or unusable reply is not cached (a re-run
+retries it); its question is searched as it is and counted (``query_error``, ``n_query_errors``).
+The rankings of rewritten queries and of multi-query variants go through the ranking cache like
+the questions' (so chunks and the corpus's vectors are reused); a HyDE vector search is recomputed
+(the index and the vectors come from their caches).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rag_experiments.core.cache import StageCache, stable_hash, stage_key
+from rag_experiments.core.parallel import as_they_complete
+from rag_experiments.core.progress import Progress
+from rag_experiments.core.types import Chunk
+from rag_experiments.evaluation.cost import usage_columns
+from rag_experiments.run.retrieval import Ranking, retrieval_stage
+from rag_experiments.stages.query import Transformed, rrf_lists
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Queried:
+    """Per question: the texts searched (``search_queries``), the transform's seconds, error ("":
+    none) and usage; ``calls``: model calls made (0: all from the cache)."""
+
+    search_queries: list[list[str]]
+    outputs: list[list[str]]  # the model's usable output ([] when it failed)
+    seconds: np.ndarray
+    errors: list[str]
+    usage: list[dict[str, Any]]
+    calls: int
+
+
+def query_stage(transform, questions: list[str], cache: StageCache, progress: bool = True) -> Queried:
+    """Every question's transform, from the cache or one model call each (``transform.concurrency``
+    in flight, each committed as it completes)."""
+    keys = [stage_key("query", transform.llm_identity, q) for q in questions]
+    found = cache.get_json_many("query", keys)
+    todo = list({k: i for i, k in enumerate(keys) if k not in found}.items())
+    fresh: dict[str, Transformed] = {}
+    with Progress(f"query ({transform.kind})", len(todo), enabled=progress and bool(todo), unit="queries") as bar:
+        asked = [questions[i] for _, i in todo]
+        for j, res in as_they_complete(transform.ask, asked, transform.concurrency):
+            k = todo[j][0]
+            fresh[k] = res
+            if res.error:
+                log.warning("query=%s: %s (the question is searched as it is)", transform.kind, res.error)
+            else:
+                cache.put_json_many("query", {k: {"texts": res.texts, "usage": res.usage, "seconds": res.seconds}})
+            bar.update()
+    got = [fresh[k] if k in fresh else Transformed(**found[k]) for k in keys]
+    return Queried(
+        search_queries=[transform.search_texts(q, t.texts) for q, t in zip(questions, got, strict=True)],
+        outputs=[list(t.texts) for t in got],
+        seconds=np.array([t.seconds for t in got], dtype=float),
+        errors=[t.error for t in got],
+        usage=[dict(t.usage or {}) for t in got],
+        calls=len(todo),
+    )
+
+
+def _multi_query_ranking(transform, retriever, chunks, chunks_key, q: Queried, depth: int, cache) -> Ranking:
+    """Every search text ranked (one cached ranking of the flattened list), then each question's
+    lists fused by reciprocal rank (``stages.query.rrf_lists``)."""
+    flat = [t for texts in q.search_queries for t in texts]
+    ranked = retrieval_stage(retriever, chunks, chunks_key, flat, depth, cache)
+    idx = np.full((len(q.search_queries), depth), -1, dtype=np.int64)
+    sc = np.full((len(q.search_queries), depth), -np.inf, dtype=np.float32)
+    at = 0
+    for qi, texts in enumerate(q.search_queries):
+        idx[qi], sc[qi] = rrf_lists(list(ranked.idx[at : at + len(texts)]), depth, transform.rrf_c)
+        at += len(texts)
+    key = stable_hash("multi_query", ranked.key, transform.rrf_c, depth)
+    return Ranking(idx, sc, key, calls=ranked.calls)
+
+
+def _hyde_ranking(transform, retriever, chunks, chunks_key, questions, q: Queried, depth: int, cache) -> Ranking:
+    """A dense retriever searches the mixed vectors (``HydeQuery.vectors``); any other retriever
+    searches ``HydeQuery.text_query``."""
+    if not hasattr(retriever, "search_vectors"):
+        texts = [transform.text_query(x, out) for x, out in zip(questions, q.outputs, strict=True)]
+        return retrieval_stage(retriever, chunks, chunks_key, texts, depth, cache)
+    retriever.index(chunks)  # the corpus's vectors (and an ANN index) come from their caches
+    answers = [out[0] if out else None for out in q.outputs]
+    idx, sc = retriever.search_vectors(transform.vectors(retriever.embedder, questions, answers), depth)
+    key = stable_hash("hyde", retriever.identity, chunks_key, transform.identity, questions, answers, depth)
+    return Ranking(np.asarray(idx, dtype=np.int64), np.asarray(sc, dtype=np.float32), key, calls=1)
+
+
+def query_retrieval(
+    transform, retriever, chunks: list[Chunk], chunks_key: str, questions: list[str], depth: int,
+    cache: StageCache, progress: bool, timings: dict, calls,
+) -> tuple[Queried, Ranking]:  # fmt: skip
+    """The transform (timed as ``query_s``, its calls counted as ``query``), then the ranking of
+    what it says to search (timed as ``retrieval_s``)."""
+    t = time.perf_counter()
+    q = query_stage(transform, questions, cache, progress)
+    timings["query_s"], calls["query"] = time.perf_counter() - t, q.calls
+    t = time.perf_counter()
+    with Progress("retrieval", None, enabled=progress):
+        if transform.kind == "multi_query":
+            ranking = _multi_query_ranking(transform, retriever, chunks, chunks_key, q, depth, cache)
+        elif transform.kind == "hyde":
+            ranking = _hyde_ranking(transform, retriever, chunks, chunks_key, questions, q, depth, cache)
+        else:  # rewrite: one text per question
+            texts = [s[0] for s in q.search_queries]
+            ranking = retrieval_stage(retriever, chunks, chunks_key, texts, depth, cache)
+    ranking.seconds = time.perf_counter() - t
+    return q, ranking
+
+
+def query_columns(rows: list[dict], queried: Queried | None) -> None:
+    """Each row's ``search_queries`` (the question alone without a transform) and, with one, the
+    transform's seconds, error (None: none) and tokens (``tokens_in_query``, ``tokens_out_query``)."""
+    for qi, row in enumerate(rows):
+        if queried is None:
+            row["search_queries"] = [row["query"]]
+            continue
+        row["search_queries"] = list(queried.search_queries[qi])
+        secs = float(queried.seconds[qi])
+        row.update(latency_query_s=secs if math.isfinite(secs) else math.nan,
+                   query_error=queried.errors[qi] or None)  # fmt: skip
+        row.update(usage_columns(queried.usage[qi], "query"))
