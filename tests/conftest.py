@@ -146,6 +146,7 @@ SLOW_TESTS = {
     "test_unknown_alias_in_a_single_run_exits_2_naming_it",
     "test_unreachable_registry_exits_2_within_the_budget",
     "test_heuristic_judge_rejects_contradicting_evidence_far_more_than_similarity",
+    "test_jobs_registering_one_prompt_on_a_fresh_store_print_no_sql",  # 3 processes on one store (~25 s)
 }
 
 

@@ -35,6 +35,7 @@ from rag_experiments.core.conf_groups import conf_dir
 from rag_experiments.core.identity import REFERENCE_TARGETS
 from rag_experiments.stages.prompts import PromptRegistryError, PromptTemplate
 from rag_experiments.tracking.locks import host_lock, store_lock
+from rag_experiments.tracking.mlflow_adapter import quiet_lost_prompt_link_races, wait_for_prompt_link_threads
 from rag_experiments.tracking.prompt_links import (
     LINKED_PROMPTS_TAG,
     link_prompt_to_experiment,
@@ -272,6 +273,7 @@ def register(
     memo = (client.tracking_uri, name, prompt.text, experiment_id)
     if memo in _registered:
         return _registered[memo]
+    quiet_lost_prompt_link_races()  # across hosts the lock cannot order MLflow's thread
     with _prompt_lock(client, name):
         version = _matching(client, name, prompt.text)
         if version is None:
@@ -282,6 +284,10 @@ def register(
                     commit_message=f"rag-experiments: conf/prompt/{prompt.name}.yaml",
                     tags={DECLINE_TAG: prompt.decline_text},  # on the prompt too: the UI's versions
                 )
+                # MLflow links the new version to the experiment in a thread of its own, outside
+                # our lock: let it finish under the lock, so its write of the prompt's tag cannot
+                # race ours or another job's (a UNIQUE-constraint warning with an SQL dump)
+                wait_for_prompt_link_threads()
             client.set_prompt_version_tag(name, pv.version, CONTENT_TAG, stable_hash(prompt.text))
             version = _matching(client, name, prompt.text)
             print(f"[prompt] registered prompts:/{name}/{version} (a template text new to this store)")
