@@ -94,7 +94,7 @@ def build(cfg: DictConfig, cache: StageCache) -> Loaded:
         generator = instantiate(priced(cfg.generator))
         prompt = instantiate(cfg.prompt)
         if cfg.judge.get("_target_"):  # judge=none: judge-free metrics only (docs/metrics.md)
-            judge, repeats = judge_with_repeats(cfg.judge)  # masks pricing and repeats
+            judge, repeats = judge_with_repeats(container(cfg.judge))  # masks pricing and repeats
     stages = Stages(
         chunker=instantiate(cfg.chunking),
         reranker=build_reranker(cfg.get("rerank"), cache),

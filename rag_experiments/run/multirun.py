@@ -117,7 +117,8 @@ def validate_multirun(config: DictConfig) -> list[str]:
         except ConfigError as e:
             problems += [f"job {name}: {p}" for p in e.problems]
             continue
-        problems += [f"job {name}: {p}" for p in registered_prompt_problems(job_cfg)]  # prompt=registry
+        prompt_ref = (_container(job_cfg.generator), _container(job_cfg.get("prompt")))  # prompt=registry
+        problems += [f"job {name}: {p}" for p in registered_prompt_problems(*prompt_ref)]
         data_key = json.dumps(
             _container(OmegaConf.masked_copy(job_cfg, ["corpus", "evalset"])), sort_keys=True
         )

@@ -22,14 +22,16 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any
 
 import mlflow
 import yaml
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from rag_experiments.core.build import build
 from rag_experiments.core.cache import stable_hash
 from rag_experiments.core.conf_groups import conf_dir
 from rag_experiments.core.identity import REFERENCE_TARGETS
@@ -207,28 +209,20 @@ class RegisteredPrompt(PromptTemplate):
 _checked: dict[str, list[str]] = {}
 
 
-def registered_prompt_problems(cfg) -> list[str]:
-    """The problems of a composed config's ``prompt=registry`` (unknown name, version, alias; a
-    template we cannot run), read from the store; [] for other prompts and retrieval-only runs.
+def registered_prompt_problems(generator: Mapping[str, Any] | None, prompt: Mapping[str, Any] | None) -> list[str]:
+    """The problems of a job's ``prompt=registry`` (unknown name, version, alias; a template we
+    cannot run), read from the store; [] for other prompts and retrieval-only runs. ``generator``
+    and ``prompt``: the job's resolved config nodes as plain data (``run.assemble.container``).
     The multirun callback asks this for every job before the first run (memoised per reference)."""
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
-    node = cfg.get("prompt")
-    if not (cfg.generator.get("_target_") and node is not None and node.get("_target_") in REFERENCE_TARGETS):
+    if not ((generator or {}).get("_target_") and prompt is not None and prompt.get("_target_") in REFERENCE_TARGETS):
         return []
-    key = json.dumps([resolve_uri(node.get("tracking_uri")), OmegaConf.to_container(node, resolve=True)])
+    key = json.dumps([resolve_uri(prompt.get("tracking_uri")), dict(prompt)], sort_keys=True, default=str)
     if key not in _checked:
         try:
-            instantiate(node)
+            build(prompt)  # a RegisteredPrompt: the store is read now
             _checked[key] = []
-        except Exception as e:  # noqa: BLE001 - Hydra wraps it; only the registry's problems are kept
-            cause = e
-            while cause is not None and not isinstance(cause, PromptRegistryError):
-                cause = cause.__cause__ or cause.__context__
-            if cause is None:
-                raise
-            _checked[key] = list(cause.problems)
+        except PromptRegistryError as e:
+            _checked[key] = list(e.problems)
     return _checked[key]
 
 
