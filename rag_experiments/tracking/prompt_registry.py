@@ -35,7 +35,7 @@ from rag_experiments.core.build import build
 from rag_experiments.core.cache import stable_hash
 from rag_experiments.core.conf_groups import conf_dir
 from rag_experiments.core.identity import REFERENCE_TARGETS
-from rag_experiments.stages.prompts import PromptRegistryError, PromptTemplate
+from rag_experiments.stages.prompts import CONTEXT_FORMATS, PromptRegistryError, PromptTemplate
 from rag_experiments.tracking.locks import host_lock, store_lock
 from rag_experiments.tracking.mlflow_adapter import quiet_lost_prompt_link_races, wait_for_prompt_link_threads
 from rag_experiments.tracking.prompt_links import (
@@ -48,6 +48,7 @@ from rag_experiments.tracking.uri import tracking_uri as resolve_uri
 
 PREFIX = "rag-experiments."  # registry names of our templates: rag-experiments.<prompt name>
 DECLINE_TAG = "decline_text"
+CONTEXT_FORMAT_TAG = "context_format"  # a version tag, only for a non-default format ("tagged")
 CONTENT_TAG = "rag_experiments.content_sha256"  # sha256 of PromptTemplate.text, for readers
 DEFAULT_DECLINE = "I don't know"
 VARIABLES = ("context", "question", "decline_text")
@@ -136,7 +137,12 @@ def _decline(client: MlflowClient, pv, override: str | None) -> str:
 def _template_of(client: MlflowClient, pv, decline_text: str | None = None) -> PromptTemplate:
     where = f"prompts:/{pv.name}/{pv.version}"
     system, user = from_mlflow(pv.template, where)
-    return PromptTemplate(pv.name, system, user, _decline(client, pv, decline_text))
+    context_format = (pv.tags or {}).get(CONTEXT_FORMAT_TAG, "plain")
+    if context_format not in CONTEXT_FORMATS:
+        raise PromptRegistryError(
+            [f"conf/prompt: {where}: tag {CONTEXT_FORMAT_TAG}={context_format!r} is not one of {', '.join(CONTEXT_FORMATS)}"]
+        )
+    return PromptTemplate(pv.name, system, user, _decline(client, pv, decline_text), context_format)
 
 
 def fetch(client: MlflowClient, name: str, version: int | None, alias: str | None):
@@ -195,7 +201,7 @@ class RegisteredPrompt(PromptTemplate):
             client = MlflowClient(tracking_uri=uri)
         pv = fetch(client, name, version, alias)
         t = _template_of(client, pv, decline_text)
-        super().__init__(name, t.system, t.template, t.decline_text)
+        super().__init__(name, t.system, t.template, t.decline_text, t.context_format)
         self.version, self.alias = int(pv.version), alias
 
     @property
@@ -276,7 +282,7 @@ def register(
                     name,
                     to_mlflow(prompt),
                     commit_message=f"rag-experiments: conf/prompt/{prompt.name}.yaml",
-                    tags={DECLINE_TAG: prompt.decline_text},  # on the prompt too: the UI's versions
+                    tags={DECLINE_TAG: prompt.decline_text, **_format_tag(prompt)},  # on the prompt too
                 )
                 # MLflow links the new version to the experiment in a thread of its own, outside
                 # our lock: let it finish under the lock, so its write of the prompt's tag cannot
@@ -289,6 +295,12 @@ def register(
             link_prompt_to_experiment(client, name, experiment_id)
     _registered[memo] = (name, version)
     return name, version
+
+
+def _format_tag(prompt: PromptTemplate) -> dict[str, str]:
+    """The context format as a version tag, only when it is not the default (plain templates are
+    registered exactly as before the option existed)."""
+    return {} if prompt.context_format == "plain" else {CONTEXT_FORMAT_TAG: prompt.context_format}
 
 
 def _prompt_lock(client: MlflowClient, name: str):
