@@ -166,6 +166,11 @@ SLOW_TESTS = {
     "test_sweep_on_a_full_disk_fails_with_exit_2",  # 38 s
     "test_sigterm_aborts_in_flight_generation_at_once",  # 2 × 25-33 s
     "test_sigterm_prints_no_traceback",  # 18 s
+    # second pass (fast tier of tests/faults 4.1 min at load 2-3.5): real mlflow servers, sweeps
+    "test_server_outage_mid_run_exits_2_and_the_next_start_heals",  # a server + a sweep, 57 s
+    "test_sigterm_while_the_server_hangs_ends_promptly",  # a server that hangs, 58 s with teardown
+    "test_a_failed_config_fails_the_multirun_and_is_listed",  # a multirun, 32 s
+    "test_a_config_finished_earlier_is_part_of_the_new_sweep",  # two sweeps, 26 s
 }
 
 
