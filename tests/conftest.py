@@ -146,6 +146,31 @@ SLOW_TESTS = {
     "test_unknown_alias_in_a_single_run_exits_2_naming_it",
     "test_unreachable_registry_exits_2_within_the_budget",
     "test_heuristic_judge_rejects_contradicting_evidence_far_more_than_similarity",
+    "test_jobs_registering_one_prompt_on_a_fresh_store_print_no_sql",  # 3 processes on one store (~25 s)
+    "test_a_killed_fit_says_so_in_one_line",  # a judge fit subprocess, killed while fitting
+    # measured in the fast tier at load 7-10 (2 cores): processes started, a sweep run
+    "test_parallel_jobs_linking_one_version_keep_every_run",  # 4 spawned processes (34 s)
+    "test_concurrent_jobs_linking_versions_to_one_app_version_keep_every_link",  # 4 processes (39 s)
+    "test_default_run_shows_a_synthetic_card_as_a_bound_and_says_it_is_unvalidated",  # a sweep (74 s)
+    # fault tests that run whole sweeps (subprocesses, fake endpoints): fast tier of tests/faults
+    # measured at load 7-8, 17.9 min for 166 tests; these 14 were 13.3 min of it
+    "test_a_run_with_failed_items_is_resumed_for_those_items_only",  # 138 s
+    "test_huge_answers_are_cut_and_counted",  # 72 s
+    "test_dead_endpoint_with_a_generation_subset_fails_and_is_retried",  # 72 s
+    "test_dead_judge_fails_the_run_and_a_rerun_retries_it",  # 2 × 65 s
+    "test_sweep_with_a_read_only_cache_where_every_stage_hits",  # 63 s
+    "test_whole_documents_over_the_local_window_are_fitted_not_http_400",  # 60 s
+    "test_a_secret_in_a_200_answer_is_stored_nowhere",  # 57 s
+    "test_kill_between_table_and_traces_leaves_no_finished_run_and_resume_reruns",  # 49 s
+    "test_echoed_key_is_stored_nowhere",  # 44 s
+    "test_sweep_on_a_full_disk_fails_with_exit_2",  # 38 s
+    "test_sigterm_aborts_in_flight_generation_at_once",  # 2 × 25-33 s
+    "test_sigterm_prints_no_traceback",  # 18 s
+    # second pass (fast tier of tests/faults 4.1 min at load 2-3.5): real mlflow servers, sweeps
+    "test_server_outage_mid_run_exits_2_and_the_next_start_heals",  # a server + a sweep, 57 s
+    "test_sigterm_while_the_server_hangs_ends_promptly",  # a server that hangs, 58 s with teardown
+    "test_a_failed_config_fails_the_multirun_and_is_listed",  # a multirun, 32 s
+    "test_a_config_finished_earlier_is_part_of_the_new_sweep",  # two sweeps, 26 s
 }
 
 

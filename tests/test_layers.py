@@ -92,9 +92,7 @@ ENTRY_SHIMS = {"sweep", "compare", "select", "gate", "plan"}
 #: tracking/run_reader.py and tracking/run_writer.py). The set may only shrink.
 PENDING_MLFLOW: set[str] = set()
 #: Modules outside ``run/`` and ``cli/`` that still build objects from YAML with Hydra: may only shrink.
-PENDING_HYDRA = {
-    "rag_experiments/judge/validity.py",
-}
+PENDING_HYDRA: set[str] = set()
 
 
 def layer_of(module: str) -> str:
@@ -181,14 +179,10 @@ _reach_spec = importlib.util.spec_from_file_location("config_reach", REPO / "scr
 config_reach = importlib.util.module_from_spec(_reach_spec)
 _reach_spec.loader.exec_module(config_reach)
 
-#: Functions reachable from the sweep entry, below assembly, that still take or read a DictConfig:
-#: the ``judge card`` CLI's YAML path (``judge_config`` loads ``conf/judge/NAME.yaml``;
-#: ``instantiate_judge`` resolves it). The run's assembly passes the judge node as plain data.
-#: This list may only shrink.
-PENDING_CONFIG_BELOW = {
-    ("rag_experiments/judge/validity.py", "judge_config"),
-    ("rag_experiments/judge/validity.py", "instantiate_judge"),
-}
+#: Functions reachable from the sweep entry, below assembly, that still take or read a DictConfig: none
+#: (the ``judge card`` CLI reads ``conf/judge/NAME.yaml`` with PyYAML; the run's assembly passes
+#: the judge node as plain data). This set may only shrink.
+PENDING_CONFIG_BELOW: set[tuple[str, str]] = set()
 
 
 def test_the_hydra_config_stops_at_assembly() -> None:

@@ -56,7 +56,7 @@ def by_name(name: str) -> PromptTemplate:
 
 def test_every_bundled_template_round_trips_through_mlflow_syntax():
     templates = pr.bundled_templates()
-    assert sorted(t.name for t in templates) == ["cite", "concise", "quote_then_answer"]
+    assert sorted(t.name for t in templates) == ["cite", "concise", "concise_tagged", "quote_then_answer"]
     for t in templates:
         messages = pr.to_mlflow(t)
         assert [m["role"] for m in messages] == ["system", "user"]
@@ -92,6 +92,22 @@ def test_registering_twice_makes_one_version_and_an_edit_makes_version_2(store):
     assert len(client.search_prompt_versions(CONCISE)) == 2
     v1 = client.get_prompt_version(CONCISE, "1")
     assert v1.tags[pr.DECLINE_TAG] == "I don't know" and v1.tags[pr.CONTENT_TAG]
+
+
+def test_a_tagged_template_round_trips_through_the_registry(store):
+    """context_format travels as a version tag: read back, the tagged template has the same text
+    (no new version on the next run) and renders tagged; a plain template gets no such tag."""
+    client, exp, uri = store
+    t = by_name("concise_tagged")
+    assert t.context_format == "tagged" and t.text.endswith("context_format: tagged")
+    assert pr.register(client, t, exp) == ("rag-experiments.concise_tagged", 1)
+    pr._registered.clear()
+    assert pr.register(client, t, exp) == ("rag-experiments.concise_tagged", 1)
+    got = pr.RegisteredPrompt("rag-experiments.concise_tagged", version=1, tracking_uri=uri)
+    assert got.context_format == "tagged" and got.identity == t.text
+    pr.register(client, by_name("concise"), exp)
+    assert pr.CONTEXT_FORMAT_TAG not in client.get_prompt_version(CONCISE, "1").tags
+    assert "context_format" not in by_name("concise").text  # the default's identity as before
 
 
 def test_parallel_jobs_register_one_version(store):
@@ -142,10 +158,12 @@ def test_registered_prompt_problems_read_a_plain_node(store):
     client, exp, uri = store
     pr.register(client, by_name("concise"), exp)
     node = {"_target_": pr.REFERENCE_TARGETS[0], "name": CONCISE, "version": 9, "alias": None, "tracking_uri": uri}
-    got = pr.registered_prompt_problems(node)
+    gen = {"_target_": "rag_experiments.stages.generation.LocalGenerator"}
+    got = pr.registered_prompt_problems(gen, node)
     assert any("prompts:/rag-experiments.concise/9 does not exist" in p for p in got), got
-    assert pr.registered_prompt_problems({**node, "version": 1}) == []
-    assert pr.registered_prompt_problems({"_target_": "rag_experiments.stages.prompts.PromptTemplate"}) == []
+    assert pr.registered_prompt_problems(gen, {**node, "version": 1}) == []
+    assert pr.registered_prompt_problems(gen, {"_target_": "rag_experiments.stages.prompts.PromptTemplate"}) == []
+    assert pr.registered_prompt_problems({}, node) == []  # generator=none: no prompt is used
     assert pr.is_registry_prompt(node) and not pr.is_registry_prompt(None)
 
 
@@ -209,7 +227,12 @@ def test_runs_link_the_version_they_used_visible_through_the_public_api(store):
     pr.link_run(client, run_b, "rag-experiments.cite", 1)
     assert pr.linked_prompts(client, run_a) == [("rag-experiments.cite", 1)]
     listed = {p.name for p in client.search_prompts(filter_string=f'experiment_id = "{exp}"')}
-    assert listed == {"rag-experiments.cite", "rag-experiments.concise", "rag-experiments.quote_then_answer"}
+    assert listed == {
+        "rag-experiments.cite",
+        "rag-experiments.concise",
+        "rag-experiments.concise_tagged",
+        "rag-experiments.quote_then_answer",
+    }
     tags = client.get_prompt_version("rag-experiments.cite", "1").tags
     assert tags["mlflow.prompt.run_ids"].split(",") == [run_a, run_b]  # the version page's "MLflow runs"
     assert "0" not in client.get_prompt("rag-experiments.cite").tags["_mlflow_experiment_ids"].split(",")

@@ -23,7 +23,7 @@ from tests.mlflow_ui import SCREENSHOTS, Page, chromium, mlflow_server, visible_
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 
 CONCISE = "rag-experiments.concise"
-NAMES = {"rag-experiments.cite", CONCISE, "rag-experiments.quote_then_answer"}
+NAMES = {"rag-experiments.cite", CONCISE, "rag-experiments.concise_tagged", "rag-experiments.quote_then_answer"}
 
 
 @pytest.fixture(scope="module")

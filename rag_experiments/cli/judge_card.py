@@ -105,15 +105,13 @@ def _sample_docs(corpus_dir: str | None):
 def _place_keys(cfg, corpus: str | None, cache_dir: str) -> None:
     """A verifier's (or a cascade's verifier's) ``${corpus.path}`` / ``${cache_dir}`` outside a run:
     the card's ``--corpus`` (default: the bundled sample, as ``judge fit``) and ``--cache-dir``."""
-    from omegaconf import DictConfig, OmegaConf
-
     from rag_experiments.evalset.load import sample_dir
 
     for node in (cfg, cfg.get("verifier")):
-        if not isinstance(node, DictConfig):
+        if not isinstance(node, dict):
             continue
         for key, value in (("corpus_path", corpus or str(sample_dir() / "docs")), ("cache_dir", cache_dir)):
-            if key in node and OmegaConf.is_interpolation(node, key):
+            if str(node.get(key, "")).startswith("${"):  # an interpolation into a run's config
                 node[key] = value
 
 

@@ -8,14 +8,18 @@ Synthetic pairs of the corpus (default: the bundled sample, the default config's
 any human labels (``judge_pairs`` JSONL files, or filled spot-check label CSVs) train a logistic
 verifier (docs/judges.md). Same inputs -> same
 fit id -> cache hit. Bad input (corpus, labels ``FILE:LINE``, too-small corpus, an ``--out``
-holding another verifier) exits 2 before anything is trained or logged.
+holding another verifier) exits 2 before anything is trained or logged. Out of memory exits 2 with
+a message; SIGTERM / Ctrl-C end with one ``[interrupted]`` line saying what was written (exit
+128 + signal), never silently (issue 31 item 12).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 
 from rag_experiments.evalset.corpus import CorpusError, corpus_digest, load_corpus
 from rag_experiments.evalset.judge_pairs import JudgePairsError, pairs_digest
@@ -40,8 +44,46 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _interrupt(signum, frame):  # SIGTERM (a timeout, a CI cancel): the same path as Ctrl-C
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """MemoryError, or torch's allocator failing (a RuntimeError naming the allocation)."""
+    text = str(e)
+    return isinstance(e, MemoryError) or (
+        isinstance(e, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    stage = ["reading the inputs; nothing written"]  # what a signal interrupts, for its message
+    previous = signal.getsignal(signal.SIGTERM)
+    own = threading.current_thread() is threading.main_thread() and previous in (signal.SIG_DFL, None)
+    if own:
+        signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _fit(args, stage)
+    except KeyboardInterrupt as e:
+        name = str(e) if str(e) in signal.Signals.__members__ else "SIGINT"
+        print(f"[interrupted] {name}: judge fit stopped while {stage[0]}", file=sys.stderr)
+        return 128 + int(signal.Signals[name])
+    except (MemoryError, RuntimeError) as e:
+        if not _out_of_memory(e):
+            raise
+        print(
+            f"error: out of memory while {stage[0]} ({(str(e).strip().splitlines() or [type(e).__name__])[0][:200]}); "
+            f"lower --synthetic-max (now {args.synthetic_max}) or free memory",
+            file=sys.stderr,
+        )
+        return 2
+    finally:
+        if own:
+            signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)
+
+
+def _fit(args: argparse.Namespace, stage: list[str]) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from rag_experiments.evalset.load import sample_dir
@@ -62,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             meta.append({"file": os.path.basename(f), "pairs_digest": pairs_digest(got), "n": len(got)})
         recipe = Recipe(synthetic_max=args.synthetic_max, seed=args.seed)
         syn = synthetic_pairs(docs, seed=args.seed, n_max=args.synthetic_max)
+        stage[0] = "fitting the verifier; nothing written (a verifier directory appears only complete)"
         res = fit_verifier(
             syn, labelled, corpus_digest(docs), args.cache_dir, args.out, recipe, meta, progress=not args.no_progress
         )
@@ -82,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"[{k_ci[0]:.3f}, {k_ci[1]:.3f}], balanced accuracy {f['balanced_accuracy']:.3f}"
             )
     if not args.no_mlflow:
+        stage[0] = f"logging it to MLflow; the verifier is written at {res.path} (the same command logs it)"
         from rag_experiments.tracking.uri import tracking_uri
         from rag_experiments.tracking.verifier_model import log_verifier
 

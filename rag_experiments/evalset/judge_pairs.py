@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from rag_experiments.evalset.csv_text import LabelFileError, _open_text
+
 LABELS = ("supported", "unsupported")
 _WS = re.compile(r"\s+")
 
@@ -46,7 +48,11 @@ def load_pairs(path: str | Path) -> list[JudgePair]:
     pairs: list[JudgePair] = []
     problems: list[str] = []
     seen: dict[str, int] = {}
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = _open_text(path).getvalue()  # undecodable bytes: FILE:LINE, not a traceback
+    except LabelFileError as e:
+        raise JudgePairsError("\n".join(e.problems)) from None
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"

@@ -19,6 +19,8 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from rag_experiments.core.build import build
 from rag_experiments.core.cache import StageCache, stage_key
 from rag_experiments.core.conf_groups import conf_dir, options
@@ -43,35 +45,45 @@ def judge_names() -> list[str]:
     return options("judge")
 
 
-def judge_config(name: str, overrides: Sequence[str] = ()):
-    """``conf/judge/NAME.yaml`` with ``key=value`` overrides (a DictConfig)."""
-    from omegaconf import OmegaConf
-
+def judge_config(name: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """``conf/judge/NAME.yaml`` with ``key=value`` overrides (dotted keys for nested nodes, values
+    read as YAML scalars: ``temperature=0.7`` is a float), as plain data. Interpolations into a
+    run's config (``${corpus.path}``) stay as they are: outside a run nothing sets them
+    (:func:`instantiate_judge` passes them as unset, ``judge card`` fills its place keys)."""
     path = conf_dir() / "judge" / f"{name}.yaml"
     if not path.is_file():
         raise JudgeNameError(f"unknown judge {name!r} (options: {', '.join(judge_names())})")
-    cfg = OmegaConf.load(path)
-    return OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides))) if overrides else cfg
+    cfg = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"judge override {item!r}: expected KEY=VALUE")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else raw
+        except yaml.YAMLError as e:
+            raise ValueError(f"judge override {item!r}: not a YAML value ({e})") from None
+        node = cfg
+        *parents, leaf = key.strip().split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"judge override {item!r}: {part!r} is not a node of conf/judge/{name}.yaml")
+        node[leaf] = value
+    return cfg
 
 
-def instantiate_judge(cfg, **kwargs: Any):
-    """The judge a judge config describes (without its :data:`NON_ARGS`); ``kwargs`` override keys.
-    ``cfg``: a resolved plain mapping (the run's assembly) or a DictConfig (``judge_config``)."""
-    if isinstance(cfg, dict):  # a DictConfig is a Mapping too: only plain dicts skip OmegaConf
-        return build({k: v for k, v in cfg.items() if k not in NON_ARGS}, **kwargs)
-    from omegaconf import OmegaConf
-    from omegaconf.errors import InterpolationKeyError
+def instantiate_judge(cfg: Mapping[str, Any], **kwargs: Any):
+    r"""The judge a judge config describes (without its :data:`NON_ARGS`); ``kwargs`` override keys.
 
-    try:  # a node of the run's config: ${corpus.path} and friends resolve against its root
-        plain = OmegaConf.to_container(cfg, resolve=True)
-    except InterpolationKeyError:  # a standalone conf/judge/NAME.yaml: what lies outside is unset
-        plain = _unset_outside(OmegaConf.to_container(cfg, resolve=False))
-    return build({k: v for k, v in plain.items() if k not in NON_ARGS}, **kwargs)  # resolved once
+    ``cfg`` is plain, resolved data: ``run.assemble`` resolves the run's judge node against the
+    whole config (an escaped ``\${x}`` is then the literal text ``${x}`` and stays so), a standalone
+    ``conf/judge/NAME.yaml`` goes through :func:`build_judge` (its interpolations unset)."""
+    return build({k: v for k, v in cfg.items() if k not in NON_ARGS}, **kwargs)  # resolved once
 
 
 def _unset_outside(node: Any) -> Any:
     """``${...}`` strings (interpolations into a config this judge is not part of) -> None."""
-    if isinstance(node, dict):
+    if isinstance(node, Mapping):
         return {k: _unset_outside(v) for k, v in node.items()}
     if isinstance(node, list):
         return [_unset_outside(v) for v in node]
@@ -80,7 +92,7 @@ def _unset_outside(node: Any) -> Any:
 
 def build_judge(name: str, overrides: Sequence[str] = ()):
     """The one way to build a judge by name (``judge card``, ``scripts/judge_agreement.py``)."""
-    return instantiate_judge(judge_config(name, overrides))
+    return instantiate_judge(_unset_outside(judge_config(name, overrides)))
 
 
 # ------------------------------------------------------------------------------ repeats

@@ -23,6 +23,7 @@ from urllib.parse import urlparse
 from rag_experiments.core.conf_groups import conf_dir
 from rag_experiments.evaluation.cost import price
 from rag_experiments.evaluation.defaults import RANK_DEPTH, TOKEN_BUDGETS, metrics_problems
+from rag_experiments.stages.prompts import CONTEXT_FORMATS
 
 Problems = list[str]
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -388,6 +389,9 @@ def _prompt(g: _Group) -> None:
     tpl = g.node.get("template")
     if not isinstance(tpl, str) or "{context}" not in tpl or "{question}" not in tpl:
         g.bad("template", "must be a string containing {context} and {question}", str(tpl)[:60])
+    fmt = g.node.get("context_format", "plain")
+    if fmt not in CONTEXT_FORMATS:  # stages/prompts.py: how passages are rendered into {context}
+        g.bad("context_format", f"must be one of {', '.join(CONTEXT_FORMATS)}", fmt)
     for key in ("system", "template"):  # {{ }} is MLflow's variable syntax (the Prompt Registry)
         if any(b in str(g.node.get(key) or "") for b in ("{{", "}}")):
             g.bad(key, "must not contain {{ or }} (MLflow's prompt variable syntax)", str(g.node[key])[:60])

@@ -36,7 +36,7 @@ from rag_experiments.tracking.bounds import best_effort, bound_tracking_calls
 from rag_experiments.tracking.errors import infrastructure_exits_2
 from rag_experiments.tracking.mlflow_adapter import release_interrupted_connections
 from rag_experiments.tracking.parents import close_sweep_early, end_sweep
-from rag_experiments.tracking.prompt_registry import is_registry_prompt, registered_prompt_problems
+from rag_experiments.tracking.prompt_registry import registered_prompt_problems
 from rag_experiments.tracking.reuse import REUSED_FROM
 from rag_experiments.tracking.runs import sweep_config_runs
 
@@ -116,9 +116,8 @@ def validate_multirun(config: DictConfig) -> list[str]:
         except ConfigError as e:
             problems += [f"job {name}: {p}" for p in e.problems]
             continue
-        prompt = job_cfg.get("prompt")
-        if job_cfg.generator.get("_target_") and is_registry_prompt(prompt):  # prompt=registry
-            problems += [f"job {name}: {p}" for p in registered_prompt_problems(_container(prompt))]
+        prompt_ref = (_container(job_cfg.generator), _container(job_cfg.get("prompt")))  # prompt=registry
+        problems += [f"job {name}: {p}" for p in registered_prompt_problems(*prompt_ref)]
         data_key = json.dumps(
             _container(OmegaConf.masked_copy(job_cfg, ["corpus", "evalset"])), sort_keys=True
         )

@@ -305,18 +305,10 @@ def _run_aggregates(
     return aggregates
 
 
-def run_pipeline(
-    stages: Stages, data: PipelineData, settings: RunSettings, cache: StageCache, race=None
-) -> PipelineResult:
-    """Retrieval on every item; generation and judging on
-    ``stratified_subset(items, settings.generation_subset)`` when ``stages.generator`` is set.
-
-    Items outside the subset keep their retrieval metrics and a retrieval-only failure label; their
-    generation metrics and label rates are NaN (every generation mean covers the subset only,
-    ``n_scored/{key}``). ``settings.pricing``: price tables for ``cost_usd`` (evaluation.cost).
-    """
-    timings: dict[str, float] = {}
-    calls: Counter = Counter()
+def _retrieval_half(stages: Stages, data: PipelineData, settings: RunSettings, cache: StageCache, timings, calls):
+    """Chunk, transform the queries (``query`` slot), rank, rerank (``rerank`` slot) and score the
+    retrieval: (chunks, the ranked chunks per item, the per-query rows so far, the retrieval
+    scores, the cache keys). Fills ``timings`` and ``calls``."""
     items, progress = data.items, settings.progress
     embedder = getattr(stages.retriever, "embedder", None)
     if hasattr(embedder, "progress"):
@@ -352,6 +344,24 @@ def run_pipeline(
     if reranker is not None:
         rerank_columns(rows, first_stage, reranked)
     query_columns(rows, queried)
+    return chunks, ranked, rows, scored, cache_keys
+
+
+def run_pipeline(
+    stages: Stages, data: PipelineData, settings: RunSettings, cache: StageCache, race=None
+) -> PipelineResult:
+    """Retrieval on every item; generation and judging on
+    ``stratified_subset(items, settings.generation_subset)`` when ``stages.generator`` is set.
+
+    Items outside the subset keep their retrieval metrics and a retrieval-only failure label; their
+    generation metrics and label rates are NaN (every generation mean covers the subset only,
+    ``n_scored/{key}``). ``settings.pricing``: price tables for ``cost_usd`` (evaluation.cost).
+    """
+    timings: dict[str, float] = {}
+    calls: Counter = Counter()
+    items = data.items
+    reranker, transform = stages.reranker, stages.query_transform
+    chunks, ranked, rows, scored, cache_keys = _retrieval_half(stages, data, settings, cache, timings, calls)
 
     subset = stratified_subset(items, settings.generation_subset) if stages.generates else []
     if race is not None:  # racing batches (docs/racing.md); racing runs one replicate (config_schema)

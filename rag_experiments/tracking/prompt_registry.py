@@ -31,11 +31,13 @@ import yaml
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from rag_experiments.core.build import build
 from rag_experiments.core.cache import stable_hash
 from rag_experiments.core.conf_groups import conf_dir
 from rag_experiments.core.identity import REFERENCE_TARGETS
-from rag_experiments.stages.prompts import PromptRegistryError, PromptTemplate
+from rag_experiments.stages.prompts import CONTEXT_FORMATS, PromptRegistryError, PromptTemplate
 from rag_experiments.tracking.locks import host_lock, store_lock
+from rag_experiments.tracking.mlflow_adapter import quiet_lost_prompt_link_races, wait_for_prompt_link_threads
 from rag_experiments.tracking.prompt_links import (
     LINKED_PROMPTS_TAG,
     link_prompt_to_experiment,
@@ -46,6 +48,7 @@ from rag_experiments.tracking.uri import tracking_uri as resolve_uri
 
 PREFIX = "rag-experiments."  # registry names of our templates: rag-experiments.<prompt name>
 DECLINE_TAG = "decline_text"
+CONTEXT_FORMAT_TAG = "context_format"  # a version tag, only for a non-default format ("tagged")
 CONTENT_TAG = "rag_experiments.content_sha256"  # sha256 of PromptTemplate.text, for readers
 DEFAULT_DECLINE = "I don't know"
 VARIABLES = ("context", "question", "decline_text")
@@ -134,7 +137,12 @@ def _decline(client: MlflowClient, pv, override: str | None) -> str:
 def _template_of(client: MlflowClient, pv, decline_text: str | None = None) -> PromptTemplate:
     where = f"prompts:/{pv.name}/{pv.version}"
     system, user = from_mlflow(pv.template, where)
-    return PromptTemplate(pv.name, system, user, _decline(client, pv, decline_text))
+    context_format = (pv.tags or {}).get(CONTEXT_FORMAT_TAG, "plain")
+    if context_format not in CONTEXT_FORMATS:
+        raise PromptRegistryError(
+            [f"conf/prompt: {where}: tag {CONTEXT_FORMAT_TAG}={context_format!r} is not one of {', '.join(CONTEXT_FORMATS)}"]
+        )
+    return PromptTemplate(pv.name, system, user, _decline(client, pv, decline_text), context_format)
 
 
 def fetch(client: MlflowClient, name: str, version: int | None, alias: str | None):
@@ -193,7 +201,7 @@ class RegisteredPrompt(PromptTemplate):
             client = MlflowClient(tracking_uri=uri)
         pv = fetch(client, name, version, alias)
         t = _template_of(client, pv, decline_text)
-        super().__init__(name, t.system, t.template, t.decline_text)
+        super().__init__(name, t.system, t.template, t.decline_text, t.context_format)
         self.version, self.alias = int(pv.version), alias
 
     @property
@@ -212,28 +220,20 @@ def is_registry_prompt(node: Mapping[str, Any] | None) -> bool:
     return node is not None and node.get("_target_") in REFERENCE_TARGETS
 
 
-def registered_prompt_problems(prompt: Mapping[str, Any]) -> list[str]:
-    """The problems of a generating job's ``prompt=registry`` (unknown name, version, alias; a
-    template we cannot run), read from the store; [] for other prompts. ``prompt``: the job's
-    resolved ``prompt`` node (plain data). The multirun callback asks this for every generating
-    job before the first run (memoised per reference)."""
-    from rag_experiments.core.build import build
-
-    node = prompt
-    if not is_registry_prompt(node):
+def registered_prompt_problems(generator: Mapping[str, Any] | None, prompt: Mapping[str, Any] | None) -> list[str]:
+    """The problems of a job's ``prompt=registry`` (unknown name, version, alias; a template we
+    cannot run), read from the store; [] for other prompts and retrieval-only runs. ``generator``
+    and ``prompt``: the job's resolved config nodes as plain data (``run.assemble.container``).
+    The multirun callback asks this for every job before the first run (memoised per reference)."""
+    if not ((generator or {}).get("_target_") and prompt is not None and prompt.get("_target_") in REFERENCE_TARGETS):
         return []
-    key = json.dumps([resolve_uri(node.get("tracking_uri")), node], sort_keys=True, default=str)
+    key = json.dumps([resolve_uri(prompt.get("tracking_uri")), dict(prompt)], sort_keys=True, default=str)
     if key not in _checked:
         try:
-            build(node)
+            build(prompt)  # a RegisteredPrompt: the store is read now
             _checked[key] = []
-        except Exception as e:  # noqa: BLE001 - only the registry's problems are kept; others raise
-            cause = e
-            while cause is not None and not isinstance(cause, PromptRegistryError):
-                cause = cause.__cause__ or cause.__context__
-            if cause is None:
-                raise
-            _checked[key] = list(cause.problems)
+        except PromptRegistryError as e:
+            _checked[key] = list(e.problems)
     return _checked[key]
 
 
@@ -278,6 +278,7 @@ def register(
     memo = (client.tracking_uri, name, prompt.text, experiment_id)
     if memo in _registered:
         return _registered[memo]
+    quiet_lost_prompt_link_races()  # across hosts the lock cannot order MLflow's thread
     with _prompt_lock(client, name):
         version = _matching(client, name, prompt.text)
         if version is None:
@@ -286,8 +287,12 @@ def register(
                     name,
                     to_mlflow(prompt),
                     commit_message=f"rag-experiments: conf/prompt/{prompt.name}.yaml",
-                    tags={DECLINE_TAG: prompt.decline_text},  # on the prompt too: the UI's versions
+                    tags={DECLINE_TAG: prompt.decline_text, **_format_tag(prompt)},  # on the prompt too
                 )
+                # MLflow links the new version to the experiment in a thread of its own, outside
+                # our lock: let it finish under the lock, so its write of the prompt's tag cannot
+                # race ours or another job's (a UNIQUE-constraint warning with an SQL dump)
+                wait_for_prompt_link_threads()
             client.set_prompt_version_tag(name, pv.version, CONTENT_TAG, stable_hash(prompt.text))
             version = _matching(client, name, prompt.text)
             print(f"[prompt] registered prompts:/{name}/{version} (a template text new to this store)")
@@ -295,6 +300,12 @@ def register(
             link_prompt_to_experiment(client, name, experiment_id)
     _registered[memo] = (name, version)
     return name, version
+
+
+def _format_tag(prompt: PromptTemplate) -> dict[str, str]:
+    """The context format as a version tag, only when it is not the default (plain templates are
+    registered exactly as before the option existed)."""
+    return {} if prompt.context_format == "plain" else {CONTEXT_FORMAT_TAG: prompt.context_format}
 
 
 def _prompt_lock(client: MlflowClient, name: str):

@@ -19,6 +19,7 @@ from mlflow.tracking import MlflowClient
 from rag_experiments.core.query_table import QueryTableError, read_per_query
 from rag_experiments.core.run_record import RunData, group_choice_keys, parse_json  # noqa: F401  (re-exported)
 from rag_experiments.evaluation.replicates import collapse_replicates
+from rag_experiments.tracking.store_check import store_corrupt_message
 from rag_experiments.tracking.uri import DEFAULT_TRACKING_URI, tracking_uri  # noqa: F401  (the CLIs import it here)
 
 PER_QUERY_ARTIFACT = "per_query.parquet"
@@ -29,11 +30,17 @@ class RunInputError(Exception):
     """Bad input from the user (unknown run, ambiguous name, missing table …): CLIs exit 2."""
 
 
+def _not_found(client: MlflowClient, answer: str) -> RunInputError:
+    """``answer`` ("unknown run …") as the error, or "store corrupt" when the store's file is damaged
+    (issue 31 item 12: garbage in the runs table or its indexes read back as an unknown run)."""
+    return RunInputError(store_corrupt_message(client.tracking_uri, answer) or answer)
+
+
 def _experiment_ids(client: MlflowClient, experiment: str | None) -> list[str]:
     if experiment:
         exp = client.get_experiment_by_name(experiment)
         if exp is None:
-            raise RunInputError(f"unknown experiment {experiment!r}")
+            raise _not_found(client, f"unknown experiment {experiment!r}")
         return [exp.experiment_id]
     return [e.experiment_id for e in client.search_experiments()]
 
@@ -57,7 +64,7 @@ def resolve_run(client: MlflowClient, run_or_name: str, experiment: str | None =
     )
     if not found:
         where = f" in experiment {experiment!r}" if experiment else ""
-        raise RunInputError(f"unknown run {run_or_name!r}{where}: no run with that id or name")
+        raise _not_found(client, f"unknown run {run_or_name!r}{where}: no run with that id or name")
     if len(found) > 1:
         lines = "\n".join(
             f"  {r.info.run_id}  experiment={r.info.experiment_id}  status={r.info.status}  "

@@ -362,18 +362,27 @@ def test_evalset_limit_below_one_is_an_error_not_a_slice(limit, tiny):
         load_evalset(ev, load_corpus(docs), limit=limit)
 
 
+@pytest.fixture(scope="module")
+def keys_store(tmp_path_factory):
+    """One real sqlite store for every tag below (creating its schema takes seconds; each tag gets
+    its own run)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path_factory.mktemp('keys')}/mlflow.db")
+    return client, client.create_experiment("keys")
+
+
 @pytest.mark.parametrize(
     "tag", ["ok tag", "a<b", "x=y", "fast\U0001f680", "a//b", "../x", "é-ü", "a\nb", "t/"]
 )
-def test_tag_rule_is_mlflows_rule(tag, tmp_path):
+def test_tag_rule_is_mlflows_rule(tag, keys_store):
     """``tracking.keys.tag_problem`` accepts a tag exactly when MLflow accepts its by_tag key."""
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
 
     from rag_experiments.core.keys import tag_problem
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
-    run = client.create_run(client.create_experiment("keys"))
+    client, exp = keys_store
+    run = client.create_run(exp)
     try:
         client.log_metric(run.info.run_id, f"by_tag/{tag}/hit_at_5", 1.0)
         accepted = True
