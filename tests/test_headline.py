@@ -115,3 +115,21 @@ def test_default_levels_come_from_the_composed_default_config() -> None:
         "chunking": "markdown",
         "generator.temperature": "0.0",
     }
+
+
+def test_racing_decides_on_the_primary_metric_select_reads() -> None:
+    """A prompt sweep races on correctness (no prompt can move hit@k); judge=none on rate_ok; a
+    retrieval sweep on hit@k; a chunking sweep on the smallest budget's evidence recall."""
+    from rag_experiments.evaluation.headline import planned_primary
+    from rag_experiments.run.racing import settings
+
+    assert planned_primary(["prompt"], 5, generates=True, judged=True) == "correctness"
+    assert planned_primary(["prompt"], 5, generates=True, judged=False) == "rate_ok"
+    assert planned_primary(["retriever.k"], 5, generates=True, judged=True) == "correctness"  # context size
+    assert planned_primary(["retriever"], 5, generates=True, judged=True) == "hit_at_5"
+    assert planned_primary(["retriever.k"], 3, generates=False) == "hit_at_3"
+    assert planned_primary(["chunking.chunk_size"], 5) == "evidence_recall_at_256tok"
+    sweep = {"overrides": ["prompt=concise,cite", "retriever.k=5"]}
+    assert settings({"enabled": True}, 5, 0, sweep, generates=True, judged=True).primary == "correctness"
+    assert settings({"enabled": True}, 5, 0, sweep).primary == "hit_at_5"  # retrieval-only runs
+    assert settings({"enabled": True, "primary": "rate_ok"}, 5, 0, sweep, True, True).primary == "rate_ok"

@@ -163,6 +163,19 @@ def primary_metric(varying_factors: Iterable[str], available: Iterable[str], k: 
     return lead[0] if lead else f"hit_at_{k}"
 
 
+def planned_primary(varying_factors: Iterable[str], k: int = 5, generates: bool = False, judged: bool = False) -> str:
+    """:func:`primary_metric` before any run exists (racing decides on it from the first batch):
+    over the keys the runs will log, i.e. :func:`headline_metrics` at the default budgets plus, when
+    they generate, :data:`GENERATION_HEADLINE` (``correctness`` and ``faithfulness`` need a judge,
+    ``rate_ok`` does not). A prompt sweep thus races on ``correctness``, not on ``hit_at_{k}``,
+    which no prompt can move."""
+    factors = list(varying_factors)
+    available = headline_metrics(factors, k=k)
+    if generates:
+        available += [m for m in GENERATION_HEADLINE if judged or m == "rate_ok"]
+    return primary_metric(factors, available, k)
+
+
 def change_family(changed: Sequence[str], available: Sequence[str], k: int = 5) -> tuple[list[str], str]:
     """The metrics ``compare A B`` tests by default (its Holm family), and a line saying which:
     :func:`table_metrics` of the ``changed`` config keys (every ``available`` metric when none of

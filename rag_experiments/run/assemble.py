@@ -206,7 +206,8 @@ def race_settings(cfg: DictConfig, sweep: dict | None) -> RaceSettings | None:
 
     if not racing_enabled(cfg):
         return None
-    return settings(container(cfg.get("racing")), int(cfg.retriever.k), int(cfg.seed), sweep)
+    generates, judged = bool(cfg.generator.get("_target_")), bool(cfg.judge.get("_target_"))
+    return settings(container(cfg.get("racing")), int(cfg.retriever.k), int(cfg.seed), sweep, generates, judged)
 
 
 def job_settings(cfg: DictConfig, ctx: HydraContext | None = None) -> JobSettings:

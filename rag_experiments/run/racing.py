@@ -112,15 +112,19 @@ def swept_factors(sweep: dict | None) -> list[str]:
     return keys
 
 
-def settings(block: dict, k: int, seed: int, sweep: dict | None) -> RaceSettings:
+def settings(
+    block: dict, k: int, seed: int, sweep: dict | None, generates: bool = False, judged: bool = False
+) -> RaceSettings:
     """The racing settings of an enabled config from its resolved ``racing`` block; ``primary``
-    null → the sweep's headline metric (``evaluation.headline.headline_metrics`` of the swept
-    factors at the context ``k``). ``seed``: the run's seed (the batch order)."""
-    from rag_experiments.evaluation.headline import headline_metrics
+    null → the sweep's primary metric, the one ``select`` and the report read it on
+    (``evaluation.headline.planned_primary`` of the swept factors at the context ``k``: a
+    generation metric when a generation setting is swept and the runs ``generates``).
+    ``seed``: the run's seed (the batch order)."""
+    from rag_experiments.evaluation.headline import planned_primary
     from rag_experiments.evaluation.registry import higher_is_better
 
     r = _block({"racing": block})
-    primary = r.get("primary") or headline_metrics(swept_factors(sweep), k=k)[0]
+    primary = r.get("primary") or planned_primary(swept_factors(sweep), k, generates, judged)
     return RaceSettings(
         batch_size=int(r.get("batch_size", 8)),
         alpha=float(r.get("alpha", 0.05)),
