@@ -235,6 +235,31 @@ def test_retrieval_metrics_keys_and_unanswerable() -> None:
     np.testing.assert_allclose(m["ndcg_at_3"][:2], [(1 / math.log2(3) + 1 / 2) / ideal, 0])
 
 
+def relevant_at_k(rel: np.ndarray, k: int) -> np.ndarray:
+    """A metric declared only in the test below: relevant chunks among the top k."""
+    return rel[:, :k].sum(axis=1).astype(float)
+
+
+def test_the_registry_is_the_dispatch(monkeypatch) -> None:
+    """A retrieval metric is one function and one declaration: the walk computes a spec it has
+    never seen from the arrays its parameters name, and a metric left out of the registry is not
+    computed (``evaluation.metrics.walk_registry``)."""
+    import rag_experiments.evaluation.metrics as M
+    from rag_experiments.evaluation.metric_spec import MetricSpec
+
+    c1, c2 = chunk("a", 0, 10), chunk("a", 10, 20)
+    ranked, gold = [[c1, c2], [c2]], [[Span("a", 2, 8)], [Span("a", 2, 8)]]
+    extra = MetricSpec("relevant_at_{k}", "retrieval", True, "continuous", "relevant chunks in the top k",
+                       "tests.test_metrics.relevant_at_k")  # fmt: skip
+    monkeypatch.setattr(M, "REGISTRY", (*M.REGISTRY, extra))
+    m = retrieval_metrics(ranked, gold, [c1, c2], ks=[1, 2])
+    np.testing.assert_allclose(m["relevant_at_1"], [1, 0])
+    np.testing.assert_allclose(m["relevant_at_2"], [1, 0])
+    assert list(m)[:5] == ["hit_at_1", "evidence_recall_at_1", "context_precision_at_1", "ndcg_at_1", "relevant_at_1"]
+    monkeypatch.setattr(M, "REGISTRY", tuple(s for s in M.REGISTRY if s.pattern != "ndcg_at_{k}"))
+    assert "ndcg_at_1" not in retrieval_metrics(ranked, gold, [c1, c2], ks=[1])
+
+
 # --------------------------------------------------------------------------- ranx cross-check
 
 
