@@ -111,7 +111,7 @@ def _run(inputs, transform, retriever=None):
 
 
 def _ids(res) -> list[list[str]]:
-    return [[r["chunk_id"] for r in json.loads(x)] for x in res.per_query["retrieved"]]
+    return [[r["chunk_id"] for r in x] for x in res.per_query["retrieved"]]
 
 
 # ----------------------------------------------------------------------------- pure parts

@@ -48,6 +48,7 @@ def _full_table() -> pd.DataFrame:
             "search_queries": [["a?", "a rewritten"], None, []],
             "error": [None, None, "timeout"],
             "rerank_error": [None, None, None],
+            "query_error": [None, "HTTP 500", None],
             "failure_label": ["ok", "retrieved", "generation_failure"],
             "answer": ["yes [1]", None, None],
             "context": ["hello", None, ""],
