@@ -34,17 +34,6 @@ from rag_experiments.tracking.judge_runs import check_same_judge
 from rag_experiments.tracking.run_reader import RunReader
 from rag_experiments.tracking.runs import RunInputError, check_same_evalset
 
-METHOD_NOTE = (
-    "delta = mean(B) − mean(A) over eval ids with a value in both runs (n). 95 % CI: paired "
-    "bootstrap of the mean delta over queries, percentile method, seeded. p: exact McNemar "
-    "(binomial test on discordant pairs) for binary metrics, paired sign-flip permutation test of "
-    "the mean difference otherwise; p_holm: Holm-adjusted across the metrics shown (the family). "
-    "change: better / worse in the metric's own direction (the registry's higher_is_better: "
-    "failure rates and latencies are better lower) when p_holm < 0.05, else n.s. "
-    "rate_<label> rows are the per-query failure-label indicators."
-)
-MAX_TERMINAL_FLIPS = 15
-
 
 def trust_inputs(runs: Sequence[RunData]) -> list[tuple[dict[str, float], dict[str, str]]]:
     """``(metrics, tags)`` per run: what ``analysis.judge_trust`` reads."""

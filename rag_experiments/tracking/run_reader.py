@@ -23,10 +23,9 @@ from typing import Protocol
 import pandas as pd
 
 from rag_experiments.core.run_record import RunData
-from rag_experiments.evaluation.replicates import collapse_replicates
 from rag_experiments.tracking import runs as mlflow_runs
 from rag_experiments.tracking.memory import MemoryStore, StoredRun
-from rag_experiments.tracking.runs import PER_QUERY_ARTIFACT, RunInputError
+from rag_experiments.tracking.runs import PER_QUERY_ARTIFACT, RunInputError, shape_table
 
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
@@ -160,25 +159,6 @@ def latest_per_config(children: Iterable[RunData], finished_only: bool = True) -
         ):
             latest[key] = r
     return sorted(latest.values(), key=lambda r: r.start_time or 0)
-
-
-def shape_table(df: pd.DataFrame, label: str, long: bool = False) -> pd.DataFrame:
-    """A per-query table as ``tracking.runs.load_per_query`` returns it: ``id`` as str, replicates
-    collapsed (``evaluation.replicates.collapse_replicates``) unless ``long``, one row per id."""
-    if "id" not in df.columns:
-        raise RunInputError(f"run {label}: {PER_QUERY_ARTIFACT} has no 'id' column")
-    df = df.copy()
-    df["id"] = df["id"].astype(str)
-    if long:
-        return df
-    df = collapse_replicates(df)
-    dup = df["id"][df["id"].duplicated()].unique()
-    if len(dup):
-        raise RunInputError(
-            f"run {label}: {PER_QUERY_ARTIFACT} repeats eval ids ({', '.join(map(str, dup[:5]))}); "
-            "pairing needs one row per id"
-        )
-    return df
 
 
 class MemoryRunReader:

@@ -107,8 +107,16 @@ def load_per_query(client: MlflowClient, run: Run, long: bool = False) -> pd.Dat
             df = read_per_query(path)  # nested cells as lists/dicts; tables of older versions upgraded
         except (QueryTableError, OSError, ValueError) as e:
             raise RunInputError(f"run {run_label(run)}: {PER_QUERY_ARTIFACT} does not read: {e}") from None
+    return shape_table(df, run_label(run), long)
+
+
+def shape_table(df: pd.DataFrame, label: str, long: bool = False) -> pd.DataFrame:
+    """A per-query table as :func:`load_per_query` returns it (both readers use it): ``id`` as str,
+    replicates collapsed (``evaluation.replicates.collapse_replicates``) unless ``long``, one row
+    per id."""
     if "id" not in df.columns:
-        raise RunInputError(f"run {run_label(run)}: {PER_QUERY_ARTIFACT} has no 'id' column")
+        raise RunInputError(f"run {label}: {PER_QUERY_ARTIFACT} has no 'id' column")
+    df = df.copy()
     df["id"] = df["id"].astype(str)
     if long:
         return df
@@ -116,7 +124,7 @@ def load_per_query(client: MlflowClient, run: Run, long: bool = False) -> pd.Dat
     dup = df["id"][df["id"].duplicated()].unique()
     if len(dup):
         raise RunInputError(
-            f"run {run_label(run)}: {PER_QUERY_ARTIFACT} repeats eval ids ({', '.join(map(str, dup[:5]))}); "
+            f"run {label}: {PER_QUERY_ARTIFACT} repeats eval ids ({', '.join(map(str, dup[:5]))}); "
             "pairing needs one row per id"
         )
     return df

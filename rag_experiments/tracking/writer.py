@@ -103,27 +103,25 @@ def config_hash(
     return stable_hash(*parts)[:16]
 
 
-def find_finished(client: MlflowClient, experiment_id: str, chash: str):
-    runs = client.search_runs(
+def _latest_finished(client: MlflowClient, experiment_id: str, tag: str, value: str):
+    """The latest FINISHED run of the experiment whose tag ``tag`` is ``value``, or None."""
+    found = client.search_runs(
         [experiment_id],
-        filter_string=f"tags.config_hash = '{chash}' and attributes.status = 'FINISHED'",
+        filter_string=f"tags.{tag} = '{value}' and attributes.status = 'FINISHED'",
         max_results=1,
         order_by=["attributes.start_time DESC"],
     )
-    return runs[0] if runs else None
+    return found[0] if found else None
+
+
+def find_finished(client: MlflowClient, experiment_id: str, chash: str):
+    return _latest_finished(client, experiment_id, "config_hash", chash)
 
 
 def latest_finished_of_evalset(client: MlflowClient, experiment_id: str, evalset_digest: str):
     """The latest FINISHED run of the experiment on the eval set ``evalset_digest`` (the sweep's
     pilot, ``run.pilot``), or None."""
-    digest = evalset_digest.replace("'", "")
-    found = client.search_runs(
-        [experiment_id],
-        filter_string=f"tags.evalset_digest = '{digest}' and attributes.status = 'FINISHED'",
-        max_results=1,
-        order_by=["attributes.start_time DESC"],
-    )
-    return found[0] if found else None
+    return _latest_finished(client, experiment_id, "evalset_digest", evalset_digest.replace("'", ""))
 
 
 def incomplete_reason(client: MlflowClient, run) -> str:
