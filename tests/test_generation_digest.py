@@ -1,0 +1,126 @@
+"""A generating run's per-query table and metrics, pinned by a recorded digest.
+
+The retrieval half is pinned in tests/test_run_path.py; this pins the generation half: the judge
+metrics (heuristic judge, real MiniLM), the claim-level diagnostics, the judge-free answer metrics
+(token F1, exact match, abstention, citations, grounding overlap) and the failure labels, on 20
+sample items (3 unanswerable) answered by a deterministic OpenAI-compatible server on 127.0.0.1.
+Its answers are chosen from the prompt's own lines by a hash: declines, cited quotes, an
+out-of-range citation, an uncited quote, so every judge-free branch is taken. A refactor of how
+metrics are computed must leave both digests unchanged; a deliberate change of a metric updates
+them, saying why in the commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from rag_experiments.core.cache import StageCache
+from rag_experiments.evalset.corpus import Corpus
+from rag_experiments.evalset.load import EvalSet, sample_dir
+from rag_experiments.judge.validity import build_judge
+from rag_experiments.run.pipeline import run_pipeline
+from rag_experiments.run.types import PipelineData, RunSettings, Stages
+from rag_experiments.stages.chunking import MarkdownChunker
+from rag_experiments.stages.generation import OpenAICompatibleGenerator
+from rag_experiments.stages.retrieval import BM25Retriever
+from tests.sweep_helpers import REPO
+
+# Recorded at 2ecdb25 (before the registry walk reached the generation metrics).
+PER_QUERY_SHA256 = "637a014811af9d154e8697d4e05ff72184730290c657a3f5afb51c06da807cc9"
+AGGREGATES_SHA256 = "859c1dd699563f5466c1c01a476041d4eb3aca65a53934874d2c78be945b02ca"
+#: Columns left out of the digest: wall times, and cache / HTTP bookkeeping that differs run to run.
+_VOLATILE = ("latency", "generation_cached", "search_queries")
+
+
+def answer_for(prompt: str) -> str:
+    """A deterministic answer built from the prompt's own lines (sha256 of the prompt picks it)."""
+    h = int(hashlib.sha256(prompt.encode()).hexdigest(), 16)
+    lines = [ln for ln in prompt.splitlines() if len(ln.split()) > 4]
+    words = " ".join(lines[h // 7 % len(lines)].split()[:14]) if lines else "nothing"
+    return (
+        "I don't know.",
+        f"{words} [1]",
+        f"Answer: {words} [2] [9]",
+        words,
+        f"{words} [1][3]",
+        "The context does not say.",
+        f"Answer: {words}",
+    )[h % 7]
+
+
+@pytest.fixture(scope="module")
+def server():
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            prompt = "\n".join(m.get("content", "") for m in req["messages"])
+            body = json.dumps(
+                {
+                    "id": "x",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": req.get("model", "m"),
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": answer_for(prompt)},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                    "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": 9},
+                }
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    srv.shutdown()
+
+
+def _digests(res) -> tuple[str, str]:
+    df = res.per_query.drop(columns=[c for c in res.per_query if c.startswith(_VOLATILE)])
+    table = df.round(9).to_json(orient="records", double_precision=15, default_handler=str)
+    agg = {k: round(v, 9) for k, v in res.aggregates.items() if "latency" not in k}
+    return (
+        hashlib.sha256(table.encode()).hexdigest(),
+        hashlib.sha256(json.dumps(agg, sort_keys=True).encode()).hexdigest(),
+    )
+
+
+def test_generating_sample_run_unchanged(server, tmp_path) -> None:
+    d = sample_dir()
+    corpus = Corpus(str(d / "docs"))
+    items = EvalSet(str(d / "evalset.jsonl"), corpus).items[30:50]
+    assert sum(not it.answerable for it in items) == 3
+    prompt = instantiate(OmegaConf.load(REPO / "rag_experiments" / "conf" / "prompt" / "cite.yaml"))
+    stages = Stages(
+        chunker=MarkdownChunker(),
+        chunking_cfg={"_target_": "rag_experiments.stages.chunking.MarkdownChunker"},
+        retriever=BM25Retriever(k=5),
+        generator=OpenAICompatibleGenerator(base_url=server, model="digest"),
+        prompt=prompt,
+        judge=build_judge("heuristic"),
+    )
+    settings = RunSettings(k=5, ks=(1, 5), n_resamples=50, progress=False)
+    res = run_pipeline(stages, PipelineData(corpus.docs, corpus.digest, items), settings, StageCache(tmp_path))
+    df = res.per_query
+    # every judge-free branch is taken: declines, citations in and out of range, uncited answers
+    assert df["declined"].sum() >= 2 and (~df["declined"].astype(bool)).sum() >= 10
+    assert df["n_citations_out_of_range"].sum() >= 1 and df["rate_uncited_answer"].eq(1.0).any()
+    assert df["rate_false_answer"].notna().sum() == 3 and df["claim_recall"].notna().any()
+    assert _digests(res) == (PER_QUERY_SHA256, AGGREGATES_SHA256)
