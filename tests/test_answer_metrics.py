@@ -26,7 +26,6 @@ from rag_experiments.core.cache import StageCache
 from rag_experiments.core.types import Chunk, EvalItem, Generation, Span
 from rag_experiments.evaluation import metrics as M
 from rag_experiments.evaluation.answer_metrics import (
-    abstention_columns,
     abstention_f1,
     abstention_table,
     answer_context_overlap,
@@ -37,8 +36,11 @@ from rag_experiments.evaluation.answer_metrics import (
     citation_recall,
     content_tokens,
     gold_answers,
+    judge_free_columns,
     normalize_answer,
     parse_citations,
+    rate_false_answer,
+    rate_over_refusal,
     rate_uncited_answer,
 )
 from rag_experiments.evaluation.registry import parse, spec
@@ -253,7 +255,8 @@ def test_citation_precision_uses_the_retrieval_relevance_rule():
         [],  # nothing cited
     ]
     oor = [1, 0, 0, 0]
-    got = citation_precision(cited, oor, gold)
+    got = np.array([citation_precision(c, o, g) for c, o, g in zip(cited, oor, gold, strict=True)])
+    assert math.isnan(citation_precision(cited[0], oor[0], gold[0], answered=False))  # a decline
     assert got[:3] == pytest.approx([1 / 3, 1.0, 0.0]) and math.isnan(got[3])
     # independent: the scalar relevance() of metrics.py, one pair at a time
     for q, cs in enumerate(cited[:3]):
@@ -269,9 +272,10 @@ def test_citation_recall_is_evidence_recall_over_the_cited_chunks():
         [_ch("d", 0, 50)],
         [],
     ]
-    got = citation_recall(cited, gold)
+    got = [citation_recall(c, g) for c, g in zip(cited, gold, strict=True)]
     assert got[0] == 0.5 and got[1] == 0.0 and math.isnan(got[2]) and got[3] == 0.0
-    assert math.isnan(citation_recall([[]], [[]])[0]) and citation_recall([[]], [[Span("d", 0, 1)]])[0] == 0.0
+    assert math.isnan(citation_recall([], [])) and citation_recall([], [Span("d", 0, 1)]) == 0.0
+    assert math.isnan(citation_recall(cited[0], gold[0], answered=False))
     # independent: covered_chars + span_recalled, the scalar form of evidence recall
     for q in (0, 1):
         ranges = [(c.start, c.end) for c in cited[q]]
@@ -281,9 +285,42 @@ def test_citation_recall_is_evidence_recall_over_the_cited_chunks():
         assert got[q] == n / len(gold[q])
 
 
+def answer_words(answer: str | None, answered: bool) -> float:
+    """A metric declared only in the test below: words in an answer that does not decline."""
+    return float(len(answer.split())) if answered else math.nan
+
+
+def test_a_judge_free_metric_is_one_function_and_one_declaration(monkeypatch) -> None:
+    """The pipeline's judge-free columns are the registry walked over each answer's inputs
+    (``evaluation.walk``): a spec it has never seen is computed from the inputs its function's
+    parameters name, a spec left out is not, and a citation metric needs a citing prompt."""
+    from rag_experiments.evaluation import metric_table
+    from rag_experiments.evaluation.metric_spec import MetricSpec
+
+    items = [
+        EvalItem("q1", "How long?", [Span("d", 0, 20)], gold_answer="24 hours", key_facts=["24 hours"]),
+        EvalItem("q2", "Colour?", []),
+    ]
+    chunks = [[_ch("d", 0, 30)], [_ch("d", 40, 60)]]
+    answers, contexts = ["Retries last 24 hours [1].", "I don't know."], ["ctx one", "ctx two"]
+    extra = MetricSpec("answer_words", "generation", False, "continuous", "words in the answer",
+                       "tests.test_answer_metrics.answer_words")  # fmt: skip
+    monkeypatch.setattr(metric_table, "REGISTRY", (*metric_table.REGISTRY, extra))
+    rows = judge_free_columns(items, answers, contexts, chunks, cites=False)
+    assert rows[0]["answer_words"] == 5.0 and math.isnan(rows[1]["answer_words"])  # the decline
+    assert rows[0]["correctness"] == 1.0 and rows[1]["correctness"] == 1.0  # declined, unanswerable
+    assert "citation_precision" not in rows[0]  # no citing prompt: no citation inputs, no column
+    assert rows[0]["answer_token_f1"] == pytest.approx(2 * (2 / 4) * 1 / (2 / 4 + 1))
+    cited = judge_free_columns(items, answers, contexts, chunks, cites=True)
+    assert cited[0]["citation_precision"] == 1.0 and cited[0]["cited_chunk_ids"] == [chunks[0][0].chunk_id]
+    keep = tuple(s for s in metric_table.REGISTRY if s.pattern != "answer_exact_match")
+    monkeypatch.setattr(metric_table, "REGISTRY", keep)
+    assert "answer_exact_match" not in judge_free_columns(items, answers, contexts, chunks, cites=False)[0]
+
+
 def test_rate_uncited_answer():
     cs = [parse_citations(a, 3) for a in ("x [1]", "x", "x [Doc A]", "I don't know", "y [7]")]
-    got = rate_uncited_answer([True, True, True, False, True], cs)
+    got = np.array([rate_uncited_answer(a, c) for a, c in zip([True, True, True, False, True], cs, strict=True)])
     assert got[[0, 1, 2, 4]].tolist() == [0.0, 1.0, 0.0, 0.0] and math.isnan(got[3])
 
 
@@ -338,7 +375,11 @@ def test_decline_detector_on_real_smollm2_answers():
 def test_abstention_table_rates_and_f1():
     declined = [True, False, False, True, True, False]
     answerable = [True, True, True, False, False, False]
-    cols = abstention_columns(declined, answerable)
+    cols = {
+        f.__name__: np.array([f("an answer", d, a) for d, a in zip(declined, answerable, strict=True)])
+        for f in (rate_over_refusal, rate_false_answer)
+    }
+    assert math.isnan(rate_over_refusal(None, False, True)) and math.isnan(rate_false_answer(None, False, False))
     assert np.nanmean(cols["rate_over_refusal"]) == pytest.approx(1 / 3)
     assert np.nanmean(cols["rate_false_answer"]) == pytest.approx(1 / 3)
     assert np.isnan(cols["rate_over_refusal"][3:]).all() and np.isnan(cols["rate_false_answer"][:3]).all()

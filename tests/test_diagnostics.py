@@ -10,16 +10,20 @@ import pytest
 from rag_experiments.core.types import Chunk, EvalItem, Span, Verdict
 from rag_experiments.evaluation.diagnostics import (
     DIAGNOSTICS,
-    answer_claim_shares,
     claim_recall,
     classify_answer_claim,
     context_utilization,
     diagnose,
     gold_claims,
+    hallucination,
+    noise_sensitivity_irrelevant,
+    noise_sensitivity_relevant,
+    self_knowledge,
 )
 from rag_experiments.judge import HeuristicJudge, split_claims
 
 S, U, X = "supported", "unsupported", "unparseable"
+SHARES = (noise_sensitivity_relevant, noise_sensitivity_irrelevant, hallucination, self_knowledge)
 
 
 def _v(*labels: str) -> list[Verdict]:
@@ -63,7 +67,7 @@ def test_classify_answer_claim(chunks, relevant, ref, expected):
 
 def test_answer_claim_shares_hand_computed_and_sum_to_one_with_grounded_correct():
     classes = ["hallucination", "grounded_correct", "noise_relevant", "self_knowledge", None]
-    got = answer_claim_shares(classes)  # 4 classified claims, the None is left out
+    got = {f.__name__: f(classes) for f in SHARES}  # 4 classified claims, the None is left out
     assert got == {
         "noise_sensitivity_relevant": 0.25,
         "noise_sensitivity_irrelevant": 0.0,
@@ -71,7 +75,7 @@ def test_answer_claim_shares_hand_computed_and_sum_to_one_with_grounded_correct(
         "self_knowledge": 0.25,
     }
     assert sum(got.values()) + 0.25 == 1.0
-    assert all(math.isnan(v) for v in answer_claim_shares([None, None]).values())
+    assert all(math.isnan(f([None, None])) for f in SHARES)
 
 
 # -- diagnose: a verdict table stands for the judge (a plain input function, not a mock) ------------

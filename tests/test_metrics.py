@@ -243,8 +243,8 @@ def relevant_at_k(rel: np.ndarray, k: int) -> np.ndarray:
 def test_the_registry_is_the_dispatch(monkeypatch) -> None:
     """A retrieval metric is one function and one declaration: the walk computes a spec it has
     never seen from the arrays its parameters name, and a metric left out of the registry is not
-    computed (``evaluation.metrics.walk_registry``)."""
-    import rag_experiments.evaluation.metrics as M
+    computed (``evaluation.walk``)."""
+    from rag_experiments.evaluation import metric_table as M
     from rag_experiments.evaluation.metric_spec import MetricSpec
 
     c1, c2 = chunk("a", 0, 10), chunk("a", 10, 20)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 import re
 
@@ -144,6 +145,23 @@ def test_every_definition_is_in_the_docs():
     docs = _flat(DOCS)
     missing = [s.pattern for s in REGISTRY if _flat(s.definition) not in docs]
     assert not missing, f"definitions not in docs/metrics.md: {missing}"
+
+
+def test_the_docs_name_the_function_each_metric_is_computed_by():
+    """The "computed by" column: a declared function is named as declared, and every dotted name in
+    the column (declared or bookkeeping) is importable, so a moved function cannot leave it stale."""
+    table = DOCS.split("## Registered metrics")[1].split("\n## ")[0]
+    cells = dict(re.findall(r"^\| `([^`]+)` \|.*\| ([^|]+) \|$", table, flags=re.M))
+    for s in REGISTRY:
+        if s.compute is not None:
+            assert cells[s.pattern].startswith(f"`{s.compute.removeprefix('rag_experiments.')}`"), s.pattern
+    for cell in cells.values():
+        for path in re.findall(r"`([a-z_][\w]*(?:\.[A-Za-z_]\w*)+)`", cell):
+            module, _, name = f"rag_experiments.{path}".rpartition(".")
+            try:
+                getattr(importlib.import_module(module), name)
+            except (ImportError, AttributeError):
+                importlib.import_module(f"rag_experiments.{path}")  # a module named as a whole
 
 
 def test_every_metric_key_in_the_docs_is_registered():

@@ -343,7 +343,7 @@ def test_generation_sections_appear_with_generation_metrics(tiny_sweep, tmp_path
     assert "judge κ=0.05 vs your labels (spot-check): generation conclusions unreliable" in md
     assert "baseline = **chunking=fixed** (given with --baseline)" in md
     assert "chunking=markdown | faithfulness |" in md  # attributed
-    assert "rag_experiments.judge.claims.faithfulness" in md and "HeuristicJudge" in md
+    assert "rag_experiments.evaluation.answer_scores.faithfulness_score" in md and "HeuristicJudge" in md
     assert "(same as generator!)" in md and "| answer |" in md
     # claim-level diagnostics: means with CIs per config, an explanation each, why values are undefined
     assert "## Claim-level diagnostics" in md and "| config | claim_recall | hallucination |" in md

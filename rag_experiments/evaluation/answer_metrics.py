@@ -8,12 +8,13 @@ What the eval set's gold data lets us check without a judge:
   reads the ``[n]`` markers, :func:`citation_precision` / :func:`citation_recall` check the cited
   chunks against the gold spans with the retrieval metrics' own relevance and coverage rules,
   :func:`rate_uncited_answer`;
-- **abstention**: :func:`abstention_columns` (``rate_over_refusal``, ``rate_false_answer``) and
+- **abstention**: :func:`rate_over_refusal`, :func:`rate_false_answer` and the run-level
   :func:`abstention_f1`, with the judges' decline detector (``evaluation.declines.is_decline``);
-- a lexical grounding proxy, :func:`answer_context_overlap`.
+- a lexical grounding proxy, :func:`answer_context_overlap` (:func:`answer_cited_overlap`).
 
-Every function is pure and returns one value per query (NaN where the metric is undefined for that
-query); :func:`judge_free_columns` computes them all for the pipeline. Nothing here calls a model.
+Every metric function is pure and scores one answer (NaN where the metric is undefined for it);
+the registry names them and :func:`judge_free_columns` computes them for the pipeline by walking it
+over each answer's :func:`answer_inputs`. Nothing here calls a model.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -33,13 +35,15 @@ from rag_experiments.core.types import Chunk, EvalItem, Span
 from rag_experiments.evaluation import metrics as M
 from rag_experiments.evaluation.declines import is_decline
 from rag_experiments.evaluation.defaults import MIN_COVERAGE
+from rag_experiments.evaluation.walk import walk
 
 __all__ = [
     "Citations",
-    "abstention_columns",
     "abstention_f1",
     "abstention_table",
+    "answer_cited_overlap",
     "answer_context_overlap",
+    "answer_inputs",
     "answer_exact_match",
     "answer_token_f1",
     "asks_for_citations",
@@ -52,6 +56,8 @@ __all__ = [
     "judge_free_columns",
     "normalize_answer",
     "parse_citations",
+    "rate_false_answer",
+    "rate_over_refusal",
     "rate_uncited_answer",
     "run_aggregates",
     "strip_citations",
@@ -226,67 +232,66 @@ def strip_citations(answer: str) -> str:
 
 
 def citation_precision(
-    cited: Sequence[Sequence[Chunk]],
-    n_out_of_range: Sequence[int],
-    gold: Sequence[Sequence[Span]],
+    cited: Sequence[Chunk],
+    n_out_of_range: int,
+    gold_spans: Sequence[Span],
+    answered: bool = True,
     min_coverage: float = MIN_COVERAGE,
-) -> np.ndarray:
-    """Per query: cited chunks relevant to a gold span / cited chunks, counting a number that names
-    no passage (``n_out_of_range``) as a cited chunk that is not relevant.
+) -> float:
+    """One answer's cited chunks relevant to a gold span / cited chunks, counting a number that
+    names no passage (``n_out_of_range``) as a cited chunk that is not relevant.
 
-    ``precision[q] = |{c ∈ cited_q : ∃ s ∈ gold_q, relevance(c, s)}| / (|cited_q| + oor_q)`` with
-    :func:`~rag_experiments.evaluation.metrics.relevance` — the rule hit@k uses (vectorised through
-    ``metrics.span_hits``). Nothing cited: NaN (``rate_uncited_answer`` counts those answers). An
-    unanswerable item (no gold span): 0 when it cites anything. Unparseable markers are left out
-    (counted in ``n_citations_unparseable``), as unparseable verdicts are left out of faithfulness.
+    ``precision = |{c ∈ cited : ∃ s ∈ gold, relevance(c, s)}| / (|cited| + oor)`` with
+    :func:`~rag_experiments.evaluation.metrics.relevance` — the rule hit@k uses (through
+    ``metrics.span_hits``). Nothing cited, a decline or no answer (``answered`` False): NaN
+    (``rate_uncited_answer`` counts uncited answers). An unanswerable item (no gold span): 0 when it
+    cites anything. Unparseable markers are left out (counted in ``n_citations_unparseable``), as
+    unparseable verdicts are left out of faithfulness.
     """
-    a = M.ranked_arrays(cited, gold)
-    rel = M.span_hits(a, min_coverage).any(axis=2).sum(axis=1).astype(float)
-    n = np.array([len(c) for c in cited], dtype=float) + np.asarray(n_out_of_range, dtype=float)
-    return M._ratio(rel, n, np.nan)
+    n = len(cited) + n_out_of_range
+    if not answered or n == 0:
+        return _NAN
+    rel = M.span_hits(M.ranked_arrays([cited], [gold_spans]), min_coverage).any(axis=2).sum()
+    return float(rel) / n
 
 
 def citation_recall(
-    cited: Sequence[Sequence[Chunk]], gold: Sequence[Sequence[Span]], min_coverage: float = MIN_COVERAGE
-) -> np.ndarray:
-    """Per query: share of the gold spans covered by the cited chunks together — the rule of
+    cited: Sequence[Chunk], gold_spans: Sequence[Span], answered: bool = True, min_coverage: float = MIN_COVERAGE
+) -> float:
+    """Share of one item's gold spans covered by the cited chunks together — the rule of
     ``evidence_recall_at_k`` with the cited chunks in place of the top k: span s counts when the
     union of the cited chunks covers at least ``min_coverage`` of its characters (and one).
-    Nothing cited: 0. Unanswerable item (no gold span): NaN.
+    Nothing cited: 0. Unanswerable item (no gold span), a decline or no answer: NaN.
     """
-    a = M.ranked_arrays(cited, gold)
-    width = a.c_doc.shape[1]
-    if width == 0:
-        return np.where(a.n_spans > 0, 0.0, np.nan)
+    if not answered or not gold_spans:
+        return _NAN
+    if not cited:
+        return 0.0
+    a = M.ranked_arrays([cited], [gold_spans])
     cov = M.coverage_arrays(a)
-    return M.evidence_recall_at_k(cov.span_new, cov.span_len, a.n_spans, width, min_coverage)
+    return float(M.evidence_recall_at_k(cov.span_new, cov.span_len, a.n_spans, len(cited), min_coverage)[0])
 
 
-def rate_uncited_answer(answered: Sequence[bool], citations: Sequence[Citations]) -> np.ndarray:
+def rate_uncited_answer(answered: bool, citations: Citations) -> float:
     """1.0 for an answer that is not a decline yet carries no citation marker at all (not even an
     out-of-range or unparseable one), 0.0 for an answer with one; NaN for a decline or no answer
     (``answered`` False: a decline needs no citation)."""
-    return np.array(
-        [(0.0 if c.any_marker else 1.0) if a else np.nan for a, c in zip(answered, citations, strict=True)]
-    )
+    return (0.0 if citations.any_marker else 1.0) if answered else _NAN
 
 
 # --------------------------------------------------------------------------- abstention
 
 
-def abstention_columns(declined: Sequence[bool], answerable: Sequence[bool]) -> dict[str, np.ndarray]:
-    """Per-query indicator columns of the abstention table.
+def rate_over_refusal(answer: str | None, declined: bool, answerable: bool) -> float:
+    """Answerable items: 1.0 if the answer declines (``evaluation.declines.is_decline``), else 0.0 —
+    the mean is P(declined | answerable). Unanswerable items and no answer (``None``): NaN."""
+    return float(declined) if answer is not None and answerable else _NAN
 
-    ``rate_over_refusal``: answerable items only (else NaN), 1 if the answer declines — its mean is
-    P(declined | answerable). ``rate_false_answer``: unanswerable items only (else NaN), 1 if the
-    answer does not decline — P(answered | unanswerable). Declines by ``evaluation.declines.is_decline``.
-    """
-    d = np.asarray(declined, dtype=bool)
-    a = np.asarray(answerable, dtype=bool)
-    return {
-        "rate_over_refusal": np.where(a, d.astype(float), np.nan),
-        "rate_false_answer": np.where(~a, (~d).astype(float), np.nan),
-    }
+
+def rate_false_answer(answer: str | None, declined: bool, answerable: bool) -> float:
+    """Unanswerable items: 1.0 if the answer does not decline, else 0.0 — the mean is
+    P(answered | unanswerable). Answerable items and no answer (``None``): NaN."""
+    return float(not declined) if answer is not None and not answerable else _NAN
 
 
 def abstention_table(declined: Sequence[bool], answerable: Sequence[bool]) -> dict[str, int]:
@@ -341,12 +346,12 @@ def content_tokens(text: str) -> list[str]:
     return [w for w in _TOKEN.findall(t) if w not in _STOPWORDS]
 
 
-def answer_context_overlap(answer: str | None, context: str | None) -> float:
+def answer_context_overlap(answer: str | None, context: str | None, answered: bool = True) -> float:
     """Share of the answer's content tokens (token occurrences, :func:`content_tokens`) that occur
     anywhere in ``context``: ``|{i : a_i ∈ tokens(context)}| / |a|``.
 
-    NaN: no answer (``None``), or no content token (e.g. "I don't know" is all stopwords and
-    markers). The pipeline also leaves declines NaN (:func:`judge_free_columns`).
+    NaN: no answer (``None``), a decline (``answered`` False), or no content token (e.g. "I don't
+    know" is all stopwords and markers).
 
     Limits — a *lexical* proxy for grounding, not faithfulness: copying the context scores 1 whether
     or not it answers the question; a correct paraphrase or a synonym scores low; negation and
@@ -354,7 +359,7 @@ def answer_context_overlap(answer: str | None, context: str | None) -> float:
     are capped" scores 1); a claim assembled from words scattered over several passages scores 1;
     English stopwords only; no stemming ("retry" ≠ "retries").
     """
-    if answer is None:
+    if answer is None or not answered:
         return _NAN
     toks = content_tokens(answer)
     if not toks:
@@ -363,7 +368,47 @@ def answer_context_overlap(answer: str | None, context: str | None) -> float:
     return sum(t in have for t in toks) / len(toks)
 
 
+def answer_cited_overlap(answer: str | None, cited: Sequence[Chunk], answered: bool = True) -> float:
+    """:func:`answer_context_overlap` against the cited chunks' text only (joined as the context
+    is); nothing cited, a decline or no answer: NaN."""
+    if not cited:
+        return _NAN
+    return answer_context_overlap(answer, "\n\n".join(c.text for c in cited), answered)
+
+
 # --------------------------------------------------------------------------- the pipeline's columns
+
+
+def answer_inputs(
+    item: EvalItem, answer: str | None, context: str, context_chunks: Sequence[Chunk], cites: bool,
+    min_coverage: float = MIN_COVERAGE,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One generated answer's inputs to the registry walk, and its bookkeeping columns.
+
+    Inputs (the names the judge-free metric functions' parameters use): ``answer`` (None: the
+    generation failed), ``golds`` (:func:`gold_answers` of an answerable item), ``key_facts``,
+    ``answerable``, ``gold_spans``, ``declined``, ``answered`` (an answer that does not decline),
+    ``context``, ``min_coverage``; with ``cites`` also ``cited`` (the cited chunks), ``citations``
+    (:func:`parse_citations`) and ``n_out_of_range``. Columns: ``declined`` (None without an answer),
+    with ``cites`` ``cited_chunk_ids``, ``n_citations_out_of_range``, ``n_citations_unparseable``.
+    """
+    declined = answer is not None and is_decline(answer)
+    inputs: dict[str, Any] = dict(
+        answer=answer, golds=gold_answers(item) if item.answerable else [], key_facts=list(item.key_facts),
+        answerable=item.answerable, gold_spans=list(item.gold_spans), declined=declined,
+        answered=answer is not None and not declined, context=context, min_coverage=min_coverage,
+    )  # fmt: skip
+    columns: dict[str, Any] = {"declined": declined if answer is not None else None}
+    if cites:
+        parsed = parse_citations(answer, len(context_chunks))
+        cited = [context_chunks[j - 1] for j in parsed.cited]
+        inputs.update(cited=cited, citations=parsed, n_out_of_range=len(parsed.out_of_range))
+        columns.update(
+            cited_chunk_ids=[c.chunk_id for c in cited],
+            n_citations_out_of_range=len(parsed.out_of_range),
+            n_citations_unparseable=len(parsed.unparseable),
+        )
+    return inputs, columns
 
 
 def judge_free_columns(
@@ -375,58 +420,26 @@ def judge_free_columns(
     min_coverage: float = MIN_COVERAGE,
 ) -> list[dict]:
     """Every judge-free per-query column of the generated queries (``answers[i] None``: the
-    generation failed, every metric NaN).
+    generation failed, every metric NaN): the generation metrics of the registry that one answer's
+    :func:`answer_inputs` can feed, computed by walking it (:mod:`rag_experiments.evaluation.walk`),
+    plus the bookkeeping columns.
 
-    Columns: ``answer_token_f1``, ``answer_exact_match`` (answerable items with a gold answer),
-    ``declined``, ``rate_over_refusal`` (only when some item is answerable), ``rate_false_answer``
-    (only when some item is unanswerable), ``answer_context_overlap`` (not for declines), and with ``cites`` (:func:`asks_for_citations` of the prompt) ``citation_precision``,
-    ``citation_recall``, ``rate_uncited_answer``, ``answer_cited_overlap`` (the overlap with the
-    cited chunks' text), ``cited_chunk_ids`` (a list), ``n_citations_out_of_range``,
-    ``n_citations_unparseable``; without ``cites`` there are no citation columns at all (a prompt
-    that asks for none is not scored on them, and its trace carries no empty feedback for them).
+    Metrics: ``correctness``, ``answer_token_f1``, ``answer_exact_match``, ``rate_over_refusal`` (only
+    when some item is answerable), ``rate_false_answer`` (only when some item is unanswerable),
+    ``answer_context_overlap``, and with ``cites`` (:func:`asks_for_citations` of the prompt)
+    ``citation_precision``, ``citation_recall``, ``rate_uncited_answer``, ``answer_cited_overlap``;
+    without ``cites`` there are no citation columns at all (a prompt that asks for none is not scored
+    on them, and its trace carries no empty feedback for them).
     """
-    n = len(items)
-    ok = [a is not None for a in answers]
-    declined = [bool(a is not None and is_decline(a)) for a in answers]
-    answered = [o and not d for o, d in zip(ok, declined, strict=True)]
-    answerable = [it.answerable for it in items]
-    rows: list[dict] = [{} for _ in range(n)]
-    abst = abstention_columns(declined, answerable)
-    for i, (it, a, ctx) in enumerate(zip(items, answers, contexts, strict=True)):
-        golds = gold_answers(it) if it.answerable else []
-        rows[i].update(
-            answer_token_f1=answer_token_f1(a, golds),
-            answer_exact_match=answer_exact_match(a, golds),
-            declined=declined[i] if ok[i] else None,
-            rate_over_refusal=float(abst["rate_over_refusal"][i]) if ok[i] else _NAN,
-            rate_false_answer=float(abst["rate_false_answer"][i]) if ok[i] else _NAN,
-            answer_context_overlap=answer_context_overlap(a, ctx) if answered[i] else _NAN,
-        )
+    rows = []
+    for it, a, ctx, cs in zip(items, answers, contexts, context_chunks, strict=True):
+        inputs, columns = answer_inputs(it, a, ctx, cs, cites, min_coverage)
+        rows.append(walk(inputs, "generation") | columns)
+    answerable = {it.answerable for it in items}
     for key, kind in (("rate_over_refusal", True), ("rate_false_answer", False)):
         if kind not in answerable:  # e.g. XQuAD: no unanswerable item, no rate_false_answer column
             for r in rows:
-                del r[key]
-    if not cites:
-        return rows
-    parsed = [parse_citations(a, len(cs)) for a, cs in zip(answers, context_chunks, strict=True)]
-    cited = [[cs[j - 1] for j in p.cited] for p, cs in zip(parsed, context_chunks, strict=True)]
-    gold = [it.gold_spans for it in items]
-    prec = citation_precision(cited, [len(p.out_of_range) for p in parsed], gold, min_coverage)
-    rec = citation_recall(cited, gold, min_coverage)
-    unc = rate_uncited_answer(answered, parsed)
-    for i, (p, cs) in enumerate(zip(parsed, cited, strict=True)):
-        cited_text = "\n\n".join(c.text for c in cs)
-        rows[i].update(
-            citation_precision=float(prec[i]) if answered[i] else _NAN,
-            citation_recall=float(rec[i]) if answered[i] else _NAN,
-            rate_uncited_answer=float(unc[i]),
-            answer_cited_overlap=answer_context_overlap(answers[i], cited_text)
-            if answered[i] and cs
-            else _NAN,
-            cited_chunk_ids=[c.chunk_id for c in cs],
-            n_citations_out_of_range=len(p.out_of_range),
-            n_citations_unparseable=len(p.unparseable),
-        )
+                r.pop(key, None)
     return rows
 
 
@@ -447,9 +460,8 @@ def run_aggregates(per_query: pd.DataFrame) -> dict[str, float]:
     declined = per_query.loc[got, "declined"].astype(bool).to_numpy()
     answerable = np.array([bool(cell("gold_spans", v)) for v in per_query.loc[got, "gold_spans"]], dtype=bool)
     out: dict[str, float] = dict(abstention_table(declined, answerable))
-    f1 = abstention_f1(declined, answerable)
-    if not np.isnan(f1):
-        out["abstention_f1"] = f1
+    run_level = walk({"declined": declined, "answerable": answerable}, "generation", per_query=False)
+    out |= {k: v for k, v in run_level.items() if not np.isnan(v)}  # abstention_f1: NaN without unanswerable items
     for col, key in (
         ("n_citations_out_of_range", "n_out_of_range_citations"),
         ("n_citations_unparseable", "n_unparseable_citations"),

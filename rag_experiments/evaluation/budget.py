@@ -25,8 +25,15 @@ from rag_experiments.evaluation.metrics import (
     span_hits,
     token_precision_at_k,
 )
+from rag_experiments.evaluation.walk import walk
 
-__all__ = ["budget_ends", "budgeted_metrics"]
+__all__ = [
+    "budget_ends",
+    "budgeted_metrics",
+    "evidence_recall_in_budget",
+    "hit_in_budget",
+    "token_precision_in_budget",
+]
 
 
 def budget_ends(
@@ -64,6 +71,35 @@ def budget_ends(
     return np.where(whole, c_end, np.where(cut, cut_end, c_start))
 
 
+def evidence_recall_in_budget(
+    span_new: np.ndarray, span_len: np.ndarray, n_spans: np.ndarray, min_coverage: float = MIN_COVERAGE
+) -> np.ndarray:
+    """``evidence_recall_at_{B}tok``: the coverage rule of
+    :func:`~rag_experiments.evaluation.metrics.evidence_recall_at_k` over the whole B-token context
+    (``span_new`` from its cut ends): span s is recalled when the context covers at least
+    ``min_coverage`` of its characters (and one); ``recall[q] = |recalled| / n_spans[q]``."""
+    return evidence_recall_at_k(span_new, span_len, n_spans, max(span_new.shape[1], 1), min_coverage)
+
+
+def hit_in_budget(kept_hits: np.ndarray, whole_hits: np.ndarray, cut: np.ndarray) -> np.ndarray:
+    """``hit_at_{B}tok``: 1 if some piece of the B-token context is relevant to a gold span.
+
+    ``kept_hits[q, r, s]``: relevance of the kept part of the chunk at rank r to span s;
+    ``whole_hits``: of the whole chunk; ``cut[q, r]``: the chunk was cut. A cut chunk counts only
+    when its kept part *and* the whole chunk are relevant: a cut must not turn a chunk that
+    straddles the span into one that "lies inside" it (hit would then fall as B grows).
+    ``hit[q] = 1[∃ r, s : kept[q, r, s] ∧ (¬cut[q, r] ∨ whole[q, r, s])]``."""
+    hits = np.where(cut[:, :, None], kept_hits & whole_hits, kept_hits)
+    return hits.any(axis=(1, 2)).astype(float)
+
+
+def token_precision_in_budget(new_gold: np.ndarray, new_text: np.ndarray) -> np.ndarray:
+    """``token_precision_at_{B}tok``: gold characters / characters of the B-token context (union,
+    shared text once), :func:`~rag_experiments.evaluation.metrics.token_precision_at_k` over the
+    whole context; an empty context: 0."""
+    return token_precision_at_k(new_gold, new_text, max(new_gold.shape[1], 1))
+
+
 def budgeted_metrics(
     idx: np.ndarray,
     chunks: Sequence[Chunk],
@@ -73,16 +109,11 @@ def budgeted_metrics(
     budgets: Iterable[int],
     min_coverage: float = MIN_COVERAGE,
 ) -> dict[str, np.ndarray]:
-    """Per query, for each budget B: ``evidence_recall_at_{B}tok``, ``hit_at_{B}tok``,
-    ``token_precision_at_{B}tok`` on the B-token context (:func:`budget_ends`).
-
-    - ``hit_at_{B}tok``: 1 if some piece of the context is relevant to a gold span (the hit rule
-      of :func:`~rag_experiments.evaluation.metrics.relevance`; a cut chunk counts when its kept
-      part and the whole chunk are both relevant, so hit never falls as B grows);
-    - ``evidence_recall_at_{B}tok``: share of the gold spans the context covers (coverage rule of
-      :func:`~rag_experiments.evaluation.metrics.evidence_recall_at_k`);
-    - ``token_precision_at_{B}tok``: gold characters / context characters (union, shared text
-      once); an empty context: 0.
+    """Per query, for each budget B, every ``{B}tok`` metric of the registry on the B-token context
+    (:func:`budget_ends`), computed by walking the registry (:mod:`rag_experiments.evaluation.walk`)
+    over that context's relevance and coverage arrays: ``evidence_recall_at_{B}tok``,
+    ``hit_at_{B}tok``, ``token_precision_at_{B}tok`` (:func:`evidence_recall_in_budget`,
+    :func:`hit_in_budget`, :func:`token_precision_in_budget`).
 
     ``idx``: (n_queries, n_ranks) indices into ``chunks``, -1 = padding (the ranking, deep enough to
     fill the largest budget: ``metrics.rank_depth``). Unanswerable queries: NaN.
@@ -97,19 +128,15 @@ def budgeted_metrics(
     for q, row in enumerate(idx):
         real = row[row >= 0]
         ridx[q, : len(real)] = real
-    n_r = max(a.c_doc.shape[1], 1)
+    whole_hits = span_hits(a, min_coverage)
     out: dict[str, np.ndarray] = {}
     for b in dict.fromkeys(int(b) for b in budgets):
         end = budget_ends(ridx, a.c_start, a.c_end, tok_ends, tok_ptr, b)
         cov = coverage_arrays(a, c_end=end)
-        out[f"evidence_recall_at_{b}tok"] = evidence_recall_at_k(
-            cov.span_new, cov.span_len, a.n_spans, n_r, min_coverage
-        )
-        # a cut chunk's kept part counts only when the whole chunk is relevant too: a cut must not
-        # turn a chunk that straddles the span into one that "lies inside" it (hit would then fall
-        # as B grows)
-        kept, cut = span_hits(a, min_coverage, c_end=end), (end < a.c_end)[:, :, None]
-        hits = np.where(cut, kept & span_hits(a, min_coverage), kept)
-        out[f"hit_at_{b}tok"] = hits.any(axis=(1, 2)).astype(float)
-        out[f"token_precision_at_{b}tok"] = token_precision_at_k(cov.new_gold, cov.new_text, n_r)
+        inputs = dict(
+            span_new=cov.span_new, span_len=cov.span_len, n_spans=a.n_spans, new_gold=cov.new_gold,
+            new_text=cov.new_text, kept_hits=span_hits(a, min_coverage, c_end=end), whole_hits=whole_hits,
+            cut=end < a.c_end, min_coverage=min_coverage,
+        )  # fmt: skip
+        out |= walk(inputs, "retrieval", B=b)  # the {B}tok metrics of the registry
     return mask_unanswerable(out, a.n_spans)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from rag_experiments.core.types import Chunk, EvalItem, Verdict
 from rag_experiments.evaluation.defaults import MIN_COVERAGE
 from rag_experiments.evaluation.metrics import relevance
+from rag_experiments.evaluation.walk import walk
 
 #: The per-query diagnostic columns, in the order the docs and the report list them.
 DIAGNOSTICS = (
@@ -37,13 +38,6 @@ DIAGNOSTICS = (
     "hallucination",
     "self_knowledge",
 )
-_CLASS_METRIC = {
-    "noise_relevant": "noise_sensitivity_relevant",
-    "noise_irrelevant": "noise_sensitivity_irrelevant",
-    "hallucination": "hallucination",
-    "self_knowledge": "self_knowledge",
-}
-
 VerdictFn = Callable[[list[str], str], list[Verdict]]
 
 
@@ -99,17 +93,38 @@ def classify_answer_claim(
     return "noise_relevant" if any(by) else "noise_irrelevant"
 
 
-def answer_claim_shares(classes: Sequence[str | None]) -> dict[str, float]:
-    """``{metric: |claims of that class| / |classified claims|}`` for the four answer-claim metrics.
+def _share(classes: Sequence[str | None], cls: str) -> float:
+    """``|claims of class cls| / |classified claims|``; NaN when no claim is classified.
 
     The denominator is every answer claim with a class (None = an unparseable verdict: excluded
     and counted), as in RAGChecker, so noise_sensitivity_relevant + noise_sensitivity_irrelevant +
-    hallucination + self_knowledge + share(grounded_correct) = 1. All NaN when no claim is classified.
-    """
+    hallucination + self_knowledge + share(grounded_correct) = 1."""
     done = [c for c in classes if c is not None]
-    if not done:
-        return dict.fromkeys(_CLASS_METRIC.values(), math.nan)
-    return {m: sum(c == cls for c in done) / len(done) for cls, m in _CLASS_METRIC.items()}
+    return sum(c == cls for c in done) / len(done) if done else math.nan
+
+
+def noise_sensitivity_relevant(answer_claim_classes: Sequence[str | None]) -> float:
+    """Share of the classified answer claims that are ``noise_relevant``: incorrect, yet entailed by
+    a relevant retrieved chunk (:func:`classify_answer_claim`, :func:`_share`)."""
+    return _share(answer_claim_classes, "noise_relevant")
+
+
+def noise_sensitivity_irrelevant(answer_claim_classes: Sequence[str | None]) -> float:
+    """Share of the classified answer claims that are ``noise_irrelevant``: incorrect and entailed
+    only by irrelevant retrieved chunks."""
+    return _share(answer_claim_classes, "noise_irrelevant")
+
+
+def hallucination(answer_claim_classes: Sequence[str | None]) -> float:
+    """Share of the classified answer claims that are ``hallucination``: entailed by no retrieved
+    chunk and incorrect."""
+    return _share(answer_claim_classes, "hallucination")
+
+
+def self_knowledge(answer_claim_classes: Sequence[str | None]) -> float:
+    """Share of the classified answer claims that are ``self_knowledge``: entailed by no retrieved
+    chunk, yet correct (entailed by the reference)."""
+    return _share(answer_claim_classes, "self_knowledge")
 
 
 @dataclass
@@ -182,13 +197,13 @@ def diagnose(
         d.undefined(gold_part, "no gold claims")
     else:
         ctx_v = verdicts(list(gold_claims), context)
-        d.values["claim_recall"] = claim_recall(ctx_v)
         covered = [g for g, v in zip(gold_claims, ctx_v, strict=True) if _sup(v)]
         asked = [] if declined or not covered else verdicts(covered, answer)
         got = dict(zip(covered, asked, strict=True)) if asked else {}
         why = "declining answer" if declined else "not covered by the context"
         ans_v = [got.get(g, Verdict(g, "unsupported", rationale=why)) for g in gold_claims]
-        d.values["context_utilization"] = context_utilization(ctx_v, ans_v)
+        # claim_recall, context_utilization: the registry's metrics of the gold claims' verdicts
+        d.values.update(walk({"context_verdicts": ctx_v, "answer_verdicts": ans_v}, "diagnostic"))
         d.n_unparseable += _count_unparseable(ctx_v, asked)
         if math.isnan(d.values["claim_recall"]):
             d.reasons["claim_recall"] = "every verdict unparseable"
@@ -212,7 +227,7 @@ def diagnose(
         classify_answer_claim([pc[i] for pc in per_chunk], relevant, ref_v[i])
         for i in range(len(answer_claims))
     ]
-    d.values.update(answer_claim_shares(d.answer_classes))
+    d.values.update(walk({"answer_claim_classes": d.answer_classes}, "diagnostic"))  # the four shares
     d.n_unparseable += _count_unparseable(ref_v, *per_chunk)
     if all(c is None for c in d.answer_classes):
         d.undefined(answer_part, "every answer claim has an unparseable verdict")

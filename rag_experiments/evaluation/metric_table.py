@@ -14,7 +14,7 @@ from __future__ import annotations
 from rag_experiments.evaluation.metric_spec import MetricSpec
 
 _M = "rag_experiments.evaluation.metrics."
-_J = "rag_experiments.judge."
+_S = "rag_experiments.evaluation.answer_scores."
 _B = "rag_experiments.evaluation.budget."
 _D = "rag_experiments.evaluation.diagnostics."
 _A = "rag_experiments.evaluation.answer_metrics."
@@ -128,7 +128,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "proportion",
         f"share of the query's evidence spans of which {_BUDGET} covers at least "
         "metrics.min_coverage of the characters",
-        _B + "budgeted_metrics",
+        _B + "evidence_recall_in_budget",
     ),
     MetricSpec(
         "hit_at_{B}tok",
@@ -137,7 +137,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "binary",
         f"1 if a chunk (or the cut part of one) of {_BUDGET} is relevant to a gold span (covers "
         "metrics.min_coverage of it or lies inside it; a cut chunk only when the whole chunk is too), else 0",
-        _B + "budgeted_metrics",
+        _B + "hit_in_budget",
     ),
     MetricSpec(
         "token_precision_at_{B}tok",
@@ -145,7 +145,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         True,
         "proportion",
         f"share of the characters of {_BUDGET} that are gold evidence (overlaps counted once)",
-        _B + "budgeted_metrics",
+        _B + "token_precision_in_budget",
     ),
     # -- generation
     MetricSpec(
@@ -155,7 +155,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "proportion",
         "supported claims / judged claims; unparseable verdicts are counted (n_unparseable_verdicts) "
         'and excluded, never read as "no"; NaN when no claim is scorable',
-        _J + "faithfulness",
+        _S + "faithfulness_score",
         headline=10,
         columns=("verdicts",),
     ),
@@ -175,7 +175,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         True,
         "proportion",
         "share of key_facts present in the answer (normalised match); unanswerable: 1 if the answer declines",
-        _J + "correctness",
+        _S + "correctness",
         headline=12,
         columns=("answer",),
     ),
@@ -241,7 +241,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         False,
         "binary",
         "answerable items: 1 if the answer declines (judge.claims.is_decline), else 0; unanswerable: NaN",
-        _A + "abstention_columns",
+        _A + "rate_over_refusal",
         headline=18,
         columns=("declined", "gold_spans"),
     ),
@@ -252,7 +252,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "binary",
         "unanswerable items: 1 if the answer does not decline (judge.claims.is_decline), else 0; "
         "answerable: NaN",
-        _A + "abstention_columns",
+        _A + "rate_false_answer",
         headline=19,
         columns=("declined", "gold_spans"),
     ),
@@ -286,7 +286,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         True,
         "proportion",
         "answer_context_overlap against the cited passages only; nothing cited or a decline: NaN; " + _CITE,
-        _A + "answer_context_overlap",
+        _A + "answer_cited_overlap",
         columns=("answer", "cited_chunk_ids"),
     ),
     # -- claim-level diagnostics (docs/metrics.md, "Claim-level diagnostics")
@@ -317,7 +317,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "proportion",
         "share of the answer claims that are incorrect (not entailed by the gold answer) yet entailed "
         "by a relevant retrieved chunk (one relevant to a gold span)",
-        _D + "answer_claim_shares",
+        _D + "noise_sensitivity_relevant",
         columns=("answer_claim_classes",),
     ),
     MetricSpec(
@@ -326,7 +326,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         False,
         "proportion",
         "share of the answer claims that are incorrect and entailed only by irrelevant retrieved chunks",
-        _D + "answer_claim_shares",
+        _D + "noise_sensitivity_irrelevant",
         columns=("answer_claim_classes",),
     ),
     MetricSpec(
@@ -335,7 +335,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         False,
         "proportion",
         "share of the answer claims that no retrieved chunk entails and that are incorrect",
-        _D + "answer_claim_shares",
+        _D + "hallucination",
         columns=("answer_claim_classes",),
     ),
     MetricSpec(
@@ -345,7 +345,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "proportion",
         "share of the answer claims that no retrieved chunk entails but that are correct (entailed by "
         "the gold answer)",
-        _D + "answer_claim_shares",
+        _D + "self_knowledge",
         columns=("answer_claim_classes",),
     ),
     # -- failure labels: one indicator column per label, its mean the rate

@@ -21,16 +21,14 @@ Conventions shared by the metric functions:
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from rag_experiments.core.types import Chunk, ScoredChunk, Span
 from rag_experiments.evaluation.defaults import MIN_COVERAGE, check_metrics_config
-from rag_experiments.evaluation.metric_table import REGISTRY  # names this module's functions by path
+from rag_experiments.evaluation.walk import walk
 
 __all__ = [
     "Coverage",
@@ -400,44 +398,6 @@ def token_iou_at_k(new_gold: np.ndarray, new_text: np.ndarray, gold_len: np.ndar
     return _ratio(inter, np.asarray(gold_len, dtype=float) + union - inter, np.nan)
 
 
-def walk_registry(shared: Mapping[str, Any], ks: Iterable[int]) -> dict[str, np.ndarray]:
-    """Every retrieval metric of the registry (``evaluation.metric_table``) that ``shared`` can feed,
-    computed by its own declared function: a spec is computed when it is a per-query retrieval
-    metric with a ``compute`` function, at most a ``{k}`` in its pattern, and every parameter of
-    that function without a default is in ``shared`` or is ``k`` (then once per k of ``ks``).
-    Arguments are passed by parameter name, so the function's signature *is* the list of inputs it
-    needs: adding a retrieval metric is one function and one declaration, no dispatch code.
-
-    Order (the per-query table's column order): for each k, the k-specs in registry order; then the
-    specs without k (``mrr``)."""
-    specs = []
-    for spec in REGISTRY:
-        if (
-            spec.side != "retrieval"
-            or not spec.per_query
-            or spec.compute is None
-            or not set(spec.params) <= {"k"}
-        ):
-            continue
-        params = inspect.signature(spec.function()).parameters
-        needed = {n for n, p in params.items() if p.default is inspect.Parameter.empty and n != "k"}
-        if needed <= set(shared):
-            specs.append((spec, [n for n in params if n in shared or n == "k"]))
-
-    def call(spec, names, k=None):
-        return spec.function()(**{n: (k if n == "k" else shared[n]) for n in names})
-
-    out: dict[str, np.ndarray] = {}
-    for k in ks:
-        for spec, names in specs:
-            if "k" in spec.params:
-                out[spec.render(k=k)] = call(spec, names, k)
-    for spec, names in specs:
-        if "k" not in spec.params:
-            out[spec.render()] = call(spec, names)
-    return out
-
-
 def retrieval_metrics(
     ranked: Sequence[Sequence[Chunk | ScoredChunk]],
     gold: Sequence[Sequence[Span]],
@@ -447,7 +407,8 @@ def retrieval_metrics(
     rank_depth: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Every chunk-level retrieval metric at every k from one ranking per query, by walking the
-    registry (:func:`walk_registry`) over the relevance and coverage arrays.
+    registry (:func:`rag_experiments.evaluation.walk.walk`) over the relevance and coverage arrays:
+    for each k the ``{k}`` metrics in registry order, then those without k (``mrr``).
 
     Keys (the MLflow metric keys): ``hit_at_{k}``, ``evidence_recall_at_{k}``,
     ``context_precision_at_{k}``, ``ndcg_at_{k}`` for each k, and ``mrr`` (per-query reciprocal rank
@@ -463,19 +424,26 @@ def retrieval_metrics(
         rel=rel, n_relevant=n_relevant, span_new=cov.span_new, span_len=cov.span_len, n_spans=n_spans,
         min_coverage=min_coverage, depth=rank_depth,
     )  # fmt: skip
-    return mask_unanswerable(walk_registry(shared, ks), n_spans)
+    out: dict[str, np.ndarray] = {}
+    for k in ks:
+        out |= walk(shared, "retrieval", k=k)
+    out |= walk(shared, "retrieval")
+    return mask_unanswerable(out, n_spans)
 
 
 def token_metrics(
     ranked: Sequence[Sequence[Chunk | ScoredChunk]], gold: Sequence[Sequence[Span]], ks: Iterable[int]
 ) -> dict[str, np.ndarray]:
     """``token_recall_at_{k}``, ``token_precision_at_{k}``, ``token_iou_at_{k}`` per query, for each
-    k, from character offsets (docs/metrics.md), by walking the registry (:func:`walk_registry`)
-    over the coverage arrays. Unanswerable queries: NaN."""
+    k, from character offsets (docs/metrics.md), by walking the registry
+    (:func:`rag_experiments.evaluation.walk.walk`) over the coverage arrays. Unanswerable queries: NaN."""
     a = ranked_arrays(ranked, gold)
     cov = coverage_arrays(a)
     shared = dict(new_gold=cov.new_gold, new_text=cov.new_text, gold_len=cov.gold_len)
-    return mask_unanswerable(walk_registry(shared, dict.fromkeys(int(k) for k in ks)), a.n_spans)
+    out: dict[str, np.ndarray] = {}
+    for k in dict.fromkeys(int(k) for k in ks):
+        out |= walk(shared, "retrieval", k=k)
+    return mask_unanswerable(out, a.n_spans)
 
 
 def mask_unanswerable(out: dict[str, np.ndarray], n_spans: np.ndarray) -> dict[str, np.ndarray]:

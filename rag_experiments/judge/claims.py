@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import json
 import re
-import unicodedata
 from typing import Protocol
 
 from rag_experiments.core.types import Verdict
+from rag_experiments.evaluation.answer_scores import (  # noqa: F401  (re-exported for the judges)
+    correctness,
+    key_fact_recall,
+    label_faithfulness,
+    normalise_text,
+)
 from rag_experiments.evaluation.declines import _DECLINE, _plain, is_decline  # noqa: F401  (re-exported: the judges' one detector)
 from rag_experiments.stages.text import sentence_texts
 
@@ -114,50 +119,3 @@ def faithfulness(verdicts: list[Verdict]) -> tuple[float, int, int]:
     """
     labels = [v.label for v in verdicts]
     return label_faithfulness(labels), len(labels), sum(lab == "unparseable" for lab in labels)
-
-
-def label_faithfulness(labels: list[str]) -> float:
-    """supported / (supported + unsupported) over verdict labels; NaN when none is scorable (the
-    formula :func:`faithfulness` reports; judge repeats score each repeat's labels with it)."""
-    sup = sum(lab == "supported" for lab in labels)
-    uns = sum(lab == "unsupported" for lab in labels)
-    return sup / (sup + uns) if sup + uns else float("nan")
-
-
-def normalise_text(text: str) -> str:
-    """Matching form for key facts: NFKC, casefold, hyphens and punctuation to spaces (except inside
-    numbers: "2.5", "1,000", "50%"), whitespace collapsed, and a final "s" dropped from words longer
-    than 3 letters (so "24 hours", "24-hour" and "24 hour" all match)."""
-    t = unicodedata.normalize("NFKC", text or "").casefold()
-    # protect decimal points and thousands separators inside numbers
-    t = re.sub(r"(?<=\d)\.(?=\d)", "\x00", t)
-    t = re.sub(r"(?<=\d),(?=\d)", "\x01", t)
-    t = re.sub(r"[^\w\s%\x00\x01]", " ", t).replace("_", " ").replace("\x00", ".").replace("\x01", ",")
-    words = [
-        w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") and w.isalpha() else w
-        for w in t.split()
-    ]
-    return " ".join(words)
-
-
-def key_fact_recall(answer: str, key_facts: list[str]) -> float:
-    """Fraction of ``key_facts`` found in the answer as whole words after :func:`normalise_text`.
-
-    NaN when there are no key facts.
-    """
-    facts = [f for f in key_facts if f and f.strip()]
-    if not facts:
-        return float("nan")
-    hay = f" {normalise_text(answer)} "
-    found = sum(f" {normalise_text(f)} " in hay for f in facts)
-    return found / len(facts)
-
-
-def correctness(answer: str, key_facts: list[str], answerable: bool) -> float:
-    """Answerable items: :func:`key_fact_recall` (a declining answer scores 0).
-    Unanswerable items: 1.0 if the answer declines (:func:`is_decline`), else 0.0."""
-    if not answerable:
-        return 1.0 if is_decline(answer) else 0.0
-    if is_decline(answer):
-        return 0.0 if [f for f in key_facts if f and f.strip()] else float("nan")
-    return key_fact_recall(answer, key_facts)

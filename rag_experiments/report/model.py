@@ -88,10 +88,7 @@ def metric_definitions(logged: Iterable[str], judge_choice: str | None) -> list[
         ("failure_label and rate_{label}", labels.failure_label),
     ]
     if any(s.side == "generation" for s in found_specs):
-        merged: dict[Callable, str] = {}
-        for name, fn in side("diagnostic"):  # the four answer-claim shares are one function
-            merged[fn] = f"{merged[fn]}, {name}" if fn in merged else name
-        fns += side("generation") + [(n, f) for f, n in merged.items()]
+        fns += side("generation") + side("diagnostic")
         fns += [
             ("claims (answer → atomic claims)", judging.split_claims),
             ("key-fact match", judging.key_fact_recall),

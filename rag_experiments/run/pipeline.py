@@ -34,7 +34,7 @@ from rag_experiments.evaluation import answer_metrics as A
 from rag_experiments.evaluation.aggregate import aggregate
 from rag_experiments.evaluation.cost import cost_metrics, usage_columns
 from rag_experiments.evaluation.labels import RATE_LABELS, failure_label
-from rag_experiments.judge import correctness, faithfulness
+from rag_experiments.evaluation.walk import walk
 from rag_experiments.judge.cached import (
     JudgedAnswer,
     cached_claims,
@@ -166,14 +166,14 @@ def judge_stage(
     return out, calls
 
 
-def _judged_columns(g: Generation, it: EvalItem, j: JudgedAnswer | None, judge: bool) -> dict[str, Any]:
-    """Generation metrics and judge bookkeeping of one generated answer (``j`` None: not judged —
-    a failed generation, or no ``judge`` (judge=none: no judge metric columns at all); correctness,
-    a key-fact match, is scored either way)."""
+def _judged_columns(j: JudgedAnswer | None, judge: bool) -> dict[str, Any]:
+    """The judge's metrics and bookkeeping of one generated answer (``j`` None: not judged — a
+    failed generation (judge metrics NaN), or no ``judge`` (judge=none: no judge metric columns at
+    all)). The metrics of the verdicts are the registry's (walked over ``verdicts``:
+    ``faithfulness``); ``answer_relevance`` is the judge's own score."""
     if j is None:
         return {
             **(dict.fromkeys(("faithfulness", "answer_relevance"), math.nan) if judge else {}),
-            "correctness": math.nan if g.error else correctness(g.text, it.key_facts, it.answerable),
             "claims": [],
             "verdicts": [],
             "n_claims": 0,
@@ -182,7 +182,6 @@ def _judged_columns(g: Generation, it: EvalItem, j: JudgedAnswer | None, judge: 
             "relevance_method": "",
             "latency_judge_s": 0.0,
         }
-    faith, n_claims, _ = faithfulness(j.verdicts)
     n_unp, n_failed = verdict_failures(j.verdicts)
     verdict_rows = [
         {"claim": v.claim, "label": v.label, "score": v.score, "rationale": v.rationale}
@@ -190,12 +189,11 @@ def _judged_columns(g: Generation, it: EvalItem, j: JudgedAnswer | None, judge: 
         for v in j.verdicts
     ]
     return {
-        "faithfulness": faith,
+        **walk({"verdicts": j.verdicts}, "generation"),
         "answer_relevance": float(j.relevance),
-        "correctness": correctness(g.text, it.key_facts, it.answerable),
         "claims": list(j.claims),
         "verdicts": verdict_rows,
-        "n_claims": n_claims,
+        "n_claims": len(j.verdicts),
         "n_unparseable": n_unp,
         "n_judge_errors": n_failed + j.n_errors,
         "n_escalated": sum(v.stage == "llm" for v in j.verdicts),  # judge=cascade: decided by the LLM
@@ -249,13 +247,13 @@ def _generate_and_judge(
         flips = repeat_columns(stages.judge_repeats, judged, contexts, cache, jcalls)  # judge.repeats
         calls.update({f"judge_{k_}": v for k_, v in (jcalls + dcalls).items()})
     timings["judging_s"] = time.perf_counter() - t
-    rows_of = zip(subset, sub_items, gens, judged, contexts, diags, flips, free, strict=True)
-    for qi, it, g, j, ctx, d, fl, fr in rows_of:
+    rows_of = zip(subset, gens, judged, contexts, diags, flips, free, strict=True)
+    for qi, g, j, ctx, d, fl, fr in rows_of:
         row = rows[qi]
         row.update(answer=g.text, context=ctx, error=g.error)  # context: exactly what both saw
         row.update(latency_generation_s=g.latency_s, generation_cached=g.cached, answer_truncated=g.truncated)
         row.update(usage_columns(g.usage))  # cached answers keep their usage: cost of the config
-        row.update(_judged_columns(g, it, j, judge is not None), **fr)  # fr: the judge-free metrics
+        row.update(_judged_columns(j, judge is not None), **fr)  # fr: the judge-free metrics
         if judge is not None:  # judge=none: no diagnostic columns (rather than NaN with n_scored 0)
             row.update(diagnostic_columns(d, j.usage if j is not None else None))
         row.update(fl)
