@@ -143,6 +143,51 @@ def test_gate_non_inferiority_holds_its_level_at_the_margin(kind):
     assert np.mean(passed) <= ALPHA + 3 * _se(reps), np.mean(passed)
 
 
+@pytest.mark.parametrize("n, p_loss", [(30, 0.2), (30, 0.3), (100, 0.15), (100, 0.3)])
+def test_gate_on_binary_metrics_holds_its_level_at_small_n(n, p_loss):
+    """0/1 metrics get the score test: a candidate exactly a margin worse (P(loss) = p_loss,
+    P(win) = p_loss − margin) passes at most ~5 % of the time, and not far below (it is not
+    a conservative stand-in). 2,000 replicates. The percentile bootstrap it replaced passed 7–8 %
+    of the time here (docs/metrics.md, "Calibration")."""
+    rng = np.random.default_rng(n + int(100 * p_loss))
+    reps, m = 2000, default_margin(n)
+    passed = []
+    for _ in range(reps):
+        u = rng.random(n)
+        a = np.where(u < p_loss, 1.0, np.where(u < 2 * p_loss - m, 0.0, (rng.random(n) < 0.6).astype(float)))
+        b = np.where(u < p_loss, 0.0, np.where(u < 2 * p_loss - m, 1.0, a))
+        r = non_inferiority(pd.Series(a), pd.Series(b))
+        assert r.test == "score"
+        passed.append(r.passed)
+    assert 0.02 <= np.mean(passed) <= ALPHA + 3 * _se(reps), np.mean(passed)
+
+
+def test_score_test_statistic_bound_and_p_are_one_decision():
+    """tango_z is McNemar's z at δ0 = 0 and uses the restricted maximum-likelihood P(loss) (checked
+    against a numerical maximisation); PASS iff bound >= −margin iff p <= alpha on random tables."""
+    from scipy.optimize import minimize_scalar
+
+    from rag_experiments.analysis.gate import score_bound, score_p, tango_z
+
+    assert tango_z(9, 3, 50, 0.0) == pytest.approx((9 - 3) / math.sqrt(12))
+    rng = np.random.default_rng(12)
+    for _ in range(200):
+        n = int(rng.integers(5, 300))
+        better, worse = (int(x) for x in rng.multinomial(n, [0.15, 0.2, 0.65])[:2])
+        d0 = -float(rng.uniform(0.01, 0.5))
+
+        def nll(q, better=better, worse=worse, n=n, d0=d0):  # P(win) = q + d0, P(loss) = q
+            return -(better * math.log(q + d0) + worse * math.log(q) + (n - better - worse) * math.log(1 - 2 * q - d0))
+
+        q = minimize_scalar(nll, bounds=(-d0 + 1e-12, (1 - d0) / 2 - 1e-12), method="bounded",
+                            options={"xatol": 1e-12}).x  # fmt: skip
+        z = (better - worse - n * d0) / math.sqrt(n * (2 * q + d0 * (1 - d0)))
+        assert tango_z(better, worse, n, d0) == pytest.approx(z, rel=1e-4)
+        for alpha in (0.01, 0.05, 0.2):
+            m = -d0
+            assert (score_p(better, worse, n, m) <= alpha) == (score_bound(better, worse, n, alpha) >= -m - 1e-9)
+
+
 def test_selects_family_keeps_the_familywise_rate():
     """select's tie set: 4 candidates all exactly at the margin below the best. Holm keeps the
     chance that any is called non-inferior at <= 5 % (unadjusted it would be ~4 × 5 %)."""

@@ -2,7 +2,8 @@
 
 The *best* config is the one with the best mean of the metric (direction from the registry).
 Every other config is tested against it with ``gate``'s paired non-inferiority test
-(``analysis.gate.non_inferiority_family``: the one-sided bootstrap bound of config − best must
+(``analysis.gate.non_inferiority_family``: the one-sided bound of config − best (score test on 0/1
+metrics, paired bootstrap otherwise) must
 clear the same margin, ``max(0.01, 1/sqrt(n))`` unless given, Holm over the configs). A config is
 *tied* with the best only when it is **shown non-inferior** — failing to show a difference is not
 evidence of equivalence — so the chosen config passes ``gate`` against the best by construction.
@@ -226,7 +227,7 @@ def select_config(
 
     mean/CI: ``mean_ci`` of the per-query column; best = argmax (argmin when lower is better);
     delta = mean(config − best) over the paired ids; tie = best, or shown non-inferior to the best
-    (``gate.non_inferiority_family``: one-sided (1 − alpha) bootstrap bound of config − best past
+    (``gate.non_inferiority_family``: one-sided (1 − alpha) bound of config − best past
     −margin on the metric's worse side, Holm over the m − 1 configs; ``margin`` None: gate's
     default ``max(0.01, 1/sqrt(n_pairs))``); worse = two-sided paired p_holm < alpha and worse on
     the metric's direction; ok = latency p95 ≤ max_latency_ms and cost_usd ≤ max_cost_usd (a NaN

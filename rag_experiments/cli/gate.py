@@ -27,8 +27,9 @@ OPTIONAL_DEFAULTS = {"faithfulness"}  # gated only when both runs have it (retri
 HELP = f"""\
 For each gated metric: delta = mean(candidate − baseline) over the eval ids present (non-NaN) in
 both runs; bound = the one-sided 95 % confidence bound of that mean delta on the metric's worse
-side (paired bootstrap over queries, percentile, seeded — the same two runs always get the same
-verdict). The direction comes from the metric registry: a higher-is-better metric (hit_at_5, mrr,
+side: Tango's score test for paired proportions when both runs' values are 0/1 (hit_at_5,
+rate_*), else a paired bootstrap over queries (percentile, seeded) — the same two runs always get
+the same verdict. The direction comes from the metric registry: a higher-is-better metric (hit_at_5, mrr,
 faithfulness, rate_ok) FAILS when its lower bound < −margin; a lower-is-better one
 (rate_retrieval_failure, rate_generation_failure, latency_*) FAILS when its upper bound > +margin.
 Metrics without a direction (n_queries) or not registered cannot be gated (exit 2).
@@ -228,6 +229,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     print("\n".join(notes))
     print(text_table(headers, rows))
+    by_test = {t: [r.metric for r in results if r.test == t] for t in ("score", "bootstrap")}
+    print(
+        "bounds: "
+        + "; ".join(
+            f"{name} for {', '.join(ms)}"
+            for name, ms in (
+                ("score test (paired 0/1)", by_test["score"]),
+                ("paired percentile bootstrap", by_test["bootstrap"]),
+            )
+            if ms
+        )
+    )
     for r in results:
         if not math.isnan(r.mde) and r.mde > r.margin:
             print(

@@ -112,7 +112,8 @@ def render(sel: Selection) -> str:
     lines += [
         f"metric {sel.metric} ({better} is better); tie = shown non-inferior to the best: gate's one-sided "
         f"{100 * (1 - sel.alpha):g}% {side} bound of config − best within the margin "
-        f"{fmt_num(sel.margin)} (paired bootstrap; Holm over the configs: NI p_holm <= {sel.alpha:g}). "
+        f"{fmt_num(sel.margin)} (score test on 0/1 metrics, paired bootstrap otherwise; Holm over the "
+        f"configs: NI p_holm <= {sel.alpha:g}). "
         f"p_holm: two-sided paired test (exact McNemar for binary metrics, sign-flip otherwise, Holm), "
         "'worse' when significant",
         f"noise (reported, not deciding): {sel.noise}",
