@@ -29,7 +29,7 @@ decision table of ``evaluation.labels``) have no function of inputs: their specs
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any
 
@@ -47,14 +47,22 @@ def _parameters(compute: str, function) -> tuple[tuple[str, ...], frozenset[str]
     return tuple(params), required
 
 
-def plan(
-    side: Side, inputs: frozenset[str], placeholders: frozenset[str] = frozenset(), per_query: bool = True
-) -> list[tuple[MetricSpec, tuple[str, ...]]]:
-    """The specs a walk computes, in registry order, each with the argument names it is called with
-    (its parameters that are inputs or placeholders; the others keep their defaults)."""
+#: Plans by (registry, side, inputs, placeholders, per_query): a per-answer walk repeats one plan.
+#: The registry object is kept with its plans, so a replaced registry (a test's) never hits them.
+_PLANS: dict[tuple, tuple[tuple, list]] = {}
+
+
+def _steps(
+    side: Side, inputs: frozenset[str], placeholders: frozenset[str], per_query: bool
+) -> list[tuple[MetricSpec, Callable, tuple[str, ...]]]:
+    registry = metric_table.REGISTRY
+    key = (id(registry), side, inputs, placeholders, per_query)
+    cached = _PLANS.get(key)
+    if cached is not None and cached[0] is registry:
+        return cached[1]
     have = inputs | placeholders
     out = []
-    for spec in metric_table.REGISTRY:
+    for spec in registry:
         if (
             spec.side != side
             or spec.per_query != per_query
@@ -62,22 +70,31 @@ def plan(
             or set(spec.params) != placeholders
         ):
             continue
-        names, required = _parameters(spec.compute, spec.function())
+        function = spec.function()
+        names, required = _parameters(spec.compute, function)
         if required <= have:
-            out.append((spec, tuple(n for n in names if n in have)))
+            out.append((spec, function, tuple(n for n in names if n in have)))
+    _PLANS[key] = (registry, out)
     return out
 
 
-def walk(
-    inputs: Mapping[str, Any], side: Side, per_query: bool = True, **placeholders: Any
-) -> dict[str, Any]:
+def plan(
+    side: Side, inputs: frozenset[str], placeholders: frozenset[str] = frozenset(), per_query: bool = True
+) -> list[tuple[MetricSpec, tuple[str, ...]]]:
+    """The specs a walk computes, in registry order, each with the argument names it is called with
+    (its parameters that are inputs or placeholders; the others keep their defaults)."""
+    return [(spec, names) for spec, _, names in _steps(side, inputs, placeholders, per_query)]
+
+
+def walk(inputs: Mapping[str, Any], side: Side, per_query: bool = True, **placeholders: Any) -> dict[str, Any]:
     """``{metric key: value}`` for every spec :func:`plan` selects, each computed by its declared
     function called with the inputs (and placeholder values) its parameters name.
 
     ``walk({"rel": rel}, "retrieval", k=5)`` → ``{"hit_at_5": hit_at_k(rel=rel, k=5), ...}``;
     values are whatever the functions return (an array over queries, or one query's float)."""
     args = {**inputs, **placeholders}
-    steps = plan(side, frozenset(inputs), frozenset(placeholders), per_query)
+    steps = _steps(side, frozenset(inputs), frozenset(placeholders), per_query)
     return {
-        spec.render(**placeholders): spec.function()(**{n: args[n] for n in names}) for spec, names in steps
+        (spec.render(**placeholders) if placeholders else spec.pattern): function(**{n: args[n] for n in names})
+        for spec, function, names in steps
     }
