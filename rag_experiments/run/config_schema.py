@@ -12,9 +12,12 @@ rules), read top to bottom like the config tree; split, a group's rules would li
 
 from __future__ import annotations
 
+import collections.abc
 import inspect
 import os
 import re
+import types
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -57,8 +60,10 @@ class _Group:
 
     def __init__(self, name: str, node: dict):
         self.name, self.node, self.problems = name, node or {}, []
+        self.checked: set[str] = set()  # keys a hand-written check owns (typed_keys leaves them)
 
     def bad(self, key: str, what: str, got: Any = None, show: bool = True) -> None:
+        self.checked.add(key)
         tail = f" (got {got!r})" if show else ""
         self.problems.append(f"conf/{self.name}: {key}: {what}{tail}")
 
@@ -66,12 +71,14 @@ class _Group:
         return key in self.node and self.node[key] is not None
 
     def int_at_least(self, key: str, low: int) -> None:
+        self.checked.add(key)
         if self.has(key):
             v = self.node[key]
             if not _is_int(v) or v < low:
                 self.bad(key, f"must be an integer >= {low}", v)
 
     def num_in(self, key: str, low: float, high: float, low_open: bool = False) -> None:
+        self.checked.add(key)
         if self.has(key):
             v = self.node[key]
             ok = _is_num(v) and (v > low if low_open else v >= low) and v <= high
@@ -79,22 +86,26 @@ class _Group:
                 self.bad(key, f"must be a number in {'(' if low_open else '['}{low}, {high}]", v)
 
     def num_at_least(self, key: str, low: float, strict: bool = False) -> None:
+        self.checked.add(key)
         if self.has(key):
             v = self.node[key]
             if not _is_num(v) or v < low or (strict and v == low):
                 self.bad(key, f"must be a number {'>' if strict else '>='} {low}", v)
 
     def one_of(self, key: str, options: tuple) -> None:
+        self.checked.add(key)
         if self.has(key) and self.node[key] not in options:
             self.bad(key, f"must be one of {', '.join(map(str, options))}", self.node[key])
 
     def overlap_below(self, size_key: str) -> None:
+        self.checked.add("overlap")
         size, overlap = self.node.get(size_key), self.node.get("overlap")
         if _is_int(size) and size > 0 and self.has("overlap"):
             if not _is_int(overlap) or not 0 <= overlap < size:
                 self.bad("overlap", f"must be an integer in [0, {size_key}={size})", overlap)
 
     def path_exists(self, key: str, kind: str) -> None:
+        self.checked.add(key)
         if not self.has(key):
             return
         p = Path(os.path.expanduser(str(self.node[key])))
@@ -103,6 +114,7 @@ class _Group:
             self.bad(key, f"{kind if kind != 'any' else 'path'} not found", str(self.node[key]))
 
     def url(self, key: str) -> None:
+        self.checked.add(key)
         if not self.has(key):
             return
         v = self.node[key]
@@ -117,6 +129,7 @@ class _Group:
 
     def api_key_env(self, key: str = "api_key_env") -> None:
         """The *name* of a variable; a pasted key is rejected without echoing it."""
+        self.checked.add(key)
         if key not in self.node or self.node[key] is None:
             return
         v = str(self.node[key])
@@ -158,6 +171,74 @@ class _Group:
         injected = _INJECTED.get(self.name, set())
         for key in sorted(injected & set(self.node)):
             self.bad(key, "is set by the sweep, not the config", self.node[key])
+
+    def typed_keys(self) -> None:
+        """Every key's value against the type its ``_target_``'s constructor declares for it
+        (``typing.get_type_hints``: int, float, bool, str, Literal, unions with None, lists,
+        tuples, mappings), so an implementation's annotated signature is its typed config. Keys a
+        hand-written check owns (ranges, paths, URLs, ``api_key_env``'s null) are left to it: one
+        rule per key, one line per problem."""
+        target = self.node.get("_target_")
+        if not target:
+            return
+        from hydra.utils import get_class
+
+        try:
+            hints = typing.get_type_hints(get_class(target).__init__)
+        except Exception:  # noqa: BLE001 - an unimportable target is reported by known_keys
+            return
+        for key, value in self.node.items():
+            if key in hints and key not in self.checked and not _conforms(value, hints[key]):
+                self.bad(key, f"must be {_describe(hints[key])}", value)
+
+
+def _conforms(value: Any, hint: Any) -> bool:
+    """Does a YAML value fit a constructor annotation? Unknown annotations (a Protocol such as
+    ``Embedder``, set by the sweep or a nested ``_target_`` node) are not judged here."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any or hint is object:
+        return True
+    if value is None:
+        return hint is type(None) or type(None) in args
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, a) for a in args if a is not type(None))
+    if origin is typing.Literal:
+        return value in args
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return _is_int(value)
+    if hint is float:
+        return _is_num(value)
+    if hint is str:
+        return isinstance(value, str)
+    if origin in (list, tuple, collections.abc.Sequence) or hint in (list, tuple):
+        if not isinstance(value, list | tuple):
+            return False
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return len(value) == len(args) and all(_conforms(v, a) for v, a in zip(value, args, strict=True))
+        item = args[0] if args else Any
+        return all(_conforms(v, item) for v in value)
+    if origin in (dict, collections.abc.Mapping) or hint is dict:
+        return isinstance(value, dict)
+    return True
+
+
+def _describe(hint: Any) -> str:
+    """``int | None`` → "an integer or null"; ``Literal["chars", "tokens"]`` → "one of chars, tokens"."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in args)
+    if origin is typing.Literal:
+        return f"one of {', '.join(map(str, args))}"
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "null"}
+    if hint in names:
+        return names[hint]
+    if origin in (list, tuple, collections.abc.Sequence) or hint in (list, tuple):
+        return "a list" + (f" of {_describe(args[0])}" if args and args[-1] is not Ellipsis and origin is list else "")
+    if origin in (dict, collections.abc.Mapping) or hint is dict:
+        return "a mapping"
+    return str(hint)
 
 
 def _corpus(g: _Group) -> None:
@@ -506,6 +587,7 @@ def validate(cfg: dict) -> Problems:
         g = _Group(name, node)
         check(g)
         g.known_keys(extra={"pricing", "repeats"} if name == "judge" else {"pricing"} if name == "generator" else set())
+        g.typed_keys()
         problems += g.problems
     return problems + _rerank_depth(cfg) + _query_llm(cfg)
 

@@ -190,6 +190,22 @@ CASES = [
         "conf/prompt: template: must be a string containing {context} and {question}",
     ),
     ("seed-string", ["seed=abc"], "conf/config: seed: must be an integer"),
+    # no hand-written check: the constructor's annotation is the type (config_schema.typed_keys)
+    (
+        "hnsw-m-string",
+        ["retriever=dense", "retriever.hnsw_m=many"],
+        "conf/retriever: hnsw_m: must be an integer (got 'many')",
+    ),
+    (
+        "include-original-not-bool",
+        ["query=multi_query", "query.include_original=maybe"],
+        "conf/query: include_original: must be true or false (got 'maybe')",
+    ),
+    (
+        "verifier-threshold-string",
+        ["judge=verifier", "judge.threshold=high"],
+        "conf/judge: threshold: must be a number or null (got 'high')",
+    ),
 ]
 
 
@@ -223,6 +239,34 @@ def test_bad_value_names_group_key_and_value(case, overrides, message, composer,
 )
 def test_shipped_configs_are_valid(overrides, composer):
     check(composer(overrides))
+
+
+def test_every_shipped_option_fits_its_constructors_annotations():
+    """Each conf/<group>/<option>.yaml value has the type its ``_target_``'s constructor declares
+    (interpolations aside), so the typed check cannot refuse a shipped default; and a typed problem
+    is one line even when a hand-written check names the key too."""
+    import typing
+
+    import yaml
+    from hydra.utils import get_class
+
+    from rag_experiments.run.config_schema import GROUP_CHECKS, _conforms, _Group
+
+    checked = 0
+    for f in sorted(conf_dir().glob("*/*.yaml")):
+        node = yaml.safe_load(f.read_text()) or {}
+        if f.parent.name not in GROUP_CHECKS or not node.get("_target_"):
+            continue
+        hints = typing.get_type_hints(get_class(node["_target_"]).__init__)
+        for key, value in node.items():
+            if key in hints and not (isinstance(value, str) and ("${" in value or value == "???")):
+                assert _conforms(value, hints[key]), (f.name, key, value, hints[key])
+                checked += 1
+    assert checked > 100
+    g = _Group("chunking", {"_target_": "rag_experiments.stages.chunking.FixedSizeChunker", "size": "big"})
+    GROUP_CHECKS["chunking"](g)
+    g.typed_keys()
+    assert [p for p in g.problems if ": size:" in p] == ["conf/chunking: size: must be an integer >= 1 (got 'big')"]
 
 
 def _runs(root: Path) -> int:
