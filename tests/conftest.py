@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults.summary import fault_table
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -179,3 +181,7 @@ def pytest_collection_modifyitems(config, items):
         module = item.path.stem
         if module in SLOW_MODULES or item.originalname in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    fault_table(terminalreporter)
