@@ -3,10 +3,11 @@
 #   scripts/test.sh           everything (CI)
 #   scripts/test.sh --fast    the unit tier: pytest -m "not slow" (slow tests: tests/conftest.py)
 # Other arguments go to pytest.
-# Tests run in parallel (pytest-xdist): RAG_TEST_WORKERS processes (default 3 on any machine: most
-# slow tests wait on servers and subprocesses rather than burn CPU), --dist loadfile so that a test
-# file's tests and its module-scoped sweeps and servers stay on one worker, heaviest files first
-# (tests/conftest.py, HEAVY_MODULES). Serially: RAG_TEST_WORKERS=0, or pass -n 0 (a later -n wins).
+# Tests run in parallel (pytest-xdist): RAG_TEST_WORKERS processes (default 3, measured on 2 cores:
+# most slow tests wait on servers and subprocesses rather than burn CPU; "auto" = one per CPU),
+# --dist loadfile so that a test file's tests and its module-scoped sweeps and servers stay on one
+# worker, longest files first (tests/conftest.py, HEAVY_FILES).
+# Serially (e.g. for --pdb): RAG_TEST_WORKERS=0 scripts/test.sh, or scripts/test.sh -n 0 (a later -n wins).
 set -euo pipefail
 args=(-n "${RAG_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder) fast=0
 for a in "$@"; do
