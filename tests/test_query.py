@@ -7,8 +7,6 @@ keeps the chunk and corpus-vector hits), the trace span, the counted fallback an
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
@@ -33,6 +31,7 @@ from rag_experiments.stages.query import (
     rrf_lists,
 )
 from rag_experiments.stages.retrieval import BM25Retriever, DenseRetriever, exact_search
+from tests.llm_fixtures import ChatServer
 from tests.sweep_helpers import REPO, make_tiny, run_sweep, sweep_args, tiny_inputs
 
 CONF = str(REPO / "rag_experiments" / "conf")
@@ -40,58 +39,33 @@ REWRITTEN = "webhook retry signature"
 VARIANTS = "1. refund request window\n2) rate limit headers\n- {question}\n* idempotency key reuse\n4. extra one"
 
 
-class ChatServer:
-    """A real OpenAI-compatible chat endpoint on 127.0.0.1. The reply depends on the model name:
-    ``rewrite`` a fixed query, ``hyde`` the text in ``self.passage``, ``multi`` fixed variants (one of
-    them the question itself), ``junk`` list markers only, ``empty`` an empty completion."""
+class QueryChat(ChatServer):
+    """The reply depends on the model name: ``rewrite`` a fixed query, ``hyde`` the text in
+    ``self.passage``, ``multi`` fixed variants (one of them the question itself), ``junk`` list
+    markers only, ``empty`` an empty completion. Each reply reports 7 prompt and 3 completion tokens."""
 
     def __init__(self) -> None:
-        self.calls, self.passage = 0, ""
-        outer = self
+        self.passage = ""
+        super().__init__(self._reply, usage=(7, 3))
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.calls += 1
-                question = body["messages"][-1]["content"].rsplit("Question: ", 1)[1]
-                content = {
-                    "rewrite": f"Rewritten query: \"{REWRITTEN}\"\nsome chatter",
-                    "hyde": f"Passage: {outer.passage}",
-                    "multi": VARIANTS.format(question=question),
-                    "junk": "1.\n-\n",
-                    "empty": "",
-                }[body["model"]]
-                data = json.dumps({
-                    "id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                                 "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
-                }).encode()  # fmt: skip
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+    def _reply(self, body: dict) -> str:
+        question = body["messages"][-1]["content"].rsplit("Question: ", 1)[1]
+        return {
+            "rewrite": f"Rewritten query: \"{REWRITTEN}\"\nsome chatter",
+            "hyde": f"Passage: {self.passage}",
+            "multi": VARIANTS.format(question=question),
+            "junk": "1.\n-\n",
+            "empty": "",
+        }[body["model"]]
 
     def llm(self, model: str) -> OpenAICompatibleGenerator:
         return OpenAICompatibleGenerator(self.url, model, api_key_env=None, max_retries=0, backoff_s=0.0,
                                          concurrency=2, max_tokens=64)  # fmt: skip
 
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
 
 @pytest.fixture
 def chat():
-    srv = ChatServer()
+    srv = QueryChat()
     yield srv
     srv.close()
 

@@ -33,6 +33,7 @@ from rag_experiments.stages.rerank import (
     rerank_order,
 )
 from rag_experiments.stages.retrieval import BM25Retriever, HybridRetriever, minmax, rrf_fuse, weighted_fuse
+from tests.llm_fixtures import ChatServer
 from tests.sweep_helpers import REPO, make_tiny, run_sweep, sweep_args, tiny_inputs
 
 CONF = str(REPO / "rag_experiments" / "conf")
@@ -433,50 +434,19 @@ def test_every_rerank_option_builds_from_its_yaml(tmp_path) -> None:
     assert e.value.problems == ["conf/rerank: path: missing (set rerank.path=...)"]
 
 
-class ChatServer:
-    """A real OpenAI-compatible chat endpoint on 127.0.0.1: replies with how many question words the
-    passage contains; the model ``garbage`` replies with words only (an unparseable rating)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.calls += 1
-                text = body["messages"][-1]["content"]
-                q = text.split("Question: ", 1)[1].split("\n", 1)[0].lower().split()
-                passage = text.split("Passage:\n", 1)[1].lower()
-                content = "no idea" if body["model"] == "garbage" else str(sum(w in passage for w in q))
-                data = json.dumps({
-                    "id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                                 "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-                }).encode()  # fmt: skip
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+def _rating(body: dict) -> str:
+    """A rater: how many question words the passage contains; the model ``garbage`` replies with
+    words only (an unparseable rating)."""
+    text = body["messages"][-1]["content"]
+    q = text.split("Question: ", 1)[1].split("\n", 1)[0].lower().split()
+    passage = text.split("Passage:\n", 1)[1].lower()
+    return "no idea" if body["model"] == "garbage" else str(sum(w in passage for w in q))
 
 
 def test_llm_reranker_rates_pointwise_and_an_unparseable_reply_keeps_first_stage(tmp_path) -> None:
     from rag_experiments.stages.rerank import LLMReranker
 
-    srv = ChatServer()
+    srv = ChatServer(_rating)
     try:
         r = LLMReranker(srv.url, "ok", candidates=3, concurrency=2, backoff_s=0.0)
         got = r.score(["refund days"], [["no", "refund within days", "refund"]])[0]

@@ -1,4 +1,7 @@
-"""Fault-injection suite: a table of the cases and their outcomes at the end of the test output."""
+"""Fault-injection suite: a table of the cases and their outcomes at the end of the test output.
+
+Called from ``tests/conftest.py``'s ``pytest_terminal_summary``: under pytest-xdist the controller
+process, which prints the summary, never collects and so never loads a conftest below ``tests/``."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from collections import defaultdict
 SUITE = "tests/faults/"
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
+def fault_table(terminalreporter) -> None:
     rows: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for outcome in ("passed", "failed", "error", "skipped"):
         for rep in terminalreporter.stats.get(outcome, []):
