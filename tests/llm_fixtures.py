@@ -157,10 +157,15 @@ class FakeLLM:
 
 class ChatServer:
     """A well-behaved OpenAI-compatible chat endpoint on 127.0.0.1 whose answer to a request is
-    ``reply(request body)``; every answer reports ``usage`` = (prompt, completion) tokens. ``calls``
-    counts requests; ``url`` is the base URL; ``close()`` stops it."""
+    ``reply(request body)``; every answer reports ``usage`` = (prompt, completion) tokens, or
+    ``usage(request body)`` when it is a function. ``calls`` counts requests; ``url`` is the base
+    URL; ``close()`` stops it."""
 
-    def __init__(self, reply: Callable[[dict], str], usage: tuple[int, int] = (1, 1)) -> None:
+    def __init__(
+        self,
+        reply: Callable[[dict], str],
+        usage: tuple[int, int] | Callable[[dict], tuple[int, int]] = (1, 1),
+    ) -> None:
         self.calls = 0
         outer = self
 
@@ -171,7 +176,8 @@ class ChatServer:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.calls += 1
-                data = json.dumps(_completion(reply(body), body["model"], usage)).encode()
+                used = usage(body) if callable(usage) else usage
+                data = json.dumps(_completion(reply(body), body["model"], used)).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))

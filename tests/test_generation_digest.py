@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from hydra.utils import instantiate
@@ -30,6 +28,7 @@ from rag_experiments.run.types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.chunking import MarkdownChunker
 from rag_experiments.stages.generation import OpenAICompatibleGenerator
 from rag_experiments.stages.retrieval import BM25Retriever
+from tests.llm_fixtures import ChatServer
 from tests.sweep_helpers import REPO
 
 # Recorded at 2ecdb25 (before the registry walk reached the generation metrics).
@@ -55,41 +54,17 @@ def answer_for(prompt: str) -> str:
     )[h % 7]
 
 
+def _prompt_of(body: dict) -> str:
+    return "\n".join(m.get("content", "") for m in body["messages"])
+
+
 @pytest.fixture(scope="module")
 def server():
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def do_POST(self):
-            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            prompt = "\n".join(m.get("content", "") for m in req["messages"])
-            body = json.dumps(
-                {
-                    "id": "x",
-                    "object": "chat.completion",
-                    "created": 0,
-                    "model": req.get("model", "m"),
-                    "choices": [
-                        {
-                            "index": 0,
-                            "message": {"role": "assistant", "content": answer_for(prompt)},
-                            "finish_reason": "stop",
-                        }
-                    ],
-                    "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": 9},
-                }
-            ).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
-    srv.shutdown()
+    chat = ChatServer(
+        lambda body: answer_for(_prompt_of(body)), usage=lambda body: (len(_prompt_of(body).split()), 9)
+    )
+    yield chat.url
+    chat.close()
 
 
 def _digests(res) -> tuple[str, str]:
