@@ -45,6 +45,15 @@ def _completion(content: str, model: str, usage: tuple[int, int] = (1, 1)) -> di
     }
 
 
+def send_body(handler: BaseHTTPRequestHandler, code: int, body: bytes, ctype: str = "application/json") -> None:
+    """One whole HTTP reply from a test server's handler: status, type, length, body."""
+    handler.send_response(code)
+    handler.send_header("Content-Type", ctype)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 class FakeLLM:
     """An OpenAI-compatible endpoint whose behaviour is chosen by the request's ``model``:
 
@@ -78,11 +87,7 @@ class FakeLLM:
                 pass
 
             def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                send_body(self, code, body, ctype)
 
             def do_POST(self):
                 req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
@@ -177,12 +182,7 @@ class ChatServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.calls += 1
                 used = usage(body) if callable(usage) else usage
-                data = json.dumps(_completion(reply(body), body["model"], used)).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_body(self, 200, json.dumps(_completion(reply(body), body["model"], used)).encode())
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

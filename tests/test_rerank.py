@@ -33,7 +33,7 @@ from rag_experiments.stages.rerank import (
     rerank_order,
 )
 from rag_experiments.stages.retrieval import BM25Retriever, HybridRetriever, minmax, rrf_fuse, weighted_fuse
-from tests.llm_fixtures import ChatServer
+from tests.llm_fixtures import ChatServer, send_body
 from tests.sweep_helpers import REPO, make_tiny, run_sweep, sweep_args, tiny_inputs
 
 CONF = str(REPO / "rag_experiments" / "conf")
@@ -183,12 +183,7 @@ class RerankServer:
                 self._send(200, {"results": sorted(res, key=lambda r: -r["relevance_score"])})
 
             def _send(self, status, obj):
-                data = json.dumps(obj).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_body(self, status, json.dumps(obj).encode())
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

@@ -12,11 +12,9 @@ rules), read top to bottom like the config tree; split, a group's rules would li
 
 from __future__ import annotations
 
-import collections.abc
 import inspect
 import os
 import re
-import types
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +24,9 @@ from urllib.parse import urlparse
 from rag_experiments.core.conf_groups import conf_dir
 from rag_experiments.evaluation.cost import price
 from rag_experiments.evaluation.defaults import RANK_DEPTH, TOKEN_BUDGETS, metrics_problems
+from rag_experiments.run.config_types import conforms, describe
+from rag_experiments.run.config_types import is_int as _is_int
+from rag_experiments.run.config_types import is_num as _is_num
 from rag_experiments.stages.prompts import CONTEXT_FORMATS
 
 Problems = list[str]
@@ -45,14 +46,6 @@ class ConfigError(ValueError):
     def __init__(self, problems: Problems):
         self.problems = problems
         super().__init__("\n".join(problems))
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 class _Group:
@@ -188,57 +181,8 @@ class _Group:
         except Exception:  # noqa: BLE001 - an unimportable target is reported by known_keys
             return
         for key, value in self.node.items():
-            if key in hints and key not in self.checked and not _conforms(value, hints[key]):
-                self.bad(key, f"must be {_describe(hints[key])}", value)
-
-
-def _conforms(value: Any, hint: Any) -> bool:
-    """Does a YAML value fit a constructor annotation? Unknown annotations (a Protocol such as
-    ``Embedder``, set by the sweep or a nested ``_target_`` node) are not judged here."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any or hint is object:
-        return True
-    if value is None:
-        return hint is type(None) or type(None) in args
-    if origin in (typing.Union, types.UnionType):
-        return any(_conforms(value, a) for a in args if a is not type(None))
-    if origin is typing.Literal:
-        return value in args
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return _is_int(value)
-    if hint is float:
-        return _is_num(value)
-    if hint is str:
-        return isinstance(value, str)
-    if origin in (list, tuple, collections.abc.Sequence) or hint in (list, tuple):
-        if not isinstance(value, list | tuple):
-            return False
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            return len(value) == len(args) and all(_conforms(v, a) for v, a in zip(value, args, strict=True))
-        item = args[0] if args else Any
-        return all(_conforms(v, item) for v in value)
-    if origin in (dict, collections.abc.Mapping) or hint is dict:
-        return isinstance(value, dict)
-    return True
-
-
-def _describe(hint: Any) -> str:
-    """``int | None`` → "an integer or null"; ``Literal["chars", "tokens"]`` → "one of chars, tokens"."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe(a) for a in args)
-    if origin is typing.Literal:
-        return f"one of {', '.join(map(str, args))}"
-    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "null"}
-    if hint in names:
-        return names[hint]
-    if origin in (list, tuple, collections.abc.Sequence) or hint in (list, tuple):
-        return "a list" + (f" of {_describe(args[0])}" if args and args[-1] is not Ellipsis and origin is list else "")
-    if origin in (dict, collections.abc.Mapping) or hint is dict:
-        return "a mapping"
-    return str(hint)
+            if key in hints and key not in self.checked and not conforms(value, hints[key]):
+                self.bad(key, f"must be {describe(hints[key])}", value)
 
 
 def _corpus(g: _Group) -> None:

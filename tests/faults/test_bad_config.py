@@ -250,7 +250,8 @@ def test_every_shipped_option_fits_its_constructors_annotations():
     import yaml
     from hydra.utils import get_class
 
-    from rag_experiments.run.config_schema import GROUP_CHECKS, _conforms, _Group
+    from rag_experiments.run.config_schema import GROUP_CHECKS, _Group
+    from rag_experiments.run.config_types import conforms
 
     checked = 0
     for f in sorted(conf_dir().glob("*/*.yaml")):
@@ -260,7 +261,7 @@ def test_every_shipped_option_fits_its_constructors_annotations():
         hints = typing.get_type_hints(get_class(node["_target_"]).__init__)
         for key, value in node.items():
             if key in hints and not (isinstance(value, str) and ("${" in value or value == "???")):
-                assert _conforms(value, hints[key]), (f.name, key, value, hints[key])
+                assert conforms(value, hints[key]), (f.name, key, value, hints[key])
                 checked += 1
     assert checked > 100
     g = _Group("chunking", {"_target_": "rag_experiments.stages.chunking.FixedSizeChunker", "size": "big"})
