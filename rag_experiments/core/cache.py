@@ -350,17 +350,23 @@ class CachedEmbedder:
 
     def encode(self, texts: list[str], kind: str = "passage") -> np.ndarray:
         blocks = [texts[i : i + self.block] for i in range(0, len(texts), self.block)] or [texts]
+        keys = [stage_key("vectors", self.identity, kind, part) for part in blocks]
+        hits = [self.cache.get_array("vectors", key) for key in keys]
+        todo = sum(len(part) for part, hit in zip(blocks, hits, strict=True) if hit is None)
         out = []
-        show = self.progress and len(blocks) > 1
-        with Progress(f"embedding {kind}s", len(texts), enabled=show, unit="texts") as bar:
-            for part in blocks:
-                key = stage_key("vectors", self.identity, kind, part)
-                hit = self.cache.get_array("vectors", key)
+        # a start line as soon as there is real work (one block of MiniLM can take a minute), a
+        # line per block with its ETA when there are several
+        show = self.progress and todo >= 256
+        with Progress(f"embedding {kind}s", todo, enabled=show, unit="texts") as bar:
+            for part, key, hit in zip(blocks, keys, hits, strict=True):
                 if hit is not None:
                     v = hit["v"]
                 else:
                     v = self.inner.encode(part, kind=kind)
+                    if not np.isfinite(v).all():  # a NaN is an error, never a vector (nor cached)
+                        bad = int((~np.isfinite(v).all(axis=1)).sum()) if v.ndim == 2 else len(part)
+                        raise ValueError(f"embedding: the model returned NaN/inf vectors for {bad} of {len(part)} texts")
                     self.cache.put_array("vectors", key, v=v)
+                    bar.update(len(part))
                 out.append(v)
-                bar.update(len(part))
         return out[0] if len(out) == 1 else np.concatenate(out)

@@ -61,6 +61,30 @@ def dir_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def unreadable_weights(path: str | Path) -> str:
+    """Why a model directory's ``*.safetensors`` files cannot be loaded ("" when they can): each
+    must hold its 8-byte header length N, an N-byte JSON header, and every tensor's bytes
+    (``data_offsets`` end at most at the file's size less 8 + N). A copy cut short (a failed
+    download, a full disk) is caught here, at the config check, not as a traceback mid-run."""
+    import json
+    import struct
+
+    for f in sorted(Path(path).expanduser().rglob("*.safetensors")):
+        size = f.stat().st_size
+        try:
+            with open(f, "rb") as fh:
+                (n,) = struct.unpack("<Q", fh.read(8))
+                header = json.loads(fh.read(n)) if 8 + n <= size else None
+        except (OSError, ValueError, struct.error):
+            header = None
+        if not isinstance(header, dict):
+            return f"{f}: not a readable safetensors file (size {size} bytes)"
+        end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"), default=0)
+        if 8 + n + end > size:
+            return f"{f}: truncated ({size} bytes, its header needs {8 + n + end})"
+    return ""
+
+
 # ------------------------------------------------------------------------------ code
 
 #: The modules whose code computes each cached stage (keys of ``cache.stage_key``): the stage

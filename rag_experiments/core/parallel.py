@@ -28,6 +28,22 @@ R = TypeVar("R")
 #: at the end of a slice at the latest).
 POLL_S = 0.2
 
+_ON_INTERRUPT: list[Callable[[], None]] = []
+
+
+def on_interrupt(fn: Callable[[], None]) -> None:
+    """Run ``fn`` whenever a consumer of this module is interrupted (Ctrl-C/SIGTERM): the endpoint
+    client registers its ``abort_all`` here, so no request leaves after the signal and the ones in
+    flight fail now, whichever stage's pool was waiting."""
+    if fn not in _ON_INTERRUPT:
+        _ON_INTERRUPT.append(fn)
+
+
+def _interrupted() -> None:
+    for fn in _ON_INTERRUPT:
+        fn()
+
+
 class Aborted(Exception):
     """A call not started because the run was interrupted."""
 
@@ -64,6 +80,7 @@ def thread_map(
     except BaseException as e:
         if isinstance(e, KeyboardInterrupt):
             stop.set()
+            _interrupted()
         if on_abort is not None:
             on_abort()
         raise
@@ -84,6 +101,7 @@ def as_they_complete(fn: Callable[[T], R], items: Sequence[T], workers: int) -> 
                 yield futures[fut], fut.result()
     except KeyboardInterrupt:
         stop.set()
+        _interrupted()
         raise
     finally:  # on Ctrl-C / SIGTERM do not wait for the queued requests
         pool.shutdown(wait=False, cancel_futures=True)

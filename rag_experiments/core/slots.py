@@ -23,6 +23,12 @@ class Slot:
     cache: tuple[str, ...]  # cache namespaces it writes
     code: tuple[str, ...]  # modules whose code decides those entries
     optional: bool = False  # None is a valid choice (generator=none: a retrieval-only run)
+    # -- as a step of the run loop (run/steps.py); "" = not a step of its own (the embedder runs
+    # inside the retriever's step, the prompt inside the generator's)
+    step: str = ""  # its name in timings (``<step>_s``), model calls, progress and the status rule
+    errors: str = ""  # the run metric counting the items it failed on (re-run retries them)
+    noun: str = "items"  # what its items are, in messages ("every one of the 8 reranked queries")
+    position: int = 0  # its place in the run loop (the query transform runs before the retriever)
 
 
 _EMBEDDING = "rag_experiments.stages.embedding"
@@ -35,28 +41,38 @@ _JUDGE_CODE = (
 
 SLOTS: tuple[Slot, ...] = (
     Slot("chunker", "chunking", "rag_experiments.stages.chunking.Chunker", ("chunks",),
-         ("rag_experiments.stages.chunking",)),
+         ("rag_experiments.stages.chunking",), step="chunking", position=1, noun="documents"),
     Slot("embedder", "embedding", "rag_experiments.stages.embedding.Embedder", ("vectors",),
          (_EMBEDDING, "rag_experiments.stages.vector_store")),
     Slot("retriever", "retriever", "rag_experiments.stages.retrieval.Retriever", ("rankings",),
-         ("rag_experiments.stages.retrieval", _EMBEDDING, "rag_experiments.stages.vector_store")),
+         ("rag_experiments.stages.retrieval", _EMBEDDING, "rag_experiments.stages.vector_store"),
+         step="retrieval", position=3, noun="queries"),
     # what the retriever searches: a rewritten query, a hypothetical answer (HyDE) or variants fused by
     # RRF, from a chat model (docs/stages.md); query=none: the question. After the retriever in this
     # list (the first three are the retrieval core), before it in the run.
     Slot("query_transform", "query", "rag_experiments.stages.query.QueryTransform", ("query",),
-         ("rag_experiments.stages.query", "rag_experiments.stages.generation"), optional=True),
+         ("rag_experiments.stages.query", "rag_experiments.stages.generation"), optional=True,
+         step="query", position=2, errors="n_query_errors", noun="transformed questions"),
     # re-scores the first stage's candidates (docs/stages.md); rerank=none: no reranker
     Slot("reranker", "rerank", "rag_experiments.stages.rerank.Reranker", ("rerank",),
-         ("rag_experiments.stages.rerank", _EMBEDDING), optional=True),
+         ("rag_experiments.stages.rerank", _EMBEDDING), optional=True,
+         step="rerank", position=4, errors="n_rerank_errors", noun="reranked queries"),
     Slot("generator", "generator", "rag_experiments.stages.generation.Generator", ("generation",),
-         ("rag_experiments.stages.generation",), optional=True),
+         ("rag_experiments.stages.generation",), optional=True,
+         step="generation", position=5, errors="n_errors", noun="generated queries"),
     # the prompt's text enters the generation key (the rendered messages), not a cache of its own
     Slot("prompt", "prompt", "rag_experiments.stages.prompts.PromptTemplate", (), (), optional=True),
     Slot("judge", "judge", "rag_experiments.judge.claims.Judge", ("claims", "verdict", "relevance"),
-         _JUDGE_CODE, optional=True),
+         _JUDGE_CODE, optional=True, step="judging", position=6, errors="n_judge_errors", noun="judged answers"),
 )
 #: The inputs a config chooses before any stage: the corpus and the eval set.
 INPUT_GROUPS = ("corpus", "evalset")
+
+
+def steps() -> tuple[Slot, ...]:
+    """The slots that run as a step of their own, in run order (the query transform before the
+    retriever it feeds)."""
+    return tuple(sorted((s for s in SLOTS if s.step), key=lambda s: s.position))
 
 
 def slot(name: str) -> Slot:

@@ -12,6 +12,7 @@ The retrieval half (chunk, rank, rerank, retrieval metrics) is ``run.retrieval``
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -20,7 +21,6 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from rag_experiments.analysis.variance import replicate_metrics
@@ -46,17 +46,18 @@ from rag_experiments.judge.cached import (
     verdict_failures,
 )
 from rag_experiments.judge.repeats import repeat_columns
-from rag_experiments.run.query_stage import query_columns, query_retrieval
+from rag_experiments.run.query_stage import QueryStep, query_columns, transformed_ranking
 from rag_experiments.run.racing import generate_subset
 from rag_experiments.run.retrieval import (
-    chunk_stage,
+    ChunkStep,
+    RerankStep,
+    RetrieveStep,
     first_stage_aggregates,
     rerank_columns,
-    rerank_first_stage,
     retrieval_rows,
     retrieval_scores,
-    timed_retrieval,
 )
+from rag_experiments.run.steps import Ledger, RunState, StepContext, StepRecord
 from rag_experiments.run.types import PipelineData, RunSettings, Stages
 from rag_experiments.stages.context_fit import fit_contexts
 from rag_experiments.stages.endpoint_limits import warn_truncated
@@ -75,6 +76,7 @@ class PipelineResult:
     n_chunks: int = 0
     n_generated: int = 0  # items generated and judged (0: retrieval only)
     tags: dict[str, str] = field(default_factory=dict)  # run tags, e.g. token_budget_tokenizer
+    records: dict[str, StepRecord] = field(default_factory=dict)  # per slot: what its step did (run.steps)
 
 
 def _generate_one(generator, messages) -> Generation:
@@ -218,39 +220,80 @@ def _label_rows(rows, items, k: int, thresholds: dict | None, generated: list[bo
         )
 
 
-def _generate_and_judge(
-    items, ranked, subset, settings: RunSettings, cache, rows, stages: Stages, timings, calls
-) -> None:
-    """Generate and judge the ``subset`` of items (with the claim-level diagnostics); fills their
-    rows and adds to ``timings`` and ``calls``."""
-    judge, progress = stages.judge, settings.progress
+@dataclass
+class _Segment:
+    """The generation segment's state (one replicate or racing batch): what the generate step
+    leaves for the judge step."""
+
+    items: list[EvalItem]
+    chunks: list  # per item, the context's chunks (fitted to the model's window)
+    prompts: list
+    gens: list[Generation] = field(default_factory=list)
+    answers: list[str | None] = field(default_factory=list)
+    contexts: list[str] = field(default_factory=list)
+    judged: list = field(default_factory=list)
+    diags: list = field(default_factory=list)
+    flips: list = field(default_factory=list)
+
+
+class GenerateStep:
+    """The ``generator`` slot as a step: an answer per prompt (``generation_stage``)."""
+
+    slot = "generator"
+
+    def run(self, seg: _Segment, ctx: StepContext) -> StepRecord:
+        seg.gens, n_gen = generation_stage(ctx.stages.generator, seg.prompts, ctx.cache, ctx.settings.progress)
+        seg.answers = [None if g.error else g.text for g in seg.gens]
+        errors = [g.error for g in seg.gens if g.error]
+        tokens = Counter()
+        for g in seg.gens:
+            tokens.update({k: float(v) for k, v in (g.usage or {}).items() if k.endswith("_tokens") and v})
+        return StepRecord(self.slot, len(seg.prompts), len(errors), {"generation": n_gen}, dict(tokens),
+                          first_error=errors[0] if errors else "")  # fmt: skip
+
+
+class JudgeStep:
+    """The ``judge`` slot as a step: claims, verdicts and relevance per answer, the claim-level
+    diagnostics and the judge's repeats. An answer counts as failed when a judge call on it failed
+    on transport (``n_judge_errors``)."""
+
+    slot = "judge"
+
+    def run(self, seg: _Segment, ctx: StepContext) -> StepRecord:
+        judge, cache, progress = ctx.stages.judge, ctx.cache, ctx.settings.progress
+        seg.judged, jcalls = judge_stage(judge, seg.items, seg.answers, seg.contexts, cache, progress)
+        seg.diags, dcalls = diagnostics_stage(
+            judge, seg.items, seg.answers, seg.chunks, seg.judged, cache, ctx.settings.min_coverage, progress
+        )
+        seg.flips = repeat_columns(ctx.stages.judge_repeats, seg.judged, seg.contexts, cache, jcalls)  # judge.repeats
+        judged = [j for j in seg.judged if j is not None]
+        failed = sum(bool(sum(verdict_failures(j.verdicts)[1:]) + j.n_errors) for j in judged)
+        calls = {f"judge_{k}": v for k, v in (jcalls + dcalls).items()}
+        return StepRecord(self.slot, len(judged), failed, calls)
+
+
+def _generate_and_judge(items, ranked, subset, settings: RunSettings, cache, rows, stages: Stages, ledger: Ledger) -> None:
+    """Generate and judge the ``subset`` of items (with the claim-level diagnostics), as the
+    generator's and the judge's steps; fills their rows, their records join ``ledger``."""
     sub_items = [items[i] for i in subset]
     contexts_chunks = [ranked[i][: settings.k] for i in subset]
     contexts_chunks = fit_contexts(stages, rows, subset, contexts_chunks, cache)  # to the model's window
     prompts = [stages.prompt.render(it.query, cs) for it, cs in zip(sub_items, contexts_chunks, strict=True)]
-    t = time.perf_counter()
-    gens, n_gen = generation_stage(stages.generator, prompts, cache, progress)
-    calls["generation"] += n_gen
-    timings["generation_s"] = time.perf_counter() - t
-    answers = [None if g.error else g.text for g in gens]
-    contexts = ["\n\n".join(c.text for c in cs) for cs in contexts_chunks]
+    seg, ctx = _Segment(sub_items, contexts_chunks, prompts), StepContext(stages, None, settings, cache)
+    ledger.run(GenerateStep(), seg, ctx)
+    seg.contexts = ["\n\n".join(c.text for c in cs) for cs in contexts_chunks]
     cites = A.asks_for_citations(stages.prompt.text)  # citation metrics only where the prompt asks
-    free = A.judge_free_columns(sub_items, answers, contexts, contexts_chunks, cites, settings.min_coverage)
-    t = time.perf_counter()
+    free = A.judge_free_columns(sub_items, seg.answers, seg.contexts, contexts_chunks, cites, settings.min_coverage)
+    judge = stages.judge
     if judge is None:  # judge=none: the judge-free metrics alone, no judge call
-        judged, diags, flips = [None] * len(sub_items), [None] * len(sub_items), [{}] * len(sub_items)
+        n = len(sub_items)
+        seg.judged, seg.diags, seg.flips = [None] * n, [None] * n, [{}] * n
     else:
-        judged, jcalls = judge_stage(judge, sub_items, answers, contexts, cache, progress)
-        diags, dcalls = diagnostics_stage(
-            judge, sub_items, answers, contexts_chunks, judged, cache, settings.min_coverage, progress
-        )
-        flips = repeat_columns(stages.judge_repeats, judged, contexts, cache, jcalls)  # judge.repeats
-        calls.update({f"judge_{k_}": v for k_, v in (jcalls + dcalls).items()})
-    timings["judging_s"] = time.perf_counter() - t
-    rows_of = zip(subset, gens, judged, contexts, diags, flips, free, strict=True)
-    for qi, g, j, ctx, d, fl, fr in rows_of:
+        ledger.run(JudgeStep(), seg, ctx)
+    rows_of = zip(subset, seg.gens, seg.judged, seg.contexts, seg.diags, seg.flips, free, strict=True)
+    for qi, g, j, ctx_text, d, fl, fr in rows_of:
         row = rows[qi]
-        row.update(answer=g.text, context=ctx, error=g.error)  # context: exactly what both saw
+        row.update(answer=g.text, context=ctx_text, error=g.error)  # context: exactly what both saw
         row.update(latency_generation_s=g.latency_s, generation_cached=g.cached, answer_truncated=g.truncated)
         row.update(usage_columns(g.usage))  # cached answers keep their usage: cost of the config
         row.update(_judged_columns(j, judge is not None), **fr)  # fr: the judge-free metrics
@@ -303,46 +346,39 @@ def _run_aggregates(
     return aggregates
 
 
-def _retrieval_half(stages: Stages, data: PipelineData, settings: RunSettings, cache: StageCache, timings, calls):
-    """Chunk, transform the queries (``query`` slot), rank, rerank (``rerank`` slot) and score the
-    retrieval: (chunks, the ranked chunks per item, the per-query rows so far, the retrieval
-    scores, the cache keys). Fills ``timings`` and ``calls``."""
-    items, progress = data.items, settings.progress
+def retrieval_steps(stages: Stages) -> list:
+    """The retrieval half's steps, in run order: the configured slots only (``query=none`` and
+    ``rerank=none`` add no step)."""
+    out = [ChunkStep()]
+    if stages.query_transform is not None:
+        out.append(QueryStep())
+    out.append(RetrieveStep(transformed_ranking))
+    if stages.reranker is not None:
+        out.append(RerankStep())
+    return out
+
+
+def _retrieval_half(stages: Stages, data: PipelineData, settings: RunSettings, cache: StageCache, ledger: Ledger):
+    """The retrieval half as a fold over its steps (chunk, transform the queries, rank, rerank),
+    then the retrieval metrics: (chunks, the ranked chunks per item, the per-query rows so far,
+    the retrieval scores, the cache keys)."""
+    items = data.items
     embedder = getattr(stages.retriever, "embedder", None)
     if hasattr(embedder, "progress"):
-        embedder.progress = progress
-    t = time.perf_counter()
-    chunks, chunks_key = chunk_stage(
-        data.docs, data.corpus_digest, stages.chunker, stages.chunking_cfg, cache, progress
-    )
-    timings["chunking_s"] = time.perf_counter() - t
-
-    queries = [it.query for it in items]
-    reranker, transform, queried = stages.reranker, stages.query_transform, None
-    depth = settings.depth if reranker is None else max(settings.depth, reranker.candidates)
-    if transform is None:
-        ranking = timed_retrieval(stages.retriever, chunks, chunks_key, queries, depth, cache, progress)
-    else:  # the retriever searches what the transform says (docs/stages.md, "Query transformation")
-        queried, ranking = query_retrieval(transform, stages.retriever, chunks, chunks_key, queries, depth,
-                                           cache, progress, timings, calls)  # fmt: skip
-    calls["retrieval"], timings["retrieval_s"] = ranking.calls, ranking.seconds
-    cache_keys = {"chunks": chunks_key, "rankings": ranking.key}
-    first_stage: dict[str, np.ndarray] = {}
-    if reranker is not None:  # the first stage's metrics, then the reranked list replaces it
-        first_stage, reranked = rerank_first_stage(reranker, items, chunks, queries, ranking, settings, cache_keys, cache,
-                                        timings, calls)
-        ranking = reranked.ranking
-    ranked = [[chunks[i] for i in row if i >= 0] for row in ranking.idx]
-    scored = retrieval_scores(
-        stages.retriever, items, chunks, ranking.idx, ranked, settings, cache_keys, cache
-    )
+        embedder.progress = settings.progress
+    st, ctx = RunState([it.query for it in items]), StepContext(stages, data, settings, cache)
+    for step in retrieval_steps(stages):
+        ledger.run(step, st, ctx)
+    chunks = st.chunks
+    ranked = [[chunks[i] for i in row if i >= 0] for row in st.ranking.idx]
+    scored = retrieval_scores(stages.retriever, items, chunks, st.ranking.idx, ranked, settings, st.cache_keys, cache)
     shown = max(settings.all_ks)  # the per-query table lists the ranks the top-k metrics see
-    latency = timings["retrieval_s"] / max(len(items), 1)
-    rows = retrieval_rows(items, [r[:shown] for r in ranked], ranking.scores, scored.per_query, latency)
-    if reranker is not None:
-        rerank_columns(rows, first_stage, reranked)
-    query_columns(rows, queried)
-    return chunks, ranked, rows, scored, cache_keys
+    latency = ledger.records["retriever"].seconds / max(len(items), 1)
+    rows = retrieval_rows(items, [r[:shown] for r in ranked], st.ranking.scores, scored.per_query, latency)
+    if st.reranked is not None:
+        rerank_columns(rows, st.first_stage, st.reranked)
+    query_columns(rows, st.queried)
+    return chunks, ranked, rows, scored, st.cache_keys
 
 
 def run_pipeline(
@@ -351,28 +387,28 @@ def run_pipeline(
     """Retrieval on every item; generation and judging on
     ``stratified_subset(items, settings.generation_subset)`` when ``stages.generator`` is set.
 
-    Items outside the subset keep their retrieval metrics and a retrieval-only failure label; their
-    generation metrics and label rates are NaN (every generation mean covers the subset only,
-    ``n_scored/{key}``). ``settings.pricing``: price tables for ``cost_usd`` (evaluation.cost).
+    Every stage runs as a step (``run.steps``); timings, model calls, error counts, the run-status
+    rule and endpoint usage come from the steps' records. Items outside the subset keep their
+    retrieval metrics and a retrieval-only failure label; their generation metrics and label rates
+    are NaN (every generation mean covers the subset only, ``n_scored/{key}``).
+    ``settings.pricing``: price tables for ``cost_usd`` (evaluation.cost).
     """
-    timings: dict[str, float] = {}
-    calls: Counter = Counter()
+    ledger = Ledger()
     items = data.items
-    reranker, transform = stages.reranker, stages.query_transform
-    chunks, ranked, rows, scored, cache_keys = _retrieval_half(stages, data, settings, cache, timings, calls)
+    chunks, ranked, rows, scored, cache_keys = _retrieval_half(stages, data, settings, cache, ledger)
 
     subset = stratified_subset(items, settings.generation_subset) if stages.generates else []
     if race is not None:  # racing batches (docs/racing.md); racing runs one replicate (config_schema)
-        def generate(sub, st, se, ca, t, c):
-            _generate_and_judge(items, ranked, sub, se, ca, rows, st, t, c)
+        def generate(sub, st, se, ca, led):
+            _generate_and_judge(items, ranked, sub, se, ca, rows, st, led)
 
         subset = generate_subset(
-            (generate, _label_rows), rows, items, subset, stages, settings, cache, timings, calls, race, scored.tags
+            (generate, _label_rows), rows, items, subset, stages, settings, cache, ledger, race, scored.tags
         )
         row_items = list(range(len(items)))
     else:
-        run_one = partial(_generate_and_judge, items, ranked, subset, settings, cache)  # (rows, stages, …)
-        rows, row_items = run_replicates(rows, stages, settings.replicates, run_one, timings, calls)
+        run_one = partial(_generate_and_judge, items, ranked, subset, settings, cache)  # (rows, stages, ledger)
+        rows, row_items = run_replicates(rows, stages, settings.replicates, run_one, ledger)
     chosen = set(subset)
     generated = [i in chosen for i in row_items]  # replicates: one row per (item, replicate)
     _label_rows(rows, [items[i] for i in row_items], settings.k, settings.thresholds, generated)
@@ -385,18 +421,23 @@ def run_pipeline(
         df, scored.run_metrics, settings.pricing, n_generated, settings.n_resamples, settings.seed
     )
     aggregates.update(replicate_metrics(df, settings.thresholds))  # R > 1: flip rates, variance shares
-    if reranker is not None:
+    if stages.reranker is not None:
         aggregates.update(first_stage_aggregates(df))
-        aggregates["n_rerank_errors"] = int(df["rerank_error"].notna().sum())
-    if transform is not None:
-        aggregates["n_query_errors"] = int(df.drop_duplicates("id")["query_error"].notna().sum())
+    # the error counts of the steps that count them (n_errors and n_judge_errors, counted per
+    # query and per call, come from the table above)
+    aggregates.update({k: v for k, v in ledger.error_counts().items() if k not in aggregates})
+    usage = ledger.endpoint_usage()
+    tags = dict(scored.tags)
+    if usage:
+        tags["endpoint_usage"] = json.dumps(usage, sort_keys=True)
     return PipelineResult(
         per_query=df,
         aggregates=aggregates,
         cache_keys=cache_keys,
-        tags=scored.tags,
-        timings=timings,
-        calls=dict(calls),
+        tags=tags,
+        timings=ledger.timings(),
+        calls=ledger.calls(),
         n_chunks=len(chunks),
         n_generated=len(subset),
+        records=ledger.records,
     )

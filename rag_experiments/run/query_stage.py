@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +25,7 @@ from rag_experiments.core.progress import Progress
 from rag_experiments.core.types import Chunk
 from rag_experiments.evaluation.cost import usage_columns
 from rag_experiments.run.retrieval import Ranking, retrieval_stage
+from rag_experiments.run.steps import StepRecord
 from rag_experiments.stages.query import Transformed, rrf_lists
 
 log = logging.getLogger(__name__)
@@ -100,26 +100,31 @@ def _hyde_ranking(transform, retriever, chunks, chunks_key, questions, q: Querie
     return Ranking(np.asarray(idx, dtype=np.int64), np.asarray(sc, dtype=np.float32), key, calls=1)
 
 
-def query_retrieval(
-    transform, retriever, chunks: list[Chunk], chunks_key: str, questions: list[str], depth: int,
-    cache: StageCache, progress: bool, timings: dict, calls,
-) -> tuple[Queried, Ranking]:  # fmt: skip
-    """The transform (timed as ``query_s``, its calls counted as ``query``), then the ranking of
-    what it says to search (timed as ``retrieval_s``)."""
-    t = time.perf_counter()
-    q = query_stage(transform, questions, cache, progress)
-    timings["query_s"], calls["query"] = time.perf_counter() - t, q.calls
-    t = time.perf_counter()
-    with Progress("retrieval", None, enabled=progress):
-        if transform.kind == "multi_query":
-            ranking = _multi_query_ranking(transform, retriever, chunks, chunks_key, q, depth, cache)
-        elif transform.kind == "hyde":
-            ranking = _hyde_ranking(transform, retriever, chunks, chunks_key, questions, q, depth, cache)
-        else:  # rewrite: one text per question
-            texts = [s[0] for s in q.search_queries]
-            ranking = retrieval_stage(retriever, chunks, chunks_key, texts, depth, cache)
-    ranking.seconds = time.perf_counter() - t
-    return q, ranking
+class QueryStep:
+    """The ``query`` slot as a step: every question's transform (``run.steps``: a transform that
+    fails on every question fails the run; failures are not cached, so a re-run redoes them)."""
+
+    slot = "query_transform"
+
+    def run(self, st, ctx) -> StepRecord:
+        q = query_stage(ctx.stages.query_transform, st.queries, ctx.cache, ctx.settings.progress)
+        st.queried = q
+        errors = [e for e in q.errors if e]
+        tokens = {k: float(sum((u.get(k) or 0) for u in q.usage)) for k in ("prompt_tokens", "completion_tokens")}
+        return StepRecord(self.slot, len(st.queries), len(errors), {"query": q.calls}, tokens,
+                          first_error=errors[0] if errors else "")  # fmt: skip
+
+
+def transformed_ranking(transform, retriever, chunks: list[Chunk], chunks_key: str, questions: list[str],
+                        q: Queried, depth: int, cache: StageCache) -> Ranking:  # fmt: skip
+    """The ranking of what the transform says to search: fused variants (multi_query), a HyDE
+    search, or the rewritten queries."""
+    if transform.kind == "multi_query":
+        return _multi_query_ranking(transform, retriever, chunks, chunks_key, q, depth, cache)
+    if transform.kind == "hyde":
+        return _hyde_ranking(transform, retriever, chunks, chunks_key, questions, q, depth, cache)
+    texts = [s[0] for s in q.search_queries]  # rewrite: one text per question
+    return retrieval_stage(retriever, chunks, chunks_key, texts, depth, cache)
 
 
 def query_columns(rows: list[dict], queried: Queried | None) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -159,27 +158,25 @@ def race_generation(
     race: Race,
     rows: list[dict],
     subset: list[int],
-    run_batch: Callable[[list[int]], tuple[dict, Counter]],
+    run_batch: Callable[[list[int]], None],
     label_batch: Callable[[list[int]], None],
-) -> tuple[list[int], dict[str, float], Counter, dict[str, str]]:
+    ledger,
+) -> tuple[list[int], dict[str, str]]:
     """Generate and judge ``subset`` batch by batch in the racing order until stopped or done.
 
-    ``run_batch(indices)`` generates and judges those rows (timings, calls); ``label_batch`` sets
-    their failure labels. Returns (indices done, timings, calls, run tags).
+    ``run_batch(indices)`` generates and judges those rows (its steps' records join the run's
+    ``ledger``, a ``run.steps.Ledger``; the waits for the other configs are noted there as
+    ``racing_wait_s``); ``label_batch`` sets their failure labels. Returns (indices done, run tags).
     """
     s, board = race.settings, race.board
     order = [subset[i] for i in batch_order(len(subset), s.seed)]
     batches = [order[i : i + s.batch_size] for i in range(0, len(order), s.batch_size)]
-    timings: Counter = Counter()
-    calls: Counter = Counter()
     done: list[int] = []
     tags = {TAG_PRIMARY: s.primary, "racing.alpha": str(s.alpha), "racing.batch_size": str(s.batch_size)}
     b = -1
     try:
         for b, batch in enumerate(batches):
-            t, c = run_batch(sorted(batch))
-            timings.update(t)
-            calls.update(c)
+            run_batch(sorted(batch))
             label_batch(batch)
             done += batch
             board.publish(b, [rows[i]["id"] for i in batch], [primary_value(rows[i], s.primary) for i in batch])
@@ -187,7 +184,7 @@ def race_generation(
                 break
             t0 = time.perf_counter()
             peers = board.wait_for(b)
-            timings["racing_wait_s"] += time.perf_counter() - t0
+            ledger.note("racing_wait_s", time.perf_counter() - t0)
             mine = {rows[i]["id"]: primary_value(rows[i], s.primary) for i in done}
             values = {board.me: list(mine.values())}
             values.update({p: [v.get(i, math.nan) for i in mine] for p, v in peers.items()})
@@ -208,13 +205,13 @@ def race_generation(
                     f"α/(K−1) = {s.alpha:g}/{race.n_configs - 1})",
                     file=sys.stderr,
                 )
-                return done, dict(timings), calls, tags
+                return done, tags
         board.end("finished", b)
     except BaseException:
         board.end("failed", b)
         raise
     tags.update({TAG_STATUS: "survived", "racing.n": str(len(done))})
-    return done, dict(timings), calls, tags
+    return done, tags
 
 
 def job_problems(racing_on: bool, sweep: dict | None) -> list[str]:
@@ -301,29 +298,23 @@ def republish(job, run_id: str, tags: dict[str, str], table) -> int:
     return b + 1
 
 
-def generate_subset(work, rows, items, subset, stages, settings, cache, timings, calls, race, tags) -> list[int]:
+def generate_subset(work, rows, items, subset, stages, settings, cache, ledger, race, tags) -> list[int]:
     """The pipeline's generation and judging of ``subset``: all at once, or with a :class:`Race`
-    in racing batches until stopped (its ``racing.*`` run tags go into ``tags``; ``timings`` and
-    ``calls`` are summed over the batches). ``work``: (the pipeline's generate-and-judge bound to
-    rows, items and rankings, its failure-label function), passed in so this module does not
-    import the pipeline. Returns the indices done."""
+    in racing batches until stopped (its ``racing.*`` run tags go into ``tags``; the steps' records
+    of every batch join ``ledger``). ``work``: (the pipeline's generate-and-judge bound to rows,
+    items and rankings, its failure-label function), passed in so this module does not import the
+    pipeline. Returns the indices done."""
     generate, label_rows = work
     if race is None:
-        generate(subset, stages, settings, cache, timings, calls)
+        generate(subset, stages, settings, cache, ledger)
         return subset
 
     def run(sub):
-        t: dict[str, float] = {}
-        c: Counter = Counter()
-        generate(sub, stages, settings, cache, t, c)
-        return t, c
+        generate(sub, stages, settings, cache, ledger)
 
     def label(sub):
         label_rows([rows[i] for i in sub], [items[i] for i in sub], settings.k, settings.thresholds, [True] * len(sub))
 
-    done, t, c, race_tags = race_generation(race, rows, subset, run, label)
-    for key, v in t.items():
-        timings[key] = timings.get(key, 0.0) + v
-    calls.update(c)
+    done, race_tags = race_generation(race, rows, subset, run, label, ledger)
     tags.update(race_tags)
     return sorted(done)

@@ -6,7 +6,6 @@ measured separately, so neither half reads the other's results."""
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +17,7 @@ from rag_experiments.core.progress import Progress, track
 from rag_experiments.core.types import Chunk, Document
 from rag_experiments.evaluation import metrics as M
 from rag_experiments.evaluation.budget import budgeted_metrics
+from rag_experiments.run.steps import StepRecord
 from rag_experiments.run.types import RunSettings
 from rag_experiments.stages.chunking import chunk_corpus
 from rag_experiments.stages.rerank import RerankError, rerank_order, timed_scores
@@ -91,7 +91,8 @@ def rerank_stage(reranker, chunks: list[Chunk], queries: list[str], first: Ranki
     query by (reranker identity, query, candidate texts) and committed per batch of
     ``reranker.query_batch`` queries, so a killed run resumes with only the missing queries. A query
     the reranker fails on (``RerankError``) keeps its first-stage order, is not cached, and is
-    counted (``n_rerank_errors``)."""
+    counted (``n_rerank_errors``); so is a query whose scores are not one finite number per
+    candidate (a cross-encoder's NaN is an error, never a score)."""
     heads = [[int(i) for i in row[: reranker.candidates] if i >= 0] for row in first.idx]
     texts = [[chunks[i].text for i in h] for h in heads]
     keys = [stage_key("rerank", reranker.identity, q, ts) for q, ts in zip(queries, texts, strict=True)]
@@ -108,8 +109,15 @@ def rerank_stage(reranker, chunks: list[Chunk], queries: list[str], first: Ranki
                 errors.update({k: str(e) for k, _ in part})
                 log.warning("reranker: %s", e)
             else:
-                fresh = {k: {"scores": [float(x) for x in sc], "seconds": secs}
-                         for (k, _), sc in zip(part, scores, strict=True)}
+                fresh = {}
+                for (k, qi), sc in zip(part, scores, strict=True):
+                    sc = np.asarray(sc, dtype=np.float64)
+                    if len(sc) != len(texts[qi]) or not np.isfinite(sc).all():  # an error, never a score
+                        errors[k] = f"reranker returned {len(sc)} scores for {len(texts[qi])} candidates, " \
+                                    f"{int((~np.isfinite(sc)).sum())} not finite"  # fmt: skip
+                        log.warning("reranker: %s", errors[k])
+                    else:
+                        fresh[k] = {"scores": [float(x) for x in sc], "seconds": secs}
                 cache.put_json_many("rerank", fresh)
                 found.update(fresh)
             bar.update(len(part))
@@ -214,13 +222,60 @@ def retrieval_scores(
     return RetrievalScores(per_q, run_tags, extra)
 
 
-def timed_retrieval(retriever, chunks, chunks_key, queries, depth: int, cache, progress: bool) -> Ranking:
-    """Every query ranked to ``depth``, with the retriever calls and the seconds it took."""
-    t = time.perf_counter()
-    with Progress("retrieval", None, enabled=progress):  # start/done lines; embedding shows blocks
-        ranking = retrieval_stage(retriever, chunks, chunks_key, queries, depth, cache)
-    ranking.seconds = time.perf_counter() - t
-    return ranking
+class ChunkStep:
+    """The ``chunking`` slot as a step: the corpus's chunks, from the cache or the chunker."""
+
+    slot = "chunker"
+
+    def run(self, st, ctx) -> StepRecord:
+        d = ctx.data
+        st.chunks, st.chunks_key = chunk_stage(d.docs, d.corpus_digest, ctx.stages.chunker, ctx.stages.chunking_cfg,
+                                               ctx.cache, ctx.settings.progress)  # fmt: skip
+        st.cache_keys["chunks"] = st.chunks_key
+        return StepRecord(self.slot, len(d.docs))
+
+
+class RetrieveStep:
+    """The ``retriever`` slot as a step: every query ranked ``depth`` deep (the reranker's
+    candidates when there is one); with a query transform, what it says to search."""
+
+    slot = "retriever"
+
+    def __init__(self, transformed=None) -> None:
+        self.transformed = transformed  # run.query_stage.transformed_ranking (not imported: it imports this)
+
+    def run(self, st, ctx) -> StepRecord:
+        s, reranker = ctx.stages, ctx.stages.reranker
+        depth = ctx.settings.depth if reranker is None else max(ctx.settings.depth, reranker.candidates)
+        with Progress("retrieval", None, enabled=ctx.settings.progress):  # start/done; embedding shows blocks
+            if st.queried is None:
+                st.ranking = retrieval_stage(s.retriever, st.chunks, st.chunks_key, st.queries, depth, ctx.cache)
+            else:  # the retriever searches what the transform says (docs/stages.md)
+                st.ranking = self.transformed(s.query_transform, s.retriever, st.chunks, st.chunks_key, st.queries,
+                                              st.queried, depth, ctx.cache)  # fmt: skip
+        st.cache_keys["rankings"] = st.ranking.key
+        return StepRecord(self.slot, len(st.queries), calls={"retrieval": st.ranking.calls})
+
+
+class RerankStep:
+    """The ``rerank`` slot as a step: the first stage's metrics (``first_stage/<key>``), then the
+    reranked list replaces the first stage's. A query it fails on keeps first-stage order and is
+    counted; every query failing fails the run (``run.steps.failure_reason``)."""
+
+    slot = "reranker"
+
+    def run(self, st, ctx) -> StepRecord:
+        items, chunks, ranking = ctx.data.items, st.chunks, st.ranking
+        first_ranked = [[chunks[i] for i in row if i >= 0] for row in ranking.idx]
+        st.first_stage = retrieval_scores(
+            None, items, chunks, ranking.idx, first_ranked, ctx.settings, st.cache_keys, ctx.cache
+        ).per_query
+        st.reranked = rerank_stage(ctx.stages.reranker, chunks, st.queries, ranking, ctx.cache, ctx.settings.progress)
+        st.ranking = st.reranked.ranking
+        st.cache_keys["rerank"] = st.ranking.key
+        errors = [e for e in st.reranked.errors if e]
+        return StepRecord(self.slot, len(st.queries), len(errors), {"rerank": st.reranked.calls},
+                          first_error=errors[0] if errors else "")  # fmt: skip
 
 
 def first_stage_aggregates(df: pd.DataFrame) -> dict[str, float]:
@@ -228,18 +283,6 @@ def first_stage_aggregates(df: pd.DataFrame) -> dict[str, float]:
     metric, beside ``<key>`` on the reranked list, so a run says what its reranker added."""
     once = df.drop_duplicates("id") if "id" in df else df  # replicates repeat the retrieval columns
     return {c: float(np.nanmean(once[c].to_numpy(dtype=float))) for c in once if c.startswith("first_stage/")}
-
-
-def rerank_first_stage(reranker, items, chunks, queries, ranking, settings, cache_keys, cache, timings, calls):
-    """(first-stage per-query retrieval metrics, the reranked result): the metrics of the list the
-    reranker received (``first_stage/<key>``), then the reranking itself, timed and counted."""
-    first_ranked = [[chunks[i] for i in row if i >= 0] for row in ranking.idx]
-    first_stage = retrieval_scores(None, items, chunks, ranking.idx, first_ranked, settings, cache_keys, cache)
-    t = time.perf_counter()
-    reranked = rerank_stage(reranker, chunks, queries, ranking, cache, settings.progress)
-    timings["rerank_s"], calls["rerank"] = time.perf_counter() - t, reranked.calls
-    cache_keys["rerank"] = reranked.ranking.key
-    return first_stage.per_query, reranked
 
 
 def rerank_columns(rows: list[dict], first_stage: dict, reranked) -> None:

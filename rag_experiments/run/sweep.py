@@ -57,6 +57,8 @@ from rag_experiments.run.config_schema import unknown_group_options  # noqa: E40
 from rag_experiments.run.multirun import MultirunParent  # noqa: E402, F401 - conf names the callback here
 from rag_experiments.run.pilot import print_pilot_mde  # noqa: E402
 from rag_experiments.run.pipeline import PipelineResult, run_pipeline  # noqa: E402
+from rag_experiments.run.steps import failure_reason as step_failure  # noqa: E402
+from rag_experiments.run.steps import step_summary  # noqa: E402
 from rag_experiments.run.types import JobSettings  # noqa: E402
 from rag_experiments.tracking import writer as tracking  # noqa: E402
 from rag_experiments.tracking.bounds import bound_tracking_calls  # noqa: E402
@@ -214,44 +216,10 @@ def _log(writer: RunWriter, run_id: str, job: Job, res: PipelineResult, model_id
     timing["total_s"] = time.perf_counter() - job.t_start
 
 
-def every_item_failed(aggregates: dict[str, float]) -> bool:
-    """True when every generated query errored (dead endpoint): such a run must be retried, not skipped.
-
-    Errors are counted over the items actually generated (``n_generated``, the
-    ``generation_subset``), not over all ``n_queries``: with the default subset of 24 a dead
-    endpoint errors on 24 of 168 items and the run must still fail."""
-    n = aggregates.get("n_generated", aggregates.get("n_queries", 0))
-    return n > 0 and aggregates.get("n_errors", 0) >= n
-
-
-def dead_judge(per_query: pd.DataFrame) -> tuple[int, int]:
-    """(judged answers, of them with a judge transport error). Equal and > 0: the judge is dead
-    (closed port, HTTP errors, bodies that are not JSON) and the run must fail, not report ``n/a``.
-    """
-    if "n_judge_errors" not in per_query:
-        return 0, 0
-    judged = per_query["answer"].notna() & per_query["error"].isna() if "answer" in per_query else None
-    if judged is None:
-        return 0, 0
-    errs = per_query.loc[judged, "n_judge_errors"].fillna(0)
-    return int(judged.sum()), int((errs > 0).sum())
-
-
 def failure_reason(res: PipelineResult) -> str:
-    """Why a completed pipeline is a FAILED run ("" when it is not): every generated query errored,
-    or the judge failed on transport for every judged answer."""
-    agg = res.aggregates
-    if every_item_failed(agg):
-        n = int(agg.get("n_generated", agg["n_queries"]))
-        return f"every one of the {n} generated queries errored (see per_query 'error')"
-    judged, failed = dead_judge(res.per_query)
-    if judged and failed >= judged:
-        return (
-            f"the judge failed on every one of the {judged} judged answers "
-            f"({int(agg.get('n_judge_errors', 0))} judge calls with a transport error; "
-            "see per_query 'n_judge_errors')"
-        )
-    return ""
+    """Why a completed pipeline is a FAILED run ("" when it is not): a step failed on every item it
+    was asked to do (``run.steps.failure_reason``: a dead generator, judge, reranker or transform)."""
+    return step_failure(res.records)
 
 
 def trace_inputs(job: Job) -> TraceInputs:
@@ -381,6 +349,8 @@ def run_job(job: Job, uri: str) -> float:
         print(f"\nOpen the MLflow UI:\n  {tracking.ui_command(uri, s.artifact_root, exp_id)}")
     if n_failed := int(res.aggregates.get("n_judge_errors", 0)):
         print(f"[warn] {run_name}: {n_failed} judge calls failed on transport errors", file=sys.stderr)
+    for line in step_summary(res.records):  # partial failures: what the same command will redo
+        print(f"[warn] {run_name}: {line}", file=sys.stderr)
     if failure_reason(res) and not job.sweep:
         sys.exit(1)
     return float(res.aggregates.get(f"hit_at_{k}", float("nan")))

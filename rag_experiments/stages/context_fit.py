@@ -23,6 +23,7 @@ from dataclasses import replace
 
 from rag_experiments.core.cache import StageCache, stage_key
 from rag_experiments.core.types import Chunk
+from rag_experiments.stages.endpoint import Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +43,28 @@ def prompt_budget(generator) -> int | None:
     return int(ctx) - int(json.loads(generator.identity).get("max_tokens", 0))
 
 
+_TOKENIZERS: dict[str, Endpoint] = {}
+
+
+def _tokenizer(root: str) -> Endpoint:
+    if root not in _TOKENIZERS:
+        _TOKENIZERS[root] = Endpoint(root, "tokenizer", timeout_s=60, max_retries=2, what="tokenizer timeout_s")
+    return _TOKENIZERS[root]
+
+
+def _post(root: str, path: str, body: dict, field: str):
+    reply = _tokenizer(root).post(path, body, lambda raw: json.loads(raw)[field])
+    if reply.error:
+        raise RuntimeError(f"llama.cpp {path} at {root}: {reply.error}")
+    return reply.data
+
+
 def llama_count_tokens(generator, messages: list[dict]) -> int:
     """Tokens of ``messages`` as the llama.cpp server templates (``/apply-template``) and
-    tokenizes (``/tokenize``) them."""
-    import httpx
-
+    tokenizes (``/tokenize``) them, through the endpoint client (deadline, retries, abort)."""
     root = generator.base_url.removesuffix("/v1")
-    prompt = httpx.post(f"{root}/apply-template", json={"messages": messages}, timeout=60).json()["prompt"]
-    body = {"content": prompt, "add_special": True}
-    return len(httpx.post(f"{root}/tokenize", json=body, timeout=60).json()["tokens"])
+    prompt = _post(root, "/apply-template", {"messages": messages}, "prompt")
+    return len(_post(root, "/tokenize", {"content": prompt, "add_special": True}, "tokens"))
 
 
 def _counter(generator, cache: StageCache):

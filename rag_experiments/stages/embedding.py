@@ -18,7 +18,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from rag_experiments.core.identity import dir_sha256
+from rag_experiments.core.identity import dir_sha256, unreadable_weights
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,8 @@ class SentenceTransformerEmbedder(_NoModelPickle):
         self.path = Path(path).expanduser() if path else minilm_path()
         if not self.path.is_dir():
             raise FileNotFoundError(f"embedding.path: model directory not found: {self.path}")
+        if why := unreadable_weights(self.path):
+            raise FileNotFoundError(f"embedding.path: unreadable weights: {why}")
         self.name = name
         self.query_prefix = query_prefix
         self.passage_prefix = passage_prefix

@@ -1,10 +1,11 @@
 """Generators: any OpenAI-compatible chat endpoint, and a local llama.cpp server reached the same way.
 
 Both go through :class:`OpenAICompatibleGenerator`, so the offline default exercises exactly the
-client path used for OpenAI, vLLM, Ollama or a stand-alone llama.cpp server. The openai client's own
-retries are switched off (``max_retries=0``); ours are bounded, logged and visible in the result:
-a prompt that still fails after ``max_retries`` retries yields ``Generation(text="", error=...)``
-and the batch goes on.
+client path used for OpenAI, vLLM, Ollama or a stand-alone llama.cpp server. Its requests go
+through the one endpoint client (``stages.endpoint``: deadline, retries, ``Retry-After``, size cap,
+redaction, abort, the per-endpoint concurrency limit, usage), as every remote call does: a prompt
+that still fails after ``max_retries`` retries yields ``Generation(text="", error=...)`` and the
+batch goes on.
 
 ``identity`` names everything that determines an output (model file hash or model name, base URL
 for remote endpoints, sampling parameters) and never an API key; it is part of the generation cache
@@ -14,24 +15,23 @@ key.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import copy
 import importlib.util
 import json
 import logging
 import os
-import random
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Protocol
 
 from rag_experiments.core.identity import file_sha256
 from rag_experiments.core.parallel import thread_map
-from rag_experiments.core.redaction import error_text, redact, register_secret_env
 from rag_experiments.core.types import Generation
-from rag_experiments.stages.endpoint_limits import GiveUp, Retryable, answer_cap, read_within, retry_after_s
+from rag_experiments.stages.endpoint import Endpoint, Retryable, abort_all
+from rag_experiments.stages.endpoint_limits import answer_cap
 
 log = logging.getLogger(__name__)
 
@@ -56,31 +56,6 @@ class Completion:
     usage: dict[str, Any] = field(default_factory=dict)
     # top_logprobs of the first generated token as (token, logprob); None when the endpoint sent none
     first_token_logprobs: list[tuple[str, float]] | None = None
-
-
-def _classify(exc: Exception) -> bool:
-    """True when ``exc`` is transient (retry), False when retrying cannot help (other 4xx)."""
-    import openai
-
-    if isinstance(exc, Retryable):
-        return True
-    if isinstance(exc, GiveUp):
-        return False
-    if isinstance(exc, openai.APIStatusError):
-        return exc.status_code >= 500 or exc.status_code in (408, 409, 429)
-    # APITimeoutError subclasses APIConnectionError; validation errors are malformed bodies
-    if isinstance(exc, openai.APIConnectionError | openai.APIResponseValidationError):
-        return True
-    # a 200 whose body is not JSON surfaces as a decode error (ValueError) from the client
-    return isinstance(exc, ValueError | KeyError | TypeError | AttributeError)
-
-
-def _describe(exc: Exception) -> str:
-    import openai
-
-    if isinstance(exc, openai.APIStatusError):  # an endpoint may echo the key: redacted first
-        return f"HTTP {exc.status_code}: {redact(str(exc))[:200]}"
-    return error_text(exc, 200 + len(type(exc).__name__) + 2)
 
 
 class OpenAICompatibleGenerator:
@@ -111,12 +86,9 @@ class OpenAICompatibleGenerator:
         identity_extra: dict[str, Any] | None = None,
         max_answer_chars: int | None = None,
     ) -> None:
-        from openai import OpenAI
-
         self.base_url = str(base_url).rstrip("/")
         self.model = str(model)
         self.api_key_env = api_key_env
-        register_secret_env(api_key_env)  # its value is redacted from every error (redaction.py)
         self.temperature = float(temperature)
         self.seed = None if seed is None else int(seed)
         self.max_tokens = int(max_tokens)
@@ -127,13 +99,10 @@ class OpenAICompatibleGenerator:
         self.extra_body = dict(extra_body or {})
         # an endpoint that ignores max_tokens must not flood the judge and the store
         self.max_answer_chars = answer_cap(max_answer_chars, self.max_tokens)
-        self._aborted = threading.Event()
-        self._client = OpenAI(
-            base_url=self.base_url,
-            api_key=(os.environ.get(api_key_env) if api_key_env else None) or "sk-no-key",
-            max_retries=0,
-            timeout=self.timeout_s,
-        )
+        self._endpoint = Endpoint(
+            self.base_url, self.model, api_key_env, self.timeout_s, self.max_retries, self.backoff_s,
+            max_concurrency=self.concurrency, what="generator.timeout_s",
+        )  # fmt: skip
         ident: dict[str, Any] = {
             "kind": "openai-compatible",
             "base_url": self.base_url,
@@ -190,41 +159,16 @@ class OpenAICompatibleGenerator:
             kwargs["top_logprobs"] = top_logprobs
         if response_format is not None:
             kwargs["response_format"] = response_format
-        body = {**self.extra_body, **(extra_body or {})}
-        if body:
-            kwargs["extra_body"] = body
+        body = {**self.extra_body, **(extra_body or {})}  # merged into the request, as OpenAI's extra_body
 
-        t0 = time.perf_counter()
-        last_error, wait_s = "no attempt made", None
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                delay = self.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random())
-                self._aborted.wait(max(delay, wait_s or 0.0))  # the server's Retry-After, if longer
-            if self._aborted.is_set():
-                return Completion("", "aborted (interrupted)", time.perf_counter() - t0, attempt)
-            try:
-                resp = self._request(kwargs)
-                text, usage, first_lp = self._parse(resp, allow_empty)
-                return Completion(
-                    text=text,
-                    latency_s=time.perf_counter() - t0,
-                    attempts=attempt + 1,
-                    usage=usage,
-                    first_token_logprobs=first_lp,
-                )
-            except Exception as exc:  # noqa: BLE001 - classified below; never escapes
-                last_error = _describe(exc)
-                wait_s = retry_after_s(exc)
-                if wait_s is not None and wait_s > self.timeout_s:  # waiting less only earns another 429
-                    exc = GiveUp(exc)
-                    last_error += f" (Retry-After {wait_s:g} s is beyond generator.timeout_s={self.timeout_s:g} s)"
-                if not _classify(exc):
-                    log.warning("%s: not retried: %s", self.base_url, last_error)
-                    return Completion("", last_error, time.perf_counter() - t0, attempt + 1)
-                log.info("%s: attempt %d failed: %s", self.base_url, attempt + 1, last_error)
-        msg = f"failed after {self.max_retries + 1} attempts: {last_error}"
-        log.warning("%s: %s", self.base_url, msg)
-        return Completion("", msg, time.perf_counter() - t0, self.max_retries + 1)
+        reply = self._endpoint.post(
+            "/chat/completions", {**kwargs, **body}, lambda raw: self._parse(_namespace(raw), allow_empty)
+        )
+        if reply.error:
+            log.warning("%s: %s", self.base_url, reply.error)
+            return Completion("", reply.error, reply.seconds, reply.attempts)
+        text, usage, first_lp = reply.data
+        return Completion(text, None, reply.seconds, reply.attempts, usage, first_lp)
 
     def with_seed(self, seed: int) -> OpenAICompatibleGenerator:
         """The same endpoint and sampling with another ``seed`` (a replicate, ``replicates: R``);
@@ -237,20 +181,13 @@ class OpenAICompatibleGenerator:
         return other
 
     # -- internals --------------------------------------------------------------------------------
-    def _request(self, kwargs: dict[str, Any]) -> Any:
-        """One HTTP attempt, bounded in total by ``timeout_s`` (``endpoint_limits.read_within``)."""
-        with self._client.chat.completions.with_streaming_response.create(**kwargs) as raw:
-            return read_within(raw.http_response, time.monotonic() + self.timeout_s, self.timeout_s)
-
     def _map(self, fn, items: list) -> list:
         # SIGTERM/Ctrl-C: abort so in-flight requests fail now instead of timing out
-        return thread_map(fn, items, self.concurrency, on_abort=self.abort)
+        return thread_map(fn, items, self.concurrency, on_abort=abort_all)
 
     def abort(self) -> None:
-        """Stop now: no new attempts, and closing the HTTP client fails the in-flight requests."""
-        self._aborted.set()
-        with contextlib.suppress(Exception):
-            self._client.close()
+        """Stop now: no new attempts, and every in-flight request fails (``endpoint.abort_all``)."""
+        abort_all()
 
     @staticmethod
     def _parse(resp: Any, allow_empty: bool) -> tuple[str, dict, list[tuple[str, float]] | None]:
@@ -281,6 +218,11 @@ class OpenAICompatibleGenerator:
             if not first_lp:
                 first_lp = [(first.token, float(first.logprob))]
         return text, usage, first_lp
+
+
+def _namespace(raw: bytes) -> Any:
+    """A JSON body read leniently: attributes, no schema (a 200 that is not JSON: ValueError, retried)."""
+    return json.loads(raw, object_hook=lambda d: SimpleNamespace(**d))
 
 
 # -- local llama.cpp server ---------------------------------------------------------------------

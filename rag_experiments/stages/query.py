@@ -32,6 +32,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from rag_experiments.core.redaction import redact
+from rag_experiments.stages.replies import drop_preamble
 
 REWRITE_PROMPT = (
     "Rewrite the question as a short search query for a documentation search engine: keep the key "
@@ -86,17 +87,19 @@ def _clean(line: str) -> str:
 
 
 def parse_rewrite(reply: str) -> list[str]:
-    """[the first non-empty line of ``reply``, cleaned]; [] when there is none."""
-    for line in (reply or "").splitlines():
+    """[the first non-empty line of ``reply`` after any chat preamble (``replies.drop_preamble``),
+    cleaned]; [] when there is none or it holds no word."""
+    for line in drop_preamble(reply).splitlines():
         if text := _clean(line):
-            return [text]
+            return [text] if re.search(r"\w", text) else []
     return []
 
 
 def parse_hyde(reply: str) -> list[str]:
-    """[the reply, whitespace collapsed, a leading ``Passage:`` label dropped]; [] when empty."""
-    text = _LABEL.sub("", " ".join((reply or "").split())).strip()
-    return [text] if text else []
+    """[the reply, whitespace collapsed, a chat preamble and a leading ``Passage:`` label dropped];
+    [] when it holds no word."""
+    text = _LABEL.sub("", " ".join(drop_preamble(reply).split())).strip()
+    return [text] if re.search(r"\w", text) else []
 
 
 def parse_variants(reply: str, question: str, n: int) -> list[str]:
@@ -104,10 +107,10 @@ def parse_variants(reply: str, question: str, n: int) -> list[str]:
     to the question (case and surrounding punctuation ignored); [] when there is none."""
     seen = {question.strip().lower().rstrip("?.! ")}
     out = []
-    for line in (reply or "").splitlines():
+    for line in drop_preamble(reply).splitlines():
         text = _clean(line)
         key = text.lower().rstrip("?.! ")
-        if text and key not in seen:
+        if re.search(r"\w", text) and key not in seen:
             seen.add(key)
             out.append(text)
         if len(out) == n:

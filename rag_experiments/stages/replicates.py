@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -76,13 +75,12 @@ def run_replicates(
     stages: Any,
     replicates: int,
     run_one: Callable[..., None],
-    timings: dict,
-    calls: Counter,
+    ledger: Any,
 ) -> tuple[list[dict], list[int]]:
-    """Every replicate of the per-item ``rows``: (long rows, item index of each row); adds each
-    replicate's seconds to ``timings`` and model calls to ``calls``. ``run_one(rows_r, stages=…,
-    timings=…, calls=…)`` generates and judges one replicate's copy of the rows in place with
-    ``stages`` whose generator is the replicate's. One replicate: ``rows`` themselves, without
+    """Every replicate of the per-item ``rows``: (long rows, item index of each row).
+    ``run_one(rows_r, stages=…, ledger=…)`` generates and judges one replicate's copy of the rows
+    in place with ``stages`` whose generator is the replicate's; the records of its steps join
+    ``ledger`` (the run's, summed per slot). One replicate: ``rows`` themselves, without
     replicate columns; no generator: ``rows`` untouched. Long rows are item-major."""
     if stages.generator is None:
         return rows, list(range(len(rows)))
@@ -95,12 +93,7 @@ def run_replicates(
             reps.append(rows_r)
             continue
         rows_r = [dict(row) for row in rows] if replicates > 1 else rows
-        t: dict[str, float] = {}
-        c: Counter = Counter()
-        run_one(rows_r, stages=replace(stages, generator=gen_r), timings=t, calls=c)
-        for key, v in t.items():
-            timings[key] = timings.get(key, 0.0) + v
-        calls.update(c)
+        run_one(rows_r, stages=replace(stages, generator=gen_r), ledger=ledger)
         if replicates > 1:
             seed = getattr(gen_r, "seed", None)
             for row in rows_r:

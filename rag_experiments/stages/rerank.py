@@ -23,18 +23,19 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
-import random
-import re
-import threading
 import time
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
-from rag_experiments.core.identity import dir_sha256
-from rag_experiments.core.redaction import error_text, redact, register_secret_env
+from rag_experiments.core.identity import dir_sha256, unreadable_weights
+from rag_experiments.core.parallel import thread_map
+from rag_experiments.core.redaction import redact
+from rag_experiments.stages.endpoint import Endpoint
+from rag_experiments.stages.replies import ParseError, parse_score
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,8 @@ class CrossEncoderReranker:
             raise FileNotFoundError(
                 f"rerank.path: not a cross-encoder (no *ForSequenceClassification in config.json): {self.path}"
             )
+        if why := unreadable_weights(self.path):
+            raise FileNotFoundError(f"rerank.path: unreadable weights: {why}")
         self.candidates = int(candidates)
         self.batch_size, self.max_length = int(batch_size), int(max_length)
         self.identity = json.dumps(
@@ -167,13 +170,12 @@ class CrossEncoderReranker:
 
 
 class EndpointReranker:
-    """An HTTP rerank API (Cohere/Jina shape, see the module docstring): one request per query.
-
-    The generator's rules: ``timeout_s`` per request; up to ``max_retries`` retries after the first
-    attempt, sleeping ``backoff_s * 2**(attempt-1)`` times a jitter in [0.5, 1.5), on HTTP 5xx/408/
-    409/429, timeouts, connection errors and malformed replies, never on other 4xx; the key is read
-    from the variable named by ``api_key_env`` and redacted from every error. A query that still
-    fails raises ``RerankError`` (the pipeline keeps its first-stage order and counts it).
+    """An HTTP rerank API (Cohere/Jina shape, see the module docstring): one request per query,
+    through the endpoint client (``stages.endpoint``: ``timeout_s`` over the whole attempt, body
+    included; retries with ``Retry-After``; the key from ``api_key_env``, redacted from every
+    error). A reply must score every document once with a finite number (:func:`parse_scores`). A
+    query that still fails raises ``RerankError`` (the pipeline keeps its first-stage order and
+    counts it; every query failing fails the run).
     """
 
     query_batch = 1  # the pipeline asks one query at a time: a failure costs only that query
@@ -189,50 +191,28 @@ class EndpointReranker:
         backoff_s: float = 0.5,
         max_length: int | None = None,
     ) -> None:
-        register_secret_env(api_key_env)
         self.base_url = str(base_url).rstrip("/")
         self.model = model
         self.candidates = int(candidates)
-        self._key = os.environ.get(api_key_env) if api_key_env else None
-        self.timeout_s, self.max_retries, self.backoff_s = (
-            float(timeout_s),
-            max(0, int(max_retries)),
-            float(backoff_s),
-        )
         self.max_length = max_length
+        self.timeout_s, self.max_retries, self.backoff_s = float(timeout_s), max(0, int(max_retries)), float(backoff_s)
+        self.endpoint = Endpoint(
+            self.base_url, model, api_key_env, timeout_s, max_retries, backoff_s, what="rerank.timeout_s"
+        )
         # the endpoint and model name, as the generator's identity does (the weights are remote)
         self.identity = json.dumps(
             {"reranker": "endpoint", "base_url": self.base_url, "model": model, "max_length": max_length},
             sort_keys=True,
         )
-        self._aborted = threading.Event()
 
     def _post(self, query: str, docs: list[str]) -> np.ndarray:
-        import httpx
-
         body = {"model": self.model, "query": query, "documents": docs, "top_n": len(docs)}
         if self.max_length:
             body["max_tokens_per_doc"] = int(self.max_length)
-        headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
-        last = "no attempt made"
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                self._aborted.wait(self.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random()))
-            try:
-                r = httpx.post(f"{self.base_url}/rerank", json=body, headers=headers, timeout=self.timeout_s)
-            except httpx.HTTPError as e:  # timeouts and connection errors: transient
-                last = error_text(e, 300)
-                continue
-            if r.status_code >= 400:
-                last = f"HTTP {r.status_code}: {redact(r.text)[:200]}"
-                if r.status_code < 500 and r.status_code not in (408, 409, 429):
-                    raise RerankError(f"{self.base_url}/rerank: not retried: {last}")
-                continue
-            try:
-                return _parse_scores(r.json(), len(docs))
-            except (ValueError, KeyError, TypeError, IndexError) as e:
-                last = f"malformed reply: {error_text(e, 200)}"
-        raise RerankError(f"{self.base_url}/rerank: failed after {self.max_retries + 1} attempts: {last}")
+        reply = self.endpoint.post("/rerank", body, lambda raw: parse_scores(json.loads(raw), len(docs)))
+        if reply.error:
+            raise RerankError(f"{self.base_url}/rerank: {'not retried: ' if reply.gave_up else ''}{reply.error}")
+        return reply.data
 
     def score(self, queries: list[str], texts: list[list[str]]) -> list[np.ndarray]:
         return [
@@ -244,12 +224,10 @@ LLM_PROMPT = (
     "Rate how well the passage answers the question, from 0 (unrelated) to 10 (answers it fully).\n"
     "Reply with the number only.\n\nQuestion: {query}\n\nPassage:\n{passage}"
 )
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-
-
 class LLMReranker:
-    """Pointwise LLM reranking: score(q, c) = the first number in the chat model's reply to
-    ``prompt`` (``{query}``, ``{passage}``), asked once per candidate at temperature 0.
+    """Pointwise LLM reranking: score(q, c) = the one number on the 0-10 scale in the chat model's
+    reply to ``prompt`` (``{query}``, ``{passage}``; ``replies.parse_score``: a reply with no number,
+    several, or one off the scale is a parse error), asked once per candidate at temperature 0.
 
     Through ``stages.generation.OpenAICompatibleGenerator`` (a local llama.cpp server's ``/v1`` or
     any OpenAI-compatible endpoint), so the generator's timeout, retry and redaction rules apply.
@@ -291,31 +269,36 @@ class LLMReranker:
         )
         if reply.error:
             raise RerankError(f"{self.client.base_url}: {reply.error}")
-        m = _NUMBER.search(reply.text or "")
-        if m is None:
-            raise RerankError(f"unparseable reply {redact(reply.text or '')[:80]!r} (expected a number)")
-        return float(m.group())
+        try:
+            return parse_score(reply.text, 0.0, 10.0)
+        except ParseError as e:
+            raise RerankError(f"unparseable reply {redact(reply.text or '')[:80]!r}: {e}") from None
 
     def score(self, queries: list[str], texts: list[list[str]]) -> list[np.ndarray]:
-        from concurrent.futures import ThreadPoolExecutor
+        # core.parallel's pool: on Ctrl-C/SIGTERM the queued calls never start and the endpoint
+        # client fails the in-flight ones at once
+        return [
+            np.asarray(thread_map(lambda t, q=q: self._one(q, t), ts, self.client.concurrency), dtype=np.float32)
+            for q, ts in zip(queries, texts, strict=True)
+        ]
 
-        out = []
-        with ThreadPoolExecutor(self.client.concurrency) as pool:
-            for q, ts in zip(queries, texts, strict=True):
-                out.append(np.asarray(list(pool.map(lambda t, q=q: self._one(q, t), ts)), dtype=np.float32))
-        return out
 
-
-def _parse_scores(reply, n: int) -> np.ndarray:
+def parse_scores(reply, n: int) -> np.ndarray:
     """Scores by document index from ``{"results": [{"index", "relevance_score"}]}`` (Cohere,
-    Jina, vLLM, llama.cpp) or ``[{"index", "score"}]`` (TEI); every index 0..n-1 exactly once."""
+    Jina, vLLM, llama.cpp) or ``[{"index", "score"}]`` (TEI): every index an integer in 0..n-1
+    exactly once, every score a finite number; anything else is a ``ParseError``."""
     rows = reply["results"] if isinstance(reply, dict) else reply
-    out = np.full(n, np.nan, dtype=np.float32)
+    if not isinstance(rows, list) or len(rows) != n:
+        raise ParseError(f"expected a score for each of {n} documents, got {len(rows) if isinstance(rows, list) else 0}")
+    out = np.full(n, np.nan, dtype=np.float64)
     for row in rows:
-        out[int(row["index"])] = float(row["relevance_score"] if "relevance_score" in row else row["score"])
-    if np.isnan(out).any() or len(rows) != n:
-        raise ValueError(f"expected a score for each of {n} documents, got {len(rows)}")
-    return out
+        i, x = row["index"], row["relevance_score"] if "relevance_score" in row else row["score"]
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n or not math.isnan(out[i]):
+            raise ParseError(f"invalid or repeated document index {i!r} (expected 0..{n - 1}, each once)")
+        if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+            raise ParseError(f"score {x!r} of document {i} is not a finite number")
+        out[i] = x
+    return out.astype(np.float32)
 
 
 def timed_scores(reranker, queries: list[str], texts: list[list[str]]) -> tuple[list[np.ndarray], float]:

@@ -26,6 +26,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
 from rag_experiments.core.query_table import write_per_query
+from rag_experiments.core.slots import steps
 from rag_experiments.tracking.app_versions import DATASET, version_metric
 from rag_experiments.tracking.locks import config_lock, file_lock, store_lock  # noqa: F401
 from rag_experiments.tracking.parents import (  # noqa: F401
@@ -125,8 +126,9 @@ def latest_finished_of_evalset(client: MlflowClient, experiment_id: str, evalset
 
 
 def incomplete_reason(client: MlflowClient, run) -> str:
-    """Why a FINISHED run cannot be reused ("" when it is complete): items whose generation or
-    judging failed (``n_errors``, ``n_judge_errors``: a re-run retries exactly those), no
+    """Why a FINISHED run cannot be reused ("" when it is complete): items a step failed on (its
+    slot's ``errors`` metric, ``core.slots``: ``n_query_errors``, ``n_rerank_errors``, ``n_errors``,
+    ``n_judge_errors``; failures are never cached, so a re-run retries exactly those), no
     ``per_query.parquet``, or
     fewer traces written (tag ``traces`` = ``{"n": ...}``, set after the last trace) than the run
     should have (tag ``traces_expected``, set before the first). A run from before
@@ -136,10 +138,9 @@ def incomplete_reason(client: MlflowClient, run) -> str:
     (or a kill in that window) left FINISHED without their traces."""
     tags, metrics = run.data.tags, run.data.metrics
     # failed items are resumable: their errors were not cached, so the re-run asks only for them
-    if metrics.get("n_errors", 0) > 0:
-        return f"{int(metrics['n_errors'])} generation errors to retry"
-    if metrics.get("n_judge_errors", 0) > 0:
-        return f"{int(metrics['n_judge_errors'])} judge transport errors to retry"
+    for s in steps():
+        if s.errors and metrics.get(s.errors, 0) > 0:
+            return f"{int(metrics[s.errors])} {s.step} errors to retry ({s.errors})"
     names = {Path(a.path).name for a in client.list_artifacts(run.info.run_id)}
     if "per_query.parquet" not in names:
         return "no per_query.parquet artifact"

@@ -6,17 +6,19 @@ from __future__ import annotations
 import pytest
 from mlflow.tracking import MlflowClient
 
-from rag_experiments.run.sweep import every_item_failed
+from rag_experiments.run.steps import StepRecord, failure_reason
 from rag_experiments.tracking import writer
 from tests.llm_fixtures import requires_smollm2
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 
 
 def test_every_item_failed_counts_the_generated_items_only():
-    # the default subset generates 24 of 168 items: 24 errors is every generated item
-    assert every_item_failed({"n_queries": 168, "n_generated": 24, "n_errors": 24})
-    assert not every_item_failed({"n_queries": 168, "n_generated": 24, "n_errors": 23})
-    assert not every_item_failed({"n_queries": 168, "n_errors": 0})  # retrieval only
+    # the default subset generates 24 of 168 items: 24 errors is every item the step was asked to do
+    assert "every one of the 24 generated queries errored" in failure_reason(
+        {"retriever": StepRecord("retriever", 168), "generator": StepRecord("generator", 24, 24)}
+    )
+    assert not failure_reason({"generator": StepRecord("generator", 24, 23)})
+    assert not failure_reason({"retriever": StepRecord("retriever", 168)})  # retrieval only
 
 
 def test_dead_endpoint_with_a_generation_subset_fails_and_is_retried(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from rag_experiments.run.multirun import _SweepGuard
-from rag_experiments.run.sweep import every_item_failed
+from rag_experiments.run.steps import StepRecord, failure_reason
 from rag_experiments.stages.generation import OpenAICompatibleGenerator
 from rag_experiments.tracking import writer
 from rag_experiments.tracking.runs import sweep_children
@@ -121,9 +121,9 @@ def test_sweep_context_is_a_file_in_the_sweep_dir(tmp_path):
 
 
 def test_every_item_failed():
-    assert every_item_failed({"n_queries": 3, "n_errors": 3})  # n_generated absent: all items
-    assert not every_item_failed({"n_queries": 3, "n_errors": 2})
-    assert not every_item_failed({"n_queries": 0, "n_errors": 0})
+    assert failure_reason({"generator": StepRecord("generator", 3, 3)})
+    assert not failure_reason({"generator": StepRecord("generator", 3, 2)})
+    assert not failure_reason({"generator": StepRecord("generator", 0, 0)})  # asked nothing: nothing failed
 
 
 @pytest.mark.parametrize("lands_on", ["process", "another thread"])

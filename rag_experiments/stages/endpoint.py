@@ -1,0 +1,313 @@
+"""The one client every remote call goes through (docs/reliability.md, "One endpoint client").
+
+Chat completions (generator, LLM judge, query transforms, LLM reranker), the rerank API and the
+llama.cpp tokenizer all POST JSON through :meth:`Endpoint.post`, so each duty is written once:
+
+- **deadline**: ``timeout_s`` bounds a whole attempt, headers and body (a body trickling one byte
+  every second is given up at the deadline, not when the bytes stop);
+- **retries**: up to ``max_retries`` after the first attempt on HTTP 5xx/408/409/429, timeouts,
+  connection errors and malformed replies, never on other 4xx; the wait before attempt a is
+  ``backoff_s * 2**(a-1) * U(0.5, 1.5)``, or the ``Retry-After`` seconds a 429/503 asks for when
+  longer; a ``Retry-After`` beyond ``timeout_s`` fails at once (waiting less only earns another 429);
+- **size cap**: a reply over ``max_reply_bytes`` is refused, not stored;
+- **secrets**: the key is read from the variable ``api_key_env`` names, sent only as a header and
+  redacted from every error (``core.redaction``);
+- **signals**: :func:`abort_all` (called by ``core.parallel`` on Ctrl-C/SIGTERM) closes every
+  client, so in-flight requests fail now, and refuses every attempt not yet sent;
+- **concurrency per endpoint**: the steps of a run that call one endpoint (base URL + model) share
+  one limit, the largest ``max_concurrency`` any of them declared;
+- **usage per endpoint**: calls, attempts, retries, 429s and seconds waited (:func:`usage`), logged
+  on the run.
+
+A call never raises for a remote failure: :class:`Reply` carries the parsed body or the error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rag_experiments.core.parallel import on_interrupt
+from rag_experiments.core.redaction import error_text, redact, register_secret_env
+
+#: The largest reply body read (bytes): a chat answer is capped far below this; a larger body is a
+#: misbehaving endpoint, refused rather than held in memory and stored.
+MAX_REPLY_BYTES = 8 << 20
+_POLL_S = 0.2  # the longest wait for a concurrency slot before the abort flag is looked at again
+
+
+class Retryable(Exception):
+    """A failure worth retrying: 5xx, 429, timeout, connection error, malformed or empty reply."""
+
+
+class GiveUp(Exception):
+    """A failure that retrying cannot fix (a Retry-After beyond the deadline, an oversized reply,
+    a reply the caller's parser rejects for good)."""
+
+
+class HTTPStatus(Exception):
+    """A reply with status >= 400; ``retry_after`` is the seconds it asked for (or None)."""
+
+    def __init__(self, status: int, text: str, retry_after: float | None) -> None:
+        super().__init__(f"HTTP {status}: {redact(text)[:200]}")
+        self.status, self.retry_after = status, retry_after
+
+    @property
+    def retryable(self) -> bool:
+        return self.status >= 500 or self.status in (408, 409, 429)
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """The seconds a ``Retry-After: <seconds>`` header asks for, else None (the HTTP-date form is
+    not read: the backoff applies)."""
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and math.isfinite(seconds) and seconds >= 0 else None
+
+
+@dataclass
+class Reply:
+    """One call's outcome: ``data`` (the parser's result) or ``error`` (redacted), never both."""
+
+    data: Any = None
+    error: str | None = None
+    attempts: int = 0
+    seconds: float = 0.0
+    status: int | None = None
+    gave_up: bool = False  # failed without retrying (a 4xx, a Retry-After beyond the deadline, …)
+
+
+@dataclass
+class Usage:
+    """What one endpoint was asked and how it answered, summed over every step that called it."""
+
+    calls: int = 0
+    attempts: int = 0
+    retries: int = 0
+    http_429: int = 0
+    failed: int = 0
+    waited_s: float = 0.0  # backoff and Retry-After sleeps
+    seconds: float = 0.0  # wall time of the calls, waits included
+
+
+@dataclass
+class _Shared:
+    """Per endpoint key: the concurrency limit and the usage, shared by every client of it."""
+
+    limit: int
+    in_flight: int = 0
+    usage: Usage = field(default_factory=Usage)
+    cond: threading.Condition = field(default_factory=threading.Condition)
+
+
+_SHARED: dict[str, _Shared] = {}
+_LOCK = threading.Lock()
+_EPOCH = [0]  # abort_all's count: an endpoint built before the latest abort refuses every call
+_WAKE = threading.Condition()  # wakes backoff sleeps at an abort
+_CLIENTS: weakref.WeakSet = weakref.WeakSet()  # the open httpx clients, closed by abort_all
+
+
+def endpoint_key(base_url: str, model: str = "") -> str:
+    """The endpoint's name in limits and usage records: ``base_url`` (+ ``#model``)."""
+    return f"{base_url}#{model}" if model else base_url
+
+
+def abort_all() -> None:
+    """Ctrl-C/SIGTERM: every endpoint built so far refuses every attempt not yet sent, and every
+    client is closed, so the requests in flight fail now instead of at their deadline. Endpoints
+    built afterwards (the next run's stages) work: a caller that catches the interrupt and goes on
+    is not left with every later call refused."""
+    with _WAKE:
+        _EPOCH[0] += 1
+        _WAKE.notify_all()
+    with _LOCK:
+        clients = list(_CLIENTS)
+    for c in clients:
+        try:
+            c.close()
+        except Exception:  # noqa: BLE001 - a client closing under a request may complain; it is closed
+            pass
+
+
+on_interrupt(abort_all)
+
+
+def usage() -> dict[str, dict[str, float]]:
+    """Usage of every endpoint called in this process so far, by :func:`endpoint_key`."""
+    with _LOCK:
+        return {k: asdict(s.usage) for k, s in _SHARED.items()}
+
+
+def usage_since(before: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """The usage added since the snapshot ``before`` (endpoints not called since are left out)."""
+    out = {}
+    for key, now in usage().items():
+        was = before.get(key, {})
+        delta = {f: round(v - was.get(f, 0), 3) for f, v in now.items()}
+        if delta["calls"]:
+            out[key] = delta
+    return out
+
+
+class Endpoint:
+    """A JSON-over-HTTP endpoint: ``post(path, body)`` with the duties of the module docstring.
+
+    ``max_concurrency`` None: no limit of its own (the step's thread count bounds it).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str = "",
+        api_key_env: str | None = None,
+        timeout_s: float = 60.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        max_concurrency: int | None = None,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
+        what: str = "timeout_s",
+    ) -> None:
+        register_secret_env(api_key_env)  # its value is redacted from every error
+        self.base_url, self.model = str(base_url).rstrip("/"), str(model)
+        self.key = endpoint_key(self.base_url, self.model)
+        self.timeout_s, self.backoff_s = float(timeout_s), float(backoff_s)
+        self.max_retries = max(0, int(max_retries))
+        self.max_reply_bytes = int(max_reply_bytes)
+        self._timeout_key = what  # the config key named when the deadline is hit
+        key = os.environ.get(api_key_env) if api_key_env else None
+        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._epoch = _EPOCH[0]
+        self._client = self._new_client()
+        with _LOCK:
+            sh = _SHARED.setdefault(self.key, _Shared(limit=0))
+            if max_concurrency:
+                sh.limit = max(sh.limit, int(max_concurrency))
+        self._shared = sh
+
+    def aborted(self) -> bool:
+        """True once :func:`abort_all` ran after this endpoint was built."""
+        return self._epoch != _EPOCH[0]
+
+    # -- the call ---------------------------------------------------------------------------------
+    def post(self, path: str, body: dict, parse: Callable[[bytes], Any] = json.loads) -> Reply:
+        """POST ``body`` to ``base_url + path``; ``parse`` turns the body into ``Reply.data`` and
+        may raise :class:`Retryable` (or ValueError/KeyError/TypeError: malformed, retried) or
+        :class:`GiveUp`. Never raises for a remote failure."""
+        t0, u = time.perf_counter(), self._shared.usage
+        last, retry_after, attempt, status = "no attempt made", None, 0, None
+        with _LOCK:
+            u.calls += 1
+        try:
+            for attempt in range(self.max_retries + 1):
+                if attempt:
+                    delay = self.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random())
+                    wait = max(delay, retry_after or 0.0)
+                    with _WAKE:
+                        _WAKE.wait_for(self.aborted, timeout=wait)
+                    with _LOCK:
+                        u.retries += 1
+                        u.waited_s += wait
+                if self.aborted():
+                    return self._fail("aborted (interrupted)", attempt, t0, status, gave_up=True)
+                try:
+                    with self._slot():
+                        with _LOCK:
+                            u.attempts += 1
+                        raw, status = self._attempt(path, body)
+                    return Reply(parse(raw), None, attempt + 1, time.perf_counter() - t0, status)
+                except Exception as exc:  # noqa: BLE001 - classified below; never escapes
+                    last, retry_after, retry = self._classify(exc)
+                    if isinstance(exc, HTTPStatus):
+                        status = exc.status
+                        if exc.status == 429:
+                            with _LOCK:
+                                u.http_429 += 1
+                    if not retry:
+                        return self._fail(last, attempt + 1, t0, status, gave_up=True)
+            return self._fail(f"failed after {self.max_retries + 1} attempts: {last}", self.max_retries + 1, t0, status)
+        finally:
+            with _LOCK:
+                u.seconds += time.perf_counter() - t0
+
+    def _fail(self, error: str, attempts: int, t0: float, status: int | None, gave_up: bool = False) -> Reply:
+        with _LOCK:
+            self._shared.usage.failed += 1
+        return Reply(None, redact(error), attempts, time.perf_counter() - t0, status, gave_up)
+
+    def _classify(self, exc: Exception) -> tuple[str, float | None, bool]:
+        """(error text, Retry-After seconds, retry?) of one failed attempt."""
+        import httpx
+
+        if isinstance(exc, HTTPStatus):
+            wait, text = exc.retry_after, str(exc)
+            if wait is not None and wait > self.timeout_s:
+                return f"{text} (Retry-After {wait:g} s is beyond {self._timeout_key}={self.timeout_s:g} s)", wait, False
+            return text, wait, exc.retryable
+        if isinstance(exc, GiveUp):
+            return error_text(exc, 300), None, False
+        if self.aborted():
+            return "aborted (interrupted)", None, False
+        # timeouts, refused connections, resets, malformed bodies: transient
+        retry = isinstance(exc, Retryable | httpx.HTTPError | ValueError | KeyError | TypeError | AttributeError)
+        return error_text(exc, 300), None, retry
+
+    def _attempt(self, path: str, body: dict) -> tuple[bytes, int]:
+        """One HTTP attempt within the deadline: (body bytes, status), or raises."""
+        deadline = time.monotonic() + self.timeout_s
+        buf = bytearray()
+        with self._client.stream("POST", self.base_url + path, json=body, headers=self._headers) as r:
+            for chunk in r.iter_bytes():
+                buf += chunk
+                if len(buf) > self.max_reply_bytes:
+                    raise GiveUp(f"reply larger than {self.max_reply_bytes} bytes: refused")
+                if time.monotonic() > deadline:
+                    raise Retryable(
+                        f"no complete reply within {self._timeout_key}={self.timeout_s:g} s "
+                        f"(body still arriving after {len(buf)} bytes)"
+                    )
+            if r.status_code >= 400:
+                text = bytes(buf[:2000]).decode("utf-8", "replace")
+                raise HTTPStatus(r.status_code, text, retry_after_s(r.headers.get("retry-after")))
+            return bytes(buf), r.status_code
+
+    # -- the shared concurrency limit -------------------------------------------------------------
+    @contextlib.contextmanager
+    def _slot(self) -> Iterator[None]:
+        """Hold one of the endpoint's ``limit`` slots (0: unlimited) for the attempt."""
+        sh = self._shared
+        with sh.cond:
+            while sh.limit and sh.in_flight >= sh.limit:
+                if self.aborted():
+                    raise GiveUp("aborted (interrupted)")
+                sh.cond.wait(_POLL_S)
+            sh.in_flight += 1
+        try:
+            yield
+        finally:
+            with sh.cond:
+                sh.in_flight -= 1
+                sh.cond.notify()
+
+    def _new_client(self):
+        import httpx
+
+        client = httpx.Client(timeout=self.timeout_s)
+        with _LOCK:
+            _CLIENTS.add(client)
+        return client
+
+    def close(self) -> None:
+        with _LOCK:
+            _CLIENTS.discard(self._client)
+        self._client.close()
