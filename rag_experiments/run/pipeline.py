@@ -269,7 +269,8 @@ class JudgeStep:
         judged = [j for j in seg.judged if j is not None]
         failed = sum(bool(sum(verdict_failures(j.verdicts)[1:]) + j.n_errors) for j in judged)
         calls = {f"judge_{k}": v for k, v in (jcalls + dcalls).items()}
-        return StepRecord(self.slot, len(judged), failed, calls)
+        first = next((v.error for j in judged for v in j.verdicts if v.error), "a judge call failed on transport")
+        return StepRecord(self.slot, len(judged), failed, calls, first_error=first if failed else "")
 
 
 def _generate_and_judge(items, ranked, subset, settings: RunSettings, cache, rows, stages: Stages, ledger: Ledger) -> None:

@@ -1,0 +1,305 @@
+"""The fault matrix (docs/reliability.md): every remote step against the same misbehaving endpoint.
+
+Rows are the steps that call out (generate, judge, query transform, rerank API, LLM reranker); a
+new remote step adds a row to ``STEPS``, never tests of its own. Columns are the ways an endpoint
+misbehaves. Every cell asserts the same rule, the one ``run.steps`` derives for every step:
+
+- the step fails on every item → the run fails, naming the step (``failure_reason``);
+- it fails on some → the run finishes with the count, and the same run again redoes exactly those
+  (failures are never cached);
+- a 429's ``Retry-After`` is honoured and nothing is lost;
+- Ctrl-C/SIGTERM stops it within seconds and no request leaves after the signal;
+- the API key is nowhere in what the run keeps.
+
+The CLI's exit code and MLflow status for such a run are checked end to end by
+``test_dead_reranker_and_transform_fail_the_cli_run`` (slow tier).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from rag_experiments.judge.llm import LLMJudge
+from rag_experiments.run.steps import failure_reason
+from rag_experiments.stages.generation import OpenAICompatibleGenerator
+from rag_experiments.stages.query import RewriteQuery
+from rag_experiments.stages.rerank import EndpointReranker, LLMReranker
+from tests.llm_fixtures import ChatServer, _completion, send_body
+from tests.sweep_helpers import REPO, tiny_inputs, tiny_pipeline
+
+KEY_ENV, KEY = "RAG_MATRIX_KEY", "sk-matrix-DoNotStore-5e4d3c2b1a09f8e7"
+FAST = dict(timeout_s=1.0, max_retries=1, backoff_s=0.01)
+
+
+class MisbehavingEndpoint:
+    """One OpenAI-compatible endpoint (``/chat/completions`` and ``/rerank``) that misbehaves as
+    ``mode`` says: ok · http500 · http400 · malformed (200, not JSON) · empty (200, nothing in it)
+    · nan (200 whose number is NaN) · trickle (a body one byte every 0.3 s) · ratelimit (429 with
+    ``Retry-After: 1`` on a request's first attempt) · half (500 forever on every request that
+    names one of the questions ``bad``) · echokey (401 repeating the key) · hang (accepts, never answers).
+    ``arrivals`` lists (time.monotonic, request hash) of every request."""
+
+    def __init__(self, good_chat: str, bad: tuple[str, ...] = ()) -> None:
+        self.mode, self.arrivals, self.seen = "ok", [], {}
+        self.bad = [json.dumps(q)[1:-1].encode() for q in bad]  # half: requests naming these fail
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                body = json.loads(raw or b"{}")
+                h = hashlib.sha256(raw).hexdigest()
+                outer.arrivals.append((time.monotonic(), h))
+                outer.seen[h] = outer.seen.get(h, 0) + 1
+                outer.reply(self, body, h, raw)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.good_chat = good_chat
+
+    def good(self, path: str, body: dict, nan: bool = False) -> bytes:
+        if path.endswith("/rerank"):
+            docs = body.get("documents", [])
+            score = "NaN" if nan else None
+            rows = [{"index": i, "relevance_score": score or 1.0 / (i + 1)} for i in range(len(docs))]
+            return json.dumps({"results": rows}).replace('"NaN"', "NaN").encode()
+        return json.dumps(_completion("NaN" if nan else self.good_chat, body.get("model", "m"))).encode()
+
+    def reply(self, h: BaseHTTPRequestHandler, body: dict, digest: str, raw: bytes) -> None:
+        mode, path = self.mode, h.path
+        if mode == "hang":
+            time.sleep(30)
+            return
+        if mode == "http500" or (mode == "half" and any(b in raw for b in self.bad)):
+            return send_body(h, 500, b'{"error": {"message": "boom"}}')
+        if mode == "http400":
+            return send_body(h, 400, b'{"error": {"message": "bad request"}}')
+        if mode == "malformed":
+            return send_body(h, 200, b'{"choices": [ not json')
+        if mode == "empty":
+            return send_body(h, 200, b"{}")
+        if mode == "echokey":
+            auth = h.headers.get("Authorization", "")
+            return send_body(h, 401, json.dumps({"error": {"message": f"bad key {auth}"}}).encode())
+        if mode == "ratelimit" and self.seen[digest] == 1:
+            h.send_response(429)
+            h.send_header("Retry-After", "1")
+            h.send_header("Content-Length", "2")
+            h.end_headers()
+            h.wfile.write(b"{}")
+            return
+        out = self.good(path, body, nan=mode == "nan")
+        if mode == "trickle":
+            h.send_response(200)
+            h.send_header("Content-Length", str(len(out)))
+            h.end_headers()
+            try:
+                for b in out:
+                    h.wfile.write(bytes([b]))
+                    h.wfile.flush()
+                    time.sleep(0.3)
+            except OSError:
+                pass
+            return
+        send_body(h, 200, out)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@dataclass(frozen=True)
+class Row:
+    """A remote step: how to build a run whose ``slot`` calls ``url`` (everything else healthy)."""
+
+    name: str
+    slot: str
+    good_chat: str  # what the endpoint answers a chat request with when it behaves
+    numeric: bool = False  # its reply is a number: a NaN is an error
+
+    def stages(self, url: str, healthy: str, timeout_s: float = FAST["timeout_s"]) -> dict[str, Any]:
+        prompt = instantiate(OmegaConf.load(REPO / "rag_experiments" / "conf" / "prompt" / "concise.yaml"))
+        fast = dict(FAST, timeout_s=timeout_s)
+        gen = lambda u: OpenAICompatibleGenerator(u, "m", api_key_env=KEY_ENV, concurrency=2, **fast)  # noqa: E731
+        if self.name == "generate":
+            return {"generator": gen(url), "prompt": prompt}
+        if self.name == "judge":
+            judge = LLMJudge(url, "m", api_key_env=KEY_ENV, use_logprobs=False, constrained="none",
+                             decompose=False, n_questions=1, concurrency=2, **fast)  # fmt: skip
+            return {"generator": gen(healthy), "prompt": prompt, "judge": judge}
+        if self.name == "query":
+            return {"query_transform": RewriteQuery(gen(url))}
+        if self.name == "rerank_endpoint":
+            return {"reranker": EndpointReranker(url, "m", candidates=4, api_key_env=KEY_ENV, **fast)}
+        if self.name == "rerank_llm":
+            return {"reranker": LLMReranker(url, "m", candidates=3, api_key_env=KEY_ENV, concurrency=2, **fast)}
+        raise KeyError(self.name)
+
+
+STEPS = (
+    Row("generate", "generator", "Webhooks are retried for 24 hours."),
+    Row("judge", "judge", "yes"),
+    Row("query", "query_transform", "webhook retry schedule"),
+    Row("rerank_endpoint", "reranker", "", numeric=True),
+    Row("rerank_llm", "reranker", "7", numeric=True),
+)
+ALL_FAIL = ("dead", "http500", "http400", "malformed", "empty", "trickle", "echokey")
+CELLS = [(r, m) for r in STEPS for m in (*ALL_FAIL, "nan", "ratelimit", "half") if m != "nan" or r.numeric]
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    """(the tiny inputs, a healthy generator endpoint whose answer names the item's question, so
+    that a judge's requests about it name it too)."""
+    monkeypatch.setenv(KEY_ENV, KEY)
+    inputs = tiny_inputs(tmp_path, n_items=4)
+    queries = [it.query for it in inputs[1]]
+
+    def answer(body: dict) -> str:
+        prompt = "\n".join(m.get("content", "") for m in body["messages"])
+        asked = next((q for q in queries if q in prompt), "")
+        return f"Webhooks are retried for 24 hours [1]. You asked: {asked}"
+
+    healthy = ChatServer(answer)
+    yield inputs, healthy
+    healthy.close()
+
+
+def _dead_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}/v1"  # closed once the with block ends
+
+
+@pytest.mark.parametrize(("row", "mode"), CELLS, ids=[f"{r.name}-{m}" for r, m in CELLS])
+def test_cell(world, row: Row, mode: str):
+    inputs, healthy = world
+    ep = MisbehavingEndpoint(row.good_chat, bad=tuple(it.query for it in inputs[1][:2]))
+    ep.mode = mode
+    url = _dead_url() if mode == "dead" else ep.url
+    try:
+        t0 = time.monotonic()
+        res = tiny_pipeline(inputs, **row.stages(url, healthy.url))
+        took = time.monotonic() - t0
+        rec, why = res.records[row.slot], failure_reason(res.records)
+        kept = res.per_query.to_json() + json.dumps(res.tags) + json.dumps({k: vars(v) for k, v in res.records.items()})
+        assert KEY not in kept  # nothing leaked, whatever the endpoint said
+        if mode in ALL_FAIL or mode == "nan":
+            assert rec.items > 0 and rec.failed == rec.items, (rec, res.per_query.filter(like="error").to_dict())
+            assert why and rec.first_error and f"({_step(row)} step" in why, why
+            if mode == "trickle":  # the deadline bounds the body: attempts × timeout, not the trickle
+                assert took < 60, took
+            return
+        if mode == "ratelimit":
+            assert rec.failed == 0 and not why, (rec, why)
+            waits = _retry_gaps(ep)
+            assert waits and min(waits) >= 0.95, waits  # Retry-After: 1 honoured, never earlier
+            return
+        # half: the run finishes with the count; the same run again redoes exactly those
+        assert 0 < rec.failed < rec.items and not why, (rec, why)
+        first_failed = rec.failed
+        ep.mode = "ok"
+        again = tiny_pipeline(inputs, **row.stages(url, healthy.url))
+        rec2 = again.records[row.slot]
+        assert rec2.failed == 0 and not failure_reason(again.records), rec2
+        if row.name != "judge":  # one call per item: the re-run asks exactly the failed ones
+            assert sum(rec2.calls.values()) == first_failed, (rec2.calls, first_failed)
+        else:  # per claim and per relevance question: some calls, fewer than a fresh run
+            assert 0 < sum(rec2.calls.values()) < sum(rec.calls.values()), (rec2.calls, rec.calls)
+    finally:
+        ep.close()
+
+
+def _step(row: Row) -> str:
+    from rag_experiments.core.slots import slot
+
+    return slot(row.slot).step
+
+
+def _retry_gaps(ep: MisbehavingEndpoint) -> list[float]:
+    """Seconds between a request's first attempt and its retry, for every retried request."""
+    first: dict[str, float] = {}
+    gaps = []
+    for t, h in ep.arrivals:
+        if h in first:
+            gaps.append(t - first.pop(h))
+        else:
+            first[h] = t
+    return gaps
+
+
+@pytest.mark.parametrize("row", STEPS, ids=[r.name for r in STEPS])
+def test_signal_stops_every_remote_step_at_once(world, row: Row):
+    """SIGINT (SIGTERM maps to the same) while the endpoint holds every request: the run stops in
+    seconds, not at the timeouts, and no request reaches the endpoint after the signal."""
+    inputs, healthy = world
+    ep = MisbehavingEndpoint(row.good_chat)
+    ep.mode = "hang"
+    stages = row.stages(ep.url, healthy.url, timeout_s=20.0)  # only the signal can end these calls early
+    main, sent = threading.get_ident(), []
+
+    def interrupt():
+        while not ep.arrivals:  # once a request is in flight
+            time.sleep(0.05)
+        sent.append(time.monotonic())
+        signal.pthread_kill(main, signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            tiny_pipeline(inputs, **stages)
+        stopped = time.monotonic()
+        assert sent and stopped - sent[0] < 5.0, "waited for the requests in flight (timeout 20 s)"
+        time.sleep(0.5)
+        late = [t for t, _ in ep.arrivals if t > sent[0] + 0.3]
+        assert not late, f"{len(late)} requests sent after the signal"
+    finally:
+        ep.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "override",
+    [
+        ["rerank=endpoint", "rerank.base_url=http://127.0.0.1:9/v1", "rerank.timeout_s=1", "rerank.max_retries=0"],
+        ["query=rewrite", "+generator@query.llm=openai", "query.llm.base_url=http://127.0.0.1:9/v1",
+         "query.llm.model=m", "query.llm.api_key_env=null", "query.llm.timeout_s=1", "query.llm.max_retries=0"],
+    ],
+    ids=["rerank", "query"],
+)
+def test_dead_reranker_and_transform_fail_the_cli_run(tmp_path, override):
+    """The issue's reproduction: a reranker (or transform) failing on every query gave a FINISHED
+    run, exit 0, that the same command then skipped. Now: FAILED naming the step, exit != 0, and
+    the same command runs it again."""
+    from mlflow.tracking import MlflowClient
+
+    from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
+
+    docs, ev = make_tiny(tmp_path, n_items=3)
+    args = [*override, "retriever=bm25", "generator=none", *sweep_args(tmp_path, docs, ev)]
+    first = run_sweep(tmp_path, *args, check=False)
+    assert first.returncode not in (0, 2), (first.returncode, first.stderr[-2000:])
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    exp_id = client.get_experiment_by_name("test").experiment_id
+    (run,) = client.search_runs([exp_id])
+    assert run.info.status == "FAILED" and "every one of the 3" in run.data.tags["failure_reason"]
+    again = run_sweep(tmp_path, *args, check=False)
+    assert "[skip]" not in again.stdout and again.returncode == first.returncode
+    assert len(client.search_runs([exp_id])) == 2
