@@ -18,11 +18,14 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import TextIO, TypeVar
 
+from rag_experiments.core.slots import steps
+
 T = TypeVar("T")
 
-# Stages shown in the timing table, in pipeline order; unknown keys follow in insertion order.
+# Stages shown in the timing table: the run loop's steps in run order (core.slots), then what
+# follows a run; unknown keys follow in insertion order.
 STAGE_ORDER = (
-    "chunking_s", "query_s", "retrieval_s", "rerank_s", "generation_s", "judging_s", "judge_card_s", "logging_s", "traces_s", "total_s"
+    *(f"{s.step}_s" for s in steps()), "judge_card_s", "logging_s", "traces_s", "total_s"
 )
 
 

@@ -29,6 +29,9 @@ class Slot:
     errors: str = ""  # the run metric counting the items it failed on (re-run retries them)
     noun: str = "items"  # what its items are, in messages ("every one of the 8 reranked queries")
     position: int = 0  # its place in the run loop (the query transform runs before the retriever)
+    column: str = ""  # its per-query columns' stem: ``latency_<column>_s`` (timed per query), "" none
+    priced: bool = False  # its model calls report tokens: ``tokens_in_<column>`` / ``tokens_out_<column>``
+    serving: bool = True  # part of answering a user (its latency is serving latency); False: evaluation
 
 
 _EMBEDDING = "rag_experiments.stages.embedding"
@@ -46,24 +49,28 @@ SLOTS: tuple[Slot, ...] = (
          (_EMBEDDING, "rag_experiments.stages.vector_store")),
     Slot("retriever", "retriever", "rag_experiments.stages.retrieval.Retriever", ("rankings",),
          ("rag_experiments.stages.retrieval", _EMBEDDING, "rag_experiments.stages.vector_store"),
-         step="retrieval", position=3, noun="queries"),
+         step="retrieval", position=3, noun="queries", column="retrieval"),
     # what the retriever searches: a rewritten query, a hypothetical answer (HyDE) or variants fused by
     # RRF, from a chat model (docs/stages.md); query=none: the question. After the retriever in this
     # list (the first three are the retrieval core), before it in the run.
     Slot("query_transform", "query", "rag_experiments.stages.query.QueryTransform", ("query",),
          ("rag_experiments.stages.query", "rag_experiments.stages.generation"), optional=True,
-         step="query", position=2, errors="n_query_errors", noun="transformed questions"),
+         step="query", position=2, errors="n_query_errors", noun="transformed questions",
+         column="query", priced=True),
     # re-scores the first stage's candidates (docs/stages.md); rerank=none: no reranker
     Slot("reranker", "rerank", "rag_experiments.stages.rerank.Reranker", ("rerank",),
          ("rag_experiments.stages.rerank", _EMBEDDING), optional=True,
-         step="rerank", position=4, errors="n_rerank_errors", noun="reranked queries"),
+         step="rerank", position=4, errors="n_rerank_errors", noun="reranked queries",
+         column="rerank"),
     Slot("generator", "generator", "rag_experiments.stages.generation.Generator", ("generation",),
          ("rag_experiments.stages.generation",), optional=True,
-         step="generation", position=5, errors="n_errors", noun="generated queries"),
+         step="generation", position=5, errors="n_errors", noun="generated queries",
+         column="generation", priced=True),
     # the prompt's text enters the generation key (the rendered messages), not a cache of its own
     Slot("prompt", "prompt", "rag_experiments.stages.prompts.PromptTemplate", (), (), optional=True),
     Slot("judge", "judge", "rag_experiments.judge.claims.Judge", ("claims", "verdict", "relevance"),
-         _JUDGE_CODE, optional=True, step="judging", position=6, errors="n_judge_errors", noun="judged answers"),
+         _JUDGE_CODE, optional=True, step="judging", position=6, errors="n_judge_errors", noun="judged answers",
+         column="judge", priced=True, serving=False),
 )
 #: The inputs a config chooses before any stage: the corpus and the eval set.
 INPUT_GROUPS = ("corpus", "evalset")

@@ -13,10 +13,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-#: Stages whose per-query wall time is a ``latency_{stage}_s`` column.
-LATENCY_STAGES = ("query", "retrieval", "rerank", "generation", "judge")
+from rag_experiments.core.slots import steps
+
+#: Stages whose per-query wall time is a ``latency_{stage}_s`` column (``core.slots``: ``column``).
+LATENCY_STAGES = tuple(s.column for s in steps() if s.column)
 #: Stages whose model calls report tokens (``tokens_in_{stage}`` / ``tokens_out_{stage}`` columns).
-TOKEN_STAGES = ("query", "generation", "judge")
+TOKEN_STAGES = tuple(s.column for s in steps() if s.priced)
 
 
 def usage_columns(usage: Mapping[str, Any] | None, stage: str = "generation") -> dict[str, float]:
@@ -109,10 +111,11 @@ def cost_metrics(df: pd.DataFrame, pricing: Mapping[str, Mapping[str, Any] | Non
 
 
 def serving_latency_ms(df: pd.DataFrame) -> pd.Series:
-    """Per-query serving latency in ms: ``latency_query_s + latency_retrieval_s + latency_rerank_s +
-    latency_generation_s`` (the judge is evaluation, not serving); a missing column counts 0."""
+    """Per-query serving latency in ms: the sum of the serving steps' ``latency_<column>_s``
+    (``core.slots``: query, retrieval, rerank, generation; the judge is evaluation, not serving); a
+    missing column counts 0."""
     total = pd.Series(0.0, index=df.index)
-    for col in ("latency_query_s", "latency_retrieval_s", "latency_rerank_s", "latency_generation_s"):
+    for col in (f"latency_{s.column}_s" for s in steps() if s.column and s.serving):
         if col in df.columns:
             total = total + pd.to_numeric(df[col], errors="coerce").fillna(0.0)
     return total * 1000.0

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rag_experiments.core.slots import steps
 from rag_experiments.evaluation.labels import FAILURE_LABELS
 
 Side = Literal["retrieval", "generation", "diagnostic", "label", "cost", "count", "judge", "noise"]
@@ -23,7 +24,7 @@ _PLACEHOLDERS: dict[str, str] = {
     "k": r"[1-9]\d*",  # rank cut-off
     "B": r"[1-9]\d*",  # token budget of the context
     "label": "|".join(FAILURE_LABELS),
-    "stage": "query|retrieval|rerank|generation|judge",  # a pipeline stage with its own latency / tokens
+    "stage": "|".join(s.column for s in steps() if s.column),  # a step with its own latency / tokens
     "ci": "|/ci_low|/ci_high",  # a judge-card figure or a bound of its bootstrap CI
     "ptype": r"(?!\S*_ci_(?:low|high)$)[A-Za-z0-9_.\-]+?",  # a judge_pairs pair type (not a CI form)
     "metric": r"[a-z][a-z0-9_]*",  # a per-query metric key (var_share/{metric}/...)

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 
 from rag_experiments.core.run_record import parse_json
 from rag_experiments.core.sanitize import shell_line
+from rag_experiments.core.slots import SLOTS
 from rag_experiments.report.load import Config
 from rag_experiments.report.model import (
     Analysis,
@@ -81,15 +82,22 @@ def _identity(an: Analysis) -> Bullets:
 
 
 def _models(an: Analysis) -> Table:
-    """Embedding, retriever, generator and judge of each config, as logged."""
+    """The stages of each config, as logged: embedding, retriever, the query transform and the
+    reranker when any config has one, generator and judge (columns from ``core.slots``)."""
+    shown = [s for s in SLOTS if s.group not in ("chunking", "prompt") and (  # chunking and prompt: own tables
+        not s.optional or s.name in ("generator", "judge")
+        or any(c.params.get(s.group, "none") != "none" for c in an.configs))]  # fmt: skip
     rows = []
     for c in an.configs:
         p, t = c.params, c.tags
-        emb = ", ".join(
-            f"{k}={v}"
-            for k, v in sorted(p.items())
-            if k == "embedding" or (k.startswith("embedding.") and k != "embedding._target_")
-        )
+        cells = {
+            "embedding": ", ".join(
+                f"{k}={v}"
+                for k, v in sorted(p.items())
+                if k == "embedding" or (k.startswith("embedding.") and k != "embedding._target_")
+            ) or "–",
+            "retriever": f"{p.get('retriever', '–')} (k={p.get('retriever.k', '–')})",
+        }
         if an.gen:
             jm = t.get("judge_model")
             jm = jm if jm and jm != "None" else p.get("judge", "–")
@@ -101,12 +109,11 @@ def _models(an: Analysis) -> Table:
             judge = f"{jm} ({jparams})" if jparams else jm
             if t.get("judge_is_generator") == "true":
                 judge += " (same as generator!)"
-            generator = t.get("generator_model") or p.get("generator", "–")
+            cells.update(judge=judge, generator=t.get("generator_model") or p.get("generator", "–"))
         else:
-            judge, generator = "– (retrieval only)", p.get("generator", "none")
-        retriever = f"{p.get('retriever', '–')} (k={p.get('retriever.k', '–')})"
-        rows.append([c.label, emb or "–", retriever, generator, judge])
-    return table(["config", "embedding", "retriever", "generator", "judge"], rows)
+            cells.update(judge="– (retrieval only)", generator=p.get("generator", "none"))
+        rows.append([c.label, *(cells.get(s.group, p.get(s.group, "none")) for s in shown)])
+    return table(["config", *(s.group for s in shown)], rows)
 
 
 def _versions(configs: Sequence[Config]) -> Table:

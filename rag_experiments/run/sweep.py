@@ -34,6 +34,7 @@ import pandas as pd  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from rag_experiments.analysis.judge_trust import runs_judge_notes  # noqa: E402
+from rag_experiments.analysis.stats import paired_delta  # noqa: E402
 from rag_experiments.core.cache import StageCache  # noqa: E402
 from rag_experiments.core.formatting import fmt_num  # noqa: E402
 from rag_experiments.core.identity import code_fingerprint, judge_fingerprint  # noqa: E402
@@ -41,6 +42,7 @@ from rag_experiments.core.progress import Progress, timing_table  # noqa: E402
 from rag_experiments.core.redaction import redact  # noqa: E402
 from rag_experiments.core.run_names import run_name  # noqa: E402
 from rag_experiments.core.sanitize import shell_line, terminal_output  # noqa: E402
+from rag_experiments.core.slots import steps  # noqa: E402
 from rag_experiments.evaluation.registry import metric_keys, spec, wrap  # noqa: E402
 from rag_experiments.evaluation.replicates import collapse_replicates  # noqa: E402
 from rag_experiments.judge.validity import add_card  # noqa: E402
@@ -94,8 +96,30 @@ def summary_table(agg: dict[str, float], k: int, ks: list[int]) -> str:
         f"queries {int(agg['n_queries'])} (unanswerable {int(agg.get('n_unanswerable', 0))}), "
         f"errors {int(agg['n_errors'])}, unparseable verdicts {int(agg['n_unparseable_verdicts'])}"
         + (f", judge transport errors {int(agg['n_judge_errors'])}" if agg.get("n_judge_errors") else "")
+        + "".join(  # the other steps that count their failures (query transform, reranker)
+            f", {s.step} errors {int(agg[s.errors])}" for s in steps()
+            if s.errors and s.errors not in ("n_errors", "n_judge_errors") and s.errors in agg
+        )
     )
     return "\n".join(lines)
+
+
+def first_stage_lines(per_query: pd.DataFrame, agg: dict[str, float], k: int, ks: list[int]) -> list[str]:
+    """What the reranker added, one line per headline retrieval metric: the first stage's mean →
+    the final list's, with the paired difference (bootstrap CI; exact McNemar on 0/1 metrics, else
+    sign-flip p), over the queries scored by both."""
+    once = per_query.drop_duplicates("id").set_index("id")  # replicates repeat the retrieval columns
+    out = []
+    for key in metric_keys(ks, k, generation=False):
+        col = f"first_stage/{key}"
+        if col not in once or key not in once or spec(key).side != "retrieval":
+            continue
+        r = paired_delta(once[col], once[key], key, n_resamples=2000)
+        out.append(
+            f"first stage → final  {key:<28} {_fmt(r.mean_a)} → {_fmt(r.mean_b)}  "
+            f"{r.delta:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}], p={r.p_value:.3g} ({r.test}), n={r.n_pairs}"
+        )
+    return out
 
 
 @dataclass
@@ -330,6 +354,8 @@ def run_job(job: Job, uri: str) -> float:
         res = execute(writer, run_id, job, parent_id)
     print(f"\n== {run_name}  (run {run_id}, {res.n_chunks} chunks, {time.perf_counter() - t_start:.1f}s)")
     print(summary_table(res.aggregates, k, job.ks))
+    for line in first_stage_lines(res.per_query, res.aggregates, k, job.ks):  # rerank: what it added
+        print(line)
     if job.card is not None:
         print(job.card["line"])
     if job.inputs.stages.generates:  # once per run: synthetic card and no human labels yet
