@@ -83,3 +83,66 @@ def test_no_module_keeps_a_list_of_stage_names():
 def test_steps_are_ordered_by_position():
     assert [s.position for s in steps()] == sorted(s.position for s in steps())
     assert all(s.step for s in steps()) and len({s.step for s in steps()}) == len(steps())
+
+
+# -- a slot declared in one place ------------------------------------------------------------------
+
+class Shout:
+    """A trivial stage of a fake slot: it fails on questions with a digit in them."""
+
+    identity = "shout"
+
+    def shout(self, q: str) -> str:
+        if any(ch.isdigit() for ch in q):
+            raise ValueError("digits")
+        return q.upper()
+
+
+class ShoutStep:
+    """The fake slot's runner: one 'call' per question, a per-query column of its own."""
+
+    slot = "shouter"
+
+    def run(self, st, ctx) -> StepRecord:
+        self.out, failed = [], []
+        for q in st.queries:
+            try:
+                self.out.append(ctx.stages.shouter.shout(q))
+            except ValueError as e:
+                self.out.append(None)
+                failed.append(str(e))
+        return StepRecord(self.slot, len(st.queries), len(failed), {"shout": len(st.queries)},
+                          first_error=failed[0] if failed else "")  # fmt: skip
+
+    def columns(self, st, rows) -> None:
+        for row, o in zip(rows, self.out, strict=True):
+            row["shouted"] = o
+
+
+def test_a_slot_declared_once_runs_timed_counted_and_under_the_status_rule(tmp_path, monkeypatch):
+    import dataclasses
+
+    from rag_experiments.core import slots
+    from rag_experiments.core.progress import timing_table
+    from rag_experiments.core.slots import Slot
+    from rag_experiments.run import types
+    from tests.sweep_helpers import tiny_inputs, tiny_pipeline
+
+    fake = Slot("shouter", "shout", "tests.test_steps.Shout", (), (), optional=True, step="shouting",
+                errors="n_shout_errors", noun="shouted questions", position=2,
+                runner="tests.test_steps.ShoutStep")  # fmt: skip
+    monkeypatch.setattr(slots, "SLOTS", (*slots.SLOTS, fake))  # the one place a slot is declared
+    # the built stage's field (run/types.py) and its construction (run/assemble.py) are the other two
+    stages_cls = dataclasses.make_dataclass("S", [("shouter", object, None)], bases=(types.Stages,), frozen=True)
+    monkeypatch.setattr("tests.sweep_helpers.Stages", stages_cls)
+    res = tiny_pipeline(tiny_inputs(tmp_path, n_items=4), shouter=Shout())
+    rec = res.records["shouter"]
+    assert list(res.timings)[:3] == ["chunking_s", "shouting_s", "retrieval_s"]  # timed, in its place
+    assert "shouting" in timing_table(res.timings) and res.calls["shout"] == 4  # counted
+    assert res.per_query["shouted"].notna().any()  # its own column
+    n_digit = sum(any(ch.isdigit() for ch in q) for q in res.per_query["query"])
+    assert rec.failed == n_digit and res.aggregates["n_shout_errors"] == n_digit
+    if 0 < n_digit < 4:  # some failed: finished, counted, and the resume rule reads its metric
+        assert not failure_reason(res.records) and any("shouting" in ln for ln in step_summary(res.records))
+    rec.failed = rec.items  # every item failed: the run fails, naming it
+    assert "every one of the 4 shouted questions errored (shouting step" in failure_reason(res.records)

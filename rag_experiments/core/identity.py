@@ -117,6 +117,7 @@ RESULT_CODE = (
     "rag_experiments.run.pipeline",
     "rag_experiments.run.retrieval",
     "rag_experiments.run.query_stage",
+    "rag_experiments.run.steps",  # the run loop: error counts and the status rule
     "rag_experiments.evalset.corpus",
     "rag_experiments.evalset.load",
     "rag_experiments.core.types",

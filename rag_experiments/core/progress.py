@@ -22,11 +22,10 @@ from rag_experiments.core.slots import steps
 
 T = TypeVar("T")
 
-# Stages shown in the timing table: the run loop's steps in run order (core.slots), then what
-# follows a run; unknown keys follow in insertion order.
-STAGE_ORDER = (
-    *(f"{s.step}_s" for s in steps()), "judge_card_s", "logging_s", "traces_s", "total_s"
-)
+def stage_order() -> tuple[str, ...]:
+    """Rows of the timing table: the run loop's steps in run order (``core.slots``), then what
+    follows a run; unknown keys follow in insertion order."""
+    return (*(f"{s.step}_s" for s in steps()), "judge_card_s", "logging_s", "traces_s", "total_s")
 
 
 def eta_s(done: int, total: int, elapsed: float) -> float | None:
@@ -128,7 +127,8 @@ def _isatty(stream: TextIO) -> bool:
 def timing_table(timings: dict[str, float], notes: dict[str, str] | None = None) -> str:
     """Seconds and share of the total per stage, pipeline order first; ``notes`` adds a column."""
     notes = notes or {}
-    keys = [k for k in STAGE_ORDER if k in timings] + [k for k in timings if k not in STAGE_ORDER]
+    order = stage_order()
+    keys = [k for k in order if k in timings] + [k for k in timings if k not in order]
     total = timings.get("total_s") or sum(v for k, v in timings.items() if k != "total_s")
     lines = [f"{'stage':<14} {'seconds':>8} {'share':>6}"]
     for k in keys:

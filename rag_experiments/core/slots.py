@@ -32,6 +32,8 @@ class Slot:
     column: str = ""  # its per-query columns' stem: ``latency_<column>_s`` (timed per query), "" none
     priced: bool = False  # its model calls report tokens: ``tokens_in_<column>`` / ``tokens_out_<column>``
     serving: bool = True  # part of answering a user (its latency is serving latency); False: evaluation
+    runner: str = ""  # dotted name of its Step class (``run(state, ctx) -> StepRecord``): the run loop
+    # builds it when the slot is configured (retrieval half; generate and judge run per replicate)
 
 
 _EMBEDDING = "rag_experiments.stages.embedding"
@@ -44,24 +46,26 @@ _JUDGE_CODE = (
 
 SLOTS: tuple[Slot, ...] = (
     Slot("chunker", "chunking", "rag_experiments.stages.chunking.Chunker", ("chunks",),
-         ("rag_experiments.stages.chunking",), step="chunking", position=1, noun="documents"),
+         ("rag_experiments.stages.chunking",), step="chunking", position=1, noun="documents",
+         runner="rag_experiments.run.retrieval.ChunkStep"),
     Slot("embedder", "embedding", "rag_experiments.stages.embedding.Embedder", ("vectors",),
          (_EMBEDDING, "rag_experiments.stages.vector_store")),
     Slot("retriever", "retriever", "rag_experiments.stages.retrieval.Retriever", ("rankings",),
          ("rag_experiments.stages.retrieval", _EMBEDDING, "rag_experiments.stages.vector_store"),
-         step="retrieval", position=3, noun="queries", column="retrieval"),
+         step="retrieval", position=3, noun="queries", column="retrieval",
+         runner="rag_experiments.run.retrieval.RetrieveStep"),
     # what the retriever searches: a rewritten query, a hypothetical answer (HyDE) or variants fused by
     # RRF, from a chat model (docs/stages.md); query=none: the question. After the retriever in this
     # list (the first three are the retrieval core), before it in the run.
     Slot("query_transform", "query", "rag_experiments.stages.query.QueryTransform", ("query",),
          ("rag_experiments.stages.query", "rag_experiments.stages.generation"), optional=True,
          step="query", position=2, errors="n_query_errors", noun="transformed questions",
-         column="query", priced=True),
+         column="query", priced=True, runner="rag_experiments.run.query_stage.QueryStep"),
     # re-scores the first stage's candidates (docs/stages.md); rerank=none: no reranker
     Slot("reranker", "rerank", "rag_experiments.stages.rerank.Reranker", ("rerank",),
          ("rag_experiments.stages.rerank", _EMBEDDING), optional=True,
          step="rerank", position=4, errors="n_rerank_errors", noun="reranked queries",
-         column="rerank"),
+         column="rerank", runner="rag_experiments.run.retrieval.RerankStep"),
     Slot("generator", "generator", "rag_experiments.stages.generation.Generator", ("generation",),
          ("rag_experiments.stages.generation",), optional=True,
          step="generation", position=5, errors="n_errors", noun="generated queries",

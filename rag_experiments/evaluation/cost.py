@@ -15,10 +15,15 @@ import pandas as pd
 
 from rag_experiments.core.slots import steps
 
-#: Stages whose per-query wall time is a ``latency_{stage}_s`` column (``core.slots``: ``column``).
-LATENCY_STAGES = tuple(s.column for s in steps() if s.column)
-#: Stages whose model calls report tokens (``tokens_in_{stage}`` / ``tokens_out_{stage}`` columns).
-TOKEN_STAGES = tuple(s.column for s in steps() if s.priced)
+
+def latency_stages() -> tuple[str, ...]:
+    """Steps whose per-query wall time is a ``latency_{stage}_s`` column (``core.slots``: ``column``)."""
+    return tuple(s.column for s in steps() if s.column)
+
+
+def token_stages() -> tuple[str, ...]:
+    """Steps whose model calls report tokens (``tokens_in_{stage}`` / ``tokens_out_{stage}``)."""
+    return tuple(s.column for s in steps() if s.priced)
 
 
 def usage_columns(usage: Mapping[str, Any] | None, stage: str = "generation") -> dict[str, float]:
@@ -81,7 +86,7 @@ def cost_metrics(df: pd.DataFrame, pricing: Mapping[str, Mapping[str, Any] | Non
     pricing = pricing or {}
     out: dict[str, float] = {}
     cost = 0.0
-    for stage in TOKEN_STAGES:
+    for stage in token_stages():
         p_in, p_out = price(pricing.get(stage))
         # the query transform runs once per item, before replicates repeat the row
         rows = df.drop_duplicates("id") if stage == "query" and "id" in df.columns else df
@@ -99,7 +104,7 @@ def cost_metrics(df: pd.DataFrame, pricing: Mapping[str, Mapping[str, Any] | Non
                 ran = rows[ran_col].notna() if ran_col in rows.columns else v.notna()
                 cost += math.nan if v[ran].isna().any() else float(v.sum()) / 1000.0 * p
     out["cost_usd"] = cost
-    for stage in LATENCY_STAGES:
+    for stage in latency_stages():
         col = f"latency_{stage}_s"
         if col not in df.columns:
             continue

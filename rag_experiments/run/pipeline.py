@@ -24,10 +24,12 @@ from typing import Any
 import pandas as pd
 
 from rag_experiments.analysis.variance import replicate_metrics
+from rag_experiments.core.build import target_object
 from rag_experiments.core.cache import StageCache, stage_key
 from rag_experiments.core.parallel import as_they_complete
 from rag_experiments.core.progress import Progress, track
 from rag_experiments.core.redaction import redact
+from rag_experiments.core.slots import steps
 from rag_experiments.core.types import EvalItem, Generation
 from rag_experiments.evalset.subset import stratified_subset
 from rag_experiments.evaluation import answer_metrics as A
@@ -46,14 +48,10 @@ from rag_experiments.judge.cached import (
     verdict_failures,
 )
 from rag_experiments.judge.repeats import repeat_columns
-from rag_experiments.run.query_stage import QueryStep, query_columns, transformed_ranking
+from rag_experiments.run.query_stage import query_columns
 from rag_experiments.run.racing import generate_subset
 from rag_experiments.run.retrieval import (
-    ChunkStep,
-    RerankStep,
-    RetrieveStep,
     first_stage_aggregates,
-    rerank_columns,
     retrieval_rows,
     retrieval_scores,
 )
@@ -348,15 +346,9 @@ def _run_aggregates(
 
 
 def retrieval_steps(stages: Stages) -> list:
-    """The retrieval half's steps, in run order: the configured slots only (``query=none`` and
-    ``rerank=none`` add no step)."""
-    out = [ChunkStep()]
-    if stages.query_transform is not None:
-        out.append(QueryStep())
-    out.append(RetrieveStep(transformed_ranking))
-    if stages.reranker is not None:
-        out.append(RerankStep())
-    return out
+    """The retrieval half's steps, in run order: a step per slot that declares a ``runner``
+    (``core.slots``) and is configured (``query=none`` and ``rerank=none`` add no step)."""
+    return [target_object(s.runner)() for s in steps() if s.runner and getattr(stages, s.name, None) is not None]
 
 
 def _retrieval_half(stages: Stages, data: PipelineData, settings: RunSettings, cache: StageCache, ledger: Ledger):
@@ -368,7 +360,8 @@ def _retrieval_half(stages: Stages, data: PipelineData, settings: RunSettings, c
     if hasattr(embedder, "progress"):
         embedder.progress = settings.progress
     st, ctx = RunState([it.query for it in items]), StepContext(stages, data, settings, cache)
-    for step in retrieval_steps(stages):
+    done = retrieval_steps(stages)
+    for step in done:
         ledger.run(step, st, ctx)
     chunks = st.chunks
     ranked = [[chunks[i] for i in row if i >= 0] for row in st.ranking.idx]
@@ -376,9 +369,10 @@ def _retrieval_half(stages: Stages, data: PipelineData, settings: RunSettings, c
     shown = max(settings.all_ks)  # the per-query table lists the ranks the top-k metrics see
     latency = ledger.records["retriever"].seconds / max(len(items), 1)
     rows = retrieval_rows(items, [r[:shown] for r in ranked], st.ranking.scores, scored.per_query, latency)
-    if st.reranked is not None:
-        rerank_columns(rows, st.first_stage, st.reranked)
-    query_columns(rows, st.queried)
+    query_columns(rows, st.queried)  # search_queries: the question itself without a transform
+    for step in done:  # each step's own per-query columns (the reranker's first_stage/*, …)
+        if hasattr(step, "columns"):
+            step.columns(st, rows)
     return chunks, ranked, rows, scored, st.cache_keys
 
 

@@ -19,14 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from rag_experiments.core.cache import StageCache, stable_hash, stage_key
+from rag_experiments.core.cache import StageCache, stage_key
 from rag_experiments.core.parallel import as_they_complete
 from rag_experiments.core.progress import Progress
-from rag_experiments.core.types import Chunk
+from rag_experiments.core.steps import StepRecord
 from rag_experiments.evaluation.cost import usage_columns
-from rag_experiments.run.retrieval import Ranking, retrieval_stage
-from rag_experiments.run.steps import StepRecord
-from rag_experiments.stages.query import Transformed, rrf_lists
+from rag_experiments.stages.query import Transformed
 
 log = logging.getLogger(__name__)
 
@@ -72,34 +70,6 @@ def query_stage(transform, questions: list[str], cache: StageCache, progress: bo
     )
 
 
-def _multi_query_ranking(transform, retriever, chunks, chunks_key, q: Queried, depth: int, cache) -> Ranking:
-    """Every search text ranked (one cached ranking of the flattened list), then each question's
-    lists fused by reciprocal rank (``stages.query.rrf_lists``)."""
-    flat = [t for texts in q.search_queries for t in texts]
-    ranked = retrieval_stage(retriever, chunks, chunks_key, flat, depth, cache)
-    idx = np.full((len(q.search_queries), depth), -1, dtype=np.int64)
-    sc = np.full((len(q.search_queries), depth), -np.inf, dtype=np.float32)
-    at = 0
-    for qi, texts in enumerate(q.search_queries):
-        idx[qi], sc[qi] = rrf_lists(list(ranked.idx[at : at + len(texts)]), depth, transform.rrf_c)
-        at += len(texts)
-    key = stable_hash("multi_query", ranked.key, transform.rrf_c, depth)
-    return Ranking(idx, sc, key, calls=ranked.calls)
-
-
-def _hyde_ranking(transform, retriever, chunks, chunks_key, questions, q: Queried, depth: int, cache) -> Ranking:
-    """A dense retriever searches the mixed vectors (``HydeQuery.vectors``); any other retriever
-    searches ``HydeQuery.text_query``."""
-    if not hasattr(retriever, "search_vectors"):
-        texts = [transform.text_query(x, out) for x, out in zip(questions, q.outputs, strict=True)]
-        return retrieval_stage(retriever, chunks, chunks_key, texts, depth, cache)
-    retriever.index(chunks)  # the corpus's vectors (and an ANN index) come from their caches
-    answers = [out[0] if out else None for out in q.outputs]
-    idx, sc = retriever.search_vectors(transform.vectors(retriever.embedder, questions, answers), depth)
-    key = stable_hash("hyde", retriever.identity, chunks_key, transform.identity, questions, answers, depth)
-    return Ranking(np.asarray(idx, dtype=np.int64), np.asarray(sc, dtype=np.float32), key, calls=1)
-
-
 class QueryStep:
     """The ``query`` slot as a step: every question's transform (``run.steps``: a transform that
     fails on every question fails the run; failures are not cached, so a re-run redoes them)."""
@@ -113,18 +83,6 @@ class QueryStep:
         tokens = {k: float(sum((u.get(k) or 0) for u in q.usage)) for k in ("prompt_tokens", "completion_tokens")}
         return StepRecord(self.slot, len(st.queries), len(errors), {"query": q.calls}, tokens,
                           first_error=errors[0] if errors else "")  # fmt: skip
-
-
-def transformed_ranking(transform, retriever, chunks: list[Chunk], chunks_key: str, questions: list[str],
-                        q: Queried, depth: int, cache: StageCache) -> Ranking:  # fmt: skip
-    """The ranking of what the transform says to search: fused variants (multi_query), a HyDE
-    search, or the rewritten queries."""
-    if transform.kind == "multi_query":
-        return _multi_query_ranking(transform, retriever, chunks, chunks_key, q, depth, cache)
-    if transform.kind == "hyde":
-        return _hyde_ranking(transform, retriever, chunks, chunks_key, questions, q, depth, cache)
-    texts = [s[0] for s in q.search_queries]  # rewrite: one text per question
-    return retrieval_stage(retriever, chunks, chunks_key, texts, depth, cache)
 
 
 def query_columns(rows: list[dict], queried: Queried | None) -> None:

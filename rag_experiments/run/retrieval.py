@@ -12,14 +12,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rag_experiments.core.cache import StageCache, stage_key
+from rag_experiments.core.cache import StageCache, stable_hash, stage_key
 from rag_experiments.core.progress import Progress, track
+from rag_experiments.core.steps import StepRecord
 from rag_experiments.core.types import Chunk, Document
 from rag_experiments.evaluation import metrics as M
 from rag_experiments.evaluation.budget import budgeted_metrics
-from rag_experiments.run.steps import StepRecord
 from rag_experiments.run.types import RunSettings
 from rag_experiments.stages.chunking import chunk_corpus
+from rag_experiments.stages.query import rrf_lists
 from rag_experiments.stages.rerank import RerankError, rerank_order, timed_scores
 from rag_experiments.stages.text import token_ends, tokenizer_identity
 
@@ -222,6 +223,46 @@ def retrieval_scores(
     return RetrievalScores(per_q, run_tags, extra)
 
 
+def _multi_query_ranking(transform, retriever, chunks, chunks_key, q, depth: int, cache) -> Ranking:
+    """Every search text ranked (one cached ranking of the flattened list), then each question's
+    lists fused by reciprocal rank (``stages.query.rrf_lists``)."""
+    flat = [t for texts in q.search_queries for t in texts]
+    ranked = retrieval_stage(retriever, chunks, chunks_key, flat, depth, cache)
+    idx = np.full((len(q.search_queries), depth), -1, dtype=np.int64)
+    sc = np.full((len(q.search_queries), depth), -np.inf, dtype=np.float32)
+    at = 0
+    for qi, texts in enumerate(q.search_queries):
+        idx[qi], sc[qi] = rrf_lists(list(ranked.idx[at : at + len(texts)]), depth, transform.rrf_c)
+        at += len(texts)
+    key = stable_hash("multi_query", ranked.key, transform.rrf_c, depth)
+    return Ranking(idx, sc, key, calls=ranked.calls)
+
+
+def _hyde_ranking(transform, retriever, chunks, chunks_key, questions, q, depth: int, cache) -> Ranking:
+    """A dense retriever searches the mixed vectors (``HydeQuery.vectors``); any other retriever
+    searches ``HydeQuery.text_query``."""
+    if not hasattr(retriever, "search_vectors"):
+        texts = [transform.text_query(x, out) for x, out in zip(questions, q.outputs, strict=True)]
+        return retrieval_stage(retriever, chunks, chunks_key, texts, depth, cache)
+    retriever.index(chunks)  # the corpus's vectors (and an ANN index) come from their caches
+    answers = [out[0] if out else None for out in q.outputs]
+    idx, sc = retriever.search_vectors(transform.vectors(retriever.embedder, questions, answers), depth)
+    key = stable_hash("hyde", retriever.identity, chunks_key, transform.identity, questions, answers, depth)
+    return Ranking(np.asarray(idx, dtype=np.int64), np.asarray(sc, dtype=np.float32), key, calls=1)
+
+
+def transformed_ranking(transform, retriever, chunks: list[Chunk], chunks_key: str, questions: list[str],
+                        q, depth: int, cache: StageCache) -> Ranking:  # fmt: skip
+    """The ranking of what the transform says to search: fused variants (multi_query), a HyDE
+    search, or the rewritten queries."""
+    if transform.kind == "multi_query":
+        return _multi_query_ranking(transform, retriever, chunks, chunks_key, q, depth, cache)
+    if transform.kind == "hyde":
+        return _hyde_ranking(transform, retriever, chunks, chunks_key, questions, q, depth, cache)
+    texts = [s[0] for s in q.search_queries]  # rewrite: one text per question
+    return retrieval_stage(retriever, chunks, chunks_key, texts, depth, cache)
+
+
 class ChunkStep:
     """The ``chunking`` slot as a step: the corpus's chunks, from the cache or the chunker."""
 
@@ -241,17 +282,15 @@ class RetrieveStep:
 
     slot = "retriever"
 
-    def __init__(self, transformed=None) -> None:
-        self.transformed = transformed  # run.query_stage.transformed_ranking (not imported: it imports this)
-
     def run(self, st, ctx) -> StepRecord:
+
         s, reranker = ctx.stages, ctx.stages.reranker
         depth = ctx.settings.depth if reranker is None else max(ctx.settings.depth, reranker.candidates)
         with Progress("retrieval", None, enabled=ctx.settings.progress):  # start/done; embedding shows blocks
             if st.queried is None:
                 st.ranking = retrieval_stage(s.retriever, st.chunks, st.chunks_key, st.queries, depth, ctx.cache)
             else:  # the retriever searches what the transform says (docs/stages.md)
-                st.ranking = self.transformed(s.query_transform, s.retriever, st.chunks, st.chunks_key, st.queries,
+                st.ranking = transformed_ranking(s.query_transform, s.retriever, st.chunks, st.chunks_key, st.queries,
                                               st.queried, depth, ctx.cache)  # fmt: skip
         st.cache_keys["rankings"] = st.ranking.key
         return StepRecord(self.slot, len(st.queries), calls={"retrieval": st.ranking.calls})
@@ -276,6 +315,9 @@ class RerankStep:
         errors = [e for e in st.reranked.errors if e]
         return StepRecord(self.slot, len(st.queries), len(errors), {"rerank": st.reranked.calls},
                           first_error=errors[0] if errors else "")  # fmt: skip
+
+    def columns(self, st, rows: list[dict]) -> None:
+        rerank_columns(rows, st.first_stage, st.reranked)
 
 
 def first_stage_aggregates(df: pd.DataFrame) -> dict[str, float]:

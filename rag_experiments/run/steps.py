@@ -23,34 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rag_experiments.core.slots import Slot, steps
+from rag_experiments.core.steps import StepRecord
 from rag_experiments.stages import endpoint
 
 
-@dataclass
-class StepRecord:
-    """What one step did: ``items`` it was asked to do, of them ``failed``, ``calls`` by kind
-    (model calls made; 0: all from the cache), ``tokens`` by kind, ``seconds`` (set by the loop),
-    ``first_error`` (a sample, for the failure reason)."""
-
-    slot: str  # a core.slots name
-    items: int = 0
-    failed: int = 0
-    calls: dict[str, int] = field(default_factory=dict)
-    tokens: dict[str, float] = field(default_factory=dict)
-    seconds: float = 0.0
-    first_error: str = ""
-
-    def absorb(self, other: StepRecord) -> None:
-        """Add ``other`` (the same slot: another replicate or racing batch) to this record."""
-        self.items += other.items
-        self.failed += other.failed
-        self.seconds += other.seconds
-        self.calls = {k: self.calls.get(k, 0) + other.calls.get(k, 0) for k in self.calls | other.calls}
-        self.tokens = {k: self.tokens.get(k, 0) + other.tokens.get(k, 0) for k in self.tokens | other.tokens}
-        self.first_error = self.first_error or other.first_error
-
-
 class Step(Protocol):
+    """A slot's runner (``Slot.runner``). Optionally ``columns(state, rows)``: its per-query
+    columns, added once the retrieval half's rows exist."""
+
     slot: str
 
     def run(self, state: Any, ctx: Any) -> StepRecord: ...
