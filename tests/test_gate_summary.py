@@ -43,7 +43,13 @@ def tables(tokens) -> list[list[list[str]]]:
 
 
 def links(tokens) -> list[str]:
-    return [c.attrs["href"] for t in tokens if t.type == "inline" for c in t.children or [] if c.type == "link_open"]
+    return [
+        c.attrs["href"]
+        for t in tokens
+        if t.type == "inline"
+        for c in t.children or []
+        if c.type == "link_open"
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +65,12 @@ def store(tmp_path_factory):
         for k, v in {"chunking": "fixed", "chunking.size": size, "retriever": "dense"}.items():
             client.log_param(rid, k, v)
         table = pd.DataFrame(
-            {"id": IDS, "query": [f"How do I | use feature {i}?" for i in range(N)], "hit_at_5": hits, "mrr": hits / 2}
+            {
+                "id": IDS,
+                "query": [f"How do I | use feature {i}?" for i in range(N)],
+                "hit_at_5": hits,
+                "mrr": hits / 2,
+            }
         )
         path = tmp / rid / "per_query.parquet"
         path.parent.mkdir()
@@ -79,7 +90,13 @@ def store(tmp_path_factory):
     worse[np.flatnonzero(hits == 1)[:20]] = 0.0  # 20 hits lost: −33 points
     base = log("base", "256", hits)
     cand = log("cand", "512", worse)
-    return {"uri": uri, "exp": exp, "base": base, "cand": cand, "lost": [IDS[i] for i in np.flatnonzero(hits != worse)]}
+    return {
+        "uri": uri,
+        "exp": exp,
+        "base": base,
+        "cand": cand,
+        "lost": [IDS[i] for i in np.flatnonzero(hits != worse)],
+    }
 
 
 def test_failing_gate_summary_has_verdict_rows_diff_and_trace_links(store, tmp_path, monkeypatch):
