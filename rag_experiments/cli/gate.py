@@ -202,22 +202,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RunInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.summary_md:  # Markdown for a pull request (docs/ci.md)
-        write_summary(args.summary_md, reader.uri, reader, args.baseline, args.candidate, results, notes,
-                      args.alpha, args.experiment)  # fmt: skip
+    write_summary(args, reader, results, notes)  # --summary-md FILE: Markdown for a pull request (docs/ci.md)
     conf = f"{100 * (1 - args.alpha):g}%"
-    headers = [
-        "metric",
-        "better",
-        "baseline",
-        "candidate",
-        "delta",
-        f"{conf} bound",
-        "limit",
-        "MDE",
-        "n",
-        "verdict",
-    ]
+    headers = ["metric", "better", "baseline", "candidate", "delta", f"{conf} bound", "limit", "MDE", "n",
+               "verdict"]  # fmt: skip
     dm, pm = _parse_margins(args.margin)
     rows = []
     for r in results:

@@ -204,21 +204,16 @@ def render_summary(s: GateSummary) -> str:
     return _env().get_template("gate_summary.md.j2").render(s=s)
 
 
-def write_summary(
-    path: str | Path,
-    uri: str,
-    reader,
-    baseline: str,
-    candidate: str,
-    results: Sequence[GateResult],
-    notes: Sequence[str],
-    alpha: float,
-    experiment: str | None = None,
-) -> Path:
-    """``gate --summary-md``'s one call: resolve the runs again, build, render, write ``path``."""
-    rb, rc = reader.resolve(baseline, experiment), reader.resolve(candidate, experiment)
-    s = build_summary(uri, rb, rc, reader.per_query(rb), reader.per_query(rc), results, notes, alpha)
-    out = Path(path)
+def write_summary(args, reader, results: Sequence[GateResult], notes: Sequence[str]) -> Path | None:
+    """``gate``'s one call: with ``--summary-md FILE`` (``args.summary_md``), resolve the two runs
+    again (``args.baseline``, ``args.candidate``, ``args.experiment``), build, render, write FILE;
+    None without the flag."""
+    if not getattr(args, "summary_md", None):
+        return None
+    rb, rc = reader.resolve(args.baseline, args.experiment), reader.resolve(args.candidate, args.experiment)
+    tb, tc = reader.per_query(rb), reader.per_query(rc)
+    s = build_summary(reader.uri, rb, rc, tb, tc, results, notes, args.alpha)
+    out = Path(args.summary_md)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_summary(s), encoding="utf-8")
     return out
