@@ -81,6 +81,11 @@ def test_stratified_ratio_matches_the_formula_and_a_census_has_no_variance() -> 
     assert math.isclose(est.ci_high - est.value, half) and est.ci_low == max(0.0, est.value - half)  # clipped
     census, _ = stratified_ratio(rows[:2], {"signal": 2}, "ok")
     assert census.value == census.ci_low == census.ci_high == 1 / 3
+    # a label never seen is not "certainly 0": Clopper–Pearson for 0 of n_eff (Kish) successes
+    never, _ = stratified_ratio(rows, sizes, "error")
+    w = [1, 2, 10, 10, 10]  # N_h/n_h · m
+    n_eff = sum(w) ** 2 / sum(x * x for x in w)
+    assert never.value == never.ci_low == 0 and math.isclose(never.ci_high, 1 - 0.025 ** (1 / n_eff))
     assert stratified_ratio(rows[:2], sizes, "ok")[1] == ["rest"]  # not covered: said, not guessed
     # without strata: the Hájek estimate with weights m/π
     h = hajek(rows, "retrieval_failure")
@@ -204,8 +209,8 @@ def test_from_traces_accept_and_estimate_on_a_traced_sample_run(traced, tmp_path
         float(x) for x in line.replace("[", " ").replace("]", " ").replace(",", " ").split()[1:4]
     )
     assert 0 <= lo <= share <= hi <= 1 and hi > lo
-    assert "PPI" in out.splitlines()[-2 - len(["ok", "retrieval_failure", "generation_failure",
-                                                  "unanswerable_answered", "error"])]  # fmt: skip
+    head = next(x for x in out.splitlines() if x.startswith("label"))
+    assert head.split()[-6:] == ["judge", "only", "PPI", "PPI", "95%", "CI"]
 
 
 @pytest.mark.slow

@@ -17,7 +17,10 @@ with the linearised stratified variance (finite-population correction included)
     Var̂(θ̂_ℓ) = Σ_h N_h² (1 − n_h/N_h) s²_h / n_h / X̂²,   s²_h = sample variance of d_c = m_c (y_c − θ̂_ℓ) in S_h,
     X̂ = Σ_h N_h m̄_h,   CI = θ̂ ± z_{0.975} √Var̂, clipped to [0, 1]
 
-A stratum with one labelled unit and N_h > 1 borrows the pooled s² of all labelled units. A stratum
+A stratum with one labelled unit and N_h > 1 borrows the pooled s² of all labelled units. When no
+labelled unit (or every one) has the label, that variance is 0 though nothing is certain: the CI is
+then Clopper–Pearson for 0 (or n_eff) successes in Kish's effective sample size n_eff = (Σ w)² / Σ w²,
+w = m/π_h (the Korn–Graubard idea), e.g. [0, 1 − 0.025^(1/n_eff)] for a label never seen. A stratum
 with no labelled unit is **not covered**: the estimate is then about the covered strata only and
 says so. Without the design file (the ``.design.json`` beside the review) the rows' own π are used:
 the Hájek estimate with weights m/π and the with-replacement variance of ``analysis.ppi``.
@@ -93,10 +96,21 @@ def stratified_ratio(
         s2 = float(np.var(d, ddof=1)) if n_h > 1 else pooled
         var += big**2 * (1 - n_h / big) * s2 / n_h
     n = sum(len(by[h]) for h in strata)
+    if theta in (0.0, 1.0):
+        w = [sizes[h] / len(by[h]) * r.m for h in strata for r in by[h]]
+        return _no_variation(theta, w, n), uncovered
     if math.isnan(var):
         return Estimate(clip01(theta), math.nan, math.nan, n), uncovered
     half = z * math.sqrt(var) / den
     return Estimate(clip01(theta), clip01(theta - half), clip01(theta + half), n), uncovered
+
+
+def _no_variation(theta: float, w: Sequence[float], n: int, alpha: float = 0.05) -> Estimate:
+    """θ̂ = 0 or 1: the Clopper–Pearson interval of 0 (or all) successes in n_eff = (Σw)²/Σw²."""
+    w = np.asarray(w, float)
+    n_eff = float(w.sum() ** 2 / np.sum(w**2))
+    bound = 1 - (alpha / 2) ** (1 / n_eff)
+    return Estimate(theta, 0.0, bound, n) if theta == 0.0 else Estimate(theta, 1 - bound, 1.0, n)
 
 
 def hajek(rows: Sequence[Labelled], label: str, z: float = Z975) -> Estimate:
@@ -107,6 +121,8 @@ def hajek(rows: Sequence[Labelled], label: str, z: float = Z975) -> Estimate:
     y = np.array([r.label == label for r in rows], float)
     theta = float(np.sum(w * y) / np.sum(w))
     n = len(rows)
+    if theta in (0.0, 1.0):
+        return _no_variation(theta, w, n)
     if n < 2:
         return Estimate(clip01(theta), math.nan, math.nan, n)
     var = n / (n - 1) * float(np.sum((w * (y - theta)) ** 2)) / float(np.sum(w)) ** 2

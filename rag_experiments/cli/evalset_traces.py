@@ -18,10 +18,11 @@ from pathlib import Path
 
 from rag_experiments.analysis import production
 from rag_experiments.analysis.trace_sample import PICKS, TracedQuery, Unit, frame, pick
-from rag_experiments.core.formatting import fmt_num
+from rag_experiments.core.formatting import fmt_num, text_table
 from rag_experiments.evalset.corpus import CorpusError, load_corpus
 from rag_experiments.evalset.load import EvalSetError, load_evalset
 from rag_experiments.evalset.trace_review import LABELS, ReviewRow, accept_review, read_review, write_review
+from rag_experiments.stages.embedding import metric_embedder
 from rag_experiments.tracking.trace_reader import Filters, TraceInputError, read_traces, tag_pairs
 from rag_experiments.tracking.uri import tracking_uri
 
@@ -142,8 +143,6 @@ def from_traces(args) -> int:
             print(f"error: no trace has feedback {', '.join(missing)}; feedback present: {', '.join(names) or 'none'}",
                   file=sys.stderr)  # fmt: skip
             return 2
-    from rag_experiments.stages.embedding import metric_embedder
-
     emb = metric_embedder()
     units, in_evalset = frame(queries, lambda t: emb.encode(t, kind="query"), args.dedup_threshold, known)
     if not units:
@@ -278,13 +277,15 @@ def estimate(args) -> int:
                 _ci(e.ppi) if e.ppi else "–",
             ]
         table.append(row)
-    from rag_experiments.cli.compare import text_table
-
     print(text_table(head, table))
     if frame_judge:
         print(
             "PPI: the judge's failure_label on every frame trace, corrected by its error on the labelled rows"
         )
+        flat = [e.label for e in ests if e.ppi and e.ppi.ci_low == e.ppi.ci_high]
+        if flat:
+            print(f"  zero-width PPI interval ({', '.join(flat)}): judge and reviewer agreed on all {len(labelled)} "
+                  "labelled rows there; a rectifier variance of 0 is not certainty: label more rows")  # fmt: skip
     elif design:
         print("PPI: not available (the judge's failure_label is not on every trace of the frame)")
     return 0
