@@ -66,6 +66,19 @@ def test_random_design_is_proportional_by_stratum() -> None:
     assert {u.pi for u in units} == {0.2}
 
 
+def test_disagreement_and_uncertain_designs_read_the_named_judges() -> None:
+    units = _units(0, 20)
+    for i, u in enumerate(units):
+        u.rep.feedback.update({"a": i % 2 == 0, "b": i % 4 == 0, "score": i / 20})
+    drawn, strata = pick(units, "disagreement", 4, judges=["a", "b"])
+    # a passes the even units, b every fourth: they disagree on i = 2, 6, 10, 14, 18
+    assert strata == {"rest": (15, 1), "signal": (5, 3)}
+    assert all(u.stratum == "signal" for u in units if u.rep.trace_id in {"t2", "t6", "t10", "t14", "t18"})
+    drawn, strata = pick(units, "uncertain", 4, judges=["score"], threshold=0.5, band=0.1)
+    assert strata["signal"] == (5, 3)  # scores 0.40 … 0.60
+    assert {u.rep.trace_id for u in units if u.stratum == "signal"} == {f"t{i}" for i in range(8, 13)}
+
+
 def test_stratified_ratio_matches_the_formula_and_a_census_has_no_variance() -> None:
     rows = [Labelled("a", "ok", 1.0, 1, "signal"), Labelled("b", "retrieval_failure", 1.0, 2, "signal"),
             Labelled("c", "ok", 0.1, 1, "rest"), Labelled("d", "retrieval_failure", 0.1, 1, "rest"),
