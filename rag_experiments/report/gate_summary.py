@@ -86,23 +86,24 @@ def power_notes(results: Sequence[GateResult]) -> list[str]:
 
 
 def _row(r: GateResult) -> MetricRow:
+    """The metric's table row; the bound against the limit reads true as written: ``≥``/``≤`` when it
+    passes, ``<``/``>`` and ✗ when it fails."""
+    bound, limit = (
+        fmt_num(r.bound, signed=True),
+        fmt_num(-r.margin if r.higher_is_better else r.margin, signed=True),
+    )
     if r.higher_is_better:
-        ci, vs = (
-            f"[{fmt_num(r.lower, signed=True)}, +∞)",
-            f"{fmt_num(r.lower, signed=True)} ≥ {fmt_num(-r.margin, signed=True)}",
-        )
+        ci, op = f"[{bound}, +∞)", "≥" if r.passed else "<"
     else:
-        ci, vs = (
-            f"(−∞, {fmt_num(r.upper, signed=True)}]",
-            f"{fmt_num(r.upper, signed=True)} ≤ {fmt_num(r.margin, signed=True)}",
-        )
+        ci, op = f"(−∞, {bound}]", "≤" if r.passed else ">"
+    vs = f"{bound} {op} {limit}" + ("" if r.passed else " ✗")
     return MetricRow(
         r.metric,
         "higher" if r.higher_is_better else "lower",
         fmt_num(r.baseline),
         fmt_num(r.candidate),
         f"{fmt_num(r.delta, signed=True)} {ci}",
-        vs + ("" if r.passed else " ✗"),
+        vs,
         TESTS.get(r.test, r.test),
         r.n_pairs,
         r.verdict,
