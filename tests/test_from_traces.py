@@ -224,6 +224,11 @@ def test_from_traces_accept_and_estimate_on_a_traced_sample_run(traced, tmp_path
     assert 0 <= lo <= share <= hi <= 1 and hi > lo
     head = next(x for x in out.splitlines() if x.startswith("label"))
     assert head.split()[-6:] == ["judge", "only", "PPI", "PPI", "95%", "CI"]
+    # without the design file: the rows' own π (Hájek, with-replacement variance), and no coverage claims
+    (tmp_path / "review.design.json").unlink()
+    assert cli.main(["estimate", str(review)]) == 0
+    out = capsys.readouterr().out
+    assert "Hájek estimator with weights m/π" in out and "covers:" not in out
 
 
 @pytest.mark.slow
@@ -301,6 +306,17 @@ def test_from_traces_bad_input_exits_2_and_user_app_traces_are_read(traced, tmp_
     got = _rows(out2)
     assert len(got) == 2 and all("[webhook-retries.md] Ferrymail" in r["retrieved_context"] for r in got)
     assert all(r["production_answer"] == "They are retried for 24 hours." for r in got)
+
+    # filters: a tag, and a time range with no trace in it
+    tagged = tmp_path / "tagged.csv"
+    args = ["--tag", "eval_tags=unanswerable", "--pick", "random", "--n", "3"]
+    assert cli.main([*base[:-4], "--out", str(tagged), "--experiment", "prod", *args]) == 0
+    unanswerable = {it["query"] for it in SAMPLE if "unanswerable" in it["tags"] and len(it["tags"]) == 1}
+    assert len(_rows(tagged)) == 3 and {r["query"] for r in _rows(tagged)} <= unanswerable
+    assert json.loads((tmp_path / "tagged.design.json").read_text())["frame_traces"] == len(unanswerable)
+    later = tmp_path / "later.csv"
+    assert cli.main([*base[:-4], "--out", str(later), "--experiment", "prod", "--since", "2099-01-01"]) == 2
+    assert "no trace matching" in capsys.readouterr().err and not later.exists()
 
     # questions already in the eval set are left out: the sample's own questions, all of them
     ev = tmp_path / "ev.jsonl"
