@@ -1,5 +1,6 @@
-"""``python -m rag_experiments.evalset validate|import-squad|import-beir|generate|accept``
-(usage: the ``rag_experiments.evalset`` docstring; ``generate``/``accept``: ``evalset/generate.py``)."""
+"""``python -m rag_experiments.evalset validate|import-squad|import-beir|generate|accept|from-traces|estimate``
+(usage: the ``rag_experiments.evalset`` docstring; ``generate``/``accept``: ``evalset/generate.py``;
+``from-traces``/``estimate`` and ``accept`` of a trace review: ``cli/evalset_traces.py``)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,19 @@ import json
 import sys
 from pathlib import Path
 
+from rag_experiments.cli import evalset_traces
 from rag_experiments.evalset.corpus import CorpusError, load_corpus
 from rag_experiments.evalset.generate import NEAR_MISS_THRESHOLD
 from rag_experiments.evalset.generate import cli as generate_cli
 from rag_experiments.evalset.importers import import_beir, import_squad
 from rag_experiments.evalset.load import EvalSetError, load_evalset, sample_dir, tag_counts
+from rag_experiments.evalset.trace_review import is_trace_review
 from rag_experiments.tracking.errors import cli_main
 
-DESCRIPTION = "Eval sets: validate, import (SQuAD, BEIR), generate and accept (LLM + human review)."
+DESCRIPTION = (
+    "Eval sets: validate, import (SQuAD, BEIR), generate and accept (LLM + human review), from-traces "
+    "(production questions) and estimate (how often production answers fail)."
+)
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -83,6 +89,11 @@ def _add_generate_parsers(sub) -> None:
     a.add_argument("review")
     a.add_argument("--corpus", required=True)
     a.add_argument("--out", required=True)
+    a.add_argument("--evalset", help="a trace review (from-traces): the eval set the kept items join")
+    a.add_argument("--experiment", default="evalsets", help="trace review: experiment of the MLflow dataset")
+    a.add_argument("--tracking-uri", help="trace review: default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
+    a.add_argument("--no-mlflow", action="store_true", help="trace review: do not log the MLflow dataset")
+    evalset_traces.add_parsers(sub)
 
 
 @cli_main
@@ -105,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "validate":
         return _validate(args.corpus, args.evalset)
+    if args.cmd == "from-traces":
+        return evalset_traces.from_traces(args)
+    if args.cmd == "estimate":
+        return evalset_traces.estimate(args)
+    if args.cmd == "accept" and is_trace_review(Path(args.review)):
+        return evalset_traces.accept(args)
     if args.cmd in ("generate", "accept"):
         return generate_cli(args)
     try:

@@ -16,6 +16,7 @@ from rag_experiments.analysis.gate import GateResult, non_inferiority
 from rag_experiments.cli.compare import text_table
 from rag_experiments.core.formatting import fmt_num
 from rag_experiments.evaluation.registry import higher_is_better
+from rag_experiments.report.gate_summary import write_summary
 from rag_experiments.tracking.errors import cli_main
 from rag_experiments.tracking.judge_runs import ALLOW_FLAG, check_same_judge
 from rag_experiments.tracking.run_reader import MlflowRunReader, RunReader
@@ -94,6 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resamples", type=int, default=9999)
     p.add_argument(ALLOW_FLAG, action="store_true", help="gate runs scored by different judges (noted in the output)")
+    p.add_argument(
+        "--summary-md",
+        metavar="FILE",
+        help="also write the verdict as Markdown for a pull request ($GITHUB_STEP_SUMMARY, a PR comment; docs/ci.md)",
+    )
     return p
 
 
@@ -196,19 +202,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RunInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    write_summary(args, reader, results, notes)  # --summary-md FILE: Markdown for a pull request (docs/ci.md)
     conf = f"{100 * (1 - args.alpha):g}%"
-    headers = [
-        "metric",
-        "better",
-        "baseline",
-        "candidate",
-        "delta",
-        f"{conf} bound",
-        "limit",
-        "MDE",
-        "n",
-        "verdict",
-    ]
+    headers = ["metric", "better", "baseline", "candidate", "delta", f"{conf} bound", "limit", "MDE", "n",
+               "verdict"]  # fmt: skip
     dm, pm = _parse_margins(args.margin)
     rows = []
     for r in results:

@@ -114,3 +114,43 @@ def run_input_entity(ds):
         schema=ds.schema,
         profile=ds.profile,
     )
+
+
+def log_version(
+    tracking_uri: str,
+    experiment: str,
+    items: Sequence[EvalItem],
+    docs: Iterable[Document],
+    evalset_digest: str,
+    parent_digest: str,
+    lineage: dict[str, str],
+) -> str:
+    """A new eval set (``evalset accept`` of a trace review) as the next version of the evaluation
+    dataset: the dataset ``evalset-<digest16>`` (one per digest, as :func:`link_dataset` names it),
+    tagged with its parent's digest and its source; each record from a trace carries the tag
+    ``source_trace`` (lineage: trace id → item id). Returns the dataset id; an existing one is
+    reused (accepting the same review again adds nothing)."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
+    if mlflow.get_tracking_uri() != tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    name = f"evalset-{evalset_digest[:16]}"
+    by_item = {item: trace for trace, item in lineage.items()}
+    with host_lock("dataset", f"dataset {name}", tracking_uri, name):
+        found = client.search_datasets(filter_string=f"name = '{name}'", max_results=1)
+        ds = found[0] if found else client.create_dataset(
+            name, experiment_id=[exp_id],
+            tags={"evalset_digest": evalset_digest, "parent_digest": parent_digest, "source": "from-traces",
+                  "lineage_n": str(len(lineage))},
+        )  # fmt: skip
+        if n_records(ds) < len(items):
+            records = dataset_records(items, {d.doc_id: d.text for d in docs}, evalset_digest)
+            for rec in records:
+                if trace := by_item.get(rec["inputs"]["item_id"]):
+                    rec["tags"]["source_trace"] = trace
+            add_records(tracking_uri, ds, records)
+    return ds.dataset_id
