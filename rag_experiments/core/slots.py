@@ -32,6 +32,7 @@ class Slot:
     column: str = ""  # its per-query columns' stem: ``latency_<column>_s`` (timed per query), "" none
     priced: bool = False  # its model calls report tokens: ``tokens_in_<column>`` / ``tokens_out_<column>``
     serving: bool = True  # part of answering a user (its latency is serving latency); False: evaluation
+    replaces: tuple[str, ...] = ()  # slots that do not run when this one is configured (the app)
     runner: str = ""  # dotted name of its Step class (``run(state, ctx) -> StepRecord``): the run loop
     # builds it when the slot is configured (retrieval half; generate and judge run per replicate)
 
@@ -45,6 +46,13 @@ _JUDGE_CODE = (
 )
 
 SLOTS: tuple[Slot, ...] = (
+    # your application as a black box (docs/app.md): it retrieves and answers, so the built-in
+    # retrieval stages and the generator do not run; its answers are judged, its contexts scored
+    Slot("app", "app", "rag_experiments.stages.app.App", ("app",),
+         ("rag_experiments.stages.app", "rag_experiments.evalset.contexts", "rag_experiments.run.app_step"),
+         optional=True, step="app", errors="n_app_errors", noun="questions asked to the app", position=1,
+         column="app", runner="rag_experiments.run.app_step.AppStep",
+         replaces=("chunker", "query_transform", "retriever", "reranker")),
     Slot("chunker", "chunking", "rag_experiments.stages.chunking.Chunker", ("chunks",),
          ("rag_experiments.stages.chunking",), step="chunking", position=1, noun="documents",
          runner="rag_experiments.run.retrieval.ChunkStep"),

@@ -551,6 +551,42 @@ REGISTRY: tuple[MetricSpec, ...] = (
         per_query=False,
     ),
     MetricSpec(
+        "n_app_errors",
+        "count",
+        False,
+        "count",
+        "number of questions the application (app=python or app=http) failed on: no answer and no contexts "
+        "(per-query column app_error); a re-run asks only those",
+        per_query=False,
+    ),
+    MetricSpec(
+        "n_unmapped_contexts",
+        "count",
+        False,
+        "count",
+        "number of the application's contexts (app=python or app=http) that could not be mapped onto a corpus "
+        "span (neither at the given offsets nor as text in the named document or the corpus); they are "
+        "shown, not scored",
+        per_query=False,
+    ),
+    MetricSpec(
+        "n_contexts",
+        "count",
+        None,
+        "count",
+        "number of contexts the application (app=python or app=http) returned for the query",
+        per_query=False,
+    ),
+    MetricSpec(
+        "latency_app_s",
+        "cost",
+        False,
+        "continuous",
+        "the application's wall time for the query (app=python or app=http), seconds, as measured when it "
+        "answered (kept with its reply in the cache)",
+        per_query=False,
+    ),
+    MetricSpec(
         "n_query_errors",
         "count",
         False,

@@ -94,11 +94,12 @@ def build(cfg: DictConfig, cache: StageCache) -> Loaded:
     embedder = CachedEmbedder(instantiate(cfg.embedding, **extra), cache)
     generator = prompt = judge = None
     repeats: tuple = ()
-    if cfg.generator.get("_target_"):
+    app = build_app(cfg.get("app"), evalset)
+    if cfg.generator.get("_target_") and app is None:
         generator = instantiate(priced(cfg.generator))
         prompt = instantiate(cfg.prompt)
-        if cfg.judge.get("_target_"):  # judge=none: judge-free metrics only (docs/metrics.md)
-            judge, repeats = judge_with_repeats(container(cfg.judge))  # masks pricing and repeats
+    if (generator is not None or app is not None) and cfg.judge.get("_target_"):
+        judge, repeats = judge_with_repeats(container(cfg.judge))  # judge=none: judge-free metrics only
     stages = Stages(
         chunker=instantiate(cfg.chunking),
         query_transform=build_query_transform(cfg.get("query"), generator),
@@ -110,8 +111,24 @@ def build(cfg: DictConfig, cache: StageCache) -> Loaded:
         prompt=prompt,
         judge=judge,
         judge_repeats=tuple(repeats),
+        app=app,
     )
     return Loaded(corpus, evalset, stages)
+
+
+def build_app(node: DictConfig | None, evalset):
+    """The application of ``conf/app/<option>.yaml`` (None for app=none), asked the eval set's
+    first question once: an app that does not import, is unreachable, or answers in another shape
+    than (answer, contexts) is bad input (exit 2 naming ``app.*``), not a run of errors."""
+    if node is None or not node.get("_target_"):
+        return None
+    app = instantiate(node)
+    if evalset.items:
+        probe = app.ask(evalset.items[0].query)
+        if probe.error and ("AppShapeError" in probe.error or getattr(app, "url", None)):
+            where = "app.url" if getattr(app, "url", None) else "app.target"
+            raise FileNotFoundError(f"{where}: the first question failed: {probe.error}")
+    return app
 
 
 def build_reranker(node: DictConfig | None, cache: StageCache):

@@ -226,6 +226,7 @@ class _Segment:
     items: list[EvalItem]
     chunks: list  # per item, the context's chunks (fitted to the model's window)
     prompts: list
+    fixed: list | None = None  # app=python|http: the app's replies, the answers (no model call)
     gens: list[Generation] = field(default_factory=list)
     answers: list[str | None] = field(default_factory=list)
     contexts: list[str] = field(default_factory=list)
@@ -240,7 +241,11 @@ class GenerateStep:
     slot = "generator"
 
     def run(self, seg: _Segment, ctx: StepContext) -> StepRecord:
-        seg.gens, n_gen = generation_stage(ctx.stages.generator, seg.prompts, ctx.cache, ctx.settings.progress)
+        if seg.fixed is not None:  # the app answered in its own step
+            seg.gens = [Generation(r.answer if not r.error else "", "app", r.seconds, r.error or None) for r in seg.fixed]
+            n_gen = 0
+        else:
+            seg.gens, n_gen = generation_stage(ctx.stages.generator, seg.prompts, ctx.cache, ctx.settings.progress)
         seg.answers = [None if g.error else g.text for g in seg.gens]
         errors = [g.error for g in seg.gens if g.error]
         tokens = Counter()
@@ -271,17 +276,27 @@ class JudgeStep:
         return StepRecord(self.slot, len(judged), failed, calls, first_error=first if failed else "")
 
 
-def _generate_and_judge(items, ranked, subset, settings: RunSettings, cache, rows, stages: Stages, ledger: Ledger) -> None:
+def _generate_and_judge(
+    items, ranked, subset, settings: RunSettings, cache, rows, stages: Stages, ledger: Ledger, fixed=None
+) -> None:
     """Generate and judge the ``subset`` of items (with the claim-level diagnostics), as the
-    generator's and the judge's steps; fills their rows, their records join ``ledger``."""
+    generator's and the judge's steps; fills their rows, their records join ``ledger``. ``fixed``
+    (item id → the app's reply): the app's answers and all of its contexts, no generator."""
     sub_items = [items[i] for i in subset]
-    contexts_chunks = [ranked[i][: settings.k] for i in subset]
-    contexts_chunks = fit_contexts(stages, rows, subset, contexts_chunks, cache)  # to the model's window
-    prompts = [stages.prompt.render(it.query, cs) for it, cs in zip(sub_items, contexts_chunks, strict=True)]
-    seg, ctx = _Segment(sub_items, contexts_chunks, prompts), StepContext(stages, None, settings, cache)
+    if fixed:
+        contexts_chunks = [ranked[i] for i in subset]  # what the app said it used
+        prompts = [None] * len(subset)
+        for i in subset:
+            rows[i]["context_truncated"] = False
+    else:
+        contexts_chunks = [ranked[i][: settings.k] for i in subset]
+        contexts_chunks = fit_contexts(stages, rows, subset, contexts_chunks, cache)  # to the model's window
+        prompts = [stages.prompt.render(it.query, cs) for it, cs in zip(sub_items, contexts_chunks, strict=True)]
+    seg = _Segment(sub_items, contexts_chunks, prompts, [fixed[it.id] for it in sub_items] if fixed else None)
+    ctx = StepContext(stages, None, settings, cache)
     ledger.run(GenerateStep(), seg, ctx)
     seg.contexts = ["\n\n".join(c.text for c in cs) for cs in contexts_chunks]
-    cites = A.asks_for_citations(stages.prompt.text)  # citation metrics only where the prompt asks
+    cites = stages.prompt is not None and A.asks_for_citations(stages.prompt.text)  # where the prompt asks
     free = A.judge_free_columns(sub_items, seg.answers, seg.contexts, contexts_chunks, cites, settings.min_coverage)
     judge = stages.judge
     if judge is None:  # judge=none: the judge-free metrics alone, no judge call
@@ -348,7 +363,9 @@ def _run_aggregates(
 def retrieval_steps(stages: Stages) -> list:
     """The retrieval half's steps, in run order: a step per slot that declares a ``runner``
     (``core.slots``) and is configured (``query=none`` and ``rerank=none`` add no step)."""
-    return [target_object(s.runner)() for s in steps() if s.runner and getattr(stages, s.name, None) is not None]
+    on = [s for s in steps() if getattr(stages, s.name, None) is not None]
+    replaced = {name for s in on for name in s.replaces}  # app=python|http: it retrieves itself
+    return [target_object(s.runner)() for s in on if s.runner and s.name not in replaced]
 
 
 def _retrieval_half(stages: Stages, data: PipelineData, settings: RunSettings, cache: StageCache, ledger: Ledger):
@@ -367,13 +384,14 @@ def _retrieval_half(stages: Stages, data: PipelineData, settings: RunSettings, c
     ranked = [[chunks[i] for i in row if i >= 0] for row in st.ranking.idx]
     scored = retrieval_scores(stages.retriever, items, chunks, st.ranking.idx, ranked, settings, st.cache_keys, cache)
     shown = max(settings.all_ks)  # the per-query table lists the ranks the top-k metrics see
-    latency = ledger.records["retriever"].seconds / max(len(items), 1)
+    ran = ledger.records.get("retriever")  # app=python|http: the app's own latency_app_s instead
+    latency = ran.seconds / max(len(items), 1) if ran is not None else math.nan
     rows = retrieval_rows(items, [r[:shown] for r in ranked], st.ranking.scores, scored.per_query, latency)
     query_columns(rows, st.queried)  # search_queries: the question itself without a transform
     for step in done:  # each step's own per-query columns (the reranker's first_stage/*, …)
         if hasattr(step, "columns"):
             step.columns(st, rows)
-    return chunks, ranked, rows, scored, st.cache_keys
+    return chunks, ranked, rows, scored, st
 
 
 def run_pipeline(
@@ -390,19 +408,20 @@ def run_pipeline(
     """
     ledger = Ledger()
     items = data.items
-    chunks, ranked, rows, scored, cache_keys = _retrieval_half(stages, data, settings, cache, ledger)
+    chunks, ranked, rows, scored, st = _retrieval_half(stages, data, settings, cache, ledger)
+    cache_keys, fixed = st.cache_keys, st.app_replies or None
 
     subset = stratified_subset(items, settings.generation_subset) if stages.generates else []
     if race is not None:  # racing batches (docs/racing.md); racing runs one replicate (config_schema)
-        def generate(sub, st, se, ca, led):
-            _generate_and_judge(items, ranked, sub, se, ca, rows, st, led)
+        def generate(sub, stg, se, ca, led):
+            _generate_and_judge(items, ranked, sub, se, ca, rows, stg, led, fixed)
 
         subset = generate_subset(
             (generate, _label_rows), rows, items, subset, stages, settings, cache, ledger, race, scored.tags
         )
         row_items = list(range(len(items)))
     else:
-        run_one = partial(_generate_and_judge, items, ranked, subset, settings, cache)  # (rows, stages, ledger)
+        run_one = partial(_generate_and_judge, items, ranked, subset, settings, cache, fixed=fixed)  # (rows, stages, ledger)
         rows, row_items = run_replicates(rows, stages, settings.replicates, run_one, ledger)
     chosen = set(subset)
     generated = [i in chosen for i in row_items]  # replicates: one row per (item, replicate)
@@ -421,6 +440,8 @@ def run_pipeline(
     # the error counts of the steps that count them (n_errors and n_judge_errors, counted per
     # query and per call, come from the table above)
     aggregates.update({k: v for k, v in ledger.error_counts().items() if k not in aggregates})
+    if "n_unmapped_contexts" in df:  # app=python|http: contexts shown but not scored, never dropped silently
+        aggregates["n_unmapped_contexts"] = int(df.drop_duplicates("id")["n_unmapped_contexts"].sum())
     usage = ledger.endpoint_usage()
     tags = dict(scored.tags)
     if usage:

@@ -132,4 +132,5 @@ class RunState:
     ranking: Any = None  # run.retrieval.Ranking
     first_stage: dict = field(default_factory=dict)  # first-stage per-query metrics (a reranker ran)
     reranked: Any = None  # run.retrieval.Reranked
+    app_replies: dict = field(default_factory=dict)  # item id → stages.app.AppReply (app=python|http)
     cache_keys: dict[str, str] = field(default_factory=dict)

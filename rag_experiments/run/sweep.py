@@ -432,7 +432,12 @@ def cli() -> None:
         print(f"[interrupted] {signal.Signals(signum).name}: run marked KILLED; {e or 'Ctrl-C'}; "
               "in-flight model calls abandoned (the same command resumes)", file=sys.stderr)
         # The atexit cleanups (a multirun's parent run, the store's connections) still run; only
-        # the interpreter's join of the worker threads is skipped.
+        # the interpreter's join of the worker threads is skipped, and the embedded llama.cpp
+        # server is not torn down: its destructor waits for the slots still decoding (a hang seen
+        # after SIGTERM during generation=local); the process ends at once and the OS frees it.
+        from rag_experiments.stages.generation import shutdown_local_servers
+
+        atexit.unregister(shutdown_local_servers)
         atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()

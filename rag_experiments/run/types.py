@@ -24,6 +24,7 @@ from rag_experiments.evaluation.defaults import (
 )
 from rag_experiments.judge.claims import Judge
 from rag_experiments.judge.validity import CardSettings
+from rag_experiments.stages.app import App
 from rag_experiments.stages.chunking import Chunker
 from rag_experiments.stages.embedding import Embedder
 from rag_experiments.stages.generation import Generator
@@ -53,10 +54,11 @@ class Stages:
     prompt: PromptTemplate | None = None
     judge: Judge | None = None
     judge_repeats: tuple[Judge, ...] = ()  # judge.repeats: the judges of repeats 2..N (docs/judges.md)
+    app: App | None = None  # app=python|http: your application answers (docs/app.md)
 
     @property
     def generates(self) -> bool:
-        return self.generator is not None
+        return self.generator is not None or self.app is not None
 
     def identities(self) -> dict[str, str]:
         """``identity`` of every stage that has one (model bytes + settings), for ``config_hash``."""

@@ -82,11 +82,12 @@ def run_replicates(
     in place with ``stages`` whose generator is the replicate's; the records of its steps join
     ``ledger`` (the run's, summed per slot). One replicate: ``rows`` themselves, without
     replicate columns; no generator: ``rows`` untouched. Long rows are item-major."""
-    if stages.generator is None:
+    if not stages.generates:  # retrieval only (an app answers without a generator)
         return rows, list(range(len(rows)))
     reps: list[list[dict]] = []
-    for r, gen_r in enumerate(replicate_generators(stages.generator, replicates)):
-        if gen_r is None:  # deterministic: replicate 0's rows, with no cost of their own
+    gens = replicate_generators(stages.generator, replicates) if stages.generator is not None else [None]
+    for r, gen_r in enumerate(gens):
+        if gen_r is None and r > 0:  # deterministic: replicate 0's rows, with no cost of their own
             rows_r = [dict(row, replicate=r, generation_cached=True) for row in reps[0]]
             for row in rows_r:
                 row.update({c: 0.0 for c in row if c.startswith(("tokens_in_", "tokens_out_"))})

@@ -1,0 +1,111 @@
+"""Your application as a black box (app=python|http, docs/app.md): its contexts mapped onto corpus
+spans, every metric family computed as for the built-in stages, unmapped contexts counted."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from rag_experiments.core.types import Document
+from rag_experiments.evalset.contexts import ContextMapper
+from rag_experiments.judge.validity import build_judge
+from rag_experiments.run.steps import failure_reason
+from rag_experiments.stages.app import HttpApp, PythonApp, reply_of
+from tests.llm_fixtures import send_body
+from tests.sweep_helpers import REPO, make_tiny, run_sweep, sweep_args, tiny_pipeline
+
+
+def sample_inputs(root, n: int):
+    """The bundled sample's corpus (the example app indexes all of it) and its first ``n`` items."""
+    from rag_experiments.core.cache import StageCache
+    from rag_experiments.evalset.corpus import Corpus
+    from rag_experiments.evalset.load import EvalSet, sample_dir
+
+    corpus = Corpus(str(sample_dir() / "docs"))
+    items = [it for it in EvalSet(str(sample_dir() / "evalset.jsonl"), corpus).items if it.answerable][:n]
+    return corpus, items, StageCache(root / "cache")
+
+
+DOC = Document("a.md", "A", "Webhooks retry.\n\nFailed   deliveries are\nretried for 24 hours.\n\nEnd.")
+
+
+def test_contexts_map_onto_corpus_spans_by_offsets_text_normalised_text_or_not_at_all():
+    m = ContextMapper([DOC, Document("b.md", "B", "Other text. Webhooks retry.")])
+    s = DOC.text.index("Failed")
+    assert m.map({"text": DOC.text[s : s + 6], "doc_id": "a.md", "start": s, "end": s + 6}) == ("a.md", s, s + 6)
+    assert m.map({"text": "Webhooks retry.", "doc_id": "b.md"})[0] == "b.md"  # the named document first
+    assert m.map({"text": "Webhooks retry."}) == ("a.md", 0, 15)  # else the corpus, in order
+    got = m.map({"text": "Failed deliveries are retried for 24 hours."})  # whitespace-normalised
+    assert got is not None and DOC.text[got[1] : got[2]].startswith("Failed") and DOC.text[got[1] : got[2]].endswith("hours.")
+    assert m.map({"text": "wrong offsets: Webhooks retry.", "doc_id": "a.md", "start": 0, "end": 5}) is None
+    assert m.map({"text": "not in the corpus"}) is None and m.map({"text": "  "}) is None
+
+
+def test_an_app_reply_has_one_shape():
+    assert reply_of(("yes", ["ctx"])).contexts == [{"text": "ctx"}]
+    for bad in ("just text", {"answer": 3}, {"answer": "a", "contexts": [3]}):
+        with pytest.raises(ValueError):
+            reply_of(bad)
+
+
+def test_python_app_runs_every_metric_family_and_counts_unmapped_contexts(tmp_path):
+    app = PythonApp("tests.app_fixture:answer", {"generate": False, "junk": True})
+    inputs = sample_inputs(tmp_path, 5)
+    res = tiny_pipeline(inputs, app=app, judge=build_judge("heuristic"))
+    df, agg = res.per_query, res.aggregates
+    assert "retriever" not in res.records and res.records["app"].items == 5 and not failure_reason(res.records)
+    assert agg["hit_at_3"] > 0 and "mrr" in agg and "evidence_recall_at_256tok" in agg  # retrieval, mapped
+    assert agg["n_generated"] == 5 and "faithfulness" in agg and "correctness" in agg  # generation, judged
+    assert df["n_unmapped_contexts"].eq(1).all() and agg["n_unmapped_contexts"] == 5  # the junk context
+    assert df["failure_label"].notna().all() and (df["answer"].str.len() > 0).all()
+    again = tiny_pipeline(inputs, app=app, judge=build_judge("heuristic"))
+    assert again.records["app"].calls == {"app": 0}  # replies cached per (identity, question)
+
+
+def test_an_app_that_raises_on_every_question_fails_the_run(tmp_path):
+    res = tiny_pipeline(sample_inputs(tmp_path, 3), app=PythonApp("tests.app_fixture:broken"))
+    assert "every one of the 3 questions asked to the app errored (app step" in failure_reason(res.records)
+    assert res.per_query["app_error"].str.contains("RuntimeError").all()
+
+
+def test_http_app_through_the_endpoint_client(tmp_path):
+    from tests.app_fixture import answer
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            q = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["q"]
+            out = answer(q, generate=False)
+            send_body(self, 200, json.dumps({"result": {"text": out["answer"], "docs": out["contexts"]}}).encode())
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        app = HttpApp(f"http://127.0.0.1:{srv.server_address[1]}/ask", {"q": "{question}"}, "result.text", "result.docs")
+        res = tiny_pipeline(sample_inputs(tmp_path, 3), app=app)
+        assert res.records["app"].failed == 0 and res.aggregates["hit_at_3"] > 0
+    finally:
+        srv.shutdown()
+
+
+@pytest.mark.slow
+def test_app_python_end_to_end_and_a_bad_target_exits_2(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    docs, ev = make_tiny(tmp_path, n_items=4)
+    base = [*sweep_args(tmp_path, docs, ev), "judge=heuristic", "judge_card.enabled=false"]
+    base = [a for a in base if not a.startswith(("corpus=", "corpus.path="))]  # the sample: the app's corpus
+    bad = run_sweep(tmp_path, "app=python", "app.target=tests.app_fixture:nope", *base, check=False)
+    assert bad.returncode == 2 and "app.target" in bad.stderr + bad.stdout
+    ok = run_sweep(tmp_path, "app=python", "app.target=tests.app_fixture:answer", "app.params.generate=false",
+                   "app.params.junk=true", *base)  # fmt: skip
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    (run,) = client.search_runs([client.get_experiment_by_name("test").experiment_id])
+    m = run.data.metrics
+    assert run.info.status == "FINISHED" and m["n_unmapped_contexts"] == 4 and m["n_generated"] == 4
+    assert "hit_at_5" in m and "faithfulness" in m and "app" in ok.stdout
