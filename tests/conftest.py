@@ -100,6 +100,7 @@ SLOW_TESTS = {
     "test_every_cli_help_exits_0",  # a subprocess per CLI and subcommand (~40 s in all)
     "test_the_integer_schema_hint_is_not_printed",  # a real sqlite MLflow store (~7 s)
     "test_other_warnings_still_show",
+    "test_rejected_replies_are_written_with_their_reason",  # MiniLM for the near duplicates (~11 s)
     "test_multirun_with_one_bad_job_creates_nothing",
     "test_sweep_on_a_silent_host_exits_2_before_any_run",  # a sweep subprocess against a silent PostgreSQL port
     "test_multirun_with_one_bad_data_file_creates_nothing",
