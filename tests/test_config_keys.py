@@ -44,6 +44,8 @@ def test_known_keys_sweeps_and_hydra_keys_pass():
         "hydra.x=1",  # Hydra's own config: its business
         "+retriever.extra_arg=1",  # a constructor argument: config_schema.known_keys refuses it after composing
         "judge_card.enabled=false",
+        "corpus=dir",
+        "corpus.path=/data/docs",  # a ??? value: present, though OmegaConf's `in` says it is not
     ]
     assert unknown_config_keys(argv) == []
     assert unknown_config_keys(["foo=1", "--config-dir", "/my/conf"]) == []
@@ -63,3 +65,15 @@ def test_a_key_typo_exits_2_through_the_cli_and_creates_nothing(tmp_path):
     assert "unknown key 'kk' in conf/retriever/dense.yaml (did you mean 'k'?)" in p.stderr
     assert "not in struct" not in p.stderr
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "outputs").exists()
+
+
+def test_a_constructor_key_typo_after_composition_has_a_suggestion_too():
+    """``+retriever.kk=3`` (or a typo in a YAML) composes; the group check refuses it, with a hint."""
+    from rag_experiments.run.config_schema import _Group
+
+    g = _Group("retriever", {"_target_": "rag_experiments.stages.retrieval.DenseRetriever", "kk": 3, "embedder": 1})
+    g.known_keys()
+    assert g.problems == [
+        "conf/retriever: kk: unknown option for DenseRetriever (got 3); did you mean 'k'?",
+        "conf/retriever: embedder: is set by the sweep, not the config (got 1)",
+    ]

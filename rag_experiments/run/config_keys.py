@@ -6,28 +6,63 @@ keeps for a failed gate), and it accepts the third, which nothing then reads. He
 ``key=value`` override is looked up in the config the command line composes (the group choices and
 experiments it names, nothing else), and an unknown key becomes one line with a "did you mean",
 exit 2, before any MLflow run or Hydra output exists. Group *options* (``chunking=fixd``) are
-:func:`rag_experiments.run.config_schema.unknown_group_options`' job; keys a group's constructor
-does not take (``+chunking.sizee=5``) are refused after composition by ``config_schema``'s
-``known_keys``, so ``+group.key`` is left to it here.
+:func:`rag_experiments.run.config_schema.unknown_group_options`' job. Keys a group's constructor
+does not take (``+chunking.sizee=5``, or a typo in a YAML) are found after composition, by
+:func:`constructor_key_problems` (which ``config_schema`` calls for every group), so ``+group.key``
+is left to it here.
 """
 
 from __future__ import annotations
 
 import difflib
+import inspect
 import itertools
 from typing import Any
 
 from rag_experiments.core.conf_groups import conf_dir
 
-_MISSING = object()
+# Arguments the sweep passes itself (not from YAML), per group.
+INJECTED = {"evalset": {"corpus"}, "retriever": {"embedder"}}
 # Flags after which the config lives elsewhere or the command is not a run: leave it to Hydra.
 _OWN_CONFIG = ("-cd", "--config-dir", "-cp", "--config-path", "-cn", "--config-name")
 
 
-def did_you_mean(word: str, candidates) -> str:
-    """`` (did you mean 'x'?)`` for the closest candidates (difflib ratio >= 0.6), else ``""``."""
+def close_matches(word: str, candidates) -> str:
+    """``'x' or 'y'``: the (at most 3) candidates closest to ``word`` (difflib ratio >= 0.6), else ``""``."""
     close = difflib.get_close_matches(word, sorted(set(map(str, candidates))), n=3, cutoff=0.6)
-    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+    return " or ".join(repr(c) for c in close)
+
+
+def did_you_mean(word: str, candidates) -> str:
+    """`` (did you mean 'x'?)`` for the closest candidates, else ``""``."""
+    close = close_matches(word, candidates)
+    return f" (did you mean {close}?)" if close else ""
+
+
+def constructor_key_problems(group: str, node: dict, extra=frozenset()) -> list[tuple[str, str]]:
+    """(key, what is wrong) for each key of a group's node that its ``_target_``'s constructor does
+    not take (``extra``: keys the sweep reads itself, like ``pricing``), with a "did you mean";
+    an unimportable ``_target_``; a key the sweep injects itself. [] for a constructor with ``**kwargs``."""
+    target = node.get("_target_")
+    if not target:
+        return []
+    from hydra.utils import get_class
+
+    try:
+        sig = inspect.signature(get_class(target).__init__)
+    except Exception as e:  # noqa: BLE001 - an unimportable target is itself the problem
+        return [("_target_", f"cannot import ({type(e).__name__}: {e}) (got {target!r})")]
+    if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        return []
+    allowed = set(sig.parameters) - {"self"} | {"_target_"} | set(extra)
+    cls, out = target.rsplit(".", 1)[-1], []
+    for key in node:
+        if key not in allowed:
+            close = close_matches(key, allowed - {"_target_"} - INJECTED.get(group, set()))
+            hint = f"; did you mean {close}?" if close else ""
+            out.append((key, f"unknown option for {cls} (got {node[key]!r}){hint}"))
+    out += [(k, f"is set by the sweep, not the config (got {node[k]!r})") for k in sorted(INJECTED.get(group, set()) & set(node))]
+    return out
 
 
 def _is_group(key: str) -> bool:
@@ -53,11 +88,17 @@ def _values(o) -> list[str]:
     return list(o.sweep_string_iterator()) if o.is_sweep_override() else [str(o.value())]
 
 
+def _selector(o) -> str:
+    """A group override's left side as written: ``+experiment``, ``generator@query.llm``, ``retriever``."""
+    prefix = "++" if o.is_force_add() else "+" if o.is_add() else ""
+    return prefix + o.key_or_group + (f"@{o.package}" if o.package else "")
+
+
 def _compose(choices: dict[str, str]):
-    """The config for these group choices (``+experiment`` included); None if it does not compose."""
+    """The config for these group choices (selector -> option); None if it does not compose."""
     from hydra import compose, initialize_config_dir
 
-    overrides = [f"{'+' if g == 'experiment' else ''}{g}={v}" for g, v in choices.items()]
+    overrides = [f"{sel}={v}" for sel, v in choices.items()]
     try:
         with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir())):
             return compose("config", overrides=overrides, return_hydra_config=True)
@@ -71,7 +112,7 @@ def _lookup(cfg, parts: list[str]) -> tuple[Any, int]:
 
     node = cfg
     for i, part in enumerate(parts):
-        if isinstance(node, DictConfig) and part in node:
+        if isinstance(node, DictConfig) and part in node.keys():  # `in node` is False for ??? values
             node = node._get_node(part)
         elif isinstance(node, ListConfig) and part.isdigit() and int(part) < len(node):
             node = node._get_node(int(part))
@@ -114,8 +155,9 @@ def unknown_config_keys(argv: list[str]) -> list[str]:
     if any(a in _OWN_CONFIG or a.split("=", 1)[0] in _OWN_CONFIG for a in argv):
         return []
     overrides = _parse(argv)
-    groups = {o.key_or_group: _values(o) for o in overrides if _is_group(o.key_or_group) and o.package is None}
-    groups = {g: v for g, v in groups.items() if not g.startswith("hydra/") and v}
+    # selector -> options: every group choice, ``+experiment=x`` and ``+generator@query.llm=openai`` too
+    groups = {_selector(o): _values(o) for o in overrides if _is_group(o.key_or_group) and not o.is_delete()}
+    groups = {g: v for g, v in groups.items() if not g.lstrip("+").startswith("hydra/") and v}
     keys = [o for o in overrides if not _is_group(o.key_or_group) and o.key_or_group.split(".")[0] != "hydra"]
     if not keys:
         return []
