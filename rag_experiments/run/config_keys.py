@@ -1,4 +1,5 @@
-"""Config *keys* on the command line, checked before Hydra composes.
+"""Config *keys*, with a "did you mean": the command line's before Hydra composes
+(:func:`unknown_config_keys`), a group's against its constructor after (:func:`constructor_key_problems`).
 
 ``retriver=bm25``, ``retriever.kk=3`` and ``+foo.bar=1`` are typos in a key, not in a value. Hydra
 reports the first two as ``Key 'retriver' is not in struct`` and exits 1 (the exit code the README
