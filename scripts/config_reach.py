@@ -15,7 +15,8 @@ A parameter annotated ``dict`` or ``Mapping`` (resolved plain data) is not the H
 are the few names the heuristic mistakes (:data:`NOT_CONFIG`, printed apart with the reason). Places in
 ``run/assemble.py`` and ``run/config_schema.py`` (assembly: where the config becomes typed values)
 and in the Hydra entry (``run/sweep.py``'s ``main``/``cli``, the ``@hydra.main`` function, and
-``run/multirun.py``, the callback Hydra hands the sweep's config to) are counted apart: the figure
+``run/multirun.py``, the callback Hydra hands the sweep's config to, and ``run/config_keys.py``,
+which composes the command line's config to check its keys before Hydra runs) are counted apart: the figure
 that matters is the count *below* assembly, which ``tests/test_layers.py`` holds at 0.
 """
 
@@ -34,7 +35,9 @@ _spec.loader.exec_module(import_graph)
 START = "rag_experiments.run.sweep"
 ASSEMBLY = {"rag_experiments/run/assemble.py", "rag_experiments/run/config_schema.py"}
 ENTRY_FUNCTIONS = {("rag_experiments/run/sweep.py", "main"), ("rag_experiments/run/sweep.py", "cli")}
-ENTRY_MODULES = {"rag_experiments/run/multirun.py"}  # the Hydra callback: Hydra calls it with the config
+# the Hydra callback: Hydra calls it with the config; config_keys: the command line's keys, looked up
+# in the config its group choices compose, before the entry hands over to Hydra
+ENTRY_MODULES = {"rag_experiments/run/multirun.py", "rag_experiments/run/config_keys.py"}
 CFG_NAMES = {"cfg", "config"}
 #: (module, function): why the name the heuristic matched is not the Hydra config
 NOT_CONFIG = {

@@ -96,6 +96,11 @@ SLOW_TESTS = {
     "test_bad_cli_argument_exits_2",
     "test_malformed_label_file_exits_2_naming_file_and_line",
     "test_unknown_option_exits_2_through_the_cli",
+    "test_a_key_typo_exits_2_through_the_cli_and_creates_nothing",  # a sweep subprocess (~7 s)
+    "test_every_cli_help_exits_0",  # a subprocess per CLI and subcommand (~40 s in all)
+    "test_the_integer_schema_hint_is_not_printed",  # a real sqlite MLflow store (~7 s)
+    "test_other_warnings_still_show",
+    "test_rejected_replies_are_written_with_their_reason",  # MiniLM for the near duplicates (~11 s)
     "test_multirun_with_one_bad_job_creates_nothing",
     "test_sweep_on_a_silent_host_exits_2_before_any_run",  # a sweep subprocess against a silent PostgreSQL port
     "test_multirun_with_one_bad_data_file_creates_nothing",

@@ -296,3 +296,36 @@ def test_nothing_kept_says_why_and_what_to_do(scripted_llm, tmp_path, capsys):
     advice = empty_advice(rep, args)
     assert advice[0] == "nothing kept: 17 quote_not_found, 3 no_json"
     assert "--base-url http://localhost:8000/v1 --model qwen2.5-7b-instruct" in advice[1]
+
+
+def test_rejected_replies_are_written_with_their_reason(corpus, scripted_llm, tmp_path, capsys):
+    """Issue 37: "keeps 0 of 5" and the replies were nowhere. ``--rejected FILE``: one JSON line per
+    rejected reply (the reply, the reason, where it came from), and the output says where."""
+    url, _ = scripted_llm
+    review, rejected = tmp_path / "review.csv", tmp_path / "out" / "rejects.jsonl"
+    argv = ["generate", "--corpus", str(corpus), "--n", "20", "--base-url", url, "--model", "scripted"]
+    assert main([*argv, "--api-key-env", "", "--no-progress", "--out", str(review), "--rejected", str(rejected)]) == 0
+    out = capsys.readouterr().out
+    recs = [json.loads(line) for line in rejected.read_text(encoding="utf-8").splitlines()]
+    by_reason = {r["reason"]: r for r in recs}
+    assert sorted(by_reason) == sorted(
+        ["generation_error", "no_json", "missing_field", "quote_not_found", "quote_ambiguous", "near_duplicate"]
+    ) and len(recs) == 6
+    for reason, doc in [("no_json", "nojson.md"), ("missing_field", "field.md"), ("quote_not_found", "notfound.md"),
+                        ("quote_ambiguous", "ambig.md"), ("near_duplicate", "zdup.md")]:
+        assert by_reason[reason]["doc_id"] == doc and by_reason[reason]["reply"] == REPLIES[doc], reason
+    assert by_reason["generation_error"]["doc_id"] == "err.md" and "400" in by_reason["generation_error"]["error"]
+    assert by_reason["near_duplicate"]["question"] == json.loads(REPLIES["zdup.md"])["question"]
+    start, end = by_reason["no_json"]["passage_start"], by_reason["no_json"]["passage_end"]
+    assert (corpus / "nojson.md").read_text()[start:end] == DOCS["nojson.md"]
+    line = next(ln for ln in out.splitlines() if ln.startswith("wrote 6 rejected replies to "))
+    assert line.startswith(f"wrote 6 rejected replies to {rejected} (")
+    for reason in by_reason:
+        assert f"1 {reason}" in line, reason
+    # without the flag they go beside the review CSV, and a second run leaves no stale lines
+    (tmp_path / "one").mkdir()
+    docs = _corpus(tmp_path / "one", {"good.md": DOCS["good.md"]})
+    argv = ["generate", "--corpus", str(docs), "--n", "5", "--base-url", url, "--model", "scripted"]
+    assert main([*argv, "--api-key-env", "", "--no-progress", "--out", str(review)]) == 0
+    default = tmp_path / "review.rejected.jsonl"
+    assert default.read_text() == "" and f"wrote 0 rejected replies to {default}\n" in capsys.readouterr().out

@@ -69,6 +69,12 @@ def _add_generate_parsers(sub) -> None:
     g.add_argument("--n", type=int, required=True, help="passages to sample (one generator call each)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--out", required=True, help="review CSV to write")
+    g.add_argument(
+        "--rejected",
+        metavar="FILE",
+        help="JSONL of the rejected replies, one per line with its reason (default: beside --out, "
+        "REVIEW.rejected.jsonl)",
+    )
     g.add_argument("--dedup-threshold", type=float, default=0.9, help="drop questions with cosine ≥ this")
     g.add_argument(
         "--near-miss",

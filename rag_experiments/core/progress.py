@@ -5,7 +5,9 @@ so a long run is never silent and CI logs stay short:
 
 - on a TTY: a tqdm bar with rate and ETA;
 - otherwise (CI, ``| tee``): ``[generation] 34/168 (20%) 61 s elapsed, ETA 241 s`` each time another
-  10 % is done, and a final ``done in`` line;
+  10 % is done, and a final ``[generation] done: 168 answers, 290.1 s`` line, or
+  ``[generation] interrupted: 34/168 answers, 61.0 s`` when the block ends by Ctrl-C, a signal or an
+  exception (``interrupted by ValueError``): a last line never says done for work that was not;
 - ``enabled=False`` (config ``progress=false``): nothing at all.
 
 ETA = elapsed / done * (total - done): the mean rate so far, which is what a user can plan with.
@@ -83,7 +85,9 @@ class Progress:
         tail = f", ETA {eta:.0f} s" if eta is not None else ""
         return f"[{self.desc}] {self.done}/{self.total} ({pct}%) {elapsed:.0f} s elapsed{tail}"
 
-    def close(self) -> None:
+    def close(self, outcome: str = "done") -> None:
+        """The last line: ``[desc] done: N unit, S s``; another ``outcome`` (``interrupted``) also
+        says how far it got (``34/168 unit``)."""
         if self._closed:
             return
         self._closed = True
@@ -92,8 +96,10 @@ class Progress:
         if self._bar is not None:
             self._bar.close()
         elapsed = time.perf_counter() - self.t0
-        count = f"{self.done} {self.unit}, " if self.total else ""
-        self._print(f"[{self.desc}] done: {count}{elapsed:.1f} s")
+        count = ""
+        if self.total:
+            count = f"{self.done} {self.unit}, " if outcome == "done" else f"{self.done}/{self.total} {self.unit}, "
+        self._print(f"[{self.desc}] {outcome}: {count}{elapsed:.1f} s")
 
     def _print(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
@@ -101,8 +107,19 @@ class Progress:
     def __enter__(self) -> Progress:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(outcome(exc_type))
+
+
+def outcome(exc_type: type[BaseException] | None) -> str:
+    """How a block ended, for its last line: ``done``; ``interrupted`` (Ctrl-C, SIGTERM, which the
+    sweep turns into KeyboardInterrupt, or a :func:`track` loop left early: ``GeneratorExit``);
+    ``interrupted by ValueError`` for any other exception."""
+    if exc_type is None:
+        return "done"
+    if issubclass(exc_type, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+        return "interrupted"
+    return f"interrupted by {exc_type.__name__}"
 
 
 def track(

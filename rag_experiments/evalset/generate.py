@@ -8,7 +8,8 @@ resolver, so what survives here loads later) or, failing that, is a *near miss*
 reviewer), drops near-duplicate questions (cosine ≥ threshold with the fixed MiniLM metric
 embedder), tags what is left heuristically and writes a review CSV; an empty result says why and
 what to do (:func:`empty_advice`). Every rejected reply is
-counted by reason. ``accept`` turns the rows a human marked ``keep`` into eval-set items and runs
+counted by reason and written, with its reason, to a JSONL beside the review CSV (``--rejected``).
+``accept`` turns the rows a human marked ``keep`` into eval-set items and runs
 the eval-set validator on them. Rules and their limits: ``docs/evalset-generation.md``.
 """
 
@@ -29,6 +30,7 @@ import numpy as np
 
 from rag_experiments.core.parallel import as_they_complete
 from rag_experiments.core.progress import Progress
+from rag_experiments.core.redaction import redact
 from rag_experiments.core.types import Document
 from rag_experiments.evalset.corpus import CorpusError, load_corpus
 from rag_experiments.evalset.load import EvalSetError, Normalised, load_evalset, normalise_ws
@@ -97,6 +99,14 @@ class GenerationReport:
     calls: int = 0
     kept: list[Candidate] = field(default_factory=list)
     rejected: Counter = field(default_factory=Counter)  # reason -> count
+    rejects: list[dict] = field(default_factory=list)  # one record per rejected reply (``--rejected``)
+
+    def reject(self, reason: str, p: Passage, reply: str, **detail) -> None:
+        """Count ``reason`` and keep the reply: ``{reason, doc_id, passage_start, passage_end, reply, …}``
+        (secrets redacted: an endpoint may echo its key)."""
+        self.rejected[reason] += 1
+        rec = dict(reason=reason, doc_id=p.doc_id, passage_start=p.start, passage_end=p.end, reply=redact(reply))
+        self.rejects.append({**rec, **{k: redact(str(v)) for k, v in detail.items()}})
 
     def summary(self) -> str:
         rej = ", ".join(f"{r}: {self.rejected.get(r, 0)}" for r in REJECT_REASONS)
@@ -246,13 +256,14 @@ def generate_candidates(
     gens = _generate(generator, passages, progress)
     cands: list[Candidate] = []
     norms: dict[str, Normalised] = {}
+    origins: list[tuple[Passage, str]] = []  # each candidate's passage and reply, for near duplicates
     for p, g in zip(passages, gens, strict=True):
         if g.error:
-            rep.rejected["generation_error"] += 1
+            rep.reject("generation_error", p, g.text or "", error=g.error)
             continue
         obj, why = parse_reply(g.text)
         if obj is None:
-            rep.rejected[why] += 1
+            rep.reject(why, p, g.text)
             continue
         doc = by_id[p.doc_id]
         norm = norms.setdefault(p.doc_id, Normalised.of(doc.text))
@@ -262,18 +273,22 @@ def generate_candidates(
             quote, sim = doc.text[near[0] : near[1]], round(near[2], 3)
             span = resolve_quote(doc, quote, norm)
         if isinstance(span, str):
-            rep.rejected[span] += 1
+            rep.reject(span, p, g.text)
             continue
         key = f"{p.doc_id}\0{obj['quote']}\0{obj['question']}".encode()
         cid = "gen-" + hashlib.sha256(key).hexdigest()[:10]
         c = Candidate(cid, obj["question"], p.doc_id, quote, obj["answer"], *span, similarity=sim)
         c.generated_quote = obj["quote"] if sim is not None else ""
         cands.append(c)
+        origins.append((p, g.text))
     if encode is None:
         emb = metric_embedder()
         encode = lambda texts: emb.encode(texts, kind="query")  # noqa: E731
-    kept, n_dup = drop_near_duplicates(cands, encode, dedup_threshold)
-    rep.rejected["near_duplicate"] += n_dup
+    kept, _ = drop_near_duplicates(cands, encode, dedup_threshold)
+    kept_ids = {id(c) for c in kept}
+    for c, (p, reply) in zip(cands, origins, strict=True):
+        if id(c) not in kept_ids:
+            rep.reject("near_duplicate", p, reply, question=c.query)
     for c in kept:
         c.tags = heuristic_tags(by_id[c.doc_id], c) + (["near_miss"] if c.similarity is not None else [])
     rep.kept = kept
@@ -291,6 +306,17 @@ def _generate(generator, passages: list[Passage], progress: bool) -> list:
             out[i] = g
             bar.update()
     return out
+
+
+def rejected_path(out: Path) -> Path:
+    """Where the rejected replies go by default: beside the review CSV, ``review.rejected.jsonl``."""
+    return out.with_name(out.stem + ".rejected.jsonl")
+
+
+def write_rejected(path: Path, rejects: list[dict]) -> None:
+    """One JSON object per rejected reply (written even when empty: no stale file from a last run)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects), encoding="utf-8")
 
 
 def write_review_csv(path: Path, cands: list[Candidate]) -> None:
@@ -444,7 +470,11 @@ def cli(args, generator=None) -> int:
             progress=getattr(args, "progress", True),
         )
         write_review_csv(Path(args.out), rep.kept)
+        rejected = Path(getattr(args, "rejected", None) or rejected_path(Path(args.out)))
+        write_rejected(rejected, rep.rejects)
         print(rep.summary())
+        by_reason = ", ".join(f"{n} {r}" for r, n in rep.rejected.most_common() if n)
+        print(f"wrote {len(rep.rejects)} rejected replies to {rejected}" + (f" ({by_reason})" if by_reason else ""))
         if not rep.kept:
             print(f"wrote an empty review CSV {args.out}: nothing to review.")
             for line in empty_advice(rep, args):

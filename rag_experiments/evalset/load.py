@@ -11,6 +11,7 @@ CLI::
     python -m rag_experiments.evalset import-beir DIR --out DIR [--split test] [--strict]
     python -m rag_experiments.evalset generate --corpus PATH --n N [--seed 0] [--base-url URL --model M
         [--api-key-env VAR]] [--model-path GGUF] [--dedup-threshold 0.9] --out review.csv
+        [--rejected review.rejected.jsonl]
     python -m rag_experiments.evalset accept review.csv --corpus PATH --out evalset.jsonl
 
 ``generate`` / ``accept`` (``evalset/generate.py``, ``docs/evalset-generation.md``) bootstrap an eval

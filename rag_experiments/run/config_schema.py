@@ -12,7 +12,6 @@ rules), read top to bottom like the config tree; split, a group's rules would li
 
 from __future__ import annotations
 
-import inspect
 import os
 import re
 import typing
@@ -24,6 +23,7 @@ from urllib.parse import urlparse
 from rag_experiments.core.conf_groups import conf_dir
 from rag_experiments.evaluation.cost import price
 from rag_experiments.evaluation.defaults import RANK_DEPTH, TOKEN_BUDGETS, metrics_problems
+from rag_experiments.run.config_keys import constructor_key_problems
 from rag_experiments.run.config_types import conforms, describe
 from rag_experiments.run.config_types import is_int as _is_int
 from rag_experiments.run.config_types import is_num as _is_num
@@ -36,8 +36,6 @@ BM25_METHODS = ("robertson", "lucene", "bm25l", "bm25+", "atire")
 FUSIONS = ("rrf", "weighted")  # retriever=hybrid (stages.retrieval.HybridRetriever)
 CONSTRAINED = ("response_format", "json_schema", "none")
 MIN_RESAMPLES = 100
-# Arguments the sweep passes itself (not from YAML), per group.
-_INJECTED = {"evalset": {"corpus"}, "retriever": {"embedder"}}
 
 
 class ConfigError(ValueError):
@@ -144,26 +142,10 @@ class _Group:
             )
 
     def known_keys(self, extra: set[str] = frozenset()) -> None:
-        """Keys the ``_target_``'s constructor does not take (typos, ``+chunking.sizee=5``)."""
-        target = self.node.get("_target_")
-        if not target:
-            return
-        from hydra.utils import get_class
-
-        try:
-            sig = inspect.signature(get_class(target).__init__)
-        except Exception as e:  # noqa: BLE001 - an unimportable target is itself the problem
-            self.bad("_target_", f"cannot import ({type(e).__name__}: {e})", target)
-            return
-        if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
-            return
-        allowed = set(sig.parameters) - {"self"} | {"_target_"} | set(extra)
-        for key in self.node:
-            if key not in allowed:
-                self.bad(key, f"unknown option for {target.rsplit('.', 1)[-1]}", self.node[key])
-        injected = _INJECTED.get(self.name, set())
-        for key in sorted(injected & set(self.node)):
-            self.bad(key, "is set by the sweep, not the config", self.node[key])
+        """Keys the ``_target_``'s constructor does not take (typos, ``+chunking.sizee=5``):
+        ``config_keys.constructor_key_problems``, with a "did you mean"."""
+        for key, what in constructor_key_problems(self.name, self.node, extra):
+            self.bad(key, what, show=False)
 
     def typed_keys(self) -> None:
         """Every key's value against the type its ``_target_``'s constructor declares for it

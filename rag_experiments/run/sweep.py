@@ -416,11 +416,12 @@ def main(cfg: DictConfig) -> float:
 def cli() -> None:
     """``python -m rag_experiments.sweep``: unknown options and missing launcher plugins exit 2
     before Hydra composes."""
+    from rag_experiments.run.config_keys import unknown_config_keys  # typo'd keys: exit 2, not Hydra's 1
     from rag_experiments.run.launchers import missing_launcher_plugins
     from rag_experiments.run.racing import rewrite_argv
 
     sys.argv[1:] = rewrite_argv(sys.argv[1:])  # racing=true → racing.enabled=true
-    if bad := unknown_group_options(sys.argv[1:]) + missing_launcher_plugins(sys.argv[1:]):
+    if bad := unknown_group_options(sys.argv[1:]) + unknown_config_keys(sys.argv[1:]) + missing_launcher_plugins(sys.argv[1:]):
         print_problems(bad)
         sys.exit(2)
     try:

@@ -11,6 +11,7 @@ from rag_experiments.core.run_record import RunData
 from rag_experiments.spotcheck.labels import HUMAN_LABELS
 from rag_experiments.spotcheck.scoring import Agreement
 from rag_experiments.tracking import annotate
+from rag_experiments.tracking.judge_runs import run_judge
 
 
 def _f(x: float, nd: int = 3) -> str:
@@ -34,14 +35,21 @@ def _ppi_lines(ag: Agreement) -> list[str]:
     ]
 
 
+def judge_name(run: RunData) -> str:
+    """``heuristic``, or ``openai (gpt-4o-mini)`` for a judge with a model: ``judge_runs.run_judge``'s
+    name (a model-free judge's ``judge_model`` tag is "None")."""
+    ref = run_judge(run)
+    return ref.name if ref else run.params.get("judge", "?")
+
+
 def render_summary(run: RunData, ag: Agreement, labels_path: Path, source: str | None = None) -> str:
     """``source``: where the labels came from when not the file itself (a review queue)."""
     lo, hi = ag.kappa_ci
     lines = [
         f"# Judge spot-check: {run.label}",
         "",
-        f"Labels: {source or f'`{labels_path.name}`'}; judge `{run.tags.get('judge_model', '?')}` "
-        f"({run.params.get('judge', '?')}), generator `{run.tags.get('generator_model', '?')}`.",
+        f"Labels: {source or f'`{labels_path.name}`'}; judge `{judge_name(run)}`, "
+        f"generator `{run.tags.get('generator_model', '?')}`.",
         "",
     ]
     if ag.warnings:

@@ -14,6 +14,7 @@ import json
 import tempfile
 import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -277,21 +278,40 @@ def log_results(
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(content, encoding="utf-8")
             client.log_artifact(run_id, str(p), artifact_path=str(Path(name).parent) if "/" in name else None)
-    with warnings.catch_warnings():  # schema-inference hints about int columns are noise here
-        warnings.simplefilter("ignore", UserWarning)
+    with no_mlflow_noise():
         client.log_table(run_id, data=per_query, artifact_file="per_query.json")
         ds = mlflow.data.from_pandas(
             evalset_df, source=str(Path(evalset_path).resolve()), name="evalset", digest=evalset_digest[:16]
         )
-    # client calls only: a fluent ``start_run`` here would mark the run FINISHED on exit, before its
-    # traces and final checks exist (the caller sets the final status last, ``sweep.execute``)
-    eval_input = DatasetInput(DatasetEntity(**ds.to_dict()), tags=[InputTag(MLFLOW_DATASET_CONTEXT, "eval")])
+        # client calls only: a fluent ``start_run`` here would mark the run FINISHED on exit, before its
+        # traces and final checks exist (the caller sets the final status last, ``sweep.execute``)
+        entity = DatasetEntity(**ds.to_dict())  # to_dict infers the schema: where the hint is raised
+    eval_input = DatasetInput(entity, tags=[InputTag(MLFLOW_DATASET_CONTEXT, "eval")])
     try:
         client.log_inputs(run_id, datasets=[eval_input])
     except MlflowException as e:  # two runs at once inserted the same new dataset: the loser retries,
         if not _duplicate_dataset(e):  # and the retry finds the winner's row and links it
             raise
         client.log_inputs(run_id, datasets=[eval_input])
+
+
+# What MLflow says on every run about the eval set it records, and why it is not news (mlflow 3.x):
+MLFLOW_NOISE = (
+    # the schema it infers has an int column (n_evidence): ints cannot hold the missing values a
+    # served *model* might receive, a paragraph about model serving for a column that has none
+    r"Hint: Inferred schema contains integer column",
+    # one local path matches the dataset source registered for "" and for "file://" (one class, twice)
+    r"The specified dataset source can be interpreted in multiple ways: (\w+), \1\. ",
+)
+
+
+@contextmanager
+def no_mlflow_noise():
+    """Ignore exactly the warnings in :data:`MLFLOW_NOISE`; every other warning still shows."""
+    with warnings.catch_warnings():
+        for message in MLFLOW_NOISE:
+            warnings.filterwarnings("ignore", message=message, category=UserWarning)
+        yield
 
 
 def _duplicate_dataset(e: Exception) -> bool:
