@@ -13,6 +13,7 @@ from rag_experiments.evalset.generate import NEAR_MISS_THRESHOLD
 from rag_experiments.evalset.generate import cli as generate_cli
 from rag_experiments.evalset.importers import import_beir, import_squad
 from rag_experiments.evalset.load import EvalSetError, load_evalset, sample_dir, tag_counts
+from rag_experiments.evalset.weak_facts import weak_key_facts
 from rag_experiments.tracking.errors import cli_main
 
 DESCRIPTION = "Eval sets: validate, import (SQuAD, BEIR), generate and accept (LLM + human review)."
@@ -53,8 +54,28 @@ def _validate(corpus_path: str, evalset_path: str, out=None) -> int:
     print("items per tag:", file=out)
     for tag, n in sorted(tag_counts(items).items(), key=lambda kv: (-kv[1], kv[0])):
         print(f"  {tag:<14} {n:>5}", file=out)
+    _print_weak(items, docs, evalset_path, out)
     print("OK", file=out)
     return 0
+
+
+def _print_weak(items, docs, evalset_path: str, out) -> None:
+    """The weak key facts (evalset.weak_facts), each with its line, item id and reason: correctness
+    leaves them out, so an item whose facts are all weak has no correctness. A warning, not an error."""
+    weak = weak_key_facts(items, docs)
+    if not weak:
+        print("weak key facts: none", file=out)
+        return
+    facts = {(w.item_id, w.fact) for w in weak}
+    only = [it.id for it in items if it.key_facts and all((it.id, f) in facts for f in it.key_facts if f.strip())]
+    print(
+        f"weak key facts: {len(weak)} in {len({w.item_id for w in weak})} items, left out of correctness "
+        f"({len(only)} items keep no strong fact, so no correctness; docs/metrics.md, \"Key-fact correctness\"):",
+        file=out,
+    )
+    for w in weak:
+        print(f"  {evalset_path}:{w.line}: {w}", file=out)
+    print(f"weak-only items: {', '.join(only) if only else 'none'}", file=out)
 
 
 def _add_generate_parsers(sub) -> None:

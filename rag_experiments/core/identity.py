@@ -95,6 +95,7 @@ RESULT_CODE = (
     "rag_experiments.run.query_stage",
     "rag_experiments.evalset.corpus",
     "rag_experiments.evalset.load",
+    "rag_experiments.evalset.weak_facts",  # which key facts correctness leaves out
     "rag_experiments.core.types",
 )
 

@@ -36,6 +36,7 @@ from rag_experiments.evaluation import metrics as M
 from rag_experiments.evaluation.declines import is_decline
 from rag_experiments.evaluation.defaults import MIN_COVERAGE
 from rag_experiments.evaluation.walk import walk
+from rag_experiments.stages.text import STOPWORDS
 
 __all__ = [
     "Citations",
@@ -322,20 +323,7 @@ def abstention_f1(declined: Sequence[bool], answerable: Sequence[bool]) -> float
 
 # --------------------------------------------------------------------------- grounding proxy
 
-#: NLTK's English stopword list (nltk.corpus.stopwords "english", 179 words), lower case,
-#: apostrophes removed the way :func:`content_tokens` splits words.
-_STOPWORDS = frozenset(
-    """i me my myself we our ours ourselves you youre youve youll youd your yours yourself
-    yourselves he him his himself she shes her hers herself it its itself they them their theirs
-    themselves what which who whom this that thatll these those am is are was were be been being
-    have has had having do does did doing a an the and but if or because as until while of at by
-    for with about against between into through during before after above below to from up down in
-    out on off over under again further then once here there when where why how all any both each
-    few more most other some such no nor not only own same so than too very s t can will just don
-    dont should shouldve now d ll m o re ve y ain aren arent couldn couldnt didn didnt doesn doesnt
-    hadn hadnt hasn hasnt haven havent isn isnt ma mightn mightnt mustn mustnt needn neednt shan
-    shant shouldn shouldnt wasn wasnt weren werent won wont wouldn wouldnt""".split()
-)
+_STOPWORDS = STOPWORDS  # NLTK's English list (stages.text)
 _TOKEN = re.compile(r"\w+")
 
 
@@ -386,19 +374,24 @@ def answer_inputs(
     """One generated answer's inputs to the registry walk, and its bookkeeping columns.
 
     Inputs (the names the judge-free metric functions' parameters use): ``answer`` (None: the
-    generation failed), ``golds`` (:func:`gold_answers` of an answerable item), ``key_facts``,
+    generation failed), ``golds`` (:func:`gold_answers` of an answerable item), ``key_facts`` (the
+    item's strong ones: weak facts, ``evalset.weak_facts``, are left out of correctness),
     ``answerable``, ``gold_spans``, ``declined``, ``answered`` (an answer that does not decline),
     ``context``, ``min_coverage``; with ``cites`` also ``cited`` (the cited chunks), ``citations``
     (:func:`parse_citations`) and ``n_out_of_range``. Columns: ``declined`` (None without an answer),
+    ``n_weak_key_facts`` (the key facts left out),
     with ``cites`` ``cited_chunk_ids``, ``n_citations_out_of_range``, ``n_citations_unparseable``.
     """
     declined = answer is not None and is_decline(answer)
     inputs: dict[str, Any] = dict(
-        answer=answer, golds=gold_answers(item) if item.answerable else [], key_facts=list(item.key_facts),
+        answer=answer, golds=gold_answers(item) if item.answerable else [], key_facts=item.strong_key_facts,
         answerable=item.answerable, gold_spans=list(item.gold_spans), declined=declined,
         answered=answer is not None and not declined, context=context, min_coverage=min_coverage,
     )  # fmt: skip
-    columns: dict[str, Any] = {"declined": declined if answer is not None else None}
+    columns: dict[str, Any] = {
+        "declined": declined if answer is not None else None,
+        "n_weak_key_facts": len(item.weak_key_facts),
+    }
     if cites:
         parsed = parse_citations(answer, len(context_chunks))
         cited = [context_chunks[j - 1] for j in parsed.cited]
@@ -452,7 +445,8 @@ JUDGE_FREE_LABEL_EVIDENCE = (
 
 def run_aggregates(per_query: pd.DataFrame) -> dict[str, float]:
     """Run-level judge-free figures over the generated answers (every replicate's row): the
-    :func:`abstention_table`, :func:`abstention_f1` (only with unanswerable items) and the citation
+    :func:`abstention_table`, :func:`abstention_f1` (only with unanswerable items),
+    ``n_weak_key_facts`` (the generated items' weak key facts, each item once) and the citation
     marker counts ``n_out_of_range_citations`` / ``n_unparseable_citations`` (cite prompts)."""
     if "declined" not in per_query:
         return {}
@@ -462,6 +456,8 @@ def run_aggregates(per_query: pd.DataFrame) -> dict[str, float]:
     out: dict[str, float] = dict(abstention_table(declined, answerable))
     run_level = walk({"declined": declined, "answerable": answerable}, "generation", per_query=False)
     out |= {k: v for k, v in run_level.items() if not np.isnan(v)}  # abstention_f1: NaN without unanswerable items
+    if "n_weak_key_facts" in per_query:  # once per item, not per replicate
+        out["n_weak_key_facts"] = int(per_query.loc[got].drop_duplicates("id")["n_weak_key_facts"].fillna(0).sum())
     for col, key in (
         ("n_citations_out_of_range", "n_out_of_range_citations"),
         ("n_citations_unparseable", "n_unparseable_citations"),
