@@ -649,6 +649,18 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "n_claims", "count", None, "count", "number of claims the answer was split into", per_query=False
     ),
     MetricSpec(
+        "n_nonclaims",
+        "count",
+        None,
+        "count",
+        "number of the answer's sentences the claim splitter drops as not factual claims (code blocks and "
+        "fragments, filler and meta sentences, questions, bare headings; evaluation.declines), per query and "
+        "summed over the generated answers",
+        "rag_experiments.evaluation.declines.n_nonclaims",
+        per_query=False,
+        columns=("answer",),
+    ),
+    MetricSpec(
         "n_unparseable",
         "count",
         False,
