@@ -158,6 +158,17 @@ _PAREN = re.compile(
 _OTHER = re.compile(r"\[(?P<body>[^\[\]\n]{1,40})\](?!\()")
 
 
+#: Code in an answer: fenced blocks (``` or ~~~, to the closing fence or the end) and inline
+#: backtick spans. A marker inside code is code ("x = a[1]"), not a citation.
+_CODE = re.compile(r"^ {0,3}(`{3,}|~{3,})[^\n]*\n?.*?(?:^ {0,3}\1[^\n]*$|\Z)|`[^`\n]+`", re.M | re.S)
+
+
+def _mask_code(text: str) -> str:
+    """``text`` with every code span (:data:`_CODE`) blanked to spaces of the same length, so
+    offsets stay those of the answer."""
+    return _CODE.sub(lambda m: " " * len(m.group(0)), text)
+
+
 def asks_for_citations(prompt_text: str) -> bool:
     """Does the prompt ask for ``[n]`` citations? True when its text (system + template) contains a
     bracketed number such as "[2]" — the marker rule of conf/prompt/cite.yaml."""
@@ -203,9 +214,10 @@ def parse_citations(answer: str | None, n_passages: int) -> Citations:
     ``[^1]``, ``【1】`` and, in parentheses, ``(1)``, ``(1, 2)``, ``(Doc 2)`` (bare parenthesised
     numbers only up to two digits: "(2019)" is prose). A number outside 1..n_passages is kept in
     ``out_of_range``; any other short ``[...]`` group (not a Markdown link) in ``unparseable`` —
-    nothing is dropped silently.
+    nothing is dropped silently. Brackets inside code (a fenced block or an inline backtick span:
+    ``x = a[1]``) are code, not citations.
     """
-    text = unicodedata.normalize("NFKC", answer or "")
+    text = _mask_code(unicodedata.normalize("NFKC", answer or ""))
     cited: list[int] = []
     oor: list[int] = []
     n_markers = 0
@@ -227,9 +239,16 @@ def parse_citations(answer: str | None, n_passages: int) -> Citations:
 
 
 def strip_citations(answer: str) -> str:
-    """The answer without its citation markers (those :func:`parse_citations` reads)."""
+    """The answer without its citation markers (those :func:`parse_citations` reads; code keeps
+    its brackets)."""
     text = unicodedata.normalize("NFKC", answer or "")
-    return _PAREN.sub("", _SQUARE.sub("", text))
+    out, pos = [], 0
+    for m in [*_CODE.finditer(text), None]:  # code kept as it is
+        out.append(_PAREN.sub("", _SQUARE.sub("", text[pos : m.start() if m else len(text)])))
+        if m:
+            out.append(m.group(0))
+            pos = m.end()
+    return "".join(out)
 
 
 def citation_precision(
