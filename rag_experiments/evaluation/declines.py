@@ -63,7 +63,8 @@ _CODE_LINE = re.compile(
 )
 _SYMBOLS = set("{}[]()<>=;$\"'`/\\|_*#&^~")
 _FILLER = re.compile(
-    r"^(?:here(?:'s| is| are)\b|below (?:is|are)\b|the following\b|let me\b|let's\b|"
+    r"^(?:here(?:'s| is| are)\b|below (?:is|are)\b|the following (?:is|are|steps?|examples?|code|snippet|list|shows?)\b|"
+    r"let me\b|let's\b|"
     r"i hope\b|hope (?:this|that|it) helps|feel free\b|happy to help|glad to help|good luck\b|"
     r"please (?:refer|check|see|consult|visit|contact|let)\b|for (?:more|further) (?:information|details)\b|"
     r"(?:you )?(?:may|might) want to (?:check|refer|consult|contact)\b|"
@@ -78,6 +79,10 @@ _FILLER = re.compile(
 )
 _FILLER_ANYWHERE = re.compile(
     r"\b(?:i hope (?:this|that|it) helps|hope (?:this|that|it) helps|let me know if)\b", re.I
+)
+_INTRO = re.compile(
+    r"\b(?:(?:use|using|see|try|do|run|add|follow) the following|as follows|these steps|this example|like this)\b",
+    re.I,
 )
 _BOLD_LINE = re.compile(r"^\s*\*\*[^*]+\*\*\s*:?\s*$")
 
@@ -125,8 +130,10 @@ def _kind(s: str) -> str:
         return "code"
     if s.rstrip("*_ )\"'").endswith("?"):
         return "question"
-    if _FILLER.match(s) or _FILLER_ANYWHERE.search(s) or s.rstrip("*_ ").endswith(":"):
+    if _FILLER.match(s) or _FILLER_ANYWHERE.search(s):
         return "filler"
+    if s.rstrip("*_ ").endswith(":") and (len(re.findall(r"\w+", s)) <= 8 or _INTRO.search(s)):
+        return "filler"  # "To rotate a key:", "You can use the following:"; a longer one may assert
     if len(re.findall(r"\w+", s)) < 3:
         return "fragment"
     return "claim"
@@ -170,7 +177,8 @@ def answer_sentences(answer: str | None) -> list[Sentence]:
     line breaks are its structure): a bare heading line is a ``heading``, any other line is split
     into sentences (``stages.text.sentence_texts``) and each is a decline (a decline pattern, see
     :data:`_DECLINE_PATTERNS`; cut at "but"/";"/"however" so a hedge keeps its claim), ``code``, a
-    ``question`` (ends in "?"), ``filler`` (meta and politeness, or an intro ending in ":"), a
+    ``question`` (ends in "?"), ``filler`` (meta and politeness, or an intro ending in ":" of at
+    most 8 words or announcing code or steps: "use the following", "as follows" …), a
     ``fragment`` (fewer than 3 words) or a ``claim``."""
     text = _plain(answer or "")
     out: list[Sentence] = []
