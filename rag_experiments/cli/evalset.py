@@ -13,7 +13,8 @@ from rag_experiments.evalset.generate import NEAR_MISS_THRESHOLD
 from rag_experiments.evalset.generate import cli as generate_cli
 from rag_experiments.evalset.importers import import_beir, import_squad
 from rag_experiments.evalset.load import EvalSetError, load_evalset, sample_dir, tag_counts
-from rag_experiments.evalset.weak_facts import weak_key_facts
+from rag_experiments.evalset.weak_facts import WEAK_CHUNKING, WEAK_MIN_CORPUS, weak_key_facts
+from rag_experiments.stages.chunking import chunk_corpus
 from rag_experiments.tracking.errors import cli_main
 
 DESCRIPTION = "Eval sets: validate, import (SQuAD, BEIR), generate and accept (LLM + human review)."
@@ -63,6 +64,13 @@ def _print_weak(items, docs, evalset_path: str, out) -> None:
     """The weak key facts (evalset.weak_facts), each with its line, item id and reason: correctness
     leaves them out, so an item whose facts are all weak has no correctness. A warning, not an error."""
     weak = weak_key_facts(items, docs)
+    n_chunks = len(chunk_corpus(WEAK_CHUNKING, docs))
+    if n_chunks < WEAK_MIN_CORPUS:
+        print(
+            f"weak key facts: the corpus rule is off ({n_chunks} chunks of 800 characters, fewer than "
+            f"{WEAK_MIN_CORPUS}); length, stop words and the question still apply",
+            file=out,
+        )
     if not weak:
         print("weak key facts: none", file=out)
         return

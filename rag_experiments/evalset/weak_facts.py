@@ -9,8 +9,8 @@ A fact (after ``stages.text.normalise_text``) is weak when it is
 - **a stop word**: every token is one (``stages.text.STOPWORDS``: "not", "can", "do not");
 - **in the question**: an answer that repeats the question contains it;
 - **common in the corpus**: found in more than :data:`WEAK_SHARE` of the corpus's chunks (and in
-  at least :data:`WEAK_MIN_CHUNKS` of them, so a corpus of a few chunks does not make every fact
-  weak), cut by
+  at least :data:`WEAK_MIN_CHUNKS` of them; only in a corpus of at least :data:`WEAK_MIN_CORPUS`
+  chunks, since in a few topical pages the share cannot tell a generic fact from the topic), cut by
   :data:`WEAK_CHUNKING` (800-character windows, no overlap, whatever the run's chunker is, so
   every config of a sweep leaves out the same facts). With the default k = 3 chunks of context, a
   fact in 10 % of the chunks is in the context of about 27 % (1 − 0.9³) of unrelated questions.
@@ -43,6 +43,9 @@ __all__ = [
 WEAK_SHARE = 0.10
 #: ... and in at least this many chunks.
 WEAK_MIN_CHUNKS = 3
+#: The corpus rule needs at least this many chunks: in a few topical documents every fact of the
+#: topic is "common" ("24 hours" is in 5 of the 27 chunks of four webhook and billing pages).
+WEAK_MIN_CORPUS = 100
 #: The fixed chunking the share is counted on (independent of the run's chunker).
 WEAK_CHUNKING = FixedSizeChunker(size=800, overlap=0, unit="chars")
 
@@ -109,7 +112,7 @@ def weak_reason(
         return "a stop word"
     if norm and f" {norm} " in f" {normalise_text(question)} ":
         return "found in the question"
-    if n_in >= WEAK_MIN_CHUNKS and n_in > max_share * n_chunks:
+    if n_chunks >= WEAK_MIN_CORPUS and n_in >= WEAK_MIN_CHUNKS and n_in > max_share * n_chunks:
         return f"in {n_in / n_chunks:.0%} of the corpus's chunks ({n_in} of {n_chunks}; more than {max_share:.0%})"
     return None
 

@@ -640,7 +640,8 @@ REGISTRY: tuple[MetricSpec, ...] = (
         None,
         "count",
         "number of the item's key facts that are weak (3 characters or fewer and not a number, a stop word, "
-        "in the question, or in more than 10 % of the corpus's 800-character chunks; evalset.weak_facts) "
+        "in the question, or in more than 10 % of the corpus's 800-character chunks, in a corpus of 100 chunks or "
+        "more; evalset.weak_facts) "
         "and left out of correctness, per query and summed over the generated items",
         None,  # a bookkeeping column of evaluation.answer_metrics.answer_inputs, summed by run_aggregates
         per_query=False,
