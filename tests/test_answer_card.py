@@ -144,3 +144,18 @@ def test_kappa_of_the_card_matches_sklearn():
     a = rng.choice(["correct", "incorrect", "declined"], 40)
     b = np.where(rng.random(40) < 0.7, a, rng.choice(["correct", "incorrect", "declined"], 40))
     assert cohen_kappa(a, b) == pytest.approx(cohen_kappa_score(a, b))
+
+
+def test_one_human_label_is_called_out(run, tmp_path, capsys):
+    uri, _, run_id = run
+    f = tmp_path / "all_incorrect.csv"
+    f.write_text("answer_id,answer,human_answer\n" + "".join(
+        f'{k},"{a}",incorrect\n' for k, (a, *_rest) in ANSWERS.items() if k in ("a2", "a4")
+    ))  # fmt: skip
+    assert (
+        main(["--tracking-uri", uri, "score-answers", run_id, str(f), "--no-log", "--resamples", "50"]) == 0
+    )
+    assert (
+        "The human labels are all `incorrect`: κ is 0 (or undefined) by construction"
+        in capsys.readouterr().out
+    )

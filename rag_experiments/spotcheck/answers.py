@@ -215,6 +215,13 @@ def render_card(run: RunData, rows: list[CardRow], n_labelled: int, n_blank: int
             f"| {r.view} | `{r.metric}` ≥ {r.threshold:g} | {r.n} | {r.n_unscored} | {_f(r.agreement)} | "
             f"{_f(r.kappa)} [{_f(r.kappa_ci[0])}, {_f(r.kappa_ci[1])}] |"
         )
+    used = {c.removeprefix("human ") for r in rows for c, k in r.confusion.sum(axis=1).items() if k}
+    if len(used) == 1:  # chance agreement is then the view's own share of that label: κ = 0
+        lines += [
+            "",
+            f"The human labels are all `{used.pop()}`: κ is 0 (or undefined) by construction; read the "
+            "agreement and the confusion matrices, and label a sample with more than one kind of answer.",
+        ]
     for r in rows:
         lines += [
             "",
