@@ -42,6 +42,7 @@ from rag_experiments.evaluation.answer_metrics import (
     rate_false_answer,
     rate_over_refusal,
     rate_uncited_answer,
+    strip_citations,
 )
 from rag_experiments.evaluation.registry import parse, spec
 from rag_experiments.judge.claims import is_decline
@@ -184,7 +185,17 @@ MARKERS = [  # (answer, passages, cited, out of range, n unparseable)
     ("Cites [Doc A] and [source] and [0].", 3, (), (0,), 2),
     ("No markers at all.", 3, (), (), 0),
     ("Cites [1] [1] [1].", 3, (1,), (), 0),
+    # code is not a citation (issue 37): inline backticks and fenced blocks
+    ("Read it with `x = a[1]` [2].", 3, (2,), (), 0),
+    ("Use:\n```python\nx = a[1]\ny = b[Doc 3]\n```\nas shown [3].", 3, (3,), (), 0),
+    ("Unclosed fence:\n```\nx = a[1]", 3, (), (), 0),
+    ("`[1]` is how you cite.", 3, (), (), 0),
 ]
+
+
+def test_strip_citations_keeps_code():
+    assert strip_citations("Read `a[1]` here [2].") == "Read `a[1]` here ."
+    assert strip_citations("Use:\n```\nx = a[1]\n```\nDone [1].") == "Use:\n```\nx = a[1]\n```\nDone ."
 
 
 @pytest.mark.parametrize("answer,n,cited,oor,n_bad", MARKERS)

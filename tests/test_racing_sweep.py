@@ -8,6 +8,8 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
+from rag_experiments.evalset.corpus import Corpus
+from rag_experiments.evalset.load import EvalSet
 from tests.llm_fixtures import fake_llm  # noqa: F401  (fixture)
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 
@@ -94,13 +96,18 @@ def test_racing_stops_the_losing_config_and_saves_generation_calls(
     n_stop = int(bad.data.tags["racing.stopped_at_n"])
     assert 4 <= n_stop < n_items and n_stop % 4 == 0
     assert ok.data.metrics["n_generated"] == n_items and bad.data.metrics["n_generated"] == n_stop
-    assert bad.data.metrics["n_scored/correctness"] == n_stop
     calls = sum(v for (m, _), v in fake_llm.attempts.items() if m == "garbage")
     assert calls == n_stop  # generation calls the stopped config made: only its batches
     table = pd.read_parquet(
         _client(tmp_path).download_artifacts(bad.info.run_id, "per_query.parquet", str(tmp_path))
     )
     assert len(table) == n_items and int(table["generated"].sum()) == n_stop  # partial table
+    # every generated item is scored on correctness but one whose key facts are all weak (a059's
+    # "seconds" is in its question: left out, evalset.weak_facts)
+    items = EvalSet(str(ev), Corpus(str(docs))).items
+    weak_only = {it.id for it in items if it.key_facts and not it.strong_key_facts}
+    n_weak = int(table.loc[table["generated"].astype(bool), "id"].isin(weak_only).sum())
+    assert bad.data.metrics["n_scored/correctness"] == n_stop - n_weak
     if not launcher:
         _readers_keep_stopped_configs_apart(tmp_path, ok, bad, capsys)
 

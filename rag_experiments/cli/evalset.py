@@ -16,6 +16,8 @@ from rag_experiments.evalset.generate import cli as generate_cli
 from rag_experiments.evalset.importers import import_beir, import_squad
 from rag_experiments.evalset.load import EvalSetError, load_evalset, sample_dir, tag_counts
 from rag_experiments.evalset.trace_review import is_trace_review
+from rag_experiments.evalset.weak_facts import WEAK_CHUNKING, WEAK_MIN_CORPUS, weak_key_facts
+from rag_experiments.stages.chunking import chunk_corpus
 from rag_experiments.tracking.errors import cli_main
 
 DESCRIPTION = (
@@ -59,8 +61,35 @@ def _validate(corpus_path: str, evalset_path: str, out=None) -> int:
     print("items per tag:", file=out)
     for tag, n in sorted(tag_counts(items).items(), key=lambda kv: (-kv[1], kv[0])):
         print(f"  {tag:<14} {n:>5}", file=out)
+    _print_weak(items, docs, evalset_path, out)
     print("OK", file=out)
     return 0
+
+
+def _print_weak(items, docs, evalset_path: str, out) -> None:
+    """The weak key facts (evalset.weak_facts), each with its line, item id and reason: correctness
+    leaves them out, so an item whose facts are all weak has no correctness. A warning, not an error."""
+    weak = weak_key_facts(items, docs)
+    n_chunks = len(chunk_corpus(WEAK_CHUNKING, docs))
+    if n_chunks < WEAK_MIN_CORPUS:
+        print(
+            f"weak key facts: the corpus rule is off ({n_chunks} chunks of 800 characters, fewer than "
+            f"{WEAK_MIN_CORPUS}); length, stop words and the question still apply",
+            file=out,
+        )
+    if not weak:
+        print("weak key facts: none", file=out)
+        return
+    facts = {(w.item_id, w.fact) for w in weak}
+    only = [it.id for it in items if it.key_facts and all((it.id, f) in facts for f in it.key_facts if f.strip())]
+    print(
+        f"weak key facts: {len(weak)} in {len({w.item_id for w in weak})} items, left out of correctness "
+        f"({len(only)} items keep no strong fact, so no correctness; docs/metrics.md, \"Key-fact correctness\"):",
+        file=out,
+    )
+    for w in weak:
+        print(f"  {evalset_path}:{w.line}: {w}", file=out)
+    print(f"weak-only items: {', '.join(only) if only else 'none'}", file=out)
 
 
 def _add_generate_parsers(sub) -> None:

@@ -120,6 +120,7 @@ RESULT_CODE = (
     "rag_experiments.run.steps",  # the run loop: error counts and the status rule
     "rag_experiments.evalset.corpus",
     "rag_experiments.evalset.load",
+    "rag_experiments.evalset.weak_facts",  # which key facts correctness leaves out
     "rag_experiments.core.types",
 )
 

@@ -52,6 +52,13 @@ class EvalItem:
     line: int = 0  # 1-based line in the source file, for error messages
     # every acceptable answer (SQuAD keeps each annotator's); empty: [gold_answer]
     gold_answers: list[str] = field(default_factory=list)
+    # key facts an answer can hold without answering (evalset.weak_facts): left out of correctness
+    weak_key_facts: list[str] = field(default_factory=list)
+
+    @property
+    def strong_key_facts(self) -> list[str]:
+        """The key facts correctness counts: non-empty and not weak."""
+        return [f for f in self.key_facts if f and f.strip() and f not in self.weak_key_facts]
 
     @property
     def answerable(self) -> bool:

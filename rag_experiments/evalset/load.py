@@ -38,6 +38,7 @@ from rag_experiments.core.conf_groups import conf_dir
 from rag_experiments.core.keys import tag_problem
 from rag_experiments.core.types import Document, EvalItem, Span
 from rag_experiments.evalset.corpus import files_fingerprint
+from rag_experiments.evalset.weak_facts import mark_weak
 
 _WS = re.compile(r"\s+")
 _CHUNK_INDEX = re.compile(r"^(?P<doc>.+)#chunk_(?P<i>\d+)$")
@@ -435,6 +436,7 @@ class EvalSet:
         self.name = name or Path(path).stem
         key = (str(Path(path).resolve()), files_fingerprint(path), corpus.digest, limit)
         if key not in EvalSet._loaded:
-            EvalSet._loaded[key] = load_evalset(path, corpus.docs, limit=limit)
-        items, self.digest = EvalSet._loaded[key]
+            items, digest = load_evalset(path, corpus.docs, limit=limit)
+            EvalSet._loaded[key] = (*mark_weak(items, corpus.docs), digest)
+        items, self.weak, self.digest = EvalSet._loaded[key]  # weak: evalset.weak_facts.WeakFact list
         self.items = list(items)

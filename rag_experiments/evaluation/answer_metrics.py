@@ -33,9 +33,10 @@ import pandas as pd
 from rag_experiments.core.query_table import cell
 from rag_experiments.core.types import Chunk, EvalItem, Span
 from rag_experiments.evaluation import metrics as M
-from rag_experiments.evaluation.declines import is_decline
+from rag_experiments.evaluation.declines import is_decline, n_nonclaims
 from rag_experiments.evaluation.defaults import MIN_COVERAGE
 from rag_experiments.evaluation.walk import walk
+from rag_experiments.stages.text import STOPWORDS
 
 __all__ = [
     "Citations",
@@ -157,6 +158,17 @@ _PAREN = re.compile(
 _OTHER = re.compile(r"\[(?P<body>[^\[\]\n]{1,40})\](?!\()")
 
 
+#: Code in an answer: fenced blocks (``` or ~~~, to the closing fence or the end) and inline
+#: backtick spans. A marker inside code is code ("x = a[1]"), not a citation.
+_CODE = re.compile(r"^ {0,3}(`{3,}|~{3,})[^\n]*\n?.*?(?:^ {0,3}\1[^\n]*$|\Z)|`[^`\n]+`", re.M | re.S)
+
+
+def _mask_code(text: str) -> str:
+    """``text`` with every code span (:data:`_CODE`) blanked to spaces of the same length, so
+    offsets stay those of the answer."""
+    return _CODE.sub(lambda m: " " * len(m.group(0)), text)
+
+
 def asks_for_citations(prompt_text: str) -> bool:
     """Does the prompt ask for ``[n]`` citations? True when its text (system + template) contains a
     bracketed number such as "[2]" — the marker rule of conf/prompt/cite.yaml."""
@@ -202,9 +214,10 @@ def parse_citations(answer: str | None, n_passages: int) -> Citations:
     ``[^1]``, ``【1】`` and, in parentheses, ``(1)``, ``(1, 2)``, ``(Doc 2)`` (bare parenthesised
     numbers only up to two digits: "(2019)" is prose). A number outside 1..n_passages is kept in
     ``out_of_range``; any other short ``[...]`` group (not a Markdown link) in ``unparseable`` —
-    nothing is dropped silently.
+    nothing is dropped silently. Brackets inside code (a fenced block or an inline backtick span:
+    ``x = a[1]``) are code, not citations.
     """
-    text = unicodedata.normalize("NFKC", answer or "")
+    text = _mask_code(unicodedata.normalize("NFKC", answer or ""))
     cited: list[int] = []
     oor: list[int] = []
     n_markers = 0
@@ -226,9 +239,16 @@ def parse_citations(answer: str | None, n_passages: int) -> Citations:
 
 
 def strip_citations(answer: str) -> str:
-    """The answer without its citation markers (those :func:`parse_citations` reads)."""
+    """The answer without its citation markers (those :func:`parse_citations` reads; code keeps
+    its brackets)."""
     text = unicodedata.normalize("NFKC", answer or "")
-    return _PAREN.sub("", _SQUARE.sub("", text))
+    out, pos = [], 0
+    for m in [*_CODE.finditer(text), None]:  # code kept as it is
+        out.append(_PAREN.sub("", _SQUARE.sub("", text[pos : m.start() if m else len(text)])))
+        if m:
+            out.append(m.group(0))
+            pos = m.end()
+    return "".join(out)
 
 
 def citation_precision(
@@ -322,20 +342,7 @@ def abstention_f1(declined: Sequence[bool], answerable: Sequence[bool]) -> float
 
 # --------------------------------------------------------------------------- grounding proxy
 
-#: NLTK's English stopword list (nltk.corpus.stopwords "english", 179 words), lower case,
-#: apostrophes removed the way :func:`content_tokens` splits words.
-_STOPWORDS = frozenset(
-    """i me my myself we our ours ourselves you youre youve youll youd your yours yourself
-    yourselves he him his himself she shes her hers herself it its itself they them their theirs
-    themselves what which who whom this that thatll these those am is are was were be been being
-    have has had having do does did doing a an the and but if or because as until while of at by
-    for with about against between into through during before after above below to from up down in
-    out on off over under again further then once here there when where why how all any both each
-    few more most other some such no nor not only own same so than too very s t can will just don
-    dont should shouldve now d ll m o re ve y ain aren arent couldn couldnt didn didnt doesn doesnt
-    hadn hadnt hasn hasnt haven havent isn isnt ma mightn mightnt mustn mustnt needn neednt shan
-    shant shouldn shouldnt wasn wasnt weren werent won wont wouldn wouldnt""".split()
-)
+_STOPWORDS = STOPWORDS  # NLTK's English list (stages.text)
 _TOKEN = re.compile(r"\w+")
 
 
@@ -386,19 +393,26 @@ def answer_inputs(
     """One generated answer's inputs to the registry walk, and its bookkeeping columns.
 
     Inputs (the names the judge-free metric functions' parameters use): ``answer`` (None: the
-    generation failed), ``golds`` (:func:`gold_answers` of an answerable item), ``key_facts``,
+    generation failed), ``golds`` (:func:`gold_answers` of an answerable item), ``key_facts`` (the
+    item's strong ones: weak facts, ``evalset.weak_facts``, are left out of correctness),
     ``answerable``, ``gold_spans``, ``declined``, ``answered`` (an answer that does not decline),
     ``context``, ``min_coverage``; with ``cites`` also ``cited`` (the cited chunks), ``citations``
     (:func:`parse_citations`) and ``n_out_of_range``. Columns: ``declined`` (None without an answer),
+    ``n_weak_key_facts`` (the key facts left out), ``n_nonclaims`` (the answer's code, filler,
+    questions and headings, which the claim splitter drops: ``evaluation.declines.n_nonclaims``),
     with ``cites`` ``cited_chunk_ids``, ``n_citations_out_of_range``, ``n_citations_unparseable``.
     """
     declined = answer is not None and is_decline(answer)
     inputs: dict[str, Any] = dict(
-        answer=answer, golds=gold_answers(item) if item.answerable else [], key_facts=list(item.key_facts),
+        answer=answer, golds=gold_answers(item) if item.answerable else [], key_facts=item.strong_key_facts,
         answerable=item.answerable, gold_spans=list(item.gold_spans), declined=declined,
         answered=answer is not None and not declined, context=context, min_coverage=min_coverage,
     )  # fmt: skip
-    columns: dict[str, Any] = {"declined": declined if answer is not None else None}
+    columns: dict[str, Any] = {
+        "declined": declined if answer is not None else None,
+        "n_weak_key_facts": len(item.weak_key_facts),
+        "n_nonclaims": n_nonclaims(answer) if answer is not None else 0,
+    }
     if cites:
         parsed = parse_citations(answer, len(context_chunks))
         cited = [context_chunks[j - 1] for j in parsed.cited]
@@ -452,7 +466,9 @@ JUDGE_FREE_LABEL_EVIDENCE = (
 
 def run_aggregates(per_query: pd.DataFrame) -> dict[str, float]:
     """Run-level judge-free figures over the generated answers (every replicate's row): the
-    :func:`abstention_table`, :func:`abstention_f1` (only with unanswerable items) and the citation
+    :func:`abstention_table`, :func:`abstention_f1` (only with unanswerable items),
+    ``n_weak_key_facts`` (the generated items' weak key facts, each item once), ``n_nonclaims``
+    (summed over the generated answers, every replicate) and the citation
     marker counts ``n_out_of_range_citations`` / ``n_unparseable_citations`` (cite prompts)."""
     if "declined" not in per_query:
         return {}
@@ -462,6 +478,10 @@ def run_aggregates(per_query: pd.DataFrame) -> dict[str, float]:
     out: dict[str, float] = dict(abstention_table(declined, answerable))
     run_level = walk({"declined": declined, "answerable": answerable}, "generation", per_query=False)
     out |= {k: v for k, v in run_level.items() if not np.isnan(v)}  # abstention_f1: NaN without unanswerable items
+    if "n_weak_key_facts" in per_query:  # once per item, not per replicate
+        out["n_weak_key_facts"] = int(per_query.loc[got].drop_duplicates("id")["n_weak_key_facts"].fillna(0).sum())
+    if "n_nonclaims" in per_query:
+        out["n_nonclaims"] = int(per_query.loc[got, "n_nonclaims"].fillna(0).sum())
     for col, key in (
         ("n_citations_out_of_range", "n_out_of_range_citations"),
         ("n_citations_unparseable", "n_unparseable_citations"),

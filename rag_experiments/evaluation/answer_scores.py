@@ -6,12 +6,11 @@ registry (``evaluation/metric_table.py``) names them and the walk (``evaluation.
 
 from __future__ import annotations
 
-import re
-import unicodedata
 from collections.abc import Sequence
 
 from rag_experiments.core.types import Verdict
 from rag_experiments.evaluation.declines import is_decline
+from rag_experiments.stages.text import normalise_text  # the one matching form (re-exported)
 
 __all__ = ["correctness", "faithfulness_score", "key_fact_recall", "label_faithfulness", "normalise_text"]
 
@@ -30,22 +29,6 @@ def faithfulness_score(verdicts: Sequence[Verdict]) -> float:
     verdicts (:func:`label_faithfulness` of their labels); NaN when no claim is scorable (no
     claims, or every verdict unparseable)."""
     return label_faithfulness([v.label for v in verdicts])
-
-
-def normalise_text(text: str) -> str:
-    """Matching form for key facts: NFKC, casefold, hyphens and punctuation to spaces (except inside
-    numbers: "2.5", "1,000", "50%"), whitespace collapsed, and a final "s" dropped from words longer
-    than 3 letters (so "24 hours", "24-hour" and "24 hour" all match)."""
-    t = unicodedata.normalize("NFKC", text or "").casefold()
-    # protect decimal points and thousands separators inside numbers
-    t = re.sub(r"(?<=\d)\.(?=\d)", "\x00", t)
-    t = re.sub(r"(?<=\d),(?=\d)", "\x01", t)
-    t = re.sub(r"[^\w\s%\x00\x01]", " ", t).replace("_", " ").replace("\x00", ".").replace("\x01", ",")
-    words = [
-        w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") and w.isalpha() else w
-        for w in t.split()
-    ]
-    return " ".join(words)
 
 
 def key_fact_recall(answer: str, key_facts: list[str]) -> float:

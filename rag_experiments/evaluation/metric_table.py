@@ -174,7 +174,8 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "generation",
         True,
         "proportion",
-        "share of key_facts present in the answer (normalised match); unanswerable: 1 if the answer declines",
+        "share of the item's strong key_facts (weak ones left out: n_weak_key_facts) present in the answer as "
+        "whole tokens (normalised match, numbers as numbers); unanswerable: 1 if the answer declines",
         _S + "correctness",
         headline=12,
         columns=("answer",),
@@ -670,7 +671,31 @@ REGISTRY: tuple[MetricSpec, ...] = (
         per_query=False,
     ),
     MetricSpec(
+        "n_weak_key_facts",
+        "count",
+        None,
+        "count",
+        "number of the item's key facts that are weak (3 characters or fewer and not a number, a stop word, "
+        "in the question, or in more than 10 % of the corpus's 800-character chunks, in a corpus of 100 chunks or "
+        "more; evalset.weak_facts) "
+        "and left out of correctness, per query and summed over the generated items",
+        None,  # a bookkeeping column of evaluation.answer_metrics.answer_inputs, summed by run_aggregates
+        per_query=False,
+    ),
+    MetricSpec(
         "n_claims", "count", None, "count", "number of claims the answer was split into", per_query=False
+    ),
+    MetricSpec(
+        "n_nonclaims",
+        "count",
+        None,
+        "count",
+        "number of the answer's sentences the claim splitter drops as not factual claims (code blocks and "
+        "fragments, filler and meta sentences, questions, bare headings; evaluation.declines), per query and "
+        "summed over the generated answers",
+        "rag_experiments.evaluation.declines.n_nonclaims",
+        per_query=False,
+        columns=("answer",),
     ),
     MetricSpec(
         "n_unparseable",

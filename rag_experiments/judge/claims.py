@@ -18,38 +18,31 @@ from rag_experiments.evaluation.answer_scores import (  # noqa: F401  (re-export
     label_faithfulness,
     normalise_text,
 )
-from rag_experiments.evaluation.declines import _DECLINE, _plain, is_decline  # noqa: F401  (re-exported: the judges' one detector)
-from rag_experiments.stages.text import sentence_texts
+from rag_experiments.evaluation.declines import (  # noqa: F401  (re-exported: the judges' one detector and filter)
+    _CITATION,
+    _DECLINE,
+    _plain,
+    answer_sentences,
+    is_decline,
+)
 
 # -- text utilities -----------------------------------------------------------------------------
 
-_CITATION = re.compile(r"\s*\[(?:\d+(?:\s*[-,–]\s*\d+)*)\](?:\s*\[\d+\])*")
-# The shared splitter keeps "1. " with its list item; claims drop the marker, as before the merge.
-_ORDERED_MARKER = re.compile(r"^\s*\d{1,9}[.)]\s+")
-_LABEL = re.compile(
-    r"^\s*(?:[-*•]\s+|\d+[.)]\s+)?(?:\*\*)?(?:answer|quote|final answer|claim)\s*:?(?:\*\*)?\s*", re.I
-)
-
 
 def split_claims(answer: str) -> list[str]:
-    """Claims of an answer = its sentences, without citations, labels, declines or fragments.
-
-    Drops ``[1]``/``[1, 2]`` citations, "Answer:"/"Quote:" labels, decline sentences and fragments
-    of fewer than 3 words. A declining answer has no claims.
+    """Claims of an answer = its sentences of kind ``claim`` (``evaluation.declines.answer_sentences``):
+    without citations, list markers, labels, declines, fragments of fewer than 3 words, and the
+    non-claims (code, filler and meta sentences, questions, bare headings; counted as
+    ``n_nonclaims``). A declining answer has no claims; a hedge that asserts keeps its claims.
     """
-    text = _plain(answer or "")
-    if not text.strip() or is_decline(text):
-        return []
-    claims = []
-    for s in sentence_texts(text):
-        s = _ORDERED_MARKER.sub("", _CITATION.sub("", s))
-        s = _LABEL.sub("", s).strip().strip("\"'“”").strip()
-        if not s or _DECLINE.search(s):
-            continue
-        if len(re.findall(r"\w+", s)) < 3:
-            continue
-        claims.append(s)
-    return claims
+    return [s.text for s in answer_sentences(answer) if s.kind == "claim"]
+
+
+def is_claim(text: str) -> bool:
+    """True when ``text`` reads as one factual claim: every sentence of it is of kind ``claim``
+    (used on claims an LLM listed, which may be code or filler lifted from the answer)."""
+    kinds = [s.kind for s in answer_sentences(text)]
+    return bool(kinds) and all(k == "claim" for k in kinds)
 
 
 # -- verdict parsing ----------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from rag_experiments.core.redaction import error_text
 from rag_experiments.core.sanitize import delimited
 from rag_experiments.core.types import Verdict
 from rag_experiments.evaluation.cost import add_usage
-from rag_experiments.judge.claims import _CITATION, parse_verdict, split_claims
+from rag_experiments.judge.claims import _CITATION, is_claim, parse_verdict, split_claims
 from rag_experiments.stages.embedding import metric_embedder
 from rag_experiments.stages.generation import OpenAICompatibleGenerator, local_server, resolve_model_path
 
@@ -237,7 +237,9 @@ class LLMJudge:
 
     # decomposition -------------------------------------------------------------------------------
     def split(self, answer: str) -> list[str]:
-        """LLM-listed atomic claims; falls back to :func:`split_claims` when the reply is unusable."""
+        """LLM-listed atomic claims (a listed line that is code, filler, a question or a heading is
+        dropped, as :func:`split_claims` drops them); falls back to :func:`split_claims` when the
+        reply is unusable."""
         fallback = split_claims(answer)
         self._record()
         if not self.decompose or not fallback:  # declines and empty answers have no claims
@@ -250,7 +252,7 @@ class LLMJudge:
         claims = []
         for line in c.text.splitlines():
             m = re.match(r"^\s*(?:[-*•]|\d+[.)])\s+(.+)$", line)
-            if m and len(re.findall(r"\w+", m.group(1))) >= 3:
+            if m and len(re.findall(r"\w+", m.group(1))) >= 3 and is_claim(m.group(1)):
                 claims.append(_CITATION.sub("", m.group(1)).strip())
         return claims or fallback
 

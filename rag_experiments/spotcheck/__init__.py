@@ -3,6 +3,7 @@
     python -m rag_experiments.spotcheck sample RUN -n 20 [--stratify] [--seed 0] [--out FILE.csv]
     python -m rag_experiments.spotcheck score RUN labels.csv [--no-log]
     python -m rag_experiments.spotcheck sample RUN ... --to-mlflow [--queue NAME]; score --from-mlflow QUEUE
+    python -m rag_experiments.spotcheck sample-answers RUN [-n 30]; score-answers RUN labels.csv
 
 ``sample`` writes a CSV of judged claims from the run's per-query table (one row per claim: the
 query, the claim, the exact context the judge saw, the answer) with an empty ``human_verdict``
@@ -28,7 +29,9 @@ bad label file gets ``FILE:LINE: field: what is wrong`` lines on stderr and exit
 
 One module per step: ``claims`` (the run's judged claims and the seeded πps sample: the CSV's
 columns), ``labels`` (reading and validating the filled CSV), ``scoring`` (agreement, κ, PPI),
-``summary`` (the Markdown summary and the ``spotcheck/*`` MLflow logging), ``review`` (the same sample
+``summary`` (the Markdown summary and the ``spotcheck/*`` MLflow logging), ``answers`` (answer-level
+labels and the correctness card: key-fact correctness and the judge against correct / incorrect /
+declined), ``review`` (the same sample
 as a review queue in MLflow's Review tab, and its HUMAN feedback read back as the same ``Labels``;
 ``docs/spotcheck.md``), ``cli`` (the command line).
 """

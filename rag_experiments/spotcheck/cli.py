@@ -1,4 +1,5 @@
-"""``python -m rag_experiments.spotcheck sample|score``: parse arguments, call the steps, print, exit 0 / 2."""
+"""``python -m rag_experiments.spotcheck sample|score|sample-answers|score-answers``: parse arguments,
+call the steps, print, exit 0 / 2."""
 
 from __future__ import annotations
 
@@ -8,6 +9,16 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from rag_experiments.spotcheck.answers import (
+    ANSWER_COLUMNS,
+    ANSWER_LABELS,
+    answer_card,
+    card_metrics,
+    generated_answers,
+    read_answer_labels,
+    render_card,
+    sample_answers,
+)
 from rag_experiments.spotcheck.claims import (
     BLIND_COLUMNS,
     COLUMNS,
@@ -72,7 +83,55 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples for the κ CI")
     c.add_argument("--no-log", action="store_true", help="do not log to the run")
+    sa = sub.add_parser(
+        "sample-answers", help="write a blind CSV of generated answers with an empty human_answer column"
+    )
+    sa.add_argument("run", metavar="RUN")
+    sa.add_argument("-n", type=int, default=30, help="answers to sample (default 30)")
+    sa.add_argument("--seed", type=int, default=0)
+    sa.add_argument("--out", type=Path, help="default: answers_<run>.csv")
+    ca = sub.add_parser(
+        "score-answers",
+        help="the correctness card: key-fact correctness and the judge vs human answer labels",
+    )
+    ca.add_argument("run", metavar="RUN")
+    ca.add_argument("labels", type=Path, metavar="labels.csv")
+    ca.add_argument("--seed", type=int, default=0)
+    ca.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples for the κ CI")
+    ca.add_argument("--no-log", action="store_true", help="do not log to the run")
     return p
+
+
+def _answers(uri: str, args: argparse.Namespace, run, table) -> int:
+    """``sample-answers`` and ``score-answers`` (spotcheck/answers.py)."""
+    answers = generated_answers(table)
+    if answers.empty:
+        raise RunInputError(f"run {run.label} has no generated answers")
+    if args.cmd == "sample-answers":
+        if args.n < 1:
+            raise RunInputError("-n must be >= 1")
+        out = sample_answers(answers, args.n, args.seed)
+        path = args.out or Path(f"answers_{run.run_id[:8]}.csv")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        out.to_csv(path, index=False, columns=ANSWER_COLUMNS)
+        print(
+            f"wrote {len(out)} of {len(answers)} answers to {path} (blind: no metric, decline flag or label in it)"
+        )
+        print(
+            f"fill human_answer with {' / '.join(ANSWER_LABELS)}, then: python -m rag_experiments.spotcheck "
+            f"score-answers {run.run_id} {path}"
+        )
+        return 0
+    labels, n_blank = read_answer_labels(args.labels, answers)
+    rows = answer_card(run, answers, labels, seed=args.seed, n_resamples=args.resamples)
+    card = render_card(run, rows, len(labels), n_blank, f"`{args.labels.name}`")
+    print(card)
+    if not args.no_log:
+        annotate.log_metrics(uri, run.run_id, card_metrics(rows, len(labels)))
+        annotate.log_text(uri, run.run_id, card, "spotcheck/correctness_card.md")
+        annotate.log_files(uri, run.run_id, [args.labels], "spotcheck/answers")
+        print(f"logged spotcheck/answers/* metrics and spotcheck/correctness_card.md on run {run.run_id}")
+    return 0
 
 
 def _sample(uri: str, args: argparse.Namespace, run, claims, warn: str | None) -> int:
@@ -164,6 +223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     reader = MlflowRunReader(uri)
     tmp = tempfile.TemporaryDirectory()
     try:
+        if args.cmd in ("sample-answers", "score-answers"):
+            run = reader.resolve(args.run, args.experiment)
+            return _answers(uri, args, run, reader.per_query(run))
         run, ql = _resolve(reader, uri, args)
         claims = judged_claims(reader.per_query(run))
         if claims.empty:

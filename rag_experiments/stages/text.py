@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+import unicodedata
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,7 +23,9 @@ from rag_experiments.stages.embedding import minilm_path
 __all__ = [
     "ABBREVIATIONS",
     "line_spans",
+    "STOPWORDS",
     "minilm_tokenizer",
+    "normalise_text",
     "sentence_texts",
     "split_sentences",
     "token_ends",
@@ -188,3 +191,45 @@ def token_ends(texts: Sequence[str], tokenizer=None) -> tuple[np.ndarray, np.nda
     ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     ends = np.array([o[1] for e in encs for o in e.offsets], dtype=np.int64)
     return ends, ptr
+
+
+# ------------------------------------------------------------------------------ matching form
+
+#: NLTK's English stopword list (nltk.corpus.stopwords "english", 179 words), lower case,
+#: apostrophes removed ("don't" → "dont"). Content tokens drop them; a key fact made only of them is weak.
+STOPWORDS = frozenset(
+    """i me my myself we our ours ourselves you youre youve youll youd your yours yourself
+    yourselves he him his himself she shes her hers herself it its itself they them their theirs
+    themselves what which who whom this that thatll these those am is are was were be been being
+    have has had having do does did doing a an the and but if or because as until while of at by
+    for with about against between into through during before after above below to from up down in
+    out on off over under again further then once here there when where why how all any both each
+    few more most other some such no nor not only own same so than too very s t can will just don
+    dont should shouldve now d ll m o re ve y ain aren arent couldn couldnt didn didnt doesn doesnt
+    hadn hadnt hasn hasnt haven havent isn isnt ma mightn mightnt mustn mustnt needn neednt shan
+    shant shouldn shouldnt wasn wasnt weren werent won wont wouldn wouldnt""".split()
+)
+
+
+def normalise_text(text: str) -> str:
+    """Matching form of key facts and answers: NFKC, casefold; thousands separators dropped inside
+    numbers ("1,000" → "1000", "$1,791" → "1791"); "%" its own token ("50%" → "50 %"); other
+    punctuation, hyphens and underscores to spaces, except a decimal point or comma between digits
+    ("2.5", "3.9", "1,5"); whitespace collapsed; a final "s" dropped from alphabetic words longer than
+    3 letters (not "ss"), so "24 hours", "24-hour" and "24 hour" all match.
+
+    Matched with spaces around both sides (whole tokens), so a number matches only as that number:
+    "15" is not in "150", "1.5" or "15th". No unit is declared equal to another: "24 h" does not
+    match "24 hours" (docs/metrics.md, "Key-fact correctness")."""
+    t = unicodedata.normalize("NFKC", text or "").casefold()
+    t = re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", t)  # thousands separators: "1,000" → "1000"
+    # protect decimal points and decimal commas inside numbers
+    t = re.sub(r"(?<=\d)\.(?=\d)", "\x00", t)
+    t = re.sub(r"(?<=\d),(?=\d)", "\x01", t)
+    t = t.replace("%", " % ")
+    t = re.sub(r"[^\w\s%\x00\x01]", " ", t).replace("_", " ").replace("\x00", ".").replace("\x01", ",")
+    words = [
+        w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") and w.isalpha() else w
+        for w in t.split()
+    ]
+    return " ".join(words)
