@@ -105,6 +105,7 @@ class Selection:
     notes: list[str] = field(default_factory=list)
     margin: float = math.nan  # the non-inferiority margin (median over the comparisons)
     underpowered: Underpowered | None = None
+    lead: list[str] = field(default_factory=list)  # printed first: the metric's choice, overrides
 
     def tags(self) -> dict[str, str]:
         """What the CLI logs on the sweep's parent run."""

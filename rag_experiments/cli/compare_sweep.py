@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from rag_experiments.analysis.attribution import SweepAttribution, factor_effects, infer_factors
 from rag_experiments.analysis.baseline import BaselineChoice, levels_label, sweep_baseline
+from rag_experiments.analysis.comparability import comparable_only
 from rag_experiments.analysis.interactions import sweep_interactions
 from rag_experiments.analysis.judge_trust import generation_marker, is_generation_metric
 from rag_experiments.analysis.racing import split_stopped
@@ -30,9 +31,9 @@ from rag_experiments.report.tables import (
 from rag_experiments.report.wide import sweep_head, wide_sweep_lines
 from rag_experiments.run.defaults import default_levels
 from rag_experiments.tracking import annotate
-from rag_experiments.tracking.judge_runs import check_same_judge
+from rag_experiments.tracking.judge_runs import check_comparable, check_same_judge
 from rag_experiments.tracking.run_reader import RunReader
-from rag_experiments.tracking.runs import RunInputError, check_same_evalset
+from rag_experiments.tracking.runs import RunInputError, check_same_evalset, is_id_prefix, pick_by_prefix
 
 
 def trust_inputs(runs: Sequence[RunData]) -> list[tuple[dict[str, float], dict[str, str]]]:
@@ -115,11 +116,14 @@ def _sweep_extras(table, h, att: SweepAttribution, interactions, stopped: Sequen
 def _given_baseline(
     reader: RunReader, children: Sequence[RunData], baseline: str, experiment: str | None
 ) -> RunData:
-    """The run ``--baseline`` names: a child's id or name, else any run (``RunReader.resolve``)."""
+    """The run ``--baseline`` names: a child's id, unique id prefix or name, else any run
+    (``RunReader.resolve``)."""
     by_id = {r.run_id: r for r in children}
     named = [r for r in children if r.run_name == baseline]
     if baseline in by_id:
         return by_id[baseline]
+    if is_id_prefix(baseline) and (rid := pick_by_prefix(baseline, [(r.run_id, r.name) for r in children])):
+        return by_id[rid]
     if len(named) == 1:
         return named[0]
     if len(named) > 1:
@@ -157,6 +161,7 @@ def build_sweep_comparison(
     seed: int = 0,
     n_resamples: int = 4999,
     allow_judge_change: bool = False,
+    allow_incomparable: bool = False,
 ) -> SweepComparison:
     """The factor attribution of a sweep (``analysis.attribution.factor_effects``) against
     ``baseline`` (a run id or name), else the default baseline (``analysis.baseline``)."""
@@ -182,7 +187,16 @@ def build_sweep_comparison(
         )
     base = next((d for d in data if d.run_id == base_run.run_id), None) or reader.with_table(base_run)
     tables = [d.table for d in data if d.table is not None]
-    chosen = list(metrics) if metrics else sweep_metrics(metric_columns(*tables), factors)
+    available = metric_columns(*tables)
+    if metrics:  # a named metric the configs cannot be compared on is refused (exit 2)
+        chosen = list(metrics)
+        notes += check_comparable(chosen, data, allow_incomparable, available)
+    elif allow_incomparable:
+        chosen = sweep_metrics(available, factors)
+        notes += check_comparable(chosen, data, True, available)
+    else:  # the default: only what is comparable across the configs (docs/metrics.md, "Comparability")
+        chosen, left_out = comparable_only(sweep_metrics(available, factors), data, available)
+        notes += [f"note: {n}" for n in left_out]
     if any(map(is_generation_metric, chosen)) and (marker := generation_marker(trust_inputs(children))):
         notes.append(f"warning: {marker}")  # human κ < 0.4 (analysis.judge_trust)
     att = factor_effects(data, base, chosen, seed=seed, n_resamples=min(n_resamples, 4999))
@@ -200,6 +214,7 @@ def main_sweep(reader: RunReader, args: argparse.Namespace) -> int:
         args.seed,
         args.resamples,
         args.allow_judge_change,
+        args.allow_incomparable,
     )
     judge_notes = [n for n in sc.notes if not n.startswith("warning: ")]
     for n in judge_notes:

@@ -12,12 +12,18 @@ import math
 import sys
 from collections.abc import Sequence
 
+from rag_experiments.analysis.comparability import comparable_defaults
 from rag_experiments.analysis.gate import GateResult, non_inferiority
 from rag_experiments.cli.compare import text_table
 from rag_experiments.core.formatting import fmt_num
 from rag_experiments.evaluation.registry import higher_is_better
 from rag_experiments.tracking.errors import cli_main
-from rag_experiments.tracking.judge_runs import ALLOW_FLAG, check_same_judge
+from rag_experiments.tracking.judge_runs import (
+    ALLOW_FLAG,
+    ALLOW_INCOMPARABLE,
+    check_comparable,
+    check_same_judge,
+)
 from rag_experiments.tracking.run_reader import MlflowRunReader, RunReader
 from rag_experiments.tracking.runs import RunInputError, check_same_evalset, run_label, tracking_uri
 
@@ -44,7 +50,10 @@ is underpowered for that margin.
 Default metrics: {", ".join(DEFAULT_METRICS)} (faithfulness unless both runs are retrieval only;
 a run whose faithfulness has no value, e.g. a dead judge, is refused, exit 2).
 Exit codes: 0 pass, 1 some metric failed, 2 bad input (unknown run, different eval sets, missing
-metric or per_query.parquet, runs scored by different judges without --allow-judge-change)."""
+metric or per_query.parquet, runs scored by different judges without --allow-judge-change, a
+metric not comparable across the two runs without --allow-incomparable: docs/metrics.md,
+"Comparability"). When the runs' chunks differ, the default hit_at_5 and mrr are replaced by
+evidence_recall_at_{{B}}tok (the smallest logged budget), said in the output."""
 
 
 def _parse_margins(values: Sequence[str] | None) -> tuple[float | None, dict[str, float]]:
@@ -94,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resamples", type=int, default=9999)
     p.add_argument(ALLOW_FLAG, action="store_true", help="gate runs scored by different judges (noted in the output)")
+    p.add_argument(
+        ALLOW_INCOMPARABLE,
+        action="store_true",
+        help="gate a metric that is not comparable across the two runs (noted in the output)",
+    )
     return p
 
 
@@ -122,6 +136,7 @@ def run_gate(
     seed: int = 0,
     n_resamples: int = 9999,
     allow_judge_change: bool = False,
+    allow_incomparable: bool = False,
 ) -> tuple[list[GateResult], list[str]]:
     default_m, per_metric = _parse_margins(margins)
     rb = reader.resolve(baseline, experiment)
@@ -133,15 +148,19 @@ def run_gate(
     def present(m: str) -> bool:
         return all(m in t.columns and t[m].notna().any() for t in (tb, tc))
 
+    available = sorted(set(tb.columns) & set(tc.columns))
     if metrics:
         missing = [m for m in metrics if not present(m)]
         if missing:
             raise RunInputError(f"metric(s) {', '.join(missing)} missing from a run's per_query.parquet")
         gated = list(metrics)
+        notes += check_comparable(gated, [rb, rc], allow_incomparable, available)
     else:
         # an optional default is left out only when neither run has its column (both retrieval
         # only); one run without values (a dead judge: all NaN) is refused, never dropped
         gated = [m for m in DEFAULT_METRICS if m not in OPTIONAL_DEFAULTS or m in tb or m in tc]
+        gated, swapped = comparable_defaults(gated, [rb, rc], available)
+        notes += swapped
         missing = [
             f"{m} (no values in {run_label(r)})"
             for m in gated
@@ -192,6 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed,
             n_resamples=args.resamples,
             allow_judge_change=args.allow_judge_change,
+            allow_incomparable=args.allow_incomparable,
         )
     except RunInputError as e:
         print(f"error: {e}", file=sys.stderr)
