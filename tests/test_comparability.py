@@ -157,3 +157,36 @@ def test_gate_compare_and_report_apply_the_same_rule(chunk_sweep, capsys, tmp_pa
     assert report_cli.main([sweep_id, "--metric", "hit_at_5", "--no-log", "--out", str(tmp_path / "r"), *_uri(root)]) == 2
     assert report_cli.main([sweep_id, "--no-log", "--out", str(tmp_path / "r"), *_uri(root)]) == 0
     assert "primary metric: evidence_recall_at_256tok" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- run-id prefixes (item 7)
+
+
+def test_a_prefix_picks_one_run_and_an_ambiguous_one_names_the_candidates():
+    from rag_experiments.tracking.runs import RunInputError, is_id_prefix, pick_by_prefix
+
+    runs = [("abcd1234" + "0" * 24, "name=a"), ("abcd9999" + "0" * 24, "name=b")]
+    assert pick_by_prefix("abcd12", runs) == runs[0][0]
+    assert pick_by_prefix("ffff", runs) is None
+    with pytest.raises(RunInputError, match="ambiguous") as e:
+        pick_by_prefix("abcd", runs)
+    assert runs[0][0] in str(e.value) and runs[1][0] in str(e.value)
+    assert is_id_prefix("abcd1234") and not is_id_prefix("abc") and not is_id_prefix("chunking=whole")
+
+
+@pytest.mark.slow
+def test_the_8_character_ids_select_prints_work_in_gate_compare_and_report(chunk_sweep, capsys, tmp_path):
+    """gate rejected the 8-character run ids select, compare and docs/select.md print (issue 37)."""
+    root, sweep_id, runs = chunk_sweep
+    md, dense = runs["chunking=markdown,retriever=bm25"][:8], runs["chunking=markdown,retriever=dense"][:8]
+    assert gate_cli.main(["--baseline", md, "--candidate", dense, "--metric", "hit_at_5", *_uri(root)]) in (0, 1)
+    out = capsys.readouterr().out
+    assert f"({md})" in out and f"({dense})" in out
+    assert compare_cli.main([md, dense, "--metric", "hit_at_5", *_uri(root)]) == 0
+    assert compare_cli.main(["--sweep", sweep_id, "--baseline", md, *_uri(root)]) == 0
+    assert "baseline: chunking=markdown, retriever=bm25 (given with --baseline)" in capsys.readouterr().out
+    rep = ["--no-log", "--out", str(tmp_path / "r"), *_uri(root)]
+    assert report_cli.main([sweep_id, "--baseline", md, *rep]) == 0
+    assert "given with --baseline" in capsys.readouterr().out
+    assert gate_cli.main(["--baseline", "0000ffff", "--candidate", dense, *_uri(root)]) == 2
+    assert "no run with that id, id prefix or name" in capsys.readouterr().err
