@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -189,3 +190,35 @@ def test_judge_repeats_of_a_real_stochastic_judge_give_a_judge_share(tmp_path):
     # a flipped claim moves some repeat's faithfulness: the judge share is then > 0 (or NaN when
     # no query has a scorable claim); without a flip it is exactly 0
     assert (share > 0) if flipped else (share == 0 or math.isnan(share))
+
+
+def test_plan_says_not_plannable_when_the_pilot_has_no_variance(store, capsys):
+    """Issue 37: every answer scoring 0 gave n = 2 for correctness; a zero variance is no estimate."""
+    uri, log = store
+    flat = _pilot(20, 1).assign(correctness=0.0)
+    rid = log("flat-pilot", flat)
+    assert plan.main(["--pilot", rid, "--tracking-uri", uri, "--metric", "correctness", "--metric", "mrr"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("correctness"))
+    assert "not plannable: no variance in the pilot" in row and not re.search(r"\b2\s*$", row)
+    assert "not plannable: no variance in the pilot for correctness" in out
+    assert "not plannable" not in next(line for line in out.splitlines() if line.startswith("mrr"))
+
+
+def test_plan_n_to_select_is_selects_figure_with_the_margin_rule_and_holm(store, capsys):
+    """The n select's UNDERPOWERED line prints (analysis.power.n_for_margin): Holm over the K − 1
+    comparisons and, at gate's default margin, at least 1/0.15² = 45 queries."""
+    from rag_experiments.analysis.power import n_for_margin, paired_variance
+    from rag_experiments.analysis.variance import pilot_components
+
+    uri, log = store
+    pilot = _pilot(40, 1, seed=3)
+    rid = log("pilot-select", pilot)
+    assert plan.main(["--pilot", rid, "--tracking-uri", uri, "--metric", "hit_at_3", "--configs", "15"]) == 0
+    out = capsys.readouterr().out
+    assert "n to select (±0.15, Holm over 14)" in out
+    got = int(next(line for line in out.splitlines() if line.startswith("hit_at_3")).split()[-1])
+    n, r, vq, vg = pilot_components(pilot, "hit_at_3")
+    var_d = paired_variance(vq, vg, 0.5).between
+    assert got == n_for_margin(0.15, var_d, 0.05, family=14, default_rule=True) >= 45
+    assert got > n_for_margin(0.15, var_d, 0.05, family=1, default_rule=True)  # Holm costs queries

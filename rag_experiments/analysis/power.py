@@ -20,7 +20,15 @@ from typing import NamedTuple
 
 from scipy import stats
 
-__all__ = ["PairedVariance", "mde", "n_for_effect", "paired_variance", "replicates_for_effect", "z_sum"]
+__all__ = [
+    "PairedVariance",
+    "mde",
+    "n_for_effect",
+    "n_for_margin",
+    "paired_variance",
+    "replicates_for_effect",
+    "z_sum",
+]
 
 
 def z_sum(alpha: float = 0.05, power: float = 0.8, sides: int = 2) -> float:
@@ -58,6 +66,32 @@ def n_for_effect(
     """Queries needed so that MDE <= ``effect``: ⌈(z_α + z_power)² (σ²_b + σ²_w/R) / δ²⌉."""
     v = var_between + (0.0 if math.isnan(var_within) else var_within) / max(1, replicates)
     return max(2, math.ceil(z_sum(alpha, power, sides) ** 2 * v / effect**2))
+
+
+def n_for_margin(
+    margin: float,
+    var: float,
+    alpha: float = 0.05,
+    family: int = 1,
+    power: float = 0.8,
+    default_rule: bool = False,
+) -> int | None:
+    """Queries at which ``select`` and ``gate`` can show a config non-inferior within ``margin``:
+    the one figure ``select``, ``report`` and ``plan`` print.
+
+    n = ⌈(z_{1−α/m} + z_power)² · σ²_d / margin²⌉: the one-sided test of each of the m = ``family``
+    comparisons with the best at the level Holm gives its smallest p (α/m; later steps are looser,
+    so this n suffices for every one), σ²_d the variance of a per-query paired difference. With
+    gate's default margin (``default_rule``: max(0.01, 1/√n)) n is also at least ⌈1/margin²⌉, the
+    n at which the default margin has shrunk to ``margin``. None when σ²_d is unknown (NaN) and no
+    rule applies; σ²_d = 0 needs only the margin rule (1 query without it)."""
+    if not margin > 0:
+        return None
+    floor = math.ceil(1 / margin**2 - 1e-9) if default_rule else 1
+    if math.isnan(var):
+        return floor if default_rule else None
+    z = z_sum(alpha / max(1, family), power, sides=1)
+    return max(floor, math.ceil(z**2 * var / margin**2), 2 if var > 0 else 1)
 
 
 def replicates_for_effect(

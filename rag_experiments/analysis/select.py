@@ -26,7 +26,7 @@ import yaml
 
 from rag_experiments.analysis.attribution import noise_floor
 from rag_experiments.analysis.gate import GateResult, non_inferiority_family
-from rag_experiments.analysis.power import n_for_effect
+from rag_experiments.analysis.power import n_for_margin
 from rag_experiments.analysis.stats import holm, pair, paired_delta
 from rag_experiments.core.query_table import cell
 from rag_experiments.core.run_record import RunData
@@ -58,31 +58,53 @@ class Underpowered:
     mde: float  # median over the comparisons of gate's MDE (one-sided, 80 % power)
     margin: float  # the non-inferiority margin used (median over the comparisons)
     n: int  # paired queries (median over the comparisons)
-    n_needed: int | None  # queries for MDE <= margin (analysis.power.n_for_effect); None: unknown
+    n_needed: int | None  # queries to show non-inferiority (analysis.power.n_for_margin); None: unknown
     reasons: tuple[str, ...]
     target: float | None = None  # the margin n_needed is for, when not the current one (a wide default)
+    family: int = 1  # comparisons with the best: the Holm family n_needed accounts for
+    no_variance: bool = False  # every paired difference was 0: n_needed rests on the margin rule alone
 
-    def message(self) -> str:
-        need = (
-            f"`plan` says n ≈ {self.n_needed} queries to tell configs apart within ±{self.target:.3g}"
-            if self.n_needed and self.target is not None
-            else f"`plan` says n ≈ {self.n_needed} queries for an MDE of {self.margin:.3g} (with --margin "
-            f"{self.margin:.3g}: the default margin shrinks as 1/√n, like the MDE)"
-            if self.n_needed
-            else "the MDE is unknown (fewer than 2 paired queries)"
+    def need(self) -> str:
+        """The n needed and what it accounts for, as ``plan --margin M --configs K`` prints it."""
+        if not self.n_needed:
+            return "the MDE is unknown (fewer than 2 paired queries)"
+        margin = self.target if self.target is not None else self.margin
+        holm = f"Holm over {self.family}: one-sided α/{self.family}" if self.family > 1 else "one-sided α"
+        why = (
+            "no variance in the paired differences: the default margin's rule 1/√n alone"
+            if self.no_variance
+            else f"{holm}, 80 % power"
+            + (f", and the default margin 1/√n ≤ {margin:.3g}" if self.target is not None else "")
         )
+        tail = (
+            ""
+            if self.target is not None
+            else f" (with --margin {margin:.3g}: the default margin shrinks as 1/√n, like the MDE)"
+        )
+        plan = f"--configs {self.family + 1}" if self.target is not None else f"--margin {margin:.3g} --configs {self.family + 1}"
+        return (
+            f"n ≈ {self.n_needed} queries to show a config non-inferior within ±{margin:.3g} ({why}; "
+            f"`plan {plan}` gives the same figure from a pilot){tail}"
+        )
+
+    def message(self, pick: bool = True) -> str:
+        """The UNDERPOWERED line; ``pick``: say what ``select`` chooses (the report chooses nothing)."""
         power = (
             f"MDE {self.mde:.3g} {'>' if self.mde > self.margin else '≤'} margin {self.margin:.3g} "
-            f"at n = {self.n} queries; {need}"
+            f"at n = {self.n} queries; {self.need()}"
             if math.isfinite(self.mde) and math.isfinite(self.margin)
-            else f"only {self.n} paired queries: no MDE"
+            else f"only {self.n} paired queries: no MDE; {self.need()}"
+        )
+        what = (
+            "Choosing the best mean among the tied configs within the constraints, not the cheapest."
+            if pick
+            else "No config is chosen here; `select` would keep the best mean, not the cheapest tie."
         )
         return (
             f"UNDERPOWERED: this eval set cannot separate the configs ({'; '.join(self.reasons)}). "
             f"{self.n_indistinguishable} of "
             f"{self.n_others} configs are indistinguishable from the best (neither shown non-inferior "
-            f"nor shown worse); {power}. Choosing the best mean among the tied configs within the "
-            "constraints, not the cheapest."
+            f"nor shown worse); {power}. {what}"
         )
 
 
@@ -178,11 +200,12 @@ def underpowered(
 
     indistinguishable = not shown non-inferior (``ni[i].passed``) and not shown worse
     (``worse[i]``); MDE, margin, n = medians over the comparisons. Underpowered iff
-    MDE > margin or indistinguishable > half the comparisons. n_needed = ``n_for_effect(margin,
-    median paired variance, alpha, power 0.8, one-sided)``: the queries at which gate's MDE reaches
-    the current margin. With gate's default margin (``default_margin``) wider than
-    :data:`WIDE_DEFAULT_MARGIN` the sweep is underpowered too (a tie within ±0.35 at n = 8 is no
-    evidence of equivalence), and n_needed is for :data:`WIDE_DEFAULT_MARGIN`.
+    MDE > margin or indistinguishable > half the comparisons. n_needed = ``n_for_margin(margin,
+    median paired variance, alpha, family = the comparisons)``: the queries at which the one-sided
+    test at Holm's α/m reaches the margin with 80 % power. With gate's default margin
+    (``default_margin``) wider than :data:`WIDE_DEFAULT_MARGIN` the sweep is underpowered too (a
+    tie within ±0.35 at n = 8 is no evidence of equivalence), and n_needed is for
+    :data:`WIDE_DEFAULT_MARGIN`, at least ⌈1/0.15²⌉ = 45 (where the default margin gets there).
     """
     if not ni:
         return None
@@ -204,12 +227,11 @@ def underpowered(
     v = np.array(paired_vars, float)
     var = float(np.nanmedian(v)) if np.isfinite(v).any() else math.nan
     target = WIDE_DEFAULT_MARGIN if wide else margin
-    needed = (
-        n_for_effect(target, var, alpha=alpha, power=0.8, sides=1)
-        if target > 0 and math.isfinite(var) and var > 0
-        else None
-    )
-    return Underpowered(k, len(ni), mde, margin, n, needed, tuple(reasons), WIDE_DEFAULT_MARGIN if wide else None)
+    needed = n_for_margin(target, var, alpha, family=len(ni), default_rule=wide)
+    return Underpowered(
+        k, len(ni), mde, margin, n, needed, tuple(reasons), WIDE_DEFAULT_MARGIN if wide else None,
+        family=len(ni), no_variance=var == 0,
+    )  # fmt: skip
 
 
 def select_config(

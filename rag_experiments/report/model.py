@@ -318,7 +318,7 @@ def underpowered_note(configs: list, primary: str, seed: int) -> list[str]:
                             [float("nan")] * len(configs), seed=seed, n_resamples=1999)
     except ValueError:
         return []
-    return [f"underpowered on {primary}: {sel.underpowered.message()}"] if sel.underpowered else []
+    return [f"underpowered on {primary}: {sel.underpowered.message(pick=False)}"] if sel.underpowered else []
 
 
 def analyse(
