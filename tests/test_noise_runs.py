@@ -99,9 +99,9 @@ def test_compare_and_gate_read_a_replicated_run(replicated, store, capsys):
     assert compare.main([a, b, *args]) == 0
     out = capsys.readouterr().out
     assert "answer_relevance" in out and "hit_at_3" in out
-    code = gate.main(["--baseline", a, "--candidate", b, *args, "--margin", "1"])
+    code = gate.main(["--baseline", a, "--candidate", b, *args, "--margin", "0.9"])  # 1: no verdict
     out = capsys.readouterr().out
-    assert code == 0, out
+    assert code in (0, 1), out
     row = next(line for line in out.splitlines() if line.startswith("hit_at_3"))
     assert row.split()[-2] == "2"  # paired queries (the unanswerable one has no hit), not rows
 
@@ -222,3 +222,33 @@ def test_plan_n_to_select_is_selects_figure_with_the_margin_rule_and_holm(store,
     var_d = paired_variance(vq, vg, 0.5).between
     assert got == n_for_margin(0.15, var_d, 0.05, family=14, default_rule=True) >= 45
     assert got > n_for_margin(0.15, var_d, 0.05, family=1, default_rule=True)  # Holm costs queries
+
+
+def _hits(n: int, seed: int) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({"id": [f"q{i:03d}" for i in range(n)], "hit_at_3": (rng.random(n) < 0.6).astype(float)})
+
+
+def test_gate_at_n_1_refuses_a_verdict_that_could_not_fail(store, capsys):
+    """Issue 37: at n = 1 the default margin is 1, the limit −1.0: GATE PASSED whatever the
+    candidate. Now exit 2, naming the n needed (select's and plan's figure)."""
+    uri, log = store
+    a, b = log("one-a", _hits(1, 0).assign(hit_at_3=1.0)), log("one-b", _hits(1, 0).assign(hit_at_3=0.0))
+    assert gate.main(["--baseline", a, "--candidate", b, "--metric", "hit_at_3", "--tracking-uri", uri]) == 2
+    err = capsys.readouterr().err
+    assert "no candidate could fail" in err and "n ≈ 45 queries" in err and "n = 1" in err
+    # an explicit margin below 1 is a verdict (the worst case fails)
+    code = gate.main(["--baseline", a, "--candidate", b, "--metric", "hit_at_3", "--margin", "0.5", "--tracking-uri", uri])
+    assert code == 1
+
+
+def test_gate_prints_underpowered_first_like_select(store, capsys):
+    """n = 12: the default margin 1/√12 = 0.29 passes nearly anything; gate says so first."""
+    uri, log = store
+    a, b = log("twelve-a", _hits(12, 1)), log("twelve-b", _hits(12, 2))
+    code = gate.main(["--baseline", a, "--candidate", b, "--metric", "hit_at_3", "--tracking-uri", uri])
+    lines = capsys.readouterr().out.splitlines()
+    assert code in (0, 1)
+    assert lines[0].startswith("UNDERPOWERED: hit_at_3: this eval set cannot decide the gate")
+    assert "the default margin 1/√n = 0.289 is wider than 0.15" in lines[0] and "n ≈ " in lines[0]
+    assert "`plan --configs 2` gives the same figure" in lines[0]

@@ -26,7 +26,7 @@ import yaml
 
 from rag_experiments.analysis.attribution import noise_floor
 from rag_experiments.analysis.gate import GateResult, non_inferiority_family
-from rag_experiments.analysis.power import n_for_margin
+from rag_experiments.analysis.power import WIDE_DEFAULT_MARGIN, Underpowered, n_for_margin  # noqa: F401  (re-exported)
 from rag_experiments.analysis.stats import holm, pair, paired_delta
 from rag_experiments.core.query_table import cell
 from rag_experiments.core.run_record import RunData
@@ -46,66 +46,6 @@ UNDERPOWERED_PICK = "best mean (underpowered: the cheapest tie would not be evid
 class Constraints:
     max_latency_ms: float | None = None  # on the per-query serving latency p95 (retrieval + generation)
     max_cost_usd: float | None = None  # on the run's cost_usd
-
-
-@dataclass(frozen=True)
-class Underpowered:
-    """Why the eval set cannot separate the candidates (``Selection.underpowered``; the report and
-    the ``select.underpowered`` tag read it)."""
-
-    n_indistinguishable: int  # configs neither shown non-inferior nor shown worse
-    n_others: int  # configs compared with the best
-    mde: float  # median over the comparisons of gate's MDE (one-sided, 80 % power)
-    margin: float  # the non-inferiority margin used (median over the comparisons)
-    n: int  # paired queries (median over the comparisons)
-    n_needed: int | None  # queries to show non-inferiority (analysis.power.n_for_margin); None: unknown
-    reasons: tuple[str, ...]
-    target: float | None = None  # the margin n_needed is for, when not the current one (a wide default)
-    family: int = 1  # comparisons with the best: the Holm family n_needed accounts for
-    no_variance: bool = False  # every paired difference was 0: n_needed rests on the margin rule alone
-
-    def need(self) -> str:
-        """The n needed and what it accounts for, as ``plan --margin M --configs K`` prints it."""
-        if not self.n_needed:
-            return "the MDE is unknown (fewer than 2 paired queries)"
-        margin = self.target if self.target is not None else self.margin
-        holm = f"Holm over {self.family}: one-sided α/{self.family}" if self.family > 1 else "one-sided α"
-        why = (
-            "no variance in the paired differences: the default margin's rule 1/√n alone"
-            if self.no_variance
-            else f"{holm}, 80 % power"
-            + (f", and the default margin 1/√n ≤ {margin:.3g}" if self.target is not None else "")
-        )
-        tail = (
-            ""
-            if self.target is not None
-            else f" (with --margin {margin:.3g}: the default margin shrinks as 1/√n, like the MDE)"
-        )
-        plan = f"--configs {self.family + 1}" if self.target is not None else f"--margin {margin:.3g} --configs {self.family + 1}"
-        return (
-            f"n ≈ {self.n_needed} queries to show a config non-inferior within ±{margin:.3g} ({why}; "
-            f"`plan {plan}` gives the same figure from a pilot){tail}"
-        )
-
-    def message(self, pick: bool = True) -> str:
-        """The UNDERPOWERED line; ``pick``: say what ``select`` chooses (the report chooses nothing)."""
-        power = (
-            f"MDE {self.mde:.3g} {'>' if self.mde > self.margin else '≤'} margin {self.margin:.3g} "
-            f"at n = {self.n} queries; {self.need()}"
-            if math.isfinite(self.mde) and math.isfinite(self.margin)
-            else f"only {self.n} paired queries: no MDE; {self.need()}"
-        )
-        what = (
-            "Choosing the best mean among the tied configs within the constraints, not the cheapest."
-            if pick
-            else "No config is chosen here; `select` would keep the best mean, not the cheapest tie."
-        )
-        return (
-            f"UNDERPOWERED: this eval set cannot separate the configs ({'; '.join(self.reasons)}). "
-            f"{self.n_indistinguishable} of "
-            f"{self.n_others} configs are indistinguishable from the best (neither shown non-inferior "
-            f"nor shown worse); {power}. {what}"
-        )
 
 
 @dataclass
@@ -184,9 +124,6 @@ def _paired_var(a: pd.Series, b: pd.Series) -> float:
     return float(np.var(xb - xa, ddof=1)) if xa.size > 1 else math.nan
 
 
-#: The widest default margin a tie may stand on: gate's default margin is 1/√n, so below 45 paired
-#: queries a "tie" would only mean "within ±0.15 or more" — said as underpowered, not as equivalence.
-WIDE_DEFAULT_MARGIN = 0.15
 
 
 def underpowered(

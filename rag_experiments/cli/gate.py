@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from rag_experiments.analysis.comparability import comparable_defaults
-from rag_experiments.analysis.gate import GateResult, non_inferiority
+from rag_experiments.analysis.gate import GateResult, gate_power, non_inferiority, vacuous
 from rag_experiments.cli.compare import text_table
 from rag_experiments.core.formatting import fmt_num
 from rag_experiments.evaluation.registry import higher_is_better
@@ -44,8 +44,10 @@ Default margin (when --margin is not given): max(0.01, 1/sqrt(n)), n = number of
 (0.10 at n=100, 0.05 at n=400, 0.014 at n=5000). 1/sqrt(n) is about the 95 % CI half-width of a
 proportion measured on n queries, i.e. the eval set's own resolution: smaller drops are noise at
 that size, larger ones are real. MDE printed per metric: the smallest true drop this eval set
-detects with 80 % power, (z_0.95 + z_0.8)·sd(paired differences)/sqrt(n); if MDE > margin the gate
-is underpowered for that margin.
+detects with 80 % power, (z_0.95 + z_0.8)·sd(paired differences)/sqrt(n). When MDE > margin, or
+the default margin is wider than 0.15 (n < 45), the output leads with UNDERPOWERED and the n
+needed (analysis.power.n_for_margin: the figure select and plan print). A margin >= 1 on a metric
+in [0, 1] (the default at n = 1) lets no candidate fail: refused, exit 2, naming the n needed.
 
 Default metrics: {", ".join(DEFAULT_METRICS)} (faithfulness unless both runs are retrieval only;
 a run whose faithfulness has no value, e.g. a dead judge, is refused, exit 2).
@@ -191,6 +193,13 @@ def run_gate(
         )
         if res.n_pairs == 0:
             raise RunInputError(f"metric {m}: no eval id has a value in both runs")
+        if vacuous(res):  # a verdict that cannot be FAIL is no verdict
+            need = gate_power(res, margin is None)
+            raise RunInputError(
+                f"metric {m}: the margin {res.margin:.3g} spans the metric's whole range [0, 1] at "
+                f"n = {res.n_pairs}: no candidate could fail. "
+                + (need.need() if need else "Pass a margin below 1 or evaluate on more queries")
+            )
         results.append(res)
     return results, notes
 
@@ -247,6 +256,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 r.verdict,
             ]
         )
+    dm_used = {r.metric: dm is None and r.metric not in pm for r in results}
+    weak = [(r, u) for r in results if (u := gate_power(r, dm_used[r.metric]))]
+    for r, u in weak:  # first, as select prints it
+        print(u.gate_message(r.metric))
     print("\n".join(notes))
     print(text_table(headers, rows))
     by_test = {t: [r.metric for r in results if r.test == t] for t in ("score", "bootstrap")}
@@ -261,12 +274,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             if ms
         )
     )
-    for r in results:
-        if not math.isnan(r.mde) and r.mde > r.margin:
-            print(
-                f"note: {r.metric}: MDE {r.mde:.4f} > margin {r.margin:.4f}: at n={r.n_pairs} an unchanged "
-                "candidate passes with < 80 % probability (the gate is underpowered for this margin)"
-            )
     failed = [r.metric for r in results if not r.passed]
     if failed:
         print(

@@ -15,13 +15,13 @@ import re
 from collections.abc import Sequence
 
 from rag_experiments.analysis.power import (
+    WIDE_DEFAULT_MARGIN,
     mde,
     n_for_effect,
     n_for_margin,
     paired_variance,
     replicates_for_effect,
 )
-from rag_experiments.analysis.select import WIDE_DEFAULT_MARGIN
 from rag_experiments.analysis.variance import pilot_components
 from rag_experiments.cli.compare import text_table
 from rag_experiments.evalset.load import evalset_digest
