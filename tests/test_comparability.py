@@ -190,3 +190,22 @@ def test_the_8_character_ids_select_prints_work_in_gate_compare_and_report(chunk
     assert "given with --baseline" in capsys.readouterr().out
     assert gate_cli.main(["--baseline", "0000ffff", "--candidate", dense, *_uri(root)]) == 2
     assert "no run with that id, id prefix or name" in capsys.readouterr().err
+
+
+def test_human_lines_lead_with_labels_and_name_unvalidated_judge_metrics_once():
+    from rag_experiments.analysis.comparability import human_lines
+
+    def judged(name, **metrics):
+        return _run(name, params={"judge": "heuristic"}, tags={"judge_identity": "h1"}, metrics=metrics)
+
+    plain = [judged("a"), judged("b")]
+    lines = human_lines(["faithfulness", "answer_relevance", "hit_at_5", "correctness"], plain)
+    assert len(lines) == 1 and lines[0].startswith("UNVALIDATED: faithfulness, answer_relevance are the judge's")
+    assert human_lines("hit_at_5", plain) == [] and human_lines("faithfulness", [_run("r")]) == []
+    fig = {"spotcheck/ppi_faithfulness": 0.168, "spotcheck/ppi_faithfulness_ci_low": 0.05,
+           "spotcheck/ppi_faithfulness_ci_high": 0.3, "spotcheck/judge_faithfulness": 0.432,
+           "spotcheck/kappa": -0.24, "spotcheck/n": 20}  # fmt: skip
+    lines = human_lines("faithfulness", [judged("a", **fig), judged("b")])
+    assert lines[0].startswith("human-corrected faithfulness (PPI, primary) of a: 0.168 [0.050, 0.300]")
+    assert "judge-only" in lines[0] and "human κ -0.24" in lines[0]
+    assert lines[1] == "no human labels on b: their faithfulness is the judge's alone"

@@ -252,3 +252,37 @@ def test_gate_prints_underpowered_first_like_select(store, capsys):
     assert lines[0].startswith("UNDERPOWERED: hit_at_3: this eval set cannot decide the gate")
     assert "the default margin 1/√n = 0.289 is wider than 0.15" in lines[0] and "n ≈ " in lines[0]
     assert "`plan --configs 2` gives the same figure" in lines[0]
+
+
+def test_human_labels_lead_gate_and_compare_and_their_absence_is_said_first(store, capsys):
+    """Issue 37 item 5: with human labels the label-corrected (PPI) faithfulness leads, the
+    judge-only figure second with κ beside it; without labels a judge metric says UNVALIDATED first."""
+    uri, log = store
+    client = MlflowClient(uri)
+    rng = np.random.default_rng(5)
+    ids = [f"q{i:03d}" for i in range(60)]
+    a, b = (
+        log(name, pd.DataFrame({"id": ids, "faithfulness": rng.uniform(0.3, 1.0, 60)}))
+        for name in ("judged-a", "judged-b")
+    )
+    for rid in (a, b):
+        client.set_tag(rid, "judge_identity", "heuristic-1")
+        client.log_param(rid, "judge", "heuristic")
+    pair = ["--baseline", a, "--candidate", b, "--metric", "faithfulness", "--tracking-uri", uri]
+    gate.main(pair)
+    assert capsys.readouterr().out.startswith("UNVALIDATED: faithfulness is the judge's opinion")
+    for rid, ppi in ((a, 0.168), (b, 0.25)):
+        for key, v in (("ppi_faithfulness", ppi), ("judge_faithfulness", 0.432)):
+            client.log_metric(rid, f"spotcheck/{key}", v)
+            client.log_metric(rid, f"spotcheck/{key}_ci_low", v - 0.1)
+            client.log_metric(rid, f"spotcheck/{key}_ci_high", v + 0.1)
+        client.log_metric(rid, "spotcheck/kappa", -0.24)
+        client.log_metric(rid, "spotcheck/n", 20)
+    gate.main(pair)
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("human-corrected faithfulness (PPI, primary) of judged-a")
+    assert "0.168 [0.068, 0.268]; judge-only 0.432 [0.332, 0.532] (human κ -0.24 (spot-check, n=20))" in first
+    assert compare.main([a, b, "--metric", "faithfulness", "--tracking-uri", uri]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"human-corrected faithfulness \(PPI, primary\) of judged-b \(\w+\): 0.250", out)
+    assert "UNVALIDATED" not in out

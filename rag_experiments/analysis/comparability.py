@@ -247,3 +247,45 @@ def comparable_defaults(
         if use:
             out.append(use)
     return list(dict.fromkeys(out)), notes
+
+
+def label_evidence_notes(runs: Sequence[RunData]) -> list[str]:
+    """One line when some runs' failure labels rest on correctness only (``judge=none``: the run tag
+    ``failure_label_evidence``), naming them: their rate_* read another rule than a judged run's."""
+    free = [r for r in runs if r.tags.get("failure_label_evidence")]
+    if not free:
+        return []
+    names = ", ".join(r.label if r.run_name else r.name for r in free[:5]) + (" …" if len(free) > 5 else "")
+    return [
+        f"note: failure labels of {names} rest on correctness only (judge=none: "
+        f"{free[0].tags['failure_label_evidence']}); rate_ok and the other rates are not a judged run's"
+    ]
+
+
+def judged(metric: str, runs: Sequence[RunData]) -> bool:
+    """True when ``metric`` is the judge's opinion (registry break ``judge``) and a judge scored
+    one of ``runs``: what human labels validate (``analysis.judge_trust.human_figures``)."""
+    got = parse(metric)
+    return got is not None and "judge" in got[0].breaks and any(run_judge(r) for r in runs)
+
+
+def human_lines(metrics: str | Sequence[str], runs: Sequence[RunData]) -> list[str]:
+    """``analysis.judge_trust.human_figures`` of each of ``metrics`` over ``runs``: the
+    label-corrected estimates first, and one UNVALIDATED line naming the judged metrics that no
+    run's human labels validate."""
+    from rag_experiments.analysis.judge_trust import human_figures
+
+    lines, unvalidated = [], []
+    for m in [metrics] if isinstance(metrics, str) else list(dict.fromkeys(metrics)):
+        got = human_figures(m, [(r.label, r.metrics, r.tags) for r in runs], judged(m, runs))
+        if got and got[0].startswith("UNVALIDATED"):
+            unvalidated.append((m, got[0]))
+        else:
+            lines += got
+    if len(unvalidated) == 1:
+        lines.insert(0, unvalidated[0][1])
+    elif unvalidated:
+        names = ", ".join(m for m, _ in unvalidated)
+        first = unvalidated[0][1].split(" is the judge's opinion", 1)[1]
+        lines.insert(0, f"UNVALIDATED: {names} are the judge's opinion{first}")
+    return lines

@@ -31,7 +31,7 @@ import pandas as pd
 
 from rag_experiments.analysis.attribution import config_diff
 from rag_experiments.analysis.baseline import context_k
-from rag_experiments.analysis.comparability import comparable_only
+from rag_experiments.analysis.comparability import comparable_only, human_lines, label_evidence_notes
 from rag_experiments.analysis.judge_trust import generation_marker, is_generation_metric
 from rag_experiments.analysis.stats import PairedResult, flips, holm, paired_deltas, transition_matrix
 from rag_experiments.cli.compare_sweep import main_sweep, safe_name, trust_inputs
@@ -176,6 +176,9 @@ def build_comparison(
         flip_tables[title] = flips(ta, tb, ha, metric_b=hb)
     if labels:
         flip_tables["failure_label"] = flips(ta, tb, "failure_label")
+    warnings += human_lines([r.metric for r in results], [run_a, run_b])  # labels lead
+    if labels:  # judge=none: the failure label rests on correctness only (run tag failure_label_evidence)
+        warnings += label_evidence_notes([run_a, run_b])
     if any(is_generation_metric(r.metric) for r in results):  # human κ < 0.4 (analysis.judge_trust)
         warnings += [f"warning: {m}" for m in [generation_marker(trust_inputs([run_a, run_b]))] if m]
     ids_a, ids_b = set(ta["id"]), set(tb["id"])

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from rag_experiments.analysis.attribution import SweepAttribution, factor_effects, infer_factors
 from rag_experiments.analysis.baseline import BaselineChoice, levels_label, sweep_baseline
-from rag_experiments.analysis.comparability import comparable_only
+from rag_experiments.analysis.comparability import comparable_only, label_evidence_notes
 from rag_experiments.analysis.interactions import sweep_interactions
 from rag_experiments.analysis.judge_trust import generation_marker, is_generation_metric
 from rag_experiments.analysis.racing import split_stopped
@@ -21,8 +21,8 @@ from rag_experiments.core.run_record import RunData
 from rag_experiments.evaluation.aggregate import metric_columns
 from rag_experiments.evaluation.headline import sweep_metrics, table_metrics
 from rag_experiments.report.tables import (
-    EFFECT_HEADERS,
     NOISE_HEADERS,
+    effect_headers,
     effect_rows,
     marginal_headers,
     marginal_rows,
@@ -62,10 +62,10 @@ def render_sweep(
     if att.effects.empty:
         out.append("(no comparisons)")
     else:
-        out.append(table(EFFECT_HEADERS, effect_rows(att.effects)))
+        out.append(table(effect_headers(att.holm_n), effect_rows(att.effects)))
     out += ["", h("Marginal means over the grid")]
     if not att.marginals.empty:
-        out.append(table(marginal_headers(), marginal_rows(att.marginals)))
+        out.append(table(marginal_headers(n=att.holm_n), marginal_rows(att.marginals)))
         out.append(
             "Marginal mean: each query averaged over the level's runs, then over queries; CI: percentile "
             "bootstrap over queries. p_holm: Holm across every comparison above and below."
@@ -97,13 +97,13 @@ def render_sweep_wide(
 
 def _sweep_extras(table, h, att: SweepAttribution, interactions, stopped: Sequence) -> list[str]:
     """Interactions (full-factorial sweeps) and the configs racing stopped (docs/racing.md)."""
-    from rag_experiments.analysis.interactions import INTERACTION_HEADERS, interaction_rows
+    from rag_experiments.analysis.interactions import interaction_headers, interaction_rows
     from rag_experiments.analysis.racing import STOPPED_HEADERS, STOPPED_NOTE, stopped_rows
 
     out = []
     if interactions is not None and not interactions.terms.empty:
         out += ["", h("Main effects and two-way interactions (full-factorial grid)")]
-        out += [table(INTERACTION_HEADERS, interaction_rows(interactions)), *interactions.lines]
+        out += [table(interaction_headers(interactions), interaction_rows(interactions)), *interactions.lines]
         out.append(f"Method: {interactions.method}.")
     elif len(att.factors) > 1:
         out += ["", "Interactions: not a full-factorial grid, so only the one-factor-at-a-time view above."]
@@ -199,6 +199,7 @@ def build_sweep_comparison(
         notes += [f"note: {n}" for n in left_out]
     if any(map(is_generation_metric, chosen)) and (marker := generation_marker(trust_inputs(children))):
         notes.append(f"warning: {marker}")  # human κ < 0.4 (analysis.judge_trust)
+    notes += label_evidence_notes(data)  # judge=none runs: labels from correctness only
     att = factor_effects(data, base, chosen, seed=seed, n_resamples=min(n_resamples, 4999))
     inter = sweep_interactions(data, factors, chosen)
     return SweepComparison(children, data, stopped, factors, base, choice, chosen, att, inter, notes)

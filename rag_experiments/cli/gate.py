@@ -12,7 +12,7 @@ import math
 import sys
 from collections.abc import Sequence
 
-from rag_experiments.analysis.comparability import comparable_defaults
+from rag_experiments.analysis.comparability import comparable_defaults, human_lines
 from rag_experiments.analysis.gate import GateResult, gate_power, non_inferiority, vacuous
 from rag_experiments.cli.compare import text_table
 from rag_experiments.core.formatting import fmt_num
@@ -257,8 +257,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             ]
         )
     dm_used = {r.metric: dm is None and r.metric not in pm for r in results}
+    pair = [reader.resolve(args.baseline, args.experiment), reader.resolve(args.candidate, args.experiment)]
+    human = human_lines([r.metric for r in results], pair)
     weak = [(r, u) for r in results if (u := gate_power(r, dm_used[r.metric]))]
-    for r, u in weak:  # first, as select prints it
+    for line in human:  # label-corrected figures lead; else UNVALIDATED on a judge metric
+        print(line)
+    for r, u in weak:  # then the power, as select prints it
         print(u.gate_message(r.metric))
     print("\n".join(notes))
     print(text_table(headers, rows))

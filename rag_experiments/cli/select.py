@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from importlib.resources import files
 from pathlib import Path
 
-from rag_experiments.analysis.comparability import default_metric
+from rag_experiments.analysis.comparability import default_metric, human_lines, label_evidence_notes
 from rag_experiments.analysis.judge_trust import generation_marker, is_generation_metric
 from rag_experiments.analysis.racing import STOPPED_HEADERS, STOPPED_NOTE, split_stopped, stopped_rows
 from rag_experiments.analysis.select import Constraints, Selection, runnable_config, select_config
@@ -102,9 +102,9 @@ def render(sel: Selection) -> str:
         "config",
         "mean [95% CI]",
         "delta vs best",
-        "p_holm",
+        f"p_holm (Holm over {max(0, len(sel.table) - 1)})",
         "gate bound",
-        "NI p_holm",
+        f"NI p_holm (Holm over {max(0, len(sel.table) - 1)})",
         "tie?",
         "constraints ok?",
         "cost_usd",
@@ -178,6 +178,7 @@ def run_select(reader: RunReader, args: argparse.Namespace) -> tuple[Selection, 
         lead.append(f"metric {args.metric}: the default (the swept factors' primary metric comparable across the configs)")
     hib = _direction(args.metric)
     lead += check_comparable([args.metric], runs, getattr(args, "allow_incomparable", False), available)
+    lead = human_lines(args.metric, runs) + lead  # labels lead; else UNVALIDATED first (judge metrics)
     missing = [r.name for r in runs if args.metric not in r.table.columns]
     if missing:
         raise RunInputError(
@@ -209,6 +210,8 @@ def run_select(reader: RunReader, args: argparse.Namespace) -> tuple[Selection, 
         sel.notes.append("underpowered and the best config fails the constraints: no config within them is shown non-inferior")
     if is_generation_metric(args.metric) and (m := generation_marker([(r.metrics, r.tags) for r in children])):
         sel.notes.append(f"warning: {m}")  # human κ < 0.4 (analysis.judge_trust)
+    if args.metric.startswith("rate_"):  # judge=none runs: labels from correctness only
+        sel.notes += label_evidence_notes(runs)
     if stopped:
         sel.notes += [
             f"stopped by racing ({len(stopped)}): not candidates for best, tie set or choice",

@@ -21,7 +21,13 @@ from rag_experiments import judge as judging
 from rag_experiments.analysis.attribution import SweepAttribution, factor_effects
 from rag_experiments.analysis.baseline import context_k as _context_k
 from rag_experiments.analysis.baseline import sweep_baseline
-from rag_experiments.analysis.comparability import comparable_only, default_metric, incomparable
+from rag_experiments.analysis.comparability import (
+    comparable_only,
+    default_metric,
+    human_lines,
+    incomparable,
+    label_evidence_notes,
+)
 from rag_experiments.analysis.judge_trust import runs_judge_notes
 from rag_experiments.core.conf_groups import option_class
 from rag_experiments.evaluation import aggregate, labels, registry
@@ -351,6 +357,9 @@ def analyse(
         raise RunInputError(bad[0].message())
     notes += [c.note().removeprefix("note: ") for c in bad]
     base, why = choose_baseline(configs, inp.factors, primary, baseline)
+    if (missing_note := inp.target.unfinished_note()) is not None:  # FAILED or never-run configs
+        notes.insert(0, missing_note)
+        why = why.replace("the only config", "the only config that finished")
     if len({c.tags.get("evalset_digest") for c in configs} - {None}) > 1:
         notes.append(
             "the runs were evaluated on different eval sets (evalset_digest differs); "
@@ -358,6 +367,8 @@ def analyse(
         )
     if len(configs) > 1:  # can this eval set tell the configs apart? said first (docs/select.md)
         notes += underpowered_note(configs, primary, seed)
+    notes += [n.removeprefix("note: ") for n in label_evidence_notes(runs)]  # judge=none labels
+    notes[:0] = [x for x in human_lines(primary, runs) if not x.startswith("UNVALIDATED")]  # PPI leads
     if has_generation(configs):  # human κ < 0.4, or no human labels at all (analysis.judge_trust)
         notes += runs_judge_notes([(c.metrics, c.tags) for c in configs], base.run.run_id)
     att = inter = None

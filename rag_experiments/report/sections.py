@@ -46,8 +46,8 @@ from rag_experiments.report.model import (
 from rag_experiments.report.provenance import definitions, reproducibility
 from rag_experiments.report.queries import worst_query_headers, worst_query_rows
 from rag_experiments.report.tables import (
-    EFFECT_HEADERS,
     NOISE_HEADERS,
+    effect_headers,
     effect_rows,
     fmt_p,
     marginal_headers,
@@ -379,13 +379,13 @@ def attribution(an: Analysis) -> Section:
     if att.effects.empty:
         s.blocks.append(Paragraph(text("(no one-factor-at-a-time comparison is possible in this grid)")))
     else:
-        s.blocks.append(table(EFFECT_HEADERS, effect_rows(att.effects, f3, fmt_p)))
+        s.blocks.append(table(effect_headers(att.holm_n), effect_rows(att.effects, f3, fmt_p)))
     if att.skipped:
         s.blocks.append(Paragraph(text("Not in the grid (comparison skipped): " + "; ".join(att.skipped))))
     if len(an.factors) > 1 and not att.marginals.empty:
         rows = marginal_rows(att.marginals, f3, fmt_p, with_p_value=False)
         s.subsections.append(
-            Subsection("Marginal means over the grid", [table(marginal_headers(with_p_value=False), rows)])
+            Subsection("Marginal means over the grid", [table(marginal_headers(with_p_value=False, n=att.holm_n), rows)])
         )
     if not att.noise_floor.empty:
         noise = [
@@ -412,6 +412,7 @@ def worst_queries(an: Analysis) -> Section:
                 + (", then correctness and faithfulness" if an.gen else "")
                 + f", then reciprocal rank, evidence_recall@{k} and nDCG@{k} (lowest first). Top 3 retrieved "
                 "chunks: ✓ relevant to a gold span, ✗ not. 'first rel.': rank of the first relevant chunk."
+                + (" Items never generated (outside evalset.generation_subset) are left out." if an.gen else "")
             )
         )
     )
