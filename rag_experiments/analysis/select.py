@@ -95,7 +95,10 @@ def noise_margin(runs: Sequence[RunData], metric: str, seed: int = 0) -> tuple[f
     CI (``attribution.noise_floor``). ``(None, "...none available")`` without replicates."""
     hashes = [r.tags.get("config_hash") for r in runs if r.tags.get("config_hash")]
     if len(hashes) == len(set(hashes)):
-        return None, "no A/A noise floor available (no config of the sweep was run twice)"
+        return None, (
+            "no A/A noise floor available (no config of the sweep was run twice; the split-half range "
+            "compare --sweep shows instead is the unpaired noise of half the eval set, not a re-run)"
+        )
     nf = noise_floor(runs, runs[0], [metric], seed=seed).iloc[0]
     margin = float(max(abs(nf["low"]), abs(nf["high"])))
     return margin, f"A/A noise floor ±{margin:.4g} ({nf['method']}: {nf['detail']})"
