@@ -8,6 +8,7 @@ import pandas as pd
 from rag_experiments.core.run_record import RunData
 from rag_experiments.report.load import Config, Target
 from rag_experiments.report.queries import worst
+from tests.test_run_reader import SWEEP, readers  # noqa: F401  (the seam's two stores)
 
 
 def _table() -> pd.DataFrame:
@@ -42,3 +43,13 @@ def test_a_sweep_report_names_failed_and_missing_configs():
     assert note is not None and "did not finish: chunking=whole (FAILED)" in note
     assert "1 never logged a run" in note and "2 config(s)" in note and "the 1 that finished" in note
     assert Target("sw", [done], parent.run_id, None, "sw").unfinished_note() is None
+
+
+def test_the_sweep_target_finds_its_failed_config_in_both_stores(readers):  # noqa: F811
+    """The seam's sweep has a FAILED config (chunking.size=1024): both readers name it."""
+    from rag_experiments.report.load import resolve_target
+
+    for rd in readers.values():
+        note = resolve_target(rd, SWEEP).unfinished_note()
+        assert note is not None and "did not finish: chunking.size=1024 (FAILED)" in note, note
+        assert "the report covers the 3 that finished" in note
