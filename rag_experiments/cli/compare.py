@@ -150,20 +150,8 @@ def build_comparison(
                 f"metric(s) {', '.join(missing)} not in both per-query tables; "
                 f"available: {', '.join(metric_columns(ta, tb, known_only=False))}"
             )
-        chosen = list(metrics)
-        family = f"Metrics: the {len(chosen)} given with --metric."
-        warnings += check_comparable(chosen, [run_a, run_b], allow_incomparable, available)
-    elif every_metric:
-        chosen = available
-        family = f"Metrics: every common metric ({len(chosen)}, --all)."
-    else:
-        chosen, family = headline_family(run_a, run_b, available)
-    if not metrics:  # a default family shows only what is comparable across the two runs
-        if allow_incomparable:
-            warnings += check_comparable(chosen, [run_a, run_b], True, available)
-        else:
-            chosen, left_out = comparable_only(chosen, [run_a, run_b], available)
-            warnings += [f"note: {n}" for n in left_out]
+    chosen, family, notes = choose_family(run_a, run_b, available, metrics, every_metric, allow_incomparable)
+    warnings += notes
     # all metrics at once, vectorised (two 20k-item runs compare in seconds, docs/scale.md)
     results = [r for r in paired_deltas(ta, tb, chosen, seed=seed, n_resamples=n_resamples) if r.n_pairs]
     for res, p in zip(results, holm([r.p_value for r in results]), strict=True):
@@ -200,6 +188,31 @@ def build_comparison(
         warnings=warnings,
         family=family,
     )
+
+
+def choose_family(
+    run_a: RunData,
+    run_b: RunData,
+    available: Sequence[str],
+    metrics: Sequence[str] | None,
+    every_metric: bool,
+    allow_incomparable: bool,
+) -> tuple[list[str], str, list[str]]:
+    """(the metrics tested, the line naming them, notes): ``metrics`` as given (refused when one is
+    not comparable across the runs, unless ``allow_incomparable``), every common metric, or the
+    headline family; a default family keeps only comparable metrics and names the rest."""
+    if metrics:
+        chosen = list(metrics)
+        notes = check_comparable(chosen, [run_a, run_b], allow_incomparable, available)
+        return chosen, f"Metrics: the {len(chosen)} given with --metric.", notes
+    if every_metric:
+        chosen, family = list(available), f"Metrics: every common metric ({len(available)}, --all)."
+    else:
+        chosen, family = headline_family(run_a, run_b, available)
+    if allow_incomparable:
+        return chosen, family, check_comparable(chosen, [run_a, run_b], True, available)
+    chosen, left_out = comparable_only(chosen, [run_a, run_b], available)
+    return chosen, family, [f"note: {n}" for n in left_out]
 
 
 def headline_family(run_a: RunData, run_b: RunData, available: Sequence[str]) -> tuple[list[str], str]:

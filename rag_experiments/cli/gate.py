@@ -204,6 +204,17 @@ def run_gate(
     return results, notes
 
 
+def lead_lines(
+    reader: RunReader, args: argparse.Namespace, results: Sequence[GateResult], default: bool, per_metric
+) -> list[str]:
+    """What gate prints first: the label-corrected figures of a judge metric (else UNVALIDATED),
+    then UNDERPOWERED per metric as select prints it (``analysis.gate.gate_power``)."""
+    pair = [reader.resolve(args.baseline, args.experiment), reader.resolve(args.candidate, args.experiment)]
+    lines = human_lines([r.metric for r in results], pair)
+    weak = [(r, u) for r in results if (u := gate_power(r, default and r.metric not in per_metric))]
+    return lines + [u.gate_message(r.metric) for r, u in weak]
+
+
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
@@ -256,14 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 r.verdict,
             ]
         )
-    dm_used = {r.metric: dm is None and r.metric not in pm for r in results}
-    pair = [reader.resolve(args.baseline, args.experiment), reader.resolve(args.candidate, args.experiment)]
-    human = human_lines([r.metric for r in results], pair)
-    weak = [(r, u) for r in results if (u := gate_power(r, dm_used[r.metric]))]
-    for line in human:  # label-corrected figures lead; else UNVALIDATED on a judge metric
+    for line in lead_lines(reader, args, results, dm is None, pm):
         print(line)
-    for r, u in weak:  # then the power, as select prints it
-        print(u.gate_message(r.metric))
     print("\n".join(notes))
     print(text_table(headers, rows))
     by_test = {t: [r.metric for r in results if r.test == t] for t in ("score", "bootstrap")}
