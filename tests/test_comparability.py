@@ -209,3 +209,17 @@ def test_human_lines_lead_with_labels_and_name_unvalidated_judge_metrics_once():
     assert lines[0].startswith("human-corrected faithfulness (PPI, primary) of a: 0.168 [0.050, 0.300]")
     assert "judge-only" in lines[0] and "human κ -0.24" in lines[0]
     assert lines[1] == "no human labels on b: their faithfulness is the judge's alone"
+
+
+def test_a_pick_the_human_labels_contradict_is_flagged():
+    from rag_experiments.analysis.judge_trust import ppi_contradiction
+
+    def m(v, lo, hi):
+        return {"spotcheck/ppi_faithfulness": v, "spotcheck/ppi_faithfulness_ci_low": lo,
+                "spotcheck/ppi_faithfulness_ci_high": hi}  # fmt: skip
+
+    runs = [("a", m(0.17, 0.05, 0.30)), ("b", m(0.60, 0.45, 0.75)), ("c", m(0.25, 0.10, 0.40))]
+    warn = ppi_contradiction("faithfulness", "a", runs)
+    assert warn is not None and "b above a" in warn and "c" not in warn.split("contradicts the pick:")[1].split(" above")[0]
+    assert ppi_contradiction("faithfulness", "c", runs[2:] + runs[:1]) is None  # overlapping CIs
+    assert ppi_contradiction("faithfulness", "x", runs) is None  # the pick has no labels

@@ -202,3 +202,33 @@ def human_figures(
             + unvalidated_note(runs[0][0] if len(runs) == 1 else "RUN")
         ]
     return []
+
+
+def ppi_contradiction(
+    metric: str, chosen: str, runs: Iterable[tuple[str, Mapping[str, float]]], higher_is_better: bool = True
+) -> str | None:
+    """A warning when the human-corrected (PPI) estimates contradict a pick made on the judge's
+    figures: another config's 95 % CI lies wholly on the better side of the chosen one's
+    (``runs``: ``(label, metrics)``, the chosen one among them). None when they do not, or when
+    the chosen config has no label-corrected estimate."""
+    key = f"spotcheck/ppi_{metric}"
+    cis = {
+        label: (m.get(f"{key}_ci_low", math.nan), m.get(f"{key}_ci_high", math.nan))
+        for label, m in runs
+        if m.get(key) is not None and not math.isnan(m[key])
+    }
+    if chosen not in cis:
+        return None
+    lo, hi = cis[chosen]
+    better = [
+        label
+        for label, (l2, h2) in cis.items()
+        if label != chosen and ((l2 > hi) if higher_is_better else (h2 < lo))
+    ]
+    if not better:
+        return None
+    return (
+        f"warning: the human-corrected {metric} contradicts the pick: {', '.join(better)} "
+        f"{'above' if higher_is_better else 'below'} {chosen} with non-overlapping 95 % CIs (PPI); "
+        "the pick rests on the judge's per-query figures"
+    )

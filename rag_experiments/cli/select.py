@@ -33,7 +33,7 @@ from importlib.resources import files
 from pathlib import Path
 
 from rag_experiments.analysis.comparability import default_metric, human_lines, label_evidence_notes
-from rag_experiments.analysis.judge_trust import generation_marker, is_generation_metric
+from rag_experiments.analysis.judge_trust import generation_marker, is_generation_metric, ppi_contradiction
 from rag_experiments.analysis.racing import STOPPED_HEADERS, STOPPED_NOTE, split_stopped, stopped_rows
 from rag_experiments.analysis.select import Constraints, Selection, runnable_config, select_config
 from rag_experiments.core.run_record import RunData
@@ -210,6 +210,8 @@ def run_select(reader: RunReader, args: argparse.Namespace) -> tuple[Selection, 
         sel.notes.append("underpowered and the best config fails the constraints: no config within them is shown non-inferior")
     if is_generation_metric(args.metric) and (m := generation_marker([(r.metrics, r.tags) for r in children])):
         sel.notes.append(f"warning: {m}")  # human κ < 0.4 (analysis.judge_trust)
+    if sel.chosen and (c := ppi_contradiction(args.metric, by_id[sel.chosen].label, [(r.label, r.metrics) for r in runs], hib)):
+        sel.lead.insert(0, c)  # human labels disagree with the judge-based pick: said first
     if args.metric.startswith("rate_"):  # judge=none runs: labels from correctness only
         sel.notes += label_evidence_notes(runs)
     if stopped:
