@@ -223,3 +223,9 @@ def test_a_pick_the_human_labels_contradict_is_flagged():
     assert warn is not None and "b above a" in warn and "c" not in warn.split("contradicts the pick:")[1].split(" above")[0]
     assert ppi_contradiction("faithfulness", "c", runs[2:] + runs[:1]) is None  # overlapping CIs
     assert ppi_contradiction("faithfulness", "x", runs) is None  # the pick has no labels
+
+
+def test_a_substitute_the_runs_never_logged_is_said_to_need_a_rerun():
+    runs = [_run("a", "whole"), _run("b", "fixed")]
+    assert "these runs did not log it" in comparability("hit_at_5", runs, ["hit_at_5"]).message()
+    assert "did not log" not in comparability("hit_at_5", runs, BUDGETED).message()

@@ -137,10 +137,13 @@ class Comparability:
     factor: str | None = None
     detail: str = ""
     instead: str | None = None
+    instead_logged: bool = True  # False: the runs did not log the substitute (older runs)
 
     def message(self) -> str:
         """Why the metric is refused, and what to use or pass instead."""
         use = f"Use {self.instead} instead" if self.instead else "No metric replaces it"
+        if self.instead and not self.instead_logged:
+            use += " (these runs did not log it: re-run them, metrics.token_budgets sets B)"
         return (
             f"{self.metric} is not comparable across these configs: {self.detail}; "
             f"{_WHY.get(self.factor or '', '')}. {use}, or pass {ALLOW_INCOMPARABLE} to "
@@ -172,7 +175,8 @@ def comparability(metric: str, runs: Sequence[RunData], available: Iterable[str]
     for factor in got[0].breaks:
         if factor == "chunks" and (d := _differ(runs, chunk_key)):
             b = budget(keys, runs)
-            return Comparability(metric, False, factor, f"the chunks differ ({d[0]} vs {d[1]})", f"evidence_recall_at_{b}tok")
+            use = f"evidence_recall_at_{b}tok"
+            return Comparability(metric, False, factor, f"the chunks differ ({d[0]} vs {d[1]})", use, use in keys)
         if factor == "judge" and (d := _differ(runs, judge_key)):
             return Comparability(metric, False, factor, f"the judges differ ({d[0]} vs {d[1]})")
         if factor == "key_facts" and (w := next((x for r in runs if (x := _weak_facts(r))), None)):
