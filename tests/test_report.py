@@ -398,7 +398,8 @@ def test_the_report_says_first_when_the_eval_set_cannot_separate_the_configs():
 
     noisy = [cfg(f"c{i}", 0.5 + 0.02 * i) for i in range(4)]  # 12 queries, differences of 0.02
     (note,) = underpowered_note(noisy, "hit_at_5", seed=0)
-    assert note.startswith("underpowered on hit_at_5") and "`plan` says n" in note
+    assert note.startswith("underpowered on hit_at_5") and "n ≈" in note and "`plan --" in note
+    assert "No config is chosen here" in note and "Choosing" not in note  # the report picks nothing
     same = [cfg("a", 1.0, 200), cfg("b", 1.0, 200)]  # identical on 200 queries: shown equal
     assert underpowered_note(same, "hit_at_5", seed=0) == []
 

@@ -115,6 +115,7 @@ class SweepAttribution:
     marginals: pd.DataFrame  # one row per (factor, level, metric): marginal mean over the grid
     noise_floor: pd.DataFrame  # one row per metric: A/A delta interval and how it was obtained
     skipped: list[str] = field(default_factory=list)
+    holm_n: int = 0  # the Holm family's size: every OFAT and marginal comparison with a p-value
 
 
 def _row(res: PairedResult) -> dict[str, Any]:
@@ -170,7 +171,8 @@ def factor_effects(
     if len(mar):
         mar["p_holm"] = p_mar
     noise = noise_floor(runs, baseline, metrics, seed=seed, n_resamples=n_resamples, n_splits=n_splits)
-    return SweepAttribution(grid.levels, baseline, eff, mar, noise, skipped)
+    family = int(np.isfinite(np.concatenate([_p_values(eff), _p_values(mar)])).sum())
+    return SweepAttribution(grid.levels, baseline, eff, mar, noise, skipped, family)
 
 
 @dataclass

@@ -20,13 +20,15 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from rag_experiments.analysis.power import mde
+from rag_experiments.analysis.power import WIDE_DEFAULT_MARGIN, Underpowered, mde, n_for_margin
 from rag_experiments.analysis.stats import as_series, holm, is_binary, pair
 from rag_experiments.evaluation.aggregate import resampled_means
 
 __all__ = [
     "GateResult",
     "default_margin",
+    "gate_power",
+    "vacuous",
     "min_detectable_effect",
     "non_inferiority",
     "non_inferiority_family",
@@ -68,6 +70,8 @@ class GateResult:
     p_value: float = math.nan  # non-inferiority p: passed iff p_value <= alpha (non_inferiority_p)
     p_holm: float = math.nan  # Holm over the family tested together (= p_value for one test)
     test: str = "bootstrap"  # "score" (Tango, 0/1 metrics) or "bootstrap" (percentile)
+    var_d: float = math.nan  # sample variance (ddof 1) of the paired differences
+    unit_range: bool = False  # every value of both runs lies in [0, 1]: no mean delta exceeds 1
 
     @property
     def verdict(self) -> str:
@@ -211,7 +215,38 @@ def non_inferiority(
         p_value=p,
         p_holm=p,
         test=test,
+        var_d=float(np.var(d, ddof=1)) if n > 1 else nan,
+        unit_range=bool(((xa >= 0) & (xa <= 1)).all() and ((xb >= 0) & (xb <= 1)).all()),
     )
+
+
+def vacuous(r: GateResult) -> bool:
+    """True when no candidate could fail: a metric whose values lie in [0, 1] moves by 1 at most,
+    and every bound of its mean delta is ≥ −1, so a margin ≥ 1 (gate's default at n = 1) always
+    passes."""
+    return r.unit_range and r.margin >= 1
+
+
+def gate_power(r: GateResult, default_margin_used: bool) -> Underpowered | None:
+    """``select``'s underpowered rule for one gated metric (a family of one): MDE > margin, or
+    gate's default margin wider than :data:`~rag_experiments.analysis.power.WIDE_DEFAULT_MARGIN`;
+    n needed = ``power.n_for_margin`` (the figure select and plan print); None when powered."""
+    reasons = []
+    if r.mde > r.margin:
+        reasons.append(f"MDE {r.mde:.3g} > margin {r.margin:.3g}")
+    wide = default_margin_used and r.margin > WIDE_DEFAULT_MARGIN
+    if wide:
+        reasons.append(
+            f"the default margin 1/√n = {r.margin:.3g} is wider than {WIDE_DEFAULT_MARGIN:g}: a pass says little"
+        )
+    if not reasons:
+        return None
+    target = WIDE_DEFAULT_MARGIN if wide else r.margin
+    needed = n_for_margin(target, r.var_d, r.alpha, family=1, default_rule=wide)
+    return Underpowered(
+        int(not r.passed), 1, r.mde, r.margin, r.n_pairs, needed, tuple(reasons),
+        WIDE_DEFAULT_MARGIN if wide else None, family=1, no_variance=r.var_d == 0,
+    )  # fmt: skip
 
 
 def non_inferiority_family(

@@ -204,14 +204,16 @@ def interaction_effects(
         return InteractionResult(list(factors), terms)
     terms["p_holm"] = holm(terms["p_value"].to_numpy(float))
     lines = [
-        describe(tables[r.metric], factors, r.formula_term, r.metric, r.p_holm, alpha)
+        describe(tables[r.metric], factors, r.formula_term, r.metric, r.p_holm, alpha, len(terms))
         for r in terms.itertuples()
         if r.kind == "interaction"
     ]
     return InteractionResult(list(factors), terms.drop(columns="formula_term"), [x for x in lines if x])
 
 
-def describe(df: pd.DataFrame, factors: Sequence[str], term: str, metric: str, p_holm: float, alpha: float) -> str:
+def describe(
+    df: pd.DataFrame, factors: Sequence[str], term: str, metric: str, p_holm: float, alpha: float, family: int = 1
+) -> str:
     """The plain-language line of one interaction term: for a significant one, the first factor's
     best level (on the metric's direction in the registry; higher when unregistered) and its
     spread, |best − worst| level mean, at each level of the second. A spread that rounds to 0 is
@@ -219,7 +221,7 @@ def describe(df: pd.DataFrame, factors: Sequence[str], term: str, metric: str, p
     i, j = (int(p.split(",")[0][3:]) for p in term.split(":"))
     a, b = factors[i], factors[j]
     if not (p_holm < alpha):
-        return f"{metric}: no evidence that the {a} effect depends on {b} (p_holm {_p(p_holm)})."
+        return f"{metric}: no evidence that the {a} effect depends on {b} (p_holm {_p(p_holm)}, Holm over {family})."
     hib = _higher_is_better(metric)
     means = df.groupby([f"f{j}", f"f{i}"])["y"].mean()
     parts = []
@@ -231,7 +233,7 @@ def describe(df: pd.DataFrame, factors: Sequence[str], term: str, metric: str, p
             parts.append(f"at {b}={lb} no difference between {a} levels (all {row.mean():.3f})")
         else:
             parts.append(f"at {b}={lb} best {a} is {top} ({'+' if hib else '−'}{spread:.3f} over {low})")
-    return f"{metric}: the {a} effect depends on {b} (p_holm {_p(p_holm)}): " + "; ".join(parts) + "."
+    return f"{metric}: the {a} effect depends on {b} (p_holm {_p(p_holm)}, Holm over {family}): " + "; ".join(parts) + "."
 
 
 def _higher_is_better(metric: str) -> bool:
@@ -255,6 +257,11 @@ def _sort_key(v: str) -> tuple[int, float, str]:
 
 
 INTERACTION_HEADERS = ["metric", "term", "kind", "df", "Wald W", "p", "p_holm", "n (query × config)"]
+
+
+def interaction_headers(res: InteractionResult) -> list[str]:
+    """:data:`INTERACTION_HEADERS` with the Holm family's size (every term of every metric)."""
+    return [f"p_holm (Holm over {len(res.terms)})" if h == "p_holm" else h for h in INTERACTION_HEADERS]
 
 
 def interaction_rows(res: InteractionResult) -> list[list[str]]:

@@ -151,3 +151,84 @@ def runs_judge_notes(
 def mlflow_runs(runs) -> list[tuple[Mapping[str, float], Mapping[str, str]]]:
     """``(metrics, tags)`` of MLflow ``Run`` objects."""
     return [(r.data.metrics, r.data.tags) for r in runs]
+
+
+#: The metrics human labels can correct (``spotcheck/ppi_{metric}``): the claim-level spot-check
+#: corrects faithfulness; answer-level labels, when logged as ``spotcheck/ppi_correctness``,
+#: correct correctness the same way.
+CORRECTABLE = ("faithfulness", "correctness")
+
+
+def _figure(metrics: Mapping[str, float], key: str) -> str | None:
+    v = metrics.get(key)
+    if v is None or math.isnan(v):
+        return None
+    lo, hi = metrics.get(f"{key}_ci_low", math.nan), metrics.get(f"{key}_ci_high", math.nan)
+    return f"{v:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def human_figures(
+    metric: str, runs: Iterable[tuple[str, Mapping[str, float], Mapping[str, str]]], judged: bool = True
+) -> list[str]:
+    """The lines that lead a pick, verdict or comparison on ``metric`` over ``runs`` (``(label,
+    metrics, tags)``), so human labels steer the advice:
+
+    - runs with a label-corrected estimate (``spotcheck/ppi_{metric}``, PPI with its 95 % CI,
+      docs/spotcheck.md): that figure first, the judge-only figure second with the human κ beside
+      it, one line per run;
+    - a judged metric (``judged``: the judge's opinion, registry break ``judge``) and no human
+      labels on any run: one ``UNVALIDATED`` line;
+    - [] otherwise (a judge-free metric, or labels that correct another metric)."""
+    runs = list(runs)
+    lines = []
+    for label, m, t in runs:
+        ppi = _figure(m, f"spotcheck/ppi_{metric}")
+        if ppi is None:
+            continue
+        judge = _figure(m, f"spotcheck/judge_{metric}") or "–"
+        hk = human_kappa(m, t)
+        kappa = f"human κ {hk.kappa:.2f} ({hk.source}" + (f", n={hk.n})" if hk.n else ")") if hk else "no κ"
+        lines.append(
+            f"human-corrected {metric} (PPI, primary) of {label}: {ppi}; judge-only {judge} ({kappa})"
+        )
+    if lines:
+        missing = [label for label, m, _ in runs if _figure(m, f"spotcheck/ppi_{metric}") is None]
+        if missing:
+            lines.append(f"no human labels on {', '.join(missing)}: their {metric} is the judge's alone")
+        return lines
+    if judged and not any(human_kappa(m, t) for _, m, t in runs):
+        return [
+            f"UNVALIDATED: {metric} is the judge's opinion and no config has human labels; "
+            + unvalidated_note(runs[0][0] if len(runs) == 1 else "RUN")
+        ]
+    return []
+
+
+def ppi_contradiction(
+    metric: str, chosen: str, runs: Iterable[tuple[str, Mapping[str, float]]], higher_is_better: bool = True
+) -> str | None:
+    """A warning when the human-corrected (PPI) estimates contradict a pick made on the judge's
+    figures: another config's 95 % CI lies wholly on the better side of the chosen one's
+    (``runs``: ``(label, metrics)``, the chosen one among them). None when they do not, or when
+    the chosen config has no label-corrected estimate."""
+    key = f"spotcheck/ppi_{metric}"
+    cis = {
+        label: (m.get(f"{key}_ci_low", math.nan), m.get(f"{key}_ci_high", math.nan))
+        for label, m in runs
+        if m.get(key) is not None and not math.isnan(m[key])
+    }
+    if chosen not in cis:
+        return None
+    lo, hi = cis[chosen]
+    better = [
+        label
+        for label, (l2, h2) in cis.items()
+        if label != chosen and ((l2 > hi) if higher_is_better else (h2 < lo))
+    ]
+    if not better:
+        return None
+    return (
+        f"warning: the human-corrected {metric} contradicts the pick: {', '.join(better)} "
+        f"{'above' if higher_is_better else 'below'} {chosen} with non-overlapping 95 % CIs (PPI); "
+        "the pick rests on the judge's per-query figures"
+    )

@@ -26,7 +26,7 @@ import yaml
 
 from rag_experiments.analysis.attribution import noise_floor
 from rag_experiments.analysis.gate import GateResult, non_inferiority_family
-from rag_experiments.analysis.power import n_for_effect
+from rag_experiments.analysis.power import WIDE_DEFAULT_MARGIN, Underpowered, n_for_margin  # noqa: F401  (re-exported)
 from rag_experiments.analysis.stats import holm, pair, paired_delta
 from rag_experiments.core.query_table import cell
 from rag_experiments.core.run_record import RunData
@@ -48,44 +48,6 @@ class Constraints:
     max_cost_usd: float | None = None  # on the run's cost_usd
 
 
-@dataclass(frozen=True)
-class Underpowered:
-    """Why the eval set cannot separate the candidates (``Selection.underpowered``; the report and
-    the ``select.underpowered`` tag read it)."""
-
-    n_indistinguishable: int  # configs neither shown non-inferior nor shown worse
-    n_others: int  # configs compared with the best
-    mde: float  # median over the comparisons of gate's MDE (one-sided, 80 % power)
-    margin: float  # the non-inferiority margin used (median over the comparisons)
-    n: int  # paired queries (median over the comparisons)
-    n_needed: int | None  # queries for MDE <= margin (analysis.power.n_for_effect); None: unknown
-    reasons: tuple[str, ...]
-    target: float | None = None  # the margin n_needed is for, when not the current one (a wide default)
-
-    def message(self) -> str:
-        need = (
-            f"`plan` says n ≈ {self.n_needed} queries to tell configs apart within ±{self.target:.3g}"
-            if self.n_needed and self.target is not None
-            else f"`plan` says n ≈ {self.n_needed} queries for an MDE of {self.margin:.3g} (with --margin "
-            f"{self.margin:.3g}: the default margin shrinks as 1/√n, like the MDE)"
-            if self.n_needed
-            else "the MDE is unknown (fewer than 2 paired queries)"
-        )
-        power = (
-            f"MDE {self.mde:.3g} {'>' if self.mde > self.margin else '≤'} margin {self.margin:.3g} "
-            f"at n = {self.n} queries; {need}"
-            if math.isfinite(self.mde) and math.isfinite(self.margin)
-            else f"only {self.n} paired queries: no MDE"
-        )
-        return (
-            f"UNDERPOWERED: this eval set cannot separate the configs ({'; '.join(self.reasons)}). "
-            f"{self.n_indistinguishable} of "
-            f"{self.n_others} configs are indistinguishable from the best (neither shown non-inferior "
-            f"nor shown worse); {power}. Choosing the best mean among the tied configs within the "
-            "constraints, not the cheapest."
-        )
-
-
 @dataclass
 class Selection:
     """The result: one row per config (``table``), the chosen run id (None: nothing passes).
@@ -105,6 +67,7 @@ class Selection:
     notes: list[str] = field(default_factory=list)
     margin: float = math.nan  # the non-inferiority margin (median over the comparisons)
     underpowered: Underpowered | None = None
+    lead: list[str] = field(default_factory=list)  # printed first: the metric's choice, overrides
 
     def tags(self) -> dict[str, str]:
         """What the CLI logs on the sweep's parent run."""
@@ -132,7 +95,10 @@ def noise_margin(runs: Sequence[RunData], metric: str, seed: int = 0) -> tuple[f
     CI (``attribution.noise_floor``). ``(None, "...none available")`` without replicates."""
     hashes = [r.tags.get("config_hash") for r in runs if r.tags.get("config_hash")]
     if len(hashes) == len(set(hashes)):
-        return None, "no A/A noise floor available (no config of the sweep was run twice)"
+        return None, (
+            "no A/A noise floor available (no config of the sweep was run twice; the split-half range "
+            "compare --sweep shows instead is the unpaired noise of half the eval set, not a re-run)"
+        )
     nf = noise_floor(runs, runs[0], [metric], seed=seed).iloc[0]
     margin = float(max(abs(nf["low"]), abs(nf["high"])))
     return margin, f"A/A noise floor ±{margin:.4g} ({nf['method']}: {nf['detail']})"
@@ -161,9 +127,6 @@ def _paired_var(a: pd.Series, b: pd.Series) -> float:
     return float(np.var(xb - xa, ddof=1)) if xa.size > 1 else math.nan
 
 
-#: The widest default margin a tie may stand on: gate's default margin is 1/√n, so below 45 paired
-#: queries a "tie" would only mean "within ±0.15 or more" — said as underpowered, not as equivalence.
-WIDE_DEFAULT_MARGIN = 0.15
 
 
 def underpowered(
@@ -177,11 +140,12 @@ def underpowered(
 
     indistinguishable = not shown non-inferior (``ni[i].passed``) and not shown worse
     (``worse[i]``); MDE, margin, n = medians over the comparisons. Underpowered iff
-    MDE > margin or indistinguishable > half the comparisons. n_needed = ``n_for_effect(margin,
-    median paired variance, alpha, power 0.8, one-sided)``: the queries at which gate's MDE reaches
-    the current margin. With gate's default margin (``default_margin``) wider than
-    :data:`WIDE_DEFAULT_MARGIN` the sweep is underpowered too (a tie within ±0.35 at n = 8 is no
-    evidence of equivalence), and n_needed is for :data:`WIDE_DEFAULT_MARGIN`.
+    MDE > margin or indistinguishable > half the comparisons. n_needed = ``n_for_margin(margin,
+    median paired variance, alpha, family = the comparisons)``: the queries at which the one-sided
+    test at Holm's α/m reaches the margin with 80 % power. With gate's default margin
+    (``default_margin``) wider than :data:`WIDE_DEFAULT_MARGIN` the sweep is underpowered too (a
+    tie within ±0.35 at n = 8 is no evidence of equivalence), and n_needed is for
+    :data:`WIDE_DEFAULT_MARGIN`, at least ⌈1/0.15²⌉ = 45 (where the default margin gets there).
     """
     if not ni:
         return None
@@ -203,12 +167,11 @@ def underpowered(
     v = np.array(paired_vars, float)
     var = float(np.nanmedian(v)) if np.isfinite(v).any() else math.nan
     target = WIDE_DEFAULT_MARGIN if wide else margin
-    needed = (
-        n_for_effect(target, var, alpha=alpha, power=0.8, sides=1)
-        if target > 0 and math.isfinite(var) and var > 0
-        else None
-    )
-    return Underpowered(k, len(ni), mde, margin, n, needed, tuple(reasons), WIDE_DEFAULT_MARGIN if wide else None)
+    needed = n_for_margin(target, var, alpha, family=len(ni), default_rule=wide)
+    return Underpowered(
+        k, len(ni), mde, margin, n, needed, tuple(reasons), WIDE_DEFAULT_MARGIN if wide else None,
+        family=len(ni), no_variance=var == 0,
+    )  # fmt: skip
 
 
 def select_config(

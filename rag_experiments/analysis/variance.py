@@ -150,17 +150,17 @@ def pilot_components(df: pd.DataFrame, metric: str) -> tuple[int, int, float, fl
     """(queries scored, replicates, σ²_query, σ²_generation) of one metric from a pilot run's table.
 
     Replicated (a ``replicate`` column): the one-way components of :func:`nested_components`.
-    Unreplicated: σ²_query is the sample variance (ddof 1) of the per-query values, which then
+    Unreplicated (no column, or one replicate per query): σ²_query is the sample variance (ddof 1) of the per-query values, which then
     includes any generation noise, and σ²_generation is NaN (not measured).
     """
     rows = df[df[metric].notna()] if metric in df else df.iloc[0:0]
     if "error" in rows:
         rows = rows[rows["error"].isna()]
     n = int(rows["id"].nunique()) if "id" in rows else len(rows)
-    if "replicate" not in rows.columns or rows.empty:
+    reps = int(rows.groupby("id").size().max()) if "replicate" in rows.columns and not rows.empty else 1
+    if reps == 1:  # one replicate (with or without the column): no within-query component
         v = rows[metric].to_numpy(dtype=float) if metric in rows else np.array([])
         return n, 1, (float(np.var(v, ddof=1)) if v.size >= 2 else math.nan), math.nan
-    reps = int(rows.groupby("id").size().max())
     # repeat 0 only: the run's metric is judged once, so its within-query noise is generation + judge
     comps = nested_components(_cube(rows, metric)[:, :, :1])
     return n, reps, comps["query"], comps.get("generation", math.nan)

@@ -9,8 +9,13 @@ baseline (``analysis.baseline``, as ``report`` does), printed with why; one row 
 swept factors' headline metrics as columns (``evaluation.headline.table_metrics``); ``--long``:
 every (level, metric) comparison with CI and p-values, marginal means and noise floor.
 
+A metric not comparable across the runs (docs/metrics.md, "Comparability": hit@k when the chunks
+differ, a judge metric across judges) is left out of a default family with a note, and refused
+when named with --metric; --allow-incomparable tests it anyway and says so.
+
 Exit codes: 0 ok, 2 bad input (unknown run, missing per_query.parquet, different eval sets, runs
-scored by different judges without --allow-judge-change: docs/judges.md).
+scored by different judges without --allow-judge-change, an incomparable --metric without
+--allow-incomparable: docs/judges.md).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import pandas as pd
 
 from rag_experiments.analysis.attribution import config_diff
 from rag_experiments.analysis.baseline import context_k
+from rag_experiments.analysis.comparability import comparable_only, human_lines, label_evidence_notes
 from rag_experiments.analysis.judge_trust import generation_marker, is_generation_metric
 from rag_experiments.analysis.stats import PairedResult, flips, holm, paired_deltas, transition_matrix
 from rag_experiments.cli.compare_sweep import main_sweep, safe_name, trust_inputs
@@ -38,7 +44,12 @@ from rag_experiments.evaluation.headline import change_family
 from rag_experiments.evaluation.registry import higher_is_better, parse, render_key
 from rag_experiments.tracking import annotate
 from rag_experiments.tracking.errors import cli_main
-from rag_experiments.tracking.judge_runs import ALLOW_FLAG, check_same_judge
+from rag_experiments.tracking.judge_runs import (
+    ALLOW_FLAG,
+    ALLOW_INCOMPARABLE,
+    check_comparable,
+    check_same_judge,
+)
 from rag_experiments.tracking.run_reader import MlflowRunReader, RunReader
 from rag_experiments.tracking.runs import RunInputError, check_same_evalset, run_label, tracking_uri
 
@@ -115,6 +126,7 @@ def build_comparison(
     n_resamples: int = 9999,
     allow_judge_change: bool = False,
     every_metric: bool = False,
+    allow_incomparable: bool = False,
 ) -> Comparison:
     """The paired comparison of two runs on ``metrics`` if given, else on every common metric
     (``every_metric``), else on the headline family of the keys their configs differ in
@@ -138,13 +150,8 @@ def build_comparison(
                 f"metric(s) {', '.join(missing)} not in both per-query tables; "
                 f"available: {', '.join(metric_columns(ta, tb, known_only=False))}"
             )
-        chosen = list(metrics)
-        family = f"Metrics: the {len(chosen)} given with --metric."
-    elif every_metric:
-        chosen = available
-        family = f"Metrics: every common metric ({len(chosen)}, --all)."
-    else:
-        chosen, family = headline_family(run_a, run_b, available)
+    chosen, family, notes = choose_family(run_a, run_b, available, metrics, every_metric, allow_incomparable)
+    warnings += notes
     # all metrics at once, vectorised (two 20k-item runs compare in seconds, docs/scale.md)
     results = [r for r in paired_deltas(ta, tb, chosen, seed=seed, n_resamples=n_resamples) if r.n_pairs]
     for res, p in zip(results, holm([r.p_value for r in results]), strict=True):
@@ -157,6 +164,9 @@ def build_comparison(
         flip_tables[title] = flips(ta, tb, ha, metric_b=hb)
     if labels:
         flip_tables["failure_label"] = flips(ta, tb, "failure_label")
+    warnings += human_lines([r.metric for r in results], [run_a, run_b])  # labels lead
+    if labels:  # judge=none: the failure label rests on correctness only (run tag failure_label_evidence)
+        warnings += label_evidence_notes([run_a, run_b])
     if any(is_generation_metric(r.metric) for r in results):  # human κ < 0.4 (analysis.judge_trust)
         warnings += [f"warning: {m}" for m in [generation_marker(trust_inputs([run_a, run_b]))] if m]
     ids_a, ids_b = set(ta["id"]), set(tb["id"])
@@ -180,6 +190,31 @@ def build_comparison(
     )
 
 
+def choose_family(
+    run_a: RunData,
+    run_b: RunData,
+    available: Sequence[str],
+    metrics: Sequence[str] | None,
+    every_metric: bool,
+    allow_incomparable: bool,
+) -> tuple[list[str], str, list[str]]:
+    """(the metrics tested, the line naming them, notes): ``metrics`` as given (refused when one is
+    not comparable across the runs, unless ``allow_incomparable``), every common metric, or the
+    headline family; a default family keeps only comparable metrics and names the rest."""
+    if metrics:
+        chosen = list(metrics)
+        notes = check_comparable(chosen, [run_a, run_b], allow_incomparable, available)
+        return chosen, f"Metrics: the {len(chosen)} given with --metric.", notes
+    if every_metric:
+        chosen, family = list(available), f"Metrics: every common metric ({len(available)}, --all)."
+    else:
+        chosen, family = headline_family(run_a, run_b, available)
+    if allow_incomparable:
+        return chosen, family, check_comparable(chosen, [run_a, run_b], True, available)
+    chosen, left_out = comparable_only(chosen, [run_a, run_b], available)
+    return chosen, family, [f"note: {n}" for n in left_out]
+
+
 def headline_family(run_a: RunData, run_b: RunData, available: Sequence[str]) -> tuple[list[str], str]:
     """``evaluation.headline.change_family`` of the keys the two configs differ in, at the context
     k of the two (the sweep's rule: a tie goes to the larger)."""
@@ -188,6 +223,11 @@ def headline_family(run_a: RunData, run_b: RunData, available: Sequence[str]) ->
 
 
 # --------------------------------------------------------------------------------------------- rendering
+
+
+def result_headers(n: int) -> list[str]:
+    """The metric table's headers; the p_holm column names its family's size."""
+    return [*RESULT_HEADERS[:6], f"p_holm (Holm over {n})", *RESULT_HEADERS[7:]]
 
 
 def _result_rows(results: Sequence[PairedResult]) -> list[list[str]]:
@@ -246,7 +286,7 @@ def render(comp: Comparison, markdown: bool) -> str:
         "",
         h("Metrics (paired, B − A)"),
         *([comp.family] if comp.family else []),
-        table(RESULT_HEADERS, _result_rows(comp.results)),
+        table(result_headers(len(comp.results)), _result_rows(comp.results)),
         "",
         METHOD_NOTE,
     ]
@@ -321,6 +361,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         ALLOW_FLAG, action="store_true", help="compare runs scored by different judges (noted in the output)"
     )
+    p.add_argument(
+        ALLOW_INCOMPARABLE,
+        action="store_true",
+        help="test metrics that are not comparable across the runs (noted in the output)",
+    )
     return p
 
 
@@ -344,6 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.resamples,
             args.allow_judge_change,
             args.every_metric,
+            args.allow_incomparable,
         )
     except RunInputError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from rag_experiments.analysis.attribution import SweepAttribution, factor_effects, infer_factors
 from rag_experiments.analysis.baseline import BaselineChoice, levels_label, sweep_baseline
+from rag_experiments.analysis.comparability import comparable_only, label_evidence_notes
 from rag_experiments.analysis.interactions import sweep_interactions
 from rag_experiments.analysis.judge_trust import generation_marker, is_generation_metric
 from rag_experiments.analysis.racing import split_stopped
@@ -20,8 +21,8 @@ from rag_experiments.core.run_record import RunData
 from rag_experiments.evaluation.aggregate import metric_columns
 from rag_experiments.evaluation.headline import sweep_metrics, table_metrics
 from rag_experiments.report.tables import (
-    EFFECT_HEADERS,
     NOISE_HEADERS,
+    effect_headers,
     effect_rows,
     marginal_headers,
     marginal_rows,
@@ -30,9 +31,9 @@ from rag_experiments.report.tables import (
 from rag_experiments.report.wide import sweep_head, wide_sweep_lines
 from rag_experiments.run.defaults import default_levels
 from rag_experiments.tracking import annotate
-from rag_experiments.tracking.judge_runs import check_same_judge
+from rag_experiments.tracking.judge_runs import check_comparable, check_same_judge
 from rag_experiments.tracking.run_reader import RunReader
-from rag_experiments.tracking.runs import RunInputError, check_same_evalset
+from rag_experiments.tracking.runs import RunInputError, check_same_evalset, is_id_prefix, pick_by_prefix
 
 
 def trust_inputs(runs: Sequence[RunData]) -> list[tuple[dict[str, float], dict[str, str]]]:
@@ -61,10 +62,10 @@ def render_sweep(
     if att.effects.empty:
         out.append("(no comparisons)")
     else:
-        out.append(table(EFFECT_HEADERS, effect_rows(att.effects)))
+        out.append(table(effect_headers(att.holm_n), effect_rows(att.effects)))
     out += ["", h("Marginal means over the grid")]
     if not att.marginals.empty:
-        out.append(table(marginal_headers(), marginal_rows(att.marginals)))
+        out.append(table(marginal_headers(n=att.holm_n), marginal_rows(att.marginals)))
         out.append(
             "Marginal mean: each query averaged over the level's runs, then over queries; CI: percentile "
             "bootstrap over queries. p_holm: Holm across every comparison above and below."
@@ -96,13 +97,13 @@ def render_sweep_wide(
 
 def _sweep_extras(table, h, att: SweepAttribution, interactions, stopped: Sequence) -> list[str]:
     """Interactions (full-factorial sweeps) and the configs racing stopped (docs/racing.md)."""
-    from rag_experiments.analysis.interactions import INTERACTION_HEADERS, interaction_rows
+    from rag_experiments.analysis.interactions import interaction_headers, interaction_rows
     from rag_experiments.analysis.racing import STOPPED_HEADERS, STOPPED_NOTE, stopped_rows
 
     out = []
     if interactions is not None and not interactions.terms.empty:
         out += ["", h("Main effects and two-way interactions (full-factorial grid)")]
-        out += [table(INTERACTION_HEADERS, interaction_rows(interactions)), *interactions.lines]
+        out += [table(interaction_headers(interactions), interaction_rows(interactions)), *interactions.lines]
         out.append(f"Method: {interactions.method}.")
     elif len(att.factors) > 1:
         out += ["", "Interactions: not a full-factorial grid, so only the one-factor-at-a-time view above."]
@@ -115,11 +116,14 @@ def _sweep_extras(table, h, att: SweepAttribution, interactions, stopped: Sequen
 def _given_baseline(
     reader: RunReader, children: Sequence[RunData], baseline: str, experiment: str | None
 ) -> RunData:
-    """The run ``--baseline`` names: a child's id or name, else any run (``RunReader.resolve``)."""
+    """The run ``--baseline`` names: a child's id, unique id prefix or name, else any run
+    (``RunReader.resolve``)."""
     by_id = {r.run_id: r for r in children}
     named = [r for r in children if r.run_name == baseline]
     if baseline in by_id:
         return by_id[baseline]
+    if is_id_prefix(baseline) and (rid := pick_by_prefix(baseline, [(r.run_id, r.name) for r in children])):
+        return by_id[rid]
     if len(named) == 1:
         return named[0]
     if len(named) > 1:
@@ -157,6 +161,7 @@ def build_sweep_comparison(
     seed: int = 0,
     n_resamples: int = 4999,
     allow_judge_change: bool = False,
+    allow_incomparable: bool = False,
 ) -> SweepComparison:
     """The factor attribution of a sweep (``analysis.attribution.factor_effects``) against
     ``baseline`` (a run id or name), else the default baseline (``analysis.baseline``)."""
@@ -182,9 +187,19 @@ def build_sweep_comparison(
         )
     base = next((d for d in data if d.run_id == base_run.run_id), None) or reader.with_table(base_run)
     tables = [d.table for d in data if d.table is not None]
-    chosen = list(metrics) if metrics else sweep_metrics(metric_columns(*tables), factors)
+    available = metric_columns(*tables)
+    if metrics:  # a named metric the configs cannot be compared on is refused (exit 2)
+        chosen = list(metrics)
+        notes += check_comparable(chosen, data, allow_incomparable, available)
+    elif allow_incomparable:
+        chosen = sweep_metrics(available, factors)
+        notes += check_comparable(chosen, data, True, available)
+    else:  # the default: only what is comparable across the configs (docs/metrics.md, "Comparability")
+        chosen, left_out = comparable_only(sweep_metrics(available, factors), data, available)
+        notes += [f"note: {n}" for n in left_out]
     if any(map(is_generation_metric, chosen)) and (marker := generation_marker(trust_inputs(children))):
         notes.append(f"warning: {marker}")  # human κ < 0.4 (analysis.judge_trust)
+    notes += label_evidence_notes(data)  # judge=none runs: labels from correctness only
     att = factor_effects(data, base, chosen, seed=seed, n_resamples=min(n_resamples, 4999))
     inter = sweep_interactions(data, factors, chosen)
     return SweepComparison(children, data, stopped, factors, base, choice, chosen, att, inter, notes)
@@ -200,6 +215,7 @@ def main_sweep(reader: RunReader, args: argparse.Namespace) -> int:
         args.seed,
         args.resamples,
         args.allow_judge_change,
+        args.allow_incomparable,
     )
     judge_notes = [n for n in sc.notes if not n.startswith("warning: ")]
     for n in judge_notes:

@@ -12,13 +12,19 @@ import math
 import sys
 from collections.abc import Sequence
 
-from rag_experiments.analysis.gate import GateResult, non_inferiority
+from rag_experiments.analysis.comparability import comparable_defaults, human_lines
+from rag_experiments.analysis.gate import GateResult, gate_power, non_inferiority, vacuous
 from rag_experiments.cli.compare import text_table
 from rag_experiments.core.formatting import fmt_num
 from rag_experiments.evaluation.registry import higher_is_better
 from rag_experiments.report.gate_summary import write_summary
 from rag_experiments.tracking.errors import cli_main
-from rag_experiments.tracking.judge_runs import ALLOW_FLAG, check_same_judge
+from rag_experiments.tracking.judge_runs import (
+    ALLOW_FLAG,
+    ALLOW_INCOMPARABLE,
+    check_comparable,
+    check_same_judge,
+)
 from rag_experiments.tracking.run_reader import MlflowRunReader, RunReader
 from rag_experiments.tracking.runs import RunInputError, check_same_evalset, run_label, tracking_uri
 
@@ -39,13 +45,18 @@ Default margin (when --margin is not given): max(0.01, 1/sqrt(n)), n = number of
 (0.10 at n=100, 0.05 at n=400, 0.014 at n=5000). 1/sqrt(n) is about the 95 % CI half-width of a
 proportion measured on n queries, i.e. the eval set's own resolution: smaller drops are noise at
 that size, larger ones are real. MDE printed per metric: the smallest true drop this eval set
-detects with 80 % power, (z_0.95 + z_0.8)·sd(paired differences)/sqrt(n); if MDE > margin the gate
-is underpowered for that margin.
+detects with 80 % power, (z_0.95 + z_0.8)·sd(paired differences)/sqrt(n). When MDE > margin, or
+the default margin is wider than 0.15 (n < 45), the output leads with UNDERPOWERED and the n
+needed (analysis.power.n_for_margin: the figure select and plan print). A margin >= 1 on a metric
+in [0, 1] (the default at n = 1) lets no candidate fail: refused, exit 2, naming the n needed.
 
 Default metrics: {", ".join(DEFAULT_METRICS)} (faithfulness unless both runs are retrieval only;
 a run whose faithfulness has no value, e.g. a dead judge, is refused, exit 2).
 Exit codes: 0 pass, 1 some metric failed, 2 bad input (unknown run, different eval sets, missing
-metric or per_query.parquet, runs scored by different judges without --allow-judge-change)."""
+metric or per_query.parquet, runs scored by different judges without --allow-judge-change, a
+metric not comparable across the two runs without --allow-incomparable: docs/metrics.md,
+"Comparability"). When the runs' chunks differ, the default hit_at_5 and mrr are replaced by
+evidence_recall_at_{{B}}tok (the smallest logged budget), said in the output."""
 
 
 def _parse_margins(values: Sequence[str] | None) -> tuple[float | None, dict[str, float]]:
@@ -100,6 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="also write the verdict as Markdown for a pull request ($GITHUB_STEP_SUMMARY, a PR comment; docs/ci.md)",
     )
+    p.add_argument(
+        ALLOW_INCOMPARABLE,
+        action="store_true",
+        help="gate a metric that is not comparable across the two runs (noted in the output)",
+    )
     return p
 
 
@@ -128,6 +144,7 @@ def run_gate(
     seed: int = 0,
     n_resamples: int = 9999,
     allow_judge_change: bool = False,
+    allow_incomparable: bool = False,
 ) -> tuple[list[GateResult], list[str]]:
     default_m, per_metric = _parse_margins(margins)
     rb = reader.resolve(baseline, experiment)
@@ -139,15 +156,19 @@ def run_gate(
     def present(m: str) -> bool:
         return all(m in t.columns and t[m].notna().any() for t in (tb, tc))
 
+    available = sorted(set(tb.columns) & set(tc.columns))
     if metrics:
         missing = [m for m in metrics if not present(m)]
         if missing:
             raise RunInputError(f"metric(s) {', '.join(missing)} missing from a run's per_query.parquet")
         gated = list(metrics)
+        notes += check_comparable(gated, [rb, rc], allow_incomparable, available)
     else:
         # an optional default is left out only when neither run has its column (both retrieval
         # only); one run without values (a dead judge: all NaN) is refused, never dropped
         gated = [m for m in DEFAULT_METRICS if m not in OPTIONAL_DEFAULTS or m in tb or m in tc]
+        gated, swapped = comparable_defaults(gated, [rb, rc], available)
+        notes += swapped
         missing = [
             f"{m} (no values in {run_label(r)})"
             for m in gated
@@ -178,8 +199,26 @@ def run_gate(
         )
         if res.n_pairs == 0:
             raise RunInputError(f"metric {m}: no eval id has a value in both runs")
+        if vacuous(res):  # a verdict that cannot be FAIL is no verdict
+            need = gate_power(res, margin is None)
+            raise RunInputError(
+                f"metric {m}: the margin {res.margin:.3g} spans the metric's whole range [0, 1] at "
+                f"n = {res.n_pairs}: no candidate could fail. "
+                + (need.need() if need else "Pass a margin below 1 or evaluate on more queries")
+            )
         results.append(res)
     return results, notes
+
+
+def lead_lines(
+    reader: RunReader, args: argparse.Namespace, results: Sequence[GateResult], default: bool, per_metric
+) -> list[str]:
+    """What gate prints first: the label-corrected figures of a judge metric (else UNVALIDATED),
+    then UNDERPOWERED per metric as select prints it (``analysis.gate.gate_power``)."""
+    pair = [reader.resolve(args.baseline, args.experiment), reader.resolve(args.candidate, args.experiment)]
+    lines = human_lines([r.metric for r in results], pair)
+    weak = [(r, u) for r in results if (u := gate_power(r, default and r.metric not in per_metric))]
+    return lines + [u.gate_message(r.metric) for r, u in weak]
 
 
 @cli_main
@@ -198,6 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed,
             n_resamples=args.resamples,
             allow_judge_change=args.allow_judge_change,
+            allow_incomparable=args.allow_incomparable,
         )
     except RunInputError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -224,6 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 r.verdict,
             ]
         )
+    for line in lead_lines(reader, args, results, dm is None, pm):
+        print(line)
     print("\n".join(notes))
     print(text_table(headers, rows))
     by_test = {t: [r.metric for r in results if r.test == t] for t in ("score", "bootstrap")}
@@ -238,12 +280,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             if ms
         )
     )
-    for r in results:
-        if not math.isnan(r.mde) and r.mde > r.margin:
-            print(
-                f"note: {r.metric}: MDE {r.mde:.4f} > margin {r.margin:.4f}: at n={r.n_pairs} an unchanged "
-                "candidate passes with < 80 % probability (the gate is underpowered for this margin)"
-            )
     failed = [r.metric for r in results if not r.passed]
     if failed:
         print(

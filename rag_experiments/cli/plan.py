@@ -14,7 +14,14 @@ import math
 import re
 from collections.abc import Sequence
 
-from rag_experiments.analysis.power import mde, n_for_effect, paired_variance, replicates_for_effect
+from rag_experiments.analysis.power import (
+    WIDE_DEFAULT_MARGIN,
+    mde,
+    n_for_effect,
+    n_for_margin,
+    paired_variance,
+    replicates_for_effect,
+)
 from rag_experiments.analysis.variance import pilot_components
 from rag_experiments.cli.compare import text_table
 from rag_experiments.evalset.load import evalset_digest
@@ -36,6 +43,12 @@ default 0.5, i.e. the pilot's own between-query variance) and s2_within = 2 * s2
 config's replicate noise; 0 for retrieval metrics and for an unreplicated pilot, where it is not
 separable from s2_query). Needed n = (z sum)^2 (s2_between + s2_within/R) / effect^2; needed R at n =
 s2_within / (n effect^2 / (z sum)^2 - s2_between), impossible when s2_between alone is too large.
+n to select: the queries at which select/gate show a config non-inferior within --margin among
+--configs K configs, n = (z_{1-alpha/(K-1)} + z_power)^2 (s2_between + s2_within/R) / margin^2
+(one-sided, Holm over the K-1 comparisons with the best at its first step), and without --margin at
+least 1/0.15^2 = 45 (gate's default margin 1/sqrt(n) reaches 0.15 there): the figure select's
+UNDERPOWERED line prints (analysis.power.n_for_margin). A metric with no variance in the pilot
+(every query scored the same) is not plannable: its variance is no estimate.
 Exit codes: 0 ok, 2 bad input (unknown run, < 10 scored queries, pilot of another eval set)."""
 
 
@@ -54,6 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--rho", type=float, default=0.5, help="per-query correlation of two configs (default 0.5)"
     )
     p.add_argument("--metric", action="append", metavar="KEY", help="metric to plan (repeatable)")
+    p.add_argument(
+        "--margin",
+        type=float,
+        help=f"non-inferiority margin of select/gate (default: gate's default margin at ±{WIDE_DEFAULT_MARGIN:g})",
+    )
+    p.add_argument(
+        "--configs", type=int, default=2, metavar="K", help="configs select compares (Holm over K-1; default 2)"
+    )
     p.add_argument(
         "--evalset", metavar="PATH|DIGEST", help="refuse a pilot run of another eval set (file or digest)"
     )
@@ -104,8 +125,20 @@ def planned_metrics(df, k: int, asked: Sequence[str] | None) -> list[str]:
     return headline_metrics([], list(df.columns), k=k) + [m for m in GENERATION_METRICS if m in df.columns]
 
 
-def plan_rows(df, metrics: Sequence[str], effect: float, alpha: float, power: float, rho: float):
-    """One dict per metric: n, R, σ_query, σ_generation, MDE, queries / replicates for ``effect``."""
+def plan_rows(
+    df,
+    metrics: Sequence[str],
+    effect: float,
+    alpha: float,
+    power: float,
+    rho: float,
+    margin: float | None = None,
+    configs: int = 2,
+):
+    """One dict per metric: n, R, σ_query, σ_generation, MDE, queries / replicates for ``effect``,
+    queries for select to show non-inferiority within ``margin`` among ``configs`` configs
+    (``n_select``: ``analysis.power.n_for_margin``; ``margin`` None: gate's default margin at
+    ±0.15). ``no_variance``: every scored query has one value (not plannable)."""
 
     rows = []
     for m in metrics:
@@ -113,13 +146,18 @@ def plan_rows(df, metrics: Sequence[str], effect: float, alpha: float, power: fl
         pv = paired_variance(vq, vg, rho)
         row = {"metric": m, "n": n, "R": r, "sd_query": math.sqrt(vq) if vq == vq else math.nan}
         row["sd_generation"] = math.sqrt(vg) if vg == vg else math.nan
-        if n < MIN_SCORED:
-            rows.append({**row, "mde": math.nan, "n_needed": None, "r_needed": None})
+        row["no_variance"] = vq == 0 and not vg > 0
+        if n < MIN_SCORED or row["no_variance"]:
+            rows.append({**row, "mde": math.nan, "n_needed": None, "r_needed": None, "n_select": None})
             continue
         row["mde"] = mde(pv.between, n, pv.within, r, alpha, power)
         row["n_needed"] = n_for_effect(effect, pv.between, pv.within, r, alpha, power)
         row["r_needed"] = replicates_for_effect(effect, n, pv.between, pv.within, alpha, power)
         row["r_measured"] = vg == vg
+        var_d = pv.between + (pv.within / max(1, r) if pv.within == pv.within else 0.0)
+        row["n_select"] = n_for_margin(
+            margin or WIDE_DEFAULT_MARGIN, var_d, alpha, max(1, configs - 1), power, default_rule=margin is None
+        )
         rows.append(row)
     return rows
 
@@ -128,15 +166,23 @@ def _fmt(x: float | None, d: int = 4) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{d}f}"
 
 
-def render(rows, effect: float, alpha: float, power: float, rho: float) -> str:
-
-    headers = ["metric", "n", "R", "sd query", "sd gen", "MDE", f"n for {effect:g}", f"R for {effect:g}"]
+def render(
+    rows, effect: float, alpha: float, power: float, rho: float, margin: float | None = None, configs: int = 2
+) -> str:
+    sel = f"n to select (±{margin or WIDE_DEFAULT_MARGIN:g}, Holm over {max(1, configs - 1)})"
+    headers = ["metric", "n", "R", "sd query", "sd gen", "MDE", f"n for {effect:g}", f"R for {effect:g}", sel]
     body = []
     for r in rows:
         if r["n"] < MIN_SCORED:
             body.append(
-                [r["metric"], str(r["n"]), str(r["R"]), "", "", f"n < {MIN_SCORED}: not planned", "", ""]
+                [r["metric"], str(r["n"]), str(r["R"]), "", "", f"n < {MIN_SCORED}: not planned", "", "", ""]
             )
+            continue
+        if r["no_variance"]:
+            body.append(
+                [r["metric"], str(r["n"]), str(r["R"]), _fmt(r["sd_query"]), _fmt(r["sd_generation"]),
+                 "not plannable: no variance in the pilot", "", "", ""]
+            )  # fmt: skip
             continue
         if r["r_needed"] is None:
             r_need = f"– (needs n >= {r['n_needed']})"
@@ -146,13 +192,21 @@ def render(rows, effect: float, alpha: float, power: float, rho: float) -> str:
             r_need = str(r["r_needed"])
         body.append(
             [r["metric"], str(r["n"]), str(r["R"]), _fmt(r["sd_query"]), _fmt(r["sd_generation"]),
-             _fmt(r["mde"]), str(r["n_needed"]), r_need]
+             _fmt(r["mde"]), str(r["n_needed"]), r_need, str(r["n_select"])]
         )  # fmt: skip
     head = (
         f"two-sided alpha={alpha:g}, power={power:g}, rho={rho:g} (per-query correlation of the two "
-        "configs); MDE at the pilot's n and R"
+        "configs); MDE at the pilot's n and R; n to select: one-sided, Holm's alpha/(K-1), "
+        + ("gate's default margin at ±0.15 (n >= 45)" if margin is None else f"--margin {margin:g}")
     )
-    return head + "\n" + text_table(headers, body)
+    out = head + "\n" + text_table(headers, body)
+    flat = [r["metric"] for r in rows if r.get("no_variance")]
+    if flat:
+        out += (
+            f"\nnot plannable: no variance in the pilot for {', '.join(flat)} (every scored query has the same "
+            "value, e.g. all 0): a pilot that varies, or more queries, is needed before any n means anything"
+        )
+    return out
 
 
 def run_plan(args, reader=None) -> str:
@@ -171,14 +225,20 @@ def run_plan(args, reader=None) -> str:
         check_pilot_evalset(run.tags.get("evalset_digest"), expected_digest(args.evalset), run.label)
     df = reader.per_query(run, long=True)
     k = int(run.params.get("retriever.k", 5))
-    rows = plan_rows(df, planned_metrics(df, k, args.metric), args.effect, args.alpha, args.power, args.rho)
+    margin, configs = getattr(args, "margin", None), getattr(args, "configs", 2)
+    if margin is not None and not 0 < margin < 1:
+        raise RunInputError(f"--margin {margin}: must be in (0, 1)")
+    if configs < 2:
+        raise RunInputError(f"--configs {configs}: select compares at least 2 configs")
+    metrics = planned_metrics(df, k, args.metric)
+    rows = plan_rows(df, metrics, args.effect, args.alpha, args.power, args.rho, margin, configs)
     best = max((r["n"] for r in rows), default=0)
     if best < MIN_SCORED:
         raise RunInputError(
             f"pilot run {run.label} has {best} scored queries (< {MIN_SCORED}): too few to estimate "
             "a per-query SD; run a pilot on more queries"
         )
-    out = f"pilot {run.label}\n" + render(rows, args.effect, args.alpha, args.power, args.rho)
+    out = f"pilot {run.label}\n" + render(rows, args.effect, args.alpha, args.power, args.rho, margin, configs)
     if not any(r.get("r_measured") for r in rows):
         out += "\nnote: the pilot has one replicate: generation noise is inside sd query (replicates=R to split it)"
     return out

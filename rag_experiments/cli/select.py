@@ -1,7 +1,13 @@
 """Choose the cheapest config of a sweep shown non-inferior to the best (docs/select.md).
 
-    python -m rag_experiments.select SWEEP_ID --metric hit_at_5 [--max-latency-ms X]
+    python -m rag_experiments.select SWEEP_ID [--metric KEY] [--max-latency-ms X]
         [--max-cost-usd Y] [--margin M] [--out DIR]
+
+``--metric`` defaults to the swept factors' primary metric that is comparable across the configs
+(``analysis.comparability.default_metric``: ``evidence_recall_at_{B}tok`` when the chunking varies).
+A metric that is not comparable across the configs (hit@k when the chunks differ, a judge metric
+across judges: docs/metrics.md, "Comparability") is refused, exit 2, naming the metric to use;
+``--allow-incomparable`` picks on it anyway and says so first.
 
 A config ties with the best only when ``gate``'s non-inferiority test (same margin, Holm over the
 configs) shows it no worse, so ``gate --baseline BEST --candidate CHOSEN`` passes. When the eval
@@ -11,8 +17,9 @@ run. Prints one row per config (mean [CI], delta vs the best, the two-sided Holm
 the non-inferiority Holm p, tie?, constraints ok?, cost) and, with ``--out``, writes the chosen
 run's resolved config as ``DIR/NAME.yaml`` that
 ``python -m rag_experiments.sweep --config-dir DIR --config-name NAME`` runs unchanged.
-Exit 0 a config was chosen, 1 none passes the constraints, 2 bad input (configs scored by different
-judges without --allow-judge-change: docs/judges.md).
+Exit 0 a config was chosen, 1 none passes the constraints, 2 bad input (an incomparable metric
+without --allow-incomparable, configs scored by different judges without --allow-judge-change:
+docs/judges.md).
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ from collections.abc import Sequence
 from importlib.resources import files
 from pathlib import Path
 
-from rag_experiments.analysis.judge_trust import generation_marker, is_generation_metric
+from rag_experiments.analysis.comparability import default_metric, human_lines, label_evidence_notes
+from rag_experiments.analysis.judge_trust import generation_marker, is_generation_metric, ppi_contradiction
 from rag_experiments.analysis.racing import STOPPED_HEADERS, STOPPED_NOTE, split_stopped, stopped_rows
 from rag_experiments.analysis.select import Constraints, Selection, runnable_config, select_config
 from rag_experiments.core.run_record import RunData
@@ -33,7 +41,12 @@ from rag_experiments.evaluation.registry import higher_is_better
 from rag_experiments.report.tables import fmt_num, fmt_p, text_table
 from rag_experiments.tracking import annotate
 from rag_experiments.tracking.errors import cli_main
-from rag_experiments.tracking.judge_runs import ALLOW_FLAG, check_same_judge
+from rag_experiments.tracking.judge_runs import (
+    ALLOW_FLAG,
+    ALLOW_INCOMPARABLE,
+    check_comparable,
+    check_same_judge,
+)
 from rag_experiments.tracking.run_reader import MlflowRunReader, RunReader
 from rag_experiments.tracking.runs import RunInputError, tracking_uri
 
@@ -41,7 +54,11 @@ from rag_experiments.tracking.runs import RunInputError, tracking_uri
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m rag_experiments.select", description=__doc__.split("\n")[0])
     p.add_argument("sweep", metavar="SWEEP_ID", help="the sweep_id tag of the sweep's runs")
-    p.add_argument("--metric", required=True, help="a registered per-query metric, e.g. hit_at_5")
+    p.add_argument(
+        "--metric",
+        help="a registered per-query metric, e.g. evidence_recall_at_512tok (default: the swept factors' "
+        "primary metric comparable across the configs)",
+    )
     p.add_argument(
         "--max-latency-ms", type=float, help="limit on the serving latency p95 (retrieval + generation)"
     )
@@ -59,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--experiment", metavar="NAME", help="look the sweep up in this experiment only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(ALLOW_FLAG, action="store_true", help="select among configs scored by different judges")
+    p.add_argument(
+        ALLOW_INCOMPARABLE,
+        action="store_true",
+        help="pick on a metric that is not comparable across the configs (said first in the output)",
+    )
     return p
 
 
@@ -80,9 +102,9 @@ def render(sel: Selection) -> str:
         "config",
         "mean [95% CI]",
         "delta vs best",
-        "p_holm",
+        f"p_holm (Holm over {max(0, len(sel.table) - 1)})",
         "gate bound",
-        "NI p_holm",
+        f"NI p_holm (Holm over {max(0, len(sel.table) - 1)})",
         "tie?",
         "constraints ok?",
         "cost_usd",
@@ -108,7 +130,8 @@ def render(sel: Selection) -> str:
         )
     better = "higher" if sel.higher_is_better else "lower"
     side = "lower" if sel.higher_is_better else "upper"
-    lines = [sel.underpowered.message()] if sel.underpowered else []
+    lines = [*sel.lead]
+    lines += [sel.underpowered.message()] if sel.underpowered else []
     lines += [
         f"metric {sel.metric} ({better} is better); tie = shown non-inferior to the best: gate's one-sided "
         f"{100 * (1 - sel.alpha):g}% {side} bound of config − best within the margin "
@@ -141,7 +164,6 @@ def log_tags(uri: str, children: Sequence[RunData], sel: Selection) -> str | Non
 def run_select(reader: RunReader, args: argparse.Namespace) -> tuple[Selection, dict[str, RunData]]:
     """The selection over the sweep's configs (``analysis.select.select_config``) and the
     configs by run id."""
-    hib = _direction(args.metric)
     children = reader.sweep_children(args.sweep, args.experiment)
     if not children:
         raise RunInputError(f"unknown sweep {args.sweep!r}: no finished child run has that sweep_id")
@@ -149,6 +171,14 @@ def run_select(reader: RunReader, args: argparse.Namespace) -> tuple[Selection, 
     runs, stopped = split_stopped([reader.with_table(r) for r in children])  # racing: docs/racing.md
     if not runs:
         raise RunInputError(f"every config of sweep {args.sweep!r} was stopped by racing: nothing covers the eval set")
+    available = sorted(set().union(*(r.table.columns for r in runs)))
+    lead = []
+    if args.metric is None:
+        args.metric = default_metric(runs, available)
+        lead.append(f"metric {args.metric}: the default (the swept factors' primary metric comparable across the configs)")
+    hib = _direction(args.metric)
+    lead += check_comparable([args.metric], runs, getattr(args, "allow_incomparable", False), available)
+    lead = human_lines(args.metric, runs) + lead  # labels lead; else UNVALIDATED first (judge metrics)
     missing = [r.name for r in runs if args.metric not in r.table.columns]
     if missing:
         raise RunInputError(
@@ -173,12 +203,17 @@ def run_select(reader: RunReader, args: argparse.Namespace) -> tuple[Selection, 
         )
     except ValueError as e:  # e.g. no config has a value of the metric
         raise RunInputError(str(e)) from None
+    sel.lead = lead
     if judge_note:
         sel.notes.append(judge_note)
     if sel.underpowered and sel.chosen is None:
         sel.notes.append("underpowered and the best config fails the constraints: no config within them is shown non-inferior")
     if is_generation_metric(args.metric) and (m := generation_marker([(r.metrics, r.tags) for r in children])):
         sel.notes.append(f"warning: {m}")  # human κ < 0.4 (analysis.judge_trust)
+    if sel.chosen and (c := ppi_contradiction(args.metric, by_id[sel.chosen].label, [(r.label, r.metrics) for r in runs], hib)):
+        sel.lead.insert(0, c)  # human labels disagree with the judge-based pick: said first
+    if args.metric.startswith("rate_"):  # judge=none runs: labels from correctness only
+        sel.notes += label_evidence_notes(runs)
     if stopped:
         sel.notes += [
             f"stopped by racing ({len(stopped)}): not candidates for best, tie set or choice",

@@ -18,6 +18,13 @@ from rag_experiments.evaluation.labels import FAILURE_LABELS
 
 Side = Literal["retrieval", "generation", "diagnostic", "label", "cost", "count", "judge", "noise"]
 ValueType = Literal["binary", "proportion", "continuous", "count"]
+#: What makes a metric's values incomparable across configs (``MetricSpec.breaks``; the rule is
+#: ``analysis.comparability``): ``chunks`` — the configs' chunks differ (a cut-off counts chunks,
+#: and a whole document is one chunk however many tokens it costs); ``judge`` — another judge
+#: scored them (the metric is the judge's opinion; judge=none changes the failure-label rule);
+#: ``key_facts`` — key facts the eval-set check calls weak still count.
+Break = Literal["chunks", "judge", "key_facts"]
+BREAKS: tuple[str, ...] = ("chunks", "judge", "key_facts")
 
 #: What each pattern placeholder may be; anything else in a pattern is literal text.
 _PLACEHOLDERS: dict[str, str] = {
@@ -50,6 +57,8 @@ class MetricSpec:
     inputs come from (``hit_at_{k}``: ``retrieved`` and ``gold_spans``); inputs that are no column
     (the chunk set, an item's key facts, the judge) are not listed. () for keys not computed from
     per-query columns (the judge card, cost, the variance split).
+    ``breaks``: the :data:`BREAKS` that make the metric incomparable across configs (() = always
+    comparable on one eval set); ``analysis.comparability`` applies them.
     """
 
     pattern: str
@@ -62,11 +71,14 @@ class MetricSpec:
     headline: int | None = None
     every_k: bool = False
     columns: tuple[str, ...] = ()
+    breaks: tuple[Break, ...] = ()
     params: tuple[str, ...] = field(init=False)
     _regex: re.Pattern = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         names = [f for _, f, _, _ in string.Formatter().parse(self.pattern) if f]
+        if set(self.breaks) - set(BREAKS):
+            raise ValueError(f"{self.pattern}: unknown breaks {sorted(set(self.breaks) - set(BREAKS))}")
         unknown = set(names) - set(_PLACEHOLDERS)
         if unknown:
             raise ValueError(f"{self.pattern}: unknown placeholder(s) {sorted(unknown)}")

@@ -18,6 +18,8 @@ _S = "rag_experiments.evaluation.answer_scores."
 _B = "rag_experiments.evaluation.budget."
 _D = "rag_experiments.evaluation.diagnostics."
 _A = "rag_experiments.evaluation.answer_metrics."
+#: What makes a metric incomparable across configs (metric_spec.BREAKS; analysis.comparability).
+_CHUNKS, _JUDGE, _KEY_FACTS = ("chunks",), ("judge",), ("key_facts",)
 _CITE = "prompts that ask for [n] citations (prompt=cite; NaN for other prompts)"
 _TOKEN_UNION = "the union of the top-k chunks' character ranges (overlaps counted once)"
 _BUDGET = (
@@ -50,6 +52,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         headline=1,
         every_k=True,
         columns=("retrieved", "gold_spans"),
+        breaks=_CHUNKS,
     ),
     MetricSpec(
         "evidence_recall_at_{k}",
@@ -61,6 +64,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         _M + "evidence_recall_at_k",
         headline=2,
         columns=("retrieved", "gold_spans"),
+        breaks=_CHUNKS,
     ),
     MetricSpec(
         "mrr",
@@ -72,6 +76,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         _M + "reciprocal_rank",
         headline=3,
         columns=("retrieved", "gold_spans"),
+        breaks=_CHUNKS,
     ),
     MetricSpec(
         "context_precision_at_{k}",
@@ -82,6 +87,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         _M + "context_precision_at_k",
         headline=4,
         columns=("retrieved", "gold_spans"),
+        breaks=_CHUNKS,
     ),
     MetricSpec(
         "ndcg_at_{k}",
@@ -93,6 +99,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         _M + "ndcg_at_k",
         headline=5,
         columns=("retrieved", "gold_spans"),
+        breaks=_CHUNKS,
     ),
     MetricSpec(
         "token_recall_at_{k}",
@@ -102,6 +109,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         f"share of the gold-evidence characters covered by {_TOKEN_UNION}",
         _M + "token_recall_at_k",
         columns=("retrieved", "gold_spans"),
+        breaks=_CHUNKS,
     ),
     MetricSpec(
         "token_precision_at_{k}",
@@ -111,6 +119,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         f"share of the characters of {_TOKEN_UNION} that are gold evidence (nothing retrieved: 0)",
         _M + "token_precision_at_k",
         columns=("retrieved", "gold_spans"),
+        breaks=_CHUNKS,
     ),
     MetricSpec(
         "token_iou_at_{k}",
@@ -120,6 +129,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         f"characters in gold ∩ retrieved / characters in gold ∪ retrieved, retrieved = {_TOKEN_UNION}",
         _M + "token_iou_at_k",
         columns=("retrieved", "gold_spans"),
+        breaks=_CHUNKS,
     ),
     MetricSpec(
         "evidence_recall_at_{B}tok",
@@ -157,7 +167,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         'and excluded, never read as "no"; NaN when no claim is scorable',
         _S + "faithfulness_score",
         headline=10,
-        columns=("verdicts",),
+        columns=("verdicts",), breaks=_JUDGE,
     ),
     MetricSpec(
         "answer_relevance",
@@ -167,7 +177,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "heuristic judge: cosine(answer, query); LLM judge: mean cosine of N generated questions to "
         "the query; always with the fixed MiniLM metric embedder",
         None,  # a judge method (HeuristicJudge / LLMJudge .answer_relevance), not a free function
-        headline=11,
+        headline=11, breaks=_JUDGE,
     ),
     MetricSpec(
         "correctness",
@@ -178,7 +188,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "whole tokens (normalised match, numbers as numbers); unanswerable: 1 if the answer declines",
         _S + "correctness",
         headline=12,
-        columns=("answer",),
+        columns=("answer",), breaks=_KEY_FACTS,
     ),
     # -- judge-free generation metrics (docs/metrics.md, "Judge-free generation metrics")
     MetricSpec(
@@ -213,7 +223,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         f"number naming no passage counted as not relevant; nothing cited or a decline: NaN; {_CITE}",
         _A + "citation_precision",
         headline=15,
-        columns=("cited_chunk_ids", "gold_spans"),
+        columns=("cited_chunk_ids", "gold_spans"), breaks=_CHUNKS,
     ),
     MetricSpec(
         "citation_recall",
@@ -224,7 +234,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         f"characters, the evidence-recall rule); nothing cited: 0; unanswerable or a decline: NaN; {_CITE}",
         _A + "citation_recall",
         headline=16,
-        columns=("cited_chunk_ids", "gold_spans"),
+        columns=("cited_chunk_ids", "gold_spans"), breaks=_CHUNKS,
     ),
     MetricSpec(
         "rate_uncited_answer",
@@ -299,7 +309,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "share of the gold claims (the judge's claims of gold_answer, else key_facts) the judge finds "
         "entailed by the retrieved top-k context; unanswerable items: NaN",
         _D + "claim_recall",
-        columns=("gold_claims", "context"),
+        columns=("gold_claims", "context"), breaks=_JUDGE,
     ),
     MetricSpec(
         "context_utilization",
@@ -309,7 +319,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "of the gold claims the retrieved context entails, the share the answer entails (a declining "
         "answer: 0); NaN when the context entails no gold claim",
         _D + "context_utilization",
-        columns=("gold_claims", "context", "answer"),
+        columns=("gold_claims", "context", "answer"), breaks=_JUDGE,
     ),
     MetricSpec(
         "noise_sensitivity_relevant",
@@ -319,7 +329,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "share of the answer claims that are incorrect (not entailed by the gold answer) yet entailed "
         "by a relevant retrieved chunk (one relevant to a gold span)",
         _D + "noise_sensitivity_relevant",
-        columns=("answer_claim_classes",),
+        columns=("answer_claim_classes",), breaks=_JUDGE,
     ),
     MetricSpec(
         "noise_sensitivity_irrelevant",
@@ -328,7 +338,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "proportion",
         "share of the answer claims that are incorrect and entailed only by irrelevant retrieved chunks",
         _D + "noise_sensitivity_irrelevant",
-        columns=("answer_claim_classes",),
+        columns=("answer_claim_classes",), breaks=_JUDGE,
     ),
     MetricSpec(
         "hallucination",
@@ -337,7 +347,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "proportion",
         "share of the answer claims that no retrieved chunk entails and that are incorrect",
         _D + "hallucination",
-        columns=("answer_claim_classes",),
+        columns=("answer_claim_classes",), breaks=_JUDGE,
     ),
     MetricSpec(
         "self_knowledge",
@@ -347,7 +357,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "share of the answer claims that no retrieved chunk entails but that are correct (entailed by "
         "the gold answer)",
         _D + "self_knowledge",
-        columns=("answer_claim_classes",),
+        columns=("answer_claim_classes",), breaks=_JUDGE,
     ),
     # -- failure labels: one indicator column per label, its mean the rate
     MetricSpec(
@@ -357,7 +367,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "binary",
         "share of queries with that failure label (decision table in evaluation.labels.failure_label)",
         None,
-        headline=30,
+        headline=30, breaks=_JUDGE,
     ),
     # -- cost (per-query columns, not aggregated; compared only when asked for by name)
     MetricSpec(
@@ -714,7 +724,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "with judge.repeats = N > 1 on a stochastic judge: share of the query's claims whose N verdicts "
         "are not all equal (repeat r asks with seed + r); the run's value is the mean over queries",
         "rag_experiments.judge.repeats.query_flip_rate",
-        columns=("judge_repeat_labels",),
+        columns=("judge_repeat_labels",), breaks=_JUDGE,
     ),
     *(
         MetricSpec(

@@ -59,7 +59,7 @@ def in_brief(
         out.append(
             text(
                 f"On {primary} no level differs significantly from the baseline (largest difference: "
-                f"{level_key(top)} {_effect_text(top)}, p_holm {fmt_p(top.p_holm)})."
+                f"{level_key(top)} {_effect_text(top)}, p_holm {fmt_p(top.p_holm)}, Holm over {att.holm_n})."
             )
         )
     elif not sig.empty:
@@ -101,7 +101,7 @@ def levels_table(base: Config, att: SweepAttribution | None) -> list[Block]:
         bold(base.label),
         ": delta of the mean (",
         code("*"),
-        ": p_holm < 0.05, Holm across every comparison; (↓): lower is better). CIs and p-values: "
+        f": p_holm < 0.05, Holm over the {att.holm_n} comparisons; (↓): lower is better). CIs and p-values: "
         "the Attribution section.",
     )
     rows = wide_rows(att.effects, metrics, _cell)

@@ -10,7 +10,11 @@ under ``report/`` on the sweep's parent run (the run itself for a single run) un
 Sections, in order: the question (factors and levels), results per config (every headline metric
 with its 95 % CI), one-factor-at-a-time attribution, plots, worst queries, metric definitions,
 reproducibility. Generation parts appear only when the runs have generation metrics.
-Exit codes: 0 ok, 2 bad input (unknown run or sweep, missing per-query table).
+A --metric not comparable across the configs (hit@k when the chunks differ, a judge metric across
+judges: docs/metrics.md, "Comparability") is refused, naming the metric to use, unless
+--allow-incomparable; the attribution tests only comparable metrics and names the ones left out.
+Exit codes: 0 ok, 2 bad input (unknown run or sweep, missing per-query table, an incomparable
+--metric).
 """
 
 from __future__ import annotations
@@ -50,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY",
         help="primary metric (default: the headline of the swept factors, docs/metrics.md)",
     )
+    p.add_argument(
+        "--allow-incomparable",
+        action="store_true",
+        help="a --metric not comparable across the configs (docs/metrics.md, 'Comparability'), noted",
+    )
     p.add_argument("--worst", type=int, default=5, metavar="N", help="worst queries per config (default 5)")
     p.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
     p.add_argument("--experiment", metavar="NAME", help="look names up in this experiment only")
@@ -80,6 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             n_worst=args.worst,
             seed=args.seed,
             n_resamples=args.resamples,
+            allow_incomparable=args.allow_incomparable,
         )
     except RunInputError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -56,7 +56,7 @@ def diagnostics_section(an: Analysis) -> Section | None:
     best = {}
     for key in keys:
         vals = [c.metrics[key] for c in an.configs if key in c.metrics and c.metrics[key] == c.metrics[key]]
-        if vals:
+        if len(set(vals)) > 1:  # a tie shared by every config is no "best"
             best[key] = max(vals) if higher_is_better(key) else min(vals)
     rows = []
     for c in an.configs:

@@ -32,6 +32,29 @@ class Target:
     log_run_id: str  # the parent run (sweep) or the run itself
     parent: RunData | None
     sweep_id: str | None
+    unfinished: list[RunData] = field(default_factory=list)  # sweep configs with no FINISHED run
+
+    def unfinished_note(self) -> str | None:
+        """One line naming the sweep's configs that did not finish (FAILED, KILLED, RUNNING) and
+        the ones that never logged a run (the parent's ``configs_finished`` tag counts them)."""
+        named = [f"{r.run_name or r.run_id[:8]} ({r.status})" for r in self.unfinished]
+        _, _, total = ((self.parent.tags.get("configs_finished") if self.parent else None) or "").partition("/")
+        logged = len(self.runs) + len(self.unfinished)
+        never = int(total) - logged if total.isdigit() and int(total) > logged else 0
+        if not named and not never:
+            return None
+        parts = ([f"did not finish: {', '.join(named)}"] if named else []) + (
+            [f"{never} never logged a run"] if never else []
+        )
+        return (
+            f"{len(named) + never} config(s) of the sweep are not compared here ({'; '.join(parts)}); "
+            f"the report covers the {len(self.runs)} that finished"
+        )
+
+
+def _unfinished(reader: RunReader, sweep_id: str, experiment: str | None) -> list[RunData]:
+    """The sweep's configs whose latest run did not finish (``RunReader.sweep_config_runs``)."""
+    return [r for r in reader.sweep_config_runs(sweep_id, experiment) if r.status != "FINISHED"]
 
 
 def resolve_target(reader: RunReader, target: str, experiment: str | None = None) -> Target:
@@ -40,7 +63,7 @@ def resolve_target(reader: RunReader, target: str, experiment: str | None = None
     if children:
         pid = children[0].parent_id
         parent = reader.get(pid) if pid else None  # a deleted parent only loses the sweep-level tags
-        return Target(target, children, pid or children[0].run_id, parent, target)
+        return Target(target, children, pid or children[0].run_id, parent, target, _unfinished(reader, target, experiment))
     run = reader.resolve(target, experiment)
     tags = run.tags
     sweep_id = tags.get("sweep_id")
@@ -48,7 +71,7 @@ def resolve_target(reader: RunReader, target: str, experiment: str | None = None
         kids = [r for r in reader.sweep_children(sweep_id, experiment) if r.parent_id == run.run_id]
         if not kids:
             raise RunInputError(f"sweep parent {run.label} has no child runs")
-        return Target(sweep_id, kids, run.run_id, run, sweep_id)
+        return Target(sweep_id, kids, run.run_id, run, sweep_id, _unfinished(reader, sweep_id, experiment))
     if tags.get("is_parent") == "true":
         raise RunInputError(f"run {run.label} is a sweep parent without a sweep_id tag")
     return Target(run.run_name or run.run_id, [run], run.run_id, None, None)

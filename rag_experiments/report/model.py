@@ -21,17 +21,24 @@ from rag_experiments import judge as judging
 from rag_experiments.analysis.attribution import SweepAttribution, factor_effects
 from rag_experiments.analysis.baseline import context_k as _context_k
 from rag_experiments.analysis.baseline import sweep_baseline
+from rag_experiments.analysis.comparability import (
+    comparable_only,
+    default_metric,
+    human_lines,
+    incomparable,
+    label_evidence_notes,
+)
 from rag_experiments.analysis.judge_trust import runs_judge_notes
 from rag_experiments.core.conf_groups import option_class
 from rag_experiments.evaluation import aggregate, labels, registry
 from rag_experiments.evaluation import metrics as M
-from rag_experiments.evaluation.headline import primary_metric, table_metrics
+from rag_experiments.evaluation.headline import table_metrics
 from rag_experiments.evaluation.labels import FAILURE_LABELS
 from rag_experiments.report.load import Config, ReportInput
 from rag_experiments.report.plots import PlotData
 from rag_experiments.report.tables import fmt_num
 from rag_experiments.run.defaults import default_levels
-from rag_experiments.tracking.runs import RunInputError
+from rag_experiments.tracking.runs import RunInputError, is_id_prefix, pick_by_prefix
 
 # --------------------------------------------------------------------------------------------- metrics
 # The metrics the report names, in one place; their keys, sides and functions are the registry's.
@@ -262,12 +269,14 @@ def has_generation(configs: Sequence[Config]) -> bool:
 def choose_baseline(
     configs: Sequence[Config], factors: Sequence[str], primary: str, baseline: str | None
 ) -> tuple[Config, str]:
-    """The config named by ``baseline`` (run id, run name or label), else the sweep's default
+    """The config named by ``baseline`` (run id, unique run-id prefix, run name or label), else the sweep's default
     baseline (``analysis.baseline.sweep_baseline``, the rule ``compare --sweep`` uses); and why."""
     if baseline:
         for c in configs:
             if baseline in (c.run.run_id, c.run.run_name, c.label):
                 return c, "given with --baseline"
+        if is_id_prefix(baseline) and (rid := pick_by_prefix(baseline, [(c.run.run_id, c.label) for c in configs])):
+            return next(c for c in configs if c.run.run_id == rid), "given with --baseline"
         raise RunInputError(
             f"--baseline {baseline!r} is not a run of this report; runs: "
             + ", ".join(f"{c.label} ({c.run.run_id})" for c in configs)
@@ -315,7 +324,7 @@ def underpowered_note(configs: list, primary: str, seed: int) -> list[str]:
                             [float("nan")] * len(configs), seed=seed, n_resamples=1999)
     except ValueError:
         return []
-    return [f"underpowered on {primary}: {sel.underpowered.message()}"] if sel.underpowered else []
+    return [f"underpowered on {primary}: {sel.underpowered.message(pick=False)}"] if sel.underpowered else []
 
 
 def analyse(
@@ -325,18 +334,32 @@ def analyse(
     n_worst: int = 5,
     seed: int = 0,
     n_resamples: int = 4999,
+    allow_incomparable: bool = False,
 ) -> Analysis:
-    """Choose the baseline and primary metric, check the runs agree, run the attribution."""
+    """Choose the baseline and primary metric, check the runs agree, run the attribution.
+
+    A ``primary`` not comparable across the configs (``analysis.comparability``) is refused
+    (RunInputError naming the metric to use) unless ``allow_incomparable``; the attribution tests
+    only the comparable metrics (a note names the ones left out)."""
     configs = inp.configs
     k = context_k(configs)
     # the metric every swept factor can move leads (evaluation.headline; docs/metrics.md)
     common = set.intersection(*(set(c.table.columns) for c in configs))
-    primary = primary or primary_metric(inp.factors, sorted(common), k=k)
+    runs = [c.data for c in configs]
+    if primary is None:
+        primary = default_metric(runs, sorted(common), inp.factors)
     missing = [c.label for c in configs if primary not in c.table.columns]
     if missing:
         raise RunInputError(f"metric {primary!r} is not in the per-query table of: {', '.join(missing)}")
-    base, why = choose_baseline(configs, inp.factors, primary, baseline)
     notes = []
+    bad = incomparable([primary], runs, sorted(common))
+    if bad and not allow_incomparable:
+        raise RunInputError(bad[0].message())
+    notes += [c.note().removeprefix("note: ") for c in bad]
+    base, why = choose_baseline(configs, inp.factors, primary, baseline)
+    if (missing_note := inp.target.unfinished_note()) is not None:  # FAILED or never-run configs
+        notes.insert(0, missing_note)
+        why = why.replace("the only config", "the only config that finished")
     if len({c.tags.get("evalset_digest") for c in configs} - {None}) > 1:
         notes.append(
             "the runs were evaluated on different eval sets (evalset_digest differs); "
@@ -344,6 +367,8 @@ def analyse(
         )
     if len(configs) > 1:  # can this eval set tell the configs apart? said first (docs/select.md)
         notes += underpowered_note(configs, primary, seed)
+    notes += [n.removeprefix("note: ") for n in label_evidence_notes(runs)]  # judge=none labels
+    notes[:0] = [x for x in human_lines(primary, runs) if not x.startswith("UNVALIDATED")]  # PPI leads
     if has_generation(configs):  # human κ < 0.4, or no human labels at all (analysis.judge_trust)
         notes += runs_judge_notes([(c.metrics, c.tags) for c in configs], base.run.run_id)
     att = inter = None
@@ -351,6 +376,9 @@ def analyse(
         from rag_experiments.analysis.interactions import sweep_interactions
 
         metrics = attribution_metrics(primary, k, configs, inp.factors)
+        if not allow_incomparable:  # no * on a metric the configs cannot be compared on
+            metrics, left_out = comparable_only(metrics, runs, sorted(common))
+            notes += left_out
         att = factor_effects(
             [c.data for c in configs], base.data, metrics, seed=seed, n_resamples=n_resamples
         )

@@ -58,7 +58,8 @@ def worst(c: Config, k: int, n: int, gen: bool) -> pd.DataFrame:
 
     Order: failure-label severity, then (with generation) correctness and faithfulness, then
     reciprocal rank, evidence_recall@k and nDCG@k, lowest first; ties by id. Retrieval-only runs
-    leave out unanswerable items (they have no retrieval verdict).
+    leave out unanswerable items (they have no retrieval verdict); generating runs leave out the
+    items never generated (outside ``evalset.generation_subset``: no answer and no error).
     """
     t = c.table.copy()
     rel, answerable = relevance_matrix(t, min_coverage(c))
@@ -69,6 +70,8 @@ def worst(c: Config, k: int, n: int, gen: bool) -> pd.DataFrame:
     t["_sev"] = t.get("failure_label", pd.Series("", index=t.index)).map(lambda x: SEVERITY.get(x, 9))
     if not gen:
         t = t[t["_answerable"]]
+    else:
+        t = t[generated_rows(t)]
     keys = ["_sev"]
     for col in (["correctness", "faithfulness"] if gen else []) + [
         "mrr",
@@ -79,6 +82,15 @@ def worst(c: Config, k: int, n: int, gen: bool) -> pd.DataFrame:
             keys.append(col)
     t = t.sort_values(keys + ["id"], kind="stable", na_position="last")
     return t.head(n)
+
+
+def generated_rows(t: pd.DataFrame) -> pd.Series:
+    """True for the rows a generator answered or failed on (an ``answer`` or an ``error``)."""
+    got = pd.Series(False, index=t.index)
+    for col in ("answer", "error"):
+        if col in t.columns:
+            got |= t[col].notna() & (t[col].astype(str) != "")
+    return got if ("answer" in t.columns or "error" in t.columns) else ~got
 
 
 def worst_query_headers(gen: bool) -> list[str]:

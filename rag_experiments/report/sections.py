@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rag_experiments.analysis.comparability import comparability
 from rag_experiments.analysis.judge_trust import card_title
 from rag_experiments.core.conf_groups import embedding_used, generation_only
 from rag_experiments.core.run_record import is_bookkeeping
@@ -45,8 +46,8 @@ from rag_experiments.report.model import (
 from rag_experiments.report.provenance import definitions, reproducibility
 from rag_experiments.report.queries import worst_query_headers, worst_query_rows
 from rag_experiments.report.tables import (
-    EFFECT_HEADERS,
     NOISE_HEADERS,
+    effect_headers,
     effect_rows,
     fmt_p,
     marginal_headers,
@@ -147,19 +148,34 @@ def question(an: Analysis) -> Section:
     return s
 
 
+def constant_keys(configs: Sequence, keys: Sequence[str]) -> dict[str, float]:
+    """The ``keys`` every config logged with one and the same value (more than one config)."""
+    out = {}
+    for key in keys:
+        vals = {c.metrics.get(key) for c in configs}
+        if len(configs) > 1 and len(vals) == 1 and None not in vals:
+            out[key] = vals.pop()
+    return out
+
+
 def results_table(an: Analysis, keys: Sequence[str], mark_best: bool = True) -> Table:
     """Each config's mean and 95 % CI per metric; the best mean per metric in bold, in the metric's
-    own direction (the registry's: lower is better for failure rates, latency, cost)."""
+    own direction (the registry's: lower is better for failure rates, latency, cost). No bold when
+    every config ties on it (nothing to pick) or when the metric is not comparable across the
+    configs (``analysis.comparability``: hit@k when the chunks differ)."""
     configs = an.configs
     keys = [x for x in keys if any(x in c.metrics for c in configs)]
+    runs = [c.data for c in configs if getattr(c, "data", None) is not None]
     best = {}
     for key in keys:
         try:
             hib = higher_is_better(key)
         except KeyError:  # not a registered metric: no better side to mark
             continue
-        if hib is not None:
-            best[key] = (max if hib else min)(c.metrics[key] for c in configs if key in c.metrics)
+        vals = [c.metrics[key] for c in configs if key in c.metrics]
+        comparable = len(runs) < len(configs) or comparability(key, runs).comparable
+        if hib is not None and comparable and len(set(vals)) > 1:
+            best[key] = (max if hib else min)(vals)
     rows = []
     for c in configs:
         cells: list = [c.label + (" (baseline)" if c is an.base else "")]
@@ -169,6 +185,17 @@ def results_table(an: Analysis, keys: Sequence[str], mark_best: bool = True) -> 
             cells.append(bold(cell) if is_best else cell)
         rows.append(cells)
     return table(["config", *keys], rows)
+
+
+def results_blocks(an: Analysis, keys: Sequence[str], mark_best: bool = True) -> list:
+    """:func:`results_table` without the metrics constant across the configs, listed once below."""
+    same = constant_keys(an.configs, keys)
+    shown = [k for k in keys if k not in same]
+    out: list = [results_table(an, shown, mark_best)] if shown else []
+    if same:
+        listed = join([code(f"{k} = {f3(v)}") for k, v in same.items()], ", ")
+        out.append(Paragraph(text("Constant across the configs (not in the table): ", listed, ".")))
+    return out
 
 
 TOKEN_BUDGET_NOTE = (
@@ -203,7 +230,9 @@ def results(an: Analysis) -> Section:
                 "(query-level resampling, seeded) as logged by the sweep. ",
                 bold("Bold"),
                 ": best mean on that metric in its direction (lower is better for rates, latency and cost); "
-                "a mean, not a test: which differences are significant is in the comparisons below.",
+                "a mean, not a test: which differences are significant is in the comparisons below. "
+                "Not bold: a tie shared by every config, and a metric not comparable across the configs "
+                "(chunk-counting metrics when the chunks differ, docs/metrics.md).",
             )
         )
     )
@@ -213,13 +242,13 @@ def results(an: Analysis) -> Section:
         budgeted = [m for m in headline_metrics(an.factors, available=cols, k=an.k) if m.endswith("tok")]
         lead = [
             Paragraph(text(f"Budgeted metrics first: {reason}. ", TOKEN_BUDGET_NOTE)),
-            results_table(an, budgeted),
+            *results_blocks(an, budgeted),
         ]
         s.subsections.append(Subsection("Retrieval at equal token budget", lead))
-    retrieval = Subsection("Retrieval", [results_table(an, retrieval_metrics(logged_ks(an.configs), an.k))])
+    retrieval = Subsection("Retrieval", results_blocks(an, retrieval_metrics(logged_ks(an.configs), an.k)))
     generation = []
     if an.gen_keys:
-        generation.append(Subsection("Generation", [results_table(an, an.gen_keys)]))
+        generation.append(Subsection("Generation", results_blocks(an, an.gen_keys)))
         card = judge_card_table(an)
         if card:  # beside the generation metrics: how far the judge behind them can be trusted
             generation.append(Subsection("Judge validity: human labels first", card))
@@ -227,7 +256,7 @@ def results(an: Analysis) -> Section:
     lead_gen = an.primary in an.gen_keys
     s.subsections += [*generation, retrieval] if lead_gen else [retrieval, *generation]
     if an.rate_keys:
-        s.subsections.append(Subsection("Failure-label rates", [results_table(an, an.rate_keys, False)]))
+        s.subsections.append(Subsection("Failure-label rates", results_blocks(an, an.rate_keys, False)))
     spot = spotcheck_table(an)
     if spot:
         s.subsections.append(Subsection("Judge-corrected faithfulness (human spot-check)", spot))
@@ -350,13 +379,13 @@ def attribution(an: Analysis) -> Section:
     if att.effects.empty:
         s.blocks.append(Paragraph(text("(no one-factor-at-a-time comparison is possible in this grid)")))
     else:
-        s.blocks.append(table(EFFECT_HEADERS, effect_rows(att.effects, f3, fmt_p)))
+        s.blocks.append(table(effect_headers(att.holm_n), effect_rows(att.effects, f3, fmt_p)))
     if att.skipped:
         s.blocks.append(Paragraph(text("Not in the grid (comparison skipped): " + "; ".join(att.skipped))))
     if len(an.factors) > 1 and not att.marginals.empty:
         rows = marginal_rows(att.marginals, f3, fmt_p, with_p_value=False)
         s.subsections.append(
-            Subsection("Marginal means over the grid", [table(marginal_headers(with_p_value=False), rows)])
+            Subsection("Marginal means over the grid", [table(marginal_headers(with_p_value=False, n=att.holm_n), rows)])
         )
     if not att.noise_floor.empty:
         noise = [
@@ -383,6 +412,7 @@ def worst_queries(an: Analysis) -> Section:
                 + (", then correctness and faithfulness" if an.gen else "")
                 + f", then reciprocal rank, evidence_recall@{k} and nDCG@{k} (lowest first). Top 3 retrieved "
                 "chunks: ✓ relevant to a gold span, ✗ not. 'first rel.': rank of the first relevant chunk."
+                + (" Items never generated (outside evalset.generation_subset) are left out." if an.gen else "")
             )
         )
     )
@@ -403,9 +433,10 @@ def build_report(
     n_worst: int = 5,
     seed: int = 0,
     n_resamples: int = 4999,
+    allow_incomparable: bool = False,
 ) -> Report:
     """The report of the loaded runs: statistics first, then each section from them, in order."""
-    an = analyse(inp, baseline, primary, n_worst, seed, n_resamples)
+    an = analyse(inp, baseline, primary, n_worst, seed, n_resamples, allow_incomparable)
     plots, curve_notes = plots_section(an)
     diag = diagnostics_section(an)
     from rag_experiments.report.sweep_extras import stopped_section

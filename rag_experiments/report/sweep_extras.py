@@ -4,7 +4,7 @@ full-factorial grid (``analysis.interactions``) and the configs a racing sweep s
 
 from __future__ import annotations
 
-from rag_experiments.analysis.interactions import INTERACTION_HEADERS, interaction_rows
+from rag_experiments.analysis.interactions import interaction_headers, interaction_rows
 from rag_experiments.analysis.racing import STOPPED_HEADERS, STOPPED_NOTE, stopped_rows
 from rag_experiments.report.load import ReportInput
 from rag_experiments.report.model import Analysis, Paragraph, Section, Subsection, table, text
@@ -18,7 +18,7 @@ def interactions_subsection(an: Analysis) -> Subsection | None:
             note = "Not a full-factorial grid: interactions are not estimated (one factor at a time only)."
             return Subsection("Interactions", [Paragraph(text(note))])
         return None
-    blocks = [table(INTERACTION_HEADERS, interaction_rows(res))]
+    blocks = [table(interaction_headers(res), interaction_rows(res))]
     blocks += [Paragraph(text(line)) for line in res.lines]
     blocks.append(Paragraph(text(f"Method: {res.method}.")))
     return Subsection("Main effects and two-way interactions", blocks)

@@ -26,6 +26,16 @@ Fmt = Callable[..., str]
 EFFECT_HEADERS = ["level", "metric", "baseline", "level mean", "delta", "95% CI", "p", "p_holm", "test", "n"]
 
 
+def holm_header(n: int) -> str:
+    """The p_holm column's header, naming its family's size."""
+    return f"p_holm (Holm over {n})"
+
+
+def effect_headers(n: int) -> list[str]:
+    """:data:`EFFECT_HEADERS` with the Holm family's size in the p_holm header."""
+    return [holm_header(n) if h == "p_holm" else h for h in EFFECT_HEADERS]
+
+
 def effect_rows(effects: pd.DataFrame, f: Fmt = fmt_num, p: Fmt = fmt_p) -> list[list[str]]:
     """One table row per one-factor-at-a-time comparison (``*``: p_holm < 0.05)."""
     return [
@@ -62,9 +72,9 @@ def noise_rows(noise: pd.DataFrame, f: Fmt = fmt_num) -> list[list[str]]:
     ]
 
 
-def marginal_headers(with_p_value: bool = True) -> list[str]:
+def marginal_headers(with_p_value: bool = True, n: int | None = None) -> list[str]:
     p = ["p"] if with_p_value else []
-    return ["level", "metric", "runs", "mean", "95% CI", "vs baseline level", *p, "p_holm"]
+    return ["level", "metric", "runs", "mean", "95% CI", "vs baseline level", *p, "p_holm" if n is None else holm_header(n)]
 
 
 def marginal_rows(

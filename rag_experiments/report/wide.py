@@ -19,9 +19,25 @@ from rag_experiments.report.tables import metric_header, wide_rows
 
 WIDE_NOTE = (
     "Cell: the level's mean, then its delta vs the baseline (one factor at a time, the other factors "
-    "at the baseline's values); * = p_holm < 0.05 (Holm across every comparison; --long shows the "
-    "CIs and p-values); (↓): lower is better. A/A noise: the 95 % range of a no-change delta."
+    "at the baseline's values); * = p_holm < 0.05 (Holm over the {n} comparisons; --long shows the "
+    "CIs and p-values); (↓): lower is better. A/A noise: the 95 % range of a no-change delta ({method})."
 )
+
+
+def constant_columns(att: SweepAttribution, columns: Sequence[str]) -> dict[str, float]:
+    """The ``columns`` whose mean is the same for the baseline and every level (nothing to read)."""
+    base = att.baseline.table if att.baseline.table is not None else pd.DataFrame()
+    out = {}
+    for m in columns:
+        if m not in base:
+            continue
+        vals = {round(float(base[m].mean()), 12)}
+        for df, col in ((att.effects, "mean_b"), (att.marginals, "mean")):
+            if not df.empty and col in df:
+                vals |= {round(float(v), 12) for v in df.loc[df["metric"] == m, col]}
+        if len(vals) == 1:
+            out[m] = vals.pop()
+    return out
 
 
 def sweep_head(att: SweepAttribution, sweep_id: str, markdown: bool, why: str = "") -> list[str]:
@@ -50,6 +66,8 @@ def wide_sweep_lines(
     cols = [
         m for m in columns if m in set(att.effects.get("metric", [])) | set(att.marginals.get("metric", []))
     ]
+    same = constant_columns(att, cols)
+    cols = [m for m in cols if m not in same]
     reason = headline_reason(att.factors, generates(columns))
     out = [
         *sweep_head(att, sweep_id, markdown, why),
@@ -62,10 +80,16 @@ def wide_sweep_lines(
     base_label = ", ".join(f"{f}={level_of(base, f)}" for f in att.factors) or base.name
     rows = [[f"{base_label} (baseline)", *(_f(table_[m].mean(), 3) if m in table_ else "–" for m in cols)]]
     rows += wide_rows(att.effects, cols, _wide_cell) if not att.effects.empty else []
+    method = "none"
     if not att.noise_floor.empty:
         noise = {r.metric: f"±{_f(max(abs(r.low), abs(r.high)), 3)}" for r in att.noise_floor.itertuples()}
-        rows.append(["A/A noise (95 %)", *(noise.get(m, "–") for m in cols)])
-    out += ["", h("Levels vs the baseline"), table(headers, rows), "", WIDE_NOTE]
+        method = str(att.noise_floor["method"].iloc[0])
+        rows.append([f"A/A noise (95 %, {method})", *(noise.get(m, "–") for m in cols)])
+    out += ["", h("Levels vs the baseline"), table(headers, rows), ""]
+    if same:
+        out += ["Constant across the configs (not in the table): " + ", ".join(f"{m} = {_f(v, 3)}" for m, v in same.items()), ""]
+    detail = att.noise_floor["detail"].iloc[0] if not att.noise_floor.empty else "no noise floor"
+    out.append(WIDE_NOTE.format(n=att.holm_n, method=f"{method}: {detail}"))
     if len(att.factors) > 1 and not att.marginals.empty:
         out += ["", h("Marginal means over the grid (level mean, delta vs the baseline's level)")]
         marg = att.marginals.assign(

@@ -264,6 +264,13 @@ def _print_sweep(client, exp_id: str, parent, status: str, varying: list[str] | 
     if varying is None:  # an older context: the keys of the sweep's overrides that vary
         varying = varying_keys(json.loads(c.data.tags.get("overrides") or "[]") for c in children)
     keys = table_metrics(set().union(*(c.data.metrics for c in children)), varying)
+    done = [c for c in children if c.info.status == "FINISHED"]
+    same = {  # a metric every config scored the same: listed once, not a column
+        k: v.pop()
+        for k in keys
+        if len(done) > 1 and len(v := {c.data.metrics.get(k) for c in done}) == 1 and None not in v
+    }
+    keys = [k for k in keys if k not in same]
     rows = []
     for c in children:
         name = run_name(json.loads(c.data.tags.get("overrides") or "[]"), varying) if varying else ""
@@ -272,4 +279,7 @@ def _print_sweep(client, exp_id: str, parent, status: str, varying: list[str] | 
         if c.data.tags.get(REUSED_FROM):  # finished by an earlier run, counted in this sweep
             status_mark += " (reused)"
         rows.append([name + status_mark, *(fmt_num(c.data.metrics.get(k), 3) for k in keys)])
-    print(text_blocks(["run", *keys], sorted(rows)))
+    if keys:
+        print(text_blocks(["run", *keys], sorted(rows)))
+    if same:
+        print("constant across the configs: " + ", ".join(f"{k} = {fmt_num(v, 3)}" for k, v in same.items()))

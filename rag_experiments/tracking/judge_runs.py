@@ -3,56 +3,31 @@
 A generation metric is the judge's opinion: when two runs differ in their judge, a delta in
 faithfulness measures the judge change as much as the pipeline change. ``compare``, ``gate`` and
 ``select`` call :func:`check_same_judge`, which refuses such runs (exit 2, both judges named)
-unless the user passes ``--allow-judge-change``, and then says so in the output.
+unless the user passes ``--allow-judge-change``, and then says so in the output. The judge is
+one of the facts that make a metric incomparable (``analysis.comparability``, the one rule);
+:func:`check_comparable` is that rule's refusal for the CLIs (exit 2 unless
+``--allow-incomparable``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 
 from mlflow.entities import Run
 
+from rag_experiments.analysis import comparability
+from rag_experiments.analysis.comparability import ALLOW_INCOMPARABLE, JudgeRef, params_judge_identity
 from rag_experiments.core.run_record import RunData
 from rag_experiments.tracking.runs import RunInputError, as_record, run_label
 
 ALLOW_FLAG = "--allow-judge-change"
-
-
-@dataclass(frozen=True)
-class JudgeRef:
-    """A run's judge: ``name`` (the ``judge`` group choice, e.g. ``heuristic``, and the judge model
-    when there is one) and ``identity`` (the ``judge_identity`` tag, ``identity.judge_fingerprint``)."""
-
-    name: str
-    identity: str
-    from_tag: bool
-
-
-def _params_identity(params: dict[str, str]) -> str:
-    """Runs logged before the ``judge_identity`` tag: a hash of their judge.* params (the judge's
-    settings; model bytes are not in the params, so this is the weaker fallback)."""
-    keys = {k: v for k, v in params.items() if k.startswith("judge.") and not k.startswith("judge.pricing")}
-    keys["judge"] = params.get("judge", "")
-    return "params:" + hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:16]
+__all__ = ["ALLOW_FLAG", "ALLOW_INCOMPARABLE", "JudgeRef", "check_comparable", "check_same_judge", "run_judge"]
 
 
 def run_judge(run: Run | RunData) -> JudgeRef | None:
-    """The judge that scored ``run``; None for a retrieval-only run (no generation, no judge)."""
-    rec = as_record(run)
-    tags, params = rec.tags, rec.params
-    if "judge_identity" not in tags and "judge_model" not in tags:
-        return None  # no generator: nothing was judged
-    if params.get("judge") == "none" or tags.get("judge_identity") in ("", "None"):
-        return None  # judge=none: only judge-free metrics, which no judge change can move
-    name = params.get("judge") or "?"
-    model = tags.get("judge_model")
-    if model and model != "None":
-        name = f"{name} ({model})"
-    ident = tags.get("judge_identity")
-    return JudgeRef(name, ident or _params_identity(dict(params)), bool(ident))
+    """The judge that scored ``run`` (``analysis.comparability.run_judge``); None for a
+    retrieval-only run or judge=none."""
+    return comparability.run_judge(as_record(run))
 
 
 def check_same_judge(runs: Sequence[Run | RunData], allow: bool = False) -> str | None:
@@ -66,7 +41,7 @@ def check_same_judge(runs: Sequence[Run | RunData], allow: bool = False) -> str 
     if len(refs) < 2:
         return None
     if not all(j.from_tag for _, j in refs):
-        refs = [(r, JudgeRef(j.name, _params_identity(as_record(r).params), False)) for r, j in refs]
+        refs = [(r, JudgeRef(j.name, params_judge_identity(as_record(r).params), False)) for r, j in refs]
     (r0, j0), other = refs[0], next(((r, j) for r, j in refs[1:] if j.identity != refs[0][1].identity), None)
     if other is None:
         return None
@@ -81,3 +56,15 @@ def check_same_judge(runs: Sequence[Run | RunData], allow: bool = False) -> str 
             f"judge change; pass {ALLOW_FLAG} to compare them anyway"
         )
     return f"note: judges differ ({what}); compared anyway ({ALLOW_FLAG}): generation deltas include the judge change"
+
+
+def check_comparable(
+    metrics: Iterable[str], runs: Sequence[Run | RunData], allow: bool = False, available: Iterable[str] | None = None
+) -> list[str]:
+    """RunInputError naming the metric to use when one of ``metrics`` is not comparable across
+    ``runs`` (``analysis.comparability``); with ``allow`` (``--allow-incomparable``) a note per
+    such metric instead, to print."""
+    bad = comparability.incomparable(metrics, [as_record(r) for r in runs], available)
+    if bad and not allow:
+        raise RunInputError("; ".join(c.message() for c in bad))
+    return [c.note() for c in bad]

@@ -201,9 +201,15 @@ class MemoryRunReader:
         if _RUN_ID.match(run_or_name) and run_or_name in self.store.runs:
             return self.record(self.store.runs[run_or_name])
         found = [r for r in self._in(experiment) if r.name == run_or_name]
+        if not found and mlflow_runs.is_id_prefix(run_or_name):  # the one prefix rule (tracking.runs)
+            rid = mlflow_runs.pick_by_prefix(
+                run_or_name,
+                [(r.run_id, f"name={r.name}  status={r.status}") for r in self._in(experiment)],
+            )
+            found = [self.store.runs[rid]] if rid else []
         if not found:
             where = f" in experiment {experiment!r}" if experiment else ""
-            raise RunInputError(f"unknown run {run_or_name!r}{where}: no run with that id or name")
+            raise RunInputError(f"unknown run {run_or_name!r}{where}: no run with that id, id prefix or name")
         if len(found) > 1:
             lines = "\n".join(
                 f"  {r.run_id}  experiment={r.experiment}  status={r.status}  "

@@ -24,6 +24,8 @@ from rag_experiments.tracking.uri import DEFAULT_TRACKING_URI, tracking_uri  # n
 
 PER_QUERY_ARTIFACT = "per_query.parquet"
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+#: A run-id prefix as the tools print it (``select``, ``compare``: the first 8 hex digits); 4 at least.
+_ID_PREFIX = re.compile(r"^[0-9a-f]{4,31}$")
 
 
 class RunInputError(Exception):
@@ -45,10 +47,27 @@ def _experiment_ids(client: MlflowClient, experiment: str | None) -> list[str]:
     return [e.experiment_id for e in client.search_experiments()]
 
 
-def resolve_run(client: MlflowClient, run_or_name: str, experiment: str | None = None) -> Run:
-    """A run by id, or by run name (searched in ``experiment`` or in every experiment).
+def is_id_prefix(ref: str) -> bool:
+    """True when ``ref`` can be the start of a run id (4 to 31 lower-case hex digits)."""
+    return bool(_ID_PREFIX.match(ref))
 
-    An ambiguous name raises RunInputError listing the candidates, so the user can pass an id.
+
+def pick_by_prefix(ref: str, candidates: list[tuple[str, str]]) -> str | None:
+    """The one run id among ``candidates`` (``(run id, one-line description)``) that starts with
+    ``ref``: the rule every reader's ``resolve`` applies after the exact id and the run name.
+    None when none does; RunInputError listing them when several do."""
+    found = [(rid, desc) for rid, desc in candidates if rid.startswith(ref)]
+    if len(found) > 1:
+        lines = "\n".join(f"  {rid}  {desc}" for rid, desc in found)
+        raise RunInputError(f"run id prefix {ref!r} is ambiguous; pass a longer prefix or one of these run ids:\n{lines}")
+    return found[0][0] if found else None
+
+
+def resolve_run(client: MlflowClient, run_or_name: str, experiment: str | None = None) -> Run:
+    """A run by id, by run name (searched in ``experiment`` or in every experiment), or by a unique
+    run-id prefix (:func:`pick_by_prefix`: the 8 digits ``select`` and ``compare`` print).
+
+    An ambiguous name or prefix raises RunInputError listing the candidates, so the user can pass an id.
     """
     if _RUN_ID.match(run_or_name):
         try:
@@ -62,17 +81,25 @@ def resolve_run(client: MlflowClient, run_or_name: str, experiment: str | None =
         if exp_ids
         else []
     )
+    if not found and exp_ids and is_id_prefix(run_or_name):
+        like = client.search_runs(exp_ids, filter_string=f"attributes.run_id LIKE '{run_or_name}%'", max_results=50)
+        desc = {r.info.run_id: r for r in like}
+        rid = pick_by_prefix(run_or_name, [(i, _describe(r)) for i, r in desc.items()])
+        found = [desc[rid]] if rid else []
     if not found:
         where = f" in experiment {experiment!r}" if experiment else ""
-        raise _not_found(client, f"unknown run {run_or_name!r}{where}: no run with that id or name")
+        raise _not_found(client, f"unknown run {run_or_name!r}{where}: no run with that id, id prefix or name")
     if len(found) > 1:
-        lines = "\n".join(
-            f"  {r.info.run_id}  experiment={r.info.experiment_id}  status={r.info.status}  "
-            f"sweep_id={r.data.tags.get('sweep_id', '-')}"
-            for r in found
-        )
+        lines = "\n".join(f"  {r.info.run_id}  {_describe(r)}" for r in found)
         raise RunInputError(f"run name {run_or_name!r} is ambiguous; pass one of these run ids:\n{lines}")
     return found[0]
+
+
+def _describe(r: Run) -> str:
+    return (
+        f"name={r.info.run_name}  experiment={r.info.experiment_id}  status={r.info.status}  "
+        f"sweep_id={r.data.tags.get('sweep_id', '-')}"
+    )
 
 
 @contextmanager
