@@ -200,3 +200,14 @@ def test_the_hydra_config_stops_at_assembly() -> None:
         ("g", "OmegaConf.to_yaml"),
     }
     assert config_reach.places_in("def h(cfg: dict):\n    return cfg.get('k')\n") == []
+
+
+def test_import_graph_script_runs_to_the_end(capsys) -> None:
+    """The script's figures are read by whoever plans a refactor: every line must print (it once
+    read ``rag_experiments/pipeline.py`` after the module had moved to ``run/``)."""
+    assert import_graph.main([]) == 0
+    out = capsys.readouterr().out
+    where, n_args = import_graph.run_pipeline_args(REPO)
+    assert where.startswith("rag_experiments.") and n_args > 0
+    assert f"run_pipeline arguments: {n_args} ({where})" in out
+    assert "largest modules (lines):" in out
