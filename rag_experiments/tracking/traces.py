@@ -46,11 +46,13 @@ from rag_experiments.tracking.assessments import (
     metric_definitions,
 )
 from rag_experiments.tracking.assessments import _num as _num
+from rag_experiments.tracking.store_values import storable
 from rag_experiments.tracking.trace_settings import DEFAULT_SAMPLE, TraceSettings  # noqa: F401
 
 log = logging.getLogger(__name__)
 TRACE_NAME = "rag_query"
 TRACES_SAMPLED = "traces_sampled"  # run tag: the sampling rule's inputs and outcome
+N_AS_TEXT = "n_values_stored_as_text"  # run metric: trace values stored as plain text (store_values)
 _warned: set[str] = set()
 
 
@@ -322,6 +324,7 @@ class TraceRecord(NamedTuple):
     tags: dict[str, str]
     assessments: list[Pending]
     generated: bool = False
+    n_as_text: int = 0  # values stored as plain text (``tracking.store_values``)
 
 
 def build_records(
@@ -346,9 +349,38 @@ def build_records(
         specs, end = build_spans(row, item, doc_text, t, k, prompt, generator_model)
         pending = [*expectations(item, doc_text, evalset_digest), *feedbacks(row, item, cols, jsrc, k)]
         tags = {"item_id": item.id, "eval_tags": ",".join(item.tags)}
-        out.append(TraceRecord(specs, tags, pending, isinstance(row.get("answer"), str)))
+        out.append(_storable(TraceRecord(specs, tags, pending, isinstance(row.get("answer"), str))))
         t = end + 1_000_000  # traces in item order, 1 ms apart
     return out
+
+
+def _storable(rec: TraceRecord) -> TraceRecord:
+    """``rec`` with every value the tracking store cannot hold as it is in plain text, counted
+    (``tracking.store_values``): span inputs, outputs, attributes and errors, tags, assessments."""
+    n = 0
+
+    def keep(value, top=True):
+        nonlocal n
+        value, m = storable(value, top)
+        n += m
+        return value
+
+    spans = [
+        sp._replace(
+            inputs=keep(sp.inputs),
+            outputs=keep(sp.outputs),
+            error=keep(sp.error, top=False),
+            # the store parses each attribute on its own, like the inputs and outputs
+            attributes={k: keep(v) for k, v in sp.attributes.items()} if sp.attributes else sp.attributes,
+        )
+        for sp in rec.spans
+    ]
+    tags = {k: keep(v, top=False) for k, v in rec.tags.items()}
+    pending = [
+        p._replace(value=keep(p.value, top=False), rationale=keep(p.rationale, top=False))
+        for p in rec.assessments
+    ]
+    return rec._replace(spans=spans, tags=tags, assessments=pending, n_as_text=n)
 
 
 def write_public(
@@ -429,10 +461,20 @@ def write_traces(
     every trace. ``job.prompt_version``: linked to the trace of every item it generated (items
     outside ``generation_subset`` never used it).
     """
-    records = build_records(
+    return write_records(tracking_uri, run_id, experiment_id, _records(per_query, job), job)
+
+
+def _records(per_query: pd.DataFrame, job: TraceJob) -> list[TraceRecord]:
+    return build_records(
         per_query, job.items, job.docs, job.settings.k, job.evalset_digest, job.prompt, job.generator_model,
         job.judge,
     )  # fmt: skip
+
+
+def write_records(
+    tracking_uri: str, run_id: str, experiment_id: str, records: Sequence[TraceRecord], job: TraceJob
+) -> list[str]:
+    """Write built records by the path ``job.settings.path`` names (:func:`write_traces`)."""
     prompts = _prompt_versions(tracking_uri, job.prompt_version)
     path = job.settings.path
     if path == "auto":
@@ -489,7 +531,12 @@ def log_traces(client, run_id: str, experiment_id: str, per_query: pd.DataFrame,
     link_dataset(client, run_id, experiment_id, job.items, job.docs, job.evalset_digest)
     dataset_s = time.perf_counter() - t_ds  # seconds on the first run of an eval set, ~0 after
     client.log_dict(run_id, metric_definitions(per_query), "metric_definitions.json")
-    ids = write_traces(client.tracking_uri, run_id, experiment_id, traced, job)
+    records = _records(traced, job)
+    ids = write_records(client.tracking_uri, run_id, experiment_id, records, job)
+    n_as_text = sum(r.n_as_text for r in records)
+    client.log_metric(run_id, N_AS_TEXT, n_as_text)
+    if n_as_text:
+        log.warning("traces: %d values the store cannot hold as they are, stored as plain text", n_as_text)
     seconds = time.perf_counter() - t0
     # how long tracing took, so its overhead is visible per run (scripts/bench_traces.py)
     tag = {"n": len(ids), "seconds": round(seconds, 3), "dataset_seconds": round(dataset_s, 3)}
