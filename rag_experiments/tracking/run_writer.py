@@ -221,7 +221,7 @@ class MlflowRunWriter:
 
     def abort(self, run_id, error, parent_id=None):
         from rag_experiments.tracking.bounds import best_effort
-        from rag_experiments.tracking.mlflow_adapter import release_interrupted_connections
+        from rag_experiments.tracking.mlflow_adapter_session import release_interrupted_connections
         from rag_experiments.tracking.parents import close_parent
 
         status = _status_of(error)

@@ -71,3 +71,33 @@ def storable(value: Any, top: bool = True) -> tuple[Any, int]:
         n = sum(m for _, m in pairs)
         return ([v for v, _ in pairs], n) if n else (value, 0)
     return value, 0
+
+
+def storable_record(rec: Any) -> Any:
+    """A trace record (``tracking.traces.TraceRecord``) with every value the store cannot hold as it
+    is in plain text (:func:`storable`), counted in its ``n_as_text``: span inputs, outputs,
+    attributes and errors, tags, assessments' values and rationales."""
+    n = 0
+
+    def keep(value, top=True):
+        nonlocal n
+        value, m = storable(value, top)
+        n += m
+        return value
+
+    spans = [
+        sp._replace(
+            inputs=keep(sp.inputs),
+            outputs=keep(sp.outputs),
+            error=keep(sp.error, top=False),
+            # the store parses each attribute on its own, like the inputs and outputs
+            attributes={k: keep(v) for k, v in sp.attributes.items()} if sp.attributes else sp.attributes,
+        )
+        for sp in rec.spans
+    ]
+    tags = {k: keep(v, top=False) for k, v in rec.tags.items()}
+    pending = [
+        p._replace(value=keep(p.value, top=False), rationale=keep(p.rationale, top=False))
+        for p in rec.assessments
+    ]
+    return rec._replace(spans=spans, tags=tags, assessments=pending, n_as_text=n)

@@ -21,7 +21,6 @@ dataset: ``tracking.genai_dataset``. See ``docs/tracing.md``.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import time
@@ -46,7 +45,8 @@ from rag_experiments.tracking.assessments import (
     metric_definitions,
 )
 from rag_experiments.tracking.assessments import _num as _num
-from rag_experiments.tracking.store_values import storable
+from rag_experiments.tracking.store_values import storable_record
+from rag_experiments.tracking.trace_sampling import select_traced
 from rag_experiments.tracking.trace_settings import DEFAULT_SAMPLE, TraceSettings  # noqa: F401
 
 log = logging.getLogger(__name__)
@@ -258,61 +258,6 @@ def _chunk(doc: dict):
     return Chunk(m["chunk_id"], m["doc_id"], m["start"], m["end"], doc["page_content"])
 
 
-# ------------------------------------------------------------------------------ which items
-
-
-def _rank(seed: int, item_id: str) -> str:
-    return hashlib.sha256(f"{seed}:{item_id}".encode()).hexdigest()
-
-
-def select_traced(per_query: pd.DataFrame, cap: int | None, seed: int) -> tuple[pd.DataFrame, dict]:
-    """The rows to trace and the rule's record (run tag ``traces_sampled``).
-
-    Every row when ``cap`` is None or ``len(per_query) <= cap``. Otherwise exactly ``cap`` rows:
-    the ``cap // 2`` items first in a seeded order (sha256 of ``seed:item_id``: the same items in
-    every run of the eval set, so two runs can be compared trace by trace), then every failure
-    (a failure label whose rate is better lower, ``evaluation.registry``, or an error) in the
-    same order while room is left, then the next items in that order.
-    """
-    n = len(per_query)
-    if cap is None or n <= cap:
-        return per_query, {"rule": "all", "n": n, "traced": n}
-    order = per_query.assign(_rank=[_rank(seed, str(i)) for i in per_query["id"]]).sort_values("_rank")
-    failed = _failed(order)
-    common = order.index[: cap // 2]
-    rest = order.index[cap // 2 :]
-    fails = [i for i in rest if failed[i]][: cap - len(common)]
-    chosen = set(common) | set(fails)
-    fill = [i for i in rest if i not in chosen][: cap - len(chosen)]
-    keep = per_query.index.isin(chosen | set(fill))
-    failed = failed.reindex(per_query.index)  # ``order``'s labels, back in the table's order
-    record = {
-        "rule": "seeded half + failures first + seeded fill",
-        "cap": cap,
-        "seed": seed,
-        "n": n,
-        "traced": int(keep.sum()),
-        "failures": int(failed.sum()),
-        "failures_traced": int(failed[keep].sum()),
-    }
-    return per_query[keep], record
-
-
-def _failed(df: pd.DataFrame) -> pd.Series:
-    from rag_experiments.evaluation.registry import higher_is_better
-
-    bad = set()
-    for label in df.get("failure_label", pd.Series(dtype=object)).dropna().unique():
-        try:
-            if higher_is_better(f"rate_{label}") is False:
-                bad.add(label)
-        except KeyError:
-            continue
-    err = df["error"].map(lambda e: isinstance(e, str)) if "error" in df.columns else False
-    label = df["failure_label"].isin(bad) if "failure_label" in df.columns else False
-    return pd.Series(label | err, index=df.index).astype(bool)
-
-
 # ------------------------------------------------------------------------------ writing
 
 
@@ -349,38 +294,9 @@ def build_records(
         specs, end = build_spans(row, item, doc_text, t, k, prompt, generator_model)
         pending = [*expectations(item, doc_text, evalset_digest), *feedbacks(row, item, cols, jsrc, k)]
         tags = {"item_id": item.id, "eval_tags": ",".join(item.tags)}
-        out.append(_storable(TraceRecord(specs, tags, pending, isinstance(row.get("answer"), str))))
+        out.append(storable_record(TraceRecord(specs, tags, pending, isinstance(row.get("answer"), str))))
         t = end + 1_000_000  # traces in item order, 1 ms apart
     return out
-
-
-def _storable(rec: TraceRecord) -> TraceRecord:
-    """``rec`` with every value the tracking store cannot hold as it is in plain text, counted
-    (``tracking.store_values``): span inputs, outputs, attributes and errors, tags, assessments."""
-    n = 0
-
-    def keep(value, top=True):
-        nonlocal n
-        value, m = storable(value, top)
-        n += m
-        return value
-
-    spans = [
-        sp._replace(
-            inputs=keep(sp.inputs),
-            outputs=keep(sp.outputs),
-            error=keep(sp.error, top=False),
-            # the store parses each attribute on its own, like the inputs and outputs
-            attributes={k: keep(v) for k, v in sp.attributes.items()} if sp.attributes else sp.attributes,
-        )
-        for sp in rec.spans
-    ]
-    tags = {k: keep(v, top=False) for k, v in rec.tags.items()}
-    pending = [
-        p._replace(value=keep(p.value, top=False), rationale=keep(p.rationale, top=False))
-        for p in rec.assessments
-    ]
-    return rec._replace(spans=spans, tags=tags, assessments=pending, n_as_text=n)
 
 
 def write_public(
