@@ -24,7 +24,7 @@ from rag_experiments.judge.validity import (
     select_pairs,
     validity_card,
 )
-from tests.llm_fixtures import fake_llm, requires_smollm2, smollm2_path  # noqa: F401
+from tests.llm_fixtures import ChatServer, closed_port_url, fake_llm, requires_smollm2, smollm2_path  # noqa: F401
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 
 # (claim, context, label, type): sentences of the bundled sample's refunds page
@@ -160,6 +160,53 @@ def test_card_cli_json_keys_and_ci_shapes(tmp_path, capsys):
     # the table names what the pairs are: human labels here (a synthetic card says it is a bound)
     assert judge_main([a for a in argv if a != "--json"] + ["--cache-dir", str(tmp_path / "cache")]) == 0
     assert "claim groups, human-labelled pairs, pairs.jsonl;" in capsys.readouterr().out
+
+
+def _llm_card(tmp_path, capsys, base_url: str, *extra: str) -> dict:
+    pairs = write_pairs(tmp_path / "pairs.jsonl")
+    argv = ["card", "--judge", "openai", "--pairs", str(pairs), "--json", "--resamples", "50"]
+    judge = [f"base_url={base_url}", "api_key_env=null", "model=m", "decompose=false", "max_retries=0",
+             "timeout_s=5", "use_logprobs=false", "constrained=none"]  # fmt: skip
+    assert judge_main([*argv, *extra, "--cache-dir", str(tmp_path / "cache"), *judge]) == 0
+    out = capsys.readouterr()
+    return {**json.loads(out.out), "stderr": out.err}
+
+
+def test_card_measured_while_the_judge_failed_is_not_cached_and_says_so(tmp_path, capsys, closed_port_url):  # noqa: F811
+    """A dead judge endpoint gives κ 0 and unparseable 1.000: that card says why it is unsound and
+    is measured again next time, so a later run never shows it beside its faithfulness."""
+    dead = _llm_card(tmp_path, capsys, closed_port_url)
+    assert dead["unparseable_rate"]["value"] == 1.0 and dead["n_judge_errors"] == len(RAW_PAIRS)
+    assert dead["unsound"].startswith(f"{len(RAW_PAIRS)} of {len(RAW_PAIRS)} verdicts failed")
+    assert "judge card not cached" in dead["stderr"]
+    again = _llm_card(tmp_path, capsys, closed_port_url)
+    assert again["cached"] is False and again["unsound"]  # nothing was cached: asked again
+    from rag_experiments.judge.card import card_line
+
+    assert "NOT A SOUND CARD (not cached)" in card_line(again, "file:pairs.jsonl")
+    # the endpoint is back: its verdicts make a sound card, cached from then on
+    server = ChatServer(lambda body: "yes")
+    try:
+        up = _llm_card(tmp_path, capsys, server.url)
+        assert up["unsound"] is None and up["n_judge_errors"] == 0 and up["unparseable_rate"]["value"] == 0.0
+        assert _llm_card(tmp_path, capsys, server.url)["cached"] is True
+    finally:
+        server.close()
+
+
+def test_card_of_garbage_replies_above_the_limit_is_not_cached(tmp_path, capsys):
+    server = ChatServer(lambda body: "%%% garbage %%%")
+    try:
+        card = _llm_card(tmp_path, capsys, server.url)
+        assert card["n_judge_errors"] == 0 and card["unparseable_rate"]["value"] == 1.0
+        assert "unparseable share 1.000 above" in card["unsound"]
+        assert _llm_card(tmp_path, capsys, server.url)["cached"] is False
+        calls = server.calls
+        lenient = _llm_card(tmp_path, capsys, server.url, "--max-unparseable", "1")
+        assert lenient["unsound"] is None and server.calls == calls + len(RAW_PAIRS)  # asked again
+        assert _llm_card(tmp_path, capsys, server.url, "--max-unparseable", "1")["cached"] is True
+    finally:
+        server.close()
 
 
 def test_card_cli_bad_labels_exit_2_with_file_line(tmp_path, capsys):

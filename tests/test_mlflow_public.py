@@ -1,6 +1,6 @@
 """Hydra through its public API, and a missing launcher plugin named with its install command.
 
-(No private MLflow/Hydra import outside ``tracking/mlflow_adapter.py``: tests/test_layers.py.)"""
+(No private MLflow/Hydra import outside the ``tracking/mlflow_adapter*.py`` modules: tests/test_layers.py.)"""
 
 from __future__ import annotations
 

@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", default=".cache/rag_experiments", help="the stage cache (verdicts, cards)")
     p.add_argument("--no-cache", action="store_true", help="judge every pair again")
     p.add_argument(
+        "--max-unparseable", type=float, default=None, metavar="SHARE",
+        help="the largest unparseable share of a card that is cached (default 0.2)",
+    )  # fmt: skip
+    p.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE", help="judge config overrides, e.g. threshold=-1"
     )
     return p
@@ -83,6 +87,8 @@ def render(card: dict, name: str, source: str) -> str:
     for ty, c in card["accept_by_type"].items():
         lines.append(f"  {ty:<36} {_cell(c)}")
     lines.append(f"CI: {card['ci_method']}")
+    if card.get("unsound"):
+        lines.append(f"NOT A SOUND CARD (not cached, measured again next time): {card['unsound']}")
     return "\n".join(lines)
 
 
@@ -119,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from rag_experiments.core.cache import StageCache
     from rag_experiments.judge.validity import (
+        MAX_UNPARSEABLE,
         JudgeNameError,
         card_pairs,
         instantiate_judge,
@@ -158,8 +165,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     cache = StageCache(args.cache_dir, enabled=not args.no_cache)
-    card = validity_card(judge, pairs, cache, repeats, args.resamples, args.seed, progress=not args.json)
+    limit = MAX_UNPARSEABLE if args.max_unparseable is None else args.max_unparseable
+    card = validity_card(judge, pairs, cache, repeats, args.resamples, args.seed, not args.json, limit)
     card["source"] = source
+    if card["unsound"]:
+        print(f"warning: judge card not cached: {card['unsound']}", file=sys.stderr)
     if args.json:
         print(json.dumps(card, allow_nan=True))
     else:

@@ -181,7 +181,8 @@ def card_metrics(card: Mapping[str, Any], prefix: str = "judge_card/") -> dict[s
 
 def card_line(card: Mapping[str, Any], source: str = "") -> str:
     """One line for a run's summary: n, κ, balanced accuracy and unparseable share; a ``synthetic``
-    card is labelled as an optimistic bound (``analysis.judge_trust``)."""
+    card is labelled as an optimistic bound (``analysis.judge_trust``), an unsound one
+    (``judge.validity.unsound``: measured while the judge failed) says why."""
 
     def f(key: str) -> str:
         c = card[key]
@@ -195,7 +196,8 @@ def card_line(card: Mapping[str, Any], source: str = "") -> str:
         if source == "synthetic"
         else f"{card['n']} {source} pairs"
     )
+    unsound = f"; NOT A SOUND CARD (not cached): {card['unsound']}" if card.get("unsound") else ""
     return (
         f"judge card ({what}; 95% CI): kappa {f('kappa')}, balanced accuracy "
-        f"{f('balanced_accuracy')}, unparseable {f('unparseable_rate')}{flip}"
+        f"{f('balanced_accuracy')}, unparseable {f('unparseable_rate')}{flip}{unsound}"
     )

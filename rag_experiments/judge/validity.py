@@ -27,13 +27,17 @@ from rag_experiments.core.conf_groups import conf_dir, options
 from rag_experiments.core.progress import track
 from rag_experiments.evalset.judge_pairs import JudgePair, JudgePairsError, load_pairs, pairs_digest
 from rag_experiments.evalset.synthetic_pairs import synthetic_pairs
-from rag_experiments.judge.card import card_line, card_metrics, judge_card
+from rag_experiments.judge.card import UNPARSEABLE, card_line, card_metrics, judge_card
 
 log = logging.getLogger(__name__)
 
 #: Keys of a judge config that are not constructor arguments (cost tables, the repeat count).
 NON_ARGS = ("pricing", "repeats")
 _COMMIT_EVERY = 16  # verdicts per cache commit: a kill loses at most this many
+#: The largest unparseable share of a card that is cached (``judge card --max-unparseable``): above
+#: it the card says so and is measured again next time (a judge endpoint that answered garbage for
+#: a while must not leave a κ of 0 beside every later run's faithfulness).
+MAX_UNPARSEABLE = 0.2
 
 
 class JudgeNameError(ValueError):
@@ -178,10 +182,14 @@ def _is_model_judge(judge) -> bool:
     return getattr(judge, "model", None) is not None
 
 
-def pair_verdicts(judge, pairs: Sequence[JudgePair], cache: StageCache, progress: bool = True):
-    """(labels, seconds): the judge's label of each pair's claim against its context, and the wall
-    seconds of that verdict (one batched embedding pass of the heuristic judge is spread evenly over
-    the pairs it served). Errors (a dead endpoint) are ``unparseable`` and not cached."""
+def pair_verdicts(
+    judge, pairs: Sequence[JudgePair], cache: StageCache, progress: bool = True
+) -> tuple[list[str], list[float], int]:
+    """(labels, seconds, errors): the judge's label of each pair's claim against its context, the
+    wall seconds of that verdict (one batched embedding pass of the heuristic judge is spread evenly
+    over the pairs it served), and how many verdicts failed (a dead endpoint, a transport error).
+    A failed verdict is ``unparseable``; neither it nor an unparseable reply is cached (a re-run
+    asks again)."""
     keys = [stage_key("card_verdict", judge.identity, p.claim, p.context) for p in pairs]
     found = cache.get_json_many("card_verdict", keys)
     todo = [i for i, k in enumerate(keys) if k not in found]
@@ -192,21 +200,36 @@ def pair_verdicts(judge, pairs: Sequence[JudgePair], cache: StageCache, progress
         prepare([pairs[i].claim for i in todo], [pairs[i].context for i in todo])
         prep_s = (time.perf_counter() - t0) / len(todo)
     fresh: dict[str, Any] = {}
+    errors = 0
     for i in track(todo, "judge card: verdicts", enabled=progress and len(todo) > 20, unit="pairs"):
         t0 = time.perf_counter()
         v = judge.verdicts([pairs[i].claim], pairs[i].context)[0]
         row = {
-            "label": v.label if not v.error else "unparseable",
+            "label": v.label if not v.error else UNPARSEABLE,
             "seconds": time.perf_counter() - t0 + prep_s,
         }
         found[keys[i]] = row
-        if not v.error:
+        errors += bool(v.error)
+        if row["label"] != UNPARSEABLE:
             fresh[keys[i]] = row
         if len(fresh) >= _COMMIT_EVERY:
             cache.put_json_many("card_verdict", fresh)
             fresh = {}
     cache.put_json_many("card_verdict", fresh)
-    return [found[k]["label"] for k in keys], [float(found[k]["seconds"]) for k in keys]
+    return [found[k]["label"] for k in keys], [float(found[k]["seconds"]) for k in keys], errors
+
+
+def unsound(card: Mapping[str, Any], max_unparseable: float = MAX_UNPARSEABLE) -> str | None:
+    """Why a card is not a sound measurement of its judge (None: sound): verdicts that failed
+    (``n_judge_errors`` > 0: the judge endpoint was down or erring), or an unparseable share above
+    ``max_unparseable``. Such a card is shown with this reason and never cached."""
+    errors, n = int(card.get("n_judge_errors", 0)), int(card["n"])
+    rate = card["unparseable_rate"]["value"]
+    if errors:
+        return f"{errors} of {n} verdicts failed (judge errors, e.g. an unreachable endpoint)"
+    if rate is not None and rate > max_unparseable:
+        return f"unparseable share {rate:.3f} above the cached card's limit {max_unparseable:g}"
+    return None
 
 
 def validity_card(
@@ -217,18 +240,24 @@ def validity_card(
     n_resamples: int = 1000,
     seed: int = 0,
     progress: bool = True,
+    max_unparseable: float = MAX_UNPARSEABLE,
 ) -> dict[str, Any]:
     """The judge's card on ``pairs`` (``judge.card.judge_card``) with ``judge`` (its
-    identity), ``pairs_digest`` and ``cached``; with ``repeats`` (the judges of repeats 2..N) the
-    flip rate across all N. Cached per (identities, pairs digest, n_resamples, seed)."""
+    identity), ``pairs_digest``, ``n_judge_errors``, ``cached`` and ``unsound`` (:func:`unsound`,
+    None for a sound card); with ``repeats`` (the judges of repeats 2..N) the flip rate across all
+    N. Cached per (identities, pairs digest, n_resamples, seed), only when sound."""
     digest = pairs_digest(list(pairs))
     idents = [judge.identity, *(j.identity for j in repeats)]
     key = stage_key("judge_card", idents, digest, n_resamples, seed)
     hit = cache.get_json_many("judge_card", [key])
-    if key in hit:
-        return {**hit[key], "cached": True}
-    labels, seconds = pair_verdicts(judge, pairs, cache, progress)
-    rep = [labels] + [pair_verdicts(j, pairs, cache, progress)[0] for j in repeats] if repeats else None
+    if key in hit and unsound(hit[key], max_unparseable) is None:
+        return {**hit[key], "cached": True, "unsound": None}
+    labels, seconds, errors = pair_verdicts(judge, pairs, cache, progress)
+    rep = None
+    if repeats:
+        more = [pair_verdicts(j, pairs, cache, progress) for j in repeats]
+        rep = [labels] + [m[0] for m in more]
+        errors += sum(m[2] for m in more)
     card = judge_card(
         [p.label for p in pairs],
         labels,
@@ -239,9 +268,13 @@ def validity_card(
         n_resamples=n_resamples,
         seed=seed,
     )
-    card.update(judge=judge.identity, repeats=len(idents), pairs_digest=digest)
-    cache.put_json_many("judge_card", {key: card})
-    return {**card, "cached": False}
+    card.update(judge=judge.identity, repeats=len(idents), pairs_digest=digest, n_judge_errors=errors)
+    why = unsound(card, max_unparseable)
+    if why is None:
+        cache.put_json_many("judge_card", {key: card})
+    else:
+        log.warning("judge card not cached: %s", why)
+    return {**card, "cached": False, "unsound": why}
 
 
 @dataclass(frozen=True)
@@ -299,7 +332,11 @@ def run_card(
         "judge_card_source": source,
         "judge_card_pairs_digest": result["pairs_digest"],
         "judge_card_ci": result["ci_method"],
+        # "sound", or why not: a card measured while the judge failed is shown, never cached
+        "judge_card_status": "sound" if result["unsound"] is None else f"not cached: {result['unsound']}"[:500],
     }
+    if result["unsound"]:
+        print(f"warning: judge card not cached: {result['unsound']}", file=sys.stderr)
     return card_metrics(result), tags, result
 
 

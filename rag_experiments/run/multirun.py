@@ -34,7 +34,7 @@ from rag_experiments.run.config_schema import ConfigError, check
 from rag_experiments.tracking import writer as tracking
 from rag_experiments.tracking.bounds import best_effort, bound_tracking_calls
 from rag_experiments.tracking.errors import infrastructure_exits_2
-from rag_experiments.tracking.mlflow_adapter import release_interrupted_connections
+from rag_experiments.tracking.mlflow_adapter_session import release_interrupted_connections
 from rag_experiments.tracking.parents import close_sweep_early, end_sweep
 from rag_experiments.tracking.prompt_registry import registered_prompt_problems
 from rag_experiments.tracking.reuse import REUSED_FROM

@@ -197,7 +197,7 @@ def start_sweep_child(
         return run_id, settle_parent(client, experiment_id, sweep["invocation"]) or parent_id
     except BaseException as e:  # a signal before the caller's try: the child is never left RUNNING
         if isinstance(e, KeyboardInterrupt):  # it may have hit inside a store transaction
-            from rag_experiments.tracking.mlflow_adapter import release_interrupted_connections
+            from rag_experiments.tracking.mlflow_adapter_session import release_interrupted_connections
 
             release_interrupted_connections(client.tracking_uri, e)
         client.set_terminated(run_id, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")

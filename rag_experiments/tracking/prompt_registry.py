@@ -37,7 +37,10 @@ from rag_experiments.core.conf_groups import conf_dir
 from rag_experiments.core.identity import REFERENCE_TARGETS
 from rag_experiments.stages.prompts import CONTEXT_FORMATS, PromptRegistryError, PromptTemplate
 from rag_experiments.tracking.locks import host_lock, store_lock
-from rag_experiments.tracking.mlflow_adapter import quiet_lost_prompt_link_races, wait_for_prompt_link_threads
+from rag_experiments.tracking.mlflow_adapter_session import (
+    quiet_lost_prompt_link_races,
+    wait_for_prompt_link_threads,
+)
 from rag_experiments.tracking.prompt_links import (
     LINKED_PROMPTS_TAG,
     link_prompt_to_experiment,

@@ -221,7 +221,7 @@ class MlflowRunWriter:
 
     def abort(self, run_id, error, parent_id=None):
         from rag_experiments.tracking.bounds import best_effort
-        from rag_experiments.tracking.mlflow_adapter import release_interrupted_connections
+        from rag_experiments.tracking.mlflow_adapter_session import release_interrupted_connections
         from rag_experiments.tracking.parents import close_parent
 
         status = _status_of(error)
@@ -363,7 +363,7 @@ class MemoryRunWriter:
         run.artifacts.update(results.artifacts)
 
     def log_traces(self, run_id, table, inputs, model_id=None):
-        from rag_experiments.tracking.traces import build_records, select_traced
+        from rag_experiments.tracking.traces import N_AS_TEXT, build_records, select_traced
 
         t0 = time.perf_counter()
         run = self.store.get(run_id)
@@ -382,6 +382,7 @@ class MemoryRunWriter:
             {"tags": dict(r.tags), "spans": list(r.spans), "assessments": list(r.assessments), "generated": r.generated}
             for r in records
         )
+        run.metrics[N_AS_TEXT] = sum(r.n_as_text for r in records)
         seconds = time.perf_counter() - t0
         run.tags["traces"] = json.dumps({"n": len(records), "seconds": round(seconds, 3)})
         return seconds

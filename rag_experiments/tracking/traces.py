@@ -21,7 +21,6 @@ dataset: ``tracking.genai_dataset``. See ``docs/tracing.md``.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import time
@@ -46,11 +45,14 @@ from rag_experiments.tracking.assessments import (
     metric_definitions,
 )
 from rag_experiments.tracking.assessments import _num as _num
+from rag_experiments.tracking.store_values import storable_record
+from rag_experiments.tracking.trace_sampling import select_traced
 from rag_experiments.tracking.trace_settings import DEFAULT_SAMPLE, TraceSettings  # noqa: F401
 
 log = logging.getLogger(__name__)
 TRACE_NAME = "rag_query"
 TRACES_SAMPLED = "traces_sampled"  # run tag: the sampling rule's inputs and outcome
+N_AS_TEXT = "n_values_stored_as_text"  # run metric: trace values stored as plain text (store_values)
 _warned: set[str] = set()
 
 
@@ -256,61 +258,6 @@ def _chunk(doc: dict):
     return Chunk(m["chunk_id"], m["doc_id"], m["start"], m["end"], doc["page_content"])
 
 
-# ------------------------------------------------------------------------------ which items
-
-
-def _rank(seed: int, item_id: str) -> str:
-    return hashlib.sha256(f"{seed}:{item_id}".encode()).hexdigest()
-
-
-def select_traced(per_query: pd.DataFrame, cap: int | None, seed: int) -> tuple[pd.DataFrame, dict]:
-    """The rows to trace and the rule's record (run tag ``traces_sampled``).
-
-    Every row when ``cap`` is None or ``len(per_query) <= cap``. Otherwise exactly ``cap`` rows:
-    the ``cap // 2`` items first in a seeded order (sha256 of ``seed:item_id``: the same items in
-    every run of the eval set, so two runs can be compared trace by trace), then every failure
-    (a failure label whose rate is better lower, ``evaluation.registry``, or an error) in the
-    same order while room is left, then the next items in that order.
-    """
-    n = len(per_query)
-    if cap is None or n <= cap:
-        return per_query, {"rule": "all", "n": n, "traced": n}
-    order = per_query.assign(_rank=[_rank(seed, str(i)) for i in per_query["id"]]).sort_values("_rank")
-    failed = _failed(order)
-    common = order.index[: cap // 2]
-    rest = order.index[cap // 2 :]
-    fails = [i for i in rest if failed[i]][: cap - len(common)]
-    chosen = set(common) | set(fails)
-    fill = [i for i in rest if i not in chosen][: cap - len(chosen)]
-    keep = per_query.index.isin(chosen | set(fill))
-    failed = failed.reindex(per_query.index)  # ``order``'s labels, back in the table's order
-    record = {
-        "rule": "seeded half + failures first + seeded fill",
-        "cap": cap,
-        "seed": seed,
-        "n": n,
-        "traced": int(keep.sum()),
-        "failures": int(failed.sum()),
-        "failures_traced": int(failed[keep].sum()),
-    }
-    return per_query[keep], record
-
-
-def _failed(df: pd.DataFrame) -> pd.Series:
-    from rag_experiments.evaluation.registry import higher_is_better
-
-    bad = set()
-    for label in df.get("failure_label", pd.Series(dtype=object)).dropna().unique():
-        try:
-            if higher_is_better(f"rate_{label}") is False:
-                bad.add(label)
-        except KeyError:
-            continue
-    err = df["error"].map(lambda e: isinstance(e, str)) if "error" in df.columns else False
-    label = df["failure_label"].isin(bad) if "failure_label" in df.columns else False
-    return pd.Series(label | err, index=df.index).astype(bool)
-
-
 # ------------------------------------------------------------------------------ writing
 
 
@@ -322,6 +269,7 @@ class TraceRecord(NamedTuple):
     tags: dict[str, str]
     assessments: list[Pending]
     generated: bool = False
+    n_as_text: int = 0  # values stored as plain text (``tracking.store_values``)
 
 
 def build_records(
@@ -346,7 +294,7 @@ def build_records(
         specs, end = build_spans(row, item, doc_text, t, k, prompt, generator_model)
         pending = [*expectations(item, doc_text, evalset_digest), *feedbacks(row, item, cols, jsrc, k)]
         tags = {"item_id": item.id, "eval_tags": ",".join(item.tags)}
-        out.append(TraceRecord(specs, tags, pending, isinstance(row.get("answer"), str)))
+        out.append(storable_record(TraceRecord(specs, tags, pending, isinstance(row.get("answer"), str))))
         t = end + 1_000_000  # traces in item order, 1 ms apart
     return out
 
@@ -429,10 +377,20 @@ def write_traces(
     every trace. ``job.prompt_version``: linked to the trace of every item it generated (items
     outside ``generation_subset`` never used it).
     """
-    records = build_records(
+    return write_records(tracking_uri, run_id, experiment_id, _records(per_query, job), job)
+
+
+def _records(per_query: pd.DataFrame, job: TraceJob) -> list[TraceRecord]:
+    return build_records(
         per_query, job.items, job.docs, job.settings.k, job.evalset_digest, job.prompt, job.generator_model,
         job.judge,
     )  # fmt: skip
+
+
+def write_records(
+    tracking_uri: str, run_id: str, experiment_id: str, records: Sequence[TraceRecord], job: TraceJob
+) -> list[str]:
+    """Write built records by the path ``job.settings.path`` names (:func:`write_traces`)."""
     prompts = _prompt_versions(tracking_uri, job.prompt_version)
     path = job.settings.path
     if path == "auto":
@@ -489,7 +447,12 @@ def log_traces(client, run_id: str, experiment_id: str, per_query: pd.DataFrame,
     link_dataset(client, run_id, experiment_id, job.items, job.docs, job.evalset_digest)
     dataset_s = time.perf_counter() - t_ds  # seconds on the first run of an eval set, ~0 after
     client.log_dict(run_id, metric_definitions(per_query), "metric_definitions.json")
-    ids = write_traces(client.tracking_uri, run_id, experiment_id, traced, job)
+    records = _records(traced, job)
+    ids = write_records(client.tracking_uri, run_id, experiment_id, records, job)
+    n_as_text = sum(r.n_as_text for r in records)
+    client.log_metric(run_id, N_AS_TEXT, n_as_text)
+    if n_as_text:
+        log.warning("traces: %d values the store cannot hold as they are, stored as plain text", n_as_text)
     seconds = time.perf_counter() - t0
     # how long tracing took, so its overhead is visible per run (scripts/bench_traces.py)
     tag = {"n": len(ids), "seconds": round(seconds, 3), "dataset_seconds": round(dataset_s, 3)}

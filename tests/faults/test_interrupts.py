@@ -140,7 +140,7 @@ def test_cleanup_after_a_signal_inside_a_store_transaction_can_mark_the_run(tmp_
     transaction is reproduced exactly: a connection of the store's own engine that began a write."""
     from mlflow.tracing.client import TracingClient
 
-    from rag_experiments.tracking.mlflow_adapter import release_interrupted_connections
+    from rag_experiments.tracking.mlflow_adapter_session import release_interrupted_connections
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = MlflowClient(tracking_uri=uri)

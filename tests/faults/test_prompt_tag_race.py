@@ -81,7 +81,7 @@ def test_only_the_lost_insert_race_of_mlflows_link_thread_is_silenced(caplog):
     writes after it), any other failure of the thread still reaches the user."""
     import logging
 
-    from rag_experiments.tracking.mlflow_adapter import quiet_lost_prompt_link_races
+    from rag_experiments.tracking.mlflow_adapter_session import quiet_lost_prompt_link_races
 
     quiet_lost_prompt_link_races()
     log = logging.getLogger("mlflow.tracking.client")
