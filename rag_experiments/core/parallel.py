@@ -16,6 +16,8 @@ whichever thread took the signal (seen as a test that waited out every timeout o
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -44,6 +46,36 @@ def _interrupted() -> None:
         fn()
 
 
+@contextlib.contextmanager
+def _signal_seen() -> Iterator[threading.Event]:
+    """A flag set by SIGINT/SIGTERM while the block runs (main thread only; the previous handler
+    still runs). Python drops a ``KeyboardInterrupt`` its handler raised inside a finalizer run by
+    the garbage collector ("Exception ignored in …"); the flag is not dropped, so the consumer's
+    poll loop raises it (seen as runs that waited out every timeout in a large test process)."""
+    seen = threading.Event()
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old = signal.getsignal(sig)
+            if callable(old):
+                def note(signum, frame, old=old):
+                    seen.set()
+                    return old(signum, frame)
+
+                previous[sig] = old
+                signal.signal(sig, note)
+    try:
+        yield seen
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _check(seen: threading.Event) -> None:
+    if seen.is_set():
+        raise KeyboardInterrupt("signal received (its handler's exception was lost in a finalizer)")
+
+
 class Aborted(Exception):
     """A call not started because the run was interrupted."""
 
@@ -70,10 +102,12 @@ def thread_map(
         try:
             futures = [pool.submit(_guarded(fn, stop), x) for x in items]
             out = []
-            for fut in futures:  # in order, as pool.map: the first failure in order is raised
-                while not fut.done():
-                    wait([fut], timeout=POLL_S)
-                out.append(fut.result())
+            with _signal_seen() as seen:
+                for fut in futures:  # in order, as pool.map: the first failure in order is raised
+                    while not fut.done():
+                        wait([fut], timeout=POLL_S)
+                        _check(seen)
+                    out.append(fut.result())
             return out
         finally:  # on an exception the queued calls are cancelled, in-flight ones not awaited
             pool.shutdown(wait=False, cancel_futures=True)
@@ -95,10 +129,12 @@ def as_they_complete(fn: Callable[[T], R], items: Sequence[T], workers: int) -> 
     try:
         futures: dict[Future, int] = {pool.submit(guarded, x): i for i, x in enumerate(items)}
         pending = set(futures)
-        while pending:
-            done, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
-            for fut in sorted(done, key=futures.__getitem__):
-                yield futures[fut], fut.result()
+        with _signal_seen() as seen:
+            while pending:
+                done, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
+                _check(seen)
+                for fut in sorted(done, key=futures.__getitem__):
+                    yield futures[fut], fut.result()
     except KeyboardInterrupt:
         stop.set()
         _interrupted()

@@ -199,6 +199,9 @@ class OpenAICompatibleGenerator:
         text = getattr(message, "content", None) if message is not None else None
         if not isinstance(text, str):
             raise Retryable("malformed response: no message content")
+        # a JSON "\ud800" decodes to a lone surrogate, which no cache, table or store can encode:
+        # replaced by U+FFFD here, once, for every chat step
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         if not text.strip() and not allow_empty:
             raise Retryable("empty completion")
         usage = {}

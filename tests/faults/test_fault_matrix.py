@@ -303,3 +303,18 @@ def test_dead_reranker_and_transform_fail_the_cli_run(tmp_path, override):
     again = run_sweep(tmp_path, *args, check=False)
     assert "[skip]" not in again.stdout and again.returncode == first.returncode
     assert len(client.search_runs([exp_id])) == 2
+
+
+def test_a_lone_surrogate_in_a_reply_is_replaced_once_for_every_chat_step(world, tmp_path):
+    """A JSON ``"\\ud800"`` decodes to a lone surrogate no cache, table or store can encode; the
+    endpoint's chat parser replaces it (U+FFFD), so the run and its per-query table survive."""
+    inputs, _ = world
+    odd = ChatServer(lambda body: "Webhooks retry \ud800 for 24 hours.")
+    try:
+        row = STEPS[0]
+        res = tiny_pipeline(inputs, **row.stages(odd.url, odd.url))
+        assert res.records["generator"].failed == 0
+        assert res.per_query["answer"].str.contains("\ufffd").all()
+        res.per_query.to_parquet(tmp_path / "t.parquet")
+    finally:
+        odd.close()

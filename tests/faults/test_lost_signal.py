@@ -36,11 +36,6 @@ class _SlowFinalizer:
             pass  # bytecode: Python's pending-signal check runs here, on the main thread
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core.parallel: a KeyboardInterrupt raised inside a finalizer is dropped by Python; "
-    "the consumer must also see the signal through a flag its poll loop checks (report to the lead)",
-)
 def test_a_signal_handled_inside_a_finalizer_still_interrupts_generation(monkeypatch):
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
