@@ -46,13 +46,6 @@ _JUDGE_CODE = (
 )
 
 SLOTS: tuple[Slot, ...] = (
-    # your application as a black box (docs/app.md): it retrieves and answers, so the built-in
-    # retrieval stages and the generator do not run; its answers are judged, its contexts scored
-    Slot("app", "app", "rag_experiments.stages.app.App", ("app",),
-         ("rag_experiments.stages.app", "rag_experiments.evalset.contexts", "rag_experiments.run.app_step"),
-         optional=True, step="app", errors="n_app_errors", noun="questions asked to the app", position=1,
-         column="app", runner="rag_experiments.run.app_step.AppStep",
-         replaces=("chunker", "query_transform", "retriever", "reranker")),
     Slot("chunker", "chunking", "rag_experiments.stages.chunking.Chunker", ("chunks",),
          ("rag_experiments.stages.chunking",), step="chunking", position=1, noun="documents",
          runner="rag_experiments.run.retrieval.ChunkStep"),
@@ -62,6 +55,13 @@ SLOTS: tuple[Slot, ...] = (
          ("rag_experiments.stages.retrieval", _EMBEDDING, "rag_experiments.stages.vector_store"),
          step="retrieval", position=3, noun="queries", column="retrieval",
          runner="rag_experiments.run.retrieval.RetrieveStep"),
+    # your application as a black box (docs/app.md): it retrieves and answers, so the built-in
+    # retrieval stages and the generator do not run; its answers are judged, its contexts scored
+    Slot("app", "app", "rag_experiments.stages.app.App", ("app",),
+         ("rag_experiments.stages.app", "rag_experiments.evalset.contexts", "rag_experiments.run.app_step"),
+         optional=True, step="app", errors="n_app_errors", noun="questions asked to the app", position=1,
+         column="app", runner="rag_experiments.run.app_step.AppStep",
+         replaces=("chunker", "query_transform", "retriever", "reranker")),
     # what the retriever searches: a rewritten query, a hypothetical answer (HyDE) or variants fused by
     # RRF, from a chat model (docs/stages.md); query=none: the question. After the retriever in this
     # list (the first three are the retrieval core), before it in the run.
