@@ -49,6 +49,7 @@ def _full_table() -> pd.DataFrame:
             "error": [None, None, "timeout"],
             "rerank_error": [None, None, None],
             "query_error": [None, "HTTP 500", None],
+            "app_error": [None, None, "RuntimeError: down"],
             "failure_label": ["ok", "retrieved", "generation_failure"],
             "answer": ["yes [1]", None, None],
             "context": ["hello", None, ""],

@@ -421,7 +421,11 @@ def cli() -> None:
     from rag_experiments.run.racing import rewrite_argv
 
     sys.argv[1:] = rewrite_argv(sys.argv[1:])  # racing=true → racing.enabled=true
-    if bad := unknown_group_options(sys.argv[1:]) + unknown_config_keys(sys.argv[1:]) + missing_launcher_plugins(sys.argv[1:]):
+    argv = sys.argv[1:]
+    bad = unknown_group_options(argv) + missing_launcher_plugins(argv)
+    if not bad:  # typo'd keys need the groups and launcher to compose: checked once those are known good
+        bad = unknown_config_keys(argv)
+    if bad:
         print_problems(bad)
         sys.exit(2)
     try:
