@@ -49,6 +49,11 @@ def test_summary_names_every_step_error_count_and_the_first_stage_line_is_a_pair
                        "first_stage/hit_at_1": [0.0, 1.0, 0.0, 0.0]})  # fmt: skip
     (line,) = first_stage_lines(df, agg, 1, [1])
     assert "0.250 →  0.750" in line and "+0.500" in line and "mcnemar" in line and "n=4" in line
+    from rag_experiments.analysis.stats import first_stage_deltas
+
+    (r,) = first_stage_deltas(pd.concat([df, df]), ["hit_at_1", "mrr"])  # replicated rows count once
+    assert (r.metric, r.mean_a, r.mean_b, r.n_pairs) == ("hit_at_1", 0.25, 0.75, 4) and r.p_holm is not None
+    assert first_stage_deltas(df.drop(columns=["first_stage/hit_at_1"]), ["hit_at_1"]) == []
 
 
 def _names() -> set[str]:
@@ -146,3 +151,42 @@ def test_a_slot_declared_once_runs_timed_counted_and_under_the_status_rule(tmp_p
         assert not failure_reason(res.records) and any("shouting" in ln for ln in step_summary(res.records))
     rec.failed = rec.items  # every item failed: the run fails, naming it
     assert "every one of the 4 shouted questions errored (shouting step" in failure_reason(res.records)
+
+
+def test_compare_shows_what_each_runs_reranker_added_with_the_paired_test():
+    from rag_experiments.cli.compare import build_comparison, render
+    from rag_experiments.core.run_record import RunData
+
+    ids = [f"q{i}" for i in range(6)]
+    a = RunData("a" * 32, "bm25", {"rerank": "none"}, {"evalset_digest": "d"},
+                pd.DataFrame({"id": ids, "hit_at_1": [0.0, 1.0, 0.0, 0.0, 1.0, 0.0]}))  # fmt: skip
+    b = RunData("b" * 32, "bm25+dense", {"rerank": "dense"}, {"evalset_digest": "d"},
+                pd.DataFrame({"id": ids, "hit_at_1": [1.0, 1.0, 1.0, 0.0, 1.0, 1.0],
+                              "first_stage/hit_at_1": [0.0, 1.0, 0.0, 0.0, 1.0, 0.0]}))  # fmt: skip
+
+    class Reader:
+        def per_query(self, run):
+            return run.table
+
+    comp = build_comparison(Reader(), a, b, metrics=["hit_at_1"], n_resamples=999)
+    assert list(comp.first_stage) == ["B"]  # only B has a reranker
+    (r,) = comp.first_stage["B"]
+    assert (r.mean_a, r.mean_b, r.n_pairs) == (2 / 6, 5 / 6, 6) and "mcnemar" in r.test
+    text = render(comp, markdown=False)
+    assert "Reranker of B: first stage (mean A) → final list (mean B)" in text and "Holm over 1" in text
+
+
+def test_the_report_shows_first_stage_beside_final_for_a_reranked_config():
+    from types import SimpleNamespace
+
+    from rag_experiments.report.sections import first_stage_table
+
+    df = pd.DataFrame({"id": list("abcd"), "hit_at_1": [1.0, 1.0, 0.0, 1.0], "mrr": [1.0, 1.0, 0.2, 1.0],
+                       "first_stage/hit_at_1": [0.0, 1.0, 0.0, 0.0], "first_stage/mrr": [0.5, 1.0, 0.2, 0.5]})  # fmt: skip
+    cfg = SimpleNamespace(label="rerank=dense", table=df, metrics={"hit_at_1": 0.75, "mrr": 0.8})
+    plain = SimpleNamespace(label="rerank=none", table=df.drop(columns=["first_stage/hit_at_1", "first_stage/mrr"]),
+                            metrics={"hit_at_1": 0.25})  # fmt: skip
+    _, tbl = first_stage_table(SimpleNamespace(configs=[plain, cfg], k=1))
+    rendered = str(tbl.rows) if hasattr(tbl, "rows") else str(tbl)
+    assert "rerank=dense" in rendered and "rerank=none" not in rendered and "Holm over 2" in rendered
+    assert first_stage_table(SimpleNamespace(configs=[plain], k=1)) == []

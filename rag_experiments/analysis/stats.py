@@ -30,6 +30,7 @@ from rag_experiments.evaluation.labels import FAILURE_LABELS
 __all__ = [
     "PairedResult",
     "as_series",
+    "first_stage_deltas",
     "flips",
     "holm",
     "is_binary",
@@ -168,6 +169,24 @@ def paired_deltas(
     for members in groups.values():
         out.update(_paired_group(members, seed, n_resamples, confidence))
     return [out[m] for m in metrics]
+
+
+def first_stage_deltas(
+    table: pd.DataFrame, metrics: Sequence[str], seed: int = 0, n_resamples: int = 9999
+) -> list[PairedResult]:
+    """What a run's reranker added: per metric with a ``first_stage/<metric>`` column, the final
+    list's values (B) against the first stage's (A), paired by eval id within the run,
+    delta = mean(final) − mean(first stage) (:func:`paired_deltas`), Holm over the metrics tested.
+    Replicated rows repeat the retrieval columns, so each id counts once. [] without a reranker."""
+    once = table.drop_duplicates("id") if "id" in table.columns else table
+    ms = [m for m in metrics if m in once.columns and f"first_stage/{m}" in once.columns]
+    if not ms:
+        return []
+    first = once[["id", *(f"first_stage/{m}" for m in ms)]].rename(columns=lambda c: c.removeprefix("first_stage/"))
+    out = [r for r in paired_deltas(first, once[["id", *ms]], ms, seed=seed, n_resamples=n_resamples) if r.n_pairs]
+    for r, p in zip(out, holm([r.p_value for r in out]), strict=True):
+        r.p_holm = float(p)
+    return out
 
 
 _FEW = 512  # at most this many distinct deltas: resample the value counts, not the items

@@ -33,7 +33,14 @@ from rag_experiments.analysis.attribution import config_diff
 from rag_experiments.analysis.baseline import context_k
 from rag_experiments.analysis.comparability import comparable_only, human_lines, label_evidence_notes
 from rag_experiments.analysis.judge_trust import generation_marker, is_generation_metric
-from rag_experiments.analysis.stats import PairedResult, flips, holm, paired_deltas, transition_matrix
+from rag_experiments.analysis.stats import (
+    PairedResult,
+    first_stage_deltas,
+    flips,
+    holm,
+    paired_deltas,
+    transition_matrix,
+)
 from rag_experiments.cli.compare_sweep import main_sweep, safe_name, trust_inputs
 from rag_experiments.core.formatting import fmt_num as _f
 from rag_experiments.core.formatting import fmt_p as _p
@@ -78,6 +85,8 @@ class Comparison:
     n_common: int
     warnings: list[str] = field(default_factory=list)
     family: str = ""  # which metrics were tested (the Holm family), one line
+    # per run with a reranker ("A", "B"): its final list against its own first stage (first_stage/*)
+    first_stage: dict[str, list[PairedResult]] = field(default_factory=dict)
 
 
 def _with_label_rates(df: pd.DataFrame, labels: Sequence[str]) -> pd.DataFrame:
@@ -187,6 +196,10 @@ def build_comparison(
         n_common=len(ids_a & ids_b),
         warnings=warnings,
         family=family,
+        first_stage={
+            side: res for side, t in (("A", ta), ("B", tb))
+            if (res := first_stage_deltas(t, chosen, seed=seed, n_resamples=n_resamples))
+        },
     )
 
 
@@ -290,6 +303,9 @@ def render(comp: Comparison, markdown: bool) -> str:
         "",
         METHOD_NOTE,
     ]
+    for side, res in comp.first_stage.items():  # what each run's reranker added (docs/stages.md)
+        out += ["", h(f"Reranker of {side}: first stage (mean A) → final list (mean B), paired within the run")]
+        out.append(table(result_headers(len(res)), _result_rows(res)))
     for title, df in comp.flips.items():
         out += ["", h(f"Flipped queries: {title} ({len(df)})")]
         if df.empty:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from rag_experiments.analysis.comparability import comparability
 from rag_experiments.analysis.judge_trust import card_title
+from rag_experiments.analysis.stats import first_stage_deltas
 from rag_experiments.core.conf_groups import embedding_used, generation_only
 from rag_experiments.core.run_record import is_bookkeeping
 from rag_experiments.evaluation.headline import (
@@ -252,6 +253,9 @@ def results(an: Analysis) -> Section:
         card = judge_card_table(an)
         if card:  # beside the generation metrics: how far the judge behind them can be trusted
             generation.append(Subsection("Judge validity: human labels first", card))
+    added = first_stage_table(an)
+    if added:  # a reranker's run: its final list against its own first stage
+        retrieval.blocks += added
     # the side the primary metric is on leads (evaluation.headline)
     lead_gen = an.primary in an.gen_keys
     s.subsections += [*generation, retrieval] if lead_gen else [retrieval, *generation]
@@ -274,6 +278,26 @@ def results(an: Analysis) -> Section:
         cost = [[c.label, *(f3(c.metrics.get(k), nd=nd) for k, nd in keys.items())] for c in an.configs]
         s.subsections.append(Subsection("Cost", [table(["config", *keys], cost)]))
     return s
+
+
+def first_stage_table(an: Analysis) -> list:
+    """Per config with a reranker, each retrieval metric on its first stage's list beside the final
+    list's, with the paired test within the run (``analysis.stats.first_stage_deltas``, Holm over
+    the metrics of that config)."""
+    keys = retrieval_metrics(logged_ks(an.configs), an.k)
+    rows = []
+    for c in an.configs:
+        if c.table is None:
+            continue
+        res = first_stage_deltas(c.table, keys)
+        for r in res:
+            rows.append([c.label, r.metric, f3(r.mean_a), f3(r.mean_b), f"{r.delta:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]",
+                         f"{r.p_holm:.3g} (Holm over {len(res)})", r.test, str(r.n_pairs)])  # fmt: skip
+    if not rows:
+        return []
+    note = Paragraph(text("What each config's reranker added: the first stage's list (the retriever's, "
+                          "first_stage/<metric>) against the reranked list, paired by query within the run."))  # fmt: skip
+    return [note, table(["config", "metric", "first stage", "final", "Δ [95% CI]", "p_holm", "test", "n"], rows)]
 
 
 #: The card's columns: (metric key, header). Human labels lead; the synthetic card follows.

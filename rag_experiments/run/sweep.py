@@ -34,7 +34,7 @@ import pandas as pd  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from rag_experiments.analysis.judge_trust import runs_judge_notes  # noqa: E402
-from rag_experiments.analysis.stats import paired_delta  # noqa: E402
+from rag_experiments.analysis.stats import first_stage_deltas  # noqa: E402
 from rag_experiments.core.cache import StageCache  # noqa: E402
 from rag_experiments.core.formatting import fmt_num  # noqa: E402
 from rag_experiments.core.identity import code_fingerprint, judge_fingerprint  # noqa: E402
@@ -106,18 +106,15 @@ def summary_table(agg: dict[str, float], k: int, ks: list[int]) -> str:
 
 def first_stage_lines(per_query: pd.DataFrame, agg: dict[str, float], k: int, ks: list[int]) -> list[str]:
     """What the reranker added, one line per headline retrieval metric: the first stage's mean →
-    the final list's, with the paired difference (bootstrap CI; exact McNemar on 0/1 metrics, else
-    sign-flip p), over the queries scored by both."""
-    once = per_query.drop_duplicates("id").set_index("id")  # replicates repeat the retrieval columns
+    the final list's, with the paired difference (``analysis.stats.first_stage_deltas``: bootstrap
+    CI; exact McNemar on 0/1 metrics, else sign-flip p; Holm over the metrics shown)."""
+    keys = [key for key in metric_keys(ks, k, generation=False) if spec(key).side == "retrieval"]
     out = []
-    for key in metric_keys(ks, k, generation=False):
-        col = f"first_stage/{key}"
-        if col not in once or key not in once or spec(key).side != "retrieval":
-            continue
-        r = paired_delta(once[col], once[key], key, n_resamples=2000)
+    for r in first_stage_deltas(per_query, keys, n_resamples=2000):
         out.append(
-            f"first stage → final  {key:<28} {_fmt(r.mean_a)} → {_fmt(r.mean_b)}  "
-            f"{r.delta:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}], p={r.p_value:.3g} ({r.test}), n={r.n_pairs}"
+            f"first stage → final  {r.metric:<28} {_fmt(r.mean_a)} → {_fmt(r.mean_b)}  "
+            f"{r.delta:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}], p={r.p_value:.3g} ({r.test}), "
+            f"p_holm={r.p_holm:.3g} (Holm over {len(keys)}), n={r.n_pairs}"
         )
     return out
 
