@@ -46,3 +46,19 @@ def _records(reader, name: str, problems: list[str]) -> Iterator[tuple[int, list
             return
         if values and any(v.strip() for v in values):
             yield line, values
+
+
+def numbered_rows(reader, path, problems: list[str]) -> Iterator[tuple[int, list[str]]]:
+    """``(line, values)`` of every non-blank row a ``csv.reader`` gives after its header; a row the
+    CSV parser rejects ends the file with a ``FILE:LINE: row: not valid CSV`` problem."""
+    while True:
+        line = reader.line_num + 1
+        try:
+            values = next(reader, None)
+        except csv.Error as e:
+            problems.append(f"{path}:{line}: row: not valid CSV ({e})")
+            return
+        if values is None:
+            return
+        if any(v.strip() for v in values):
+            yield line, values

@@ -33,6 +33,7 @@ from rag_experiments.core.progress import Progress
 from rag_experiments.core.redaction import redact
 from rag_experiments.core.types import Document
 from rag_experiments.evalset.corpus import CorpusError, load_corpus
+from rag_experiments.evalset.csv_text import numbered_rows
 from rag_experiments.evalset.load import EvalSetError, Normalised, load_evalset, normalise_ws
 from rag_experiments.evalset.near_miss import NEAR_MISS_THRESHOLD, near_miss
 from rag_experiments.stages.embedding import metric_embedder
@@ -347,22 +348,14 @@ def _review_rows(path: Path) -> tuple[list[tuple[int, dict]], list[str]]:
     if missing:
         return [], [f"{path}:1: {c}: missing column" for c in missing]
     rows, problems = [], []
-    while True:
-        line = reader.line_num + 1
-        try:
-            values = next(reader, None)
-        except csv.Error as e:
-            return rows, [*problems, f"{path}:{line}: row: not valid CSV ({e})"]
-        if values is None:
-            return rows, problems
-        if not any(v.strip() for v in values):
-            continue
+    for line, values in numbered_rows(reader, path, problems):
         rec = {k: (v or "").strip() for k, v in zip(header, values, strict=False)}
         keep = rec.get("keep", "").lower()
         if keep not in KEEP_YES + KEEP_NO:
             problems.append(f"{path}:{line}: keep: {rec.get('keep')!r} is not yes/1/true or no/0/false/blank")
         elif keep in KEEP_YES:
             rows.append((line, rec))
+    return rows, problems
 
 
 def accept(review: Path, docs: list[Document]) -> tuple[list[dict], list[str]]:

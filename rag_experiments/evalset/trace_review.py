@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rag_experiments.core.types import Document
+from rag_experiments.evalset.csv_text import numbered_rows
 from rag_experiments.evalset.load import EvalSetError, load_evalset
 
 COLUMNS = [
@@ -120,16 +121,7 @@ def read_review(path: Path) -> tuple[list[ReviewRow], list[str]]:
         ) or "columns reordered"  # fmt: skip
         return [], [f"{path}:1: header: changed ({what}); expected {','.join(COLUMNS)}"]
     rows, problems, first = [], [], {}
-    while True:
-        line = reader.line_num + 1
-        try:
-            values = next(reader, None)
-        except csv.Error as e:
-            return rows, [*problems, f"{path}:{line}: row: not valid CSV ({e})"]
-        if values is None:
-            return rows, problems
-        if not any(v.strip() for v in values):
-            continue
+    for line, values in numbered_rows(reader, path, problems):
         if len(values) != len(COLUMNS):
             problems.append(f"{path}:{line}: row: {len(values)} fields, the header has {len(COLUMNS)}")
             continue
@@ -155,6 +147,7 @@ def read_review(path: Path) -> tuple[list[ReviewRow], list[str]]:
             rec["doc_id"], rec["quote"], rec["answer"], [t.strip() for t in rec["key_facts"].split(";") if t.strip()],
             [t for t in re.split(r"[;,\s]+", rec["tags"]) if t], rec["label"], keep or "", line,
         ))  # fmt: skip
+    return rows, problems
 
 
 def _item(r: ReviewRow, item: str) -> dict:
