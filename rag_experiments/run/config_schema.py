@@ -27,6 +27,7 @@ from rag_experiments.evaluation.defaults import RANK_DEPTH, TOKEN_BUDGETS, metri
 from rag_experiments.run.config_types import conforms, describe
 from rag_experiments.run.config_types import is_int as _is_int
 from rag_experiments.run.config_types import is_num as _is_num
+from rag_experiments.run.endpoint_checks import embedding_endpoint_problems
 from rag_experiments.stages.prompts import CONTEXT_FORMATS
 
 Problems = list[str]
@@ -213,6 +214,8 @@ def _chunking(g: _Group) -> None:
 
 
 def _embedding(g: _Group) -> None:
+    if embedding_endpoint_problems(g):  # embedding=openai: its keys, then one probe request
+        return
     g.path_exists("path", "dir")
     g.path_exists("teacher_path", "dir")
     g.int_at_least("batch_size", 1)
