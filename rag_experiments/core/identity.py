@@ -204,6 +204,10 @@ PLACE_KEYS = frozenset(
         "ray_min_chunks",
         "ray_concurrency",
         "wait_timeout_s",  # racing: how long to wait for a silent peer (docs/racing.md)
+        # an endpoint's limits: how fast calls are made, never what they answer (docs/endpoints.md)
+        "max_concurrency",
+        "rpm",
+        "tpm",
     }
 )
 #: Input locations whose content is covered by a digest (``corpus_digest``, ``evalset_digest``).

@@ -27,7 +27,7 @@ from rag_experiments.evaluation.defaults import RANK_DEPTH, TOKEN_BUDGETS, metri
 from rag_experiments.run.config_types import conforms, describe
 from rag_experiments.run.config_types import is_int as _is_int
 from rag_experiments.run.config_types import is_num as _is_num
-from rag_experiments.run.endpoint_checks import embedding_endpoint_problems
+from rag_experiments.run.endpoint_checks import embedding_endpoint_problems, limit_problems
 from rag_experiments.stages.prompts import CONTEXT_FORMATS
 
 Problems = list[str]
@@ -267,6 +267,7 @@ def _rerank(g: _Group) -> None:
         g.api_key_env()
         g.int_at_least("max_tokens", 1)
         g.int_at_least("concurrency", 1)
+        limit_problems(g)
         if "model" in g.node and str(g.node["_target_"]).endswith(".LLMReranker") and not str(g.node["model"] or "").strip():
             g.bad("model", "must be a non-empty model name", g.node["model"])
     if "prompt" in g.node and not all(f in str(g.node["prompt"]) for f in ("{query}", "{passage}")):
@@ -341,6 +342,7 @@ def _llm_client(g: _Group) -> None:
         g.int_at_least("max_answer_chars", 1)
     g.num_at_least("timeout_s", 0, strict=True)
     g.num_at_least("backoff_s", 0)
+    limit_problems(g)
     _pricing(g)
 
 

@@ -31,7 +31,7 @@ def limit_problems(g: Any) -> None:
         fits = is_int(v) if integer else is_num(v)
         if not fits or not (v > low if open_low else v >= low) or v > high:
             kind = "an integer" if integer else "a number"
-            g.bad(key, f"must be {kind} in {'(' if open_low else '['}{low}, {high:g}] or null (no limit)", v)
+            g.bad(key, f"must be {kind} in {'(' if open_low else '['}{low}, {high}] or null (no limit)", v)
 
 
 def embedding_endpoint_problems(g: Any) -> bool:

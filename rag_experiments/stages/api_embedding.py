@@ -230,7 +230,7 @@ class OpenAIEmbedder:
             if reply.error:
                 raise RuntimeError(f"embedding: {self.base_url}/embeddings ({self.model}): {reply.error}")
             vecs, tokens = reply.data
-            self._endpoint.record_tokens(tokens, tokens / 1000 * self.price_per_1k_tokens)
+            self._endpoint.record_tokens(0, tokens / 1000 * self.price_per_1k_tokens)  # post() counted the tokens
             return vecs
 
         parts = thread_map(one, spans, self.concurrency)  # Ctrl-C aborts the client via core.parallel

@@ -131,6 +131,7 @@ class _Shared:
     next_tpm: float = 0.0
     ok_streak: int = 0
     cut_at: float = 0.0  # when the cap was last halved
+    ceiling: int = 0  # the allowed count a 429 last came at: probed again only slowly
     usage: Usage = field(default_factory=Usage)
     cond: threading.Condition = field(default_factory=threading.Condition)
 
@@ -143,15 +144,18 @@ class _Shared:
         round's); caller holds ``cond``."""
         if sent_at < self.cut_at:
             return
-        self.cap = max(1, (self.allowed() or self.in_flight + 1) // 2)
+        self.ceiling = self.allowed() or self.in_flight + 1
+        self.cap = max(1, self.ceiling // 2)
         self.cut_at, self.ok_streak = time.monotonic(), 0
 
     def on_success(self) -> None:
-        """One more allowed after ``cap`` successes in a row, up to ``limit``; caller holds ``cond``."""
+        """One more allowed after ``cap`` successes in a row, up to ``limit``; reaching the count a
+        429 last came at takes ``8 * ceiling`` (probing the server's limit rarely, not every round
+        trip); caller holds ``cond``."""
         if not self.cap:
             return
         self.ok_streak += 1
-        if self.ok_streak >= self.cap:
+        if self.ok_streak >= (self.cap if self.cap + 1 < self.ceiling else 8 * self.ceiling):
             self.cap, self.ok_streak = self.cap + 1, 0
             if self.limit and self.cap >= self.limit:
                 self.cap = 0  # back at the declared limit
@@ -163,6 +167,17 @@ _LOCK = threading.Lock()
 _EPOCH = [0]  # abort_all's count: an endpoint built before the latest abort refuses every call
 _WAKE = threading.Condition()  # wakes backoff sleeps at an abort
 _CLIENTS: weakref.WeakSet = weakref.WeakSet()  # the open httpx clients, closed by abort_all
+
+
+def reply_tokens(raw: bytes) -> int:
+    """``usage.total_tokens`` of a JSON reply (OpenAI's chat, embeddings), else 0."""
+    if b'"usage"' not in raw:
+        return 0
+    try:
+        n = (json.loads(raw).get("usage") or {}).get("total_tokens", 0)
+    except (ValueError, AttributeError):
+        return 0
+    return int(n) if isinstance(n, int | float) and not isinstance(n, bool) and n >= 0 else 0
 
 
 def endpoint_key(base_url: str, model: str = "") -> str:
@@ -258,7 +273,8 @@ class Endpoint:
         self._shared = sh
 
     def record_tokens(self, tokens: float, usd: float = 0.0) -> None:
-        """A reply's token count (and cost): summed in the usage, and paced against ``tpm``."""
+        """A reply's token count (and cost): summed in the usage, and paced against ``tpm``.
+        :meth:`post` records every reply's ``usage.total_tokens``; callers add the cost."""
         sh = self._shared
         with _LOCK:
             sh.usage.tokens += tokens
@@ -307,6 +323,7 @@ class Endpoint:
                     data = parse(raw)
                     with sh.cond:
                         sh.on_success()
+                    self.record_tokens(reply_tokens(raw))
                     return Reply(data, None, attempt, time.perf_counter() - t0, status)
                 except Exception as exc:  # noqa: BLE001 - classified below; never escapes
                     last, retry_after, retry = self._classify(exc)
