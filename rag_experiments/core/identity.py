@@ -208,6 +208,7 @@ PLACE_KEYS = frozenset(
         "max_concurrency",
         "rpm",
         "tpm",
+        "budget",  # how much may be spent, never what is measured: raised, the same runs resume
     }
 )
 #: Input locations whose content is covered by a digest (``corpus_digest``, ``evalset_digest``).

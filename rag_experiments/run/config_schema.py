@@ -27,7 +27,7 @@ from rag_experiments.evaluation.defaults import RANK_DEPTH, TOKEN_BUDGETS, metri
 from rag_experiments.run.config_types import conforms, describe
 from rag_experiments.run.config_types import is_int as _is_int
 from rag_experiments.run.config_types import is_num as _is_num
-from rag_experiments.run.endpoint_checks import embedding_endpoint_problems, limit_problems
+from rag_experiments.run.endpoint_checks import budget_problems, embedding_endpoint_problems, limit_problems
 from rag_experiments.stages.prompts import CONTEXT_FORMATS
 
 Problems = list[str]
@@ -524,7 +524,7 @@ def _judge_card(node: Any) -> Problems:
 
 def validate(cfg: dict) -> Problems:
     """Every problem in a resolved config (a plain dict), in group order; [] when it is valid."""
-    problems = _top_level(cfg)
+    problems = _top_level(cfg) + budget_problems(cfg)
     with_generation = bool((cfg.get("generator") or {}).get("_target_"))
     for name, check in GROUP_CHECKS.items():
         if name not in cfg or (name in ("prompt", "judge") and not with_generation):

@@ -4,7 +4,10 @@
   (``max_concurrency`` in [1, 1024], ``rpm`` in (0, 1e6], ``tpm`` in (0, 1e9]);
 - :func:`embedding_endpoint_problems`: ``embedding=openai``'s keys, then one probe request
   (``stages.api_embedding.probe``): an endpoint that is unreachable, refuses the key or the model,
-  or answers with NaN or wrongly-sized vectors exits 2 naming the key, before any run.
+  or answers with NaN or wrongly-sized vectors exits 2 naming the key, before any run;
+- :func:`budget_problems`: ``budget.max_calls`` >= 1, ``budget.max_usd`` > 0 and not smaller than
+  the first call can cost; :func:`apply_budget` hands the budget and the prices to
+  ``stages.budget`` when the stages are built.
 """
 
 from __future__ import annotations
@@ -66,3 +69,52 @@ def embedding_endpoint_problems(g: Any) -> bool:
         endpoint.close()
     g.problems += list(found.problems)
     return True
+
+
+def _llm_nodes(cfg: dict) -> list[dict]:
+    """The config nodes that call a priced chat endpoint: generator, judge, query.llm."""
+    nodes = [cfg.get("generator"), cfg.get("judge"), (cfg.get("query") or {}).get("llm")]
+    return [n for n in nodes if isinstance(n, dict) and n.get("base_url") and n.get("_target_")]
+
+
+def budget_problems(cfg: dict) -> list[str]:
+    """``budget``: known keys, ``max_calls`` an integer >= 1, ``max_usd`` a number > 0 and at least
+    the most the first generation can cost, ``price_per_1k_out · max_tokens / 1000`` (a budget
+    smaller than one call would stop the sweep before it measured anything)."""
+    from rag_experiments.evaluation.cost import price
+    from rag_experiments.run.config_types import is_int, is_num
+
+    node = cfg.get("budget")
+    if node is None:
+        return []
+    if not isinstance(node, dict):
+        return [f"conf/config: budget: must be a mapping with max_calls and/or max_usd (got {node!r})"]
+    out = [f"conf/config: budget.{k}: unknown key (max_calls, max_usd)" for k in sorted(set(node) - {"max_calls", "max_usd"})]
+    calls, usd = node.get("max_calls"), node.get("max_usd")
+    if calls is not None and (not is_int(calls) or calls < 1):
+        out.append(f"conf/config: budget.max_calls: must be an integer >= 1 or null (got {calls!r})")
+    if usd is not None and (not is_num(usd) or not usd > 0):
+        out.append(f"conf/config: budget.max_usd: must be a number > 0 or null (got {usd!r})")
+    elif usd is not None and (gen := cfg.get("generator") or {}).get("pricing"):
+        try:
+            first = price(gen["pricing"])[1] * float(gen.get("max_tokens") or 0) / 1000
+        except (TypeError, ValueError):
+            first = 0.0  # a bad price is the pricing check's to report
+        if usd < first:
+            out.append(f"conf/config: budget.max_usd: {usd:g} USD is less than the first generation can cost "
+                       f"({first:.6f} USD: generator.max_tokens={gen.get('max_tokens')} at price_per_1k_out)")  # fmt: skip
+    return out
+
+
+def apply_budget(c: dict) -> None:
+    """The resolved config's ``budget`` and its chat endpoints' prices, into ``stages.budget`` (per
+    process: each job of a multirun sets the same, and what was spent is kept)."""
+    from rag_experiments.evaluation.cost import price
+    from rag_experiments.stages import budget
+    from rag_experiments.stages.endpoint import endpoint_key
+
+    node = c.get("budget") or {}
+    budget.set_budget(node.get("max_calls"), node.get("max_usd"))
+    for n in _llm_nodes(c):
+        if n.get("pricing"):
+            budget.set_price(endpoint_key(str(n["base_url"]).rstrip("/"), str(n.get("model") or "")), *price(n["pricing"]))

@@ -27,6 +27,7 @@ from typing import Literal
 import numpy as np
 
 from rag_experiments.core.parallel import thread_map
+from rag_experiments.stages import budget
 from rag_experiments.stages.endpoint import Endpoint, GiveUp
 
 log = logging.getLogger(__name__)
@@ -193,6 +194,7 @@ class OpenAIEmbedder:
             max_concurrency=max_concurrency or self.concurrency, rpm=rpm, tpm=tpm,
             what="embedding.timeout_s",
         )  # fmt: skip
+        budget.set_price(self._endpoint.key, self.price_per_1k_tokens, 0.0)
         found = probe(self._endpoint, self.dimensions, api_key_env)
         if found.problems:
             raise EmbeddingEndpointError(list(found.problems))
@@ -229,9 +231,7 @@ class OpenAIEmbedder:
             reply = self._endpoint.post("/embeddings", body, lambda raw: parse_embeddings(raw, len(part)))
             if reply.error:
                 raise RuntimeError(f"embedding: {self.base_url}/embeddings ({self.model}): {reply.error}")
-            vecs, tokens = reply.data
-            self._endpoint.record_tokens(0, tokens / 1000 * self.price_per_1k_tokens)  # post() counted the tokens
-            return vecs
+            return reply.data[0]  # post() counted the tokens and their cost
 
         parts = thread_map(one, spans, self.concurrency)  # Ctrl-C aborts the client via core.parallel
         x = np.asarray([v for p in parts for v in p], dtype=np.float32)

@@ -45,6 +45,7 @@ from typing import Any
 
 from rag_experiments.core.parallel import on_interrupt
 from rag_experiments.core.redaction import error_text, redact, register_secret_env
+from rag_experiments.stages import budget
 
 #: The largest reply body read (bytes): a chat answer is capped far below this; a larger body is a
 #: misbehaving endpoint, refused rather than held in memory and stored.
@@ -104,6 +105,7 @@ class Usage:
     retries: int = 0
     http_429: int = 0
     failed: int = 0
+    budget_refused: int = 0  # calls not sent: the budget would be passed (stages.budget)
     waited_s: float = 0.0  # backoff and Retry-After sleeps
     seconds: float = 0.0  # wall time of the calls, waits included
     throttled_s: float = 0.0  # thread-seconds waiting for a slot (concurrency, rpm, tpm, 429 cuts)
@@ -169,15 +171,15 @@ _WAKE = threading.Condition()  # wakes backoff sleeps at an abort
 _CLIENTS: weakref.WeakSet = weakref.WeakSet()  # the open httpx clients, closed by abort_all
 
 
-def reply_tokens(raw: bytes) -> int:
-    """``usage.total_tokens`` of a JSON reply (OpenAI's chat, embeddings), else 0."""
+def reply_usage(raw: bytes) -> dict[str, float]:
+    """The numeric ``usage`` fields of a JSON reply (OpenAI's chat, embeddings), else {}."""
     if b'"usage"' not in raw:
-        return 0
+        return {}
     try:
-        n = (json.loads(raw).get("usage") or {}).get("total_tokens", 0)
+        usage = json.loads(raw).get("usage") or {}
+        return {k: float(v) for k, v in usage.items() if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0}
     except (ValueError, AttributeError):
-        return 0
-    return int(n) if isinstance(n, int | float) and not isinstance(n, bool) and n >= 0 else 0
+        return {}
 
 
 def endpoint_key(base_url: str, model: str = "") -> str:
@@ -220,7 +222,7 @@ def usage_since(before: dict[str, dict[str, float]]) -> dict[str, dict[str, floa
         was = before.get(key, {})
         stamps = ("first_sent", "last_sent")
         delta = {f: round(v - was.get(f, 0), 6 if f == "usd" else 3) for f, v in now.items() if f not in stamps}
-        if delta["calls"]:
+        if delta["calls"] or delta["budget_refused"]:
             start = was.get("last_sent") or now["first_sent"]  # the first attempt sent since is after it
             span = now["last_sent"] - start
             delta["rpm"] = round(60 * (delta["attempts"] - (1 if not was.get("last_sent") else 0)) / span, 2) if span > 0 else 0.0
@@ -296,6 +298,12 @@ class Endpoint:
         u = sh.usage
         last, retry_after, status = "no attempt made", None, None
         attempt = errors = 0  # attempts made; of them failures that spend max_retries (not 429s)
+        bound, refused = budget.reserve(self.key, body)
+        if refused:  # never sent: the budget would be passed (stages.budget)
+            with _LOCK:
+                u.budget_refused += 1
+            return Reply(None, refused, 0, 0.0, None, gave_up=True)
+        usage_reply: dict = {}
         with _LOCK:
             u.calls += 1
         try:
@@ -323,7 +331,9 @@ class Endpoint:
                     data = parse(raw)
                     with sh.cond:
                         sh.on_success()
-                    self.record_tokens(reply_tokens(raw))
+                    usage_reply = reply_usage(raw)
+                    tokens = usage_reply.get("total_tokens", usage_reply.get("prompt_tokens", 0) + usage_reply.get("completion_tokens", 0))
+                    self.record_tokens(tokens)
                     return Reply(data, None, attempt, time.perf_counter() - t0, status)
                 except Exception as exc:  # noqa: BLE001 - classified below; never escapes
                     last, retry_after, retry = self._classify(exc)
@@ -344,8 +354,10 @@ class Endpoint:
                         what = f"still rate-limited after {self.rate_limited_s:g} s" if throttled else f"failed after {attempt} attempts"
                         return self._fail(f"{what}: {last}", attempt, t0, status)
         finally:
+            usd = budget.settle(self.key, bound, usage_reply)
             with _LOCK:
                 u.seconds += time.perf_counter() - t0
+                u.usd += usd
 
     def _fail(self, error: str, attempts: int, t0: float, status: int | None, gave_up: bool = False) -> Reply:
         with _LOCK:
