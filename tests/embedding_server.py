@@ -4,7 +4,9 @@ GGUF: the two servers ``embedding=openai`` is tested against.
 
 ``MiniLMServer`` can require a key (``key``), serve another model under the same name
 (``swap=True``: MiniLM's vectors with the components reversed, so a different model by content),
-or answer NaN (``nan=True``). ``requests`` counts the POSTs and ``inputs`` the texts embedded.
+or answer NaN (``nan=True``). ``fault``: "" none; "500" every other request a 500; "429" every
+other request a 429 with ``Retry-After: 1``; "echo_key" a 500 whose body repeats the request's
+Authorization header. ``requests`` counts the POSTs and ``inputs`` the texts embedded.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class MiniLMServer:
         from rag_experiments.stages.embedding import minilm_path
 
         self.model = SentenceTransformer(str(minilm_path()), device="cpu")
-        self.key, self.swap, self.nan = key, False, False
+        self.key, self.swap, self.nan, self.fault = key, False, False, ""
         self.requests, self.inputs = 0, 0
         self._lock = threading.Lock()
         srv = self
@@ -38,6 +40,18 @@ class MiniLMServer:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
                 with srv._lock:
                     srv.requests += 1
+                    odd = srv.requests % 2 == 1
+                if srv.fault == "echo_key":
+                    return send_body(self, 500, json.dumps({"error": self.headers.get("Authorization")}).encode())
+                if srv.fault == "500" and odd:
+                    return send_body(self, 500, b'{"error": {"message": "overloaded"}}')
+                if srv.fault == "429" and odd:
+                    self.send_response(429)
+                    self.send_header("Retry-After", "1")
+                    self.send_header("Content-Length", "2")
+                    self.end_headers()
+                    self.wfile.write(b"{}")
+                    return
                 if srv.key and self.headers.get("Authorization") != f"Bearer {srv.key}":
                     return send_body(self, 401, b'{"error": {"message": "invalid api key"}}')
                 if self.path.rstrip("/") != "/v1/embeddings" or body.get("model") != "all-MiniLM-L6-v2":

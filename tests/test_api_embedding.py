@@ -137,6 +137,35 @@ def test_nan_vectors_fail_the_encode_and_are_not_cached(server, tmp_path):
         server.nan = False
 
 
+@pytest.mark.parametrize("fault", ["500", "429"])
+def test_500s_and_429s_are_retried_and_the_vectors_are_whole(server, fault):
+    e = embedder(server, batch_size=2, concurrency=1, max_retries=1, backoff_s=0.01)
+    local = SentenceTransformerEmbedder(show_progress=False).encode(TEXTS, kind="passage")
+    before = endpoint.usage()
+    server.fault = fault
+    try:
+        v = e.encode(TEXTS)
+    finally:
+        server.fault = ""
+    assert np.abs(v - local).max() < 1e-5
+    used = endpoint.usage_since(before)[f"{server.base_url}#{MODEL}"]
+    assert used["calls"] == 3 and used["failed"] == 0 and used["retries"] >= 1
+    assert used["http_429"] == (used["retries"] if fault == "429" else 0)
+
+
+def test_a_dead_endpoint_fails_the_encode_naming_it_and_never_shows_the_key(monkeypatch):
+    s = MiniLMServer(key="sk-secret-embed-789")
+    monkeypatch.setenv("EMB_SECRET", "sk-secret-embed-789")
+    e = OpenAIEmbedder(base_url=s.base_url, model=MODEL, api_key_env="EMB_SECRET", max_retries=1, backoff_s=0.01)
+    s.fault = "echo_key"  # a 500 whose body carries the key
+    with pytest.raises(RuntimeError) as err:
+        e.encode(TEXTS[:2])
+    assert f"{s.base_url}/embeddings" in str(err.value) and "sk-secret-embed-789" not in str(err.value)
+    s.close()  # dead
+    with pytest.raises(RuntimeError, match="embedding: .*failed after 2 attempts"):
+        e.encode(TEXTS[:2])
+
+
 def _cfg(base_url: str, **kw) -> dict:
     node = {"_target_": "rag_experiments.stages.api_embedding.OpenAIEmbedder", "base_url": base_url,
             "model": MODEL, "api_key_env": None, "batch_size": 8} | kw  # fmt: skip
