@@ -1,4 +1,4 @@
-"""``budget.max_calls`` / ``budget.max_usd`` (``stages.budget``), counted by the endpoint client:
+"""``budget.max_calls`` / ``budget.max_usd`` (``stages.call_budget``), counted by the endpoint client:
 a call that would pass the budget is never sent, the run is FAILED with a ``budget`` reason, and
 the same command with a larger budget resumes it; a budget smaller than the first call exits 2."""
 
@@ -9,7 +9,7 @@ import json
 import pytest
 
 from rag_experiments.run.config_schema import ConfigError, check
-from rag_experiments.stages import budget, endpoint
+from rag_experiments.stages import call_budget, endpoint
 from rag_experiments.stages.endpoint import Endpoint
 from tests.llm_fixtures import ChatServer
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
@@ -17,9 +17,9 @@ from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 
 @pytest.fixture(autouse=True)
 def _fresh_budget():
-    budget.reset()
+    call_budget.reset()
     yield
-    budget.reset()
+    call_budget.reset()
 
 
 @pytest.fixture
@@ -34,7 +34,7 @@ def _ask(ep: Endpoint, text: str = "hi", max_tokens: int = 50):
 
 
 def test_max_calls_refuses_the_call_past_it_without_sending_it(chat):
-    budget.set_budget(max_calls=3)
+    call_budget.set_budget(max_calls=3)
     ep = Endpoint(chat.url, "budget-calls")
     before = endpoint.usage()
     replies = [_ask(ep, str(i)) for i in range(5)]
@@ -43,25 +43,25 @@ def test_max_calls_refuses_the_call_past_it_without_sending_it(chat):
     assert chat.calls == 3  # the refused calls were never sent
     used = endpoint.usage_since(before)[f"{chat.url}#budget-calls"]
     assert used["calls"] == 3 and used["budget_refused"] == 2
-    assert budget.stop_reason().startswith("budget: budget.max_calls=3") and "same command" in budget.stop_reason()
-    budget.set_budget(max_calls=10)  # raised: calls go again (a multirun's next job, or a resume)
+    assert call_budget.stop_reason().startswith("budget: budget.max_calls=3") and "same command" in call_budget.stop_reason()
+    call_budget.set_budget(max_calls=10)  # raised: calls go again (a multirun's next job, or a resume)
     assert _ask(ep, "again").error is None and chat.calls == 4
 
 
 def test_max_usd_counts_the_replies_cost_and_refuses_before_passing_it(chat):
     key = endpoint.endpoint_key(chat.url, "budget-usd")
-    budget.set_price(key, 1.0, 2.0)  # USD per 1000 tokens: a reply of (100, 20) costs 0.14
+    call_budget.set_price(key, 1.0, 2.0)  # USD per 1000 tokens: a reply of (100, 20) costs 0.14
     body = {"model": "budget-usd", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}
-    bound = budget.call_bound(key, body)
+    bound = call_budget.call_bound(key, body)
     assert bound == pytest.approx((len(json.dumps(body)) / 4 + 2 * 50) / 1000)
-    budget.set_budget(max_usd=0.14 * 3 + bound - 1e-9)  # room for 3 replies, not a 4th call's bound
+    call_budget.set_budget(max_usd=0.14 * 3 + bound - 1e-9)  # room for 3 replies, not a 4th call's bound
     ep = Endpoint(chat.url, "budget-usd")
     before = endpoint.usage()
     ok = [_ask(ep).error is None for _ in range(5)]
     assert ok == [True, True, True, False, False] and chat.calls == 3
     used = endpoint.usage_since(before)[key]
     assert used["usd"] == pytest.approx(0.42) and used["tokens"] == 360
-    assert budget.spent()["usd"] == pytest.approx(0.42) and "max_usd" in budget.stop_reason()
+    assert call_budget.spent()["usd"] == pytest.approx(0.42) and "max_usd" in call_budget.stop_reason()
 
 
 def _cfg(**b) -> dict:

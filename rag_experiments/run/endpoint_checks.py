@@ -7,7 +7,7 @@
   or answers with NaN or wrongly-sized vectors exits 2 naming the key, before any run;
 - :func:`budget_problems`: ``budget.max_calls`` >= 1, ``budget.max_usd`` > 0 and not smaller than
   the first call can cost; :func:`apply_budget` hands the budget and the prices to
-  ``stages.budget`` when the stages are built.
+  ``stages.call_budget`` when the stages are built.
 """
 
 from __future__ import annotations
@@ -107,14 +107,14 @@ def budget_problems(cfg: dict) -> list[str]:
 
 
 def apply_budget(c: dict) -> None:
-    """The resolved config's ``budget`` and its chat endpoints' prices, into ``stages.budget`` (per
+    """The resolved config's ``budget`` and its chat endpoints' prices, into ``stages.call_budget`` (per
     process: each job of a multirun sets the same, and what was spent is kept)."""
     from rag_experiments.evaluation.cost import price
-    from rag_experiments.stages import budget
+    from rag_experiments.stages import call_budget
     from rag_experiments.stages.endpoint import endpoint_key
 
     node = c.get("budget") or {}
-    budget.set_budget(node.get("max_calls"), node.get("max_usd"))
+    call_budget.set_budget(node.get("max_calls"), node.get("max_usd"))
     for n in _llm_nodes(c):
         if n.get("pricing"):
-            budget.set_price(endpoint_key(str(n["base_url"]).rstrip("/"), str(n.get("model") or "")), *price(n["pricing"]))
+            call_budget.set_price(endpoint_key(str(n["base_url"]).rstrip("/"), str(n.get("model") or "")), *price(n["pricing"]))

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rag_experiments.core.slots import Slot, steps
-from rag_experiments.stages import budget, endpoint
+from rag_experiments.stages import call_budget, endpoint
 
 
 @dataclass
@@ -109,8 +109,8 @@ def failure_reason(records: dict[str, StepRecord]) -> str:
     """Why a completed run is FAILED ("" when it is not): a step failed on every item it was asked
     to do. Its reranker or transform did nothing, or no answer was generated or judged: such a run
     must never look like one that measured them. A run with items refused by the budget is FAILED
-    with the budget's reason (``stages.budget``): raised, the same command resumes it."""
-    if (why := budget.stop_reason()) and any(r.failed for r in records.values()):
+    with the budget's reason (``stages.call_budget``): raised, the same command resumes it."""
+    if (why := call_budget.stop_reason()) and any(r.failed for r in records.values()):
         return why
     for s in steps():
         r = records.get(s.name)

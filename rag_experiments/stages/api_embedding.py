@@ -27,7 +27,7 @@ from typing import Literal
 import numpy as np
 
 from rag_experiments.core.parallel import thread_map
-from rag_experiments.stages import budget
+from rag_experiments.stages import call_budget
 from rag_experiments.stages.endpoint import Endpoint, GiveUp
 
 log = logging.getLogger(__name__)
@@ -194,7 +194,7 @@ class OpenAIEmbedder:
             max_concurrency=max_concurrency or self.concurrency, rpm=rpm, tpm=tpm,
             what="embedding.timeout_s",
         )  # fmt: skip
-        budget.set_price(self._endpoint.key, self.price_per_1k_tokens, 0.0)
+        call_budget.set_price(self._endpoint.key, self.price_per_1k_tokens, 0.0)
         found = probe(self._endpoint, self.dimensions, api_key_env)
         if found.problems:
             raise EmbeddingEndpointError(list(found.problems))

@@ -45,7 +45,7 @@ from typing import Any
 
 from rag_experiments.core.parallel import on_interrupt
 from rag_experiments.core.redaction import error_text, redact, register_secret_env
-from rag_experiments.stages import budget
+from rag_experiments.stages import call_budget
 
 #: The largest reply body read (bytes): a chat answer is capped far below this; a larger body is a
 #: misbehaving endpoint, refused rather than held in memory and stored.
@@ -105,7 +105,7 @@ class Usage:
     retries: int = 0
     http_429: int = 0
     failed: int = 0
-    budget_refused: int = 0  # calls not sent: the budget would be passed (stages.budget)
+    budget_refused: int = 0  # calls not sent: the budget would be passed (stages.call_budget)
     waited_s: float = 0.0  # backoff and Retry-After sleeps
     seconds: float = 0.0  # wall time of the calls, waits included
     throttled_s: float = 0.0  # thread-seconds waiting for a slot (concurrency, rpm, tpm, 429 cuts)
@@ -298,8 +298,8 @@ class Endpoint:
         u = sh.usage
         last, retry_after, status = "no attempt made", None, None
         attempt = errors = 0  # attempts made; of them failures that spend max_retries (not 429s)
-        bound, refused = budget.reserve(self.key, body)
-        if refused:  # never sent: the budget would be passed (stages.budget)
+        bound, refused = call_budget.reserve(self.key, body)
+        if refused:  # never sent: the budget would be passed (stages.call_budget)
             with _LOCK:
                 u.budget_refused += 1
             return Reply(None, refused, 0, 0.0, None, gave_up=True)
@@ -354,7 +354,7 @@ class Endpoint:
                         what = f"still rate-limited after {self.rate_limited_s:g} s" if throttled else f"failed after {attempt} attempts"
                         return self._fail(f"{what}: {last}", attempt, t0, status)
         finally:
-            usd = budget.settle(self.key, bound, usage_reply)
+            usd = call_budget.settle(self.key, bound, usage_reply)
             with _LOCK:
                 u.seconds += time.perf_counter() - t0
                 u.usd += usd
