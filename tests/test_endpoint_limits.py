@@ -154,3 +154,14 @@ def test_out_of_range_limits_are_named(key, value):
     ok = _Group("generator", {"max_concurrency": 4, "rpm": 500, "tpm": 2e5})
     limit_problems(ok)
     assert ok.problems == []
+
+
+def test_a_429_without_retry_after_is_not_hammered_and_gives_up_after_rate_limited_s():
+    s = LimitedServer(allowed=0, delay_s=0.0, retry_after="soon")  # every request a 429, no usable Retry-After
+    try:
+        ep = Endpoint(s.base_url, "always-429", max_retries=1, backoff_s=0.1, rate_limited_s=2.0)
+        r = ep.post("/chat/completions", {"model": "always-429", "messages": [{"role": "user", "content": "x"}]})
+        assert r.error and r.error.startswith("still rate-limited after 2 s") and r.status == 429
+        assert s.rejected == r.attempts <= 10  # backoff doubling per 429: 0.1, 0.2, 0.4, 0.8, 1.6 s …
+    finally:
+        s.close()

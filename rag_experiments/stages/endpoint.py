@@ -297,7 +297,7 @@ class Endpoint:
         t0, sh = time.perf_counter(), self._shared
         u = sh.usage
         last, retry_after, status = "no attempt made", None, None
-        attempt = errors = 0  # attempts made; of them failures that spend max_retries (not 429s)
+        attempt = errors = throttles = 0  # attempts made; failures that spend max_retries; 429s
         bound, refused = call_budget.reserve(self.key, body)
         if refused:  # never sent: the budget would be passed (stages.call_budget)
             with _LOCK:
@@ -309,7 +309,9 @@ class Endpoint:
         try:
             while True:
                 if attempt:
-                    delay = self.backoff_s * (2 ** (max(errors, 1) - 1)) * (0.5 + random.random())
+                    # the backoff doubles per failure and per 429 in a row (capped at 64x: a 429 without
+                    # Retry-After is not answered by hammering)
+                    delay = self.backoff_s * (2 ** min(max(errors, throttles, 1) - 1, 6)) * (0.5 + random.random())
                     wait = max(delay, retry_after or 0.0)
                     with _WAKE:
                         _WAKE.wait_for(self.aborted, timeout=wait)
@@ -348,6 +350,7 @@ class Endpoint:
                     if not retry:
                         return self._fail(last, attempt, t0, status, gave_up=True)
                     if throttled and time.perf_counter() - t0 < self.rate_limited_s:
+                        throttles += 1
                         continue  # "later", not "no": retried without spending max_retries
                     errors += 1
                     if errors > self.max_retries:
