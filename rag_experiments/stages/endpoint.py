@@ -24,7 +24,9 @@ llama.cpp tokenizer all POST JSON through :meth:`Endpoint.post`, so each duty is
   without spending ``max_retries`` (the server said "later", not "no") for up to
   ``rate_limited_s`` seconds per call;
 - **usage per endpoint**: calls, attempts, retries, 429s, seconds waited and throttled, tokens,
-  cost and the achieved requests per minute (:func:`usage`), logged on the run.
+  cost and the achieved requests per minute (:func:`usage`), logged on the run;
+- **budget**: a call that would pass ``budget.max_calls`` / ``budget.max_usd`` is never sent
+  (``stages.call_budget``; docs/endpoints.md).
 
 A call never raises for a remote failure: :class:`Reply` carries the parsed body or the error.
 """
