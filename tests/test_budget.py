@@ -44,7 +44,10 @@ def test_max_calls_refuses_the_call_past_it_without_sending_it(chat):
     used = endpoint.usage_since(before)[f"{chat.url}#budget-calls"]
     assert used["calls"] == 3 and used["budget_refused"] == 2
     assert call_budget.stop_reason().startswith("budget: budget.max_calls=3") and "same command" in call_budget.stop_reason()
-    call_budget.set_budget(max_calls=10)  # raised: calls go again (a multirun's next job, or a resume)
+    call_budget.set_budget(max_calls=3)  # a multirun's next job, same budget: still stopped
+    assert call_budget.stop_reason()
+    call_budget.set_budget(max_calls=10)  # raised: the stop is lifted and calls go again
+    assert call_budget.stop_reason() == ""
     assert _ask(ep, "again").error is None and chat.calls == 4
 
 

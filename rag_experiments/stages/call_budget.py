@@ -41,10 +41,15 @@ _LOCK = threading.Lock()
 
 def set_budget(max_calls: int | None = None, max_usd: float | None = None) -> None:
     """The limits of this process's calls (None: none); what was spent so far is kept, so each
-    job of a multirun (which calls this again) shares one budget."""
+    job of a multirun (which calls this again) shares one budget. A stop the new limits no longer
+    justify is lifted (a later run's failures are then its own, not the budget's)."""
     with _LOCK:
         _B.max_calls = int(max_calls) if max_calls is not None else None
         _B.max_usd = float(max_usd) if max_usd is not None else None
+        over_calls = _B.max_calls is not None and _B.calls >= _B.max_calls
+        over_usd = _B.max_usd is not None and _B.usd >= _B.max_usd
+        if not (over_calls or over_usd):
+            _B.reason = ""
 
 
 def reset() -> None:
