@@ -347,6 +347,25 @@ class CachedEmbedder:
         self.progress = progress
         if hasattr(embedder, "show_progress"):  # our per-block line replaces the library's bar
             embedder.show_progress = False
+        self.miss_reason = self._identity_change(getattr(embedder, "identity_name", None))
+
+    def _identity_change(self, name: str | None) -> str:
+        """Why the vectors of an endpoint named ``name`` miss the cache: the identity it had the
+        last time this cache saw it differs (another model answers under the same name). Warned
+        once here, "" when unchanged or never seen (an endpoint embedder's ``identity_name``)."""
+        if not name:
+            return ""
+        key = stable_hash("embedder-identity", name)
+        was = self.cache.get_json_many("embedder_identity", [key]).get(key)
+        if was == self.identity:
+            return ""
+        self.cache.put_json_many("embedder_identity", {key: self.identity})
+        if was is None:
+            return ""
+        why = (f"vector cache: every vector of {name} misses: it now answers with identity {self.identity} "
+               f"(was {was}): another model behind the same name, so its vectors are embedded anew")  # fmt: skip
+        print(f"[cache] {why}", file=sys.stderr)
+        return why
 
     def encode(self, texts: list[str], kind: str = "passage") -> np.ndarray:
         blocks = [texts[i : i + self.block] for i in range(0, len(texts), self.block)] or [texts]

@@ -206,6 +206,11 @@ PLACE_KEYS = frozenset(
         "ray_min_chunks",
         "ray_concurrency",
         "wait_timeout_s",  # racing: how long to wait for a silent peer (docs/racing.md)
+        # an endpoint's limits: how fast calls are made, never what they answer (docs/endpoints.md)
+        "max_concurrency",
+        "rpm",
+        "tpm",
+        "budget",  # how much may be spent, never what is measured: raised, the same runs resume
     }
 )
 #: Input locations whose content is covered by a digest (``corpus_digest``, ``evalset_digest``).

@@ -118,6 +118,9 @@ class LLMJudge:
         backoff_s: float = 0.5,
         embedder: Any = None,
         _identity_model: dict | None = None,
+        max_concurrency: int | None = None,
+        rpm: float | None = None,
+        tpm: float | None = None,
     ) -> None:
         if constrained not in ("json_schema", "response_format", "none"):
             raise ValueError("judge.constrained must be json_schema, response_format or none")
@@ -138,6 +141,9 @@ class LLMJudge:
             timeout_s=timeout_s,
             max_retries=max_retries,
             backoff_s=backoff_s,
+            max_concurrency=max_concurrency,
+            rpm=rpm,
+            tpm=tpm,
         )
         self._embedder = embedder
         self._last = threading.local()  # usage of the last split / answer_relevance, per thread

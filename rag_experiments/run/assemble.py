@@ -27,7 +27,9 @@ from rag_experiments.evaluation.labels import load_thresholds
 from rag_experiments.judge.validity import CardSettings, judge_with_repeats
 from rag_experiments.judge.verifier import VerifierError
 from rag_experiments.run.config_schema import ConfigError, check
+from rag_experiments.run.endpoint_checks import apply_budget
 from rag_experiments.run.types import JobSettings, PipelineData, RaceSettings, RunSettings, Stages
+from rag_experiments.stages.api_embedding import EmbeddingEndpointError
 from rag_experiments.stages.embedding import set_model_reuse
 from rag_experiments.stages.prompts import PromptRegistryError
 from rag_experiments.tracking.trace_settings import DEFAULT_SAMPLE, TraceSettings, trace_path
@@ -49,7 +51,10 @@ if not OmegaConf.has_resolver("corpus_experiment"):
     OmegaConf.register_new_resolver("corpus_experiment", _corpus_experiment)
 
 #: user-input errors: reported as problems (exit 2), anything else is a bug and raises
-INPUT_ERRORS = (ConfigError, EvalSetError, CorpusError, FileNotFoundError, VerifierError, PromptRegistryError)
+INPUT_ERRORS = (
+    ConfigError, EvalSetError, CorpusError, FileNotFoundError, VerifierError, PromptRegistryError,
+    EmbeddingEndpointError,
+)  # fmt: skip
 MAX_PROBLEM_LINES = 50  # a broken 10,000-line eval set must not flood the terminal
 
 
@@ -90,6 +95,8 @@ def build(cfg: DictConfig, cache: StageCache) -> Loaded:
     evalset = instantiate(cfg.evalset, corpus=corpus)
     # cache_enabled=false means no reuse at all: models reloaded, static models re-distilled
     set_model_reuse(cache.enabled)
+    # budget.max_calls / max_usd and the chat prices, counted by the endpoint client
+    apply_budget({k: container(cfg.get(k)) for k in ("budget", "generator", "judge", "query")})
     extra = {} if cache.enabled or "cache_dir" not in cfg.embedding else {"cache_dir": None}
     embedder = CachedEmbedder(instantiate(cfg.embedding, **extra), cache)
     generator = prompt = judge = None

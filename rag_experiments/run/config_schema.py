@@ -27,6 +27,7 @@ from rag_experiments.run.config_keys import constructor_key_problems
 from rag_experiments.run.config_types import conforms, describe
 from rag_experiments.run.config_types import is_int as _is_int
 from rag_experiments.run.config_types import is_num as _is_num
+from rag_experiments.run.endpoint_checks import budget_problems, embedding_endpoint_problems, limit_problems
 from rag_experiments.stages.prompts import CONTEXT_FORMATS
 
 Problems = list[str]
@@ -195,6 +196,8 @@ def _chunking(g: _Group) -> None:
 
 
 def _embedding(g: _Group) -> None:
+    if embedding_endpoint_problems(g):  # embedding=openai: its keys, then one probe request
+        return
     g.path_exists("path", "dir")
     g.path_exists("teacher_path", "dir")
     g.int_at_least("batch_size", 1)
@@ -246,6 +249,7 @@ def _rerank(g: _Group) -> None:
         g.api_key_env()
         g.int_at_least("max_tokens", 1)
         g.int_at_least("concurrency", 1)
+        limit_problems(g)
         if "model" in g.node and str(g.node["_target_"]).endswith(".LLMReranker") and not str(g.node["model"] or "").strip():
             g.bad("model", "must be a non-empty model name", g.node["model"])
     if "prompt" in g.node and not all(f in str(g.node["prompt"]) for f in ("{query}", "{passage}")):
@@ -320,6 +324,7 @@ def _llm_client(g: _Group) -> None:
         g.int_at_least("max_answer_chars", 1)
     g.num_at_least("timeout_s", 0, strict=True)
     g.num_at_least("backoff_s", 0)
+    limit_problems(g)
     _pricing(g)
 
 
@@ -501,7 +506,7 @@ def _judge_card(node: Any) -> Problems:
 
 def validate(cfg: dict) -> Problems:
     """Every problem in a resolved config (a plain dict), in group order; [] when it is valid."""
-    problems = _top_level(cfg)
+    problems = _top_level(cfg) + budget_problems(cfg)
     with_generation = bool((cfg.get("generator") or {}).get("_target_"))
     for name, check in GROUP_CHECKS.items():
         if name not in cfg or (name in ("prompt", "judge") and not with_generation):

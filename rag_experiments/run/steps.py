@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from rag_experiments.core.slots import Slot, steps
 from rag_experiments.core.steps import StepRecord
-from rag_experiments.stages import endpoint
+from rag_experiments.stages import call_budget, endpoint
 
 
 class Step(Protocol):
@@ -88,7 +88,10 @@ class Ledger:
 def failure_reason(records: dict[str, StepRecord]) -> str:
     """Why a completed run is FAILED ("" when it is not): a step failed on every item it was asked
     to do. Its reranker or transform did nothing, or no answer was generated or judged: such a run
-    must never look like one that measured them."""
+    must never look like one that measured them. A run with items refused by the budget is FAILED
+    with the budget's reason (``stages.call_budget``): raised, the same command resumes it."""
+    if (why := call_budget.stop_reason()) and any(r.failed for r in records.values()):
+        return why
     for s in steps():
         r = records.get(s.name)
         if r is not None and r.items > 0 and r.failed >= r.items:

@@ -14,10 +14,19 @@ llama.cpp tokenizer all POST JSON through :meth:`Endpoint.post`, so each duty is
   redacted from every error (``core.redaction``);
 - **signals**: :func:`abort_all` (called by ``core.parallel`` on Ctrl-C/SIGTERM) closes every
   client, so in-flight requests fail now, and refuses every attempt not yet sent;
-- **concurrency per endpoint**: the steps of a run that call one endpoint (base URL + model) share
-  one limit, the largest ``max_concurrency`` any of them declared;
-- **usage per endpoint**: calls, attempts, retries, 429s and seconds waited (:func:`usage`), logged
-  on the run.
+- **limits per endpoint** (base URL + model), shared by every step and every config of a multirun
+  in one process (:class:`_Shared`): ``max_concurrency`` (the largest any client declared), ``rpm``
+  and ``tpm`` (the smallest declared); requests are paced (one every ``60/rpm`` s, and
+  ``60*n/tpm`` s after a reply of n tokens), never bursted past a limit;
+- **adaptive concurrency**: a 429 halves the requests allowed in flight (once per round: the 429s
+  of requests sent before the cut do not cut again), and each run of as many successes as are
+  allowed adds one back, up to ``max_concurrency``; a 429 is retried after its ``Retry-After``
+  without spending ``max_retries`` (the server said "later", not "no") for up to
+  ``rate_limited_s`` seconds per call;
+- **usage per endpoint**: calls, attempts, retries, 429s, seconds waited and throttled, tokens,
+  cost and the achieved requests per minute (:func:`usage`), logged on the run;
+- **budget**: a call that would pass ``budget.max_calls`` / ``budget.max_usd`` is never sent
+  (``stages.call_budget``; docs/endpoints.md).
 
 A call never raises for a remote failure: :class:`Reply` carries the parsed body or the error.
 """
@@ -38,6 +47,7 @@ from typing import Any
 
 from rag_experiments.core.parallel import on_interrupt
 from rag_experiments.core.redaction import error_text, redact, register_secret_env
+from rag_experiments.stages import call_budget
 
 #: The largest reply body read (bytes): a chat answer is capped far below this; a larger body is a
 #: misbehaving endpoint, refused rather than held in memory and stored.
@@ -97,18 +107,63 @@ class Usage:
     retries: int = 0
     http_429: int = 0
     failed: int = 0
+    budget_refused: int = 0  # calls not sent: the budget would be passed (stages.call_budget)
     waited_s: float = 0.0  # backoff and Retry-After sleeps
     seconds: float = 0.0  # wall time of the calls, waits included
+    throttled_s: float = 0.0  # thread-seconds waiting for a slot (concurrency, rpm, tpm, 429 cuts)
+    tokens: float = 0.0  # tokens the replies reported (:meth:`Endpoint.record_tokens`)
+    usd: float = 0.0  # their cost at the caller's prices
+    first_sent: float = 0.0  # monotonic time of the first and last attempt sent (achieved rpm)
+    last_sent: float = 0.0
 
 
 @dataclass
 class _Shared:
-    """Per endpoint key: the concurrency limit and the usage, shared by every client of it."""
+    """Per endpoint key: the limits, the adaptive cap and the usage, shared by every client of it.
+
+    ``limit``: the largest ``max_concurrency`` declared (0: none); ``cap``: the requests allowed
+    in flight now (0: ``limit``), halved on a 429 and grown back one per ``cap`` successes;
+    ``rpm``/``tpm``: 0 none; ``next_rpm``/``next_tpm``: the earliest monotonic time the pacing
+    allows the next attempt."""
 
     limit: int
+    cap: int = 0
+    rpm: float = 0.0
+    tpm: float = 0.0
     in_flight: int = 0
+    next_rpm: float = 0.0
+    next_tpm: float = 0.0
+    ok_streak: int = 0
+    cut_at: float = 0.0  # when the cap was last halved
+    ceiling: int = 0  # the allowed count a 429 last came at: probed again only slowly
     usage: Usage = field(default_factory=Usage)
     cond: threading.Condition = field(default_factory=threading.Condition)
+
+    def allowed(self) -> int:
+        """Requests allowed in flight now (0: no limit)."""
+        return min(x for x in (self.cap, self.limit) if x) if (self.cap or self.limit) else 0
+
+    def on_429(self, sent_at: float) -> None:
+        """Halve the cap, once per round (a 429 of a request sent before the last cut is that
+        round's); caller holds ``cond``."""
+        if sent_at < self.cut_at:
+            return
+        self.ceiling = self.allowed() or self.in_flight + 1
+        self.cap = max(1, self.ceiling // 2)
+        self.cut_at, self.ok_streak = time.monotonic(), 0
+
+    def on_success(self) -> None:
+        """One more allowed after ``cap`` successes in a row, up to ``limit``; reaching the count a
+        429 last came at takes ``8 * ceiling`` (probing the server's limit rarely, not every round
+        trip); caller holds ``cond``."""
+        if not self.cap:
+            return
+        self.ok_streak += 1
+        if self.ok_streak >= (self.cap if self.cap + 1 < self.ceiling else 8 * self.ceiling):
+            self.cap, self.ok_streak = self.cap + 1, 0
+            if self.limit and self.cap >= self.limit:
+                self.cap = 0  # back at the declared limit
+        self.cond.notify_all()
 
 
 _SHARED: dict[str, _Shared] = {}
@@ -116,6 +171,17 @@ _LOCK = threading.Lock()
 _EPOCH = [0]  # abort_all's count: an endpoint built before the latest abort refuses every call
 _WAKE = threading.Condition()  # wakes backoff sleeps at an abort
 _CLIENTS: weakref.WeakSet = weakref.WeakSet()  # the open httpx clients, closed by abort_all
+
+
+def reply_usage(raw: bytes) -> dict[str, float]:
+    """The numeric ``usage`` fields of a JSON reply (OpenAI's chat, embeddings), else {}."""
+    if b'"usage"' not in raw:
+        return {}
+    try:
+        usage = json.loads(raw).get("usage") or {}
+        return {k: float(v) for k, v in usage.items() if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0}
+    except (ValueError, AttributeError):
+        return {}
 
 
 def endpoint_key(base_url: str, model: str = "") -> str:
@@ -150,12 +216,18 @@ def usage() -> dict[str, dict[str, float]]:
 
 
 def usage_since(before: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
-    """The usage added since the snapshot ``before`` (endpoints not called since are left out)."""
+    """The usage added since the snapshot ``before`` (endpoints not called since are left out),
+    with ``rpm``: the achieved attempts per minute, ``60 * attempts / (last sent - first sent)``
+    over the attempts sent since (0 with fewer than two)."""
     out = {}
     for key, now in usage().items():
         was = before.get(key, {})
-        delta = {f: round(v - was.get(f, 0), 3) for f, v in now.items()}
-        if delta["calls"]:
+        stamps = ("first_sent", "last_sent")
+        delta = {f: round(v - was.get(f, 0), 6 if f == "usd" else 3) for f, v in now.items() if f not in stamps}
+        if delta["calls"] or delta["budget_refused"]:
+            start = was.get("last_sent") or now["first_sent"]  # the first attempt sent since is after it
+            span = now["last_sent"] - start
+            delta["rpm"] = round(60 * (delta["attempts"] - (1 if not was.get("last_sent") else 0)) / span, 2) if span > 0 else 0.0
             out[key] = delta
     return out
 
@@ -163,7 +235,8 @@ def usage_since(before: dict[str, dict[str, float]]) -> dict[str, dict[str, floa
 class Endpoint:
     """A JSON-over-HTTP endpoint: ``post(path, body)`` with the duties of the module docstring.
 
-    ``max_concurrency`` None: no limit of its own (the step's thread count bounds it).
+    ``max_concurrency`` None: no limit of its own (the step's thread count bounds it); ``rpm``,
+    ``tpm`` None: none of their own. ``rate_limited_s``: how long one call keeps retrying 429s.
     """
 
     def __init__(
@@ -177,6 +250,9 @@ class Endpoint:
         max_concurrency: int | None = None,
         max_reply_bytes: int = MAX_REPLY_BYTES,
         what: str = "timeout_s",
+        rpm: float | None = None,
+        tpm: float | None = None,
+        rate_limited_s: float = 300.0,
     ) -> None:
         register_secret_env(api_key_env)  # its value is redacted from every error
         self.base_url, self.model = str(base_url).rstrip("/"), str(model)
@@ -184,6 +260,7 @@ class Endpoint:
         self.timeout_s, self.backoff_s = float(timeout_s), float(backoff_s)
         self.max_retries = max(0, int(max_retries))
         self.max_reply_bytes = int(max_reply_bytes)
+        self.rate_limited_s = float(rate_limited_s)
         self._timeout_key = what  # the config key named when the deadline is hit
         key = os.environ.get(api_key_env) if api_key_env else None
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -193,7 +270,22 @@ class Endpoint:
             sh = _SHARED.setdefault(self.key, _Shared(limit=0))
             if max_concurrency:
                 sh.limit = max(sh.limit, int(max_concurrency))
+            if rpm:
+                sh.rpm = min(sh.rpm or float(rpm), float(rpm))
+            if tpm:
+                sh.tpm = min(sh.tpm or float(tpm), float(tpm))
         self._shared = sh
+
+    def record_tokens(self, tokens: float, usd: float = 0.0) -> None:
+        """A reply's token count (and cost): summed in the usage, and paced against ``tpm``.
+        :meth:`post` records every reply's ``usage.total_tokens``; callers add the cost."""
+        sh = self._shared
+        with _LOCK:
+            sh.usage.tokens += tokens
+            sh.usage.usd += usd
+        with sh.cond:
+            if sh.tpm and tokens:
+                sh.next_tpm = max(sh.next_tpm, time.monotonic()) + 60.0 * tokens / sh.tpm
 
     def aborted(self) -> bool:
         """True once :func:`abort_all` ran after this endpoint was built."""
@@ -204,14 +296,24 @@ class Endpoint:
         """POST ``body`` to ``base_url + path``; ``parse`` turns the body into ``Reply.data`` and
         may raise :class:`Retryable` (or ValueError/KeyError/TypeError: malformed, retried) or
         :class:`GiveUp`. Never raises for a remote failure."""
-        t0, u = time.perf_counter(), self._shared.usage
-        last, retry_after, attempt, status = "no attempt made", None, 0, None
+        t0, sh = time.perf_counter(), self._shared
+        u = sh.usage
+        last, retry_after, status = "no attempt made", None, None
+        attempt = errors = throttles = 0  # attempts made; failures that spend max_retries; 429s
+        bound, refused = call_budget.reserve(self.key, body)
+        if refused:  # never sent: the budget would be passed (stages.call_budget)
+            with _LOCK:
+                u.budget_refused += 1
+            return Reply(None, refused, 0, 0.0, None, gave_up=True)
+        usage_reply: dict = {}
         with _LOCK:
             u.calls += 1
         try:
-            for attempt in range(self.max_retries + 1):
+            while True:
                 if attempt:
-                    delay = self.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random())
+                    # the backoff doubles per failure and per 429 in a row (capped at 64x: a 429 without
+                    # Retry-After is not answered by hammering)
+                    delay = self.backoff_s * (2 ** min(max(errors, throttles, 1) - 1, 6)) * (0.5 + random.random())
                     wait = max(delay, retry_after or 0.0)
                     with _WAKE:
                         _WAKE.wait_for(self.aborted, timeout=wait)
@@ -220,25 +322,47 @@ class Endpoint:
                         u.waited_s += wait
                 if self.aborted():
                     return self._fail("aborted (interrupted)", attempt, t0, status, gave_up=True)
+                sent_at = time.monotonic()
                 try:
                     with self._slot():
+                        sent_at = time.monotonic()
                         with _LOCK:
                             u.attempts += 1
+                            u.first_sent = u.first_sent or sent_at
+                            u.last_sent = sent_at
+                        attempt += 1
                         raw, status = self._attempt(path, body)
-                    return Reply(parse(raw), None, attempt + 1, time.perf_counter() - t0, status)
+                    data = parse(raw)
+                    with sh.cond:
+                        sh.on_success()
+                    usage_reply = reply_usage(raw)
+                    tokens = usage_reply.get("total_tokens", usage_reply.get("prompt_tokens", 0) + usage_reply.get("completion_tokens", 0))
+                    self.record_tokens(tokens)
+                    return Reply(data, None, attempt, time.perf_counter() - t0, status)
                 except Exception as exc:  # noqa: BLE001 - classified below; never escapes
                     last, retry_after, retry = self._classify(exc)
+                    throttled = isinstance(exc, HTTPStatus) and exc.status == 429
                     if isinstance(exc, HTTPStatus):
                         status = exc.status
-                        if exc.status == 429:
-                            with _LOCK:
-                                u.http_429 += 1
+                    if throttled:
+                        with _LOCK:
+                            u.http_429 += 1
+                        with sh.cond:
+                            sh.on_429(sent_at)
                     if not retry:
-                        return self._fail(last, attempt + 1, t0, status, gave_up=True)
-            return self._fail(f"failed after {self.max_retries + 1} attempts: {last}", self.max_retries + 1, t0, status)
+                        return self._fail(last, attempt, t0, status, gave_up=True)
+                    if throttled and time.perf_counter() - t0 < self.rate_limited_s:
+                        throttles += 1
+                        continue  # "later", not "no": retried without spending max_retries
+                    errors += 1
+                    if errors > self.max_retries:
+                        what = f"still rate-limited after {self.rate_limited_s:g} s" if throttled else f"failed after {attempt} attempts"
+                        return self._fail(f"{what}: {last}", attempt, t0, status)
         finally:
+            usd = call_budget.settle(self.key, bound, usage_reply)
             with _LOCK:
                 u.seconds += time.perf_counter() - t0
+                u.usd += usd
 
     def _fail(self, error: str, attempts: int, t0: float, status: int | None, gave_up: bool = False) -> Reply:
         with _LOCK:
@@ -284,14 +408,24 @@ class Endpoint:
     # -- the shared concurrency limit -------------------------------------------------------------
     @contextlib.contextmanager
     def _slot(self) -> Iterator[None]:
-        """Hold one of the endpoint's ``limit`` slots (0: unlimited) for the attempt."""
+        """Hold one of the endpoint's allowed slots for the attempt, once the pacing allows it."""
         sh = self._shared
         with sh.cond:
-            while sh.limit and sh.in_flight >= sh.limit:
+            t_wait = time.monotonic()
+            while True:
                 if self.aborted():
                     raise GiveUp("aborted (interrupted)")
-                sh.cond.wait(_POLL_S)
+                now = time.monotonic()
+                allowed = sh.allowed()
+                wait = _POLL_S if allowed and sh.in_flight >= allowed else max(sh.next_rpm, sh.next_tpm) - now
+                if wait <= 0:
+                    break
+                sh.cond.wait(min(wait, _POLL_S))
             sh.in_flight += 1
+            if sh.rpm:
+                sh.next_rpm = max(sh.next_rpm, now) + 60.0 / sh.rpm
+            with _LOCK:
+                sh.usage.throttled_s += now - t_wait
         try:
             yield
         finally:

@@ -85,6 +85,9 @@ class OpenAICompatibleGenerator:
         extra_body: dict[str, Any] | None = None,
         identity_extra: dict[str, Any] | None = None,
         max_answer_chars: int | None = None,
+        max_concurrency: int | None = None,
+        rpm: float | None = None,
+        tpm: float | None = None,
     ) -> None:
         self.base_url = str(base_url).rstrip("/")
         self.model = str(model)
@@ -101,8 +104,8 @@ class OpenAICompatibleGenerator:
         self.max_answer_chars = answer_cap(max_answer_chars, self.max_tokens)
         self._endpoint = Endpoint(
             self.base_url, self.model, api_key_env, self.timeout_s, self.max_retries, self.backoff_s,
-            max_concurrency=self.concurrency, what="generator.timeout_s",
-        )  # fmt: skip
+            max_concurrency=max_concurrency or self.concurrency, rpm=rpm, tpm=tpm, what="generator.timeout_s",
+        )  # fmt: skip  (the endpoint's limits: not in the identity, they change no answer)
         ident: dict[str, Any] = {
             "kind": "openai-compatible",
             "base_url": self.base_url,

@@ -190,6 +190,9 @@ class EndpointReranker:
         max_retries: int = 3,
         backoff_s: float = 0.5,
         max_length: int | None = None,
+        max_concurrency: int | None = None,
+        rpm: float | None = None,
+        tpm: float | None = None,
     ) -> None:
         self.base_url = str(base_url).rstrip("/")
         self.model = model
@@ -197,8 +200,9 @@ class EndpointReranker:
         self.max_length = max_length
         self.timeout_s, self.max_retries, self.backoff_s = float(timeout_s), max(0, int(max_retries)), float(backoff_s)
         self.endpoint = Endpoint(
-            self.base_url, model, api_key_env, timeout_s, max_retries, backoff_s, what="rerank.timeout_s"
-        )
+            self.base_url, model, api_key_env, timeout_s, max_retries, backoff_s, what="rerank.timeout_s",
+            max_concurrency=max_concurrency, rpm=rpm, tpm=tpm,
+        )  # fmt: skip
         # the endpoint and model name, as the generator's identity does (the weights are remote)
         self.identity = json.dumps(
             {"reranker": "endpoint", "base_url": self.base_url, "model": model, "max_length": max_length},
@@ -251,12 +255,16 @@ class LLMReranker:
         timeout_s: float = 60.0,
         max_retries: int = 3,
         backoff_s: float = 0.5,
+        max_concurrency: int | None = None,
+        rpm: float | None = None,
+        tpm: float | None = None,
     ) -> None:
         from rag_experiments.stages.generation import OpenAICompatibleGenerator
 
         self.client = OpenAICompatibleGenerator(
             base_url, model, api_key_env=api_key_env, temperature=0.0, seed=0, max_tokens=max_tokens,
             concurrency=concurrency, timeout_s=timeout_s, max_retries=max_retries, backoff_s=backoff_s,
+            max_concurrency=max_concurrency, rpm=rpm, tpm=tpm,
         )  # fmt: skip
         self.candidates, self.prompt = int(candidates), prompt
         self.identity = json.dumps(

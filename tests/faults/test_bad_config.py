@@ -145,6 +145,8 @@ CASES = [
         "conf/generator: base_url: has an invalid port",
     ),
     ("concurrency-0", ["generator=openai", "generator.concurrency=0"], "conf/generator: concurrency:"),
+    ("rpm-0", ["generator=openai", "generator.rpm=0"], "conf/generator: rpm: must be a number in (0, 1000000] or null"),
+    ("max-concurrency-0", ["judge=openai", "judge.max_concurrency=0"], "conf/judge: max_concurrency: must be an integer in [1, 1024]"),
     (
         "timeout-0",
         ["generator=openai", "generator.timeout_s=0"],
