@@ -68,7 +68,7 @@ def tiny_pipeline(inputs: TinyInputs, ks: tuple[int, ...] = (1, 3), **stages) ->
     built = Stages(
         chunker=MarkdownChunker(),
         chunking_cfg={"_target_": "rag_experiments.stages.chunking.MarkdownChunker"},
-        retriever=BM25Retriever(k=3),
+        retriever=stages.pop("retriever", None) or BM25Retriever(k=3),
         **stages,
     )
     settings = RunSettings(

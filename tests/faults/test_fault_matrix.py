@@ -31,11 +31,15 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from rag_experiments.core.cache import CachedEmbedder
 from rag_experiments.judge.llm import LLMJudge
 from rag_experiments.run.steps import failure_reason
+from rag_experiments.stages.api_embedding import OpenAIEmbedder
+from rag_experiments.stages.app import HttpApp
 from rag_experiments.stages.generation import OpenAICompatibleGenerator
 from rag_experiments.stages.query import RewriteQuery
 from rag_experiments.stages.rerank import EndpointReranker, LLMReranker
+from rag_experiments.stages.retrieval import DenseRetriever
 from tests.llm_fixtures import ChatServer, _completion, send_body
 from tests.sweep_helpers import REPO, tiny_inputs, tiny_pipeline
 
@@ -72,9 +76,16 @@ class MisbehavingEndpoint:
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self.good_chat = good_chat
+        self.good_chat, self.app_context = good_chat, ""
 
     def good(self, path: str, body: dict, nan: bool = False) -> bytes:
+        if path.endswith("/embeddings"):  # a vector per input: its length and letters, normalised later
+            texts = body.get("input", [])
+            rows = [{"index": i, "embedding": [len(t) + 1.0, float(t.count("e")) + 1, 1.0]} for i, t in enumerate(texts)]
+            out = json.dumps({"data": rows, "usage": {"prompt_tokens": len(texts), "total_tokens": len(texts)}})
+            return (out.replace("1.0]", "NaN]") if nan else out).encode()
+        if path.endswith("/ask"):  # an application: an answer and a passage of the first document
+            return json.dumps({"answer": self.good_chat, "contexts": [{"text": self.app_context}]}).encode()
         if path.endswith("/rerank"):
             docs = body.get("documents", [])
             score = "NaN" if nan else None
@@ -133,6 +144,9 @@ class Row:
     slot: str
     good_chat: str  # what the endpoint answers a chat request with when it behaves
     numeric: bool = False  # its reply is a number: a NaN is an error
+    # the corpus's embeddings: a missing vector cannot be left out of an index, so any failure
+    # (all or part of the items) fails the run with an error naming the endpoint
+    whole: bool = False
 
     def stages(self, url: str, healthy: str, timeout_s: float = FAST["timeout_s"]) -> dict[str, Any]:
         prompt = instantiate(OmegaConf.load(REPO / "rag_experiments" / "conf" / "prompt" / "concise.yaml"))
@@ -150,7 +164,9 @@ class Row:
             return {"reranker": EndpointReranker(url, "m", candidates=4, api_key_env=KEY_ENV, **fast)}
         if self.name == "rerank_llm":
             return {"reranker": LLMReranker(url, "m", candidates=3, api_key_env=KEY_ENV, concurrency=2, **fast)}
-        raise KeyError(self.name)
+        if self.name == "http_app":
+            return {"app": HttpApp(url + "/ask", api_key_env=KEY_ENV, concurrency=2, **fast)}
+        raise KeyError(self.name)  # embeddings: built by _embedder, while the endpoint still answers
 
 
 STEPS = (
@@ -159,6 +175,8 @@ STEPS = (
     Row("query", "query_transform", "webhook retry schedule"),
     Row("rerank_endpoint", "reranker", "", numeric=True),
     Row("rerank_llm", "reranker", "7", numeric=True),
+    Row("http_app", "app", "Webhooks are retried for 24 hours."),
+    Row("embeddings", "retriever", "", numeric=True, whole=True),
 )
 ALL_FAIL = ("dead", "http500", "http400", "malformed", "empty", "trickle", "echokey")
 CELLS = [(r, m) for r in STEPS for m in (*ALL_FAIL, "nan", "ratelimit", "half") if m != "nan" or r.numeric]
@@ -192,6 +210,9 @@ def _dead_url() -> str:
 def test_cell(world, row: Row, mode: str):
     inputs, healthy = world
     ep = MisbehavingEndpoint(row.good_chat, bad=tuple(it.query for it in inputs[1][:2]))
+    ep.app_context = inputs[0].docs[0].text[:80]
+    if row.whole:
+        return _embeddings_cell(inputs, ep, mode)
     ep.mode = mode
     url = _dead_url() if mode == "dead" else ep.url
     try:
@@ -227,6 +248,38 @@ def test_cell(world, row: Row, mode: str):
         ep.close()
 
 
+def _embedder(ep: MisbehavingEndpoint, cache, timeout_s: float = FAST["timeout_s"]):
+    """The corpus's embedder on ``ep``, built while it answers (its identity probes it once)."""
+    inner = OpenAIEmbedder(ep.url, "m", api_key_env=KEY_ENV, concurrency=2, **dict(FAST, timeout_s=timeout_s))
+    return DenseRetriever(CachedEmbedder(inner, cache), k=3)
+
+
+def _embeddings_cell(inputs, ep: MisbehavingEndpoint, mode: str) -> None:
+    """The embeddings row: a dead endpoint is bad input at construction (the config check: exit 2
+    naming base_url); any vector missing later fails the run naming the endpoint, never a partial
+    index; a 429's Retry-After is honoured; the key is never in the message."""
+    from rag_experiments.stages.api_embedding import EmbeddingEndpointError
+
+    try:
+        if mode == "dead":
+            with pytest.raises(EmbeddingEndpointError) as e:
+                OpenAIEmbedder(_dead_url(), "m", api_key_env=KEY_ENV, **FAST)
+            assert "base_url" in str(e.value)
+            return
+        retriever = _embedder(ep, inputs[2])
+        ep.mode = mode
+        if mode == "ratelimit":
+            res = tiny_pipeline(inputs, retriever=retriever)
+            assert res.records["retriever"].failed == 0 and not failure_reason(res.records)
+            assert min(_retry_gaps(ep)) >= 0.95
+            return
+        with pytest.raises(Exception) as e:  # all, half, NaN: no index from some of the vectors
+            tiny_pipeline(inputs, retriever=retriever)
+        assert "embedding" in str(e.value) and KEY not in str(e.value), str(e.value)
+    finally:
+        ep.close()
+
+
 def _step(row: Row) -> str:
     from rag_experiments.core.slots import slot
 
@@ -251,8 +304,13 @@ def test_signal_stops_every_remote_step_at_once(world, row: Row):
     seconds, not at the timeouts, and no request reaches the endpoint after the signal."""
     inputs, healthy = world
     ep = MisbehavingEndpoint(row.good_chat)
+    ep.app_context = inputs[0].docs[0].text[:80]
+    if row.whole:
+        stages = {"retriever": _embedder(ep, inputs[2], timeout_s=20.0)}
+        ep.arrivals.clear()  # the probe at construction
+    else:
+        stages = row.stages(ep.url, healthy.url, timeout_s=20.0)  # only the signal can end these calls early
     ep.mode = "hang"
-    stages = row.stages(ep.url, healthy.url, timeout_s=20.0)  # only the signal can end these calls early
     main, sent = threading.get_ident(), []
 
     def interrupt():
