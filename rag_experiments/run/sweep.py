@@ -62,6 +62,7 @@ from rag_experiments.run.pipeline import PipelineResult, run_pipeline  # noqa: E
 from rag_experiments.run.steps import failure_reason as step_failure  # noqa: E402
 from rag_experiments.run.steps import step_summary  # noqa: E402
 from rag_experiments.run.types import JobSettings  # noqa: E402
+from rag_experiments.stages import call_budget  # noqa: E402
 from rag_experiments.tracking import writer as tracking  # noqa: E402
 from rag_experiments.tracking.bounds import bound_tracking_calls  # noqa: E402
 from rag_experiments.tracking.errors import infrastructure_error, infrastructure_exits_2  # noqa: E402
@@ -347,6 +348,9 @@ def run_job(job: Job, uri: str) -> float:
             return float(done.data.metrics.get(f"hit_at_{k}", float("nan")))
         if why:
             print(f"[rerun] {run_name}: {why}")
+        if stopped := call_budget.stop_reason():  # an earlier config of this sweep spent the budget
+            print(f"[budget] {run_name}: not started: {stopped}; raise it and run the same command", file=sys.stderr)
+            return float("nan")
         run_id, parent_id = start_run(writer, job)
         res = execute(writer, run_id, job, parent_id)
     print(f"\n== {run_name}  (run {run_id}, {res.n_chunks} chunks, {time.perf_counter() - t_start:.1f}s)")
