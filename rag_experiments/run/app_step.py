@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from rag_experiments.core.cache import stable_hash, stage_key
-from rag_experiments.core.parallel import thread_map
+from rag_experiments.core.parallel import as_they_complete
+from rag_experiments.core.progress import Progress
 from rag_experiments.core.steps import StepRecord
 from rag_experiments.core.types import Chunk
 from rag_experiments.evalset.contexts import ContextMapper
@@ -27,12 +28,15 @@ class AppStep:
         keys = [stage_key("app", app.identity, q) for q in st.queries]
         found = cache.get_json_many("app", keys)
         todo = [i for i, k in enumerate(keys) if k not in found]
-        fresh = thread_map(lambda i: app.ask(st.queries[i]), todo, app.concurrency)
         replies: list[AppReply] = [AppReply(**found[k]) if k in found else AppReply() for k in keys]
-        for i, r in zip(todo, fresh, strict=True):
-            replies[i] = r
-            if not r.error:
-                cache.put_json_many("app", {keys[i]: {"answer": r.answer, "contexts": r.contexts, "seconds": r.seconds}})
+        # each reply committed as it arrives: a killed run loses only the questions in flight
+        with Progress("app", len(todo), enabled=ctx.settings.progress and bool(todo), unit="questions") as bar:
+            for j, r in as_they_complete(lambda i: app.ask(st.queries[i]), todo, app.concurrency):
+                i = todo[j]
+                replies[i] = r
+                if not r.error:
+                    cache.put_json_many("app", {keys[i]: {"answer": r.answer, "contexts": r.contexts, "seconds": r.seconds}})
+                bar.update()
         mapper, spans, rows, unmapped = ContextMapper(ctx.data.docs), {}, [], []
         for r in replies:
             row, lost = [], 0
