@@ -188,7 +188,10 @@ SLOW_TESTS = {
 # keep pytest's order. Seconds per file (setup + call + teardown) from the full suite at -n 3 on
 # 2 cores at load 3-7; re-measure with ``--durations=0`` when a file grows or shrinks a lot.
 HEAVY_FILES = {
+    "tests/test_from_traces.py": 360,  # a traced generating sweep of the sample (stop 35, load 4-11)
     "tests/test_traces.py": 287,
+    "tests/faults/test_fault_matrix.py": 200,
+    "tests/test_ci_gate.py": 160,
     "tests/test_mlflow_judge.py": 272,
     "tests/test_racing_sweep.py": 236,
     "tests/faults/test_interrupts.py": 196,

@@ -102,8 +102,8 @@ def test_app_python_end_to_end_and_a_bad_target_exits_2(tmp_path, monkeypatch):
     base = [a for a in base if not a.startswith(("corpus=", "corpus.path="))]  # the sample: the app's corpus
     bad = run_sweep(tmp_path, "app=python", "app.target=tests.app_fixture:nope", *base, check=False)
     assert bad.returncode == 2 and "app.target" in bad.stderr + bad.stdout
-    ok = run_sweep(tmp_path, "app=python", "app.target=tests.app_fixture:answer", "app.params.generate=false",
-                   "app.params.junk=true", *base)  # fmt: skip
+    ok = run_sweep(tmp_path, "app=python", "app.target=tests.app_fixture:answer", "+app.params.generate=false",
+                   "+app.params.junk=true", *base)  # fmt: skip
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     (run,) = client.search_runs([client.get_experiment_by_name("test").experiment_id])
     m = run.data.metrics

@@ -72,10 +72,14 @@ def test_judge_metrics_break_across_judges_and_label_rates_across_judge_none():
 
 
 def test_weak_key_facts_hook():
-    weak = _run("w", metrics={"n_weak_key_facts": 3.0})
-    c = comparability("correctness", [weak, _run("x")], ["answer_token_f1"])
-    assert c.factor == "key_facts" and c.instead == "answer_token_f1" and "3 weak key facts" in c.detail
-    assert comparability("correctness", [_run("y"), _run("x")]).comparable
+    # runs that leave weak facts out of correctness log how many they left out (0 included); a
+    # generating run without the count was scored when correctness still credited them
+    new = _run("n", metrics={"correctness": 0.5, "n_weak_key_facts": 3.0})
+    old = _run("o", metrics={"correctness": 0.7})
+    c = comparability("correctness", [new, old], ["answer_token_f1"])
+    assert c.factor == "key_facts" and c.instead == "answer_token_f1" and "weak key facts" in c.detail
+    assert comparability("correctness", [new, _run("m", metrics={"correctness": 0.4, "n_weak_key_facts": 0.0})]).comparable
+    assert comparability("correctness", [_run("y"), _run("x")]).comparable  # retrieval only
 
 
 def test_defaults_choose_comparable_metrics():

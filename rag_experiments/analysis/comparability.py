@@ -14,9 +14,10 @@ hand, whether the metric is comparable, and if not why and which metric to use i
 - ``judge``: another judge scored the configs (``judge_identity``; a ``judge=none`` run's label
   rule rests on correctness only, so it counts as a judge of its own for the failure-label rates).
   No substitute: score both with one judge.
-- ``key_facts``: a config's correctness still counts key facts the eval-set check calls weak (the
-  metric ``n_weak_key_facts`` > 0, logged by the correctness side; absent = none). Instead:
-  ``answer_token_f1`` when logged.
+- ``key_facts``: a config's correctness still credits key facts the eval-set check calls weak: a
+  generating run without the metric ``n_weak_key_facts`` was scored before weak facts were left
+  out of correctness (``evalset.weak_facts``; a run that logs it, 0 included, left them out).
+  Instead: ``answer_token_f1`` when logged.
 
 ``select``, ``gate``, ``compare`` (both forms) and ``report`` refuse a pick, a verdict or a ``*``
 on an incomparable metric (exit 2, naming the metric to use) unless ``--allow-incomparable``,
@@ -103,8 +104,10 @@ def chunk_key(run: RunData) -> str:
 
 
 def _weak_facts(run: RunData) -> str | None:
-    n = run.metrics.get(WEAK_FACTS_METRIC, 0.0)
-    return f"{int(n)} weak key facts" if n == n and n > 0 else None
+    """Why ``run``'s correctness credits weak key facts (None: it leaves them out)."""
+    if "correctness" in run.metrics and WEAK_FACTS_METRIC not in run.metrics:
+        return "weak key facts (scored before they were left out of correctness)"
+    return None
 
 
 def budget(available: Iterable[str], runs: Sequence[RunData] = ()) -> int:

@@ -279,7 +279,6 @@ def _print_sweep(client, exp_id: str, parent, status: str, varying: list[str] | 
         if c.data.tags.get(REUSED_FROM):  # finished by an earlier run, counted in this sweep
             status_mark += " (reused)"
         rows.append([name + status_mark, *(fmt_num(c.data.metrics.get(k), 3) for k in keys)])
-    if keys:
-        print(text_blocks(["run", *keys], sorted(rows)))
+    print(text_blocks(["run", *keys], sorted(rows)))  # every config listed, even when no metric differs
     if same:
         print("constant across the configs: " + ", ".join(f"{k} = {fmt_num(v, 3)}" for k, v in same.items()))

@@ -22,7 +22,7 @@ ARGS = ("retriever=bm25", "generator=none")
 KILL_AT_TRACES = """
 import os, runpy, signal
 import rag_experiments.tracking.traces as traces
-traces.write_traces = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+traces.write_records = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)  # both trace paths write through it
 runpy.run_module("rag_experiments.sweep", run_name="__main__", alter_sys=True)
 """
 
