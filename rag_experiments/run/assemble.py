@@ -20,6 +20,7 @@ from rag_experiments.core.build import build as build_node
 from rag_experiments.core.cache import CachedEmbedder, StageCache
 from rag_experiments.core.conf_groups import STAGE_GROUPS
 from rag_experiments.core.run_names import experiment_for_corpus, run_name
+from rag_experiments.core.slots import SLOTS
 from rag_experiments.evalset.corpus import Corpus, CorpusError
 from rag_experiments.evalset.load import EvalSet, EvalSetError, sample_dir
 from rag_experiments.evaluation.defaults import RANK_DEPTH, TOKEN_BUDGETS
@@ -96,7 +97,7 @@ def build(cfg: DictConfig, cache: StageCache) -> Loaded:
     # cache_enabled=false means no reuse at all: models reloaded, static models re-distilled
     set_model_reuse(cache.enabled)
     # budget.max_calls / max_usd and the chat prices, counted by the endpoint client
-    apply_budget({k: container(cfg.get(k)) for k in ("budget", "generator", "judge", "query")})
+    apply_budget({k: container(cfg.get(k)) for k in ("budget", *(s.group for s in SLOTS if s.priced))})
     extra = {} if cache.enabled or "cache_dir" not in cfg.embedding else {"cache_dir": None}
     embedder = CachedEmbedder(instantiate(cfg.embedding, **extra), cache)
     generator = prompt = judge = None
