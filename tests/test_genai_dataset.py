@@ -10,7 +10,7 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from rag_experiments.tracking import genai_dataset, mlflow_adapter, mlflow_adapter_records
+from rag_experiments.tracking import genai_dataset, mlflow_adapter
 from rag_experiments.tracking.genai_dataset import add_records, dataset_records, link_dataset, n_records
 from tests.sweep_helpers import tiny_inputs
 
@@ -51,7 +51,7 @@ def test_fast_records_equal_merge_records_rows(store):
     assert mlflow.__version__ in mlflow_adapter.VERIFIED
     fast = c.create_dataset("fast", experiment_id=[exp])
     public = c.create_dataset("public", experiment_id=[exp])
-    assert mlflow_adapter_records.insert_new_records(uri, fast, json.loads(json.dumps(recs)))
+    assert mlflow_adapter.insert_new_records(uri, fast, json.loads(json.dumps(recs)))
     public.merge_records(json.loads(json.dumps(recs)))
     got = _rows(db, fast.dataset_id)
     assert len(got) == len(recs) and got == _rows(db, public.dataset_id)
@@ -73,10 +73,10 @@ def test_fast_records_refuse_what_merge_records_would_merge(store):
     db, uri, c, exp, _, _, recs = store
     mlflow.set_tracking_uri(uri)
     ds = c.create_dataset("d", experiment_id=[exp])
-    assert not mlflow_adapter_records.insert_new_records(uri, ds, [recs[0], dict(recs[0])])
+    assert not mlflow_adapter.insert_new_records(uri, ds, [recs[0], dict(recs[0])])
     assert _rows(db, ds.dataset_id) == []
     ds.merge_records(recs[:3])
-    assert not mlflow_adapter_records.insert_new_records(uri, ds, recs)
+    assert not mlflow_adapter.insert_new_records(uri, ds, recs)
     assert len(_rows(db, ds.dataset_id)) == 3
 
 

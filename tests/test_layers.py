@@ -15,7 +15,7 @@ _spec.loader.exec_module(import_graph)
 #: Cycles through in-function imports still allowed: none (the MLflow adapter broke the last one).
 PENDING_CYCLES: list[list[str]] = []
 #: The modules allowed to import private (``_``-prefixed) MLflow or Hydra names.
-ADAPTERS = {f"rag_experiments/tracking/mlflow_adapter{part}.py" for part in ("", "_records", "_session")}
+ADAPTERS = {f"rag_experiments/tracking/mlflow_adapter{part}.py" for part in ("", "_session")}
 #: Private imports still outside an adapter: none (Hydra's sweep split uses the public Override API).
 PENDING_PRIVATE: set[str] = set()
 

@@ -51,11 +51,12 @@ def _store(uri: str | None) -> str:
 
 def _unreachable(e: BaseException) -> str | None:
     """Why a tracking server could not be reached, or None when ``e`` is not that."""
-    import requests
-
-    if isinstance(e, requests.exceptions.Timeout):
+    # MLflow's REST client raises its HTTP library's exceptions; they are named, not imported, so
+    # that every remote call of ours goes through stages.endpoint alone
+    kinds = {f"{c.__module__}.{c.__qualname__}" for c in type(e).__mro__}
+    if "requests.exceptions.Timeout" in kinds:
         return "it did not answer in time"
-    if isinstance(e, requests.exceptions.ConnectionError | requests.exceptions.RetryError):
+    if kinds & {"requests.exceptions.ConnectionError", "requests.exceptions.RetryError"}:
         return "connection refused" if "Connection refused" in str(e) else _first_line(e, 200)
     if isinstance(e, ConnectionError | TimeoutError):
         return _first_line(e, 200)

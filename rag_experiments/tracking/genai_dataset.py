@@ -86,12 +86,12 @@ def n_records(ds) -> int:
 
 def add_records(tracking_uri: str, ds, records: list[dict]) -> None:
     """``ds.merge_records(records)``: in one INSERT on a SQL store when the dataset is still empty
-    (``mlflow_adapter_records.insert_new_records``: MLflow's own upsert costs two statements per record,
+    (``mlflow_adapter.insert_new_records``: MLflow's own upsert costs two statements per record,
     ~30 s for 20,000), else through MLflow's public API in calls of :data:`RECORDS_PER_CALL`
     records, so that no single request to a tracking server outlasts its timeout
     (``tracking.timeout_s``). The upsert is keyed by the record's inputs: a repeated call adds
     nothing twice."""
-    from rag_experiments.tracking.mlflow_adapter_records import insert_new_records
+    from rag_experiments.tracking.mlflow_adapter import insert_new_records
 
     if insert_new_records(tracking_uri, ds, records):
         return
