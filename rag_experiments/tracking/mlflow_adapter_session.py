@@ -23,18 +23,31 @@ def release_interrupted_connections(tracking_uri: str, exc: BaseException | None
     connection checked out with its transaction open — on SQLite holding the database's write lock,
     so cleanup's "mark KILLED" fails with "database is locked". The interrupt's frames keep that
     connection alive: cleared (the traceback's text survives) and collected, it rolls back; the
-    store's engine is then disposed. ``exc``: default ``sys.last_value`` (atexit cleanup)."""
+    store's engine is then disposed. ``exc``: default the exception being handled (atexit cleanups
+    run from the CLI's ``except KeyboardInterrupt``), else ``sys.last_value``.
+
+    A connection still holding a transaction after that (kept alive by a reference the interrupt
+    did not own) is rolled back directly: at this point every open SQLite transaction of this
+    process is one a signal abandoned (a CI run left a sweep's parent RUNNING that way)."""
     import gc
+    import sqlite3
     import sys
     import traceback
 
     seen: set[int] = set()
-    e: BaseException | None = exc if exc is not None else getattr(sys, "last_value", None)
+    e: BaseException | None = exc or sys.exc_info()[1] or getattr(sys, "last_value", None)
     while e is not None and id(e) not in seen:  # the interrupt and what it interrupted
         seen.add(id(e))
         traceback.clear_frames(e.__traceback__)
         e = e.__context__ or e.__cause__
     gc.collect()
+    for obj in gc.get_objects():
+        if isinstance(obj, sqlite3.Connection):
+            try:
+                if obj.in_transaction:
+                    obj.rollback()
+            except sqlite3.Error:  # closed, or owned by another thread: nothing this cleanup can do
+                pass
     try:
         engine = getattr(TracingClient(tracking_uri).store, "engine", None)
     except Exception:  # noqa: BLE001 - no store to release (e.g. unreachable): cleanup says so

@@ -160,3 +160,37 @@ def test_cleanup_after_a_signal_inside_a_store_transaction_can_mark_the_run(tmp_
         client.set_terminated(run_id, "KILLED")
     assert client.get_run(run_id).info.status == "KILLED"
     assert time.monotonic() - t0 < 10, "cleanup waited on the interrupted transaction's lock"
+
+
+@pytest.mark.parametrize("held_by", ["frames", "a reference"])
+def test_exit_cleanup_releases_a_transaction_the_interrupt_left_open(tmp_path, held_by):
+    """The CI failure of stop 35: SIGINT landed in a store call before the job's own cleanup could
+    see it; the sweep guard's exit cleanup then ran inside the CLI's ``except KeyboardInterrupt``
+    without the exception in hand and met "database is locked" closing the parent. Cleanup called
+    without ``exc`` finds the handled exception; a transaction kept open by any other reference is
+    rolled back."""
+    from mlflow.tracing.client import TracingClient
+
+    from rag_experiments.tracking.mlflow_adapter_session import release_interrupted_connections
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    run_id = client.create_run(client.create_experiment("x")).info.run_id
+    engine = TracingClient(uri).store.engine
+    kept: list = []
+
+    def write_interrupted_by_a_signal():
+        conn = engine.connect()
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        if held_by == "a reference":
+            kept.append(conn)
+        raise KeyboardInterrupt("signal 2")
+
+    t0 = time.monotonic()
+    try:
+        write_interrupted_by_a_signal()
+    except KeyboardInterrupt:
+        release_interrupted_connections(uri)  # as the atexit guard calls it
+        client.set_terminated(run_id, "KILLED")
+    assert client.get_run(run_id).info.status == "KILLED"
+    assert time.monotonic() - t0 < 15, "cleanup waited on the interrupted transaction's lock"
