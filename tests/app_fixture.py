@@ -15,3 +15,14 @@ def answer(question: str, top_k: int = 3, generate: bool = False, junk: bool = F
 
 def broken(question: str) -> dict:
     raise RuntimeError("the app is down")
+
+
+def traced(question: str, **kw) -> dict:
+    """The app traced with MLflow tracing, as a team's application may be (docs/app.md)."""
+    import mlflow
+
+    @mlflow.trace(name="my_rag_app")
+    def run(q: str) -> dict:
+        return answer(q, **kw)
+
+    return run(question)

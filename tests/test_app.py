@@ -72,6 +72,33 @@ def test_an_app_that_raises_on_every_question_fails_the_run(tmp_path):
     assert res.per_query["app_error"].str.contains("RuntimeError").all()
 
 
+def test_an_app_that_traces_itself_is_linked_to_our_per_query_record(tmp_path):
+    """app=python whose code uses ``@mlflow.trace``: each question's own trace id lands in the
+    per-query column and on our trace of the item; a cached re-run keeps the links."""
+    import mlflow
+
+    from rag_experiments.tracking.traces import build_records
+
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/app.db")  # the app's own MLflow setup
+    try:
+        inputs = sample_inputs(tmp_path, 3)
+        res = tiny_pipeline(inputs, app=PythonApp("tests.app_fixture:traced", {"generate": False}))
+        ids = res.per_query["app_trace_id"]
+        assert ids.notna().all() and ids.nunique() == 3
+        mlflow.flush_trace_async_logging()
+        trace = MlflowClient().get_trace(ids.iloc[0])
+        assert trace.data.spans[0].name == "my_rag_app" and inputs[1][0].query in json.dumps(trace.data.spans[0].inputs)
+        again = tiny_pipeline(inputs, app=PythonApp("tests.app_fixture:traced", {"generate": False}))
+        assert again.records["app"].calls == {"app": 0} and list(again.per_query["app_trace_id"]) == list(ids)
+        recs = build_records(res.per_query, inputs[1], inputs[0].docs, 3, "digest")
+        assert [r.tags["app_trace_id"] for r in recs] == list(ids)
+        plain = tiny_pipeline(sample_inputs(tmp_path / "plain", 2), app=PythonApp("tests.app_fixture:answer"))
+        assert plain.per_query["app_trace_id"].isna().all()  # an app that does not trace: no link
+    finally:
+        mlflow.set_tracking_uri(before)
+
+
 def test_http_app_through_the_endpoint_client(tmp_path):
     from tests.app_fixture import answer
 
@@ -82,14 +109,17 @@ def test_http_app_through_the_endpoint_client(tmp_path):
         def do_POST(self):
             q = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["q"]
             out = answer(q, generate=False)
-            send_body(self, 200, json.dumps({"result": {"text": out["answer"], "docs": out["contexts"]}}).encode())
+            reply = {"result": {"text": out["answer"], "docs": out["contexts"]}, "trace": f"tr-{len(q)}"}
+            send_body(self, 200, json.dumps(reply).encode())
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        app = HttpApp(f"http://127.0.0.1:{srv.server_address[1]}/ask", {"q": "{question}"}, "result.text", "result.docs")
+        app = HttpApp(f"http://127.0.0.1:{srv.server_address[1]}/ask", {"q": "{question}"}, "result.text", "result.docs",
+                      trace_id_field="trace")  # fmt: skip
         res = tiny_pipeline(sample_inputs(tmp_path, 3), app=app)
         assert res.records["app"].failed == 0 and res.aggregates["hit_at_3"] > 0
+        assert list(res.per_query["app_trace_id"]) == [f"tr-{len(q)}" for q in res.per_query["query"]]
     finally:
         srv.shutdown()
 

@@ -50,6 +50,7 @@ def _full_table() -> pd.DataFrame:
             "rerank_error": [None, None, None],
             "query_error": [None, "HTTP 500", None],
             "app_error": [None, None, "RuntimeError: down"],
+            "app_trace_id": ["tr-1", None, None],
             "failure_label": ["ok", "retrieved", "generation_failure"],
             "answer": ["yes [1]", None, None],
             "context": ["hello", None, ""],

@@ -22,6 +22,8 @@ column                      type (what it holds)
 ``query_error``             string: the query transformation's error (the question was searched
                             as it is), null when none
 ``app_error``               string: the application's error (app=python|http), null when none
+``app_trace_id``            string: the application's own MLflow trace of the question
+                            (app=python|http, docs/app.md), null when it made none
 ``failure_label``           string: ``evaluation.labels`` (``ok``, ``retrieval_failure`` …)
 ``answer``                  string: the generated answer
 ``context``                 string: exactly the context the generator and the judge saw
@@ -96,6 +98,7 @@ def _types() -> dict[str, Any]:
         "rerank_error": s,
         "query_error": s,
         "app_error": s,
+        "app_trace_id": s,
         "failure_label": s,
         "answer": s,
         "context": s,
@@ -126,7 +129,7 @@ def declared_types() -> dict:
 #: The declared columns, in table order.
 COLUMNS: tuple[str, ...] = (
     "id", "query", "tags", "gold_spans", "retrieved", "search_queries", "error", "rerank_error",
-    "query_error", "app_error", "failure_label", "answer", "context", "relevance_method", "claims", "verdicts", "cited_chunk_ids",
+    "query_error", "app_error", "app_trace_id", "failure_label", "answer", "context", "relevance_method", "claims", "verdicts", "cited_chunk_ids",
     "gold_claims", "answer_claim_classes", "diagnostics_nan_reason", "judge_repeat_labels", "declined",
     "generated", "answer_truncated", "context_truncated", "generation_cached", "replicate", "generation_seed",
 )  # fmt: skip

@@ -14,6 +14,14 @@ from rag_experiments.core.types import Chunk
 from rag_experiments.evalset.contexts import ContextMapper
 from rag_experiments.run.retrieval import Ranking
 from rag_experiments.stages.app import AppReply
+from rag_experiments.tracking.app_traces import with_trace_id
+
+
+def _ask(app, question: str) -> AppReply:
+    """The app asked once; the id of the MLflow trace the call made, when it traces itself."""
+    reply, made = with_trace_id(lambda: app.ask(question))
+    reply.trace_id = reply.trace_id or made
+    return reply
 
 
 class AppStep:
@@ -31,11 +39,12 @@ class AppStep:
         replies: list[AppReply] = [AppReply(**found[k]) if k in found else AppReply() for k in keys]
         # each reply committed as it arrives: a killed run loses only the questions in flight
         with Progress("app", len(todo), enabled=ctx.settings.progress and bool(todo), unit="questions") as bar:
-            for j, r in as_they_complete(lambda i: app.ask(st.queries[i]), todo, app.concurrency):
+            for j, r in as_they_complete(lambda i: _ask(app, st.queries[i]), todo, app.concurrency):
                 i = todo[j]
                 replies[i] = r
                 if not r.error:
-                    cache.put_json_many("app", {keys[i]: {"answer": r.answer, "contexts": r.contexts, "seconds": r.seconds}})
+                    cache.put_json_many("app", {keys[i]: {"answer": r.answer, "contexts": r.contexts, "seconds": r.seconds,
+                                                           "trace_id": r.trace_id}})
                 bar.update()
         mapper, spans, rows, unmapped = ContextMapper(ctx.data.docs), {}, [], []
         for r in replies:
@@ -66,5 +75,5 @@ class AppStep:
 
     def columns(self, st, rows: list[dict]) -> None:
         for row, r, lost in zip(rows, self.replies, self.unmapped, strict=True):
-            row.update(app_error=r.error or None, latency_app_s=r.seconds, n_contexts=len(r.contexts),
-                       n_unmapped_contexts=lost)  # fmt: skip
+            row.update(app_error=r.error or None, app_trace_id=r.trace_id or None, latency_app_s=r.seconds,
+                       n_contexts=len(r.contexts), n_unmapped_contexts=lost)  # fmt: skip

@@ -12,8 +12,9 @@ generation metrics, failure labels and judges on its answer.
   ``app.params.*`` as keyword arguments (Hydra can sweep them) and returns ``{"answer": str,
   "contexts": [str | {"text", "doc_id"?, "start"?, "end"?, "score"?}]}`` or ``(answer, contexts)``.
 - ``HttpApp``: ``app.url``; the request body is ``app.request`` with ``{question}`` filled in, the
-  reply's ``app.answer_field`` and ``app.contexts_field`` are read; through the one endpoint client
-  (deadline, retries, ``Retry-After``, redaction, abort).
+  reply's ``app.answer_field`` and ``app.contexts_field`` are read (and ``app.trace_id_field``, the
+  app's own MLflow trace id, when given); through the one endpoint client (deadline, retries,
+  ``Retry-After``, redaction, abort).
 
 The app replaces the chunker, retriever, query transform, reranker and generator of the run
 (``Slot.replaces``); its identity is its code or URL and its parameters. Replies are cached per
@@ -42,12 +43,14 @@ class AppShapeError(ValueError):
 @dataclass
 class AppReply:
     """One question's reply: the answer, the contexts (dicts with ``text`` and optional
-    ``doc_id``/``start``/``end``/``score``), the seconds, the error ("" when none)."""
+    ``doc_id``/``start``/``end``/``score``), the seconds, the error ("" when none), and the id of
+    the app's own MLflow trace of this question ("" when it made none)."""
 
     answer: str = ""
     contexts: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
     error: str = ""
+    trace_id: str = ""
 
 
 class App(Protocol):
@@ -110,6 +113,7 @@ class HttpApp:
         answer_field: str = "answer",
         contexts_field: str = "contexts",
         api_key_env: str | None = None,
+        trace_id_field: str | None = None,
         timeout_s: float = 60.0,
         max_retries: int = 2,
         backoff_s: float = 0.5,
@@ -119,6 +123,7 @@ class HttpApp:
         self.url, self.path = str(url), "/" + path
         self.request = dict(request or {"question": "{question}"})
         self.answer_field, self.contexts_field = answer_field, contexts_field
+        self.trace_id_field = trace_id_field  # the reply's MLflow trace id of this request, if it sends one
         self.concurrency = max(1, int(concurrency))
         self.endpoint = Endpoint(base, "", api_key_env, timeout_s, max_retries, backoff_s,
                                  max_concurrency=self.concurrency, what="app.timeout_s")  # fmt: skip
@@ -141,7 +146,11 @@ class HttpApp:
         get.cur = data
         answer = get(self.answer_field)
         get.cur = data
-        return reply_of({"answer": answer, "contexts": get(self.contexts_field)})
+        reply = reply_of({"answer": answer, "contexts": get(self.contexts_field)})
+        if self.trace_id_field:
+            get.cur = data
+            reply.trace_id = str(get(self.trace_id_field) or "")
+        return reply
 
     def ask(self, question: str) -> AppReply:
         r = self.endpoint.post(self.path, self._body(question), self._parse)

@@ -294,6 +294,8 @@ def build_records(
         specs, end = build_spans(row, item, doc_text, t, k, prompt, generator_model)
         pending = [*expectations(item, doc_text, evalset_digest), *feedbacks(row, item, cols, jsrc, k)]
         tags = {"item_id": item.id, "eval_tags": ",".join(item.tags)}
+        if row.get("app_trace_id"):  # the app's own trace of this question (docs/app.md)
+            tags["app_trace_id"] = str(row["app_trace_id"])
         out.append(storable_record(TraceRecord(specs, tags, pending, isinstance(row.get("answer"), str))))
         t = end + 1_000_000  # traces in item order, 1 ms apart
     return out
