@@ -80,7 +80,7 @@ def test_the_pipeline_writes_the_same_run_through_both_writers(tmp_path) -> None
     for name, w in (("mlflow", mlflow_writer), ("memory", memory_writer)):
         run_id, parent_id = start_run(w, job)
         assert parent_id is None  # a single run
-        res = execute(w, run_id, job, parent_id)
+        res, _ = execute(w, run_id, job, parent_id)
         ids[name] = run_id
         # the status is the last thing written, once; the results all come before it
         assert w.calls[0] == "start" and w.calls[-1] == "end" and w.calls.count("end") == 1, w.calls
