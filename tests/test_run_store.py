@@ -6,6 +6,7 @@ in a temp dir) to the same assertions, so the two cannot drift."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import socket
 import subprocess
@@ -150,6 +151,17 @@ def test_partial_failures_finish_and_the_same_job_redoes_only_those_items(tmp_pa
 
 
 # ---------------------------------------------------------------------------- one contract, two stores
+
+
+def test_both_stores_have_every_method_of_the_door_with_its_parameters() -> None:
+    members = [n for n in dir(RunStore) if not n.startswith("_") and callable(getattr(RunStore, n))]
+    assert {"config_lock", "resume_decision", "reuse_in_sweep", "register_prompt", "start", "end"} <= set(members)
+    for cls in (MlflowRunWriter, MemoryRunStore):
+        for name in members:
+            method = getattr(cls, name, None)
+            assert callable(method), f"{cls.__name__} lacks {name}"
+            want = list(inspect.signature(getattr(RunStore, name)).parameters)
+            assert list(inspect.signature(method).parameters) == want, f"{cls.__name__}.{name}"
 
 
 def _finished(store: RunStore, chash: str, fingerprint: str, evalset, metrics=None, status="FINISHED") -> str:
