@@ -263,3 +263,21 @@ def test_the_run_path_skips_through_either_store_alike(tmp_path, capsys) -> None
         store.end(run_id, "KILLED")
     assert outs["memory"] == outs["mlflow"] == ["[skip] generator=none"]
 
+
+
+@pytest.mark.parametrize("make", STORES)
+def test_the_job_opens_with_the_power_line_of_the_pilot_in_its_store(tmp_path, capsys, make) -> None:
+    """``run.pilot``: the latest FINISHED run of the same eval set in the store is the pilot."""
+    store, _ = make(tmp_path)
+    job = tiny_job(tmp_path, "generator=none")
+    metric = f"hit_at_{job.k}"
+    pilot, _ = store.start("pilot", {"evalset_digest": job.inputs.evalset.digest}, {})
+    table = pd.DataFrame({"id": [f"q{i}" for i in range(12)], metric: [float(i % 3 == 0) for i in range(12)]})
+    evalset = tmp_path / "pilot.jsonl"
+    evalset.write_text("{}\n")
+    store.log_results(pilot, RunResults({metric: 1 / 3}, table, table[["id"]], str(evalset), "p" * 16, {}, {}))
+    store.end(pilot, "FINISHED")
+    run_job(job, store)
+    out = capsys.readouterr().out
+    assert out.startswith(f"[plan] {metric}: minimum detectable paired effect "), out[:500]
+    assert f"python -m rag_experiments.plan --pilot {pilot} for the rest" in out.splitlines()[0]
