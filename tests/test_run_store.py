@@ -108,7 +108,7 @@ def test_a_step_failing_on_every_item_fails_the_run_and_the_same_job_reruns_it(
     store, _ = _memory(tmp_path)
     if step == "generate":
         overrides = ("generator=openai", f"generator.base_url={closed_port_url}", "generator.max_retries=0",
-                     "generator.api_key_env=null", "generation_subset=null", "judge=heuristic")  # fmt: skip
+                     "generator.api_key_env=null", "generation_subset=null", "judge=none")  # fmt: skip
     else:
         overrides = ("generator=none", *_query_llm(closed_port_url, "ok"))
     job = tiny_job(tmp_path, *overrides, n_items=4)
