@@ -118,3 +118,28 @@ def run_sweep(
     if check and p.returncode != 0:
         raise AssertionError(f"sweep failed ({p.returncode}):\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}")
     return p
+
+
+def tiny_job(root: Path, *overrides: str, n_items: int = 8, ctx=None):
+    """One assembled job on ``make_tiny``'s inputs, as ``sweep.main`` builds it (Hydra's compose API,
+    ``assemble.load_inputs``, ``assemble.job_settings``): a ``run.sweep.Job`` for ``run_job`` with a
+    run store. ``overrides`` come after the tiny corpus's (BM25 unless they say otherwise); ``ctx``:
+    Hydra's runtime (``assemble.HydraContext``), None for a single run."""
+    import time
+
+    from hydra import compose, initialize_config_dir
+
+    from rag_experiments.run.assemble import job_settings, load_inputs
+    from rag_experiments.run.sweep import describe_job
+
+    docs, ev = make_tiny(root, n_items=n_items)
+    base = [
+        "corpus=dir", f"corpus.path={docs}", "evalset=file", f"evalset.path={ev}", "retriever=bm25",
+        f"cache_dir={root}/cache", "progress=false", "experiment_name=test", "metrics.bootstrap_resamples=100",
+        f"tracking.uri=sqlite:///{root}/mlflow.db", f"tracking.artifact_root={root}/mlruns",
+    ]  # fmt: skip
+    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "rag_experiments" / "conf")):
+        cfg = compose("config", overrides=[*base, *overrides])
+    cache = StageCache(root / "cache")
+    inputs = load_inputs(cfg, cache)
+    return describe_job(job_settings(cfg, ctx), inputs, cache, time.perf_counter())

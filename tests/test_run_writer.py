@@ -5,15 +5,12 @@ gives the same params, metrics and per-query table, and both set the run's statu
 from __future__ import annotations
 
 import json
-import time
 
 import pandas as pd
 import pytest
-from hydra import compose, initialize_config_dir
 
-from rag_experiments.core.cache import StageCache
-from rag_experiments.run.assemble import HydraContext, job_settings, load_inputs
-from rag_experiments.run.sweep import describe_job, execute, start_run
+from rag_experiments.run.assemble import HydraContext
+from rag_experiments.run.sweep import execute, start_run
 from rag_experiments.tracking import traces as tracking_traces
 from rag_experiments.tracking import writer as tracking_writer
 from rag_experiments.tracking.memory import MemoryStore
@@ -25,7 +22,7 @@ from rag_experiments.tracking.run_writer import (
     RunWriter,
 )
 from rag_experiments.tracking.runs import load_per_query
-from tests.sweep_helpers import REPO, make_tiny
+from tests.sweep_helpers import tiny_job
 
 
 class Recording:
@@ -48,17 +45,7 @@ class Recording:
 
 def _job(root, ctx: HydraContext | None = None, extra: tuple[str, ...] = ()):
     """One assembled job (retrieval-only, BM25) on the tiny corpus: what ``sweep.main`` builds."""
-    docs, ev = make_tiny(root)
-    overrides = [
-        "corpus=dir", f"corpus.path={docs}", "evalset=file", f"evalset.path={ev}", "generator=none",
-        "retriever=bm25", f"cache_dir={root}/cache", "progress=false", "experiment_name=test",
-        "metrics.bootstrap_resamples=100", f"tracking.uri=sqlite:///{root}/mlflow.db", *extra,
-    ]  # fmt: skip
-    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "rag_experiments" / "conf")):
-        cfg = compose("config", overrides=overrides)
-    cache = StageCache(root / "cache")
-    inputs = load_inputs(cfg, cache)
-    return describe_job(job_settings(cfg, ctx), inputs, cache, time.perf_counter())
+    return tiny_job(root, "generator=none", *extra, ctx=ctx)
 
 
 def _no_latency(metrics: dict) -> dict:
@@ -80,7 +67,7 @@ def test_the_pipeline_writes_the_same_run_through_both_writers(tmp_path) -> None
     for name, w in (("mlflow", mlflow_writer), ("memory", memory_writer)):
         run_id, parent_id = start_run(w, job)
         assert parent_id is None  # a single run
-        res = execute(w, run_id, job, parent_id)
+        res, _ = execute(w, run_id, job, parent_id)
         ids[name] = run_id
         # the status is the last thing written, once; the results all come before it
         assert w.calls[0] == "start" and w.calls[-1] == "end" and w.calls.count("end") == 1, w.calls

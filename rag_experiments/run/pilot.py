@@ -10,25 +10,24 @@ from rag_experiments.analysis.power import mde, paired_variance
 from rag_experiments.analysis.variance import pilot_components
 from rag_experiments.evalset.subset import stratified_subset
 from rag_experiments.evaluation.registry import GENERATION_METRICS
-from rag_experiments.tracking.runs import RunInputError, load_per_query, run_label
-from rag_experiments.tracking.writer import latest_finished_of_evalset
+from rag_experiments.tracking.run_store import RunStore
+from rag_experiments.tracking.runs import RunInputError
 
 log = logging.getLogger(__name__)
 MIN_SCORED = 10  # fewer scored queries than this: a per-query SD is not a basis for planning
 
 
-def pilot_mde_line(
-    client, experiment_id: str, evalset_digest: str, metric: str, n: int, replicates: int
-) -> str | None:
+def pilot_mde_line(store: RunStore, evalset_digest: str, metric: str, n: int, replicates: int) -> str | None:
     """One line for the sweep's start: the MDE of ``metric`` at this sweep's ``n`` and
-    ``replicates``, from the latest FINISHED run of the same eval set in the experiment (the pilot).
-    None when there is no such run or it cannot tell (metric missing, < 10 scored queries)."""
+    ``replicates``, from the latest FINISHED run of the same eval set in the store's experiment
+    (the pilot). None when there is no such run or it cannot tell (metric missing, < 10 scored
+    queries)."""
 
-    pilot = latest_finished_of_evalset(client, experiment_id, evalset_digest)
+    pilot = store.latest_finished_of_evalset(evalset_digest)
     if pilot is None:
         return None
     try:
-        df = load_per_query(client, pilot, long=True)
+        df = store.per_query(pilot, long=True)
     except RunInputError:
         return None
     if metric not in df.columns:
@@ -40,12 +39,12 @@ def pilot_mde_line(
     value = mde(pv.between, n, pv.within, replicates)
     return (
         f"[plan] {metric}: minimum detectable paired effect {value:.4f} at n={n}, R={replicates} "
-        f"(alpha 0.05 two-sided, power 0.8; pilot {run_label(pilot)}, same eval set; "
-        f"python -m rag_experiments.plan --pilot {pilot.info.run_id} for the rest)"
+        f"(alpha 0.05 two-sided, power 0.8; pilot {pilot.label}, same eval set; "
+        f"python -m rag_experiments.plan --pilot {pilot.run_id} for the rest)"
     )
 
 
-def print_pilot_mde(client, exp_id: str, job) -> None:
+def print_pilot_mde(store: RunStore, job) -> None:
     """At the start (first job of a multirun): the MDE of the primary metric when a run of the same
     eval set exists in the experiment (:func:`pilot_mde_line`); nothing when none does. Reads the
     job's typed settings (``run.types.JobSettings``): ``racing_primary``, ``run.k``,
@@ -59,7 +58,7 @@ def print_pilot_mde(client, exp_id: str, job) -> None:
     n = len(stratified_subset(items, s.run.generation_subset)) if gen else len([it for it in items if it.gold_spans])
     reps = s.run.replicates if gen else 1
     try:
-        line = pilot_mde_line(client, exp_id, job.inputs.evalset.digest, metric, n, reps)
+        line = pilot_mde_line(store, job.inputs.evalset.digest, metric, n, reps)
     except Exception as e:  # noqa: BLE001 - advice only: never stops a run
         log.debug("pilot MDE lookup failed: %s", e)
         line = None

@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # offline by default: never reach a model hub
@@ -41,6 +41,7 @@ from rag_experiments.core.identity import code_fingerprint, judge_fingerprint  #
 from rag_experiments.core.progress import Progress, timing_table  # noqa: E402
 from rag_experiments.core.redaction import redact  # noqa: E402
 from rag_experiments.core.run_names import run_name  # noqa: E402
+from rag_experiments.core.run_record import RunData  # noqa: E402
 from rag_experiments.core.sanitize import shell_line, terminal_output  # noqa: E402
 from rag_experiments.core.slots import steps  # noqa: E402
 from rag_experiments.evaluation.registry import metric_keys, spec, wrap  # noqa: E402
@@ -66,7 +67,8 @@ from rag_experiments.stages import call_budget  # noqa: E402
 from rag_experiments.tracking import writer as tracking  # noqa: E402
 from rag_experiments.tracking.bounds import bound_tracking_calls  # noqa: E402
 from rag_experiments.tracking.errors import infrastructure_error, infrastructure_exits_2  # noqa: E402
-from rag_experiments.tracking.reuse import original_run_id  # noqa: E402
+from rag_experiments.tracking.resume import original_run_id  # noqa: E402
+from rag_experiments.tracking.run_store import RunStore  # noqa: E402
 from rag_experiments.tracking.run_writer import MlflowRunWriter, RunResults, RunWriter, TraceInputs  # noqa: E402
 
 log = logging.getLogger("rag_experiments")
@@ -120,10 +122,12 @@ def first_stage_lines(per_query: pd.DataFrame, agg: dict[str, float], k: int, ks
     return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class Job:
     """One resolved config with its loaded inputs and typed settings: everything a run needs
-    besides a run writer. No Hydra config past this point (``assemble.job_settings``)."""
+    besides a run store. No Hydra config past this point (``assemble.job_settings``). Immutable:
+    the prompt versions come from the store before the run (:func:`register_prompts`, a new Job);
+    the judge card is returned by :func:`execute` beside the results."""
 
     setup: JobSettings
     inputs: Loaded  # the corpus, eval set and built stages
@@ -131,7 +135,6 @@ class Job:
     chash: str
     run_name: str
     t_start: float
-    card: dict | None = None  # the judge's validity card, once computed (docs/judges.md)
     prompt_version: tuple[str, int] | None = None  # (registry name, version) the run links (docs/tracing.md)
     stage_prompts: tuple[tuple[str, int], ...] = ()  # the query transform's / LLM reranker's prompt versions
 
@@ -259,8 +262,9 @@ def trace_inputs(job: Job) -> TraceInputs:
     )
 
 
-def execute(writer: RunWriter, run_id: str, job: Job, parent_id: str | None):
+def execute(writer: RunWriter, run_id: str, job: Job, parent_id: str | None) -> tuple[PipelineResult, dict | None]:
     """Run the pipeline into ``run_id`` and set its final status, last; re-raises after marking it.
+    Returns the pipeline's result and the judge's validity card (None: none, docs/judges.md).
 
     FINISHED only when some query succeeded: a run with an error on every item is FAILED (tag
     ``failure_reason``) so that a re-run retries it.
@@ -271,7 +275,7 @@ def execute(writer: RunWriter, run_id: str, job: Job, parent_id: str | None):
         inputs = job.inputs
         version = writer.begin_version(run_id, job.chash, inputs.stages.identities(), job.prompt_refs)
         res = run_pipeline(inputs.stages, inputs.data, job.setup.run, job.cache, race_for(job, run_id))
-        job.card = add_card(  # docs/judges.md
+        card = add_card(  # docs/judges.md
             job.setup.card, inputs.stages, inputs.corpus.docs, job.cache, res, job.setup.progress
         )
         model_id = writer.link_version(run_id, job.chash, version, job.prompt_refs)  # "Agent versions"
@@ -290,7 +294,7 @@ def execute(writer: RunWriter, run_id: str, job: Job, parent_id: str | None):
             print(f"[failed] {job.run_name}: {why}; marked FAILED so a re-run retries it", file=sys.stderr)
         else:
             writer.end(run_id, "FINISHED")
-        return res
+        return res, card
     except BaseException as e:
         status = writer.abort(run_id, e, parent_id)
         if status == "FAILED" and infrastructure_error(e) is None:
@@ -304,61 +308,71 @@ def start_run(writer: RunWriter, job: Job) -> tuple[str, str | None]:
     return writer.start(job.run_name, run_tags(job), run_params(job), job.sweep, job.setup.force)
 
 
-def reuse_in_sweep(writer: MlflowRunWriter, job: Job, done) -> str | None:
-    """Make the FINISHED run ``done`` part of this multirun (``MlflowRunWriter.reuse_in_sweep``):
-    a child of its parent carrying ``done``'s results, so the sweep counts, lists and reports the
-    config. None when the parent already holds this config (a resumed sweep)."""
-    run_id = writer.reuse_in_sweep(done, job.chash, job.sweep, job.setup.force, lambda: start_run(writer, job))
+def reuse_in_sweep(store: RunStore, job: Job, done: RunData) -> str | None:
+    """Make the FINISHED run ``done`` part of this multirun (``RunStore.reuse_in_sweep``): a child
+    of its parent carrying ``done``'s results, so the sweep counts, lists and reports the config.
+    None when the parent already holds this config (a resumed sweep)."""
+    run_id = store.reuse_in_sweep(done, job.chash, job.sweep, job.setup.force, lambda: start_run(store, job))
     if run_id is not None:
-        origin = original_run_id(done)
+        origin = original_run_id(done.tags, done.run_id)
         print(f"[reuse] {job.run_name}: counted in this sweep as run {run_id} (results of run {origin})")
     return run_id
 
 
-def run_job(job: Job, uri: str) -> float:
-    """One assembled job → one MLflow run. Returns the context hit rate (Hydra's objective).
+def register_prompts(store: RunStore, job: Job) -> Job:
+    """The job with its prompts' registry versions (by content): the answer prompt's and the query
+    transform's / LLM reranker's, which the run and its traces link to (docs/tracing.md)."""
+    stages = job.inputs.stages
+    version = store.register_prompt(stages.prompt) if stages.prompt is not None else None
+    return replace(job, prompt_version=version, stage_prompts=tuple(store.register_stage_prompts(stages)))
+
+
+def open_store(job: Job, uri: str) -> MlflowRunWriter:
+    """The production run store: the MLflow store at ``uri``, in the experiment that holds the
+    job's runs (in a sweep, the one the multirun chose: it holds the parent)."""
+    s = job.setup
+    experiment = (s.sweep or {}).get("experiment_name") or s.experiment_name
+    return MlflowRunWriter.open(uri, experiment, s.artifact_root)
+
+
+def run_job(job: Job, store: RunStore) -> float:
+    """One assembled job → one run in ``store``. Returns the context hit rate (Hydra's objective).
 
     The skip check and the run hold a lock on the config_hash, so identical sweeps started
     together run each config once; RUNNING runs of that config left by a dead process are
     marked KILLED first.
     """
     s, t_start, cache = job.setup, job.t_start, job.cache
-    # in a sweep, the experiment the multirun chose holds the parent: every job's runs go there
-    experiment = (s.sweep or {}).get("experiment_name") or s.experiment_name
-    writer = MlflowRunWriter.open(uri, experiment, s.artifact_root)
-    exp_id = writer.experiment_id
-    print_pilot_mde(writer.client, exp_id, job)  # the primary metric's MDE, from a pilot run
-    if job.inputs.stages.prompt is not None:  # templates in the Prompt Registry, by content
-        job.prompt_version = writer.register_prompt(job.inputs.stages.prompt)
-    job.stage_prompts = tuple(writer.register_stage_prompts(job.inputs.stages))  # rerank=llm, query
-    with writer.config_lock(job.chash):
-        for rid in writer.heal_stale_runs(job.chash):
+    print_pilot_mde(store, job)  # the primary metric's MDE, from a pilot run
+    job = register_prompts(store, job)  # templates in the Prompt Registry, by content
+    with store.config_lock(job.chash):
+        for rid in store.heal_stale_runs(job.chash):
             print(f"[healed] run {rid} of config_hash {job.chash} was left RUNNING by a dead process: KILLED")
         run_name, chash, k = job.run_name, job.chash, job.k
         fingerprint = code_fingerprint()
-        done, why = (None, "") if s.force else writer.resume_decision(chash, fingerprint)
+        done, why = (None, "") if s.force else store.resume_decision(chash, fingerprint)
         if done is not None:
             print(f"[skip] {run_name}: {why}")
             if job.prompt_version:  # e.g. v3 holds v1's text: the v1 run is v3's result too
-                writer.link_reused_run(done.info.run_id, job.prompt_version)
+                store.link_reused_run(done.run_id, job.prompt_version)
             if job.sweep:  # a sweep is the set of its configs: the finished one joins this sweep
-                reuse_in_sweep(writer, job, done)
+                reuse_in_sweep(store, job, done)
             if s.racing is not None and job.sweep:  # its values race the configs this invocation runs
-                racing.republish(job, done.info.run_id, done.data.tags, writer.per_query(done))
-            return float(done.data.metrics.get(f"hit_at_{k}", float("nan")))
+                racing.republish(job, done.run_id, done.tags, store.per_query(done))
+            return float(done.metrics.get(f"hit_at_{k}", float("nan")))
         if why:
             print(f"[rerun] {run_name}: {why}")
         if stopped := call_budget.stop_reason():  # an earlier config of this sweep spent the budget
             print(f"[budget] {run_name}: not started: {stopped}; raise it and run the same command", file=sys.stderr)
             return float("nan")
-        run_id, parent_id = start_run(writer, job)
-        res = execute(writer, run_id, job, parent_id)
+        run_id, parent_id = start_run(store, job)
+        res, card = execute(store, run_id, job, parent_id)
     print(f"\n== {run_name}  (run {run_id}, {res.n_chunks} chunks, {time.perf_counter() - t_start:.1f}s)")
     print(summary_table(res.aggregates, k, job.ks))
     for line in first_stage_lines(res.per_query, res.aggregates, k, job.ks):  # rerank: what it added
         print(line)
-    if job.card is not None:
-        print(job.card["line"])
+    if card is not None:
+        print(card["line"])
     if job.inputs.stages.generates:  # once per run: synthetic card and no human labels yet
         for note in runs_judge_notes([(res.aggregates, res.tags)], run_id):
             print(f"note: {note}")
@@ -372,8 +386,8 @@ def run_job(job: Job, uri: str) -> float:
         )
     print(timing_table(res.timings))
     print(f"model calls {res.calls or '{}'}; cache {dict(sorted(cache.stats.items()))}")
-    if not job.sweep:
-        print(f"\nOpen the MLflow UI:\n  {tracking.ui_command(uri, s.artifact_root, exp_id)}")
+    if not job.sweep and (ui := store.ui_line()):
+        print(f"\nOpen the MLflow UI:\n  {ui}")
     if n_failed := int(res.aggregates.get("n_judge_errors", 0)):
         print(f"[warn] {run_name}: {n_failed} judge calls failed on transport errors", file=sys.stderr)
     for line in step_summary(res.records):  # partial failures: what the same command will redo
@@ -411,7 +425,8 @@ def main(cfg: DictConfig) -> float:
         bound_tracking_calls(cfg.tracking.get("timeout_s"))  # every MLflow call (prompt=registry too) is bounded
         uri = tracking.resolve_uri(cfg.tracking.uri)  # after: a PostgreSQL connect timeout comes from it
         inputs = load_inputs(cfg, cache)  # bad input exits 2 here, before any MLflow run exists
-        return run_job(describe_job(job_settings(cfg, hydra_context()), inputs, cache, t_start), uri)
+        job = describe_job(job_settings(cfg, hydra_context()), inputs, cache, t_start)
+        return run_job(job, open_store(job, uri))
 
 
 def cli() -> None:

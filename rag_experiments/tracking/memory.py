@@ -6,6 +6,7 @@ the production ones. Nothing here imports mlflow.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ class StoredRun:
     table: pd.DataFrame | None = None
     artifacts: dict[str, str] = field(default_factory=dict)  # relative path -> text
     traces: list[dict[str, Any]] = field(default_factory=list)
+    prompts: list[tuple[str, int]] = field(default_factory=list)  # the prompt versions it is linked to
 
 
 @dataclass
@@ -41,11 +43,16 @@ class MemoryStore:
     label shows its first 8, so they must differ between runs)."""
 
     runs: dict[str, StoredRun] = field(default_factory=dict)
+    prompts: dict[str, list[str]] = field(default_factory=dict)  # registry name -> texts; version = index + 1
+    locks: dict[str, threading.Lock] = field(default_factory=dict)  # one per config_hash
 
     def new_run(self, name: str, experiment: str, parent_id: str | None = None) -> StoredRun:
         run_id = uuid.uuid4().hex
         run = self.runs[run_id] = StoredRun(run_id, name, experiment, parent_id)
         return run
+
+    def lock(self, key: str) -> threading.Lock:
+        return self.locks.setdefault(key, threading.Lock())
 
     def get(self, run_id: str) -> StoredRun:
         try:

@@ -15,14 +15,16 @@ import time
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-REUSED_FROM = "reused_from"
+from rag_experiments.tracking import resume
+from rag_experiments.tracking.resume import REUSED_FROM
+
 # tags that describe this child's place (set by ``start_child``), never copied from the original
-_OWN_TAGS = {"sweep_id", "overrides", "command", "runner"}
+_OWN_TAGS = resume.OWN_TAGS
 
 
 def original_run_id(run) -> str:
     """The run that computed ``run``'s results (itself unless it is a reused copy)."""
-    return run.data.tags.get(REUSED_FROM) or run.info.run_id
+    return resume.original_run_id(run.data.tags, run.info.run_id)
 
 
 def already_in_parent(client: MlflowClient, experiment_id: str, parent_id: str, chash: str) -> bool:

@@ -2,19 +2,19 @@
 
 A :class:`RunWriter` starts a run (a child of the sweep's parent in a multirun), logs its params,
 metrics, per-query table, artifacts and traces, and sets its final status LAST: a run whose
-status is FINISHED has everything (resume trusts it, ``writer.incomplete_reason``). Two real
+status is FINISHED has everything (resume trusts it, ``resume.incomplete_reason``). Two real
 implementations:
 
 - :class:`MlflowRunWriter`: the production one, over an MLflow tracking store; it calls the
   functions of ``tracking.writer``, ``tracking.parents``, ``tracking.traces``,
-  ``tracking.app_versions``, ``tracking.prompt_registry`` and ``tracking.reuse``. It also holds the
-  store-side steps of a job that are no part of the protocol (the config lock, healing stale
-  runs, the resume decision, a FINISHED config joining a new sweep), so that ``run/`` makes no
-  MLflow call of its own.
+  ``tracking.app_versions``, ``tracking.prompt_registry`` and ``tracking.reuse``. It is also the
+  production :class:`~rag_experiments.tracking.run_store.RunStore`: the job's store-side steps
+  (the config lock, healing stale runs, the resume decision, a FINISHED config joining a new
+  sweep, prompt registration, the pilot run), so that ``run/`` makes no MLflow call of its own.
 - :class:`MemoryRunWriter`: runs kept in a ``tracking.memory.MemoryStore``; the pipeline's unit
-  tests record into it (the proof that the protocol is the seam).
+  tests record into it (the proof that the protocol is the seam). ``run_store.MemoryRunStore``
+  adds the store-side steps.
 """
-
 from __future__ import annotations
 
 import json
@@ -28,7 +28,9 @@ from typing import Any, Protocol
 import pandas as pd
 
 from rag_experiments.core.redaction import error_text
+from rag_experiments.core.run_record import RunData
 from rag_experiments.tracking.memory import MemoryStore, StoredRun
+from rag_experiments.tracking.resume import Resume
 from rag_experiments.tracking.trace_settings import TraceSettings
 
 #: Run tags both writers set (``writer.TRACES_EXPECTED`` names the first; kept in step by a test).
@@ -137,8 +139,9 @@ def _logged_metrics(metrics: Mapping[str, float]) -> tuple[dict[str, float], lis
 class MlflowRunWriter:
     """The production writer over an MLflow tracking store (one experiment)."""
 
-    def __init__(self, client, experiment_id: str):
-        self.client, self.experiment_id = client, experiment_id
+    def __init__(self, client, experiment_id: str, artifact_root: str | None = None):
+        self.client, self.experiment_id, self.artifact_root = client, experiment_id, artifact_root
+        self._runs: dict[str, Any] = {}  # run id → the MLflow Run a RunData was made from
 
     @classmethod
     def open(cls, uri: str, experiment_name: str, artifact_root: str | None) -> MlflowRunWriter:
@@ -149,7 +152,7 @@ class MlflowRunWriter:
 
         client = open_store(uri)
         mlflow.set_tracking_uri(uri)  # the tracing exporter and log_feedback read it
-        return cls(client, get_experiment_id(client, experiment_name, artifact_root))
+        return cls(client, get_experiment_id(client, experiment_name, artifact_root), artifact_root)
 
     @property
     def uri(self) -> str:
@@ -236,7 +239,17 @@ class MlflowRunWriter:
                 close_parent(self.client, self.experiment_id, parent_id, complete=False, interrupted=interrupted)
         return status
 
-    # -- a job's store-side steps (no part of the protocol)
+    # -- the job's store-side steps (``tracking.run_store.RunStore``)
+
+    def _record(self, run) -> RunData:
+        from rag_experiments.tracking.runs import as_record
+
+        self._runs[run.info.run_id] = run
+        return as_record(run)
+
+    def _mlflow_run(self, run: RunData):
+        found = self._runs.get(run.run_id)
+        return found if found is not None else self.client.get_run(run.run_id)
 
     @contextmanager
     def config_lock(self, chash: str) -> Iterator[None]:
@@ -251,11 +264,12 @@ class MlflowRunWriter:
 
         return heal_stale_runs(self.client, self.experiment_id, chash)
 
-    def resume_decision(self, chash: str, fingerprint: str):
-        """(the FINISHED run to reuse or None, why): ``writer.resume_decision``."""
+    def resume_decision(self, chash: str, fingerprint: str) -> Resume:
+        """The FINISHED run to reuse or None, and why: ``writer.resume_decision`` (``resume.decide``)."""
         from rag_experiments.tracking.writer import resume_decision
 
-        return resume_decision(self.client, self.experiment_id, chash, fingerprint)
+        done, why = resume_decision(self.client, self.experiment_id, chash, fingerprint)
+        return Resume(None if done is None else self._record(done), why)
 
     def register_prompt(self, prompt) -> tuple[str, int]:
         """The run's prompt template in the Prompt Registry, by content: (name, version)."""
@@ -274,14 +288,21 @@ class MlflowRunWriter:
 
         link_reused_run(self.client, self.experiment_id, run_id, *prompt_version)
 
-    def per_query(self, run) -> pd.DataFrame:
-        """A logged run's per-query table (wide)."""
+    def per_query(self, run: RunData, long: bool = False) -> pd.DataFrame:
+        """A logged run's per-query table (wide unless ``long``)."""
         from rag_experiments.tracking.runs import load_per_query
 
-        return load_per_query(self.client, run, long=False)
+        return load_per_query(self.client, self._mlflow_run(run), long=long)
+
+    def latest_finished_of_evalset(self, evalset_digest: str) -> RunData | None:
+        """The latest FINISHED run of the experiment on this eval set (the sweep's pilot, ``run.pilot``)."""
+        from rag_experiments.tracking.writer import latest_finished_of_evalset
+
+        found = latest_finished_of_evalset(self.client, self.experiment_id, evalset_digest)
+        return None if found is None else self._record(found)
 
     def reuse_in_sweep(
-        self, done, chash: str, sweep: dict, force: bool, start: Callable[[], tuple[str, str | None]]
+        self, done: RunData, chash: str, sweep: dict, force: bool, start: Callable[[], tuple[str, str | None]]
     ) -> str | None:
         """Make the FINISHED run ``done`` part of this multirun: a child of its parent (``start``
         creates it) that carries ``done``'s results (``tracking.reuse``), so the sweep counts,
@@ -296,13 +317,19 @@ class MlflowRunWriter:
             return None
         run_id, _ = start()
         try:
-            copy_results(self.client, done, run_id)
+            copy_results(self.client, self._mlflow_run(done), run_id)
             self.client.set_terminated(run_id, "FINISHED")
         except BaseException:
             with best_effort(f"mark run {run_id} FAILED"):
                 self.client.set_terminated(run_id, "FAILED")
             raise
         return run_id
+
+    def ui_line(self) -> str | None:
+        """How to open the store's UI on the experiment (printed after a single run)."""
+        from rag_experiments.tracking.run_info import ui_command
+
+        return ui_command(self.uri, self.artifact_root, self.experiment_id)
 
 
 # ------------------------------------------------------------------------------ memory

@@ -27,7 +27,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
 from rag_experiments.core.query_table import write_per_query
-from rag_experiments.core.slots import steps
+from rag_experiments.tracking import resume
 from rag_experiments.tracking.app_versions import DATASET, version_metric
 from rag_experiments.tracking.locks import config_lock, file_lock, store_lock  # noqa: F401
 from rag_experiments.tracking.parents import (  # noqa: F401
@@ -50,7 +50,7 @@ from rag_experiments.tracking.run_info import (  # noqa: F401
 from rag_experiments.tracking.uri import artifact_location, is_server  # noqa: F401
 from rag_experiments.tracking.uri import tracking_uri as resolve_uri  # noqa: F401  (sweep.py's name)
 
-TRACES_EXPECTED = "traces_expected"  # tag: traces a run should have, set before they are written
+TRACES_EXPECTED = resume.TRACES_EXPECTED  # tag: traces a run should have, set before they are written
 
 
 def open_store(uri: str) -> MlflowClient:
@@ -127,35 +127,15 @@ def latest_finished_of_evalset(client: MlflowClient, experiment_id: str, evalset
 
 
 def incomplete_reason(client: MlflowClient, run) -> str:
-    """Why a FINISHED run cannot be reused ("" when it is complete): items a step failed on (its
-    slot's ``errors`` metric, ``core.slots``: ``n_query_errors``, ``n_rerank_errors``, ``n_errors``,
-    ``n_judge_errors``; failures are never cached, so a re-run retries exactly those), no
-    ``per_query.parquet``, or
-    fewer traces written (tag ``traces`` = ``{"n": ...}``, set after the last trace) than the run
-    should have (tag ``traces_expected``, set before the first). A run from before
-    ``traces_expected`` existed counts as complete only with its ``traces`` tag.
-
-    The run's status is set last (``sweep.execute``), so this catches runs that an older version
-    (or a kill in that window) left FINISHED without their traces."""
-    tags, metrics = run.data.tags, run.data.metrics
-    # failed items are resumable: their errors were not cached, so the re-run asks only for them
-    for s in steps():
-        if s.errors and metrics.get(s.errors, 0) > 0:
-            return f"{int(metrics[s.errors])} {s.step} errors to retry ({s.errors})"
+    """Why a FINISHED run cannot be reused ("" when it is complete): ``resume.incomplete_reason``
+    (failed items to retry, no ``per_query.parquet``, fewer traces than expected), one rule for
+    every store."""
     names = {Path(a.path).name for a in client.list_artifacts(run.info.run_id)}
-    if "per_query.parquet" not in names:
-        return "no per_query.parquet artifact"
-    written = json.loads(tags.get("traces") or "{}").get("n")
-    expected = tags.get(TRACES_EXPECTED)
-    if expected is None:
-        return "" if written is not None else "no traces recorded"
-    if int(expected) > 0 and (written is None or int(written) < int(expected)):
-        return f"{written or 0} of {expected} traces written"
-    return ""
+    return resume.incomplete_reason(run.data.tags, run.data.metrics, "per_query.parquet" in names)
 
 
 def resume_decision(client: MlflowClient, experiment_id: str, chash: str, fingerprint: str):
-    """(run to reuse or None, why) for a config about to run.
+    """(run to reuse or None, why) for a config about to run: ``resume.decide`` on this store's runs.
 
     Skip only when a FINISHED run has this ``config_hash`` AND this ``code_fingerprint``; a
     FINISHED run with the same config but other code is named in the reason for re-running.
@@ -170,23 +150,14 @@ def resume_decision(client: MlflowClient, experiment_id: str, chash: str, finger
         max_results=10,
         order_by=["attributes.start_time DESC"],
     )
-    gaps = []
-    for run in same:
-        rid = run.info.run_id
-        if gap := incomplete_reason(client, run):
-            gaps.append(f"run {rid} is FINISHED but incomplete ({gap})")
-            continue
-        return run, (
-            f"config_hash {chash} and code_fingerprint {fingerprint} already FINISHED as run {rid} "
-            "(force=true re-runs)"
-        )
-    if gaps:
-        return None, "; ".join(gaps)
-    old = find_finished(client, experiment_id, chash)
-    if old is None:
-        return None, ""
-    before = old.data.tags.get("code_fingerprint", "none recorded")
-    return None, f"code changed since run {old.info.run_id} (fingerprint {before} -> {fingerprint})"
+
+    def previous() -> tuple[str, str] | None:
+        old = find_finished(client, experiment_id, chash)
+        return None if old is None else (old.info.run_id, old.data.tags.get("code_fingerprint", "none recorded"))
+
+    candidates = ((r.info.run_id, incomplete_reason(client, r)) for r in same)
+    rid, why = resume.decide(chash, fingerprint, candidates, previous)
+    return next((r for r in same if r.info.run_id == rid), None), why
 
 
 # ------------------------------------------------------------------------------ child runs

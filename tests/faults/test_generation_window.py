@@ -4,12 +4,13 @@ local model's window: neither may give a FINISHED run that a re-run then skips."
 from __future__ import annotations
 
 import pytest
-from mlflow.tracking import MlflowClient
 
 from rag_experiments.run.steps import StepRecord, failure_reason
-from rag_experiments.tracking import writer
+from rag_experiments.run.sweep import run_job
+from rag_experiments.tracking.memory import MemoryStore
+from rag_experiments.tracking.run_store import MemoryRunStore
 from tests.llm_fixtures import requires_smollm2
-from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
+from tests.sweep_helpers import make_tiny, tiny_job
 
 
 def test_every_item_failed_counts_the_generated_items_only():
@@ -21,28 +22,31 @@ def test_every_item_failed_counts_the_generated_items_only():
     assert not failure_reason({"retriever": StepRecord("retriever", 168)})  # retrieval only
 
 
-def test_dead_endpoint_with_a_generation_subset_fails_and_is_retried(tmp_path):
-    docs, ev = make_tiny(tmp_path, n_items=6)
-    args = [
+def test_dead_endpoint_with_a_generation_subset_fails_and_is_retried(tmp_path, capsys):
+    """In-process through ``run_job`` into the in-memory run store: the pipeline and the resume
+    rule are what is checked (``tests/test_run_store.py`` holds the MLflow store to the same rule)."""
+    job = tiny_job(
+        tmp_path,
         "generator=openai",
         "generator.base_url=http://127.0.0.1:9/v1",
         "generator.timeout_s=1",
         "generator.max_retries=0",
         "generation_subset=2",  # 2 of 6 items generated, as 24 of 168 by default
-        "retriever=bm25",
         "judge=heuristic",
-        *sweep_args(tmp_path, docs, ev),
-    ]
-    first = run_sweep(tmp_path, *args, check=False)
-    assert first.returncode != 0, first.stdout[-2000:]
-    assert "every one of the 2 generated queries errored" in first.stderr, first.stderr[-2000:]
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
-    exp_id = client.get_experiment_by_name("test").experiment_id
-    (run,) = client.search_runs([exp_id])
-    assert run.info.status == "FAILED"
-    assert writer.find_finished(client, exp_id, run.data.tags["config_hash"]) is None
-    again = run_sweep(tmp_path, *args, check=False)
-    assert "[skip]" not in again.stdout and len(client.search_runs([exp_id])) == 2
+        n_items=6,
+    )
+    store = MemoryRunStore(MemoryStore(), "test")
+    with pytest.raises(SystemExit) as first:
+        run_job(job, store)
+    err = capsys.readouterr().err
+    assert first.value.code != 0, err[-2000:]
+    assert "every one of the 2 generated queries errored" in err, err[-2000:]
+    (run,) = store.store.runs.values()
+    assert run.status == "FAILED"
+    assert store.resume_decision(job.chash, run.tags["code_fingerprint"]) == (None, "")  # nothing to reuse
+    with pytest.raises(SystemExit):
+        run_job(job, store)
+    assert "[skip]" not in capsys.readouterr().out and len(store.store.runs) == 2
 
 
 # -- contexts over the local model's window (chunking=whole) ---------------------------------------
