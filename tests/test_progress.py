@@ -58,3 +58,24 @@ def test_a_finished_block_still_says_done():
     assert _last_line(out).startswith("[generation] done: 2 answers, ")
     assert list(track([1, 2], "x", enabled=False)) == [1, 2]
     assert outcome(None) == "done" and outcome(SystemExit) == "interrupted"
+
+
+@pytest.mark.slow  # loads MiniLM and embeds 256 texts twice: 4-14 s on 2 cores
+def test_embedding_one_block_prints_progress_with_an_eta(tmp_path, capsys):
+    """Issue 36: embedding the corpus printed nothing for 93 s, because one block of up to 1,024
+    texts is one model call. The line now moves per model batch (a forward hook that only counts),
+    and the vectors are those of a call without it."""
+    import numpy as np
+
+    from rag_experiments.core.cache import CachedEmbedder, StageCache
+    from rag_experiments.stages.embedding import SentenceTransformerEmbedder
+
+    texts = [f"passage {i}: webhook retries" for i in range(256)]  # the cache's threshold for a line
+    st = SentenceTransformerEmbedder(batch_size=32, show_progress=False)
+    plain = st.encode(texts)
+    capsys.readouterr()
+    got = CachedEmbedder(st, StageCache(tmp_path)).encode(texts)  # one block of 256: one model call
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("[embedding passages]")]
+    assert sum("ETA" in ln for ln in lines) >= 5, lines  # a line per 10 %, each with its ETA
+    assert lines[-1].startswith("[embedding passages] done: 256 texts") and st.on_batch is None
+    np.testing.assert_array_equal(got, plain)

@@ -381,11 +381,30 @@ class CachedEmbedder:
                 if hit is not None:
                     v = hit["v"]
                 else:
-                    v = self.inner.encode(part, kind=kind)
+                    v = self._encode_block(part, kind, bar)
                     if not np.isfinite(v).all():  # a NaN is an error, never a vector (nor cached)
                         bad = int((~np.isfinite(v).all(axis=1)).sum()) if v.ndim == 2 else len(part)
                         raise ValueError(f"embedding: the model returned NaN/inf vectors for {bad} of {len(part)} texts")
                     self.cache.put_array("vectors", key, v=v)
-                    bar.update(len(part))
                 out.append(v)
         return out[0] if len(out) == 1 else np.concatenate(out)
+
+    def _encode_block(self, part: list[str], kind: str, bar: Progress) -> np.ndarray:
+        """One block through the inner embedder; the progress line moves per model batch when the
+        embedder reports them (``on_batch``: one block of MiniLM can take a minute), else per block."""
+        done = [0]
+
+        def step(n: int) -> None:
+            done[0] += n
+            bar.update(n)
+
+        feeds = hasattr(self.inner, "on_batch")
+        if feeds:
+            self.inner.on_batch = step
+        try:
+            v = self.inner.encode(part, kind=kind)
+        finally:
+            if feeds:
+                self.inner.on_batch = None
+        bar.update(max(len(part) - done[0], 0))
+        return v
