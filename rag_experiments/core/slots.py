@@ -37,6 +37,9 @@ class Slot:
     # builds it when the slot is configured (retrieval half; generate and judge run per replicate)
     span: str = ""  # its span type in a trace (an MLflow ``SpanType``: LLM, RETRIEVER, …); "" no span
     outputs: tuple[str, ...] = ()  # its per-query output columns: its span's outputs (tracking.traces)
+    # added after runs were recorded: ``<group>: none`` is left out of config_hash, so those runs keep
+    # their hash (core.identity.NEUTRAL_DEFAULTS)
+    neutral_none: bool = False
 
 
 _EMBEDDING = "rag_experiments.stages.embedding"
@@ -61,20 +64,20 @@ SLOTS: tuple[Slot, ...] = (
     # retrieval stages and the generator do not run; its answers are judged, its contexts scored
     Slot("app", "app", "rag_experiments.stages.app.App", ("app",),
          ("rag_experiments.stages.app", "rag_experiments.evalset.contexts", "rag_experiments.run.app_step"),
-         optional=True, step="app", errors="n_app_errors", noun="questions asked to the app", position=1,
+         optional=True, neutral_none=True, step="app", errors="n_app_errors", noun="questions asked to the app", position=1,
          column="app", runner="rag_experiments.run.app_step.AppStep",
          replaces=("chunker", "query_transform", "retriever", "reranker")),
     # what the retriever searches: a rewritten query, a hypothetical answer (HyDE) or variants fused by
     # RRF, from a chat model (docs/stages.md); query=none: the question. After the retriever in this
     # list (the first three are the retrieval core), before it in the run.
     Slot("query_transform", "query", "rag_experiments.stages.query.QueryTransform", ("query",),
-         ("rag_experiments.stages.query", "rag_experiments.stages.generation"), optional=True,
+         ("rag_experiments.stages.query", "rag_experiments.stages.generation"), optional=True, neutral_none=True,
          step="query", position=2, errors="n_query_errors", noun="transformed questions",
          column="query", priced=True, runner="rag_experiments.run.query_stage.QueryStep", span="LLM",
          outputs=("search_queries",)),
     # re-scores the first stage's candidates (docs/stages.md); rerank=none: no reranker
     Slot("reranker", "rerank", "rag_experiments.stages.rerank.Reranker", ("rerank",),
-         ("rag_experiments.stages.rerank", _EMBEDDING), optional=True,
+         ("rag_experiments.stages.rerank", _EMBEDDING), optional=True, neutral_none=True,
          step="rerank", position=4, errors="n_rerank_errors", noun="reranked queries",
          column="rerank", runner="rag_experiments.run.retrieval.RerankStep", span="RERANKER",
          outputs=("retrieved",)),
