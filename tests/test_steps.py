@@ -243,3 +243,20 @@ def test_the_report_shows_first_stage_beside_final_for_a_reranked_config():
     rendered = str(tbl.rows) if hasattr(tbl, "rows") else str(tbl)
     assert "rerank=dense" in rendered and "rerank=none" not in rendered and "Holm over 2" in rendered
     assert first_stage_table(SimpleNamespace(configs=[plain], k=1)) == []
+
+
+def test_the_report_per_step_table_reads_a_run_logged_before_the_steps_tag():
+    """A run without the ``steps`` tag still gets its per-step rows: seconds from ``timings``,
+    errors and tokens from its metrics, in run order (calls and cost unknown: "–", never 0)."""
+    from types import SimpleNamespace
+
+    from rag_experiments.report.model import plain
+    from rag_experiments.report.sections import step_table
+
+    old = SimpleNamespace(label="old", tags={"timings": '{"retrieval_s": 1.5, "chunking_s": 0.2, "rerank_s": 2.0}'},
+                          metrics={"n_rerank_errors": 3.0})  # fmt: skip
+    _, tbl = step_table(SimpleNamespace(configs=[old]))
+    rows = [[plain(c) for c in r] for r in tbl.rows]
+    assert [r[1] for r in rows] == ["chunking", "retrieval", "rerank"]
+    assert rows[2][2:5] == ["2.0", "–", "3"]
+    assert step_table(SimpleNamespace(configs=[SimpleNamespace(label="x", tags={}, metrics={})])) == []
