@@ -60,7 +60,6 @@ def test_a_finished_block_still_says_done():
     assert outcome(None) == "done" and outcome(SystemExit) == "interrupted"
 
 
-@pytest.mark.slow  # loads MiniLM and embeds 256 texts twice: 4-14 s on 2 cores
 def test_embedding_one_block_prints_progress_with_an_eta(tmp_path, capsys):
     """Issue 36: embedding the corpus printed nothing for 93 s, because one block of up to 1,024
     texts is one model call. The line now moves per model batch (a forward hook that only counts),
