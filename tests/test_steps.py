@@ -125,27 +125,17 @@ class ShoutStep:
             row.update(shouted=o, tokens_in_shout=float(len(q.split())), tokens_out_shout=1.0)
 
 
-def test_a_slot_declared_once_is_run_timed_counted_traced_costed_and_reported(tmp_path, monkeypatch):
-    """Issue 36: a slot declared in ONE place (below) and nowhere else in the package is run in its
-    place, timed (its ``<step>_s`` and a per-query latency), counted (calls, its error metric, the
-    status rule), traced (its own span in a real sqlite MLflow store), costed (its tokens and cost
-    in cost_usd, a row of the per-step table) and reported (a row of the report's per-step table)."""
-    import dataclasses
-    import json
-    import math
-    from types import SimpleNamespace
+PRICE = {"price_per_1k_in": 1.0, "price_per_1k_out": 2.0}
 
-    import mlflow
-    from mlflow import MlflowClient
+
+def _run_the_fake_slot(tmp_path, monkeypatch):
+    """Declare the fake slot in ONE place (here; nowhere in the package) and run the tiny pipeline
+    with it, priced: (the pipeline result, the tiny inputs)."""
+    import dataclasses
 
     from rag_experiments.core import slots
-    from rag_experiments.core.progress import timing_table
     from rag_experiments.core.slots import Slot
-    from rag_experiments.evaluation import registry
-    from rag_experiments.report.model import plain
-    from rag_experiments.report.sections import cost_keys, step_table
     from rag_experiments.run import types
-    from rag_experiments.tracking.traces import TraceJob, TraceSettings, write_traces
     from tests.sweep_helpers import tiny_inputs, tiny_pipeline
 
     fake = Slot("shouter", "shout", "tests.test_steps.Shout", (), (), optional=True, step="shouting",
@@ -156,8 +146,24 @@ def test_a_slot_declared_once_is_run_timed_counted_traced_costed_and_reported(tm
     stages_cls = dataclasses.make_dataclass("S", [("shouter", object, None)], bases=(types.Stages,), frozen=True)
     monkeypatch.setattr("tests.sweep_helpers.Stages", stages_cls)
     inputs = tiny_inputs(tmp_path, n_items=4)
-    price = {"price_per_1k_in": 1.0, "price_per_1k_out": 2.0}
-    res = tiny_pipeline(inputs, shouter=Shout(), pricing={"shout": price})
+    return tiny_pipeline(inputs, shouter=Shout(), pricing={"shout": PRICE}), inputs
+
+
+def test_a_slot_declared_once_is_run_timed_counted_costed_and_reported(tmp_path, monkeypatch):
+    """Issue 36: a slot declared in one place (:func:`_run_the_fake_slot`) is run in its place,
+    timed (its ``<step>_s`` and a per-query latency), counted (calls, its error metric, the status
+    rule), costed (its tokens and cost in cost_usd, its row of the ``steps`` tag) and reported (a
+    row of the report's per-step table, its columns in the Cost table)."""
+    import json
+    import math
+    from types import SimpleNamespace
+
+    from rag_experiments.core.progress import timing_table
+    from rag_experiments.evaluation import registry
+    from rag_experiments.report.model import plain
+    from rag_experiments.report.sections import cost_keys, step_table
+
+    res, _ = _run_the_fake_slot(tmp_path, monkeypatch)
     df, rec = res.per_query, res.records["shouter"]
     # run and timed, in its place
     assert list(res.timings)[:3] == ["chunking_s", "shouting_s", "retrieval_s"]
@@ -179,23 +185,6 @@ def test_a_slot_declared_once_is_run_timed_counted_traced_costed_and_reported(tm
     assert list(rows)[:3] == ["chunking", "shouting", "retrieval"]
     assert (rows["shouting"]["calls"], rows["shouting"]["errors"]) == (4, n_digit)
     assert math.isclose(rows["shouting"]["cost_usd"], res.aggregates["cost_usd"])
-    # traced: a span of its declared type in a real sqlite store, with its declared output column
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    client = MlflowClient(tracking_uri=uri)
-    exp_id = client.create_experiment("fake-slot", artifact_location=str(tmp_path / "mlruns"))
-    run_id = client.create_run(exp_id).info.run_id
-    corpus, items, _ = inputs
-    job = TraceJob(TraceSettings(k=3, path="public"), items, corpus.docs, "digest")
-    ids = write_traces(uri, run_id, exp_id, df, job)
-    assert len(ids) == len(df)
-    mlflow.set_tracking_uri(uri)
-    for t in mlflow.search_traces(locations=[exp_id], run_id=run_id, return_type="list"):
-        names = [sp.name for sp in t.data.spans]
-        (span,) = [sp for sp in t.data.spans if sp.name == "shouting"]
-        assert span.span_type == "TOOL" and "shouted" in span.outputs
-        assert names.index("shouting") < names.index("retrieve")  # in run order
-        usage = span.get_attribute("mlflow.chat.tokenUsage")
-        assert usage["output_tokens"] == 1 and usage["input_tokens"] >= 1
     # reported: its row in the report's per-step table, its tokens among the cost columns
     cfg = SimpleNamespace(label="shout=on", tags=res.tags, metrics=res.aggregates)
     _, tbl = step_table(SimpleNamespace(configs=[cfg]))
@@ -204,6 +193,33 @@ def test_a_slot_declared_once_is_run_timed_counted_traced_costed_and_reported(tm
     assert "tokens_in/shout" in cost_keys() and "latency_p95_ms/shout" in cost_keys()
     rec.failed = rec.items  # every item failed: the run fails, naming it
     assert "every one of the 4 shouted questions errored (shouting step" in failure_reason(res.records)
+
+
+def test_a_slot_declared_once_is_traced_in_a_real_store(tmp_path, monkeypatch):
+    """The same slot's span, from its declaration alone: its type, its declared output column, its
+    tokens, in run order, in a trace read back from a real sqlite MLflow store."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from rag_experiments.tracking.traces import TraceJob, TraceSettings, write_traces
+
+    res, (corpus, items, _) = _run_the_fake_slot(tmp_path, monkeypatch)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    exp_id = client.create_experiment("fake-slot", artifact_location=str(tmp_path / "mlruns"))
+    run_id = client.create_run(exp_id).info.run_id
+    job = TraceJob(TraceSettings(k=3, path="public"), items, corpus.docs, "digest")
+    assert len(write_traces(uri, run_id, exp_id, res.per_query, job)) == len(res.per_query)
+    mlflow.set_tracking_uri(uri)
+    traces = mlflow.search_traces(locations=[exp_id], run_id=run_id, return_type="list")
+    assert len(traces) == len(res.per_query)
+    for t in traces:
+        names = [sp.name for sp in t.data.spans]
+        (span,) = [sp for sp in t.data.spans if sp.name == "shouting"]
+        assert span.span_type == "TOOL" and "shouted" in span.outputs
+        assert names.index("shouting") < names.index("retrieve")  # in run order
+        usage = span.get_attribute("mlflow.chat.tokenUsage")
+        assert usage["output_tokens"] == 1 and usage["input_tokens"] >= 1
 
 
 def test_compare_shows_what_each_runs_reranker_added_with_the_paired_test():
