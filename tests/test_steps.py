@@ -179,7 +179,7 @@ def test_a_slot_declared_once_is_run_timed_counted_costed_and_reported(tmp_path,
     # costed: its tokens are registered metrics, priced into cost_usd, and a row of the step table
     tin = float(sum(len(q.split()) for q in df["query"]))
     assert res.aggregates["tokens_in/shout"] == tin and res.aggregates["tokens_out/shout"] == 4.0
-    assert registry.parse("tokens_in/shout") is not None  # {stage} read from the slots at first use
+    assert registry.parse("tokens_in/shout") and registry.parse("n_shout_errors")  # {stage}: the slots at use
     assert math.isclose(res.aggregates["cost_usd"], tin / 1000 * 1.0 + 4.0 / 1000 * 2.0)
     rows = {r["step"]: r for r in json.loads(res.tags["steps"])}
     assert list(rows)[:3] == ["chunking", "shouting", "retrieval"]
