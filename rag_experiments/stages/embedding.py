@@ -12,7 +12,6 @@ import importlib.resources
 import json
 import logging
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -139,7 +138,6 @@ class SentenceTransformerEmbedder(_NoModelPickle):
             sort_keys=True,
         )
         self._model = None
-        self.on_batch: Callable[[int], None] | None = None  # texts done per model batch (progress)
 
     @property
     def model(self):
@@ -164,21 +162,13 @@ class SentenceTransformerEmbedder(_NoModelPickle):
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         prefix = self.query_prefix if kind == "query" else self.passage_prefix
-        # a progress callback per model batch (the vector cache's line moves within a block):
-        # a forward hook only counts, so the vectors are those of a call without it
-        cb = self.on_batch
-        hook = self.model.register_forward_hook(lambda _m, _a, out: cb(len(out["sentence_embedding"]))) if cb else None
-        try:
-            vecs = self.model.encode(
-                [prefix + t for t in texts],
-                batch_size=self.batch_size,
-                convert_to_numpy=True,
-                normalize_embeddings=True,
-                show_progress_bar=self.show_progress and len(texts) > self.batch_size,
-            )
-        finally:
-            if hook is not None:
-                hook.remove()
+        vecs = self.model.encode(
+            [prefix + t for t in texts],
+            batch_size=self.batch_size,
+            convert_to_numpy=True,
+            normalize_embeddings=True,
+            show_progress_bar=self.show_progress and len(texts) > self.batch_size,
+        )
         return _normalise(vecs)
 
     @property
