@@ -173,7 +173,7 @@ class DenseRetriever:
         vkey = vectors_key(self.embedder.identity, texts, self.vector_dtype)
         if store is not None:
             # a line per 10 % with its ETA while the corpus is embedded (progress=false: none)
-            show = bool(getattr(self.embedder, "progress", False)) and len(texts) >= 256
+            show = bool(getattr(self.embedder, "progress", False)) and len(texts) >= 100  # ~5 s of MiniLM
             with EmbedProgress(inner, len(texts), show) as embedding:
                 self._matrix, hit = store.vectors(
                     vkey, embedding.encode, texts, self.vector_dtype, self.embed_batch, inner
