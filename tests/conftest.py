@@ -93,6 +93,8 @@ SLOW_MODULES = {
     "test_wheel",
 }
 SLOW_TESTS = {
+    "test_a_slot_declared_once_is_traced_in_a_real_store",  # a sqlite MLflow store (~5-9 s)
+    "test_embedding_one_block_prints_progress_with_an_eta",  # MiniLM, 256 texts twice (~4-14 s)
     "test_bad_cli_argument_exits_2",
     "test_malformed_label_file_exits_2_naming_file_and_line",
     "test_unknown_option_exits_2_through_the_cli",

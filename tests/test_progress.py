@@ -58,3 +58,41 @@ def test_a_finished_block_still_says_done():
     assert _last_line(out).startswith("[generation] done: 2 answers, ")
     assert list(track([1, 2], "x", enabled=False)) == [1, 2]
     assert outcome(None) == "done" and outcome(SystemExit) == "interrupted"
+
+
+def _embedding_lines(err: str) -> list[str]:
+    return [ln for ln in err.splitlines() if ln.startswith("[embedding passages]")]
+
+
+def test_embedding_one_block_prints_progress_with_an_eta(tmp_path, capsys):
+    """Issue 36: embedding the corpus printed nothing for 93 s, because one block of texts is one
+    model call. The line now moves per model batch (a forward hook that only counts), and the
+    vectors are those of a call without it: through the vector cache's blocks and through the
+    dense retriever's memmap (the corpus), where a cached matrix prints nothing."""
+    import numpy as np
+
+    from rag_experiments.core.cache import CachedEmbedder, StageCache
+    from rag_experiments.core.types import Chunk
+    from rag_experiments.stages.embedding import SentenceTransformerEmbedder
+    from rag_experiments.stages.retrieval import DenseRetriever
+
+    texts = [f"passage {i}: webhook retries" for i in range(256)]  # the threshold for a line
+    st = SentenceTransformerEmbedder(batch_size=16, show_progress=False)
+    plain = st.encode(texts)
+    capsys.readouterr()
+    got = CachedEmbedder(st, StageCache(tmp_path / "a")).encode(texts)  # one block of 256: one model call
+    lines = _embedding_lines(capsys.readouterr().err)
+    assert sum("ETA" in ln for ln in lines) >= 5, lines  # a line per 10 %, each with its ETA
+    assert lines[-1].startswith("[embedding passages] done: 256 texts")
+    np.testing.assert_array_equal(got, plain)
+
+    chunks = [Chunk(f"d#{i}", "d", i, i + 1, t) for i, t in enumerate(texts)]
+    for cached in (False, True):  # the corpus through the memmap: one call of embed_batch texts
+        dense = DenseRetriever(CachedEmbedder(st, StageCache(tmp_path / "b")), k=3, embed_batch=512)
+        dense.index(chunks)
+        lines = _embedding_lines(capsys.readouterr().err)
+        if cached:
+            assert lines == []  # the matrix was on disk: nothing embedded, nothing said
+        else:
+            assert sum("ETA" in ln for ln in lines) >= 5 and lines[-1].endswith(" s"), lines
+            np.testing.assert_array_equal(np.asarray(dense._matrix), plain)

@@ -104,7 +104,8 @@ class Shout:
 
 
 class ShoutStep:
-    """The fake slot's runner: one 'call' per question, a per-query column of its own."""
+    """The fake slot's runner: one 'call' per question, per-query columns of its own (its output
+    and the tokens its calls report; its latency column is the run loop's)."""
 
     slot = "shouter"
 
@@ -120,37 +121,105 @@ class ShoutStep:
                           first_error=failed[0] if failed else "")  # fmt: skip
 
     def columns(self, st, rows) -> None:
-        for row, o in zip(rows, self.out, strict=True):
-            row["shouted"] = o
+        for row, o, q in zip(rows, self.out, st.queries, strict=True):
+            row.update(shouted=o, tokens_in_shout=float(len(q.split())), tokens_out_shout=1.0)
 
 
-def test_a_slot_declared_once_runs_timed_counted_and_under_the_status_rule(tmp_path, monkeypatch):
+PRICE = {"price_per_1k_in": 1.0, "price_per_1k_out": 2.0}
+
+
+def _run_the_fake_slot(tmp_path, monkeypatch):
+    """Declare the fake slot in ONE place (here; nowhere in the package) and run the tiny pipeline
+    with it, priced: (the pipeline result, the tiny inputs)."""
     import dataclasses
 
     from rag_experiments.core import slots
-    from rag_experiments.core.progress import timing_table
     from rag_experiments.core.slots import Slot
     from rag_experiments.run import types
     from tests.sweep_helpers import tiny_inputs, tiny_pipeline
 
     fake = Slot("shouter", "shout", "tests.test_steps.Shout", (), (), optional=True, step="shouting",
-                errors="n_shout_errors", noun="shouted questions", position=2,
-                runner="tests.test_steps.ShoutStep")  # fmt: skip
+                errors="n_shout_errors", noun="shouted questions", position=2, column="shout", priced=True,
+                runner="tests.test_steps.ShoutStep", span="TOOL", outputs=("shouted",))  # fmt: skip
     monkeypatch.setattr(slots, "SLOTS", (*slots.SLOTS, fake))  # the one place a slot is declared
     # the built stage's field (run/types.py) and its construction (run/assemble.py) are the other two
     stages_cls = dataclasses.make_dataclass("S", [("shouter", object, None)], bases=(types.Stages,), frozen=True)
     monkeypatch.setattr("tests.sweep_helpers.Stages", stages_cls)
-    res = tiny_pipeline(tiny_inputs(tmp_path, n_items=4), shouter=Shout())
-    rec = res.records["shouter"]
-    assert list(res.timings)[:3] == ["chunking_s", "shouting_s", "retrieval_s"]  # timed, in its place
-    assert "shouting" in timing_table(res.timings) and res.calls["shout"] == 4  # counted
-    assert res.per_query["shouted"].notna().any()  # its own column
-    n_digit = sum(any(ch.isdigit() for ch in q) for q in res.per_query["query"])
+    inputs = tiny_inputs(tmp_path, n_items=4)
+    return tiny_pipeline(inputs, shouter=Shout(), pricing={"shout": PRICE}), inputs
+
+
+def test_a_slot_declared_once_is_run_timed_counted_costed_and_reported(tmp_path, monkeypatch):
+    """Issue 36: a slot declared in one place (:func:`_run_the_fake_slot`) is run in its place,
+    timed (its ``<step>_s`` and a per-query latency), counted (calls, its error metric, the status
+    rule), costed (its tokens and cost in cost_usd, its row of the ``steps`` tag) and reported (a
+    row of the report's per-step table, its columns in the Cost table)."""
+    import json
+    import math
+    from types import SimpleNamespace
+
+    from rag_experiments.core.progress import timing_table
+    from rag_experiments.evaluation import registry
+    from rag_experiments.report.model import plain
+    from rag_experiments.report.sections import cost_keys, step_table
+
+    res, _ = _run_the_fake_slot(tmp_path, monkeypatch)
+    df, rec = res.per_query, res.records["shouter"]
+    # run and timed, in its place
+    assert list(res.timings)[:3] == ["chunking_s", "shouting_s", "retrieval_s"]
+    assert "shouting" in timing_table(res.timings) and df["shouted"].notna().any()
+    assert df["latency_shout_s"].eq(rec.seconds / len(df)).all()  # the loop's batch time / n
+    assert "latency_p95_ms/shout" in res.aggregates
+    # counted, under the status rule
+    assert res.calls["shout"] == 4
+    n_digit = sum(any(ch.isdigit() for ch in q) for q in df["query"])
     assert rec.failed == n_digit and res.aggregates["n_shout_errors"] == n_digit
     if 0 < n_digit < 4:  # some failed: finished, counted, and the resume rule reads its metric
         assert not failure_reason(res.records) and any("shouting" in ln for ln in step_summary(res.records))
+    # costed: its tokens are registered metrics, priced into cost_usd, and a row of the step table
+    tin = float(sum(len(q.split()) for q in df["query"]))
+    assert res.aggregates["tokens_in/shout"] == tin and res.aggregates["tokens_out/shout"] == 4.0
+    assert registry.parse("tokens_in/shout") and registry.parse("n_shout_errors")  # {stage}: the slots at use
+    assert math.isclose(res.aggregates["cost_usd"], tin / 1000 * 1.0 + 4.0 / 1000 * 2.0)
+    rows = {r["step"]: r for r in json.loads(res.tags["steps"])}
+    assert list(rows)[:3] == ["chunking", "shouting", "retrieval"]
+    assert (rows["shouting"]["calls"], rows["shouting"]["errors"]) == (4, n_digit)
+    assert math.isclose(rows["shouting"]["cost_usd"], res.aggregates["cost_usd"])
+    # reported: its row in the report's per-step table, its tokens among the cost columns
+    cfg = SimpleNamespace(label="shout=on", tags=res.tags, metrics=res.aggregates)
+    _, tbl = step_table(SimpleNamespace(configs=[cfg]))
+    cells = [[plain(c) for c in r] for r in tbl.rows]
+    assert ["shout=on", "shouting"] in [r[:2] for r in cells] and dict((r[1], r[3]) for r in cells)["shouting"] == "4"
+    assert "tokens_in/shout" in cost_keys() and "latency_p95_ms/shout" in cost_keys()
     rec.failed = rec.items  # every item failed: the run fails, naming it
     assert "every one of the 4 shouted questions errored (shouting step" in failure_reason(res.records)
+
+
+def test_a_slot_declared_once_is_traced_in_a_real_store(tmp_path, monkeypatch):
+    """The same slot's span, from its declaration alone: its type, its declared output column, its
+    tokens, in run order, in a trace read back from a real sqlite MLflow store."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from rag_experiments.tracking.traces import TraceJob, TraceSettings, write_traces
+
+    res, (corpus, items, _) = _run_the_fake_slot(tmp_path, monkeypatch)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    exp_id = client.create_experiment("fake-slot", artifact_location=str(tmp_path / "mlruns"))
+    run_id = client.create_run(exp_id).info.run_id
+    job = TraceJob(TraceSettings(k=3, path="public"), items, corpus.docs, "digest")
+    assert len(write_traces(uri, run_id, exp_id, res.per_query, job)) == len(res.per_query)
+    mlflow.set_tracking_uri(uri)
+    traces = mlflow.search_traces(locations=[exp_id], run_id=run_id, return_type="list")
+    assert len(traces) == len(res.per_query)
+    for t in traces:
+        names = [sp.name for sp in t.data.spans]
+        (span,) = [sp for sp in t.data.spans if sp.name == "shouting"]
+        assert span.span_type == "TOOL" and "shouted" in span.outputs
+        assert names.index("shouting") < names.index("retrieve")  # in run order
+        usage = span.get_attribute("mlflow.chat.tokenUsage")
+        assert usage["output_tokens"] == 1 and usage["input_tokens"] >= 1
 
 
 def test_compare_shows_what_each_runs_reranker_added_with_the_paired_test():
@@ -190,3 +259,20 @@ def test_the_report_shows_first_stage_beside_final_for_a_reranked_config():
     rendered = str(tbl.rows) if hasattr(tbl, "rows") else str(tbl)
     assert "rerank=dense" in rendered and "rerank=none" not in rendered and "Holm over 2" in rendered
     assert first_stage_table(SimpleNamespace(configs=[plain], k=1)) == []
+
+
+def test_the_report_per_step_table_reads_a_run_logged_before_the_steps_tag():
+    """A run without the ``steps`` tag still gets its per-step rows: seconds from ``timings``,
+    errors and tokens from its metrics, in run order (calls and cost unknown: "–", never 0)."""
+    from types import SimpleNamespace
+
+    from rag_experiments.report.model import plain
+    from rag_experiments.report.sections import step_table
+
+    old = SimpleNamespace(label="old", tags={"timings": '{"retrieval_s": 1.5, "chunking_s": 0.2, "rerank_s": 2.0}'},
+                          metrics={"n_rerank_errors": 3.0})  # fmt: skip
+    _, tbl = step_table(SimpleNamespace(configs=[old]))
+    rows = [[plain(c) for c in r] for r in tbl.rows]
+    assert [r[1] for r in rows] == ["chunking", "retrieval", "rerank"]
+    assert rows[2][2:5] == ["2.0", "–", "3"]
+    assert step_table(SimpleNamespace(configs=[SimpleNamespace(label="x", tags={}, metrics={})])) == []

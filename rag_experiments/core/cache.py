@@ -381,11 +381,59 @@ class CachedEmbedder:
                 if hit is not None:
                     v = hit["v"]
                 else:
-                    v = self.inner.encode(part, kind=kind)
+                    v = encode_counted(self.inner, part, kind, bar)  # the line moves per model batch
                     if not np.isfinite(v).all():  # a NaN is an error, never a vector (nor cached)
                         bad = int((~np.isfinite(v).all(axis=1)).sum()) if v.ndim == 2 else len(part)
                         raise ValueError(f"embedding: the model returned NaN/inf vectors for {bad} of {len(part)} texts")
                     self.cache.put_array("vectors", key, v=v)
-                    bar.update(len(part))
                 out.append(v)
         return out[0] if len(out) == 1 else np.concatenate(out)
+
+
+
+def encode_counted(inner, texts: list[str], kind: str, bar: Progress) -> np.ndarray:
+    """``inner.encode(texts, kind=kind)``, moving ``bar`` per model batch when ``inner`` runs a
+    torch model (sentence-transformers: one block of MiniLM can take a minute, issue 36), else
+    once at the end. The forward hook only counts, so the vectors are those of a call without it."""
+    done = [0]
+
+    def hook(_module, _args, out) -> None:
+        try:
+            n = len(out["sentence_embedding"])
+        except (KeyError, TypeError):  # another model's output: counted at the end instead
+            return
+        done[0] += n
+        bar.update(n)
+
+    # ``model`` of a sentence-transformers embedder loads it, as encode would; an endpoint's is a name
+    register = getattr(getattr(inner, "model", None), "register_forward_hook", None) if texts else None
+    handle = register(hook) if callable(register) else None
+    try:
+        v = inner.encode(texts, kind=kind)
+    finally:
+        if handle is not None:
+            handle.remove()
+    bar.update(max(len(texts) - done[0], 0))
+    return v
+
+
+class EmbedProgress:
+    """The progress line of embedding ``total`` texts through ``inner`` in calls of :meth:`encode`
+    (the dense retriever's vector memmap, ``stages.vector_store``), opened at the first call (a
+    cached matrix prints nothing); a context manager whose exit says how the block ended."""
+
+    def __init__(self, inner, total: int, enabled: bool, kind: str = "passage") -> None:
+        self.inner, self.total, self.enabled, self.kind = inner, total, enabled, kind
+        self.bar: Progress | None = None
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        if self.bar is None:
+            self.bar = Progress(f"embedding {self.kind}s", self.total, self.enabled, unit="texts")
+        return encode_counted(self.inner, texts, self.kind, self.bar)
+
+    def __enter__(self) -> EmbedProgress:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(exc_type, exc, tb)

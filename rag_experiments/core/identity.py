@@ -235,9 +235,7 @@ LEGACY_TARGETS = (
 #: were without the key (``rerank=none``: no reranker; hybrid fusion as before): left out of
 #: ``config_hash`` so those runs keep their hash (resume, ``[skip]``, the recorded-hash test).
 NEUTRAL_DEFAULTS: dict[str, Any] = {
-    "app": {"name": "none"},
-    "rerank": {"name": "none"},
-    "query": {"name": "none"},
+    **{s.group: {"name": "none"} for s in SLOTS if s.neutral_none},  # a slot added later, off
     "retriever.fusion": "rrf",
     "retriever.alpha": 0.5,
 }

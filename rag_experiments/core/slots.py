@@ -35,6 +35,11 @@ class Slot:
     replaces: tuple[str, ...] = ()  # slots that do not run when this one is configured (the app)
     runner: str = ""  # dotted name of its Step class (``run(state, ctx) -> StepRecord``): the run loop
     # builds it when the slot is configured (retrieval half; generate and judge run per replicate)
+    span: str = ""  # its span type in a trace (an MLflow ``SpanType``: LLM, RETRIEVER, …); "" no span
+    outputs: tuple[str, ...] = ()  # its per-query output columns: its span's outputs (tracking.traces)
+    # added after runs were recorded: ``<group>: none`` is left out of config_hash, so those runs keep
+    # their hash (core.identity.NEUTRAL_DEFAULTS)
+    neutral_none: bool = False
 
 
 _EMBEDDING = "rag_experiments.stages.embedding"
@@ -54,35 +59,38 @@ SLOTS: tuple[Slot, ...] = (
     Slot("retriever", "retriever", "rag_experiments.stages.retrieval.Retriever", ("rankings",),
          ("rag_experiments.stages.retrieval", _EMBEDDING, "rag_experiments.stages.vector_store"),
          step="retrieval", position=3, noun="queries", column="retrieval",
-         runner="rag_experiments.run.retrieval.RetrieveStep"),
+         runner="rag_experiments.run.retrieval.RetrieveStep", span="RETRIEVER", outputs=("retrieved",)),
     # your application as a black box (docs/app.md): it retrieves and answers, so the built-in
     # retrieval stages and the generator do not run; its answers are judged, its contexts scored
     Slot("app", "app", "rag_experiments.stages.app.App", ("app",),
          ("rag_experiments.stages.app", "rag_experiments.evalset.contexts", "rag_experiments.run.app_step"),
-         optional=True, step="app", errors="n_app_errors", noun="questions asked to the app", position=1,
+         optional=True, neutral_none=True, step="app", errors="n_app_errors", noun="questions asked to the app", position=1,
          column="app", runner="rag_experiments.run.app_step.AppStep",
          replaces=("chunker", "query_transform", "retriever", "reranker")),
     # what the retriever searches: a rewritten query, a hypothetical answer (HyDE) or variants fused by
     # RRF, from a chat model (docs/stages.md); query=none: the question. After the retriever in this
     # list (the first three are the retrieval core), before it in the run.
     Slot("query_transform", "query", "rag_experiments.stages.query.QueryTransform", ("query",),
-         ("rag_experiments.stages.query", "rag_experiments.stages.generation"), optional=True,
+         ("rag_experiments.stages.query", "rag_experiments.stages.generation"), optional=True, neutral_none=True,
          step="query", position=2, errors="n_query_errors", noun="transformed questions",
-         column="query", priced=True, runner="rag_experiments.run.query_stage.QueryStep"),
+         column="query", priced=True, runner="rag_experiments.run.query_stage.QueryStep", span="LLM",
+         outputs=("search_queries",)),
     # re-scores the first stage's candidates (docs/stages.md); rerank=none: no reranker
     Slot("reranker", "rerank", "rag_experiments.stages.rerank.Reranker", ("rerank",),
-         ("rag_experiments.stages.rerank", _EMBEDDING), optional=True,
+         ("rag_experiments.stages.rerank", _EMBEDDING), optional=True, neutral_none=True,
          step="rerank", position=4, errors="n_rerank_errors", noun="reranked queries",
-         column="rerank", runner="rag_experiments.run.retrieval.RerankStep"),
+         column="rerank", runner="rag_experiments.run.retrieval.RerankStep", span="RERANKER",
+         outputs=("retrieved",)),
     Slot("generator", "generator", "rag_experiments.stages.generation.Generator", ("generation",),
          ("rag_experiments.stages.generation",), optional=True,
          step="generation", position=5, errors="n_errors", noun="generated queries",
-         column="generation", priced=True),
+         column="generation", priced=True, span="CHAT_MODEL", outputs=("answer",)),
     # the prompt's text enters the generation key (the rendered messages), not a cache of its own
     Slot("prompt", "prompt", "rag_experiments.stages.prompts.PromptTemplate", (), (), optional=True),
     Slot("judge", "judge", "rag_experiments.judge.claims.Judge", ("claims", "verdict", "relevance"),
          _JUDGE_CODE, optional=True, step="judging", position=6, errors="n_judge_errors", noun="judged answers",
-         column="judge", priced=True, serving=False),
+         column="judge", priced=True, serving=False, span="EVALUATOR",
+         outputs=("verdicts", "faithfulness", "answer_relevance")),
 )
 #: The inputs a config chooses before any stage: the corpus and the eval set.
 INPUT_GROUPS = ("corpus", "evalset")

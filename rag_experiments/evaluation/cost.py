@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from rag_experiments.core.slots import steps
+from rag_experiments.core.steps import StepRecord
 
 
 def latency_stages() -> tuple[str, ...]:
@@ -71,25 +72,24 @@ def price(pricing: Mapping[str, Any] | None) -> tuple[float, float]:
     return out[0], out[1]
 
 
-def cost_metrics(df: pd.DataFrame, pricing: Mapping[str, Mapping[str, Any] | None] | None = None) -> dict:
-    """Run-level token sums, cost and latency percentiles.
-
-    ``tokens_in/{stage}`` = sum over queries of ``tokens_in_{stage}`` (NaN rows, i.e. no usage
-    reported, are left out; the key is not logged when no row has a value), same for out.
-    ``cost_usd`` = sum over token stages (query transform, generation, judge; the transform's
-    tokens counted once per item) of (tokens_in/1000 · price_per_1k_in + tokens_out/1000 ·
-    price_per_1k_out) with ``pricing[stage]`` (absent: 0); NaN when a priced stage has queries
-    without token counts (cost unknown, never silently 0).
-    ``latency_p50_ms/{stage}``, ``latency_p95_ms/{stage}`` = 50th / 95th percentile (numpy
-    linear interpolation) of ``latency_{stage}_s`` × 1000 over the queries with a value.
-    """
+def stage_costs(df: pd.DataFrame, pricing: Mapping[str, Mapping[str, Any] | None] | None = None
+                ) -> dict[str, dict[str, float]]:  # fmt: skip
+    """Per priced step (``core.slots``: ``priced``; keyed by its ``column``): ``tokens_in`` /
+    ``tokens_out`` (sums over queries of ``tokens_{in,out}_{column}``, NaN rows left out; absent
+    when no row has a value) and ``cost_usd`` = tokens_in/1000 · price_per_1k_in + tokens_out/1000
+    · price_per_1k_out with ``pricing[column]`` (absent: 0), NaN when a priced step has queries it
+    ran on without token counts (cost unknown, never silently 0). A retrieval-half step (one with a
+    ``runner``: the query transform) runs once per item, before replicates repeat the row: its
+    tokens count once per item, and it ran where its ``latency_<column>_s`` is set; a generate or
+    judge step ran where there is an answer."""
     pricing = pricing or {}
-    out: dict[str, float] = {}
-    cost = 0.0
-    for stage in token_stages():
+    out: dict[str, dict[str, float]] = {}
+    for s in steps():
+        if not s.priced:
+            continue
+        stage, row = s.column, {"cost_usd": 0.0}
         p_in, p_out = price(pricing.get(stage))
-        # the query transform runs once per item, before replicates repeat the row
-        rows = df.drop_duplicates("id") if stage == "query" and "id" in df.columns else df
+        rows = df.drop_duplicates("id") if s.runner and "id" in df.columns else df
         for side, p in (("in", p_in), ("out", p_out)):
             col = f"tokens_{side}_{stage}"
             v = (
@@ -98,11 +98,29 @@ def cost_metrics(df: pd.DataFrame, pricing: Mapping[str, Mapping[str, Any] | Non
                 else pd.Series(math.nan, rows.index)
             )
             if v.notna().any():
-                out[f"tokens_{side}/{stage}"] = float(v.sum())
-            if p > 0:  # every query with an answer (a transform) made this stage's calls: each needs a count
-                ran_col = "latency_query_s" if stage == "query" else "answer"
+                row[f"tokens_{side}"] = float(v.sum())
+            if p > 0:  # every query the step ran on made its calls: each needs a count
+                ran_col = f"latency_{stage}_s" if s.runner else "answer"
                 ran = rows[ran_col].notna() if ran_col in rows.columns else v.notna()
-                cost += math.nan if v[ran].isna().any() else float(v.sum()) / 1000.0 * p
+                row["cost_usd"] += math.nan if v[ran].isna().any() else float(v.sum()) / 1000.0 * p
+        out[stage] = row
+    return out
+
+
+def cost_metrics(df: pd.DataFrame, pricing: Mapping[str, Mapping[str, Any] | None] | None = None) -> dict:
+    """Run-level token sums, cost and latency percentiles.
+
+    ``tokens_in/{stage}``, ``tokens_out/{stage}`` and the stage's cost: :func:`stage_costs`.
+    ``cost_usd`` = the sum of the priced steps' costs (query transform, generation, judge); NaN
+    when one is unknown.
+    ``latency_p50_ms/{stage}``, ``latency_p95_ms/{stage}`` = 50th / 95th percentile (numpy
+    linear interpolation) of ``latency_{stage}_s`` × 1000 over the queries with a value.
+    """
+    out: dict[str, float] = {}
+    cost = 0.0
+    for stage, row in stage_costs(df, pricing).items():
+        out.update({f"{k}/{stage}": v for k, v in row.items() if k != "cost_usd"})
+        cost += row["cost_usd"]
     out["cost_usd"] = cost
     for stage in latency_stages():
         col = f"latency_{stage}_s"
@@ -112,6 +130,27 @@ def cost_metrics(df: pd.DataFrame, pricing: Mapping[str, Mapping[str, Any] | Non
         if v.size:
             out[f"latency_p50_ms/{stage}"] = float(np.percentile(v, 50) * 1000.0)
             out[f"latency_p95_ms/{stage}"] = float(np.percentile(v, 95) * 1000.0)
+    return out
+
+
+def step_rows(records: Mapping[str, StepRecord], costs: Mapping[str, Mapping[str, float]]) -> list[dict]:
+    """The per-step table of a run, one row per step that ran, in run order (``core.slots``):
+    ``step``, ``seconds`` (the loop's wall time), ``calls`` (model calls, every kind), ``items``,
+    ``errors`` (items it failed on), ``tokens_in`` / ``tokens_out`` and ``cost_usd`` for a priced
+    step (:func:`stage_costs`; None when unknown or not priced). The run tag ``steps`` holds it; the
+    report's per-step table reads it."""
+    out = []
+    for s in steps():
+        r = records.get(s.name)
+        if r is None:
+            continue
+        c = costs.get(s.column, {})
+        row = {"step": s.step, "seconds": round(r.seconds, 3), "calls": sum(r.calls.values()), "items": r.items,
+               "errors": r.failed}  # fmt: skip
+        for key in ("tokens_in", "tokens_out", "cost_usd"):
+            v = c.get(key)
+            row[key] = None if v is None or math.isnan(v) else v
+        out.append(row)
     return out
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rag_experiments.core import slots
 from rag_experiments.core.slots import steps
 from rag_experiments.evaluation.labels import FAILURE_LABELS
 
@@ -31,7 +32,7 @@ _PLACEHOLDERS: dict[str, str] = {
     "k": r"[1-9]\d*",  # rank cut-off
     "B": r"[1-9]\d*",  # token budget of the context
     "label": "|".join(FAILURE_LABELS),
-    "stage": "|".join(s.column for s in steps() if s.column),  # a step with its own latency / tokens
+    "stage": "",  # a step with its own latency / tokens: :func:`_placeholder`, from the slots at use
     "ci": "|/ci_low|/ci_high",  # a judge-card figure or a bound of its bootstrap CI
     "ptype": r"(?!\S*_ci_(?:low|high)$)[A-Za-z0-9_.\-]+?",  # a judge_pairs pair type (not a CI form)
     "metric": r"[a-z][a-z0-9_]*",  # a per-query metric key (var_share/{metric}/...)
@@ -39,6 +40,14 @@ _PLACEHOLDERS: dict[str, str] = {
     "cell": "(?:answerable|unanswerable)_(?:answered|declined)",  # the abstention table
 }
 _INT_PLACEHOLDERS = frozenset({"k", "B"})
+
+
+def _placeholder(name: str) -> str:
+    """A placeholder's regex; ``stage`` is the steps' columns (``core.slots``) read when a pattern
+    is first matched, not at import, so a slot declared later (a test's) is covered."""
+    if name == "stage":
+        return "|".join(s.column for s in steps() if s.column)
+    return _PLACEHOLDERS[name]
 
 
 @dataclass(frozen=True)
@@ -73,7 +82,7 @@ class MetricSpec:
     columns: tuple[str, ...] = ()
     breaks: tuple[Break, ...] = ()
     params: tuple[str, ...] = field(init=False)
-    _regex: re.Pattern = field(init=False, repr=False, compare=False)
+    _regex: tuple | None = field(init=False, repr=False, compare=False)  # (slot list, compiled)
 
     def __post_init__(self) -> None:
         names = [f for _, f, _, _ in string.Formatter().parse(self.pattern) if f]
@@ -82,16 +91,23 @@ class MetricSpec:
         unknown = set(names) - set(_PLACEHOLDERS)
         if unknown:
             raise ValueError(f"{self.pattern}: unknown placeholder(s) {sorted(unknown)}")
-        rx = "".join(
-            re.escape(lit) + (f"(?P<{name}>{_PLACEHOLDERS[name]})" if name else "")
-            for lit, name, _, _ in string.Formatter().parse(self.pattern)
-        )
         object.__setattr__(self, "params", tuple(names))
-        object.__setattr__(self, "_regex", re.compile(rx))
+        object.__setattr__(self, "_regex", None)
+
+    def regex(self) -> re.Pattern:
+        """The pattern compiled on first use, again when the slot list changed (``{stage}``)."""
+        key = slots.SLOTS if "stage" in self.params else None
+        if self._regex is None or self._regex[0] is not key:
+            rx = "".join(
+                re.escape(lit) + (f"(?P<{name}>{_placeholder(name)})" if name else "")
+                for lit, name, _, _ in string.Formatter().parse(self.pattern)
+            )
+            object.__setattr__(self, "_regex", (key, re.compile(rx)))
+        return self._regex[1]
 
     def match(self, key: str) -> dict[str, Any] | None:
         """The placeholder values when ``key`` is an instance of this pattern (ints for k and B)."""
-        m = self._regex.fullmatch(key)
+        m = self.regex().fullmatch(key)
         if m is None:
             return None
         return {n: (int(v) if n in _INT_PLACEHOLDERS else v) for n, v in m.groupdict().items()}

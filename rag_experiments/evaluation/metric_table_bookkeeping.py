@@ -270,6 +270,17 @@ BOOKKEEPING: tuple[MetricSpec, ...] = (
         "apart from n_unparseable_verdicts (replies that were read but not understood)",
         per_query=False,
     ),
+    # every other step's errors metric (after the ones declared above, which match first)
+    MetricSpec(
+        "n_{stage}_errors",
+        "count",
+        False,
+        "count",
+        "number of items the step of that column failed on (its slot's errors metric, core.slots: "
+        "n_rerank_errors counts the queries the reranker failed on, which kept their first-stage order); "
+        "the same command redoes only those",
+        per_query=False,
+    ),
     MetricSpec(
         "n_unparseable_diagnostic_verdicts",
         "count",

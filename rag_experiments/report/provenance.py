@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from rag_experiments.core import slots
 from rag_experiments.core.run_record import parse_json
 from rag_experiments.core.sanitize import shell_line
-from rag_experiments.core.slots import SLOTS
 from rag_experiments.report.load import Config
 from rag_experiments.report.model import (
     Analysis,
@@ -84,7 +84,7 @@ def _identity(an: Analysis) -> Bullets:
 def _models(an: Analysis) -> Table:
     """The stages of each config, as logged: embedding, retriever, the query transform and the
     reranker when any config has one, generator and judge (columns from ``core.slots``)."""
-    shown = [s for s in SLOTS if s.group not in ("chunking", "prompt") and (  # chunking and prompt: own tables
+    shown = [s for s in slots.SLOTS if s.group not in ("chunking", "prompt") and (  # chunking and prompt: own tables
         not s.optional or s.name in ("generator", "judge")
         or any(c.params.get(s.group, "none") != "none" for c in an.configs))]  # fmt: skip
     rows = []

@@ -29,12 +29,12 @@ from rag_experiments.core.cache import StageCache, stage_key
 from rag_experiments.core.parallel import as_they_complete
 from rag_experiments.core.progress import Progress, track
 from rag_experiments.core.redaction import redact
-from rag_experiments.core.slots import steps
+from rag_experiments.core.slots import slot, steps
 from rag_experiments.core.types import EvalItem, Generation
 from rag_experiments.evalset.subset import stratified_subset
 from rag_experiments.evaluation import answer_metrics as A
 from rag_experiments.evaluation.aggregate import aggregate
-from rag_experiments.evaluation.cost import cost_metrics, usage_columns
+from rag_experiments.evaluation.cost import cost_metrics, stage_costs, step_rows, usage_columns
 from rag_experiments.evaluation.labels import RATE_LABELS, failure_label
 from rag_experiments.evaluation.walk import walk
 from rag_experiments.judge.cached import (
@@ -391,6 +391,10 @@ def _retrieval_half(stages: Stages, data: PipelineData, settings: RunSettings, c
     for step in done:  # each step's own per-query columns (the reranker's first_stage/*, …)
         if hasattr(step, "columns"):
             step.columns(st, rows)
+        s = slot(step.slot)  # a step timed per query that measured none: its batch time / n
+        if s.column and rows and f"latency_{s.column}_s" not in rows[0]:
+            for row in rows:
+                row[f"latency_{s.column}_s"] = ledger.records[s.name].seconds / len(rows)
     return chunks, ranked, rows, scored, st
 
 
@@ -444,6 +448,8 @@ def run_pipeline(
         aggregates["n_unmapped_contexts"] = int(df.drop_duplicates("id")["n_unmapped_contexts"].sum())
     usage = ledger.endpoint_usage()
     tags = dict(scored.tags)
+    # the per-step table (seconds, calls, errors, tokens, cost): the report's per-step rows
+    tags["steps"] = json.dumps(step_rows(ledger.records, stage_costs(df, settings.pricing)))
     if usage:
         tags["endpoint_usage"] = json.dumps(usage, sort_keys=True)
     return PipelineResult(

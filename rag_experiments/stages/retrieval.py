@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from rag_experiments.core.cache import stable_hash
+from rag_experiments.core.cache import EmbedProgress, stable_hash
 from rag_experiments.core.types import Chunk
 from rag_experiments.stages.vector_store import DTYPES, VectorStore, build_faiss, vectors_key
 
@@ -172,14 +172,12 @@ class DenseRetriever:
         store = VectorStore(cache.root) if cache is not None and cache.enabled and texts else None
         vkey = vectors_key(self.embedder.identity, texts, self.vector_dtype)
         if store is not None:
-            self._matrix, hit = store.vectors(
-                vkey,
-                lambda b: inner.encode(b, kind="passage"),
-                texts,
-                self.vector_dtype,
-                self.embed_batch,
-                inner,
-            )
+            # a line per 10 % with its ETA while the corpus is embedded (progress=false: none)
+            show = bool(getattr(self.embedder, "progress", False)) and len(texts) >= 100  # ~5 s of MiniLM
+            with EmbedProgress(inner, len(texts), show) as embedding:
+                self._matrix, hit = store.vectors(
+                    vkey, embedding.encode, texts, self.vector_dtype, self.embed_batch, inner
+                )
             cache.stats[f"vectors_mm.{'hit' if hit else 'miss'}"] += 1
         else:
             self._matrix = self.embedder.encode(texts, kind="passage").astype(DTYPES[self.vector_dtype])

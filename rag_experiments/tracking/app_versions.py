@@ -39,18 +39,15 @@ from typing import NamedTuple
 from mlflow.entities import LoggedModelInput
 from mlflow.tracking import MlflowClient
 
+from rag_experiments.core import slots as core_slots
 from rag_experiments.core.cache import stable_hash
 from rag_experiments.core.identity import is_place_key
-from rag_experiments.core.slots import SLOTS
 from rag_experiments.evaluation import registry
 from rag_experiments.tracking.locks import file_lock
 
 MODEL_TYPE = "rag-config"  # LoggedModel.model_type of every app version
 KIND_TAG, KIND = "rag_experiments.kind", "app_version"
 DATASET = "evalset"  # the run's eval-set dataset input (``writer.log_results``): metrics name it
-_NAME_GROUPS = tuple(s.group for s in SLOTS)  # every slot, in declaration order (core.slots)
-# the slots declared after the generator (prompt, judge) are only named when the config generates
-_GENERATION_GROUPS = tuple(s.group for s in SLOTS[[s.name for s in SLOTS].index("generator") + 1 :])
 _BAD_NAME = re.compile(r"[/:.%\"'\s]+")  # characters MLflow refuses in a LoggedModel name (and blanks)
 MAX_KEY, MAX_PARAM, MAX_TAG = 250, 6000, 8000  # MLflow's key / param value / tag value limits
 
@@ -60,12 +57,15 @@ def version_name(params: Mapping[str, str], chash: str) -> str:
     from the stage-group choices in ``params``: every slot's (``core.slots``), an optional slot
     only when chosen (not ``none``), prompt and judge only when the config generates."""
     generates = params.get("generator", "none") != "none"
-    optional = {s.group for s in SLOTS if s.optional and s.group != "generator"}
+    slots = core_slots.SLOTS  # read at each call: a slot declared later is named too
+    # the slots declared after the generator (prompt, judge) are only named when the config generates
+    after_gen = {s.group for s in slots[[s.name for s in slots].index("generator") + 1 :]}
+    optional = {s.group for s in slots if s.optional and s.group != "generator"}
     parts = [
         _BAD_NAME.sub("_", str(params[g]))
-        for g in _NAME_GROUPS
-        if g in params and (generates or g not in _GENERATION_GROUPS)
-        and not (g in optional and str(params[g]) == "none" and g not in _GENERATION_GROUPS)
+        for g in (s.group for s in slots)  # every slot, in declaration order
+        if g in params and (generates or g not in after_gen)
+        and not (g in optional and str(params[g]) == "none" and g not in after_gen)
     ]
     return "-".join([*parts, chash[:8]])
 

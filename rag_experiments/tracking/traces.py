@@ -4,10 +4,13 @@ Built after the fact from the per-query table and the eval items (no hooks in th
 trace is linked to its run (trace metadata ``mlflow.sourceRun``) and holds:
 
 - a root span (CHAIN): inputs ``{query, item_id, tags}``, outputs the answer (or the top chunk ids);
-- a RETRIEVER span whose outputs are the ranked chunks as MLflow Documents (``page_content``,
-  ``metadata`` doc_id, chunk_id, start, end, score, rank), in rank order;
-- with a generator: a CHAT_MODEL span (prompt messages, completion, latency, token usage from the
-  ``tokens_in/out_generation`` columns) and one EVALUATOR span per judge step (claims/verdicts, answer relevance);
+- one span per step that ran for the item, in run order, each of its slot's span type
+  (``core.slots.Slot.span``): the query transform (LLM), a RETRIEVER span whose outputs are the
+  ranked chunks as MLflow Documents (``page_content``, ``metadata`` doc_id, chunk_id, start, end,
+  score, rank), in rank order, the reranker (RERANKER), with a generator a CHAT_MODEL span (prompt
+  messages, completion, latency, token usage from the ``tokens_in/out_generation`` columns) and one
+  EVALUATOR span per judge step (claims/verdicts, answer relevance). A slot declared later gets its
+  span from its declaration alone (:func:`_step_span`);
 - the assessments of ``tracking.assessments`` (expectations from the eval item, feedback on the
   headline metrics, the rest in one dict, the failure label).
 
@@ -24,7 +27,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -35,6 +38,7 @@ from mlflow.entities import SpanStatus, SpanStatusCode, SpanType
 from mlflow.tracing.constant import SpanAttributeKey
 
 from rag_experiments.core.query_table import cell  # NaN cells: items outside generation_subset
+from rag_experiments.core.slots import Slot, steps
 from rag_experiments.core.types import Document, EvalItem
 from rag_experiments.tracking.assessments import (
     Pending,
@@ -139,6 +143,21 @@ def _token_usage(row: dict, stage: str) -> dict[str, int] | None:
     return usage
 
 
+class _Cx(NamedTuple):
+    """What every span builder of one row reads: the row, its item, the ranked chunks as Documents,
+    the queries searched, the context cut-off and what the generate span names."""
+
+    row: dict
+    item: EvalItem
+    docs: list[dict]
+    searched: list[str]
+    k: int
+    prompt: Any
+    generator_model: str | None
+    generated: bool
+    error: str | None
+
+
 def build_spans(
     row: dict,
     item: EvalItem,
@@ -148,75 +167,148 @@ def build_spans(
     prompt=None,
     generator_model: str | None = None,
 ) -> tuple[list[SpanSpec], int]:
-    """The spans of one query's trace (root first) and its end time (ns). Durations are the table's
-    latencies; retrieval runs as one batch, so each query's retrieval span lasts the batch time / n."""
+    """The spans of one query's trace (root first) and its end time (ns): one span per step that ran
+    for this row, in run order (``core.slots``: a slot with a ``span`` type), back to back.
+
+    Durations are the table's latencies (``latency_<column>_s``); retrieval runs as one batch, so
+    each query's retrieval span lasts the batch time / n. The built-in slots' spans carry their rich
+    content (:data:`_BUILDERS`: documents, chat messages, the judge's two steps); any other slot gets
+    :func:`_step_span` from its declaration (name, span type, declared output columns, seconds)."""
     w = _Specs()
     retrieved = cell("retrieved", row["retrieved"])
     generated = "answer" in row and isinstance(row.get("answer"), str)
-    transformed = "latency_query_s" in row  # a query transform set (query != none): its own span first
-    t_q = int((_num(row, "latency_query_s") or 0.0) * 1e9) if transformed else 0
-    t_ret = int((_num(row, "latency_retrieval_s") or 0.0) * 1e9)
-    reranked = "latency_rerank_s" in row  # a reranker set (rerank != none): its own span
-    t_rer = int((_num(row, "latency_rerank_s") or 0.0) * 1e9) if reranked else 0
-    t_gen = int((_num(row, "latency_generation_s") or 0.0) * 1e9) if generated else 0
-    t_jud = int((_num(row, "latency_judge_s") or 0.0) * 1e9) if generated else 0
-    end_ns = start_ns + t_q + t_ret + t_rer + t_gen + t_jud
     error = row.get("error") if isinstance(row.get("error"), str) else None
     outputs: Any = row["answer"] if generated else [r["chunk_id"] for r in retrieved[:k]]
     root = w.add(
         TRACE_NAME,
         SpanType.CHAIN,
         start_ns,
-        end_ns,
+        start_ns,  # its end is set once its children are laid out
         {"query": item.query, "item_id": item.id, "tags": list(item.tags)},
         outputs,
         attributes={"rag.replicates": cell("replicates", row["replicates"])} if "replicates" in row else None,
         error=error,
     )
-    docs = _documents(retrieved, doc_text)
-    searched = _search_queries(row.get("search_queries"), item.query)
-    if transformed:
-        query_error = row.get("query_error") if isinstance(row.get("query_error"), str) else None
-        usage = _token_usage(row, "query")
-        w.add("query", SpanType.LLM, start_ns, start_ns + t_q, {"question": item.query},
-              {"search_queries": searched}, root, {SpanAttributeKey.CHAT_USAGE: usage} if usage else None,
-              query_error)  # fmt: skip
-    start_ret = start_ns + t_q
-    w.add("retrieve", SpanType.RETRIEVER, start_ret, start_ret + t_ret, {"query": item.query,
-          **({"search_queries": searched} if transformed else {})}, docs, root)  # fmt: skip
-    if reranked:  # the table keeps only the final (reranked) list: both spans show it (docs/stages.md)
-        rerank_error = row.get("rerank_error") if isinstance(row.get("rerank_error"), str) else None
-        t = start_ret + t_ret
-        w.add("rerank", SpanType.RERANKER, t, t + t_rer, {"query": item.query}, docs, root, error=rerank_error)
-    if not generated:
-        return w.spans, end_ns
-    t = start_ret + t_ret + t_rer
-    context_docs = docs[:k]  # what the generator was given (retriever.k)
-    messages = prompt.render(item.query, [_chunk(d) for d in context_docs]) if prompt is not None else None
+    cx = _Cx(row, item, _documents(retrieved, doc_text), _search_queries(row.get("search_queries"), item.query),
+             k, prompt, generator_model, generated, error)  # fmt: skip
+    t = start_ns
+    for s in steps():
+        if s.span:
+            t += _BUILDERS.get(s.name, _step_span)(w, root, s, cx, t)
+    w.spans[root] = w.spans[root]._replace(end_ns=t)
+    return w.spans, t
+
+
+def _ns(row: dict, column: str) -> int:
+    return int((_num(row, f"latency_{column}_s") or 0.0) * 1e9)
+
+
+def _text(row: dict, key: str) -> str | None:
+    return row.get(key) if isinstance(row.get(key), str) else None
+
+
+def _step_span(w: _Specs, root: int, s: Slot, cx: _Cx, t: int) -> int:
+    """A slot's span from its declaration alone: named by its step, of its span type, the question
+    in, its declared output columns out, ``<column>_error`` as its error, its tokens when priced,
+    lasting ``latency_<column>_s``. Only for a row the step ran on: its latency column is there (or,
+    without a column, one of its outputs is)."""
+    row = cx.row
+    ran = f"latency_{s.column}_s" in row if s.column else any(c in row for c in s.outputs)
+    if not ran:
+        return 0
+    d = _ns(row, s.column) if s.column else 0
+    usage = _token_usage(row, s.column) if s.priced else None
+    out = {c: _plain(row.get(c)) for c in s.outputs if c in row}
+    w.add(s.step, s.span, t, t + d, {"query": cx.item.query}, out, root,
+          {SpanAttributeKey.CHAT_USAGE: usage} if usage else None, _text(row, f"{s.column}_error"))  # fmt: skip
+    return d
+
+
+def _plain(v: Any) -> Any:
+    """A cell as JSON-ready data (numpy arrays and scalars as lists and numbers, NaN as None)."""
+    if hasattr(v, "tolist"):
+        v = v.tolist()
+    return None if isinstance(v, float) and v != v else v
+
+
+def _query_span(w: _Specs, root: int, s: Slot, cx: _Cx, t: int) -> int:
+    """The query transform (query != none): the question in, the queries it searched out."""
+    if f"latency_{s.column}_s" not in cx.row:
+        return 0
+    d, usage = _ns(cx.row, s.column), _token_usage(cx.row, s.column)
+    w.add("query", s.span, t, t + d, {"question": cx.item.query}, {"search_queries": cx.searched}, root,
+          {SpanAttributeKey.CHAT_USAGE: usage} if usage else None, _text(cx.row, "query_error"))  # fmt: skip
+    return d
+
+
+def _retrieve_span(w: _Specs, root: int, s: Slot, cx: _Cx, t: int) -> int:
+    """Always: the ranked chunks as MLflow Documents (with the searched queries after a transform)."""
+    d = _ns(cx.row, s.column)
+    transformed = "latency_query_s" in cx.row
+    w.add("retrieve", s.span, t, t + d, {"query": cx.item.query,
+          **({"search_queries": cx.searched} if transformed else {})}, cx.docs, root)  # fmt: skip
+    return d
+
+
+def _rerank_span(w: _Specs, root: int, s: Slot, cx: _Cx, t: int) -> int:
+    """A reranker set (rerank != none). The table keeps only the final (reranked) list: both the
+    retrieve and the rerank span show it (docs/stages.md)."""
+    if f"latency_{s.column}_s" not in cx.row:
+        return 0
+    d = _ns(cx.row, s.column)
+    w.add("rerank", s.span, t, t + d, {"query": cx.item.query}, cx.docs, root, error=_text(cx.row, "rerank_error"))
+    return d
+
+
+def _generate_span(w: _Specs, root: int, s: Slot, cx: _Cx, t: int) -> int:
+    """The chat call of a generated answer: the rendered messages, the completion, model and tokens."""
+    if not cx.generated:
+        return 0
+    row, d = cx.row, _ns(cx.row, s.column)
+    context_docs = cx.docs[: cx.k]  # what the generator was given (retriever.k)
+    prompt = cx.prompt
+    messages = prompt.render(cx.item.query, [_chunk(x) for x in context_docs]) if prompt is not None else None
     attrs: dict[str, Any] = {"cached": bool(row.get("generation_cached", False))}
-    if generator_model:
-        attrs[SpanAttributeKey.MODEL] = generator_model
-    if usage := _token_usage(row, "generation"):
+    if cx.generator_model:
+        attrs[SpanAttributeKey.MODEL] = cx.generator_model
+    if usage := _token_usage(row, s.column):
         attrs[SpanAttributeKey.CHAT_USAGE] = usage
     if isinstance(row.get("cited_chunk_ids"), list):  # prompt=cite: the passages the answer cites
         attrs["rag.cited_chunk_ids"] = row["cited_chunk_ids"]
     w.add(
         "generate",
-        SpanType.CHAT_MODEL,
+        s.span,
         t,
-        t + t_gen,
+        t + d,
         {"messages": messages}
         if messages
-        else {"query": item.query, "context_chunk_ids": [d["id"] for d in context_docs]},
+        else {"query": cx.item.query, "context_chunk_ids": [x["id"] for x in context_docs]},
         {"choices": [{"message": {"role": "assistant", "content": row["answer"]}}]},
         root,
         attrs,
-        error,
+        cx.error,
     )
-    t += t_gen
-    if not error and row.get("relevance_method", True):  # "": not judged (judge=none): no judge spans
-        _judge_spans(w, root, row, item, t, t_jud)
-    return w.spans, end_ns
+    return d
+
+
+def _judge_step_spans(w: _Specs, root: int, s: Slot, cx: _Cx, t: int) -> int:
+    """The judge's two steps of a generated answer (none when it errored or was not judged)."""
+    if not cx.generated:
+        return 0
+    d = _ns(cx.row, s.column)
+    if not cx.error and cx.row.get("relevance_method", True):  # "": not judged (judge=none)
+        _judge_spans(w, root, cx.row, cx.item, t, d)
+    return d
+
+
+#: The built-in slots' spans with their rich content; a slot not here gets :func:`_step_span`.
+_BUILDERS: dict[str, Callable[[_Specs, int, Slot, _Cx, int], int]] = {
+    "query_transform": _query_span,
+    "retriever": _retrieve_span,
+    "reranker": _rerank_span,
+    "generator": _generate_span,
+    "judge": _judge_step_spans,
+}
 
 
 def _search_queries(value: Any, question: str) -> list[str]:
