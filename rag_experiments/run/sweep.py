@@ -410,6 +410,12 @@ def main(cfg: DictConfig) -> float:
         cache = StageCache(cfg.cache_dir, enabled=cfg.get("cache_enabled", True))
         bound_tracking_calls(cfg.tracking.get("timeout_s"))  # every MLflow call (prompt=registry too) is bounded
         uri = tracking.resolve_uri(cfg.tracking.uri)  # after: a PostgreSQL connect timeout comes from it
+        if cfg.get("dry_run"):  # set in a YAML (the command line's is cli()'s): this job's calls, no run
+            from rag_experiments.run.dry_run import report
+
+            if report([(list(hydra_context().overrides), cfg)]):
+                sys.exit(2)
+            return float("nan")
         inputs = load_inputs(cfg, cache)  # bad input exits 2 here, before any MLflow run exists
         return run_job(describe_job(job_settings(cfg, hydra_context()), inputs, cache, t_start), uri)
 
@@ -429,6 +435,10 @@ def cli() -> None:
     if bad:
         print_problems(bad)
         sys.exit(2)
+    if any(a.lstrip("+").lower() == "dry_run=true" for a in argv):  # no Hydra job, no MLflow run
+        from rag_experiments.run.dry_run import main as dry_main
+
+        sys.exit(dry_main(argv))
     try:
         main()
     except KeyboardInterrupt as e:
