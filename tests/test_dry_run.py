@@ -5,6 +5,8 @@ that budget does (docs/endpoints.md, "Dry run")."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 
 import pytest
@@ -14,14 +16,21 @@ from rag_experiments.stages.endpoint import Endpoint, endpoint_key
 from tests.llm_fixtures import ChatServer
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 
-# three claims a line, as the dry run's placeholder answer has (dry_calls.CLAIMS_PER_ANSWER)
-ANSWER = "- Webhooks are retried with exponential backoff.\n- The retry window lasts three days.\n- Each retry carries the same event id."
+
+def _reply(body: dict) -> str:
+    """A deterministic model: a judge's verdict (constrained=none: max_tokens=8) is "yes", as a
+    sound judge says; anything else three claim lines (as many as the dry run assumes,
+    ``dry_calls.CLAIMS_PER_ANSWER``) that differ from one prompt to another, as answers do."""
+    if body.get("max_tokens") == 8:
+        return "yes"
+    tag = hashlib.sha256(json.dumps(body["messages"]).encode()).hexdigest()[:8]
+    return (f"- Webhooks are retried with backoff ({tag}).\n- The retry window lasts three days ({tag}).\n"
+            f"- Each retry carries the same event id ({tag}).")  # fmt: skip
 
 
 @pytest.fixture
 def chat():
-    # a judge's verdict (constrained=none: max_tokens=8) is answered "yes", as a sound judge model does
-    s = ChatServer(lambda body: "yes" if body.get("max_tokens") == 8 else ANSWER, usage=(100, 20))
+    s = ChatServer(_reply, usage=(100, 20))
     yield s
     s.close()
 
@@ -39,9 +48,9 @@ def test_dry_mode_records_the_request_and_sends_nothing(chat):
         dry_calls.stop()
         call_budget.reset()
     assert chat.calls == 0
-    assert (
-        reply.error is None and reply.data["choices"][0]["message"]["content"] == dry_calls.PLACEHOLDER_ANSWER
-    )
+    assert reply.error is None and reply.data["choices"][0]["message"][
+        "content"
+    ] == dry_calls.placeholder_answer(body["messages"])
     assert len(emb.data["data"]) == 2
     chat_call, emb_call = dry_calls.calls()
     assert (chat_call.tokens_in, chat_call.tokens_out) == (100, 50)  # 400 chars / 4; max_tokens

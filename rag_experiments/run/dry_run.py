@@ -23,17 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from rag_experiments.core.cache import StageCache
-from rag_experiments.core.conf_groups import conf_dir
 from rag_experiments.core.formatting import text_table
 from rag_experiments.core.identity import code_fingerprint
 from rag_experiments.core.run_names import run_name, varying_keys
 from rag_experiments.judge.validity import add_card
-from rag_experiments.run.assemble import input_problems, job_settings, print_problems
-from rag_experiments.run.config_schema import ConfigError, check
+from rag_experiments.run.assemble import ComposedJob, print_problems
 from rag_experiments.run.pipeline import run_pipeline
+from rag_experiments.run.types import JobSettings
 from rag_experiments.stages import call_budget, dry_calls, endpoint
 
 #: what each step is called in the table, by the ``core.slots`` name its calls were made under
@@ -222,71 +219,37 @@ def print_report(rows: list[Row], budget: dict) -> None:
         print(f"note: {note}")
 
 
-# -- composing the sweep's configs ---------------------------------------------------------------
-def compose_jobs(argv: list[str]) -> list[tuple[list[str], DictConfig]]:
-    """(overrides, composed config) of every job ``python -m rag_experiments.sweep ARGV`` runs."""
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.types import RunMode
-
-    from rag_experiments.run.multirun import multirun_job_configs
-
-    multirun = any(a in ("-m", "--multirun") for a in argv)
-    overrides = [a for a in argv if a not in ("-m", "--multirun")]
-    if flags := [a for a in overrides if a.startswith("-")]:
-        raise ConfigError([f"dry_run=true: takes overrides and -m only (got {' '.join(flags)})"])
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        loader = GlobalHydra.instance().config_loader()
-        mode = RunMode.MULTIRUN if multirun else RunMode.RUN
-        try:
-            cfg = loader.load_configuration("config", overrides, run_mode=mode, from_shell=True)
-        except Exception as e:  # noqa: BLE001 - Hydra's composition errors are the user's input
-            raise ConfigError([f"conf/config: {str(e).splitlines()[0]}"]) from None
-        if not multirun:
-            return [(overrides, cfg)]
-        jobs = multirun_job_configs(cfg)
-        if jobs is None:
-            raise ConfigError(["dry_run=true: needs the basic sweeper (its jobs are known before any runs)"])
-        return jobs
-
-
-def _plain(cfg: DictConfig) -> DictConfig:
-    return OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-
-
-def finished_run(cfg: DictConfig, chash: str) -> str:
+def finished_run(settings: JobSettings, chash: str) -> str:
     """The FINISHED run a real sweep would skip this config for ("" none or ``force=true``): the
     store is read, never created or written."""
     from rag_experiments.tracking import writer as tracking
 
-    if cfg.get("force"):
+    if settings.force:
         return ""
-    uri = tracking.resolve_uri(cfg.tracking.uri)
+    uri = tracking.resolve_uri(settings.tracking_uri)
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).exists():
         return ""
     client = tracking.open_store(uri)
-    exp = client.get_experiment_by_name(str(cfg.experiment_name))
+    exp = client.get_experiment_by_name(settings.experiment_name)
     if exp is None:
         return ""
     done, _ = tracking.resume_decision(client, exp.experiment_id, chash, code_fingerprint())
     return done.info.run_id if done is not None else ""
 
 
-def dry_config(cfg: DictConfig, name: str, cache: DryCache) -> Row:
+def dry_job(job: ComposedJob, name: str, cache: DryCache) -> Row:
     """One config, assembled and run on the eval set in dry mode; exits 2 on bad input."""
     from rag_experiments.tracking import writer as tracking
 
     mark = dry_calls.mark()
-    problems, loaded = input_problems(cfg, cache)
+    problems, loaded, settings = job.assemble(cache)
     if problems:
         print_problems([f"job {name}: {p}" for p in problems], "no run was created: fix these inputs first")
         sys.exit(2)
-    settings = job_settings(cfg)
     identities = loaded.stages.identities()
     chash = tracking.config_hash(settings.full, loaded.corpus.digest, loaded.evalset.digest, identities)
-    row = Row(name, budget=OmegaConf.to_container(cfg.get("budget") or {}, resolve=True))
-    if run_id := finished_run(cfg, chash):  # its assembly's calls (an app's probe) are still made
+    row = Row(name, budget=dict(settings.full.get("budget") or {}))
+    if run_id := finished_run(settings, chash):  # its assembly's calls (an app's probe) are still made
         row.skipped, row.calls = run_id, dry_calls.calls()[mark:]
         return row
     disk, asked = Counter(cache.disk), Counter(cache.asked)
@@ -301,34 +264,20 @@ def dry_config(cfg: DictConfig, name: str, cache: DryCache) -> Row:
     return row
 
 
-def main(argv: list[str]) -> int:
-    """The dry run of ``python -m rag_experiments.sweep ARGV``: the report, exit 0 (2: bad input)."""
-    try:
-        jobs = compose_jobs(argv)
-    except ConfigError as e:
-        print_problems(e.problems)
-        return 2
-    return report(jobs)
-
-
-def report(jobs: list[tuple[list[str], DictConfig]]) -> int:
-    """The dry run of composed jobs (overrides, config): the report, exit 0 (2: bad input)."""
-    varying = varying_keys([o for o, _ in jobs]) if len(jobs) > 1 else None
-    names = [run_name(list(o), varying) or f"config {i + 1}" for i, (o, _) in enumerate(jobs)]
+def report(jobs: list[ComposedJob]) -> int:
+    """The dry run of a sweep's composed jobs: the report, exit 0 (2: bad input)."""
+    varying = varying_keys([list(j.overrides) for j in jobs]) if len(jobs) > 1 else None
+    names = [run_name(list(j.overrides), varying) or f"config {i + 1}" for i, j in enumerate(jobs)]
     dry_calls.start()
     try:
-        problems = []
-        for name, (_, cfg) in zip(names, jobs, strict=True):  # every job checked before any runs
-            try:
-                check(_plain(cfg))
-            except ConfigError as e:
-                problems += [f"job {name}: {p}" for p in e.problems]
-        if problems:
+        problems = [f"job {name}: {p}" for name, j in zip(names, jobs, strict=True) for p in j.problems()]
+        if problems:  # every job checked before any runs, as a multirun does
             print_problems(problems, "no run was created: fix these inputs first")
             return 2
         checks = dry_calls.mark()
-        cache = DryCache(jobs[0][1].cache_dir, enabled=bool(jobs[0][1].get("cache_enabled", True)))
-        rows = [dry_config(_plain(cfg), name, cache) for name, (_, cfg) in zip(names, jobs, strict=True)]
+        root, enabled = jobs[0].cache_place()
+        cache = DryCache(root, enabled=enabled)
+        rows = [dry_job(j, name, cache) for name, j in zip(names, jobs, strict=True)]
         if checks and rows:  # the config checks' requests (an embeddings probe) come first
             rows[0].calls[:0] = dry_calls.calls()[:checks]
     finally:

@@ -93,7 +93,7 @@ class PythonApp:
     def ask(self, question: str) -> AppReply:
         if dry_calls.active():  # dry_run=true: your code is not called (it may call paid models)
             dry_calls.record(f"python:{self.target}", "app", {"question": question})
-            return AppReply(dry_calls.PLACEHOLDER_ANSWER, [{"text": "placeholder"}])
+            return AppReply(dry_calls.placeholder_answer(question), [{"text": "placeholder"}])
         t = time.perf_counter()
         try:
             reply = reply_of(self.fn(question, **self.params))
@@ -151,7 +151,7 @@ class HttpApp:
         """A dry run's placeholder (``stages.dry_calls``): a reply of the declared mapping, an
         answer and one context, so the steps after the app run on it."""
         reply: dict = {}
-        for path, value in ((self.answer_field, dry_calls.PLACEHOLDER_ANSWER), (self.contexts_field, [{"text": "placeholder"}])):
+        for path, value in ((self.answer_field, dry_calls.placeholder_answer(body)), (self.contexts_field, [{"text": "placeholder"}])):
             node, *parts = reply, *path.split(".")
             for part in parts[:-1]:
                 node = node.setdefault(part, {})

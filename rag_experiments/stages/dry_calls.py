@@ -30,10 +30,17 @@ from rag_experiments.stages import call_budget
 #: follow from it (a verdict call per claim), so it is printed with the estimate
 CLAIMS_PER_ANSWER = 3
 PLACEHOLDER_DIMS = 8  # the length of a placeholder embedding when the request names no ``dimensions``
-PLACEHOLDER_ANSWER = "\n".join(
-    f"- The placeholder answer states fact number {w} about the topic."
-    for w in ("one", "two", "three", "four", "five", "six")[:CLAIMS_PER_ANSWER]
-)
+
+
+def placeholder_answer(request: object) -> str:
+    """The answer to ``request``: :data:`CLAIMS_PER_ANSWER` claim lines naming a digest of the
+    request, so two requests' answers share no claim (a real model's answers to two prompts differ:
+    their verdicts are not one cache entry) while one request always gets the same answer."""
+    tag = hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    words = ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+    return "\n".join(
+        f"- The placeholder answer states fact {w} about topic {tag}." for w in words[:CLAIMS_PER_ANSWER]
+    )
 
 
 @dataclass
@@ -127,7 +134,7 @@ def chat_reply(body: dict, text: str | None = None) -> bytes:
     with first-token logprobs (yes over no) when the request asks for them."""
     choice: dict = {
         "index": 0,
-        "message": {"role": "assistant", "content": text or PLACEHOLDER_ANSWER},
+        "message": {"role": "assistant", "content": text or placeholder_answer(body.get("messages"))},
         "finish_reason": "stop",
     }
     if body.get("logprobs"):
