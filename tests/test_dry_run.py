@@ -89,6 +89,7 @@ def test_dry_run_counts_what_the_real_sweep_sends_and_its_budget_verdict_holds(c
     dry = run_sweep(tmp_path, "-m", *sweep_args(tmp_path, docs, ev), *common, "dry_run=true")
     assert chat.calls == 0, dry.stdout  # nothing reached the endpoint
     assert not (tmp_path / "mlflow.db").exists()  # no store, so no run
+    assert not (tmp_path / "cache" / "kv.sqlite").exists()  # no placeholder reached the stage cache
     rows = _rows(dry.stdout)
     assert set(rows) == {"prompt=concise", "prompt=cite"}, dry.stdout
     total = int(re.search(r"^total: (\d+) calls", dry.stdout, re.M).group(1))
@@ -100,6 +101,10 @@ def test_dry_run_counts_what_the_real_sweep_sends_and_its_budget_verdict_holds(c
     run_sweep(real, "-m", *sweep_args(real, docs, ev), *common)
     assert chat.calls == total, dry.stdout  # the printed calls are the requests the real sweep sent
     assert {r.info.status for r in _runs(real / "mlflow.db")} == {"FINISHED"}
+    again = run_sweep(real, "-m", *sweep_args(real, docs, ev), *common, "dry_run=true")
+    assert "total: 0 calls" in again.stdout and again.stdout.count("skipped: run") == 2, again.stdout
+    forced = run_sweep(real, "-m", *sweep_args(real, docs, ev), *common, "dry_run=true", "force=true")
+    assert "total: 0 calls" in forced.stdout and "3 of 3 hit" in forced.stdout, forced.stdout  # all cached
 
     # a budget that the first config fits and the second passes: the verdict, then the real sweep
     first = rows["prompt=concise"]

@@ -116,7 +116,8 @@ def _cached(row: Row, step: str) -> str:
 
 
 def table(rows: list[Row]) -> str:
-    """One line per config and remote step, then each config's total."""
+    """One line per config and remote step (a step that makes no call but finds its results in the
+    cache included), then each config's total."""
     out = []
     for r in rows:
         if r.skipped and not r.calls:
@@ -133,6 +134,9 @@ def table(rows: list[Row]) -> str:
             )
             continue
         by_step: dict[str, list] = defaultdict(list)
+        for step, spaces in STEP_CACHE.items():  # all from the cache: no call, still a line
+            if any(r.disk[s] for s in spaces) and step != "rerank endpoint":  # one line for the reranker's hits
+                by_step[step] = []
         for c in r.calls:
             by_step[step_of(c)].append(c)
         for i, (step, calls) in enumerate(sorted(by_step.items(), key=lambda kv: kv[0] == "checks")):
@@ -164,9 +168,11 @@ def budget_verdict(rows: list[Row], budget: dict) -> str:
                 why = f"budget.max_usd={max_usd:g} (at most {spent:.6f} USD spent, the next call up to {c.bound:.6f})"
             if why:
                 before = f"after config {j} ({rows[j - 1].name})" if j else "in the first config"
+                later = len(rows) - j - 1
+                rest = f", the {later} config(s) after it are not started" if later else ""
                 return (f"budget: exceeds {why}: the sweep would stop {before}: config {j + 1} ({r.name}) "
-                        f"is FAILED at its call {k + 1} of {len(r.calls)}, the {len(rows) - j - 1} after it are "
-                        "not started; the same command with a larger budget resumes")  # fmt: skip
+                        f"is FAILED at its call {k + 1} of {len(r.calls)}{rest}; the same command with a larger "
+                        "budget resumes")  # fmt: skip
             made, spent = made + 1, spent + (c.usd or 0.0)
     parts = ([f"budget.max_calls={max_calls} ({made} calls)"] if max_calls is not None else []) + (
         [f"budget.max_usd={max_usd:g} (at most {spent:.6f} USD)"] if max_usd is not None else []
@@ -210,11 +216,19 @@ def print_report(rows: list[Row], budget: dict) -> None:
     if lines := wall_lines(rows):
         print("least wall time per endpoint (its declared limits):")
         print("\n".join(lines))
-    print(f"assumptions: input tokens = ceil(chars / {call_budget.CHARS_PER_TOKEN}) of each request's text; output "
-          "tokens = each request's max_tokens (an upper bound); an answer not in the cache has "
-          f"{dry_calls.CLAIMS_PER_ANSWER} claims (stages.dry_calls.CLAIMS_PER_ANSWER: the judge's verdict calls follow "
-          "from it; cached answers' own claims are used); every reply readable (an unparseable judge card verdict is "
-          "not cached, so a real sweep asks it again in the next config)")  # fmt: skip
+    print("assumptions:")
+    print(
+        f"  input tokens = ceil(chars / {call_budget.CHARS_PER_TOKEN}) of each request's text (the budget's rule)"
+    )
+    print("  output tokens = each request's max_tokens: an upper bound (a model may stop sooner)")
+    print(f"  an answer not in the cache has {dry_calls.CLAIMS_PER_ANSWER} claims (stages.dry_calls.CLAIMS_PER_ANSWER): "
+          "the judge's verdict calls follow from it; a cached answer's own claims are used")  # fmt: skip
+    print(
+        "  a logprob judge's endpoint returns logprobs (else each verdict takes a second, constrained call)"
+    )
+    print(
+        "  every reply is readable (an unparseable verdict of the judge card is not cached: a real sweep asks it again)"
+    )
     for note in sorted({n for r in rows for n in r.notes}):
         print(f"note: {note}")
 
@@ -259,6 +273,10 @@ def dry_job(job: ComposedJob, name: str, cache: DryCache) -> Row:
     dry_calls.label(card_mark, "judge card")
     row.calls = dry_calls.calls()[mark:]
     row.disk, row.asked = cache.disk - disk, cache.asked - asked
+    if any(c.path.endswith("/embeddings") for c in row.calls):
+        row.notes.append(
+            "embedding=openai: cached vectors and FINISHED runs not checked (both keyed by the probe's reply)"
+        )
     if settings.racing is not None:
         row.notes.append("racing=true: counted for every item (racing may stop a config sooner)")
     return row
