@@ -13,7 +13,7 @@ import pytest
 
 from rag_experiments.stages import call_budget, dry_calls
 from rag_experiments.stages.endpoint import Endpoint, endpoint_key
-from tests.llm_fixtures import ChatServer
+from tests.llm_fixtures import ChatServer, closed_port_url  # noqa: F401 - a fixture
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 
 
@@ -133,4 +133,28 @@ def test_dry_run_counts_what_the_real_sweep_sends_and_its_budget_verdict_holds(c
 def test_a_bad_dry_run_value_exits_2(tmp_path):
     p = run_sweep(tmp_path, "dry_run=maybe", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", check=False)
     assert p.returncode == 2 and "conf/config: dry_run: must be true or false" in p.stderr, p.stderr[-2000:]
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.slow
+def test_every_remote_step_is_counted_against_an_unreachable_endpoint_and_nothing_is_stored(tmp_path, closed_port_url):  # noqa: F811
+    """The embeddings API (its config probe too), query transform, LLM reranker, generator and
+    judge all run on placeholders: the endpoint cannot be reached, yet every step is counted, and
+    neither placeholder vectors nor answers reach the stage cache."""
+    url = closed_port_url
+    docs, ev = make_tiny(tmp_path, n_items=4)
+    p = run_sweep(tmp_path, "-m", *sweep_args(tmp_path, docs, ev), "retriever.k=2,3", "generator=openai",
+                  f"generator.base_url={url}", "generator.api_key_env=null", "judge=openai", f"judge.base_url={url}",
+                  "judge.api_key_env=null", "query=rewrite", "rerank=llm", f"rerank.base_url={url}", "rerank.model=r",
+                  "rerank.candidates=4", "embedding=openai", f"embedding.base_url={url}", "embedding.api_key_env=null",
+                  "embedding.price_per_1k_tokens=0.00002", "generation_subset=2", "judge_card.enabled=false",
+                  "dry_run=true")  # fmt: skip
+    for step in ("embeddings API", "query transform", "LLM reranker", "generator", "judge"):
+        assert re.search(rf"^\S*\s+{step}\s+[1-9]", p.stdout, re.M), (step, p.stdout)
+    embedding_line = next(line for line in p.stdout.splitlines() if "embeddings API" in line)
+    assert "n/a" not in embedding_line, p.stdout  # priced by embedding.price_per_1k_tokens, its probe too
+    assert "from an earlier config" in p.stdout  # config 2 reuses config 1's transforms, as a real sweep does
+    assert not [f for f in (tmp_path / "cache").rglob("*") if f.is_file()], (
+        "the dry run wrote to the stage cache"
+    )
     assert not (tmp_path / "mlflow.db").exists()

@@ -54,6 +54,7 @@ class DryCache(StageCache):
         self._memory: dict[tuple[str, str], str] = {}
         self.disk: Counter = Counter()
         self.asked: Counter = Counter()
+        self.earlier: Counter = Counter()  # hits on what an earlier config of this dry run computed
 
     def get_json_many(self, stage: str, keys: list[str]) -> dict[str, Any]:
         found = super().get_json_many(stage, keys)
@@ -64,6 +65,7 @@ class DryCache(StageCache):
             for k in keys
             if k not in found and (stage, k) in self._memory
         }
+        self.earlier[stage] += len(more)
         self.stats[f"{stage}.hit"] += len(more)
         self.stats[f"{stage}.miss"] -= len(more)
         return found | more
@@ -81,6 +83,7 @@ class Row:
     calls: list[dry_calls.DryCall] = field(default_factory=list)
     disk: Counter = field(default_factory=Counter)
     asked: Counter = field(default_factory=Counter)
+    earlier: Counter = field(default_factory=Counter)
     skipped: str = ""  # the FINISHED run a real sweep would skip this config for
     budget: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -108,11 +111,17 @@ def _usd(x: float | None) -> str:
 
 
 def _cached(row: Row, step: str) -> str:
+    """Hits on disk of the step's cache entries out of its lookups, and the hits on what an earlier
+    config of the sweep computes (a real sweep finds those in the cache too)."""
     if step == "embeddings API":
         return "not checked (vectors keyed by the probe's reply)"
     spaces = STEP_CACHE.get(step, ())
-    asked = sum(row.asked[s] for s in spaces)
-    return f"{sum(row.disk[s] for s in spaces)} of {asked} hit" if asked else "–"
+    asked, earlier = sum(row.asked[s] for s in spaces), sum(row.earlier[s] for s in spaces)
+    if not asked:
+        return "–"
+    return f"{sum(row.disk[s] for s in spaces)} of {asked} hit" + (
+        f", {earlier} from an earlier config" if earlier else ""
+    )
 
 
 def table(rows: list[Row]) -> str:
@@ -135,7 +144,9 @@ def table(rows: list[Row]) -> str:
             continue
         by_step: dict[str, list] = defaultdict(list)
         for step, spaces in STEP_CACHE.items():  # all from the cache: no call, still a line
-            if any(r.disk[s] for s in spaces) and step != "rerank endpoint":  # one line for the reranker's hits
+            if (
+                any(r.disk[s] + r.earlier[s] for s in spaces) and step != "rerank endpoint"
+            ):  # one line for the reranker's hits
                 by_step[step] = []
         for c in r.calls:
             by_step[step_of(c)].append(c)
@@ -266,13 +277,13 @@ def dry_job(job: ComposedJob, name: str, cache: DryCache) -> Row:
     if run_id := finished_run(settings, chash):  # its assembly's calls (an app's probe) are still made
         row.skipped, row.calls = run_id, dry_calls.calls()[mark:]
         return row
-    disk, asked = Counter(cache.disk), Counter(cache.asked)
+    disk, asked, earlier = Counter(cache.disk), Counter(cache.asked), Counter(cache.earlier)
     res = run_pipeline(loaded.stages, loaded.data, settings.run, cache)
     card_mark = dry_calls.mark()
     add_card(settings.card, loaded.stages, loaded.corpus.docs, cache, res, settings.progress)
     dry_calls.label(card_mark, "judge card")
     row.calls = dry_calls.calls()[mark:]
-    row.disk, row.asked = cache.disk - disk, cache.asked - asked
+    row.disk, row.asked, row.earlier = cache.disk - disk, cache.asked - asked, cache.earlier - earlier
     if any(c.path.endswith("/embeddings") for c in row.calls):
         row.notes.append(
             "embedding=openai: cached vectors and FINISHED runs not checked (both keyed by the probe's reply)"
@@ -280,6 +291,16 @@ def dry_job(job: ComposedJob, name: str, cache: DryCache) -> Row:
     if settings.racing is not None:
         row.notes.append("racing=true: counted for every item (racing may stop a config sooner)")
     return row
+
+
+def _priced(calls: list[dry_calls.DryCall]) -> None:
+    """Each call's cost at its endpoint's prices as they are now: a price declared after the call
+    was recorded (an embedder's, set when it is built, after its probe in the config check) counts."""
+    for c in calls:
+        if c.usd is None and call_budget.priced(c.key):
+            c.usd = call_budget.reply_cost(
+                c.key, {"prompt_tokens": c.tokens_in, "completion_tokens": c.tokens_out}
+            )
 
 
 def report(jobs: list[ComposedJob]) -> int:
@@ -300,5 +321,6 @@ def report(jobs: list[ComposedJob]) -> int:
             rows[0].calls[:0] = dry_calls.calls()[:checks]
     finally:
         dry_calls.stop()
+    _priced([c for r in rows for c in r.calls])
     print_report(rows, rows[0].budget if rows else {})
     return 0
