@@ -200,6 +200,7 @@ PLACE_KEYS = frozenset(
         "hydra",
         "paths",
         "force",
+        "dry_run",  # counts a sweep's calls instead of making them: no run at all (docs/endpoints.md)
         "experiment_name",
         # where embeddings are computed, not what they are (same vectors: docs/scale.md)
         "ray",

@@ -55,6 +55,7 @@ VERDICT_SCHEMA = {
     "additionalProperties": False,
 }
 LOGPROB_FLOOR = -20.0
+_DRY_VERDICT = '{"verdict": "supported"}'  # the placeholder a dry run's constrained verdict reads (stages.dry_calls)
 
 
 def verdict_user(claim: str, context: str) -> str:
@@ -178,15 +179,15 @@ class LLMJudge:
     def _constrained(self, messages: list[dict]):
         if self.constrained == "json_schema":  # llama.cpp server extension
             return self.client.complete(
-                messages, max_tokens=32, extra_body={"json_schema": VERDICT_SCHEMA}, allow_empty=True
+                messages, max_tokens=32, extra_body={"json_schema": VERDICT_SCHEMA}, allow_empty=True, dry_text=_DRY_VERDICT
             )
         if self.constrained == "response_format":  # OpenAI structured outputs
             fmt = {
                 "type": "json_schema",
                 "json_schema": {"name": "verdict", "schema": VERDICT_SCHEMA, "strict": True},
             }
-            return self.client.complete(messages, max_tokens=32, response_format=fmt, allow_empty=True)
-        return self.client.complete(messages, max_tokens=8, allow_empty=True)
+            return self.client.complete(messages, max_tokens=32, response_format=fmt, allow_empty=True, dry_text=_DRY_VERDICT)
+        return self.client.complete(messages, max_tokens=8, allow_empty=True, dry_text="yes")
 
     def _one_verdict(self, claim: str, context: str) -> Verdict:
         """One claim's verdict, with the summed usage of the call(s) it took (``Verdict.usage``)."""
@@ -273,7 +274,8 @@ class LLMJudge:
         if not answer or not answer.strip():
             return float("nan"), method
         prompt = fill(QUESTIONS_USER, n=str(self.n_questions), answer=delimited("answer", answer.strip()))
-        c = self.client.complete([{"role": "user", "content": prompt}])
+        dry = "\n".join(f"Which placeholder question number {i + 1} is asked?" for i in range(self.n_questions))
+        c = self.client.complete([{"role": "user", "content": prompt}], dry_text=dry)
         self._record(c)
         if c.error:
             return float("nan"), method

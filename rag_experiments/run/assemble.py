@@ -329,6 +329,36 @@ def load_inputs(cfg: DictConfig, cache: StageCache) -> Loaded:
     return loaded
 
 
+@dataclass(frozen=True)
+class ComposedJob:
+    """A sweep's job composed but not launched (``dry_run=true``, ``run.dry_run``): its overrides
+    and its config, checked and assembled here, so nothing after assembly reads the config."""
+
+    overrides: tuple[str, ...]
+    node: DictConfig  # the job's composed config (its hydra node is left out below)
+
+    def _plain(self) -> DictConfig:
+        return OmegaConf.masked_copy(self.node, [k for k in self.node if k != "hydra"])
+
+    def problems(self) -> list[str]:
+        """The config check's problems (``config_schema``), [] when it is valid."""
+        try:
+            check(self._plain())
+        except ConfigError as e:
+            return list(e.problems)
+        return []
+
+    def cache_place(self) -> tuple[str, bool]:
+        """(``cache_dir``, ``cache_enabled``)."""
+        return str(self.node.cache_dir), bool(self.node.get("cache_enabled", True))
+
+    def assemble(self, cache: StageCache) -> tuple[list[str], Loaded | None, JobSettings | None]:
+        """(problems, loaded inputs, typed settings): ``input_problems`` then ``job_settings``."""
+        cfg = self._plain()
+        problems, loaded = input_problems(cfg, cache)
+        return problems, loaded, None if problems else job_settings(cfg, HydraContext(overrides=self.overrides))
+
+
 def run_name_from(overrides: list[str]) -> str:
     """A single run's name from its overrides (``run_names.run_name``; a sweep names only what varies)."""
     return run_name(overrides)

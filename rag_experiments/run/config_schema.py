@@ -470,6 +470,9 @@ def _top_level(cfg: dict) -> Problems:
     timeout = (cfg.get("tracking") or {}).get("timeout_s")
     if timeout is not None and (not _is_num(timeout) or not timeout > 0):
         problems.append(f"conf/tracking: timeout_s: must be a number of seconds > 0 (got {timeout!r})")
+    for key in ("force", "dry_run"):
+        if not isinstance(cfg.get(key, False), bool):
+            problems.append(f"conf/config: {key}: must be true or false (got {cfg.get(key)!r})")
     reps = cfg.get("replicates", 1)
     if not _is_int(reps) or reps < 1:
         problems.append(

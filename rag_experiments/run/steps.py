@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from rag_experiments.core.slots import Slot, steps
 from rag_experiments.core.steps import StepRecord
-from rag_experiments.stages import call_budget, endpoint
+from rag_experiments.stages import call_budget, dry_calls, endpoint
 
 
 class Step(Protocol):
@@ -47,9 +47,10 @@ class Ledger:
 
     def run(self, step: Step, state: Any, ctx: Any) -> StepRecord:
         """Run ``step`` on ``state``, timed; its record joins the ledger."""
-        t = time.perf_counter()
+        t, mark = time.perf_counter(), dry_calls.mark()
         rec = step.run(state, ctx)
         rec.seconds = time.perf_counter() - t
+        dry_calls.label(mark, rec.slot)  # dry_run=true: the requests it would have sent are its own
         self.add(rec)
         return rec
 

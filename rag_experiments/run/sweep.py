@@ -424,6 +424,13 @@ def main(cfg: DictConfig) -> float:
         cache = StageCache(cfg.cache_dir, enabled=cfg.get("cache_enabled", True))
         bound_tracking_calls(cfg.tracking.get("timeout_s"))  # every MLflow call (prompt=registry too) is bounded
         uri = tracking.resolve_uri(cfg.tracking.uri)  # after: a PostgreSQL connect timeout comes from it
+        if cfg.get("dry_run"):  # set in a YAML (the command line's is cli()'s): this job's calls, no run
+            from rag_experiments.run.assemble import ComposedJob
+            from rag_experiments.run.dry_run import report
+
+            if report([ComposedJob(tuple(hydra_context().overrides), cfg)]):
+                sys.exit(2)
+            return float("nan")
         inputs = load_inputs(cfg, cache)  # bad input exits 2 here, before any MLflow run exists
         job = describe_job(job_settings(cfg, hydra_context()), inputs, cache, t_start)
         return run_job(job, open_store(job, uri))
@@ -444,6 +451,33 @@ def cli() -> None:
     if bad:
         print_problems(bad)
         sys.exit(2)
+    if any(a.lstrip("+").lower() == "dry_run=true" for a in argv):  # counted, not run: no Hydra job, no MLflow run
+        from hydra import initialize_config_dir
+        from hydra.core.global_hydra import GlobalHydra
+        from hydra.types import RunMode
+
+        from rag_experiments.core.conf_groups import conf_dir
+        from rag_experiments.run.assemble import ComposedJob
+        from rag_experiments.run.dry_run import report
+        from rag_experiments.run.multirun import multirun_job_configs
+
+        multirun = any(a in ("-m", "--multirun") for a in argv)
+        overrides = [a for a in argv if a not in ("-m", "--multirun")]
+        jobs, bad = None, [f"dry_run=true: takes overrides and -m only (got {a})" for a in overrides if a.startswith("-")]
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            try:  # the jobs as Hydra's basic sweeper would launch them
+                cfg = GlobalHydra.instance().config_loader().load_configuration(
+                    "config", overrides, run_mode=RunMode.MULTIRUN if multirun else RunMode.RUN, from_shell=True
+                )
+                jobs = multirun_job_configs(cfg) if multirun else [(overrides, cfg)]
+            except Exception as e:  # noqa: BLE001 - a composition error is the command line's
+                bad.append(f"conf/config: {str(e).splitlines()[0]}")
+        if jobs is None and not bad:
+            bad.append("dry_run=true: needs the basic sweeper (its jobs are known before any runs)")
+        if bad:
+            print_problems(bad)
+            sys.exit(2)
+        sys.exit(report([ComposedJob(tuple(o), c) for o, c in jobs]))
     try:
         main()
     except KeyboardInterrupt as e:

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from rag_experiments.core.cache import stable_hash
 from rag_experiments.core.redaction import error_text
+from rag_experiments.stages import dry_calls
 from rag_experiments.stages.endpoint import Endpoint
 
 
@@ -84,7 +85,7 @@ class PythonApp:
             self.fn = getattr(importlib.import_module(module), name)
         except (ImportError, AttributeError, ValueError) as e:
             raise FileNotFoundError(f"app.target: cannot import {target!r} ({error_text(e, 200)}); expected pkg.module:function") from None
-        self.params, self.concurrency = dict(params or {}), max(1, int(concurrency))
+        self.params, self.concurrency, self.target = dict(params or {}), max(1, int(concurrency)), str(target)
         try:  # identity is content: the function's module source, not its name
             code = inspect.getsource(inspect.getmodule(self.fn))
         except (OSError, TypeError):
@@ -93,6 +94,9 @@ class PythonApp:
                                    sort_keys=True, default=str)  # fmt: skip
 
     def ask(self, question: str) -> AppReply:
+        if dry_calls.active():  # dry_run=true: your code is not called (it may call paid models)
+            dry_calls.record(f"python:{self.target}", "app", {"question": question})
+            return AppReply(dry_calls.placeholder_answer(question), [{"text": "placeholder"}])
         t = time.perf_counter()
         try:
             reply = reply_of(self.fn(question, **self.params))
@@ -152,8 +156,19 @@ class HttpApp:
             reply.trace_id = str(get(self.trace_id_field) or "")
         return reply
 
+    def _dry_reply(self, body: dict) -> bytes:
+        """A dry run's placeholder (``stages.dry_calls``): a reply of the declared mapping, an
+        answer and one context, so the steps after the app run on it."""
+        reply: dict = {}
+        for path, value in ((self.answer_field, dry_calls.placeholder_answer(body)), (self.contexts_field, [{"text": "placeholder"}])):
+            node, *parts = reply, *path.split(".")
+            for part in parts[:-1]:
+                node = node.setdefault(part, {})
+            node[parts[-1]] = value
+        return json.dumps(reply).encode()
+
     def ask(self, question: str) -> AppReply:
-        r = self.endpoint.post(self.path, self._body(question), self._parse)
+        r = self.endpoint.post(self.path, self._body(question), self._parse, dry=self._dry_reply)
         if r.error:
             return AppReply(seconds=r.seconds, error=r.error)
         r.data.seconds = r.seconds

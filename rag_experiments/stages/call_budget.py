@@ -66,6 +66,12 @@ def set_price(key: str, per_1k_in: float, per_1k_out: float) -> None:
         _PRICES[key] = (float(per_1k_in), float(per_1k_out))
 
 
+def priced(key: str) -> bool:
+    """True when the endpoint ``key`` has a price in or out."""
+    with _LOCK:
+        return any(_PRICES.get(key, (0.0, 0.0)))
+
+
 def call_bound(key: str, body: dict) -> float:
     """The most one call of ``body`` can cost at ``key``'s prices:
     ``(p_in · len(json(body))/4 + p_out · max_tokens) / 1000`` (0 without prices)."""

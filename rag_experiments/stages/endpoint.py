@@ -26,7 +26,9 @@ llama.cpp tokenizer all POST JSON through :meth:`Endpoint.post`, so each duty is
 - **usage per endpoint**: calls, attempts, retries, 429s, seconds waited and throttled, tokens,
   cost and the achieved requests per minute (:func:`usage`), logged on the run;
 - **budget**: a call that would pass ``budget.max_calls`` / ``budget.max_usd`` is never sent
-  (``stages.call_budget``; docs/endpoints.md).
+  (``stages.call_budget``; docs/endpoints.md);
+- **dry run**: in ``stages.dry_calls``' dry mode nothing is sent: the request is recorded and the
+  parser gets a placeholder reply of its path's shape (``dry``: the caller's own placeholder).
 
 A call never raises for a remote failure: :class:`Reply` carries the parsed body or the error.
 """
@@ -47,7 +49,7 @@ from typing import Any
 
 from rag_experiments.core.parallel import on_interrupt
 from rag_experiments.core.redaction import error_text, redact, register_secret_env
-from rag_experiments.stages import call_budget
+from rag_experiments.stages import call_budget, dry_calls
 
 #: The largest reply body read (bytes): a chat answer is capped far below this; a larger body is a
 #: misbehaving endpoint, refused rather than held in memory and stored.
@@ -215,6 +217,12 @@ def usage() -> dict[str, dict[str, float]]:
         return {k: asdict(s.usage) for k, s in _SHARED.items()}
 
 
+def limits() -> dict[str, tuple[int, float, float]]:
+    """Per endpoint key: the ``(max_concurrency, rpm, tpm)`` declared so far (0: none)."""
+    with _LOCK:
+        return {k: (s.limit, s.rpm, s.tpm) for k, s in _SHARED.items()}
+
+
 def usage_since(before: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
     """The usage added since the snapshot ``before`` (endpoints not called since are left out),
     with ``rpm``: the achieved attempts per minute, ``60 * attempts / (last sent - first sent)``
@@ -292,10 +300,16 @@ class Endpoint:
         return self._epoch != _EPOCH[0]
 
     # -- the call ---------------------------------------------------------------------------------
-    def post(self, path: str, body: dict, parse: Callable[[bytes], Any] = json.loads) -> Reply:
+    def post(
+        self, path: str, body: dict, parse: Callable[[bytes], Any] = json.loads,
+        dry: Callable[[dict], bytes] | None = None,
+    ) -> Reply:  # fmt: skip
         """POST ``body`` to ``base_url + path``; ``parse`` turns the body into ``Reply.data`` and
         may raise :class:`Retryable` (or ValueError/KeyError/TypeError: malformed, retried) or
-        :class:`GiveUp`. Never raises for a remote failure."""
+        :class:`GiveUp`. Never raises for a remote failure. ``dry(body)``: the placeholder reply
+        in dry mode (default ``dry_calls.placeholder``)."""
+        if dry_calls.active():
+            return self._dry(path, body, parse, dry)
         t0, sh = time.perf_counter(), self._shared
         u = sh.usage
         last, retry_after, status = "no attempt made", None, None
@@ -363,6 +377,14 @@ class Endpoint:
             with _LOCK:
                 u.seconds += time.perf_counter() - t0
                 u.usd += usd
+
+    def _dry(self, path: str, body: dict, parse: Callable[[bytes], Any], dry: Callable[[dict], bytes] | None) -> Reply:
+        """Dry mode: the request recorded, nothing sent, the placeholder parsed as a reply would be."""
+        dry_calls.record(self.key, path, body)
+        try:
+            return Reply(parse(dry(body) if dry is not None else dry_calls.placeholder(path, body)), None, 1, 0.0, 200)
+        except Exception as exc:  # noqa: BLE001 - a placeholder the caller cannot read fails like a reply
+            return Reply(None, f"dry run: placeholder reply not readable: {error_text(exc, 200)}", 1, 0.0, 200, gave_up=True)
 
     def _fail(self, error: str, attempts: int, t0: float, status: int | None, gave_up: bool = False) -> Reply:
         with _LOCK:

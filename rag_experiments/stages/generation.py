@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from rag_experiments.core.identity import file_sha256
 from rag_experiments.core.parallel import thread_map
 from rag_experiments.core.types import Generation
+from rag_experiments.stages.dry_calls import chat_reply
 from rag_experiments.stages.endpoint import Endpoint, Retryable, abort_all
 from rag_experiments.stages.endpoint_limits import answer_cap
 
@@ -147,8 +148,11 @@ class OpenAICompatibleGenerator:
         extra_body: dict[str, Any] | None = None,
         response_format: dict[str, Any] | None = None,
         allow_empty: bool = False,
+        dry_text: str | None = None,
     ) -> Completion:
-        """One chat completion with our bounded retry loop. Never raises; failures set ``error``."""
+        """One chat completion with our bounded retry loop. Never raises; failures set ``error``.
+        ``dry_text``: what the placeholder reply says in dry mode (``stages.dry_calls``; default
+        an answer of ``CLAIMS_PER_ANSWER`` claims), for callers that parse the reply strictly."""
         kwargs: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
@@ -165,7 +169,8 @@ class OpenAICompatibleGenerator:
         body = {**self.extra_body, **(extra_body or {})}  # merged into the request, as OpenAI's extra_body
 
         reply = self._endpoint.post(
-            "/chat/completions", {**kwargs, **body}, lambda raw: self._parse(_namespace(raw), allow_empty)
+            "/chat/completions", {**kwargs, **body}, lambda raw: self._parse(_namespace(raw), allow_empty),
+            dry=lambda b: chat_reply(b, dry_text),
         )
         if reply.error:
             log.warning("%s: %s", self.base_url, reply.error)

@@ -273,7 +273,7 @@ class LLMReranker:
 
     def _one(self, query: str, passage: str) -> float:
         reply = self.client.complete(
-            [{"role": "user", "content": self.prompt.format(query=query, passage=passage)}]
+            [{"role": "user", "content": self.prompt.format(query=query, passage=passage)}], dry_text="5"
         )
         if reply.error:
             raise RerankError(f"{self.client.base_url}: {reply.error}")

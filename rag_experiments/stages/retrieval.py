@@ -169,7 +169,7 @@ class DenseRetriever:
         self._n, self._ann = len(texts), None
         cache = getattr(self.embedder, "cache", None)  # CachedEmbedder carries the stage cache
         inner = getattr(self.embedder, "inner", self.embedder)  # passages go to the memmap store instead
-        store = VectorStore(cache.root) if cache is not None and cache.enabled and texts else None
+        store = VectorStore(cache.root, cache.writable) if cache is not None and cache.enabled and texts else None
         vkey = vectors_key(self.embedder.identity, texts, self.vector_dtype)
         if store is not None:
             # a line per 10 % with its ETA while the corpus is embedded (progress=false: none)

@@ -148,9 +148,10 @@ def embed_to_memmap_ray(embedder, texts: list[str], path: Path, dtype: str, batc
 class VectorStore:
     """Memory-mapped passage matrices under ``root/vectors_mm`` and FAISS indexes under ``root/ann``."""
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, writable: bool = True) -> None:
         self.root = Path(root)
-        self.writable = is_writable(self.root)
+        # writable=False: the stage cache is read-only (a dry run's: placeholder vectors never stored)
+        self.writable = writable and is_writable(self.root)
 
     def _path(self, stage: str, key: str, suffix: str) -> Path:
         return self.root / stage / key[:2] / f"{key}{suffix}"

@@ -1,0 +1,160 @@
+"""``dry_run=true`` (``run.dry_run``, ``stages.dry_calls``): every config assembled and run in the
+endpoint client's dry mode. Nothing reaches the endpoint, no MLflow run exists afterwards, the calls
+it prints are the requests a real run then sends, and its budget verdict is what the real run with
+that budget does (docs/endpoints.md, "Dry run")."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+import pytest
+
+from rag_experiments.stages import call_budget, dry_calls
+from rag_experiments.stages.endpoint import Endpoint, endpoint_key
+from tests.llm_fixtures import ChatServer, closed_port_url  # noqa: F401 - a fixture
+from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
+
+
+def _reply(body: dict) -> str:
+    """A deterministic model: a judge's verdict (constrained=none: max_tokens=8) is "yes", as a
+    sound judge says; anything else three claim lines (as many as the dry run assumes,
+    ``dry_calls.CLAIMS_PER_ANSWER``) that differ from one prompt to another, as answers do."""
+    if body.get("max_tokens") == 8:
+        return "yes"
+    tag = hashlib.sha256(json.dumps(body["messages"]).encode()).hexdigest()[:8]
+    return (f"- Webhooks are retried with backoff ({tag}).\n- The retry window lasts three days ({tag}).\n"
+            f"- Each retry carries the same event id ({tag}).")  # fmt: skip
+
+
+@pytest.fixture
+def chat():
+    s = ChatServer(_reply, usage=(100, 20))
+    yield s
+    s.close()
+
+
+def test_dry_mode_records_the_request_and_sends_nothing(chat):
+    call_budget.reset()
+    ep = Endpoint(chat.url, "m")
+    call_budget.set_price(endpoint_key(chat.url, "m"), 1.0, 2.0)
+    body = {"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "x" * 400}]}
+    dry_calls.start()
+    try:
+        reply = ep.post("/chat/completions", body)
+        emb = ep.post("/embeddings", {"model": "m", "input": ["a", "b"]})
+    finally:
+        dry_calls.stop()
+        call_budget.reset()
+    assert chat.calls == 0
+    assert reply.error is None and reply.data["choices"][0]["message"][
+        "content"
+    ] == dry_calls.placeholder_answer(body["messages"])
+    assert len(emb.data["data"]) == 2
+    chat_call, emb_call = dry_calls.calls()
+    assert (chat_call.tokens_in, chat_call.tokens_out) == (100, 50)  # 400 chars / 4; max_tokens
+    assert chat_call.usd == pytest.approx((100 * 1.0 + 50 * 2.0) / 1000)
+    assert emb_call.tokens_in == 1 and emb_call.tokens_out == 0  # ceil(2 chars / 4)
+    assert ep.post("/chat/completions", body).error is None and chat.calls == 1  # dry mode off: sent
+
+
+def _rows(out: str) -> dict[str, int]:
+    """config name → its calls, from the ``= config`` lines of the dry run's table."""
+    rows, name = {}, None
+    for line in out.splitlines():
+        m = re.match(r"^(\S+)?\s+(\S.*?)\s{2,}(\d+)\s", line)
+        if not m:
+            continue
+        name = m.group(1) or name
+        if m.group(2) == "= config":
+            rows[name] = int(m.group(3))
+    return rows
+
+
+def _runs(db):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    return [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+
+
+@pytest.mark.slow
+def test_dry_run_counts_what_the_real_sweep_sends_and_its_budget_verdict_holds(chat, tmp_path):
+    docs, ev = make_tiny(tmp_path, n_items=4)
+    common = ["generator=openai", f"generator.base_url={chat.url}", "generator.model=m", "generator.api_key_env=null",
+              "judge=openai", f"judge.base_url={chat.url}", "judge.model=m", "judge.api_key_env=null",
+              "judge.use_logprobs=false", "judge.constrained=none", "retriever=bm25", "generation_subset=3",
+              "metrics.bootstrap_resamples=100", "judge_card.max_pairs_model=5", "prompt=concise,cite"]  # fmt: skip
+    dry = run_sweep(tmp_path, "-m", *sweep_args(tmp_path, docs, ev), *common, "dry_run=true")
+    assert chat.calls == 0, dry.stdout  # nothing reached the endpoint
+    assert not (tmp_path / "mlflow.db").exists()  # no store, so no run
+    assert not (tmp_path / "cache" / "kv.sqlite").exists()  # no placeholder reached the stage cache
+    rows = _rows(dry.stdout)
+    assert set(rows) == {"prompt=concise", "prompt=cite"}, dry.stdout
+    total = int(re.search(r"^total: (\d+) calls", dry.stdout, re.M).group(1))
+    assert total == sum(rows.values()) > 6, dry.stdout
+    assert "budget: none set" in dry.stdout
+
+    real = tmp_path / "real"
+    real.mkdir()
+    run_sweep(real, "-m", *sweep_args(real, docs, ev), *common)
+    assert chat.calls == total, dry.stdout  # the printed calls are the requests the real sweep sent
+    assert {r.info.status for r in _runs(real / "mlflow.db")} == {"FINISHED"}
+    again = run_sweep(real, "-m", *sweep_args(real, docs, ev), *common, "dry_run=true")
+    assert "total: 0 calls" in again.stdout and again.stdout.count("skipped: run") == 2, again.stdout
+    forced = run_sweep(real, "-m", *sweep_args(real, docs, ev), *common, "dry_run=true", "force=true")
+    assert "total: 0 calls" in forced.stdout and "3 of 3 hit" in forced.stdout, forced.stdout  # all cached
+
+    # a budget that the first config fits and the second passes: the verdict, then the real sweep
+    first = rows["prompt=concise"]
+    budget = f"budget.max_calls={first + 2}"
+    verdict = run_sweep(tmp_path, "-m", *sweep_args(tmp_path, docs, ev), *common, "dry_run=true", budget)
+    assert (
+        "exceeds budget.max_calls" in verdict.stdout
+        and "stop after config 1 (prompt=concise)" in verdict.stdout
+    )
+    assert "config 2 (prompt=cite) is FAILED at its call 3 of" in verdict.stdout, verdict.stdout
+    capped = tmp_path / "capped"
+    capped.mkdir()
+    chat.calls = 0
+    run_sweep(capped, "-m", *sweep_args(capped, docs, ev), *common, budget, check=False)
+    assert chat.calls == first + 2
+    by_name = {r.info.run_name: r for r in _runs(capped / "mlflow.db") if r.data.tags.get("config_hash")}
+    status = {n: r.info.status for n, r in by_name.items()}
+    assert status == {"prompt=concise": "FINISHED", "prompt=cite": "FAILED"}, status
+    assert by_name["prompt=cite"].data.tags["failure_reason"].startswith("budget: budget.max_calls")
+    fits = run_sweep(
+        tmp_path, "-m", *sweep_args(tmp_path, docs, ev), *common, "dry_run=true", f"budget.max_calls={total}"
+    )
+    assert f"budget: fits budget.max_calls={total} ({total} calls)" in fits.stdout
+
+
+def test_a_bad_dry_run_value_exits_2(tmp_path):
+    p = run_sweep(tmp_path, "dry_run=maybe", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", check=False)
+    assert p.returncode == 2 and "conf/config: dry_run: must be true or false" in p.stderr, p.stderr[-2000:]
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.slow
+def test_every_remote_step_is_counted_against_an_unreachable_endpoint_and_nothing_is_stored(tmp_path, closed_port_url):  # noqa: F811
+    """The embeddings API (its config probe too), query transform, LLM reranker, generator and
+    judge all run on placeholders: the endpoint cannot be reached, yet every step is counted, and
+    neither placeholder vectors nor answers reach the stage cache."""
+    url = closed_port_url
+    docs, ev = make_tiny(tmp_path, n_items=4)
+    p = run_sweep(tmp_path, "-m", *sweep_args(tmp_path, docs, ev), "retriever.k=2,3", "generator=openai",
+                  f"generator.base_url={url}", "generator.api_key_env=null", "judge=openai", f"judge.base_url={url}",
+                  "judge.api_key_env=null", "query=rewrite", "rerank=llm", f"rerank.base_url={url}", "rerank.model=r",
+                  "rerank.candidates=4", "embedding=openai", f"embedding.base_url={url}", "embedding.api_key_env=null",
+                  "embedding.price_per_1k_tokens=0.00002", "generation_subset=2", "judge_card.enabled=false",
+                  "dry_run=true")  # fmt: skip
+    for step in ("embeddings API", "query transform", "LLM reranker", "generator", "judge"):
+        assert re.search(rf"^\S*\s+{step}\s+[1-9]", p.stdout, re.M), (step, p.stdout)
+    embedding_line = next(line for line in p.stdout.splitlines() if "embeddings API" in line)
+    assert "n/a" not in embedding_line, p.stdout  # priced by embedding.price_per_1k_tokens, its probe too
+    assert "from an earlier config" in p.stdout  # config 2 reuses config 1's transforms, as a real sweep does
+    assert not [f for f in (tmp_path / "cache").rglob("*") if f.is_file()], (
+        "the dry run wrote to the stage cache"
+    )
+    assert not (tmp_path / "mlflow.db").exists()
