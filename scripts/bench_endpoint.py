@@ -1,19 +1,24 @@
 """A generation + LLM-judge workload against a simulated OpenAI-compatible endpoint at its limit
-(docs/endpoints.md, "Measured against the limit").
+(docs/endpoints.md, "Measured against the limit and the peers").
 
 The endpoint (127.0.0.1, chat completions and embeddings): lognormal latency (median
 ``--median-s``, sigma 0.5), ``--rpm`` requests per sliding minute and ``--in-flight`` requests at
-once, both enforced with 429 + ``Retry-After``, and ``--p500`` of replies a 500. Each client runs
-``--items`` generations and then one judge call per answer; reported: wall time against the bound
-(successful calls ÷ rpm), rows dropped (an item without an answer or a verdict), retries, 429s.
+once, both enforced with 429 + ``Retry-After``, and ``--p500`` of replies a 500. It answers each
+judge protocol with a reply that protocol reads (JSON mode with the schema in the prompt, tool
+calls, JSON schemas, logprobs, DeepEval's JSON keys). Each client runs ``--items`` generations,
+then judges every answer with its own protocol. Reported: wall time against the bound (successful
+requests ÷ rpm, or ÷ in-flight at the mean latency if tighter), rows dropped or NaN (an item
+without an answer or a score), judge calls per answer, requests sent, retries, 429s, 500s.
 
-Clients: ours with the limits declared (``rpm``, ``max_concurrency``), ours with none declared
-(adaptive concurrency and Retry-After alone), and ``mlflow.genai.evaluate`` (predict_fn and a
-judge scorer calling the endpoint with the OpenAI SDK, MLflow's default concurrency and the SDK's
-default retries). RAGAS and DeepEval are run when importable.
+Clients: ours with the limits declared (``rpm``, ``max_concurrency``) and with none declared
+(adaptive concurrency and Retry-After alone), both judging with ``LLMJudge`` (claims split by the
+LLM, then one logprob verdict per claim); ``mlflow.genai.evaluate`` (predict_fn and a scorer making
+the same judge calls with the OpenAI SDK); RAGAS and DeepEval (scripts/bench_peers.py), each with
+its defaults and with its documented concurrency setting at the endpoint's limits. A peer that is
+not installed prints "not installed": they are the ``bench`` extra, in a venv of their own.
 
-    python scripts/bench_endpoint.py                  # 200 items, 120 RPM, 4 in flight (~7 min a client)
-    python scripts/bench_endpoint.py --items 40 --rpm 600 --clients ours
+    python scripts/bench_endpoint.py                  # 200 items, 120 RPM, 4 in flight (~50 min)
+    python scripts/bench_endpoint.py --items 40 --rpm 600 --clients ours,ragas
 """
 
 from __future__ import annotations
