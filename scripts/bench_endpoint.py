@@ -367,7 +367,12 @@ def table(rows: list[dict]) -> list[str]:
             out.append(f"| {CLIENTS[r['client']]} | {r['skipped']} |" + " — |" * 8)
             continue
         s = r["server"]
-        dropped = f"{r['dropped']}" + (f" ({r['error']})" if r.get("error") else "")
+        dropped = str(r["dropped"])
+        if r["dropped"] and "judged" in r:  # where the rows went: no answer, or no score
+            no_answer = r["items"] - r["judged"]
+            dropped += f" ({no_answer} answers, {r['dropped'] - no_answer} scores)"
+        if r.get("error"):
+            dropped += f"; {r['error']}"
         retries = r["retries"] if r["retries"] is not None else "—"
         out.append(f"| {CLIENTS[r['client']]} | {r['wall_s']:.1f} | {r['bound_s']:.1f} | {r['bound_share']:.2f} | "
                    f"{dropped} | {r['judge_calls_per_answer']:.2f} | {r['requests']} | {retries} | {r['http_429']} | {s['500']} |")  # fmt: skip
@@ -397,10 +402,10 @@ def main(argv: list[str] | None = None) -> int:
             r = run_client(name, sim, args.items)
         finally:
             sim.close()
-        r["client"] = name
+        r |= {"client": name, "items": args.items}
         if "skipped" not in r:
             s = dict(sim.stats)
-            judged = r.get("judged", args.items - 0)
+            judged = r.get("judged", args.items)
             r |= {"server": s, "bound_s": bound_seconds(s["ok"], args.rpm, args.in_flight, args.median_s),
                   "http_429": s["429_rpm"] + s["429_in_flight"], "requests": s["ok"] + s["429_rpm"] + s["429_in_flight"] + s["500"],
                   "judge_calls_per_answer": s["ok_judge"] / max(1, judged)}  # fmt: skip

@@ -94,3 +94,12 @@ def test_peers_not_installed_are_rows_not_failures(bench, capsys):
     rows = [ln for ln in out if ln.startswith(("| RAGAS", "| DeepEval"))]
     assert len(rows) == 2 and all("not installed" in r for r in rows)
     assert bench.main([*argv, "--clients", "ours,nope"]) == 2
+
+
+def test_table_says_where_dropped_rows_went(bench):
+    row = {"client": "ragas", "items": 200, "judged": 132, "dropped": 70, "retries": None, "wall_s": 205.5,
+           "bound_s": 198.0, "bound_share": 0.96, "judge_calls_per_answer": 2.0, "requests": 660,
+           "http_429": 255, "server": {"500": 9}}  # fmt: skip
+    line = bench.table([row, {"client": "deepeval", "skipped": "not installed (deepeval)"}])
+    assert "| 70 (68 answers, 2 scores) | 2.00 | 660 | — | 255 | 9 |" in line[2]
+    assert line[3].count("|") == 11 and "not installed (deepeval)" in line[3]
