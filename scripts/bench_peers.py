@@ -150,6 +150,9 @@ def run_deepeval(sim, n: int, limits: bool, questions: list[str], context: str) 
             md = (tr.metrics_data or [None])[0]
             scored += md is not None and not md.error and not _nan(md.score)
     except Exception as exc:  # noqa: BLE001 - its default (ignore_errors=False) stops the evaluation
-        error = f"{type(exc).__name__}: {str(exc)[:120]}"
+        error = f"`evaluate` raised {type(exc).__name__}"
+        last = getattr(getattr(exc, "last_attempt", None), "exception", lambda: None)()  # tenacity's
+        if last is not None:
+            error += f" ({type(last).__name__} on the last attempt)"
     wall = time.perf_counter() - t0
     return {"wall_s": wall, "dropped": n - scored, "retries": None, "judged": len(live), "error": error}
