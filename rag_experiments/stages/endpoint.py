@@ -16,7 +16,7 @@ llama.cpp tokenizer all POST JSON through :meth:`Endpoint.post`, so each duty is
   client, so in-flight requests fail now, and refuses every attempt not yet sent;
 - **limits per endpoint** (base URL + model), shared by every step and every config of a multirun
   in one process (:class:`_Shared`): ``max_concurrency`` (the largest any client declared), ``rpm``
-  and ``tpm`` (the smallest declared); requests are paced (one every ``60/rpm`` s, and
+  and ``tpm`` (the smallest declared); requests are paced (one every ``60·1.02/rpm`` s: 2 % headroom, and
   ``60*n/tpm`` s after a reply of n tokens), never bursted past a limit;
 - **adaptive concurrency**: a 429 halves the requests allowed in flight (once per round: the 429s
   of requests sent before the cut do not cut again), and each run of as many successes as are
@@ -169,6 +169,7 @@ class _Shared:
 
 
 _SHARED: dict[str, _Shared] = {}
+_RPM_HEADROOM = 1.02  # requests are paced at rpm / 1.02
 _LOCK = threading.Lock()
 _EPOCH = [0]  # abort_all's count: an endpoint built before the latest abort refuses every call
 _WAKE = threading.Condition()  # wakes backoff sleeps at an abort
@@ -445,7 +446,9 @@ class Endpoint:
                 sh.cond.wait(min(wait, _POLL_S))
             sh.in_flight += 1
             if sh.rpm:
-                sh.next_rpm = max(sh.next_rpm, now) + 60.0 / sh.rpm
+                # 2 % headroom: paced exactly at the limit, jitter between here and the server
+                # let 121 of rpm=120 land in one minute (a 429 in the peer benchmark)
+                sh.next_rpm = max(sh.next_rpm, now) + 60.0 / sh.rpm * _RPM_HEADROOM
             with _LOCK:
                 sh.usage.throttled_s += now - t_wait
         try:
