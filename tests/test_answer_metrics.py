@@ -47,7 +47,7 @@ from rag_experiments.evaluation.answer_metrics import (
 from rag_experiments.evaluation.registry import parse, spec
 from rag_experiments.judge.claims import is_decline
 from rag_experiments.run.assemble import build
-from rag_experiments.run.sweep import summary_table
+from rag_experiments.run.run_summary import summary_table
 from rag_experiments.stages.prompts import PromptTemplate
 from tests.sweep_helpers import REPO, tiny_inputs, tiny_pipeline
 

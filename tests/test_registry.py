@@ -23,7 +23,7 @@ from rag_experiments.evaluation.registry import (
     wrap,
 )
 from rag_experiments.judge.validity import build_judge
-from rag_experiments.run.sweep import summary_table
+from rag_experiments.run.run_summary import summary_table
 from rag_experiments.stages.generation import OpenAICompatibleGenerator
 from tests.llm_fixtures import fake_llm  # noqa: F401  (pytest fixture)
 from tests.sweep_helpers import REPO, tiny_inputs, tiny_pipeline

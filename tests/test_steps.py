@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 
 from rag_experiments.core.slots import SLOTS, steps
+from rag_experiments.run.run_summary import first_stage_lines, summary_table
 from rag_experiments.run.steps import Ledger, StepRecord, failure_reason, step_summary
-from rag_experiments.run.sweep import first_stage_lines, summary_table
 
 PKG = Path(__file__).resolve().parent.parent / "rag_experiments"
 
@@ -161,7 +161,7 @@ def test_a_slot_declared_once_is_run_timed_counted_costed_and_reported(tmp_path,
     from rag_experiments.core.progress import timing_table
     from rag_experiments.evaluation import registry
     from rag_experiments.report.model import plain
-    from rag_experiments.report.sections import cost_keys, step_table
+    from rag_experiments.report.steps_table import cost_keys, step_table
 
     res, _ = _run_the_fake_slot(tmp_path, monkeypatch)
     df, rec = res.per_query, res.records["shouter"]
@@ -267,7 +267,7 @@ def test_the_report_per_step_table_reads_a_run_logged_before_the_steps_tag():
     from types import SimpleNamespace
 
     from rag_experiments.report.model import plain
-    from rag_experiments.report.sections import step_table
+    from rag_experiments.report.steps_table import step_table
 
     old = SimpleNamespace(label="old", tags={"timings": '{"retrieval_s": 1.5, "chunking_s": 0.2, "rerank_s": 2.0}'},
                           metrics={"n_rerank_errors": 3.0})  # fmt: skip

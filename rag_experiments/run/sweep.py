@@ -34,17 +34,13 @@ import pandas as pd  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from rag_experiments.analysis.judge_trust import runs_judge_notes  # noqa: E402
-from rag_experiments.analysis.stats import first_stage_deltas  # noqa: E402
 from rag_experiments.core.cache import StageCache  # noqa: E402
-from rag_experiments.core.formatting import fmt_num  # noqa: E402
 from rag_experiments.core.identity import code_fingerprint, judge_fingerprint  # noqa: E402
 from rag_experiments.core.progress import Progress, timing_table  # noqa: E402
 from rag_experiments.core.redaction import redact  # noqa: E402
 from rag_experiments.core.run_names import run_name  # noqa: E402
 from rag_experiments.core.run_record import RunData  # noqa: E402
 from rag_experiments.core.sanitize import shell_line, terminal_output  # noqa: E402
-from rag_experiments.core.slots import steps  # noqa: E402
-from rag_experiments.evaluation.registry import metric_keys, spec, wrap  # noqa: E402
 from rag_experiments.evaluation.replicates import collapse_replicates  # noqa: E402
 from rag_experiments.judge.validity import add_card  # noqa: E402
 from rag_experiments.run import racing  # noqa: E402
@@ -60,6 +56,7 @@ from rag_experiments.run.config_schema import unknown_group_options  # noqa: E40
 from rag_experiments.run.multirun import MultirunParent  # noqa: E402, F401 - conf names the callback here
 from rag_experiments.run.pilot import print_pilot_mde  # noqa: E402
 from rag_experiments.run.pipeline import PipelineResult, run_pipeline  # noqa: E402
+from rag_experiments.run.run_summary import first_stage_lines, summary_table  # noqa: E402
 from rag_experiments.run.steps import failure_reason as step_failure  # noqa: E402
 from rag_experiments.run.steps import step_summary  # noqa: E402
 from rag_experiments.run.types import JobSettings  # noqa: E402
@@ -73,53 +70,6 @@ from rag_experiments.tracking.run_writer import MlflowRunWriter, RunResults, Run
 
 log = logging.getLogger("rag_experiments")
 
-
-
-def _fmt(v: float) -> str:
-    return fmt_num(v, 3, missing="n/a", width=6)
-
-
-def summary_table(agg: dict[str, float], k: int, ks: list[int]) -> str:
-    """Retrieval and generation metrics side by side, never blended, with 95 % CIs and counts.
-
-    Which keys, in which order and under which heading: ``evaluation.registry.metric_keys``."""
-    titles = {"retrieval": "retrieval", "generation": "generation", "label": "failure labels"}
-    keys = [key for key in metric_keys(ks, k, generation=True) if key in agg]
-    lines = [f"{'metric':<31} {'mean':>6}  95% CI            n"]
-    side = None
-    for key in keys:
-        s = spec(key)
-        if s.side != side:
-            side = s.side
-            lines.append(f"-- {titles.get(side, side)}")
-        n = agg.get(wrap(key, "n_scored"), float("nan"))
-        lo, hi = agg.get(wrap(key, "ci_low")), agg.get(wrap(key, "ci_high"))
-        lines.append(f"{key:<31} {_fmt(agg[key])}  [{_fmt(lo)}, {_fmt(hi)}]  {int(n) if n == n else ''}")
-    lines.append(
-        f"queries {int(agg['n_queries'])} (unanswerable {int(agg.get('n_unanswerable', 0))}), "
-        f"errors {int(agg['n_errors'])}, unparseable verdicts {int(agg['n_unparseable_verdicts'])}"
-        + (f", judge transport errors {int(agg['n_judge_errors'])}" if agg.get("n_judge_errors") else "")
-        + "".join(  # the other steps that count their failures (query transform, reranker)
-            f", {s.step} errors {int(agg[s.errors])}" for s in steps()
-            if s.errors and s.errors not in ("n_errors", "n_judge_errors") and s.errors in agg
-        )
-    )
-    return "\n".join(lines)
-
-
-def first_stage_lines(per_query: pd.DataFrame, agg: dict[str, float], k: int, ks: list[int]) -> list[str]:
-    """What the reranker added, one line per headline retrieval metric: the first stage's mean →
-    the final list's, with the paired difference (``analysis.stats.first_stage_deltas``: bootstrap
-    CI; exact McNemar on 0/1 metrics, else sign-flip p; Holm over the metrics shown)."""
-    keys = [key for key in metric_keys(ks, k, generation=False) if spec(key).side == "retrieval"]
-    out = []
-    for r in first_stage_deltas(per_query, keys, n_resamples=2000):
-        out.append(
-            f"first stage → final  {r.metric:<28} {_fmt(r.mean_a)} → {_fmt(r.mean_b)}  "
-            f"{r.delta:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}], p={r.p_value:.3g} ({r.test}), "
-            f"p_holm={r.p_holm:.3g} (Holm over {len(keys)}), n={r.n_pairs}"
-        )
-    return out
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,11 @@ sample with every failure that fits (:func:`select_traced`, docs/tracing.md). Ho
 MLflow's public tracing API (:func:`write_public`), or on an MLflow version it was verified against
 the fast path of ``tracking.mlflow_adapter`` (all traces of a run in one transaction). The eval-set
 dataset: ``tracking.genai_dataset``. See ``docs/tracing.md``.
+
+Why this module is long: it is one format, the spans MLflow's trace UI reads back (their names,
+types, attributes and documents), from the built-in steps' detailed spans to the span any slot gets
+from its declaration; split, two modules would have to agree on that format. (To split next: the
+built-in steps' span builders into their own module.)
 """
 
 from __future__ import annotations
