@@ -106,6 +106,13 @@ class PythonApp:
         return reply
 
 
+def _field(data: Any, path: str) -> Any:
+    """The value at a dotted ``path`` of a JSON reply (None where a part is missing)."""
+    for part in path.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
 class HttpApp:
     """An HTTP endpoint: POST ``request`` (``{question}`` filled in) to ``url``; the reply's
     ``answer_field`` and ``contexts_field`` (dotted paths) are the answer and the contexts."""
@@ -140,20 +147,9 @@ class HttpApp:
 
     def _parse(self, raw: bytes) -> AppReply:
         data = json.loads(raw)
-
-        def get(path: str):
-            for part in path.split("."):
-                data_ = get.cur.get(part) if isinstance(get.cur, dict) else None
-                get.cur = data_
-            return get.cur
-
-        get.cur = data
-        answer = get(self.answer_field)
-        get.cur = data
-        reply = reply_of({"answer": answer, "contexts": get(self.contexts_field)})
+        reply = reply_of({"answer": _field(data, self.answer_field), "contexts": _field(data, self.contexts_field)})
         if self.trace_id_field:
-            get.cur = data
-            reply.trace_id = str(get(self.trace_id_field) or "")
+            reply.trace_id = str(_field(data, self.trace_id_field) or "")
         return reply
 
     def _dry_reply(self, body: dict) -> bytes:
