@@ -53,11 +53,12 @@ class LimitedServer:
                     time.sleep(srv.delay_s)
                     text = body["messages"][-1]["content"]
                     reply = _completion(f"answer to {text}", body["model"], (srv.tokens - 1, 1))
+                    with srv.lock:  # counted before the client can read it: no race with the assert
+                        srv.served += 1
                     send_body(self, 200, json.dumps(reply).encode())
                 finally:
                     with srv.lock:
                         srv.in_flight -= 1
-                        srv.served += 1
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
