@@ -143,7 +143,11 @@ def test_gate_non_inferiority_holds_its_level_at_the_margin(kind):
     assert np.mean(passed) <= ALPHA + 3 * _se(reps), np.mean(passed)
 
 
-@pytest.mark.parametrize("n, p_loss", [(30, 0.2), (30, 0.3), (100, 0.15), (100, 0.3)])
+_N100 = [pytest.mark.slow]  # 2,000 score tests at n = 100: ~8 s each, the full suite's
+
+
+@pytest.mark.parametrize("n, p_loss", [(30, 0.2), (30, 0.3), pytest.param(100, 0.15, marks=_N100),
+                                       pytest.param(100, 0.3, marks=_N100)])
 def test_gate_on_binary_metrics_holds_its_level_at_small_n(n, p_loss):
     """0/1 metrics get the score test: a candidate exactly a margin worse (P(loss) = p_loss,
     P(win) = p_loss − margin) passes at most ~5 % of the time, and not far below (it is not

@@ -45,18 +45,19 @@ from tests.sweep_helpers import REPO, tiny_inputs, tiny_pipeline
 
 KEY_ENV, KEY = "RAG_MATRIX_KEY", "sk-matrix-DoNotStore-5e4d3c2b1a09f8e7"
 FAST = dict(timeout_s=1.0, max_retries=1, backoff_s=0.01)
+RATELIMITED = 3
 
 
 class MisbehavingEndpoint:
     """One OpenAI-compatible endpoint (``/chat/completions`` and ``/rerank``) that misbehaves as
     ``mode`` says: ok · http500 · http400 · malformed (200, not JSON) · empty (200, nothing in it)
     · nan (200 whose number is NaN) · trickle (a body one byte every 0.3 s) · ratelimit (429 with
-    ``Retry-After: 1`` on a request's first attempt) · half (500 forever on every request that
-    names one of the questions ``bad``) · echokey (401 repeating the key) · hang (accepts, never answers).
+    ``Retry-After: 1`` on the first attempt of up to ``RATELIMITED`` requests) · half (500 forever
+    on every request that names one of the questions ``bad``) · echokey (401 repeating the key) · hang (accepts, never answers).
     ``arrivals`` lists (time.monotonic, request hash) of every request."""
 
     def __init__(self, good_chat: str, bad: tuple[str, ...] = ()) -> None:
-        self.mode, self.arrivals, self.seen = "ok", [], {}
+        self.mode, self.arrivals, self.seen, self.limited = "ok", [], {}, 0
         self.bad = [json.dumps(q)[1:-1].encode() for q in bad]  # half: requests naming these fail
         outer = self
 
@@ -109,7 +110,9 @@ class MisbehavingEndpoint:
         if mode == "echokey":
             auth = h.headers.get("Authorization", "")
             return send_body(h, 401, json.dumps({"error": {"message": f"bad key {auth}"}}).encode())
-        if mode == "ratelimit" and self.seen[digest] == 1:
+        # RATELIMITED requests at most: each costs a 1 s wait, and a judge makes many
+        if mode == "ratelimit" and self.seen[digest] == 1 and self.limited < RATELIMITED:
+            self.limited += 1
             h.send_response(429)
             h.send_header("Retry-After", "1")
             h.send_header("Content-Length", "2")
