@@ -260,6 +260,7 @@ def test_sweep_with_judge_mlflow_finishes_and_records_verdicts(tmp_path, smol_ur
         "retriever.k=2",
         "generation_subset=2",
         "tracking.traces=false",
+        "judge_card.max_pairs_model=4",  # the card's default 40 pairs would be 40 more SmolLM2 calls
     )
     assert "github.com" not in p.stderr  # no model-catalog fetch: offline
     c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")

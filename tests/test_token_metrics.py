@@ -349,3 +349,20 @@ def test_a_cut_chunk_straddling_the_span_is_no_hit_at_any_budget() -> None:
         np.array([[1]]), chunks, [[Span("d0", 0, 4)]], np.array([1, 1, 2]), np.array([0, 1, 3]), [1, 8]
     )
     assert b["hit_at_1tok"][0] == b["hit_at_8tok"][0] == 0.0
+
+
+def test_the_budget_tokenizer_read_from_its_json_is_the_one_transformers_builds():
+    """``minilm_tokenizer`` reads tokenizer.json with ``tokenizers`` (no transformers import): its
+    JSON, identity and token ends equal those of ``AutoTokenizer``'s backend with the same switches."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    from rag_experiments.stages.embedding import minilm_path
+
+    backend = Tokenizer.from_str(AutoTokenizer.from_pretrained(str(minilm_path())).backend_tokenizer.to_str())
+    backend.no_truncation()
+    backend.no_padding()
+    assert tokenizer_identity(backend) == tokenizer_identity() == "all-MiniLM-L6-v2-fast:9114256b104cca80"
+    texts = ["Webhooks are retried for 24 hours.", "Ünïcode — and a URL: https://x.io/a?b=1", ""]
+    for a, b in zip(token_ends(texts, backend), token_ends(texts), strict=True):
+        assert a.tolist() == b.tolist()
