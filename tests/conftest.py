@@ -68,8 +68,8 @@ def shared_datasets() -> Path:
 # (≤ 3 min on 2 cores: 2 min 49 s at load 1.2-2.6, stop 37); ``scripts/test.sh`` runs everything,
 # as CI does (23 min 38 s on a quiet 2-core machine, load 3-3.6 from the suite itself, stop 37).
 # Slow tests are listed here, in one place, instead of a marker in every file: whole modules
-# (end-to-end sweeps, servers, Ray, Chromium) and single tests of otherwise fast modules (a real model, a subprocess sweep, an
-# MLflow store). A test that starts a process, a server or a model belongs on one of the lists.
+# (end-to-end sweeps, servers, Ray, Chromium) and single tests of otherwise fast modules (a real
+# model, a subprocess sweep, an MLflow store). A test that starts a process, a server or a model belongs on one of the lists.
 SLOW_MODULES = {
     "test_ann",
     "test_compare_gate",
