@@ -65,8 +65,8 @@ def shared_datasets() -> Path:
 
 # ---------------------------------------------------------------------------------- test tiers
 # ``scripts/test.sh --fast`` (= ``pytest -m "not slow"``) is the unit tier for the inner loop
-# (≤ 3 min on 2 cores: 2 min 49 s at load 1.2-2.6, stop 37); ``scripts/test.sh`` runs everything,
-# as CI does (23 min 38 s on a quiet 2-core machine, load 3-3.6 from the suite itself, stop 37).
+# (≤ 3 min on 2 cores: 2 min 49-55 s at load 1.2-2.6, 2026-12-05); ``scripts/test.sh`` runs everything,
+# as CI does (23 min 38 s on a quiet 2-core machine, load 3-3.6 from the suite itself, 2026-12-05).
 # Slow tests are listed here, in one place, instead of a marker in every file: whole modules
 # (end-to-end sweeps, servers, Ray, Chromium) and single tests of otherwise fast modules (a real
 # model, a subprocess sweep, an MLflow store). A test that starts a process, a server or a model belongs on one of the lists.
@@ -179,7 +179,7 @@ SLOW_TESTS = {
     "test_sigterm_while_the_server_hangs_ends_promptly",  # a server that hangs, 58 s with teardown
     "test_a_failed_config_fails_the_multirun_and_is_listed",  # a multirun, 32 s
     "test_a_config_finished_earlier_is_part_of_the_new_sweep",  # two sweeps, 26 s
-    # third pass (stop 37: fast tier 4.1 min at load 1-2.7, target ≤ 3 min): sweeps, real models
+    # third pass (2026-12-05: fast tier 4.1 min at load 1-2.7, target ≤ 3 min): sweeps, real models
     "test_underpowered_sweep_leads_with_the_warning_and_its_pick_passes_gate",  # select's sweep (25 s)
     "test_a_real_runs_artifact_carries_the_declared_schema",  # two retrieval sweeps (24 s)
     "test_old_format_runs_give_the_same_compare_gate_and_report",  # the same module's sweeps
@@ -199,7 +199,7 @@ SLOW_TESTS = {
 # takes whole files, in collection order, as it becomes free. The longest files go first so that
 # none of them starts last while the other workers sit idle (longest-first scheduling); the rest
 # keep pytest's order. Seconds per file (setup + call + teardown) from the full suite at -n 3 on
-# 2 cores, nothing else running (stop 37: 23.6 min, load 3-3.6 from the suite itself); re-measure
+# 2 cores, nothing else running (2026-12-05: 23.6 min, load 3-3.6 from the suite itself); re-measure
 # with ``--durations=0`` when a file grows or shrinks a lot.
 HEAVY_FILES = {
     "tests/faults/test_fault_matrix.py": 235,
