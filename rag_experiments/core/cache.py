@@ -390,7 +390,6 @@ class CachedEmbedder:
         return out[0] if len(out) == 1 else np.concatenate(out)
 
 
-
 def encode_counted(inner, texts: list[str], kind: str, bar: Progress) -> np.ndarray:
     """``inner.encode(texts, kind=kind)``, moving ``bar`` per model batch when ``inner`` runs a
     torch model (sentence-transformers: one block of MiniLM can take a minute, issue 36), else
