@@ -22,7 +22,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rag_experiments.core.slots import Slot, steps
+from rag_experiments.core.build import target_object
+from rag_experiments.core.slots import Slot, configured, steps
 from rag_experiments.core.steps import StepRecord
 from rag_experiments.stages import call_budget, dry_calls, endpoint
 
@@ -84,6 +85,15 @@ class Ledger:
     def endpoint_usage(self) -> dict[str, dict[str, float]]:
         """Per endpoint: calls, attempts, retries, 429s, seconds waited, since the ledger began."""
         return endpoint.usage_since(self._usage_before)
+
+
+def loop_steps(stages: Any, phases: tuple[str, ...]) -> list[Step]:
+    """The steps of ``phases`` (``core.slots.PHASES``) in run order: one per slot that declares a
+    ``runner`` and is configured (``core.slots.configured``: ``query=none`` adds no step), less the
+    slots a configured one replaces (app=python|http retrieves itself)."""
+    on = [s for s in steps() if s.phase in phases and configured(s, stages)]
+    replaced = {name for s in steps() if configured(s, stages) for name in s.replaces}
+    return [target_object(s.runner)() for s in on if s.runner and s.name not in replaced]
 
 
 def failure_reason(records: dict[str, StepRecord]) -> str:
