@@ -276,3 +276,74 @@ def test_the_report_per_step_table_reads_a_run_logged_before_the_steps_tag():
     assert [r[1] for r in rows] == ["chunking", "retrieval", "rerank"]
     assert rows[2][2:5] == ["2.0", "–", "3"]
     assert step_table(SimpleNamespace(configs=[SimpleNamespace(label="x", tags={}, metrics={})])) == []
+
+
+# -- an answer-side slot, declared in one place --------------------------------------------------
+
+class Tidy:
+    """A trivial stage of a fake answer-side slot: it marks answers, and fails on those naming a key."""
+
+    identity = "tidy"
+
+    def tidy(self, answer: str) -> str:
+        if "key" in answer.lower():
+            raise ValueError("keys")
+        return answer.strip() + " [tidied]"
+
+
+class TidyStep:
+    """The fake answer-side slot's runner: it rewrites the answers the generate step left."""
+
+    slot = "tidier"
+
+    def run(self, seg, ctx) -> StepRecord:
+        todo = [i for i, a in enumerate(seg.answers) if a is not None]
+        self.failed = []
+        for i in todo:
+            try:
+                seg.answers[i] = ctx.stages.tidier.tidy(seg.answers[i])
+            except ValueError as e:
+                self.failed.append(i)
+                first = str(e)
+        return StepRecord(self.slot, len(todo), len(self.failed), {"tidy": len(todo)},
+                          first_error=first if self.failed else "")  # fmt: skip
+
+    def columns(self, seg, rows) -> None:
+        for i, row in enumerate(rows):
+            row["tidy_failed"] = i in self.failed
+
+
+def test_an_answer_side_slot_declared_once_runs_after_the_answer_and_before_the_judge(tmp_path, monkeypatch):
+    """Issue 42: a slot of phase ``after_answer`` is declared in one place (here) and runs in the
+    answer half's loop with no edit to ``run/``: after the answer, before the judge (who judges
+    what it left), timed, counted, its columns and per-query latency in the table."""
+    import dataclasses
+
+    from rag_experiments.core import slots
+    from rag_experiments.core.slots import Slot
+    from rag_experiments.judge.validity import build_judge
+    from rag_experiments.run import types
+    from rag_experiments.stages.app import PythonApp
+    from tests.sweep_helpers import tiny_inputs, tiny_pipeline
+
+    fake = Slot("tidier", "tidy", "tests.test_steps.Tidy", (), (), optional=True, step="tidying",
+                errors="n_tidy_errors", noun="tidied answers", position=1, column="tidy", phase="after_answer",
+                runner="tests.test_steps.TidyStep", span="TOOL", outputs=("answer",))  # fmt: skip
+    monkeypatch.setattr(slots, "SLOTS", (*slots.SLOTS, fake))
+    stages_cls = dataclasses.make_dataclass("S", [("tidier", object, None)], bases=(types.Stages,), frozen=True)
+    monkeypatch.setattr("tests.sweep_helpers.Stages", stages_cls)
+    inputs = tiny_inputs(tmp_path, n_items=5)
+    res = tiny_pipeline(inputs, app=PythonApp("tests.app_fixture:answer"), tidier=Tidy(),
+                        judge=build_judge("heuristic"))  # fmt: skip
+    df, rec = res.per_query, res.records["tidier"]
+    assert list(res.timings)[:4] == ["app_s", "generation_s", "tidying_s", "judging_s"]  # run order, by phase
+    answered = df["error"].isna()
+    ok = answered & ~df["tidy_failed"]
+    assert rec.items == answered.sum() and rec.failed == (answered & df["tidy_failed"]).sum()
+    assert df.loc[ok, "answer"].str.endswith("[tidied]").all() and ok.any()  # the table has what it left
+    assert res.aggregates["n_tidy_errors"] == rec.failed and res.calls["tidy"] == rec.items
+    assert df.loc[answered, "latency_tidy_s"].eq(rec.seconds / len(df)).all()  # the loop's batch time / n
+    tidied = [c for cl in df.loc[ok, "claims"] for c in cl]
+    assert any("[tidied]" in c for c in tidied)  # the judge judged the tidied answer
+    rec.failed = rec.items
+    assert "every one of" in failure_reason(res.records) and "tidying step" in failure_reason(res.records)

@@ -19,6 +19,7 @@ from rag_experiments.core.cache import StageCache, stage_key
 from rag_experiments.core.parallel import as_they_complete
 from rag_experiments.core.progress import Progress, track
 from rag_experiments.core.redaction import redact
+from rag_experiments.core.slots import slot
 from rag_experiments.core.steps import StepRecord
 from rag_experiments.core.types import EvalItem, Generation
 from rag_experiments.evaluation import answer_metrics as A
@@ -196,7 +197,8 @@ class GenerateStep:
 
     def run(self, seg: AnswerState, ctx: StepContext) -> StepRecord:
         if seg.fixed is not None:  # the app answered in its own step
-            seg.gens = [Generation(r.answer if not r.error else "", "app", r.seconds, r.error or None) for r in seg.fixed]
+            seg.gens = [Generation(r.answer if not r.error else "", "app", r.seconds, error=r.error or None)
+                        for r in seg.fixed]  # fmt: skip
             n_gen = 0
         else:
             seg.gens, n_gen = generation_stage(ctx.stages.generator, seg.prompts, ctx.cache, ctx.settings.progress)
@@ -209,8 +211,9 @@ class GenerateStep:
                           first_error=errors[0] if errors else "")  # fmt: skip
 
     def columns(self, seg: AnswerState, rows: list[dict]) -> None:
-        for row, g, ctx_text in zip(rows, seg.gens, seg.contexts, strict=True):
-            row.update(answer=g.text, context=ctx_text, error=g.error)  # context: exactly what both saw
+        for row, g, a, ctx_text in zip(rows, seg.gens, seg.answers, seg.contexts, strict=True):
+            # the answer as the steps after it left it (a failed one: the generator's empty text)
+            row.update(answer=g.text if a is None else a, context=ctx_text, error=g.error)
             row.update(latency_generation_s=g.latency_s, generation_cached=g.cached, answer_truncated=g.truncated)
             row.update(usage_columns(g.usage))  # cached answers keep their usage: cost of the config
 
@@ -261,15 +264,19 @@ def answer_half(
     seg = AnswerState(sub_items, contexts_chunks, prompts, [fixed[it.id] for it in sub_items] if fixed else None)
     ctx = StepContext(stages, None, settings, cache)
     done = loop_steps(stages, ANSWER_PHASES)
-    for step in done:
-        ledger.run(step, seg, ctx)
+    seconds = [ledger.run(step, seg, ctx).seconds for step in done]
     sub_rows = [rows[i] for i in subset]
     cites = stages.prompt is not None and A.asks_for_citations(stages.prompt.text)  # where the prompt asks
     free = A.judge_free_columns(sub_items, seg.answers, seg.contexts, contexts_chunks, cites, settings.min_coverage)
     if stages.judge is None:  # judge=none: the judge-free metrics alone, no judge metric columns at all
         for row, j in zip(sub_rows, seg.judged, strict=True):
             row.update(_judged_columns(j, False))
-    for step in done:  # each step's per-query columns, in run order
-        step.columns(seg, sub_rows)
+    for step, t in zip(done, seconds, strict=True):  # each step's per-query columns, in run order
+        if hasattr(step, "columns"):
+            step.columns(seg, sub_rows)
+        s = slot(step.slot)  # a step timed per query that measured none: its batch time / n
+        if s.column and sub_rows and f"latency_{s.column}_s" not in sub_rows[0]:
+            for row in sub_rows:
+                row[f"latency_{s.column}_s"] = t / len(sub_rows)
     for row, fr in zip(sub_rows, free, strict=True):
         row.update(fr)
