@@ -85,6 +85,61 @@ def test_no_module_keeps_a_list_of_stage_names():
     assert not found, "\n".join(found)
 
 
+#: Places that still name a slot in code (issue 42, item 7), each with why; this list may only
+#: shrink. Key: "path:kind:name" (kind: a dict literal's keys, a comparison, a getattr on stages).
+SPECIAL_CASED = {
+    # the built-in slots' rich trace spans (documents, chat messages); any other slot: _step_span
+    "tracking/traces.py:dict:generator,judge,query_transform,reranker,retriever",
+    # the version name leaves prompt and judge out of retrieval-only runs
+    "tracking/app_versions.py:==:generator",
+    # a generation-only factor leads with generation metrics (analysis: the verdict rules)
+    "evaluation/headline.py:==:generator",
+    "analysis/comparability.py:==:judge",
+    # the dry run's step names and the cache namespaces whose hits spare their calls
+    "run/dry_run.py:dict:app,generator,judge,query_transform",
+    "run/dry_run.py:dict:app,generator,judge",
+    "run/dry_run.py:==:reranker",
+    # the config keys a group may carry besides its constructor's (pricing, repeats)
+    "run/config_schema.py:dict:generator,judge,prompt,retriever",
+    "run/config_schema.py:==:judge",
+    "run/config_schema.py:==:generator",
+}
+
+
+def _special_cases() -> set[str]:
+    """Every dict literal keyed by three or more slot names, ``==``/``!=`` against a slot name, and
+    ``getattr(stages, "<slot>")`` in the package, as ``path:kind:names``."""
+    names, found = {s.name for s in SLOTS}, set()
+    for path in PKG.rglob("*.py"):
+        if path.name == "slots.py":
+            continue
+        rel = str(path.relative_to(PKG))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Dict):
+                keys = sorted({k.value for k in node.keys if isinstance(k, ast.Constant) and k.value in names})
+                if len(keys) >= 3:
+                    found.add(f"{rel}:dict:{','.join(keys)}")
+            elif isinstance(node, ast.Compare) and any(isinstance(o, ast.Eq | ast.NotEq) for o in node.ops):
+                for c in (node.left, *node.comparators):
+                    if isinstance(c, ast.Constant) and c.value in names:
+                        found.add(f"{rel}:==:{c.value}")
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("getattr", "hasattr"):
+                obj, attr = (node.args + [None, None])[:2]
+                owner = getattr(obj, "id", None) or getattr(obj, "attr", None)
+                if owner == "stages" and isinstance(attr, ast.Constant) and attr.value in names:
+                    found.add(f"{rel}:getattr:{attr.value}")
+    return found
+
+
+def test_no_module_special_cases_a_stage_name_beyond_the_shrinking_list():
+    """A slot is declared once: a dict keyed by stage names, a comparison with one or a
+    ``getattr(stages, "<slot>")`` elsewhere is a copy the next slot misses. The known ones are
+    listed with their reason; a new one fails, and so does a listed one that is gone (shrink it)."""
+    found = _special_cases()
+    assert found - SPECIAL_CASED == set(), "new special cases of a stage name"
+    assert SPECIAL_CASED - found == set(), "gone: remove them from SPECIAL_CASED"
+
+
 def test_steps_are_ordered_by_position():
     assert [s.position for s in steps()] == sorted(s.position for s in steps())
     assert all(s.step for s in steps()) and len({s.step for s in steps()}) == len(steps())

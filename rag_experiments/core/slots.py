@@ -27,6 +27,7 @@ class Slot:
     # inside the retriever's step, the prompt inside the generator's)
     step: str = ""  # its name in timings (``<step>_s``), model calls, progress and the status rule
     errors: str = ""  # the run metric counting the items it failed on (re-run retries them)
+    error_column: str = ""  # the per-query column holding its error, when not named like ``errors``
     noun: str = "items"  # what its items are, in messages ("every one of the 8 reranked queries")
     position: int = 0  # its place in the run loop (the query transform runs before the retriever)
     column: str = ""  # its per-query columns' stem: ``latency_<column>_s`` (timed per query), "" none
@@ -91,7 +92,7 @@ SLOTS: tuple[Slot, ...] = (
          outputs=("retrieved",)),
     Slot("generator", "generator", "rag_experiments.stages.generation.Generator", ("generation",),
          ("rag_experiments.stages.generation",), optional=True,
-         step="generation", position=5, errors="n_errors", noun="generated queries",
+         step="generation", position=5, errors="n_errors", error_column="error", noun="generated queries",
          column="generation", priced=True, span="CHAT_MODEL", outputs=("answer",), phase="answer",
          runner="rag_experiments.run.answer.GenerateStep"),
     # the prompt's text enters the generation key (the rendered messages), not a cache of its own

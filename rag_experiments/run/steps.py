@@ -106,7 +106,7 @@ def failure_reason(records: dict[str, StepRecord]) -> str:
     for s in steps():
         r = records.get(s.name)
         if r is not None and r.items > 0 and r.failed >= r.items:
-            column = "error" if s.name == "generator" else s.errors
+            column = s.error_column or s.errors
             sample = f"; first: {r.first_error[:200]}" if r.first_error else ""
             return f"every one of the {r.items} {s.noun} errored ({s.step} step; see per_query '{column}'){sample}"
     return ""
