@@ -140,7 +140,6 @@ def test_http_app_through_the_endpoint_client(tmp_path):
         srv.shutdown()
 
 
-@pytest.mark.slow
 def test_app_python_end_to_end_and_a_bad_target_exits_2(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     docs, ev = make_tiny(tmp_path, n_items=4)
