@@ -97,7 +97,7 @@ SLOTS: tuple[Slot, ...] = (
          runner="rag_experiments.run.answer.GenerateStep"),
     # the prompt's text enters the generation key (the rendered messages), not a cache of its own
     Slot("prompt", "prompt", "rag_experiments.stages.prompts.PromptTemplate", (), (), optional=True),
-    Slot("judge", "judge", "rag_experiments.judge.claims.Judge", ("claims", "verdict", "relevance"),
+    Slot("judge", "judge", "rag_experiments.judge.claims.Judge", ("claims", "verdict", "relevance", "facts"),
          _JUDGE_CODE, optional=True, step="judging", position=6, errors="n_judge_errors", noun="judged answers",
          column="judge", priced=True, serving=False, span="EVALUATOR",
          outputs=("verdicts", "faithfulness", "answer_relevance"), phase="judging",

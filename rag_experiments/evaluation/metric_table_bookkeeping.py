@@ -176,6 +176,15 @@ BOOKKEEPING: tuple[MetricSpec, ...] = (
         per_query=False,
     ),
     MetricSpec(
+        "n_unparseable_fact_verdicts",
+        "count",
+        False,
+        "count",
+        "number of the judge's key-fact verdicts (correctness_judged) that could not be parsed: per query, "
+        "and summed over queries as a run metric",
+        per_query=False,
+    ),
+    MetricSpec(
         "n_answer_truncated",
         "count",
         False,

@@ -21,9 +21,11 @@ from rag_experiments.core.progress import Progress, track
 from rag_experiments.core.redaction import redact
 from rag_experiments.core.slots import slot
 from rag_experiments.core.steps import StepRecord
-from rag_experiments.core.types import EvalItem, Generation
+from rag_experiments.core.types import EvalItem, Generation, Verdict
 from rag_experiments.evaluation import answer_metrics as A
 from rag_experiments.evaluation.cost import usage_columns
+from rag_experiments.evaluation.declines import is_decline
+from rag_experiments.evaluation.fact_scores import reference_facts
 from rag_experiments.evaluation.walk import walk
 from rag_experiments.judge.cached import (
     JudgedAnswer,
@@ -181,13 +183,14 @@ class AnswerState:
     answers: list[str | None] = field(default_factory=list)
     contexts: list[str] = field(default_factory=list)  # exactly what the generator and the judge saw
     judged: list = field(default_factory=list)  # per item a JudgedAnswer, None: not judged
+    facts: list = field(default_factory=list)  # per item the judge's key-fact verdicts (None: none asked)
     diags: list = field(default_factory=list)
     flips: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.items)
         self.contexts = self.contexts or ["\n\n".join(c.text for c in cs) for cs in self.chunks]
-        self.judged, self.diags, self.flips = [None] * n, [None] * n, [{}] * n
+        self.judged, self.diags, self.flips, self.facts = [None] * n, [None] * n, [{}] * n, [None] * n
 
 
 class GenerateStep:
@@ -232,6 +235,8 @@ class JudgeStep:
             judge, seg.items, seg.answers, seg.chunks, seg.judged, cache, ctx.settings.min_coverage, progress
         )
         seg.flips = repeat_columns(ctx.stages.judge_repeats, seg.judged, seg.contexts, cache, jcalls)  # judge.repeats
+        if hasattr(judge, "fact_verdicts"):  # a judge model also reads the key facts (correctness_judged)
+            seg.facts = fact_stage(judge, seg.items, seg.answers, seg.judged, cache, jcalls, progress)
         judged = [j for j in seg.judged if j is not None]
         failed = sum(bool(sum(verdict_failures(j.verdicts)[1:]) + j.n_errors) for j in judged)
         calls = {f"judge_{k}": v for k, v in (jcalls + dcalls).items()}
@@ -239,10 +244,44 @@ class JudgeStep:
         return StepRecord(self.slot, len(judged), failed, calls, first_error=first if failed else "")
 
     def columns(self, seg: AnswerState, rows: list[dict]) -> None:
-        for row, j, d, fl in zip(rows, seg.judged, seg.diags, seg.flips, strict=True):
+        rows_of = zip(rows, seg.judged, seg.diags, seg.flips, seg.items, seg.facts, seg.answers, strict=True)
+        for row, j, d, fl, it, fv, answer in rows_of:
             row.update(_judged_columns(j, True))
             row.update(diagnostic_columns(d, j.usage if j is not None else None))
             row.update(fl)
+            if fv is not None:  # the answer's key facts as the judge read them
+                labels = [v.label for v in fv]
+                inputs = {"fact_labels": labels, "answerable": it.answerable, "declined": is_decline(answer)}
+                row.update(walk(inputs, "generation"))
+                row["n_unparseable_fact_verdicts"] = sum(lab == "unparseable" for lab in labels)
+
+
+def fact_stage(judge, items, answers, judged, cache: StageCache, calls: Counter, progress: bool = True) -> list:
+    """Per answer the judge's verdict on each reference fact (``evaluation.fact_scores``), cached by
+    (judge and fact prompt, answer, facts); a verdict whose call failed is not cached (re-run
+    retries it) and counts as a judge error of that answer. Its calls' usage joins the answer's
+    tally (the judge's tokens). None: no answer; []: nothing to ask (unanswerable, no facts)."""
+    out: list = []
+    rows = list(zip(items, answers, judged, strict=True))
+    for item, answer, j in track(rows, "judging: key facts", enabled=progress, unit="answers"):
+        facts = reference_facts(item.strong_key_facts, item.gold_answer) if item.answerable else []
+        if answer is None or not facts:
+            out.append(None if answer is None else [])
+            continue
+        key = stage_key("facts", judge.fact_identity, answer, facts)
+        got = cache.get_json_many("facts", [key])
+        if key in got:
+            vs = [Verdict(**v) for v in got[key]]
+        else:
+            vs = judge.fact_verdicts(answer, facts)
+            calls["facts"] += len(facts)
+            if not any(v.error for v in vs):
+                cache.put_json_many("facts", {key: [asdict(v) for v in vs]})
+        if j is not None:
+            j.usage.update({f"{key}/{i}": v.usage for i, v in enumerate(vs)})
+            j.n_errors += sum(bool(v.error) for v in vs)
+        out.append(vs)
+    return out
 
 
 def answer_half(

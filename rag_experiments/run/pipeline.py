@@ -112,6 +112,8 @@ def _run_aggregates(
         if "n_unparseable_diagnostics" in df:
             aggregates["n_unparseable_diagnostic_verdicts"] = int(df["n_unparseable_diagnostics"].sum())
         aggregates["n_answer_truncated"] = int(df["answer_truncated"].fillna(False).sum()) if n_generated else 0
+        if "n_unparseable_fact_verdicts" in df:  # correctness_judged: replies counted, never read as "absent"
+            aggregates["n_unparseable_fact_verdicts"] = int(df["n_unparseable_fact_verdicts"].fillna(0).sum())
         aggregates["n_judge_errors"] = int(df.get("n_judge_errors", pd.Series(dtype=float)).fillna(0).sum())
         aggregates["n_escalated_verdicts"] = int(df.get("n_escalated", pd.Series(dtype=float)).fillna(0).sum())
         aggregates.update(A.run_aggregates(df))  # abstention table and F1, citation marker counts
