@@ -175,7 +175,9 @@ def _html_text(page: str) -> str:
 def test_markdown_and_html_of_one_model_carry_the_same_numbers(tiny_sweep):
     _, uri, client, parent = tiny_sweep
     reader = MlflowRunReader(uri)
-    rep = build_report(load.load_input(reader, load.resolve_target(reader, parent.info.run_id)), n_resamples=199)
+    rep = build_report(
+        load.load_input(reader, load.resolve_target(reader, parent.info.run_id)), n_resamples=199
+    )
     assert [s.anchor for s in rep.sections] == SECTION_IDS
     assert [f.file for f in rep.figures][:2] == ["hit_at_k.png", "recall_vs_mrr.png"]
     md = render_markdown(rep)
@@ -268,7 +270,12 @@ def test_generation_sections_appear_with_generation_metrics(tiny_sweep, tmp_path
         n = len(t)
         t["answer"] = [f"Answer {i}. It retries for 24 hours." for i in range(n)]
         t["context"] = "Webhooks retry with exponential backoff for 24 hours."
-        verdict = {"claim": "It retries for 24 hours.", "label": "supported", "score": 0.8, "rationale": "matches"}
+        verdict = {
+            "claim": "It retries for 24 hours.",
+            "label": "supported",
+            "score": 0.8,
+            "rationale": "matches",
+        }
         t["verdicts"] = [[verdict] for _ in range(n)]
         t["faithfulness"] = rng.integers(0, 2, n).astype(float)
         t["correctness"] = rng.random(n)
@@ -303,9 +310,16 @@ def test_generation_sections_appear_with_generation_metrics(tiny_sweep, tmp_path
                 }
             )
         metrics["rate_ok"] = float((t["failure_label"] == "ok").mean())
-        card = {"kappa": 0.31, "balanced_accuracy": 0.65, "unparseable_rate": 0.0, "seconds_per_verdict": 0.01}
+        card = {
+            "kappa": 0.31,
+            "balanced_accuracy": 0.65,
+            "unparseable_rate": 0.0,
+            "seconds_per_verdict": 0.01,
+        }
         for k, v in card.items():  # the judge card a run logs (judge_card/*, docs/judges.md)
-            metrics.update({f"judge_card/{k}": v, f"judge_card/{k}/ci_low": v / 2, f"judge_card/{k}/ci_high": v})
+            metrics.update(
+                {f"judge_card/{k}": v, f"judge_card/{k}/ci_low": v / 2, f"judge_card/{k}/ci_high": v}
+            )
         # human labels: κ 0.40 on the first config, 0.05 on the others (below 0.4: marked)
         metrics.update({"judge_card/n_pairs": 200, "spotcheck/kappa": 0.4 if i_kid == 0 else 0.05})
         client.log_batch(rid, metrics=[Metric(k, float(v), 0, 0) for k, v in metrics.items()])
@@ -364,8 +378,16 @@ def test_held_fixed_lists_only_keys_of_stages_that_ran():
         "chunking": "fixed", "embedding": "minilm", "embedding.name": "all-MiniLM-L6-v2", "generator": "none",
         "prompt": "concise", "judge": "heuristic", "retriever.k": "5",
     }  # fmt: skip
-    bm25 = {**base, "retriever": "bm25", "retriever._target_": "rag_experiments.stages.retrieval.BM25Retriever"}
-    dense = {**base, "retriever": "dense", "retriever._target_": "rag_experiments.stages.retrieval.DenseRetriever"}
+    bm25 = {
+        **base,
+        "retriever": "bm25",
+        "retriever._target_": "rag_experiments.stages.retrieval.BM25Retriever",
+    }
+    dense = {
+        **base,
+        "retriever": "dense",
+        "retriever._target_": "rag_experiments.stages.retrieval.DenseRetriever",
+    }
     custom = {**base, "retriever": "mine", "retriever._target_": "my_package.MyRetriever"}  # not importable
 
     def held(*params, factors=("chunking",), generated=False):
@@ -376,32 +398,35 @@ def test_held_fixed_lists_only_keys_of_stages_that_ran():
     with_gen = held(bm25, {**bm25, "chunking": "sentence"}, generated=True)
     assert "embedding" not in with_gen and with_gen["prompt"] == "concise"  # BM25 still embeds nothing
     retriever_sweep = held(bm25, dense, factors=("retriever",))
-    assert retriever_sweep["embedding"] == "minilm" and retriever_sweep["embedding.name"] == "all-MiniLM-L6-v2"
+    assert (
+        retriever_sweep["embedding"] == "minilm" and retriever_sweep["embedding.name"] == "all-MiniLM-L6-v2"
+    )
     assert held(dense, {**dense, "chunking": "sentence"})["embedding"] == "minilm"
     assert held(custom, {**custom, "chunking": "sentence"})["embedding"] == "minilm"  # shown, not hidden
 
 
 def test_the_report_says_first_when_the_eval_set_cannot_separate_the_configs():
-    """Issue 27: the report leads with select's underpowered verdict (same rule as select/gate)."""
-    from types import SimpleNamespace
-
+    """Issue 27: the report leads with select's underpowered verdict (same rule as select/gate).
+    Issue 43: it is select's verdict itself (``analysis.verdict.pick_verdict``), caveat for caveat."""
     import numpy as np
 
+    from rag_experiments.analysis.verdict import pick_verdict
     from rag_experiments.core.run_record import RunData
-    from rag_experiments.report.model import underpowered_note
+    from rag_experiments.evaluation.registry import higher_is_better
 
     rng = np.random.default_rng(0)
 
     def cfg(name, p, n=12):
-        table = pd.DataFrame({"id": [f"q{i}" for i in range(n)], "hit_at_5": (rng.random(n) < p).astype(float)})
-        return SimpleNamespace(data=RunData(name, name, {}, {}, table))
+        table = pd.DataFrame(
+            {"id": [f"q{i}" for i in range(n)], "hit_at_5": (rng.random(n) < p).astype(float)}
+        )
+        return RunData(name, name, {}, {}, table)
 
     noisy = [cfg(f"c{i}", 0.5 + 0.02 * i) for i in range(4)]  # 12 queries, differences of 0.02
-    (note,) = underpowered_note(noisy, "hit_at_5", seed=0)
-    assert note.startswith("underpowered on hit_at_5") and "n ≈" in note and "`plan --" in note
-    assert "No config is chosen here" in note and "Choosing" not in note  # the report picks nothing
+    (note,) = pick_verdict(noisy, "hit_at_5", "given", higher_is_better, n_resamples=999).caveat_lines()
+    assert note.startswith("UNDERPOWERED") and "n ≈" in note and "`plan --" in note
     same = [cfg("a", 1.0, 200), cfg("b", 1.0, 200)]  # identical on 200 queries: shown equal
-    assert underpowered_note(same, "hit_at_5", seed=0) == []
+    assert pick_verdict(same, "hit_at_5", "given", higher_is_better, n_resamples=999).caveat_lines() == []
 
 
 def test_bold_marks_the_best_mean_in_the_metrics_own_direction():

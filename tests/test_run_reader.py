@@ -20,7 +20,13 @@ from rag_experiments.tracking.runs import RunInputError
 N = 60
 IDS = [f"q{i:02d}" for i in range(N)]
 SWEEP = "sweep-seam"
-BASE = {"chunking": "fixed", "embedding": "minilm", "retriever": "dense", "retriever.k": "5", "generator": "none"}
+BASE = {
+    "chunking": "fixed",
+    "embedding": "minilm",
+    "retriever": "dense",
+    "retriever.k": "5",
+    "generator": "none",
+}
 # (name, chunking.size, P(hit), status, config_hash): 256 has a replicate, 1024 only failed
 CHILDREN = [
     ("chunking.size=128", "128", 0.55, "FINISHED", "h128"),
@@ -159,7 +165,10 @@ def test_compare_sweep_is_identical(readers):
 
     (sm, tm), (sx, tx) = both(readers, run)
     assert sm.base.name == sx.base.name and sm.why == sx.why and sm.metrics == sx.metrics
-    eff = [sc.attribution.effects.drop(columns=[c for c in ("run_id",) if c in sc.attribution.effects]) for sc in (sm, sx)]
+    eff = [
+        sc.attribution.effects.drop(columns=[c for c in ("run_id",) if c in sc.attribution.effects])
+        for sc in (sm, sx)
+    ]
     pd.testing.assert_frame_equal(*eff)
     assert not eff[0].empty
     assert tm == tx
@@ -184,10 +193,11 @@ def test_select_is_identical(readers):
     )  # fmt: skip
 
     def run(rd):
-        sel, by_id = select.run_select(rd, args)
+        verdict, by_id = select.run_select(rd, args)
+        sel = verdict.selection
         names = {rid: f"{r.name}@{r.start_time}" for rid, r in by_id.items()}
         t = sel.table.drop(columns="run_id")
-        return t, names[sel.best], names.get(sel.chosen), _ids_out(select.render(sel), rd)
+        return t, names[sel.best], names.get(sel.chosen), _ids_out(select.render(verdict), rd)
 
     (tm, bm, cm, rm), (tx, bx, cx, rx) = both(readers, run)
     pd.testing.assert_frame_equal(tm, tx)

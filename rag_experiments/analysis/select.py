@@ -68,6 +68,7 @@ class Selection:
     margin: float = math.nan  # the non-inferiority margin (median over the comparisons)
     underpowered: Underpowered | None = None
     lead: list[str] = field(default_factory=list)  # printed first: the metric's choice, overrides
+    default_margin: bool = True  # gate's max(0.01, 1/√n), no --margin
 
     def tags(self) -> dict[str, str]:
         """What the CLI logs on the sweep's parent run."""
@@ -85,7 +86,11 @@ def context_chars(table: pd.DataFrame, k: int | None) -> float:
     sum of ``end - start``); NaN when the table has no ``retrieved`` column or k is unknown."""
     if "retrieved" not in table.columns or not k:
         return math.nan
-    sizes = [sum(r["end"] - r["start"] for r in cell("retrieved", x)[:k]) for x in table["retrieved"] if x is not None]
+    sizes = [
+        sum(r["end"] - r["start"] for r in cell("retrieved", x)[:k])
+        for x in table["retrieved"]
+        if x is not None
+    ]
     return float(np.mean(sizes)) if sizes else math.nan
 
 
@@ -127,8 +132,6 @@ def _paired_var(a: pd.Series, b: pd.Series) -> float:
     return float(np.var(xb - xa, ddof=1)) if xa.size > 1 else math.nan
 
 
-
-
 def underpowered(
     ni: Sequence[GateResult],
     worse: Sequence[bool],
@@ -161,7 +164,9 @@ def underpowered(
         reasons.append(f"{k} of {len(ni)} configs indistinguishable from the best")
     wide = default_margin and margin > WIDE_DEFAULT_MARGIN
     if wide:
-        reasons.append(f"the default margin 1/√n = {margin:.3g} is wider than {WIDE_DEFAULT_MARGIN:g}: a tie says little")
+        reasons.append(
+            f"the default margin 1/√n = {margin:.3g} is wider than {WIDE_DEFAULT_MARGIN:g}: a tie says little"
+        )
     if not reasons:
         return None
     v = np.array(paired_vars, float)
@@ -226,6 +231,8 @@ def select_config(
             "ni_bound": ni_col("bound"),  # config − best on the worse side
             "ni_margin": ni_col("margin"),
             "ni_p_holm": ni_col("p_holm"),
+            "ni_test": [by_run[i].test if i in by_run else "-" for i in range(len(runs))],
+            "ni_mde": ni_col("mde"),
             "worse": cmp["worse"],
             "tie": [i == best or by_run[i].passed for i in range(len(runs))],
             **_serving(runs, costs, constraints),
@@ -247,6 +254,7 @@ def select_config(
         notes=notes,
         margin=float(np.median([r.margin for r in ni])) if ni else math.nan,
         underpowered=power,
+        default_margin=margin is None,
     )
 
 

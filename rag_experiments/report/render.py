@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable
@@ -35,9 +36,32 @@ def md_inline(t: Iterable[Span] | str) -> str:
     return "".join(_MD[s.style](s.text) for s in t)
 
 
+#: What CommonMark (LF, CR, CRLF) or an editor (U+2028, U+2029) reads as a line end.
+_LINE_BREAKS = re.compile(r"[\r\n\u2028\u2029]+")
+#: Every ASCII punctuation character: CommonMark lets a backslash escape each one to itself.
+_PUNCT = re.compile(r"[!-/:-@\[-`{-~]")
+#: What GitHub links in plain text after rendering: @mentions (and e-mail addresses), #123
+#: references, bare URLs (``://``, ``www.``). A word joiner (U+2060, invisible) breaks each.
+_GITHUB_LINKS = re.compile(r"@|#(?=\d)|:(?=//)|(?<=www)\.", re.IGNORECASE)
+WORD_JOINER = "\u2060"
+
+
+def md_inert(s: object) -> str:
+    """Any text as inert Markdown, on one line: line breaks (CR included) and runs of blanks as
+    one space, controls and bidi made visible (``sanitize.visible_controls``), every ASCII
+    punctuation character backslash-escaped (no heading, list, quote, table cell break, code span,
+    HTML, entity, link or emphasis can start), and a word joiner after what GitHub would link
+    (``@user``, ``#123``, ``https://``, ``www.``). It renders as the text itself (word joiners
+    aside): the one escaping of the PR summary (``report/gate_summary.py``)."""
+    t = visible_controls(_LINE_BREAKS.sub(" ", str(s)))
+    t = " ".join(t.split())
+    t = _GITHUB_LINKS.sub(lambda m: m.group(0) + WORD_JOINER, t)
+    return _PUNCT.sub(lambda m: "\\" + m.group(0), t)
+
+
 def md_cell(t: Iterable[Span] | str) -> str:
-    """Rich text in a Markdown table cell: pipes escaped, newlines as spaces."""
-    return md_inline(t).replace("|", "\\|").replace("\n", " ")
+    """Rich text in a Markdown table cell: pipes escaped, every line break (CR too) a space."""
+    return _LINE_BREAKS.sub(" ", md_inline(t).replace("|", "\\|"))
 
 
 def html_inline(t: Iterable[Span] | str) -> Markup:
