@@ -175,9 +175,7 @@ def _html_text(page: str) -> str:
 def test_markdown_and_html_of_one_model_carry_the_same_numbers(tiny_sweep):
     _, uri, client, parent = tiny_sweep
     reader = MlflowRunReader(uri)
-    rep = build_report(
-        load.load_input(reader, load.resolve_target(reader, parent.info.run_id)), n_resamples=199
-    )
+    rep = build_report(load.load_input(reader, load.resolve_target(reader, parent.info.run_id)), n_resamples=199)
     assert [s.anchor for s in rep.sections] == SECTION_IDS
     assert [f.file for f in rep.figures][:2] == ["hit_at_k.png", "recall_vs_mrr.png"]
     md = render_markdown(rep)
@@ -270,12 +268,7 @@ def test_generation_sections_appear_with_generation_metrics(tiny_sweep, tmp_path
         n = len(t)
         t["answer"] = [f"Answer {i}. It retries for 24 hours." for i in range(n)]
         t["context"] = "Webhooks retry with exponential backoff for 24 hours."
-        verdict = {
-            "claim": "It retries for 24 hours.",
-            "label": "supported",
-            "score": 0.8,
-            "rationale": "matches",
-        }
+        verdict = {"claim": "It retries for 24 hours.", "label": "supported", "score": 0.8, "rationale": "matches"}
         t["verdicts"] = [[verdict] for _ in range(n)]
         t["faithfulness"] = rng.integers(0, 2, n).astype(float)
         t["correctness"] = rng.random(n)
@@ -310,16 +303,9 @@ def test_generation_sections_appear_with_generation_metrics(tiny_sweep, tmp_path
                 }
             )
         metrics["rate_ok"] = float((t["failure_label"] == "ok").mean())
-        card = {
-            "kappa": 0.31,
-            "balanced_accuracy": 0.65,
-            "unparseable_rate": 0.0,
-            "seconds_per_verdict": 0.01,
-        }
+        card = {"kappa": 0.31, "balanced_accuracy": 0.65, "unparseable_rate": 0.0, "seconds_per_verdict": 0.01}
         for k, v in card.items():  # the judge card a run logs (judge_card/*, docs/judges.md)
-            metrics.update(
-                {f"judge_card/{k}": v, f"judge_card/{k}/ci_low": v / 2, f"judge_card/{k}/ci_high": v}
-            )
+            metrics.update({f"judge_card/{k}": v, f"judge_card/{k}/ci_low": v / 2, f"judge_card/{k}/ci_high": v})
         # human labels: κ 0.40 on the first config, 0.05 on the others (below 0.4: marked)
         metrics.update({"judge_card/n_pairs": 200, "spotcheck/kappa": 0.4 if i_kid == 0 else 0.05})
         client.log_batch(rid, metrics=[Metric(k, float(v), 0, 0) for k, v in metrics.items()])
@@ -378,16 +364,8 @@ def test_held_fixed_lists_only_keys_of_stages_that_ran():
         "chunking": "fixed", "embedding": "minilm", "embedding.name": "all-MiniLM-L6-v2", "generator": "none",
         "prompt": "concise", "judge": "heuristic", "retriever.k": "5",
     }  # fmt: skip
-    bm25 = {
-        **base,
-        "retriever": "bm25",
-        "retriever._target_": "rag_experiments.stages.retrieval.BM25Retriever",
-    }
-    dense = {
-        **base,
-        "retriever": "dense",
-        "retriever._target_": "rag_experiments.stages.retrieval.DenseRetriever",
-    }
+    bm25 = {**base, "retriever": "bm25", "retriever._target_": "rag_experiments.stages.retrieval.BM25Retriever"}
+    dense = {**base, "retriever": "dense", "retriever._target_": "rag_experiments.stages.retrieval.DenseRetriever"}
     custom = {**base, "retriever": "mine", "retriever._target_": "my_package.MyRetriever"}  # not importable
 
     def held(*params, factors=("chunking",), generated=False):
@@ -398,9 +376,7 @@ def test_held_fixed_lists_only_keys_of_stages_that_ran():
     with_gen = held(bm25, {**bm25, "chunking": "sentence"}, generated=True)
     assert "embedding" not in with_gen and with_gen["prompt"] == "concise"  # BM25 still embeds nothing
     retriever_sweep = held(bm25, dense, factors=("retriever",))
-    assert (
-        retriever_sweep["embedding"] == "minilm" and retriever_sweep["embedding.name"] == "all-MiniLM-L6-v2"
-    )
+    assert retriever_sweep["embedding"] == "minilm" and retriever_sweep["embedding.name"] == "all-MiniLM-L6-v2"
     assert held(dense, {**dense, "chunking": "sentence"})["embedding"] == "minilm"
     assert held(custom, {**custom, "chunking": "sentence"})["embedding"] == "minilm"  # shown, not hidden
 
@@ -417,9 +393,7 @@ def test_the_report_says_first_when_the_eval_set_cannot_separate_the_configs():
     rng = np.random.default_rng(0)
 
     def cfg(name, p, n=12):
-        table = pd.DataFrame(
-            {"id": [f"q{i}" for i in range(n)], "hit_at_5": (rng.random(n) < p).astype(float)}
-        )
+        table = pd.DataFrame({"id": [f"q{i}" for i in range(n)], "hit_at_5": (rng.random(n) < p).astype(float)})
         return RunData(name, name, {}, {}, table)
 
     noisy = [cfg(f"c{i}", 0.5 + 0.02 * i) for i in range(4)]  # 12 queries, differences of 0.02

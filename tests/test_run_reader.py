@@ -20,13 +20,7 @@ from rag_experiments.tracking.runs import RunInputError
 N = 60
 IDS = [f"q{i:02d}" for i in range(N)]
 SWEEP = "sweep-seam"
-BASE = {
-    "chunking": "fixed",
-    "embedding": "minilm",
-    "retriever": "dense",
-    "retriever.k": "5",
-    "generator": "none",
-}
+BASE = {"chunking": "fixed", "embedding": "minilm", "retriever": "dense", "retriever.k": "5", "generator": "none"}
 # (name, chunking.size, P(hit), status, config_hash): 256 has a replicate, 1024 only failed
 CHILDREN = [
     ("chunking.size=128", "128", 0.55, "FINISHED", "h128"),
@@ -165,10 +159,7 @@ def test_compare_sweep_is_identical(readers):
 
     (sm, tm), (sx, tx) = both(readers, run)
     assert sm.base.name == sx.base.name and sm.why == sx.why and sm.metrics == sx.metrics
-    eff = [
-        sc.attribution.effects.drop(columns=[c for c in ("run_id",) if c in sc.attribution.effects])
-        for sc in (sm, sx)
-    ]
+    eff = [sc.attribution.effects.drop(columns=[c for c in ("run_id",) if c in sc.attribution.effects]) for sc in (sm, sx)]
     pd.testing.assert_frame_equal(*eff)
     assert not eff[0].empty
     assert tm == tx

@@ -86,11 +86,7 @@ def context_chars(table: pd.DataFrame, k: int | None) -> float:
     sum of ``end - start``); NaN when the table has no ``retrieved`` column or k is unknown."""
     if "retrieved" not in table.columns or not k:
         return math.nan
-    sizes = [
-        sum(r["end"] - r["start"] for r in cell("retrieved", x)[:k])
-        for x in table["retrieved"]
-        if x is not None
-    ]
+    sizes = [sum(r["end"] - r["start"] for r in cell("retrieved", x)[:k]) for x in table["retrieved"] if x is not None]
     return float(np.mean(sizes)) if sizes else math.nan
 
 
@@ -132,6 +128,8 @@ def _paired_var(a: pd.Series, b: pd.Series) -> float:
     return float(np.var(xb - xa, ddof=1)) if xa.size > 1 else math.nan
 
 
+
+
 def underpowered(
     ni: Sequence[GateResult],
     worse: Sequence[bool],
@@ -164,9 +162,7 @@ def underpowered(
         reasons.append(f"{k} of {len(ni)} configs indistinguishable from the best")
     wide = default_margin and margin > WIDE_DEFAULT_MARGIN
     if wide:
-        reasons.append(
-            f"the default margin 1/√n = {margin:.3g} is wider than {WIDE_DEFAULT_MARGIN:g}: a tie says little"
-        )
+        reasons.append(f"the default margin 1/√n = {margin:.3g} is wider than {WIDE_DEFAULT_MARGIN:g}: a tie says little")
     if not reasons:
         return None
     v = np.array(paired_vars, float)

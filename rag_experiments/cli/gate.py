@@ -106,9 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--experiment", metavar="NAME", help="look run names up in this experiment only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resamples", type=int, default=9999)
-    p.add_argument(
-        ALLOW_FLAG, action="store_true", help="gate runs scored by different judges (noted in the output)"
-    )
+    p.add_argument(ALLOW_FLAG, action="store_true", help="gate runs scored by different judges (noted in the output)")
     p.add_argument(
         "--summary-md",
         metavar="FILE",

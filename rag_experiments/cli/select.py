@@ -176,9 +176,7 @@ def run_select(reader: RunReader, args: argparse.Namespace) -> tuple[SelectVerdi
     judge_note = check_same_judge(children, args.allow_judge_change)
     runs, stopped = split_stopped([reader.with_table(r) for r in children])  # racing: docs/racing.md
     if not runs:
-        raise RunInputError(
-            f"every config of sweep {args.sweep!r} was stopped by racing: nothing covers the eval set"
-        )
+        raise RunInputError(f"every config of sweep {args.sweep!r} was stopped by racing: nothing covers the eval set")
     available = sorted(set().union(*(r.table.columns for r in runs)))
     lead, why = [], "given with --metric"
     if args.metric is None:
@@ -210,18 +208,10 @@ def run_select(reader: RunReader, args: argparse.Namespace) -> tuple[SelectVerdi
     if judge_note:
         sel.notes.append(judge_note)
     if sel.underpowered and sel.chosen is None:
-        sel.notes.append(
-            "underpowered and the best config fails the constraints: no config within them is shown non-inferior"
-        )
-    if is_generation_metric(args.metric) and (
-        m := generation_marker([(r.metrics, r.tags) for r in children])
-    ):
+        sel.notes.append("underpowered and the best config fails the constraints: no config within them is shown non-inferior")
+    if is_generation_metric(args.metric) and (m := generation_marker([(r.metrics, r.tags) for r in children])):
         sel.notes.append(f"warning: {m}")  # human κ < 0.4 (analysis.judge_trust)
-    if sel.chosen and (
-        c := ppi_contradiction(
-            args.metric, by_id[sel.chosen].label, [(r.label, r.metrics) for r in runs], hib
-        )
-    ):
+    if sel.chosen and (c := ppi_contradiction(args.metric, by_id[sel.chosen].label, [(r.label, r.metrics) for r in runs], hib)):
         verdict = with_caveats(
             verdict, [Caveat("human", c)]
         )  # human labels disagree with the judge-based pick
@@ -263,7 +253,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if sel.chosen is None:
             return 1
         run = by_id[sel.chosen]
-        print(f"chosen: {run.run_name} (run {run.run_id}, config_hash {run.tags.get('config_hash')})")
+        print(
+            f"chosen: {run.run_name} (run {run.run_id}, config_hash {run.tags.get('config_hash')})"
+        )
         if args.out:
             primary = files("rag_experiments").joinpath("conf/config.yaml").read_text(encoding="utf-8")
             text = runnable_config(reader.text(run, "config.yaml"), primary)

@@ -128,7 +128,7 @@ def build_summary(
     """The summary's data; reads the two runs' trace ids (one search per run) for the flip links."""
     worse = worse_queries(verdict.metrics, tb, tc)
     flips = []
-    if worse:
+    if worse and top:
         traces = {r.run_id: trace_ids_by_item(uri, r.experiment_id, r.run_id) for r in (rb, rc)}
         queries = dict(zip(tb["id"].astype(str), tb["query"] if "query" in tb else tb["id"], strict=True))
 

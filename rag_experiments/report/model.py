@@ -276,9 +276,7 @@ def choose_baseline(
         for c in configs:
             if baseline in (c.run.run_id, c.run.run_name, c.label):
                 return c, "given with --baseline"
-        if is_id_prefix(baseline) and (
-            rid := pick_by_prefix(baseline, [(c.run.run_id, c.label) for c in configs])
-        ):
+        if is_id_prefix(baseline) and (rid := pick_by_prefix(baseline, [(c.run.run_id, c.label) for c in configs])):
             return next(c for c in configs if c.run.run_id == rid), "given with --baseline"
         raise RunInputError(
             f"--baseline {baseline!r} is not a run of this report; runs: "
