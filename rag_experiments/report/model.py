@@ -317,6 +317,21 @@ class Analysis:
         return self.inp.factors
 
 
+def verdict_and_caveats(runs: list, primary: str, why: str, overrides: list[str], seed: int) -> tuple:
+    """(``select``'s verdict on ``primary``, computed as ``select`` computes it: same margin, seed and
+    resamples, so both count the same ties; its caveats in its order). One config: no verdict, the
+    overrides and label lines only."""
+    human = [x for x in human_lines(primary, runs) if not x.startswith("UNVALIDATED")]  # PPI leads
+    verdict = None
+    if len(runs) > 1:
+        try:
+            verdict = pick_verdict(runs, primary, why, registry.higher_is_better, seed=seed, notes=overrides, human=human)
+        except ValueError:
+            verdict = None
+    lead = verdict.caveat_lines() if verdict else [*overrides, *human]
+    return verdict, lead + [o for o in overrides if o not in lead]
+
+
 def analyse(
     inp: ReportInput,
     baseline: str | None = None,
@@ -357,19 +372,8 @@ def analyse(
             "the runs were evaluated on different eval sets (evalset_digest differs); "
             "paired comparisons below are not meaningful."
         )
-    human = [x for x in human_lines(primary, runs) if not x.startswith("UNVALIDATED")]  # PPI leads
-    verdict = None
-    if len(configs) > 1:  # select's verdict, computed as select computes it (docs/select.md)
-        try:
-            verdict = pick_verdict(
-                runs, primary, primary_why, registry.higher_is_better, seed=seed, notes=overrides, human=human
-            )
-        except ValueError:
-            verdict = None
-    # the verdict's caveats lead, in its order (a forced comparison, UNDERPOWERED, the budget, labels)
-    lead = verdict.caveat_lines() if verdict else [*overrides, *human]
-    lead += [o for o in overrides if o not in lead]
-    notes[:0] = [n.removeprefix("note: ") for n in lead]
+    verdict, lead = verdict_and_caveats(runs, primary, primary_why, overrides, seed)
+    notes[:0] = [n.removeprefix("note: ") for n in lead]  # the verdict's caveats lead, in its order
     notes += [n.removeprefix("note: ") for n in label_evidence_notes(runs)]  # judge=none labels
     if has_generation(configs):  # human κ < 0.4, or no human labels at all (analysis.judge_trust)
         notes += runs_judge_notes([(c.metrics, c.tags) for c in configs], base.run.run_id)

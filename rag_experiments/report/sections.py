@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rag_experiments.analysis.comparability import app_choice, comparability
+from rag_experiments.analysis.comparability import comparability
 from rag_experiments.analysis.judge_trust import card_title
 from rag_experiments.analysis.stats import first_stage_deltas
 from rag_experiments.core.conf_groups import embedding_used, generation_only
 from rag_experiments.core.run_record import is_bookkeeping
-from rag_experiments.core.slots import SLOTS, slot
 from rag_experiments.evaluation.headline import (
     CHUNKING_REASON,
     GENERATION_HEADLINE,
@@ -57,23 +56,10 @@ from rag_experiments.report.tables import (
     marginal_rows,
     noise_rows,
 )
+from rag_experiments.report.verdict_view import replaced_groups, replaced_paragraphs, verdict_paragraphs
 
 # Held-fixed params shown in the question: group choices (no dot) and these few settings.
 SHOWN_SETTINGS = ("retriever.k", "embedding.name", "metrics.ks", "metrics.min_coverage", "evalset.limit")
-
-
-def replaced_groups(configs: Sequence[Config]) -> set[str]:
-    """The config groups an application replaces when some config runs one (``app=python|http``):
-    the slots it names (``core/slots.py``: ``replaces``, and ``stands_in``, whose step runs on its
-    output instead of a model), and the groups without a step of their own that only generation
-    reads (the prompt, read inside the generator's step). In those configs they do not run, so
-    their keys are never "held fixed": the effective pipeline differs."""
-    if not any(app_choice(c.data) for c in configs):
-        return set()
-    app = slot("app")
-    named = {slot(n).group for n in (*app.replaces, *getattr(app, "stands_in", ()))}
-    stepless = {s.group for s in SLOTS if not s.step and generation_only(s.group)}
-    return named | stepless
 
 
 def held_fixed(configs: Sequence[Config], factors: Sequence[str], generated: bool = True) -> dict[str, str]:
@@ -122,35 +108,7 @@ def question(an: Analysis) -> Section:
     swept = [*factors, *inp.swept]  # a key the sweep varied is never "held fixed"
     fixed = join([code(f"{k}={v}") for k, v in held_fixed(configs, swept, an.gen).items()], ", ")
     s.blocks.append(Paragraph(text("Held fixed: ", fixed, ".")))
-    if replaced := replaced_groups(configs):  # app=python|http: the pipeline's stages did not run there
-        apps = sorted({a for c in configs if (a := app_choice(c.data))})
-        pipe = [c for c in configs if not app_choice(c.data)]
-        own = held_fixed(pipe, swept, an.gen) if pipe else {}
-        keys = [code(f"{k}={v}") for k, v in own.items() if k.split(".", 1)[0] in replaced]
-        s.blocks.append(
-            Paragraph(
-                text(
-                    f"Replaced by the application (app={', '.join(apps)} runs its own retrieval and answer): ",
-                    *(
-                        [join(keys, ", "), " in the pipeline configs only."]
-                        if keys
-                        else ["no pipeline stage."]
-                    ),
-                )
-            )
-        )
-    one_level = [f for f in inp.swept if f not in factors]
-    if one_level:  # swept, but the configs compared here have a single level of it
-        shown = join([code(f"{f}={level(configs[0], f) or '–'}") for f in one_level], ", ")
-        s.blocks.append(
-            Paragraph(
-                text(
-                    "Swept, with one level among the configs compared (others stopped or unfinished): ",
-                    shown,
-                    ".",
-                )
-            )
-        )
+    s.blocks += replaced_paragraphs(configs, swept, an.gen, held_fixed)
     n_q = int(max(c.metrics.get("n_queries", len(c.table)) for c in configs))
     n_unans = int(max(c.metrics.get("n_unanswerable", 0) for c in configs))
     why = f"({an.baseline_why})."
@@ -178,17 +136,7 @@ def question(an: Analysis) -> Section:
         )
     )
     s.blocks += [Paragraph(text(bold("warning"), ": ", n)) for n in an.notes]
-    if (v := an.verdict) is not None:  # select's verdict, as select prints it (analysis.verdict)
-        pick = v.chosen or v.best
-        s.blocks.append(
-            Paragraph(
-                text(
-                    "Verdict on ", code(v.choice.metric), f" ({v.choice.why}): ", code("select"), " keeps ",
-                    bold(pick), f"; {v.tie.text()}; test: {', '.join(t.label for t in v.tests) or '–'}.",
-                    *([" ", v.budget_text, "."] if v.budget_text and not v.budget_text.startswith("budget-") else []),
-                )
-            )
-        )  # fmt: skip
+    s.blocks += verdict_paragraphs(an.verdict)
     s.blocks.append(Paragraph(text("In brief:")))
     also = GENERATION_HEADLINE[:2] if an.primary in GENERATION_HEADLINE else ()
     s.blocks.append(Bullets(in_brief(an.base, an.primary, an.att, an.baseline_why, also)))
