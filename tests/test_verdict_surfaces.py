@@ -330,3 +330,24 @@ def test_different_corpora_are_refused_everywhere_unless_allowed():
         assert surface(allowed)["all"][0].startswith(
             "note: --allow-incomparable: hit_at_5 compared across configs where the corpora differ"
         )
+
+
+def test_views_follow_the_verdict():
+    """The report's plots lead with the comparable metric and say why hit@k is shown at all."""
+    md = report_md(chunking_sweep())["md"]
+    assert md.index("evidence_recall_by_budget.png") < md.index("hit_at_k.png")
+    assert md.count("Not for comparing configs: the chunks differ") >= 2  # hit@k curves, hit@5 vs MRR
+    assert "Not for comparing configs" not in report_md(zero_variance())["md"]  # same chunks: comparable
+
+
+def test_thirty_configs_get_one_panel_each(tmp_path):
+    """A legend of 30 colours covers the plot (and tab20 repeats colours): facets instead."""
+    from PIL import Image
+
+    from rag_experiments.report.plots import FACET_ABOVE, HitCurves, draw
+
+    labels = [f"chunking=c{i},retriever=r{i % 3}" for i in range(30)]
+    curves = {x: list(np.linspace(0.2 + i / 100, 0.9, 5)) for i, x in enumerate(labels)}
+    png = draw(HitCurves(labels, curves, {}), tmp_path / "hit_at_k.png")
+    w, h = Image.open(png).size
+    assert len(labels) > FACET_ABOVE and h > 1000 and w >= 1200  # 6 rows of 5 panels, titled per config
