@@ -24,6 +24,8 @@ import pandas as pd
 import pytest
 from markdown_it import MarkdownIt
 
+from rag_experiments.cli import compare as compare_cli
+from rag_experiments.cli import compare_sweep
 from rag_experiments.cli import gate as gate_cli
 from rag_experiments.cli import select as select_cli
 from rag_experiments.report.gate_summary import build_summary, render_summary
@@ -325,6 +327,11 @@ def test_different_corpora_are_refused_everywhere_unless_allowed():
         select_cli.run_select(s.reader, _select_args(s))
     with pytest.raises(RunInputError, match="the corpora differ"):
         report_md(s)
+    rd = s.reader
+    with pytest.raises(RunInputError, match="the corpora differ"):
+        compare_cli.build_comparison(rd, rd.resolve(s.pair[0]), rd.resolve(s.pair[1]), n_resamples=99)
+    with pytest.raises(RunInputError, match="the corpora differ"):
+        compare_sweep.build_sweep_comparison(rd, SWEEP, n_resamples=99)
     allowed = different_corpora(allow=True)
     for surface in (gate_console, select_console):
         assert surface(allowed)["all"][0].startswith(

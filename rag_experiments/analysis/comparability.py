@@ -279,8 +279,9 @@ def comparable_only(
     metrics: Sequence[str], runs: Sequence[RunData], available: Iterable[str] | None = None
 ) -> tuple[list[str], list[str]]:
     """(the ``metrics`` comparable across ``runs``, a note per metric left out): how a default
-    metric list drops what it may not show."""
-    bad = {c.metric: c for c in incomparable(metrics, runs, available)}
+    metric list drops what it may not show. Different corpora leave every metric in, for the
+    caller's refusal (``tracking.judge_runs.check_comparable``): no metric survives them."""
+    bad = {c.metric: c for c in incomparable(metrics, runs, available) if c.factor != "corpus"}
     groups: dict[tuple[str, str | None], list[str]] = {}
     for c in bad.values():
         groups.setdefault((c.detail, c.instead), []).append(c.metric)
