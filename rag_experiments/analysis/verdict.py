@@ -120,10 +120,6 @@ class Estimate:
     higher_is_better: bool
     alpha: float
 
-    @property
-    def interval(self) -> tuple[float, float]:
-        return (self.bound, math.inf) if self.higher_is_better else (-math.inf, self.bound)
-
 
 @dataclass(frozen=True)
 class Power:
@@ -132,11 +128,6 @@ class Power:
     mde: float
     n: int
     underpowered: Underpowered | None
-
-    @property
-    def limit(self) -> float:
-        """The margin on the metric's worse side (−margin when higher is better)."""
-        return self.margin
 
 
 @dataclass(frozen=True)
