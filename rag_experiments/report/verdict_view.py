@@ -22,7 +22,7 @@ def replaced_groups(configs: Sequence) -> set[str]:
     output instead of a model), and the groups without a step of their own that only generation
     reads (the prompt, read inside the generator's step). In those configs they do not run, so
     their keys are never "held fixed": the effective pipeline differs."""
-    if not any(app_choice(c.data) for c in configs):
+    if not any(app_choice(c) for c in configs):
         return set()
     app = slot("app")
     named = {slot(n).group for n in (*app.replaces, *getattr(app, "stands_in", ()))}
@@ -36,8 +36,8 @@ def replaced_paragraphs(configs: Sequence, swept: Sequence[str], gen: bool, held
     replaced = replaced_groups(configs)
     if not replaced:
         return []
-    apps = sorted({a for c in configs if (a := app_choice(c.data))})
-    pipe = [c for c in configs if not app_choice(c.data)]
+    apps = sorted({a for c in configs if (a := app_choice(c))})
+    pipe = [c for c in configs if not app_choice(c)]
     own = held_fixed(pipe, swept, gen) if pipe else {}
     keys = [code(f"{k}={v}") for k, v in own.items() if k.split(".", 1)[0] in replaced]
     tail = [join(keys, ", "), " in the pipeline configs only."] if keys else ["no pipeline stage."]
