@@ -71,6 +71,9 @@ def _signal_seen() -> Iterator[threading.Event]:
             signal.signal(sig, old)
 
 
+signal_seen = _signal_seen  # for callers that contain the user's code (stages.app.contained)
+
+
 def _check(seen: threading.Event) -> None:
     if seen.is_set():
         raise KeyboardInterrupt("signal received (its handler's exception was lost in a finalizer)")
