@@ -438,6 +438,25 @@ def _metrics(g: _Group) -> None:
         g.bad("bootstrap_resamples", f"must be an integer >= {MIN_RESAMPLES} (CIs need resamples)", v)
 
 
+def _app(g: _Group) -> None:
+    """conf/app (app=python|http): its ranges; its keys and their types come from the constructor.
+    The target itself is imported and asked one question when the stages are built (exit 2
+    naming ``app.target``/``app.url``: ``run.assemble.build_app``)."""
+    g.int_at_least("concurrency", 1)
+    g.int_at_least("max_answer_chars", 1)
+    g.int_at_least("max_retries", 0)
+    g.num_at_least("timeout_s", 0, strict=True)
+    g.num_at_least("backoff_s", 0)
+    g.url("url")
+    g.api_key_env()
+    target = g.node.get("target")
+    if "target" in g.node and (not isinstance(target, str) or ":" not in target):
+        g.bad("target", "must be pkg.module:function", target)
+
+
+#: Range and cross-field rules per group. Every group with a ``_target_`` (these and any other, such
+#: as a group added by the slot recipe) is also checked against its constructor in :func:`validate`:
+#: unknown keys and value types, with no line here.
 GROUP_CHECKS: dict[str, Callable[[_Group], None]] = {
     "corpus": _corpus,
     "evalset": _evalset,
@@ -450,6 +469,7 @@ GROUP_CHECKS: dict[str, Callable[[_Group], None]] = {
     "prompt": _prompt,
     "judge": _judge,
     "attribution": _attribution,
+    "app": _app,
 }
 
 
@@ -511,7 +531,9 @@ def validate(cfg: dict) -> Problems:
     """Every problem in a resolved config (a plain dict), in group order; [] when it is valid."""
     problems = _top_level(cfg) + budget_problems(cfg)
     with_generation = bool((cfg.get("generator") or {}).get("_target_"))
-    for name, check in GROUP_CHECKS.items():
+    with_generation |= bool((cfg.get("app") or {}).get("_target_"))  # the app answers: it is judged
+    targeted = [k for k, v in cfg.items() if k not in GROUP_CHECKS and isinstance(v, dict) and v.get("_target_")]
+    for name in [*GROUP_CHECKS, *targeted]:
         if name not in cfg or (name in ("prompt", "judge") and not with_generation):
             continue
         node = cfg[name]
@@ -519,11 +541,15 @@ def validate(cfg: dict) -> Problems:
             problems.append(f"conf/{name}: expected a config group, got {node!r}")
             continue
         g = _Group(name, node)
-        check(g)
+        GROUP_CHECKS.get(name, _no_rule)(g)
         g.known_keys(extra={"pricing", "repeats"} if name == "judge" else {"pricing"} if name == "generator" else set())
         g.typed_keys()
         problems += g.problems
     return problems + _rerank_depth(cfg) + _query_llm(cfg)
+
+
+def _no_rule(g: _Group) -> None:
+    """A group with no range rule: its constructor's keys and types are all there is to check."""
 
 
 def _rerank_depth(cfg: dict) -> Problems:
