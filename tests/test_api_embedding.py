@@ -88,6 +88,9 @@ def test_a_reply_with_nan_or_the_wrong_count_is_refused():
         parse_embeddings(json.dumps({"data": [{"index": 0, "embedding": [1.0]}]}).encode(), 2)
     with pytest.raises(GiveUp, match="NaN"):
         parse_embeddings(b'{"data": [{"index": 0, "embedding": [NaN, 1.0]}]}', 1)
+    with pytest.raises(GiveUp, match=r"mixed sizes \(2-d, 3-d\)"):
+        parse_embeddings(json.dumps({"data": [{"index": 0, "embedding": [1.0, 0.0]},
+                                              {"index": 1, "embedding": [1.0, 0.0, 0.0]}]}).encode(), 2)  # fmt: skip
 
 
 # -- against the MiniLM server -------------------------------------------------------------------
@@ -122,7 +125,27 @@ def test_identity_is_content_and_the_cache_says_why_it_missed(server, tmp_path):
         assert a.fingerprint in swapped.miss_reason and b.fingerprint in swapped.miss_reason
         n = server.inputs
         swapped.encode(TEXTS[:2])
-        assert server.inputs == n + 2  # embedded anew, not served the other model's vectors
+        assert server.inputs == n + 2 + 1  # embedded anew (and the probe text, checked once per call)
+    finally:
+        server.swap = False
+
+
+def test_a_model_swapped_during_the_run_fails_it_and_nothing_of_the_call_is_cached(server, tmp_path):
+    """The model behind the name changes after the startup probe (issue 42): the call's last request
+    embeds the probe text again, its vector moved, the step fails naming ``embedding.model`` and
+    the vector cache holds nothing of that call."""
+    from rag_experiments.stages.api_embedding import MODEL_CHANGED, EmbeddingFault
+
+    cache = StageCache(tmp_path / "cache")
+    cached = CachedEmbedder(embedder(server), cache, progress=False)
+    cached.encode(TEXTS[:2])  # the same model: fine
+    server.swap = True
+    try:
+        with pytest.raises(EmbeddingFault, match=MODEL_CHANGED):
+            cached.encode(TEXTS[2:4])
+        assert cached.encode(TEXTS[:2]) is not None  # the first call's vectors: from the cache, no request
+        with pytest.raises(EmbeddingFault, match=MODEL_CHANGED):  # not cached by the failed call
+            cached.encode(TEXTS[2:4])
     finally:
         server.swap = False
 
