@@ -95,6 +95,11 @@ def test_composed_judge_mlflow_config_is_checked_before_any_run():
                 "conf/judge: model:",
             ),
             (["judge.max_tokens=0"], "conf/judge: max_tokens: must be an integer >= 1"),
+            # its model calls bypass the endpoint client: no dry run, no budget (issue 42)
+            (["dry_run=true"], "conf/judge: judge=mlflow with dry_run=true"),
+            (["budget.max_calls=3"], "conf/judge: judge=mlflow with budget.max_calls"),
+            (["budget.max_usd=1"], "conf/judge: judge=mlflow with budget.max_usd"),
+            (["+judge.rpm=20"], "conf/judge: rpm: unknown option for MLflowJudge"),
         ):
             with pytest.raises(ConfigError) as e:
                 check(compose("config", overrides=["judge=mlflow", *overrides]))
