@@ -67,8 +67,11 @@ def leaks(question: str, context: str = "Webhooks are retried.") -> dict:
 
 
 def some_fail(question: str, context: str = "Webhooks are retried.", every: int = 2) -> dict:
-    """``sys.exit(3)`` on the questions whose length is divisible by ``every``: some, not all."""
-    if len(question) % every == 0:
+    """``sys.exit(3)`` on the questions whose length is divisible by ``every``: some, not all
+    (none once ``RAG_APP_HEALED`` is set: the same command then redoes the failed ones)."""
+    import os
+
+    if len(question) % every == 0 and not os.environ.get("RAG_APP_HEALED"):
         raise SystemExit(3)
     return quick(question, context)
 
