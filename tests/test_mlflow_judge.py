@@ -11,9 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -25,6 +23,7 @@ from rag_experiments.judge import faithfulness
 from rag_experiments.run.config_schema import validate
 from rag_experiments.tracking.mlflow_judge import GROUNDEDNESS, RELEVANCE, MLflowJudge, read_feedback_value
 from rag_experiments.tracking.runs import load_per_query
+from tests.http_fakes import FakeHTTP, Request, completion
 from tests.llm_fixtures import closed_port_url, fake_llm, requires_smollm2, smollm2_path  # noqa: F401
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 
@@ -151,39 +150,17 @@ class _Scripted:
     RESULTS = {"5 times": "yes", "instant": "no", "Rust": "yes|no"}
 
     def __init__(self) -> None:
-        outer = self
         self.requests: list[dict] = []
+        self.http = FakeHTTP(self._reply)
+        self.server, self.base_url = self.http.server, self.http.url
 
-        class H(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def do_POST(self):
-                req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append(req)
-                prompt = req["messages"][-1]["content"]
-                claim = prompt.split("<answer>", 1)[-1].split("</answer>", 1)[0]
-                result = next((r for k, r in outer.RESULTS.items() if k in claim), "yes")
-                content = json.dumps({"rationale": "scripted", "result": result})
-                body = json.dumps(
-                    {
-                        "id": "x",
-                        "object": "chat.completion",
-                        "created": 0,
-                        "model": req["model"],
-                        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}}],
-                        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
-                    }
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def _reply(self, r: Request) -> dict:
+        req = r.body
+        self.requests.append(req)
+        prompt = req["messages"][-1]["content"]
+        claim = prompt.split("<answer>", 1)[-1].split("</answer>", 1)[0]
+        result = next((v for k, v in self.RESULTS.items() if k in claim), "yes")
+        return completion(json.dumps({"rationale": "scripted", "result": result}), req["model"], (3, 2))
 
 
 def test_mlflow_feedback_maps_to_labels_through_mlflows_own_parsing():
@@ -299,3 +276,20 @@ def test_sweep_with_judge_mlflow_finishes_and_records_verdicts(tmp_path, smol_ur
             line for line in p.stdout.splitlines() if line.startswith(("judging", "generation", "total"))
         )
     )
+
+
+@pytest.mark.slow  # two sweeps through the CLI
+@pytest.mark.parametrize("limit", ["dry_run=true", "budget.max_calls=3"])
+def test_judge_mlflow_with_a_dry_run_or_a_budget_exits_2_and_sends_nothing(tmp_path, limit):
+    """MLflow's judge calls its model itself, past the endpoint client: with a dry run it sent 85
+    real requests, with budget.max_calls=3 it sent 57 (issue 42). Refused before any request."""
+    ep = _Scripted()
+    try:
+        docs, ev = make_tiny(tmp_path, n_items=2)
+        p = run_sweep(tmp_path, *sweep_args(tmp_path, docs, ev), "generator=openai", f"generator.base_url={ep.base_url}",
+                      "generator.model=m", "generator.api_key_env=null", "judge=mlflow", f"judge.base_url={ep.base_url}",
+                      "judge.model=m", "judge_card.enabled=false", limit, check=False)  # fmt: skip
+        assert p.returncode == 2 and "judge=mlflow with" in p.stderr, (p.returncode, p.stderr[-1500:])
+        assert ep.http.count() == 0 and not (tmp_path / "mlflow.db").exists()
+    finally:
+        ep.http.close()
