@@ -287,3 +287,37 @@ def test_llama_cpp_server_serves_embeddings_for_a_dense_run(tmp_path):
         assert any("recall" in k for k in res.aggregates)
     finally:
         del srv
+
+
+@pytest.mark.slow  # a sweep through the CLI
+def test_a_fault_after_the_probe_fails_the_cli_run_with_its_reason_and_no_traceback(tmp_path):
+    """Issue 42: every embeddings fault after the startup probe was a traceback, exit 1, FAILED
+    with no failure_reason. Now: FAILED with the reason, exit 1, no traceback; the same command
+    runs it again once the endpoint is healthy."""
+    from mlflow.tracking import MlflowClient
+
+    from tests.http_fakes import FakeHTTP, Reply, Request, embeddings
+
+    broken = [True]
+
+    def answer(r: Request):
+        texts = r.body.get("input", [])
+        if broken[0] and texts != [api_embedding.PROBE_TEXT]:  # the startup probe passes, then 500s
+            return Reply(500, b'{"error": {"message": "boom"}}')
+        return embeddings(texts, lambda t: [len(t) + 1.0, float(t.count("e")) + 1, 1.0])
+
+    with FakeHTTP(answer) as ep:
+        docs, ev = make_tiny(tmp_path, n_items=2)
+        args = [*sweep_args(tmp_path, docs, ev), "retriever=dense", "embedding=openai", f"embedding.base_url={ep.url}",
+                "embedding.model=m", "embedding.api_key_env=null", "embedding.max_retries=0"]  # fmt: skip
+        args = [a for a in args if not a.startswith("retriever=bm25")]
+        p = run_sweep(tmp_path, *args, check=False)
+        assert p.returncode == 1 and "Traceback" not in p.stderr, (p.returncode, p.stderr[-2000:])
+        client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+        exp_id = client.get_experiment_by_name("test").experiment_id
+        (run,) = client.search_runs([exp_id])
+        assert run.info.status == "FAILED" and "embedding: " in run.data.tags["failure_reason"]
+        assert "HTTP 500" in run.data.tags["failure_reason"]
+        broken[0] = False
+        again = run_sweep(tmp_path, *args, check=False)
+        assert again.returncode == 0 and "[skip]" not in again.stdout, again.stderr[-2000:]

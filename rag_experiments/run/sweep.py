@@ -247,9 +247,10 @@ def execute(writer: RunWriter, run_id: str, job: Job, parent_id: str | None) -> 
             writer.end(run_id, "FINISHED")
         return res, card
     except StepFailed as e:  # a step that cannot go on: FAILED with its reason, no traceback
-        writer.set_tags(run_id, {"failure_reason": redact(e.reason)})
+        why = redact(e.reason)
+        writer.set_tags(run_id, {"failure_reason": why})
         writer.end(run_id, "FAILED")
-        print(f"[failed] {job.run_name}: {redact(e.reason)}; marked FAILED so a re-run retries it", file=sys.stderr)
+        print(f"[failed] {job.run_name}: {why}; marked FAILED so a re-run retries it", file=sys.stderr)
         raise
     except BaseException as e:
         status = writer.abort(run_id, e, parent_id)

@@ -35,7 +35,8 @@ from typing import Any
 
 from rag_experiments.core.identity import file_sha256, source_hash
 from rag_experiments.core.parallel import thread_map
-from rag_experiments.core.redaction import error_text, redact, register_secret_env
+from rag_experiments.core.redaction import error_text, register_secret_env
+from rag_experiments.core.text_gate import gate_text
 from rag_experiments.core.types import Verdict
 from rag_experiments.judge import split_claims
 from rag_experiments.stages.generation import local_server, resolve_model_path
@@ -45,6 +46,7 @@ GROUNDEDNESS = "groundedness"
 RELEVANCE = "relevance_to_query"
 _NO_KEY = "unused"  # MLflow's openai provider insists on a key; keyless endpoints ignore it
 _PARSE_FAILURE = "Failed to parse response from judge model"
+REPLY_CAP = 500  # characters of a rationale, reply or error a verdict keeps
 
 # MLflow reads the key and the HTTP timeout from the process environment at call time, so a
 # batch holds this lock while they are set (another MLflowJudge waits; nothing else reads them).
@@ -164,21 +166,23 @@ class MLflowJudge:
         except MlflowException as exc:
             msg = str(exc)
             if msg.startswith(_PARSE_FAILURE):  # the model answered, not in JSON: a reply problem
-                raw = msg.split("Response: ", 1)[-1]
-                return "unparseable", "reply is not JSON (or was cut at max_tokens)", raw[:500], None
+                raw = gate_text(msg.split("Response: ", 1)[-1], "reply", REPLY_CAP).text
+                return "unparseable", "reply is not JSON (or was cut at max_tokens)", raw, None
             return "unparseable", "", "", error_text(exc)
         except KeyError as exc:  # JSON without "result"
             return "unparseable", f"reply JSON has no {exc}", "", None
         except Exception as exc:  # noqa: BLE001 - a judge never raises per claim
             return "unparseable", "", "", error_text(exc)
         if fb.error is not None:
-            why = redact(str(fb.error.error_message or fb.error.error_code))
-            return "unparseable", "", "", f"feedback error: {why}"[:500]
+            why = str(fb.error.error_message or fb.error.error_code)
+            return "unparseable", "", "", gate_text(f"feedback error: {why}", "error", REPLY_CAP).text
         label = read_feedback_value(fb.value)
-        rationale = str(fb.rationale or "")[:500]
+        rationale = str(fb.rationale or "")
         if label == "unparseable":
             rationale = f"feedback value {fb.value!r} is not yes/no; {rationale}"
-        return label, rationale, json.dumps(fb.value, default=str), None
+        # the model's texts pass the one gate before a verdict (cache, table, traces) holds them
+        raw = gate_text(json.dumps(fb.value, default=str), "reply", REPLY_CAP).text
+        return label, gate_text(rationale, "rationale", REPLY_CAP).text, raw, None
 
     def _map(self, fn, items: list) -> list:
         with _mlflow_env(self._api_key, self.timeout_s):
