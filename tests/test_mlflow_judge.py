@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 from pathlib import Path
 
@@ -94,11 +95,7 @@ def test_composed_judge_mlflow_config_is_checked_before_any_run():
                 "conf/judge: model:",
             ),
             (["judge.max_tokens=0"], "conf/judge: max_tokens: must be an integer >= 1"),
-            # its model calls bypass the endpoint client: no dry run, no budget (issue 42)
-            (["dry_run=true"], "conf/judge: judge=mlflow with dry_run=true"),
-            (["budget.max_calls=3"], "conf/judge: judge=mlflow with budget.max_calls"),
-            (["budget.max_usd=1"], "conf/judge: judge=mlflow with budget.max_usd"),
-            (["+judge.rpm=20"], "conf/judge: rpm: unknown option for MLflowJudge"),
+            (["judge.rpm=0"], "conf/judge: rpm:"),  # the endpoint limits, as every endpoint's
         ):
             with pytest.raises(ConfigError) as e:
                 check(compose("config", overrides=["judge=mlflow", *overrides]))
@@ -137,7 +134,7 @@ def test_garbage_replies_and_failed_calls_are_unparseable_and_counted(monkeypatc
     ):
         (v,) = judge.verdicts(CLAIMS[:1], CONTEXT)
         assert v.label == "unparseable" and v.error  # an error: not cached, asked again next run
-    assert "timed out after 1s" in v.error  # our timeout_s reached MLflow's HTTP call
+    assert "failed after 1 attempts" in v.error and "timed out" in v.error  # our client's deadline decided
     assert fake_llm.attempts[("always503", next(p for (m, p) in fake_llm.attempts if m == "always503"))] == 2
     assert os.environ["OPENAI_API_KEY"] == "user-key"  # the batch's environment is restored
 
@@ -278,18 +275,22 @@ def test_sweep_with_judge_mlflow_finishes_and_records_verdicts(tmp_path, smol_ur
     )
 
 
-@pytest.mark.slow  # two sweeps through the CLI
-@pytest.mark.parametrize("limit", ["dry_run=true", "budget.max_calls=3"])
-def test_judge_mlflow_with_a_dry_run_or_a_budget_exits_2_and_sends_nothing(tmp_path, limit):
-    """MLflow's judge calls its model itself, past the endpoint client: with a dry run it sent 85
-    real requests, with budget.max_calls=3 it sent 57 (issue 42). Refused before any request."""
+@pytest.mark.slow  # sweeps through the CLI
+def test_judge_mlflow_calls_go_through_the_endpoint_client_dry_run_and_budget_hold(tmp_path):
+    """MLflow's judge called its model itself: with a dry run it sent 85 real requests, with
+    budget.max_calls=3 it sent 57, and judge.rpm was unknown (issue 42). Its requests now go
+    through our endpoint client (a shim on 127.0.0.1): a dry run sends none, the budget stops it."""
     ep = _Scripted()
     try:
         docs, ev = make_tiny(tmp_path, n_items=2)
-        p = run_sweep(tmp_path, *sweep_args(tmp_path, docs, ev), "generator=openai", f"generator.base_url={ep.base_url}",
-                      "generator.model=m", "generator.api_key_env=null", "judge=mlflow", f"judge.base_url={ep.base_url}",
-                      "judge.model=m", "judge_card.enabled=false", limit, check=False)  # fmt: skip
-        assert p.returncode == 2 and "judge=mlflow with" in p.stderr, (p.returncode, p.stderr[-1500:])
-        assert ep.http.count() == 0 and not (tmp_path / "mlflow.db").exists()
+        args = [*sweep_args(tmp_path, docs, ev), "generator=openai", f"generator.base_url={ep.base_url}",
+                "generator.model=m", "generator.api_key_env=null", "judge=mlflow", f"judge.base_url={ep.base_url}",
+                "judge.model=m", "judge_card.enabled=false", "judge.rpm=600", "judge.max_concurrency=2"]  # fmt: skip
+        dry = run_sweep(tmp_path, *args, "dry_run=true", check=False)
+        assert dry.returncode == 0 and ep.http.count() == 0, (dry.returncode, dry.stderr[-1500:])
+        assert re.search(r"^\S*\s+judge\s+[1-9]", dry.stdout, re.M), dry.stdout  # its calls counted, not sent
+        capped = run_sweep(tmp_path, *args, "budget.max_calls=3", check=False)
+        assert ep.http.count() <= 3, ep.http.count()  # generator and judge together: at most the limit
+        assert capped.returncode != 0 and "budget" in capped.stderr, capped.stderr[-1500:]
     finally:
         ep.http.close()

@@ -545,27 +545,7 @@ def validate(cfg: dict) -> Problems:
         g.known_keys(extra={"pricing", "repeats"} if name == "judge" else {"pricing"} if name == "generator" else set())
         g.typed_keys()
         problems += g.problems
-    return problems + _rerank_depth(cfg) + _query_llm(cfg) + _mlflow_judge_limits(cfg, with_generation)
-
-
-def _mlflow_judge_limits(cfg: dict, with_generation: bool) -> Problems:
-    """judge=mlflow calls its model through MLflow's own client, not ``stages.endpoint``: a dry run
-    would send its requests and a budget would not count them (issue 42). Refused together, with
-    the way out, until its calls go through the endpoint client."""
-    judge = cfg.get("judge") or {}
-    if not with_generation or not str(judge.get("_target_") or "").endswith(".MLflowJudge"):
-        return []
-    out = []
-    if cfg.get("dry_run") is True:
-        out.append("conf/judge: judge=mlflow with dry_run=true: MLflow's judge calls its model itself, so a "
-                   "dry run would send real judge requests; dry-run with judge=openai (the same endpoint: "
-                   "judge.base_url, judge.model) or judge=heuristic, then run judge=mlflow")  # fmt: skip
-    budget = cfg.get("budget") if isinstance(cfg.get("budget"), dict) else {}
-    if limits := sorted(k for k, v in budget.items() if v is not None):
-        out.append(f"conf/judge: judge=mlflow with budget.{', budget.'.join(limits)}: MLflow's judge calls its model "
-                   "itself, so the budget would not count its requests (nor judge.rpm/max_concurrency limit "
-                   "them); use judge=openai on the same endpoint, or budget.max_calls=null budget.max_usd=null")  # fmt: skip
-    return out
+    return problems + _rerank_depth(cfg) + _query_llm(cfg)
 
 
 def _no_rule(g: _Group) -> None:
