@@ -84,8 +84,10 @@ def _mlflow_env(api_key: str, timeout_s: float) -> Iterator[None]:
 
 
 def _chat_bytes(raw: bytes) -> bytes:
-    """A chat reply passed on to MLflow as it came, once it reads as JSON (else retried, malformed)."""
-    json.loads(raw)
+    """A chat reply passed on to MLflow as it came, once it reads as a chat completion (JSON with
+    ``choices``; else malformed, retried by the client, then the call's error)."""
+    if not (json.loads(raw) or {}).get("choices"):
+        raise ValueError("malformed reply: no choices")
     return raw
 
 

@@ -33,6 +33,7 @@ from omegaconf import OmegaConf
 from rag_experiments.core.cache import CachedEmbedder
 from rag_experiments.core.steps import StepFailed
 from rag_experiments.judge.llm import LLMJudge
+from rag_experiments.tracking.mlflow_judge import MLflowJudge
 from rag_experiments.run.steps import failure_reason
 from rag_experiments.stages import call_budget
 from rag_experiments.stages.api_embedding import MODEL_CHANGED, OpenAIEmbedder
@@ -159,6 +160,10 @@ class Row:
             judge = LLMJudge(url, "m", api_key_env=KEY_ENV, use_logprobs=False, constrained="none",
                              decompose=False, n_questions=1, concurrency=2, **fast)  # fmt: skip
             return {"generator": gen(healthy), "prompt": prompt, "judge": judge}
+        if self.name == "mlflow_judge":  # MLflow's judges; their requests sent by our client (a shim)
+            judge = MLflowJudge(url, "m", api_key_env=KEY_ENV, num_retries=FAST["max_retries"], timeout_s=timeout_s,
+                                concurrency=2)  # fmt: skip
+            return {"generator": gen(healthy), "prompt": prompt, "judge": judge}
         if self.name == "query":
             return {"query_transform": RewriteQuery(gen(url))}
         if self.name == "rerank_endpoint":
@@ -173,6 +178,7 @@ class Row:
 STEPS = (
     Row("generate", "generator", "Webhooks are retried for 24 hours."),
     Row("judge", "judge", "yes"),
+    Row("mlflow_judge", "judge", json.dumps({"rationale": "the context says so", "result": "yes"})),
     Row("query", "query_transform", "webhook retry schedule"),
     Row("rerank_endpoint", "reranker", "", numeric=True),
     Row("rerank_llm", "reranker", "7", numeric=True),
@@ -258,7 +264,7 @@ def test_cell(world, row: Row, mode: str):
         again = tiny_pipeline(inputs, **row.stages(url, healthy.url))
         rec2 = again.records[row.slot]
         assert rec2.failed == 0 and not failure_reason(again.records), rec2
-        if row.name != "judge":  # one call per item: the re-run asks exactly the failed ones
+        if row.slot != "judge":  # one call per item: the re-run asks exactly the failed ones
             assert sum(rec2.calls.values()) == first_failed, (rec2.calls, first_failed)
         else:  # per claim and per relevance question: some calls, fewer than a fresh run
             assert 0 < sum(rec2.calls.values()) < sum(rec.calls.values()), (rec2.calls, rec.calls)
