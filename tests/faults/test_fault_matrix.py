@@ -33,7 +33,6 @@ from omegaconf import OmegaConf
 from rag_experiments.core.cache import CachedEmbedder
 from rag_experiments.core.steps import StepFailed
 from rag_experiments.judge.llm import LLMJudge
-from rag_experiments.tracking.mlflow_judge import MLflowJudge
 from rag_experiments.run.steps import failure_reason
 from rag_experiments.stages import call_budget
 from rag_experiments.stages.api_embedding import MODEL_CHANGED, OpenAIEmbedder
@@ -43,6 +42,7 @@ from rag_experiments.stages.generation import OpenAICompatibleGenerator
 from rag_experiments.stages.query import RewriteQuery
 from rag_experiments.stages.rerank import EndpointReranker, LLMReranker
 from rag_experiments.stages.retrieval import DenseRetriever
+from rag_experiments.tracking.mlflow_judge import MLflowJudge
 from tests.http_fakes import FakeHTTP, Reply, Request, embeddings
 from tests.llm_fixtures import ChatServer, _completion
 from tests.sweep_helpers import REPO, tiny_inputs, tiny_pipeline
