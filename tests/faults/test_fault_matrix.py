@@ -1,8 +1,14 @@
 """The fault matrix (docs/reliability.md): every remote step against the same misbehaving endpoint.
 
-Rows are the steps that call out (generate, judge, query transform, rerank API, LLM reranker); a
-new remote step adds a row to ``STEPS``, never tests of its own. Columns are the ways an endpoint
-misbehaves. Every cell asserts the same rule, the one ``run.steps`` derives for every step:
+Rows are the steps that call out (generate, judge, MLflow's judge, query transform, rerank API,
+LLM reranker, an HTTP app, the embeddings API); a new remote step adds a row to ``STEPS``, never
+tests of its own. Columns are the ways an endpoint misbehaves, plus an app's (a bare-string
+``contexts``, wrong types, a huge answer, a secret in it) and the embeddings' after the startup
+probe (wrong or mixed sizes, short ``data``, a reply over the size cap, another model, a budget
+stop). The ``app=python`` row (``test_python_app_cell``) runs the user's code's own faults: raise,
+``sys.exit``, its own ``KeyboardInterrupt``/``GeneratorExit``, wrong types, a bare string, some
+failing, huge, a secret. The fakes are ``tests/http_fakes.py``'s.
+Every cell asserts the same rule, the one ``run.steps`` derives for every step:
 
 - the step fails on every item → the run fails, naming the step (``failure_reason``);
 - it fails on some → the run finishes with the count, and the same run again redoes exactly those
