@@ -28,6 +28,13 @@ def traced(question: str, **kw) -> dict:
     return run(question)
 
 
+def flaky(question: str) -> dict:
+    """Fails on the questions with a question mark; answers the others with the worked example."""
+    if "?" in question:
+        raise RuntimeError("the app is down for this one")
+    return answer(question)
+
+
 # -- faults (tests/test_text_gate.py, tests/faults/test_fault_matrix.py): what a user's app may do
 def exits(question: str, code: int = 0) -> dict:
     raise SystemExit(code)
@@ -63,7 +70,10 @@ def leaks(question: str, context: str = "Webhooks are retried.") -> dict:
     import os
 
     key = os.environ.get("RAG_APP_KEY", "")
-    return {**quick(question, context), "answer": f"Retried for 24 hours. key={key} sk-live0123456789abcdefXYZ"}
+    return {
+        **quick(question, context),
+        "answer": f"Retried for 24 hours. key={key} sk-live0123456789abcdefXYZ",
+    }
 
 
 def some_fail(question: str, context: str = "Webhooks are retried.", every: int = 2) -> dict:

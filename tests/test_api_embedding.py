@@ -231,7 +231,6 @@ def test_an_unauthorised_key_is_named_and_the_key_never_shown(monkeypatch):
         s.close()
 
 
-@pytest.mark.slow
 def test_sweep_minilm_and_the_minilm_server_give_identical_retrieval_metrics(server, tmp_path):
     from mlflow import MlflowClient
 
@@ -265,7 +264,6 @@ def test_sweep_minilm_and_the_minilm_server_give_identical_retrieval_metrics(ser
 
 
 # -- against llama.cpp's server ------------------------------------------------------------------
-@pytest.mark.slow
 @requires_smollm2
 def test_llama_cpp_server_serves_embeddings_for_a_dense_run(tmp_path):
     srv, base_url = llama_embedding_server(smollm2_path(), n_threads=1)
@@ -289,7 +287,6 @@ def test_llama_cpp_server_serves_embeddings_for_a_dense_run(tmp_path):
         del srv
 
 
-@pytest.mark.slow  # a sweep through the CLI
 def test_a_fault_after_the_probe_fails_the_cli_run_with_its_reason_and_no_traceback(tmp_path):
     """Issue 42: every embeddings fault after the startup probe was a traceback, exit 1, FAILED
     with no failure_reason. Now: FAILED with the reason, exit 1, no traceback; the same command

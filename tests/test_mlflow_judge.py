@@ -275,7 +275,6 @@ def test_sweep_with_judge_mlflow_finishes_and_records_verdicts(tmp_path, smol_ur
     )
 
 
-@pytest.mark.slow  # sweeps through the CLI
 def test_judge_mlflow_calls_go_through_the_endpoint_client_dry_run_and_budget_hold(tmp_path):
     """MLflow's judge called its model itself: with a dry run it sent 85 real requests, with
     budget.max_calls=3 it sent 57, and judge.rpm was unknown (issue 42). Its requests now go
