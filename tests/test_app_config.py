@@ -29,7 +29,7 @@ def _problems(tmp_path, *overrides: str) -> list[str]:
         (["app=python", "app.target=tests.app_fixture:quick", "app.concurrency=0"], "conf/app: concurrency: must be an integer >= 1"),
         (["app=http", "app.url=http://127.0.0.1:9/ask", "app.concurrency=-3"], "conf/app: concurrency: must be an integer >= 1"),
         (["app=python", "app.target=tests.app_fixture:quick", "+app.colour=red"], "conf/app: colour: unknown option for PythonApp"),
-        (["app=python", "app.target=no_colon"], "conf/app: target: must be pkg.module:function"),
+        (["app=python", "app.target=no_colon"], "app.target: cannot import 'no_colon'"),
         (["app=python", "app.target=tests.app_fixture:exits"], "app.target: the first question failed: SystemExit"),
         (["app=python", "app.target=tests.app_fixture:bare_string_contexts"], "contexts: expected a list, got str"),
     ],

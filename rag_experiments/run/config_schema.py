@@ -392,6 +392,7 @@ def _mlflow_judge(g: _Group) -> None:
     _llm_client(rest)
     rest.int_at_least("num_retries", 0)
     g.problems += rest.problems
+    g.checked |= rest.checked
 
 
 def _prompt(g: _Group) -> None:
@@ -438,20 +439,25 @@ def _metrics(g: _Group) -> None:
         g.bad("bootstrap_resamples", f"must be an integer >= {MIN_RESAMPLES} (CIs need resamples)", v)
 
 
-def _app(g: _Group) -> None:
-    """conf/app (app=python|http): its ranges; its keys and their types come from the constructor.
-    The target itself is imported and asked one question when the stages are built (exit 2
-    naming ``app.target``/``app.url``: ``run.assemble.build_app``)."""
-    g.int_at_least("concurrency", 1)
-    g.int_at_least("max_answer_chars", 1)
-    g.int_at_least("max_retries", 0)
-    g.num_at_least("timeout_s", 0, strict=True)
-    g.num_at_least("backoff_s", 0)
-    g.url("url")
-    g.api_key_env()
-    target = g.node.get("target")
-    if "target" in g.node and (not isinstance(target, str) or ":" not in target):
-        g.bad("target", "must be pkg.module:function", target)
+def _shared_rules(g: _Group) -> None:
+    """The keys every group shares the meaning of (the endpoint settings, ``docs/endpoints.md``):
+    in range wherever they appear, unless the group's own rule checked them. So a group no rule
+    lists (``app``, a slot added by the recipe) needs no line here: ``concurrency >= 1`` …"""
+    rules: list[tuple[str, Callable[[str], None]]] = [
+        ("concurrency", lambda k: g.int_at_least(k, 1)),
+        ("max_answer_chars", lambda k: g.int_at_least(k, 1)),
+        ("max_retries", lambda k: g.int_at_least(k, 0)),
+        ("timeout_s", lambda k: g.num_at_least(k, 0, strict=True)),
+        ("backoff_s", lambda k: g.num_at_least(k, 0)),
+        ("url", g.url),
+        ("base_url", g.url),
+        ("api_key_env", g.api_key_env),
+    ]
+    for key, rule in rules:
+        if key in g.node and key not in g.checked:
+            rule(key)
+    if not g.checked & {"rpm", "tpm", "max_concurrency"}:
+        limit_problems(g)
 
 
 #: Range and cross-field rules per group. Every group with a ``_target_`` (these and any other, such
@@ -469,7 +475,6 @@ GROUP_CHECKS: dict[str, Callable[[_Group], None]] = {
     "prompt": _prompt,
     "judge": _judge,
     "attribution": _attribution,
-    "app": _app,
 }
 
 
@@ -542,6 +547,7 @@ def validate(cfg: dict) -> Problems:
             continue
         g = _Group(name, node)
         GROUP_CHECKS.get(name, _no_rule)(g)
+        _shared_rules(g)
         g.known_keys(extra={"pricing", "repeats"} if name == "judge" else {"pricing"} if name == "generator" else set())
         g.typed_keys()
         problems += g.problems
