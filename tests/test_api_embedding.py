@@ -88,6 +88,9 @@ def test_a_reply_with_nan_or_the_wrong_count_is_refused():
         parse_embeddings(json.dumps({"data": [{"index": 0, "embedding": [1.0]}]}).encode(), 2)
     with pytest.raises(GiveUp, match="NaN"):
         parse_embeddings(b'{"data": [{"index": 0, "embedding": [NaN, 1.0]}]}', 1)
+    with pytest.raises(GiveUp, match=r"mixed sizes \(2-d, 3-d\)"):
+        parse_embeddings(json.dumps({"data": [{"index": 0, "embedding": [1.0, 0.0]},
+                                              {"index": 1, "embedding": [1.0, 0.0, 0.0]}]}).encode(), 2)  # fmt: skip
 
 
 # -- against the MiniLM server -------------------------------------------------------------------
@@ -122,7 +125,27 @@ def test_identity_is_content_and_the_cache_says_why_it_missed(server, tmp_path):
         assert a.fingerprint in swapped.miss_reason and b.fingerprint in swapped.miss_reason
         n = server.inputs
         swapped.encode(TEXTS[:2])
-        assert server.inputs == n + 2  # embedded anew, not served the other model's vectors
+        assert server.inputs == n + 2 + 1  # embedded anew (and the probe text, checked once per call)
+    finally:
+        server.swap = False
+
+
+def test_a_model_swapped_during_the_run_fails_it_and_nothing_of_the_call_is_cached(server, tmp_path):
+    """The model behind the name changes after the startup probe (issue 42): the call's last request
+    embeds the probe text again, its vector moved, the step fails naming ``embedding.model`` and
+    the vector cache holds nothing of that call."""
+    from rag_experiments.stages.api_embedding import MODEL_CHANGED, EmbeddingFault
+
+    cache = StageCache(tmp_path / "cache")
+    cached = CachedEmbedder(embedder(server), cache, progress=False)
+    cached.encode(TEXTS[:2])  # the same model: fine
+    server.swap = True
+    try:
+        with pytest.raises(EmbeddingFault, match=MODEL_CHANGED):
+            cached.encode(TEXTS[2:4])
+        assert cached.encode(TEXTS[:2]) is not None  # the first call's vectors: from the cache, no request
+        with pytest.raises(EmbeddingFault, match=MODEL_CHANGED):  # not cached by the failed call
+            cached.encode(TEXTS[2:4])
     finally:
         server.swap = False
 
@@ -262,3 +285,36 @@ def test_llama_cpp_server_serves_embeddings_for_a_dense_run(tmp_path):
         assert any("recall" in k for k in res.aggregates)
     finally:
         del srv
+
+
+def test_a_fault_after_the_probe_fails_the_cli_run_with_its_reason_and_no_traceback(tmp_path):
+    """Issue 42: every embeddings fault after the startup probe was a traceback, exit 1, FAILED
+    with no failure_reason. Now: FAILED with the reason, exit 1, no traceback; the same command
+    runs it again once the endpoint is healthy."""
+    from mlflow.tracking import MlflowClient
+
+    from tests.http_fakes import FakeHTTP, Reply, Request, embeddings
+
+    broken = [True]
+
+    def answer(r: Request):
+        texts = r.body.get("input", [])
+        if broken[0] and texts != [api_embedding.PROBE_TEXT]:  # the startup probe passes, then 500s
+            return Reply(500, b'{"error": {"message": "boom"}}')
+        return embeddings(texts, lambda t: [len(t) + 1.0, float(t.count("e")) + 1, 1.0])
+
+    with FakeHTTP(answer) as ep:
+        docs, ev = make_tiny(tmp_path, n_items=2)
+        args = [*sweep_args(tmp_path, docs, ev), "retriever=dense", "embedding=openai", f"embedding.base_url={ep.url}",
+                "embedding.model=m", "embedding.api_key_env=null", "embedding.max_retries=0"]  # fmt: skip
+        args = [a for a in args if not a.startswith("retriever=bm25")]
+        p = run_sweep(tmp_path, *args, check=False)
+        assert p.returncode == 1 and "Traceback" not in p.stderr, (p.returncode, p.stderr[-2000:])
+        client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+        exp_id = client.get_experiment_by_name("test").experiment_id
+        (run,) = client.search_runs([exp_id])
+        assert run.info.status == "FAILED" and "embedding: " in run.data.tags["failure_reason"]
+        assert "HTTP 500" in run.data.tags["failure_reason"]
+        broken[0] = False
+        again = run_sweep(tmp_path, *args, check=False)
+        assert again.returncode == 0 and "[skip]" not in again.stdout, again.stderr[-2000:]

@@ -3,10 +3,6 @@ spans, every metric family computed as for the built-in stages, unmapped context
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -15,7 +11,7 @@ from rag_experiments.evalset.contexts import ContextMapper
 from rag_experiments.judge.validity import build_judge
 from rag_experiments.run.steps import failure_reason
 from rag_experiments.stages.app import HttpApp, PythonApp, reply_of
-from tests.llm_fixtures import send_body
+from tests.http_fakes import FakeHTTP, Request
 from tests.sweep_helpers import REPO, make_tiny, run_sweep, sweep_args, tiny_pipeline
 
 
@@ -118,26 +114,20 @@ def test_an_app_that_traces_itself_is_linked_to_our_per_query_record(tmp_path):
 def test_http_app_through_the_endpoint_client(tmp_path):
     from tests.app_fixture import answer
 
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
+    def ask(r: Request) -> dict:
+        q = r.body["q"]
+        out = answer(q, generate=False)
+        return {"result": {"text": out["answer"], "docs": out["contexts"]}, "trace": f"tr-{len(q)}"}
 
-        def do_POST(self):
-            q = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["q"]
-            out = answer(q, generate=False)
-            reply = {"result": {"text": out["answer"], "docs": out["contexts"]}, "trace": f"tr-{len(q)}"}
-            send_body(self, 200, json.dumps(reply).encode())
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    srv = FakeHTTP(ask, prefix="")
     try:
-        app = HttpApp(f"http://127.0.0.1:{srv.server_address[1]}/ask", {"q": "{question}"}, "result.text", "result.docs",
+        app = HttpApp(f"{srv.url}/ask", {"q": "{question}"}, "result.text", "result.docs",
                       trace_id_field="trace")  # fmt: skip
         res = tiny_pipeline(sample_inputs(tmp_path, 3), app=app)
         assert res.records["app"].failed == 0 and res.aggregates["hit_at_3"] > 0
         assert list(res.per_query["app_trace_id"]) == [f"tr-{len(q)}" for q in res.per_query["query"]]
     finally:
-        srv.shutdown()
+        srv.close()
 
 
 def test_app_python_end_to_end_and_a_bad_target_exits_2(tmp_path, monkeypatch):

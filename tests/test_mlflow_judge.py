@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import threading
+import re
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from rag_experiments.judge import faithfulness
 from rag_experiments.run.config_schema import validate
 from rag_experiments.tracking.mlflow_judge import GROUNDEDNESS, RELEVANCE, MLflowJudge, read_feedback_value
 from rag_experiments.tracking.runs import load_per_query
+from tests.http_fakes import FakeHTTP, Request, completion
 from tests.llm_fixtures import closed_port_url, fake_llm, requires_smollm2, smollm2_path  # noqa: F401
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 
@@ -95,6 +95,7 @@ def test_composed_judge_mlflow_config_is_checked_before_any_run():
                 "conf/judge: model:",
             ),
             (["judge.max_tokens=0"], "conf/judge: max_tokens: must be an integer >= 1"),
+            (["judge.rpm=0"], "conf/judge: rpm:"),  # the endpoint limits, as every endpoint's
         ):
             with pytest.raises(ConfigError) as e:
                 check(compose("config", overrides=["judge=mlflow", *overrides]))
@@ -133,7 +134,7 @@ def test_garbage_replies_and_failed_calls_are_unparseable_and_counted(monkeypatc
     ):
         (v,) = judge.verdicts(CLAIMS[:1], CONTEXT)
         assert v.label == "unparseable" and v.error  # an error: not cached, asked again next run
-    assert "timed out after 1s" in v.error  # our timeout_s reached MLflow's HTTP call
+    assert "failed after 1 attempts" in v.error and "timed out" in v.error  # our client's deadline decided
     assert fake_llm.attempts[("always503", next(p for (m, p) in fake_llm.attempts if m == "always503"))] == 2
     assert os.environ["OPENAI_API_KEY"] == "user-key"  # the batch's environment is restored
 
@@ -146,39 +147,17 @@ class _Scripted:
     RESULTS = {"5 times": "yes", "instant": "no", "Rust": "yes|no"}
 
     def __init__(self) -> None:
-        outer = self
         self.requests: list[dict] = []
+        self.http = FakeHTTP(self._reply)
+        self.server, self.base_url = self.http.server, self.http.url
 
-        class H(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def do_POST(self):
-                req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append(req)
-                prompt = req["messages"][-1]["content"]
-                claim = prompt.split("<answer>", 1)[-1].split("</answer>", 1)[0]
-                result = next((r for k, r in outer.RESULTS.items() if k in claim), "yes")
-                content = json.dumps({"rationale": "scripted", "result": result})
-                body = json.dumps(
-                    {
-                        "id": "x",
-                        "object": "chat.completion",
-                        "created": 0,
-                        "model": req["model"],
-                        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}}],
-                        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
-                    }
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def _reply(self, r: Request) -> dict:
+        req = r.body
+        self.requests.append(req)
+        prompt = req["messages"][-1]["content"]
+        claim = prompt.split("<answer>", 1)[-1].split("</answer>", 1)[0]
+        result = next((v for k, v in self.RESULTS.items() if k in claim), "yes")
+        return completion(json.dumps({"rationale": "scripted", "result": result}), req["model"], (3, 2))
 
 
 def test_mlflow_feedback_maps_to_labels_through_mlflows_own_parsing():
@@ -294,3 +273,23 @@ def test_sweep_with_judge_mlflow_finishes_and_records_verdicts(tmp_path, smol_ur
             line for line in p.stdout.splitlines() if line.startswith(("judging", "generation", "total"))
         )
     )
+
+
+def test_judge_mlflow_calls_go_through_the_endpoint_client_dry_run_and_budget_hold(tmp_path):
+    """MLflow's judge called its model itself: with a dry run it sent 85 real requests, with
+    budget.max_calls=3 it sent 57, and judge.rpm was unknown (issue 42). Its requests now go
+    through our endpoint client (a shim on 127.0.0.1): a dry run sends none, the budget stops it."""
+    ep = _Scripted()
+    try:
+        docs, ev = make_tiny(tmp_path, n_items=2)
+        args = [*sweep_args(tmp_path, docs, ev), "generator=openai", f"generator.base_url={ep.base_url}",
+                "generator.model=m", "generator.api_key_env=null", "judge=mlflow", f"judge.base_url={ep.base_url}",
+                "judge.model=m", "judge_card.enabled=false", "judge.rpm=600", "judge.max_concurrency=2"]  # fmt: skip
+        dry = run_sweep(tmp_path, *args, "dry_run=true", check=False)
+        assert dry.returncode == 0 and ep.http.count() == 0, (dry.returncode, dry.stderr[-1500:])
+        assert re.search(r"^\S*\s+judge\s+[1-9]", dry.stdout, re.M), dry.stdout  # its calls counted, not sent
+        capped = run_sweep(tmp_path, *args, "budget.max_calls=3", check=False)
+        assert ep.http.count() <= 3, ep.http.count()  # generator and judge together: at most the limit
+        assert capped.returncode != 0 and "budget" in capped.stderr, capped.stderr[-1500:]
+    finally:
+        ep.http.close()

@@ -74,6 +74,12 @@ def _signal_seen(stop: threading.Event) -> Iterator[threading.Event]:
             signal.signal(sig, old)
 
 
+def signal_seen() -> contextlib.AbstractContextManager[threading.Event]:
+    """A flag set by SIGINT/SIGTERM while the block runs (main thread only), for callers that
+    contain the user's code (``stages.app.contained``: only our own process's signal is re-raised)."""
+    return _signal_seen(threading.Event())
+
+
 def _workers_ignore_signals() -> None:
     """A worker thread's initializer: SIGINT and SIGTERM blocked in it, so the kernel delivers a
     process-directed signal to the main thread, whose wait is then interrupted at once (a signal

@@ -6,6 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+class StepFailed(RuntimeError):
+    """A step that cannot go on for the run (a missing vector cannot be left out of an index): the
+    run is FAILED with ``reason`` as its ``failure_reason``, exit 1 without a traceback
+    (``run.sweep.execute``), and the same command runs it again."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 @dataclass
 class StepRecord:
     """What one step did: ``items`` it was asked to do, of them ``failed``, ``calls`` by kind

@@ -146,7 +146,7 @@ def build_app(node: DictConfig | None, evalset):
     app = instantiate(node)
     if evalset.items:
         probe = app.ask(evalset.items[0].query)
-        if probe.error and ("AppShapeError" in probe.error or getattr(app, "url", None)):
+        if probe.error and ("AppShapeError" in probe.error or probe.exited or getattr(app, "url", None)):
             where = "app.url" if getattr(app, "url", None) else "app.target"
             raise FileNotFoundError(f"{where}: the first question failed: {probe.error}")
     return app

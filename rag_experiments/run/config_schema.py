@@ -392,6 +392,7 @@ def _mlflow_judge(g: _Group) -> None:
     _llm_client(rest)
     rest.int_at_least("num_retries", 0)
     g.problems += rest.problems
+    g.checked |= rest.checked
 
 
 def _prompt(g: _Group) -> None:
@@ -438,6 +439,30 @@ def _metrics(g: _Group) -> None:
         g.bad("bootstrap_resamples", f"must be an integer >= {MIN_RESAMPLES} (CIs need resamples)", v)
 
 
+def _shared_rules(g: _Group) -> None:
+    """The keys every group shares the meaning of (the endpoint settings, ``docs/endpoints.md``):
+    in range wherever they appear, unless the group's own rule checked them. So a group no rule
+    lists (``app``, a slot added by the recipe) needs no line here: ``concurrency >= 1`` …"""
+    rules: list[tuple[str, Callable[[str], None]]] = [
+        ("concurrency", lambda k: g.int_at_least(k, 1)),
+        ("max_answer_chars", lambda k: g.int_at_least(k, 1)),
+        ("max_retries", lambda k: g.int_at_least(k, 0)),
+        ("timeout_s", lambda k: g.num_at_least(k, 0, strict=True)),
+        ("backoff_s", lambda k: g.num_at_least(k, 0)),
+        ("url", g.url),
+        ("base_url", g.url),
+        ("api_key_env", g.api_key_env),
+    ]
+    for key, rule in rules:
+        if key in g.node and key not in g.checked:
+            rule(key)
+    if not g.checked & {"rpm", "tpm", "max_concurrency"}:
+        limit_problems(g)
+
+
+#: Range and cross-field rules per group. Every group with a ``_target_`` (these and any other, such
+#: as a group added by the slot recipe) is also checked against its constructor in :func:`validate`:
+#: unknown keys and value types, with no line here.
 GROUP_CHECKS: dict[str, Callable[[_Group], None]] = {
     "corpus": _corpus,
     "evalset": _evalset,
@@ -511,7 +536,9 @@ def validate(cfg: dict) -> Problems:
     """Every problem in a resolved config (a plain dict), in group order; [] when it is valid."""
     problems = _top_level(cfg) + budget_problems(cfg)
     with_generation = bool((cfg.get("generator") or {}).get("_target_"))
-    for name, check in GROUP_CHECKS.items():
+    with_generation |= bool((cfg.get("app") or {}).get("_target_"))  # the app answers: it is judged
+    targeted = [k for k, v in cfg.items() if k not in GROUP_CHECKS and isinstance(v, dict) and v.get("_target_")]
+    for name in [*GROUP_CHECKS, *targeted]:
         if name not in cfg or (name in ("prompt", "judge") and not with_generation):
             continue
         node = cfg[name]
@@ -519,11 +546,16 @@ def validate(cfg: dict) -> Problems:
             problems.append(f"conf/{name}: expected a config group, got {node!r}")
             continue
         g = _Group(name, node)
-        check(g)
+        GROUP_CHECKS.get(name, _no_rule)(g)
+        _shared_rules(g)
         g.known_keys(extra={"pricing", "repeats"} if name == "judge" else {"pricing"} if name == "generator" else set())
         g.typed_keys()
         problems += g.problems
     return problems + _rerank_depth(cfg) + _query_llm(cfg)
+
+
+def _no_rule(g: _Group) -> None:
+    """A group with no range rule: its constructor's keys and types are all there is to check."""
 
 
 def _rerank_depth(cfg: dict) -> Problems:

@@ -41,6 +41,7 @@ from rag_experiments.core.redaction import redact  # noqa: E402
 from rag_experiments.core.run_names import run_name  # noqa: E402
 from rag_experiments.core.run_record import RunData  # noqa: E402
 from rag_experiments.core.sanitize import shell_line, terminal_output  # noqa: E402
+from rag_experiments.core.steps import StepFailed  # noqa: E402
 from rag_experiments.evaluation.replicates import collapse_replicates  # noqa: E402
 from rag_experiments.judge.validity import add_card  # noqa: E402
 from rag_experiments.run import racing  # noqa: E402
@@ -245,6 +246,12 @@ def execute(writer: RunWriter, run_id: str, job: Job, parent_id: str | None) -> 
         else:
             writer.end(run_id, "FINISHED")
         return res, card
+    except StepFailed as e:  # a step that cannot go on: FAILED with its reason, no traceback
+        why = redact(e.reason)
+        writer.set_tags(run_id, {"failure_reason": why})
+        writer.end(run_id, "FAILED")
+        print(f"[failed] {job.run_name}: {why}; marked FAILED so a re-run retries it", file=sys.stderr)
+        raise
     except BaseException as e:
         status = writer.abort(run_id, e, parent_id)
         if status == "FAILED" and infrastructure_error(e) is None:
@@ -316,7 +323,12 @@ def run_job(job: Job, store: RunStore) -> float:
             print(f"[budget] {run_name}: not started: {stopped}; raise it and run the same command", file=sys.stderr)
             return float("nan")
         run_id, parent_id = start_run(store, job)
-        res, card = execute(store, run_id, job, parent_id)
+        try:
+            res, card = execute(store, run_id, job, parent_id)
+        except StepFailed:  # said and marked in execute: a sweep goes on, a single run exits 1
+            if job.sweep:
+                return float("nan")
+            sys.exit(1)
     print(f"\n== {run_name}  (run {run_id}, {res.n_chunks} chunks, {time.perf_counter() - t_start:.1f}s)")
     print(summary_table(res.aggregates, k, job.ks))
     for line in first_stage_lines(res.per_query, res.aggregates, k, job.ks):  # rerank: what it added

@@ -11,6 +11,15 @@ vector, so its vectors get a new identity (a cache miss the vector cache explain
 The probe is also the config check (:func:`config_problems`): an endpoint that is unreachable,
 refuses the key or the model, or answers with a malformed, NaN or wrongly-sized vector exits 2
 naming the key, before any run. It is made once per process per (endpoint, dimensions, key).
+
+After the probe, every fault of a reply (vectors of another or of mixed sizes, NaN/inf, a short or
+empty ``data``, a reply over the size cap, 5xx after the retries, a body trickling past the
+deadline, a call the budget refuses) raises :class:`EmbeddingFault`, a ``core.steps.StepFailed``:
+the run is FAILED with the message as its ``failure_reason``, exit 1, no traceback, and no vector of
+the call is cached. Each :meth:`OpenAIEmbedder.encode` embeds :data:`PROBE_TEXT` again with its last
+request (one more input, no more requests): a vector that no longer matches the first probe's means
+another model now answers under the same name, and the call fails before any of its vectors is
+cached (:data:`MODEL_CHANGED`).
 """
 
 from __future__ import annotations
@@ -27,7 +36,8 @@ from typing import Literal
 import numpy as np
 
 from rag_experiments.core.parallel import thread_map
-from rag_experiments.stages import call_budget
+from rag_experiments.core.steps import StepFailed
+from rag_experiments.stages import call_budget, dry_calls
 from rag_experiments.stages.endpoint import Endpoint, GiveUp
 
 log = logging.getLogger(__name__)
@@ -37,6 +47,15 @@ Kind = Literal["query", "passage"]
 #: recorded fingerprint would change with it).
 PROBE_TEXT = "rag-experiments embedding fingerprint: the refund reaches the card within 5 business days."
 FINGERPRINT_DECIMALS = 3  # coarse enough that two servers of one model agree, fine enough to tell models apart
+#: Largest component difference (L2-normalised) of the probe's vector between the start and a later
+#: request that is still the same model: a batch's padding moves a component by ~1e-6, the rounding of
+#: the fingerprint by 5e-4; another model moves many by far more.
+SAME_MODEL_TOLERANCE = 2 * 10.0**-FINGERPRINT_DECIMALS
+MODEL_CHANGED = "the model behind `embedding.model` changed during the run"
+
+
+class EmbeddingFault(StepFailed):
+    """A reply fault after the startup probe: the run is FAILED with this reason (module docstring)."""
 
 
 class EmbeddingEndpointError(ValueError):
@@ -83,10 +102,11 @@ def parse_embeddings(raw: bytes, n: int) -> tuple[list[list[float]], int]:
     ordered = sorted(rows, key=lambda r: int(r.get("index", 0)))
     if [int(r.get("index", i)) for i, r in enumerate(ordered)] != list(range(n)):
         raise ValueError("malformed reply: the vectors' indexes are not 0..n-1")
-    vecs = [r["embedding"] for r in ordered]
+    vecs = [r.get("embedding") for r in ordered]
     dims = {len(v) if isinstance(v, list) else -1 for v in vecs}
-    if len(dims) != 1 or -1 in dims or 0 in dims:
-        raise ValueError(f"malformed reply: vectors of sizes {sorted(dims)}")
+    if len(dims) != 1 or -1 in dims or 0 in dims:  # the same reply again would be as wrong
+        shown = ", ".join("not a list" if d < 0 else f"{d}-d" for d in sorted(dims))
+        raise GiveUp(f"malformed reply: vectors of mixed sizes ({shown}) in one reply")
     for v in vecs:
         if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in v):
             raise ValueError("malformed reply: a vector component is not a number")
@@ -199,6 +219,7 @@ class OpenAIEmbedder:
         if found.problems:
             raise EmbeddingEndpointError(list(found.problems))
         self.dim = len(found.vector)
+        self._probe_vector = found.vector
         self.fingerprint = fingerprint(np.asarray(found.vector))
         #: what the endpoint is called, whatever answers: the vector cache reports a new fingerprint under it
         self.identity_name = f"openai-embeddings {self.base_url} {self.model} dimensions={self.dimensions}"
@@ -215,13 +236,15 @@ class OpenAIEmbedder:
         )
 
     def encode(self, texts: list[str], kind: Kind = "passage") -> np.ndarray:
-        """L2-normalised float32 rows, one per text; any request failing for good raises (a
-        missing vector would silently drop a chunk from retrieval)."""
+        """L2-normalised float32 rows, one per text; any request failing for good, or the model
+        behind the name changing, raises :class:`EmbeddingFault` (a missing vector would silently
+        drop a chunk from retrieval; another model's vectors would mix two spaces)."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         prefix = self.query_prefix if kind == "query" else self.passage_prefix
-        inputs = [prefix + t for t in texts]
+        inputs = [prefix + t for t in texts] + [PROBE_TEXT]  # the probe again, in the last request
         spans = batches(inputs, self.batch_size, self.max_request_chars)
+        where = f"embedding: {self.base_url}/embeddings ({self.model})"
 
         def one(span: tuple[int, int]) -> list[list[float]]:
             part = inputs[span[0] : span[1]]
@@ -230,12 +253,26 @@ class OpenAIEmbedder:
                 body["dimensions"] = self.dimensions
             reply = self._endpoint.post("/embeddings", body, lambda raw: parse_embeddings(raw, len(part)))
             if reply.error:
-                raise RuntimeError(f"embedding: {self.base_url}/embeddings ({self.model}): {reply.error}")
-            return reply.data[0]  # post() counted the tokens and their cost
+                raise EmbeddingFault(f"{where}: {reply.error}")
+            vecs = reply.data[0]  # post() counted the tokens and their cost
+            if len(vecs[0]) != self.dim:
+                raise EmbeddingFault(f"{where}: the endpoint returned {len(vecs[0])}-d vectors; its probe's "
+                                     f"were {self.dim}-d (embedding.dimensions={self.dimensions})")  # fmt: skip
+            return vecs
 
         parts = thread_map(one, spans, self.concurrency)  # Ctrl-C aborts the client via core.parallel
-        x = np.asarray([v for p in parts for v in p], dtype=np.float32)
-        if x.shape != (len(texts), self.dim):
-            raise ValueError(f"embedding: {self.base_url} returned vectors of shape {x.shape}, expected ({len(texts)}, {self.dim})")
+        rows = [v for p in parts for v in p]
+        x = np.asarray(rows[:-1], dtype=np.float32)
+        self._same_model(np.asarray(rows[-1], dtype=np.float64), where)
         norms = np.linalg.norm(x, axis=1, keepdims=True)
         return x / np.maximum(norms, 1e-12)
+
+    def _same_model(self, vector: np.ndarray, where: str) -> None:
+        """The probe text's vector now against the one the identity was made from."""
+        if dry_calls.active():  # placeholders: no model answered
+            return
+        unit = lambda v: v / max(float(np.linalg.norm(v)), 1e-12)  # noqa: E731
+        drift = float(np.abs(unit(vector) - unit(np.asarray(self._probe_vector))).max())
+        if drift > SAME_MODEL_TOLERANCE:
+            raise EmbeddingFault(f"{MODEL_CHANGED} ({where}: the probe text's vector moved by {drift:.3g}, "
+                                 f"fingerprint was {self.fingerprint}); nothing of this step is cached")  # fmt: skip

@@ -14,6 +14,14 @@ rather than the public ``is_grounded``: the public functions take no ``base_url`
 per claim). The prompt, the model call, the JSON reading and the returned ``Feedback`` are
 MLflow's; only those three knobs are ours.
 
+**Every model call goes through the one endpoint client.** MLflow is pointed not at the model's
+endpoint but at a shim on 127.0.0.1 (:class:`_Shim`) whose every request is sent by
+``stages.endpoint.Endpoint``: ``judge.rpm``/``tpm``/``max_concurrency``, the deadline, retries,
+``Retry-After``, the budget (``budget.max_calls``/``max_usd``), the dry run (a placeholder reply,
+no request) and the abort on a signal hold for it as for every other step. A call our client gave
+up on is answered 400, so MLflow does not retry it again; it is an ``unparseable`` verdict with
+the error, as before.
+
 Reading a feedback: ``yes`` → supported, ``no`` → unsupported; anything else (MLflow's own
 prompt asks for ``"yes|no"`` and small models copy it), a reply that is not JSON, or JSON without
 ``result`` → ``unparseable``, counted and excluded from faithfulness, never read as "no". A
@@ -30,14 +38,17 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from rag_experiments.core.identity import file_sha256, source_hash
 from rag_experiments.core.parallel import thread_map
-from rag_experiments.core.redaction import error_text, redact, register_secret_env
+from rag_experiments.core.redaction import error_text, register_secret_env
+from rag_experiments.core.text_gate import gate_text
 from rag_experiments.core.types import Verdict
 from rag_experiments.judge import split_claims
+from rag_experiments.stages.endpoint import Endpoint
 from rag_experiments.stages.generation import local_server, resolve_model_path
 
 #: MLflow's names of the two built-in judges we call (their assessment names).
@@ -45,6 +56,7 @@ GROUNDEDNESS = "groundedness"
 RELEVANCE = "relevance_to_query"
 _NO_KEY = "unused"  # MLflow's openai provider insists on a key; keyless endpoints ignore it
 _PARSE_FAILURE = "Failed to parse response from judge model"
+REPLY_CAP = 500  # characters of a rationale, reply or error a verdict keeps
 
 # MLflow reads the key and the HTTP timeout from the process environment at call time, so a
 # batch holds this lock while they are set (another MLflowJudge waits; nothing else reads them).
@@ -69,6 +81,44 @@ def _mlflow_env(api_key: str, timeout_s: float) -> Iterator[None]:
                     os.environ.pop(n, None)
                 else:
                     os.environ[n] = v
+
+
+def _chat_bytes(raw: bytes) -> bytes:
+    """A chat reply passed on to MLflow as it came, once it reads as a chat completion (JSON with
+    ``choices``; else malformed, retried by the client, then the call's error)."""
+    if not (json.loads(raw) or {}).get("choices"):
+        raise ValueError("malformed reply: no choices")
+    return raw
+
+
+class _Shim:
+    """An OpenAI-compatible ``/chat/completions`` on 127.0.0.1 whose requests our endpoint client
+    sends to the judge's model (module docstring). Started on first use, a daemon thread."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        ep = endpoint
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # MLflow's requests are the judge's calls, counted by the client
+                pass
+
+            def do_POST(self):
+                try:
+                    body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+                    r = ep.post("/chat/completions", {**body, "model": ep.model}, _chat_bytes)
+                    status, out = (200, r.data) if not r.error else (400, json.dumps({"error": {"message": r.error}}).encode())
+                except Exception as exc:  # noqa: BLE001 - MLflow gets an error reply, never a dropped socket
+                    status, out = 400, json.dumps({"error": {"message": error_text(exc)}}).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
 def read_feedback_value(value: Any) -> str:
@@ -114,6 +164,9 @@ class MLflowJudge:
         num_retries: int = 2,
         timeout_s: float = 120.0,
         concurrency: int = 1,
+        max_concurrency: int | None = None,
+        rpm: float | None = None,
+        tpm: float | None = None,
     ) -> None:
         import mlflow
 
@@ -129,12 +182,18 @@ class MLflowJudge:
             self.model = path.name
             endpoint = {"model_sha256": file_sha256(path), "ctx_size": int(ctx_size)}
         self.model_uri = f"openai:/{self.model}"
-        self._api_key = (os.environ.get(api_key_env) if api_key_env else None) or _NO_KEY
         register_secret_env(api_key_env)  # its value is redacted from every error (redaction.py)
         self.inference_params = {"temperature": float(temperature), "max_tokens": int(max_tokens)}
         self.num_retries = int(num_retries)
         self.timeout_s = float(timeout_s)
         self.concurrency = max(1, int(concurrency))
+        # our client sends MLflow's requests (retries, limits, budget, dry run): MLflow retries nothing
+        self._endpoint = Endpoint(self.base_url, self.model, api_key_env, self.timeout_s, self.num_retries,
+                                  max_concurrency=max_concurrency or self.concurrency, rpm=rpm, tpm=tpm,
+                                  what="judge.timeout_s")  # fmt: skip
+        self._shim: _Shim | None = None
+        self._last = threading.local()  # the error of this thread's last answer_relevance
+        self._shim_lock = threading.Lock()
         ident = {
             "kind": "mlflow",
             "judges": [GROUNDEDNESS, RELEVANCE],
@@ -157,31 +216,40 @@ class MLflowJudge:
                 self.model_uri,
                 prompt,
                 assessment_name=name,
-                num_retries=self.num_retries,
+                num_retries=0,
                 inference_params=self.inference_params,
-                base_url=f"{self.base_url}/chat/completions",
+                base_url=f"{self._shim_url()}/chat/completions",
             )
         except MlflowException as exc:
             msg = str(exc)
             if msg.startswith(_PARSE_FAILURE):  # the model answered, not in JSON: a reply problem
-                raw = msg.split("Response: ", 1)[-1]
-                return "unparseable", "reply is not JSON (or was cut at max_tokens)", raw[:500], None
+                raw = gate_text(msg.split("Response: ", 1)[-1], "reply", REPLY_CAP).text
+                return "unparseable", "reply is not JSON (or was cut at max_tokens)", raw, None
             return "unparseable", "", "", error_text(exc)
         except KeyError as exc:  # JSON without "result"
             return "unparseable", f"reply JSON has no {exc}", "", None
         except Exception as exc:  # noqa: BLE001 - a judge never raises per claim
             return "unparseable", "", "", error_text(exc)
         if fb.error is not None:
-            why = redact(str(fb.error.error_message or fb.error.error_code))
-            return "unparseable", "", "", f"feedback error: {why}"[:500]
+            why = str(fb.error.error_message or fb.error.error_code)
+            return "unparseable", "", "", gate_text(f"feedback error: {why}", "error", REPLY_CAP).text
         label = read_feedback_value(fb.value)
-        rationale = str(fb.rationale or "")[:500]
+        rationale = str(fb.rationale or "")
         if label == "unparseable":
             rationale = f"feedback value {fb.value!r} is not yes/no; {rationale}"
-        return label, rationale, json.dumps(fb.value, default=str), None
+        # the model's texts pass the one gate before a verdict (cache, table, traces) holds them
+        raw = gate_text(json.dumps(fb.value, default=str), "reply", REPLY_CAP).text
+        return label, gate_text(rationale, "rationale", REPLY_CAP).text, raw, None
+
+    def _shim_url(self) -> str:
+        with self._shim_lock:
+            if self._shim is None:
+                self._shim = _Shim(self._endpoint)
+            return self._shim.url
 
     def _map(self, fn, items: list) -> list:
-        with _mlflow_env(self._api_key, self.timeout_s):
+        # MLflow's own deadline outlasts our client's attempts: the client decides when a call failed
+        with _mlflow_env(_NO_KEY, self.timeout_s * (self.num_retries + 2)):
             return thread_map(fn, items, self.concurrency)
 
     # Judge protocol -----------------------------------------------------------------------------
@@ -208,5 +276,10 @@ class MLflowJudge:
         method = "mlflow:relevance_to_query(yes=1,no=0)"
         if not answer or not answer.strip():
             return float("nan"), method
-        label, _, _, _ = self._map(lambda a: self._ask(get_prompt(query, a), RELEVANCE), [answer])[0]
+        label, _, _, err = self._map(lambda a: self._ask(get_prompt(query, a), RELEVANCE), [answer])[0]
+        self._last.error = err  # a failed call (transport, budget): counted, its NaN never cached
         return {"supported": 1.0, "unsupported": 0.0}.get(label, float("nan")), method
+
+    def last_error(self) -> str | None:
+        """The error of this thread's last :meth:`answer_relevance` call (None: it succeeded)."""
+        return getattr(self._last, "error", None)

@@ -1,11 +1,14 @@
 """Is a SQLite tracking store's file intact? Asked where a lookup came back empty, so that garbage
 in the pages of the runs table or its indexes reads as "store corrupt", not as "unknown run"
-(issue 31 item 12). Standard library only, so any module can ask (no import cycle through
-``tracking.errors``)."""
+(issue 31 item 12). Standard library only at import, so any module can ask (no import cycle
+through ``tracking.errors``). A new store is created here too, atomically (:func:`create_sqlite_store`).
+"""
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import uuid
 from pathlib import Path
 
 
@@ -52,3 +55,77 @@ def store_corrupt_message(uri: str | None, answer: str) -> str | None:
         f"check ({bad}), so {answer!r} may only mean the page holding it is damaged. Restore the file from a backup (`sqlite3 FILE .recover` "
         "salvages what is readable), or point --tracking-uri elsewhere."
     )
+
+
+class HalfMigratedStore(OSError):
+    """A sqlite store a process killed while creating it left half-migrated (exit 2, ``tracking.errors``:
+    an ``OSError`` naming its file)."""
+
+
+def _creating(path: Path) -> list[Path]:
+    return sorted(path.parent.glob(f".{path.name}.creating-*"))
+
+
+def _mlflow_head() -> str:
+    """The schema revision a complete store of the installed MLflow has (alembic's head of
+    MLflow's own migration scripts)."""
+    import mlflow
+    from alembic.script import ScriptDirectory
+
+    return str(ScriptDirectory(str(Path(mlflow.__file__).parent / "store" / "db_migrations")).get_current_head())
+
+
+def half_migrated(path: Path) -> str | None:
+    """Why the sqlite store at ``path`` is a creation that never finished (None when it is not):
+    its schema revision is behind MLflow's and it holds no run. A store *with* runs at an older
+    revision is an old store, left to MLflow (``mlflow db upgrade``)."""
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if not tables:
+                return None  # an empty file: MLflow creates the schema in it
+            version = con.execute("SELECT version_num FROM alembic_version").fetchone() if "alembic_version" in tables else None
+            runs = con.execute("SELECT count(*) FROM runs").fetchone()[0] if "runs" in tables else 0
+        finally:
+            con.close()
+    except sqlite3.DatabaseError:
+        return None  # not readable: the integrity check's to report
+    head = _mlflow_head()
+    if runs or (version is not None and version[0] == head):
+        return None
+    at = f"revision {version[0]}" if version else "no schema revision"
+    return f"its schema stops at {at} of {head}, with {len(tables)} tables and no run"
+
+
+def create_sqlite_store(uri: str | None) -> None:
+    """Create a new ``sqlite:///`` store atomically, or refuse a half-created one.
+
+    MLflow's migrations create some 40 tables one by one; a process killed among them (kill -9,
+    a CI timeout) left a store every later start refused with "table … already exists". Here a new
+    store is migrated in a temporary file beside it (``.NAME.creating-PID-…``) and renamed into place
+    only when complete, so a kill leaves a temporary file (removed by the next creation) and never a
+    half-created store. A store left half-created before this existed raises
+    :class:`HalfMigratedStore` saying what to do. Call it under ``tracking.locks.store_lock``."""
+    if not uri or not uri.startswith("sqlite:///") or ":memory:" in uri:
+        return
+    path = _path(uri)
+    if path.is_file() and path.stat().st_size:
+        if why := half_migrated(path):
+            raise HalfMigratedStore(
+                0,
+                f"tracking store {uri} was left half-created by a process killed while creating it ({why}). "
+                f"It holds no run: delete it (rm {path}) and run the same command again; the store is then "
+                "created whole.",
+                str(path.resolve()),
+            )
+        return
+    for stale in _creating(path):  # a creation killed before us (we hold the store lock)
+        stale.unlink(missing_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # a name of its own per attempt: MLflow keeps a store object per URI for the process
+    tmp = path.with_name(f".{path.name}.creating-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    from mlflow import MlflowClient
+
+    MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments(max_results=1)  # runs the migrations
+    os.replace(tmp, path)

@@ -47,6 +47,7 @@ from rag_experiments.tracking.run_info import (  # noqa: F401
     runner_id,
     ui_command,
 )
+from rag_experiments.tracking.store_check import create_sqlite_store
 from rag_experiments.tracking.uri import artifact_location, is_server  # noqa: F401
 from rag_experiments.tracking.uri import tracking_uri as resolve_uri  # noqa: F401  (sweep.py's name)
 
@@ -56,6 +57,7 @@ TRACES_EXPECTED = resume.TRACES_EXPECTED  # tag: traces a run should have, set b
 def open_store(uri: str) -> MlflowClient:
     """A client on ``uri``; constructing one creates a fresh store, so it happens under a lock."""
     with store_lock(uri):
+        create_sqlite_store(uri)  # a new sqlite store whole or not at all (tracking.store_check)
         return MlflowClient(tracking_uri=uri)
 
 

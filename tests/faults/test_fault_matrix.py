@@ -1,8 +1,14 @@
 """The fault matrix (docs/reliability.md): every remote step against the same misbehaving endpoint.
 
-Rows are the steps that call out (generate, judge, query transform, rerank API, LLM reranker); a
-new remote step adds a row to ``STEPS``, never tests of its own. Columns are the ways an endpoint
-misbehaves. Every cell asserts the same rule, the one ``run.steps`` derives for every step:
+Rows are the steps that call out (generate, judge, MLflow's judge, query transform, rerank API,
+LLM reranker, an HTTP app, the embeddings API); a new remote step adds a row to ``STEPS``, never
+tests of its own. Columns are the ways an endpoint misbehaves, plus an app's (a bare-string
+``contexts``, wrong types, a huge answer, a secret in it) and the embeddings' after the startup
+probe (wrong or mixed sizes, short ``data``, a reply over the size cap, another model, a budget
+stop). The ``app=python`` row (``test_python_app_cell``) runs the user's code's own faults: raise,
+``sys.exit``, its own ``KeyboardInterrupt``/``GeneratorExit``, wrong types, a bare string, some
+failing, huge, a secret. The fakes are ``tests/http_fakes.py``'s.
+Every cell asserts the same rule, the one ``run.steps`` derives for every step:
 
 - the step fails on every item → the run fails, naming the step (``failure_reason``);
 - it fails on some → the run finishes with the count, and the same run again redoes exactly those
@@ -24,7 +30,6 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -32,15 +37,20 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from rag_experiments.core.cache import CachedEmbedder
+from rag_experiments.core.steps import StepFailed
 from rag_experiments.judge.llm import LLMJudge
 from rag_experiments.run.steps import failure_reason
-from rag_experiments.stages.api_embedding import OpenAIEmbedder
-from rag_experiments.stages.app import HttpApp
+from rag_experiments.stages import call_budget
+from rag_experiments.stages.api_embedding import MODEL_CHANGED, OpenAIEmbedder
+from rag_experiments.stages.app import APP_ANSWER_CAP, HttpApp, PythonApp
+from rag_experiments.stages.endpoint import MAX_REPLY_BYTES
 from rag_experiments.stages.generation import OpenAICompatibleGenerator
 from rag_experiments.stages.query import RewriteQuery
 from rag_experiments.stages.rerank import EndpointReranker, LLMReranker
 from rag_experiments.stages.retrieval import DenseRetriever
-from tests.llm_fixtures import ChatServer, _completion, send_body
+from rag_experiments.tracking.mlflow_judge import MLflowJudge
+from tests.http_fakes import FakeHTTP, Reply, Request, embeddings
+from tests.llm_fixtures import ChatServer, _completion
 from tests.sweep_helpers import REPO, tiny_inputs, tiny_pipeline
 
 KEY_ENV, KEY = "RAG_MATRIX_KEY", "sk-matrix-DoNotStore-5e4d3c2b1a09f8e7"
@@ -49,44 +59,55 @@ RATELIMITED = 3
 
 
 class MisbehavingEndpoint:
-    """One OpenAI-compatible endpoint (``/chat/completions`` and ``/rerank``) that misbehaves as
-    ``mode`` says: ok · http500 · http400 · malformed (200, not JSON) · empty (200, nothing in it)
-    · nan (200 whose number is NaN) · trickle (a body one byte every 0.3 s) · ratelimit (429 with
-    ``Retry-After: 1`` on the first attempt of up to ``RATELIMITED`` requests) · half (500 forever
-    on every request that names one of the questions ``bad``) · echokey (401 repeating the key) · hang (accepts, never answers).
+    """One OpenAI-compatible endpoint (``/chat/completions``, ``/rerank``, ``/embeddings`` and an
+    app's ``/ask``; a handler of ``tests.http_fakes.FakeHTTP``) that misbehaves as ``mode`` says:
+    ok · http500 · http400 · malformed (200, not JSON) · empty (200, nothing in it) · nan (200 whose
+    number is NaN) · trickle (a body one byte every 0.3 s) · ratelimit (429 with ``Retry-After: 1``
+    on the first attempt of up to ``RATELIMITED`` requests) · half (500 forever on every request
+    that names one of the questions ``bad``) · echokey (401 repeating the key) · hang (accepts,
+    never answers). An app's modes (``/ask``): barecontexts (``contexts`` a bare string) ·
+    wrongtypes (an answer that is a number) · hugeanswer (an answer of ``HUGE`` characters) ·
+    leakanswer (an answer repeating the key it was sent and an ``sk-…`` token). The embeddings'
+    modes: wrongdim (4-d vectors after 3-d probes) · mixeddim (one vector 4-d) · short (one vector
+    fewer) · oversize (a body over the client's size cap) · swap (another model: other vectors).
     ``arrivals`` lists (time.monotonic, request hash) of every request."""
+
+    HUGE = 200_000
 
     def __init__(self, good_chat: str, bad: tuple[str, ...] = ()) -> None:
         self.mode, self.arrivals, self.seen, self.limited = "ok", [], {}, 0
         self.bad = [json.dumps(q)[1:-1].encode() for q in bad]  # half: requests naming these fail
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                body = json.loads(raw or b"{}")
-                h = hashlib.sha256(raw).hexdigest()
-                outer.arrivals.append((time.monotonic(), h))
-                outer.seen[h] = outer.seen.get(h, 0) + 1
-                outer.reply(self, body, h, raw)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.http = FakeHTTP(self.reply)
+        self.url = self.http.url
         self.good_chat, self.app_context = good_chat, ""
 
-    def good(self, path: str, body: dict, nan: bool = False) -> bytes:
+    def good(self, path: str, body: dict, nan: bool = False, auth: str = "") -> bytes:
+        mode = self.mode
         if path.endswith("/embeddings"):  # a vector per input: its length and letters, normalised later
-            texts = body.get("input", [])
-            rows = [{"index": i, "embedding": [len(t) + 1.0, float(t.count("e")) + 1, 1.0]} for i, t in enumerate(texts)]
-            out = json.dumps({"data": rows, "usage": {"prompt_tokens": len(texts), "total_tokens": len(texts)}})
-            return (out.replace("1.0]", "NaN]") if nan else out).encode()
+            def vector(t: str) -> list[float]:
+                v = [len(t) + 1.0, float(t.count("e")) + 1, 1.0]
+                return [v[1], v[0], 2.0] if mode == "swap" else v + [1.0] if mode == "wrongdim" else v
+
+            out = embeddings(body.get("input", []), vector)
+            if mode == "mixeddim" and out["data"]:
+                out["data"][0]["embedding"].append(1.0)
+            if mode == "short":
+                out["data"] = out["data"][:-1]
+            if mode == "oversize":
+                out["padding"] = "x" * (MAX_REPLY_BYTES + 1)
+            return (json.dumps(out).replace("1.0]", "NaN]") if nan else json.dumps(out)).encode()
         if path.endswith("/ask"):  # an application: an answer and a passage of the first document
-            return json.dumps({"answer": self.good_chat, "contexts": [{"text": self.app_context}]}).encode()
+            answer: Any = self.good_chat
+            contexts: Any = [{"text": self.app_context}]
+            if mode == "barecontexts":
+                contexts = self.app_context
+            elif mode == "wrongtypes":
+                answer = 42
+            elif mode == "hugeanswer":
+                answer = "x" * self.HUGE
+            elif mode == "leakanswer":
+                answer = f"{self.good_chat} {auth} sk-live0123456789abcdefXYZ"
+            return json.dumps({"answer": answer, "contexts": contexts}).encode()
         if path.endswith("/rerank"):
             docs = body.get("documents", [])
             score = "NaN" if nan else None
@@ -94,49 +115,33 @@ class MisbehavingEndpoint:
             return json.dumps({"results": rows}).replace('"NaN"', "NaN").encode()
         return json.dumps(_completion("NaN" if nan else self.good_chat, body.get("model", "m"))).encode()
 
-    def reply(self, h: BaseHTTPRequestHandler, body: dict, digest: str, raw: bytes) -> None:
-        mode, path = self.mode, h.path
+    def reply(self, r: Request) -> Reply:
+        mode, raw = self.mode, r.raw
+        digest = hashlib.sha256(raw).hexdigest()
+        self.arrivals.append((time.monotonic(), digest))
+        self.seen[digest] = self.seen.get(digest, 0) + 1
         if mode == "hang":
-            time.sleep(30)
-            return
+            return Reply(hang_s=30)
         if mode == "http500" or (mode == "half" and any(b in raw for b in self.bad)):
-            return send_body(h, 500, b'{"error": {"message": "boom"}}')
+            return Reply(500, b'{"error": {"message": "boom"}}')
         if mode == "http400":
-            return send_body(h, 400, b'{"error": {"message": "bad request"}}')
+            return Reply(400, b'{"error": {"message": "bad request"}}')
         if mode == "malformed":
-            return send_body(h, 200, b'{"choices": [ not json')
+            return Reply(200, b'{"choices": [ not json')
         if mode == "empty":
-            return send_body(h, 200, b"{}")
+            return Reply(200, b"{}")
+        auth = r.headers.get("Authorization", "")
         if mode == "echokey":
-            auth = h.headers.get("Authorization", "")
-            return send_body(h, 401, json.dumps({"error": {"message": f"bad key {auth}"}}).encode())
+            return Reply(401, json.dumps({"error": {"message": f"bad key {auth}"}}).encode())
         # RATELIMITED requests at most: each costs a 1 s wait, and a judge makes many
         if mode == "ratelimit" and self.seen[digest] == 1 and self.limited < RATELIMITED:
             self.limited += 1
-            h.send_response(429)
-            h.send_header("Retry-After", "1")
-            h.send_header("Content-Length", "2")
-            h.end_headers()
-            h.wfile.write(b"{}")
-            return
-        out = self.good(path, body, nan=mode == "nan")
-        if mode == "trickle":
-            h.send_response(200)
-            h.send_header("Content-Length", str(len(out)))
-            h.end_headers()
-            try:
-                for b in out:
-                    h.wfile.write(bytes([b]))
-                    h.wfile.flush()
-                    time.sleep(0.3)
-            except OSError:
-                pass
-            return
-        send_body(h, 200, out)
+            return Reply(429, b"{}", {"Retry-After": "1"})
+        out = self.good(r.path, r.body, nan=mode == "nan", auth=auth)
+        return Reply(200, out, trickle_s=0.3 if mode == "trickle" else 0.0)
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.http.close()
 
 
 @dataclass(frozen=True)
@@ -161,6 +166,10 @@ class Row:
             judge = LLMJudge(url, "m", api_key_env=KEY_ENV, use_logprobs=False, constrained="none",
                              decompose=False, n_questions=1, concurrency=2, **fast)  # fmt: skip
             return {"generator": gen(healthy), "prompt": prompt, "judge": judge}
+        if self.name == "mlflow_judge":  # MLflow's judges; their requests sent by our client (a shim)
+            judge = MLflowJudge(url, "m", api_key_env=KEY_ENV, num_retries=FAST["max_retries"], timeout_s=timeout_s,
+                                concurrency=2)  # fmt: skip
+            return {"generator": gen(healthy), "prompt": prompt, "judge": judge}
         if self.name == "query":
             return {"query_transform": RewriteQuery(gen(url))}
         if self.name == "rerank_endpoint":
@@ -175,6 +184,7 @@ class Row:
 STEPS = (
     Row("generate", "generator", "Webhooks are retried for 24 hours."),
     Row("judge", "judge", "yes"),
+    Row("mlflow_judge", "judge", json.dumps({"rationale": "the context says so", "result": "yes"})),
     Row("query", "query_transform", "webhook retry schedule"),
     Row("rerank_endpoint", "reranker", "", numeric=True),
     Row("rerank_llm", "reranker", "7", numeric=True),
@@ -182,7 +192,12 @@ STEPS = (
     Row("embeddings", "retriever", "", numeric=True, whole=True),
 )
 ALL_FAIL = ("dead", "http500", "http400", "malformed", "empty", "trickle", "echokey")
+APP_FAIL = ("barecontexts", "wrongtypes")  # an app's reply of the wrong shape: that question's error
+APP_MODES = (*APP_FAIL, "hugeanswer", "leakanswer")
+EMBED_FAIL = ("wrongdim", "mixeddim", "short", "oversize", "swap", "budget")  # after the startup probe
 CELLS = [(r, m) for r in STEPS for m in (*ALL_FAIL, "nan", "ratelimit", "half") if m != "nan" or r.numeric]
+CELLS += [(r, m) for r in STEPS if r.slot == "app" for m in APP_MODES]
+CELLS += [(r, m) for r in STEPS if r.whole for m in EMBED_FAIL]
 
 
 @pytest.fixture
@@ -230,8 +245,14 @@ def test_cell(world, row: Row, mode: str):
         took = time.monotonic() - t0
         rec, why = res.records[row.slot], failure_reason(res.records)
         kept = res.per_query.to_json() + json.dumps(res.tags) + json.dumps({k: vars(v) for k, v in res.records.items()})
-        assert KEY not in kept  # nothing leaked, whatever the endpoint said
-        if mode in ALL_FAIL or mode == "nan":
+        assert KEY not in kept and "sk-live" not in kept  # nothing leaked, whatever the endpoint said
+        if mode == "hugeanswer":  # cut at the app's cap, not stored whole
+            assert rec.failed == 0 and res.per_query["answer"].str.len().max() == APP_ANSWER_CAP, rec
+            return
+        if mode == "leakanswer":
+            assert rec.failed == 0 and not why and "[REDACTED" in res.per_query["answer"].iloc[0]
+            return
+        if mode in ALL_FAIL or mode in APP_FAIL or mode == "nan":
             assert rec.items > 0 and rec.failed == rec.items, (rec, res.per_query.filter(like="error").to_dict())
             assert why and rec.first_error and f"({_step(row)} step" in why, why
             if mode == "trickle":  # the deadline bounds the body: attempts × timeout, not the trickle
@@ -249,7 +270,7 @@ def test_cell(world, row: Row, mode: str):
         again = tiny_pipeline(inputs, **row.stages(url, healthy.url))
         rec2 = again.records[row.slot]
         assert rec2.failed == 0 and not failure_reason(again.records), rec2
-        if row.name != "judge":  # one call per item: the re-run asks exactly the failed ones
+        if row.slot != "judge":  # one call per item: the re-run asks exactly the failed ones
             assert sum(rec2.calls.values()) == first_failed, (rec2.calls, first_failed)
         else:  # per claim and per relevance question: some calls, fewer than a fresh run
             assert 0 < sum(rec2.calls.values()) < sum(rec.calls.values()), (rec2.calls, rec.calls)
@@ -282,11 +303,69 @@ def _embeddings_cell(inputs, ep: MisbehavingEndpoint, mode: str) -> None:
             assert res.records["retriever"].failed == 0 and not failure_reason(res.records)
             assert min(_retry_gaps(ep)) >= 0.95
             return
-        with pytest.raises(Exception) as e:  # all, half, NaN: no index from some of the vectors
-            tiny_pipeline(inputs, retriever=retriever)
-        assert "embedding" in str(e.value) and KEY not in str(e.value), str(e.value)
+        if mode == "budget":  # the budget stops the step inside it: a stop, not a crash
+            call_budget.reset()
+            call_budget.set_budget(max_calls=1)
+        try:
+            with pytest.raises(StepFailed) as e:  # all, half, NaN, …: no index from some of the vectors
+                tiny_pipeline(inputs, retriever=retriever)
+        finally:
+            call_budget.reset()
+        why = e.value.reason  # the run's failure_reason (run.sweep.execute): FAILED, exit 1, no traceback
+        assert "embedding" in why and KEY not in why, why
+        expected = {"wrongdim": "4-d vectors; its probe's were 3-d", "mixeddim": "mixed sizes (3-d, 4-d)",
+                    "short": "vectors for", "oversize": "reply larger than", "swap": MODEL_CHANGED,
+                    "budget": "budget"}  # fmt: skip
+        assert expected.get(mode, "") in why, why
+        if mode == "swap":  # nothing of the failed step is cached: the same command embeds again
+            ep.mode = "ok"
+            n = len(ep.arrivals)
+            assert tiny_pipeline(inputs, retriever=retriever).records["retriever"].failed == 0
+            assert len(ep.arrivals) > n
     finally:
         ep.close()
+
+
+#: What a user's ``app=python`` target may do (tests/app_fixture.py); all but ``huge``/``leaks``
+#: fail every question, ``some`` fails some (``sys.exit(3)``) until the app is healed.
+PY_APP = {"raise": "broken", "sys_exit": "exits", "interrupt": "interrupts", "generator_exit": "generator_exit",
+          "wrong_types": "wrong_types", "bare_string_contexts": "bare_string_contexts", "some": "some_fail",
+          "huge": "huge", "secret": "leaks"}  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", list(PY_APP))
+def test_python_app_cell(world, monkeypatch, mode: str):
+    """The ``app=python`` row: whatever the target raises (``sys.exit`` and its own
+    ``KeyboardInterrupt`` included) or returns of the wrong shape is that question's error, never
+    the run's crash or exit code; all failing fails the run naming the app step; some failing is
+    redone by the same run again; a huge answer is cut at the cap; a secret is stored nowhere."""
+    inputs, _ = world
+    monkeypatch.setenv("RAG_APP_KEY", KEY)
+    monkeypatch.delenv("RAG_APP_HEALED", raising=False)
+    params = {} if PY_APP[mode] in ("broken", "exits", "interrupts", "generator_exit", "wrong_types",
+                                    "bare_string_contexts") else {"context": inputs[0].docs[0].text[:80]}  # fmt: skip
+    if mode == "huge":
+        params["size"] = 3 * APP_ANSWER_CAP
+
+    def run():
+        return tiny_pipeline(inputs, app=PythonApp(f"tests.app_fixture:{PY_APP[mode]}", params))
+
+    res = run()
+    rec, why = res.records["app"], failure_reason(res.records)
+    kept = res.per_query.to_json() + json.dumps({k: vars(v) for k, v in res.records.items()})
+    assert KEY not in kept and "sk-live" not in kept
+    if mode == "huge":
+        assert rec.failed == 0 and res.per_query["answer"].str.len().max() == APP_ANSWER_CAP
+    elif mode == "secret":
+        assert rec.failed == 0 and not why
+    elif mode == "some":
+        assert 0 < rec.failed < rec.items and not why, (rec, why)
+        assert res.per_query["app_error"].dropna().str.contains("SystemExit").all()
+        monkeypatch.setenv("RAG_APP_HEALED", "1")
+        again = run().records["app"]
+        assert again.failed == 0 and again.calls == {"app": rec.failed}  # exactly the failed ones
+    else:
+        assert rec.items > 0 and rec.failed == rec.items and "(app step" in why, (rec, why)
 
 
 def _step(row: Row) -> str:

@@ -1,0 +1,153 @@
+"""The one home of the tests' fake HTTP servers (issue 42, item 10): endpoints, apps and embeddings.
+
+:class:`FakeHTTP` is a threaded server on 127.0.0.1 whose answer to every request is
+``handle(Request)``: a :class:`Reply` (status, body, headers, a body trickled byte by byte, a hang)
+or plain bytes / a dict (200 JSON). It records every request (``requests``: arrival time and the
+request) so a test can count what an endpoint received, e.g. 0 model requests during a dry run.
+The chat-, app- and embeddings-shaped fakes of the tests are handlers of it, not servers of their
+own.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Request:
+    """One request as the fake saw it: method, path, headers, raw body and its JSON (or {})."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    raw: bytes
+    body: Any
+
+
+@dataclass
+class Reply:
+    """What the fake answers: ``status``, ``body``, extra ``headers``; ``trickle_s`` > 0 sends the
+    body one byte every that many seconds; ``hang_s`` > 0 waits that long and answers nothing."""
+
+    status: int = 200
+    body: bytes = b"{}"
+    headers: dict[str, str] = field(default_factory=dict)
+    trickle_s: float = 0.0
+    hang_s: float = 0.0
+
+
+def send_body(handler: BaseHTTPRequestHandler, code: int, body: bytes, ctype: str = "application/json",
+              headers: dict[str, str] | None = None) -> None:  # fmt: skip
+    """One whole HTTP reply from a handler: status, type, length, extra headers, body."""
+    handler.send_response(code)
+    handler.send_header("Content-Type", ctype)
+    handler.send_header("Content-Length", str(len(body)))
+    for k, v in (headers or {}).items():
+        handler.send_header(k, v)
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+def _as_reply(out: Reply | bytes | str | dict | list) -> Reply:
+    if isinstance(out, Reply):
+        return out
+    if isinstance(out, bytes):
+        return Reply(body=out)
+    if isinstance(out, str):
+        return Reply(body=out.encode())
+    return Reply(body=json.dumps(out).encode())
+
+
+class FakeHTTP:
+    """A threaded HTTP server on 127.0.0.1 answering ``handle(request)`` (module docstring).
+
+    ``url``: ``http://127.0.0.1:PORT`` + ``prefix`` (``/v1`` for an OpenAI-compatible base URL);
+    ``requests``: (time.monotonic(), :class:`Request`) of every request; ``close()`` stops it (also
+    as a context manager)."""
+
+    def __init__(self, handle: Callable[[Request], Any], prefix: str = "/v1", start: bool = True) -> None:
+        self.handle, self.requests = handle, []
+        self._lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep test output clean
+                pass
+
+            def _serve(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                try:
+                    body = json.loads(raw) if raw else {}
+                except ValueError:
+                    body = {}
+                req = Request(self.command, self.path, dict(self.headers), raw, body)
+                with outer._lock:
+                    outer.requests.append((time.monotonic(), req))
+                outer._answer(self, _as_reply(outer.handle(req)))
+
+            do_POST = do_GET = _serve
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = self.base + prefix
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        if start:
+            self.thread.start()
+
+    @staticmethod
+    def _answer(h: BaseHTTPRequestHandler, r: Reply) -> None:
+        if r.hang_s:
+            time.sleep(r.hang_s)
+            return
+        if not r.trickle_s:
+            return send_body(h, r.status, r.body, headers=r.headers)
+        h.send_response(r.status)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(r.body)))
+        h.end_headers()
+        try:
+            for b in r.body:
+                h.wfile.write(bytes([b]))
+                h.wfile.flush()
+                time.sleep(r.trickle_s)
+        except OSError:  # the client gave up at its deadline: fine
+            pass
+
+    def count(self, path_suffix: str = "") -> int:
+        """Requests received whose path ends with ``path_suffix``."""
+        return sum(r.path.endswith(path_suffix) for _, r in self.requests)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> FakeHTTP:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def completion(content: str, model: str = "m", usage: tuple[int, int] = (1, 1)) -> dict:
+    """An OpenAI chat completion whose answer is ``content`` and whose usage is ``usage``."""
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)},
+    }
+
+
+def embeddings(texts: list[str], vector: Callable[[str], list[float]]) -> dict:
+    """An OpenAI ``/embeddings`` reply: ``vector(text)`` per input, in order, with its usage."""
+    rows = [{"index": i, "embedding": vector(t)} for i, t in enumerate(texts)]
+    return {"data": rows, "usage": {"prompt_tokens": len(texts), "total_tokens": len(texts)}}
