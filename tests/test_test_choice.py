@@ -85,3 +85,18 @@ def test_duplicates_count_once_in_holm_and_the_tie_count():
     _, by_run, power = tie_family(runs, "mrr", True, 0, 0.1, 0.05, 0, n_resamples=499)
     assert power is None or power.n_others == 1  # ten duplicates are one comparison
     assert TIE_RESAMPLES == 9999
+
+
+def test_a_factor_no_metric_depends_on_is_found_before_the_sweep():
+    """retriever.k=3,5 with generator=none: the issue's 15 duplicate runs (run.pilot.inert_factors,
+    printed by the multirun callback before the first job)."""
+    from rag_experiments.run.pilot import inert_factors, inert_warning
+
+    jobs = [
+        [f"chunking={c}", f"retriever.k={k}", "generator=none"] for c in ("fixed", "sentence") for k in (3, 5)
+    ]
+    assert inert_factors(jobs, [False] * 4) == ["retriever.k"]
+    assert inert_factors(jobs, [True] * 4) == []  # with generation k is the context size
+    assert inert_factors([["prompt=concise"], ["prompt=cite"]], [False, False]) == ["prompt"]
+    assert inert_factors([["retriever=bm25"], ["retriever=dense"]], [False, False]) == []
+    assert "retriever.k swept with generator=none" in inert_warning(["retriever.k"], 4)

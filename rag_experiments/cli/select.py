@@ -135,7 +135,8 @@ def render(sel: Selection) -> str:
     lines += [
         f"metric {sel.metric} ({better} is better); tie = shown non-inferior to the best: gate's one-sided "
         f"{100 * (1 - sel.alpha):g}% {side} bound of config − best within the margin "
-        f"{fmt_num(sel.margin)} (score test on 0/1 metrics, paired bootstrap otherwise; Holm over the "
+        f"{fmt_num(sel.margin)} (the metric's declared type: score test on binary and proportion metrics, paired bootstrap on "
+        f"continuous ones; Holm over the "
         f"configs: NI p_holm <= {sel.alpha:g}). "
         f"p_holm: two-sided paired test (exact McNemar for binary metrics, sign-flip otherwise, Holm), "
         "'worse' when significant",

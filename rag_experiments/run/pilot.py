@@ -11,6 +11,7 @@ import logging
 from rag_experiments.analysis.power import mde, paired_variance
 from rag_experiments.analysis.variance import pilot_components
 from rag_experiments.evalset.subset import stratified_subset
+from rag_experiments.evaluation.headline import factor_side
 from rag_experiments.evaluation.intervals import not_plannable
 from rag_experiments.evaluation.registry import GENERATION_METRICS
 from rag_experiments.tracking.run_store import RunStore
@@ -51,6 +52,31 @@ def pilot_mde_line(
         f"[plan] {metric}: minimum detectable paired effect {value:.4f} at n={n}, R={replicates} "
         f"(alpha 0.05 two-sided, power 0.8; {which}; "
         f"python -m rag_experiments.plan --pilot {pilot.run_id} for the rest)"
+    )
+
+
+def inert_factors(job_overrides: list[list[str]], generates: list[bool]) -> list[str]:
+    """Swept factors no computed metric depends on, from every job's overrides and whether it
+    generates: without generation in any job, a generation factor (``evaluation.headline.factor_side``:
+    ``retriever.k``, prompt, judge, generator keys) changes nothing logged (retrieval metrics are
+    logged at every k), so its values make duplicate configs."""
+    if any(generates) or not job_overrides:
+        return []
+    values: dict[str, set[str]] = {}
+    for job in job_overrides:
+        for o in job:
+            key, _, value = str(o).lstrip("+~").partition("=")
+            values.setdefault(key, set()).add(value)
+    swept = [k for k, v in values.items() if len(v) > 1]
+    return [k for k in swept if k != "generator" and factor_side(k, True) == "generation"]
+
+
+def inert_warning(factors: list[str], n_jobs: int) -> str:
+    return (
+        f"warning: {', '.join(factors)} swept with generator=none: no computed metric depends on "
+        f"{'it' if len(factors) == 1 else 'them'} (retrieval metrics are logged at every k; generation "
+        f"is off), so the {n_jobs} jobs hold duplicate configs. Drop {' and '.join(factors)} from the "
+        "sweep; select, report and gate count identical configs once."
     )
 
 
