@@ -178,3 +178,33 @@ def test_the_plan_line_never_prints_an_mde_of_zero_and_names_another_config(tmp_
     else:
         assert "minimum detectable paired effect" in line
     assert "this config" in pilot_mde_line(store, "d" * 16, "hit_at_5", 33, 1, config_hash="other")
+
+
+def test_evalset_estimate_prints_a_nonzero_interval_for_a_constant_stratum(tmp_path, capsys):
+    """`evalset estimate` on the issue's review (4 of 4 traces in one stratum, one a false answer;
+    8 of 28 in the other, all ok): the printed interval is not [0.031, 0.031] and covers 0.063."""
+    import csv
+    import json
+
+    from rag_experiments.cli import evalset as cli
+    from rag_experiments.evalset.trace_review import COLUMNS
+
+    review = tmp_path / "review.csv"
+    units, rows = {}, []
+    for i in range(12):
+        stratum, pi = ("flagged", 1.0) if i < 4 else ("rest", 8 / 28)
+        rid = f"t{i}"
+        units[rid] = {"trace_id": rid, "stratum": stratum, "pi": pi, "m": 1, "members": [], "reasons": []}
+        rows.append({c: "" for c in COLUMNS} | {"id": rid, "trace_id": rid, "inclusion_prob": pi, "query": f"q{i}",
+                                                  "label": LAB if i == 0 else "ok"})  # fmt: skip
+    with review.open("w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    design = {"strata": {"flagged": [4, 4], "rest": [28, 8]}, "units": units, "time_range": [0, 0], "tags": {},
+              "frame_traces": 32, "experiment": "prod", "filters": {}, "in_evalset": 0}  # fmt: skip
+    (tmp_path / "design.json").write_text(json.dumps(design))
+    assert cli.main(["estimate", str(review), "--design", str(tmp_path / "design.json")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith(LAB))
+    lo, hi = (float(x) for x in line.split("[")[1].split("]")[0].split(","))
+    assert hi - lo > 0.05 and lo <= 2 / 32 <= hi, line
