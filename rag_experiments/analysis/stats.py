@@ -51,10 +51,9 @@ __all__ = [
 #: The one rule per declared value type (``evaluation.metric_spec.ValueType``): (the two-sided
 #: paired test of compare/report/select's "worse", the non-inferiority test of gate/select's tie).
 #: Binary: exact McNemar / Tango's score test. Proportion (in [0, 1], fractional values allowed):
-#: sign-flip / the score test on each pair's win and loss mass (Tango's on 0/1 items; on fractional
-#: ones its variance bound E|w| ≥ E w² makes it conservative, where the percentile bootstrap passed
-#: 6 % at the margin, docs/metrics.md "Calibration"). Continuous and counts: sign-flip / the
-#: percentile bootstrap.
+#: sign-flip / the same score test, Tango's restricted ML generalised to fractional values
+#: (``gate.restricted_z``; the percentile bootstrap passed 6 % at the margin there, docs/metrics.md
+#: "Calibration"). Continuous and counts: sign-flip / the percentile bootstrap.
 KIND_TESTS: dict[str, tuple[str, str]] = {
     "binary": ("mcnemar-exact", "score"),
     "proportion": ("sign-flip", "score"),
