@@ -48,8 +48,9 @@ def pilot_mde_line(
         return f"[plan] {metric}: {why} ({which}: every scored query has the same value)"
     pv = paired_variance(vq, vg)
     value = mde(pv.between, n, pv.within, replicates)
+    shown = f"{value:.4f}" if value >= 1e-4 else f"{value:.1e}"  # never "0.0000" for a tiny variance
     return (
-        f"[plan] {metric}: minimum detectable paired effect {value:.4f} at n={n}, R={replicates} "
+        f"[plan] {metric}: minimum detectable paired effect {shown} at n={n}, R={replicates} "
         f"(alpha 0.05 two-sided, power 0.8; {which}; "
         f"python -m rag_experiments.plan --pilot {pilot.run_id} for the rest)"
     )
