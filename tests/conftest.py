@@ -67,9 +67,12 @@ def shared_datasets() -> Path:
 # ``scripts/test.sh --fast`` (= ``pytest -m "not slow"``) is the unit tier for the inner loop
 # (≤ 3 min on 2 cores: 2 min 49-55 s at load 1.2-2.6, 2026-12-05); ``scripts/test.sh`` runs everything,
 # as CI does (23 min 38 s on a quiet 2-core machine, load 3-3.6 from the suite itself, 2026-12-05).
-# Slow tests are listed here, in one place, instead of a marker in every file: whole modules
-# (end-to-end sweeps, servers, Ray, Chromium) and single tests of otherwise fast modules (a real
-# model, a subprocess sweep, an MLflow store). A test that starts a process, a server or a model belongs on one of the lists.
+# The rule, "a test that starts a process, a server, a model or a sweep is slow", is applied by
+# construction (:func:`starts_something`, below): the collection hook reads a test's source, its
+# fixtures' and the test helpers they call, and marks it slow when one of them calls what STARTS
+# names. The lists here hold only what the hook cannot see: whole modules (end-to-end sweeps,
+# servers, Ray, Chromium), tests that open a real MLflow store or a model through a library call
+# the rule does not name, and long pure computations.
 SLOW_MODULES = {
     "test_ann",
     "test_compare_gate",
@@ -95,50 +98,25 @@ SLOW_MODULES = {
 }
 SLOW_TESTS = {
     "test_a_slot_declared_once_is_traced_in_a_real_store",  # a sqlite MLflow store (~5-9 s)
-    "test_embedding_one_block_prints_progress_with_an_eta",  # MiniLM, 256 texts twice (~4-14 s)
     "test_bad_cli_argument_exits_2",
     "test_malformed_label_file_exits_2_naming_file_and_line",
-    "test_unknown_option_exits_2_through_the_cli",
-    "test_a_key_typo_exits_2_through_the_cli_and_creates_nothing",  # a sweep subprocess (~7 s)
-    "test_every_cli_help_exits_0",  # a subprocess per CLI and subcommand (~40 s in all)
     "test_the_integer_schema_hint_is_not_printed",  # a real sqlite MLflow store (~7 s)
     "test_other_warnings_still_show",
     "test_rejected_replies_are_written_with_their_reason",  # MiniLM for the near duplicates (~11 s)
-    "test_multirun_with_one_bad_job_creates_nothing",
-    "test_sweep_on_a_silent_host_exits_2_before_any_run",  # a sweep subprocess against a silent PostgreSQL port
-    "test_multirun_with_one_bad_data_file_creates_nothing",
-    "test_single_run_bad_value_exits_2_before_hydra_outputs",
     "test_bad_input_exits_2_naming_file_and_line",
     "test_tokens_mode_windows_at_most_size_tokens",
     "test_tokens_mode_offsets_are_characters_on_non_ascii",
     "test_retrieval_only_run_costs_nothing",
-    "test_local_llama_server_reports_usage",
-    "test_usage_reaches_the_per_query_table_and_the_run_metrics",
-    "test_llm_judge_tokens_are_recorded_and_cached_calls_report_the_same",
     "test_end_to_end_with_the_packaged_local_model",
-    "test_local_generator_answers_and_reuses_server",
-    "test_openai_client_against_local_server_is_deterministic",
-    "test_same_sized_checkpoints_differing_in_one_byte_miss_the_cache_and_embed_differently",
-    "test_local_generator_identity_is_the_gguf_content_not_its_name",
-    "test_resume_follows_code_and_ignores_places",
-    "test_local_llm_judge_scores_with_logprobs",
     "test_agrees_with_ranx_on_random_rankings",
     "test_composed_judge_mlflow_config_is_checked_before_any_run",
     "test_smollm2_verdicts_through_mlflow",
     "test_simulation_variant_any_rival_and_larger_bets_keeps_alpha",  # 500 races, every rival: ~100 s loaded
-    "test_sweep_with_judge_mlflow_finishes_and_records_verdicts",
-    "test_full_pipeline_then_cache_reuse",
-    "test_unreachable_endpoint_is_counted_as_errors_and_the_run_goes_on",
     "test_score_prints_and_logs_ppi_beside_judge_only",
     "test_report_shows_judge_only_and_ppi_only_for_spot_checked_configs",
-    "test_generating_run_logs_only_registered_keys",
     "test_retrieval_only_run_logs_only_registered_keys",
     "test_config_builds_typed_stages_once",
     "test_evaluate_with_our_scorers_on_a_traced_app",
-    "test_select_on_a_real_sweep_and_rerun_the_chosen_config",
-    "test_lower_is_better_metric_on_the_sweep",
-    "test_constraints_that_nothing_meets_exit_1",
-    "test_bad_input_exits_2",
     "test_sample_is_seeded_stratified_and_has_the_columns",
     "test_score_round_trip_kappa_confusion_and_logging",
     "test_malformed_label_files_exit_2_with_file_line",
@@ -146,49 +124,21 @@ SLOW_TESTS = {
     "test_summary_names_the_population_its_figures_describe",
     "test_pipeline_mrr_independent_of_ks_and_tokens_cached",
     "test_pipeline_budget_uses_real_token_counts",
-    "test_bad_budget_config_exits_2_without_any_mlflow_run",
     "test_weighted_leniency_and_kappa_estimate_the_run_not_the_boosted_sample",  # 45 s under load
-    "test_pasted_api_key_is_rejected_and_never_written",  # 35 s under load
     "test_card_cli_json_keys_and_ci_shapes",
     "test_stochastic_judge_repeats_flip_rate_cached_per_repeat",
-    "test_run_logs_judge_card_digest_and_identity",
-    "test_unknown_version_in_a_sweep_exits_2_before_any_run",  # prompt=registry through the sweep CLI
-    "test_unknown_alias_in_a_single_run_exits_2_naming_it",
-    "test_unreachable_registry_exits_2_within_the_budget",
     "test_heuristic_judge_rejects_contradicting_evidence_far_more_than_similarity",
-    "test_jobs_registering_one_prompt_on_a_fresh_store_print_no_sql",  # 3 processes on one store (~25 s)
-    "test_a_killed_fit_says_so_in_one_line",  # a judge fit subprocess, killed while fitting
     # measured in the fast tier at load 7-10 (2 cores): processes started, a sweep run
     "test_parallel_jobs_linking_one_version_keep_every_run",  # 4 spawned processes (34 s)
     "test_concurrent_jobs_linking_versions_to_one_app_version_keep_every_link",  # 4 processes (39 s)
-    "test_default_run_shows_a_synthetic_card_as_a_bound_and_says_it_is_unvalidated",  # a sweep (74 s)
     # fault tests that run whole sweeps (subprocesses, fake endpoints): fast tier of tests/faults
     # measured at load 7-8, 17.9 min for 166 tests; these 14 were 13.3 min of it (the partial-errors
     # and dead-judge ones, the dead endpoint under a generation subset and the huge answers since
     # moved in-process onto the in-memory run store, tests/test_run_store.py: fast tier)
-    "test_sweep_with_a_read_only_cache_where_every_stage_hits",  # 63 s
-    "test_whole_documents_over_the_local_window_are_fitted_not_http_400",  # 60 s
-    "test_a_secret_in_a_200_answer_is_stored_nowhere",  # 57 s
-    "test_kill_between_table_and_traces_leaves_no_finished_run_and_resume_reruns",  # 49 s
-    "test_echoed_key_is_stored_nowhere",  # 44 s
-    "test_sweep_on_a_full_disk_fails_with_exit_2",  # 38 s
-    "test_sigterm_aborts_in_flight_generation_at_once",  # 2 × 25-33 s
-    "test_sigterm_prints_no_traceback",  # 18 s
     # second pass (fast tier of tests/faults 4.1 min at load 2-3.5): real mlflow servers, sweeps
-    "test_server_outage_mid_run_exits_2_and_the_next_start_heals",  # a server + a sweep, 57 s
-    "test_sigterm_while_the_server_hangs_ends_promptly",  # a server that hangs, 58 s with teardown
-    "test_a_failed_config_fails_the_multirun_and_is_listed",  # a multirun, 32 s
-    "test_a_config_finished_earlier_is_part_of_the_new_sweep",  # two sweeps, 26 s
     # third pass (2026-12-05: fast tier 4.1 min at load 1-2.7, target ≤ 3 min): sweeps, real models
-    "test_underpowered_sweep_leads_with_the_warning_and_its_pick_passes_gate",  # select's sweep (25 s)
-    "test_a_real_runs_artifact_carries_the_declared_schema",  # two retrieval sweeps (24 s)
-    "test_old_format_runs_give_the_same_compare_gate_and_report",  # the same module's sweeps
-    "test_generating_sample_run_unchanged",  # SmolLM2 answering the sample (30 s)
-    "test_a_sweep_logs_the_searched_queries_the_span_and_the_prompt",  # a sweep subprocess (20-25 s)
     "test_rewrite_searches_the_rewritten_query_and_a_rerun_makes_no_call",  # MiniLM, two runs (8-12 s)
-    "test_hyde_embeds_the_hypothetical_answer_and_its_mix_with_the_question",  # MiniLM (7-9 s)
     "test_dead_endpoint_with_a_generation_subset_fails_and_is_retried",  # two runs on a store (12-22 s)
-    "test_pipeline_attributes_first_stage_and_only_the_reranker_is_recomputed",  # MiniLM (7-8 s)
     "test_killed_between_writing_and_attaching_does_not_duplicate",  # a killed subprocess (7 s)
     "test_a_stale_corpus_only_fit_is_refitted_by_auto_fit_a_labelled_one_is_not",  # two fits (7 s)
 }
@@ -248,10 +198,91 @@ HEAVY_FILES = {
 }
 
 
+# ---------------------------------------------------------------------- the tier rule, by construction
+#: Calls that start a process, a server or a model. A test whose function, fixtures, or the test
+#: helpers they call (followed through ``tests.*`` functions) make one of these calls is slow by
+#: construction (:func:`starts_something`); SLOW_TESTS lists only what this cannot see.
+STARTS = {
+    "run_sweep",  # a sweep subprocess (tests/sweep_helpers.py)
+    "Popen",
+    "check_output",
+    "check_call",
+    "mlflow_server",  # a real MLflow server
+    "llama_embedding_server",  # a llama.cpp server
+    "SentenceTransformerEmbedder",  # MiniLM
+    "LocalLlamaGenerator",  # SmolLM2 through llama.cpp
+}
+#: ``subprocess.run(...)``, and judges whose building loads a model (MiniLM: build_judge("heuristic")).
+STARTS_ATTR = {("subprocess", "run"), ("ray", "init")}
+MODEL_JUDGES = {"heuristic", "cascade", "verifier"}
+
+
+def _calls(fn) -> tuple[set[str], set[tuple[str, str]], bool, set[str]]:
+    """(called names, (module, attr) calls, builds a model judge, names read) of ``fn``'s source."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return set(), set(), False, set()
+    names, attrs, judge, read = set(), set(), False, set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name):
+            read.add(n.id)
+        if not isinstance(n, ast.Call):
+            continue
+        f = n.func
+        if isinstance(f, ast.Name):
+            names.add(f.id)
+        elif isinstance(f, ast.Attribute):
+            names.add(f.attr)
+            if isinstance(f.value, ast.Name):
+                attrs.add((f.value.id, f.attr))
+        if getattr(f, "id", getattr(f, "attr", "")) == "build_judge" and n.args:
+            judge |= isinstance(n.args[0], ast.Constant) and n.args[0].value in MODEL_JUDGES
+    return names, attrs, judge, read
+
+
+_STARTS_CACHE: dict = {}
+
+
+def starts_something(fn, seen: set | None = None) -> bool:
+    """Whether ``fn`` (a test, a fixture or a test helper) starts a process, a server or a model,
+    itself or through the ``tests.*`` functions it calls or reads."""
+    if fn in _STARTS_CACHE:
+        return _STARTS_CACHE[fn]
+    seen = set() if seen is None else seen
+    if id(fn) in seen:
+        return False
+    seen.add(id(fn))
+    names, attrs, judge, read = _calls(fn)
+    hit = judge or bool(names & STARTS) or bool(attrs & STARTS_ATTR)
+    if not hit:
+        for name in sorted(read | names):
+            g = getattr(fn, "__globals__", {}).get(name)
+            if callable(g) and getattr(g, "__module__", "").startswith("tests") and starts_something(
+                getattr(g, "__wrapped__", g), seen
+            ):
+                hit = True
+                break
+    _STARTS_CACHE[fn] = hit
+    return hit
+
+
+def _fixture_funcs(item) -> list:
+    info = getattr(item, "_fixtureinfo", None)
+    defs = getattr(info, "name2fixturedefs", {}) if info is not None else {}
+    return [d.func for ds in defs.values() for d in ds if getattr(d, "func", None) is not None]
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         module = item.path.stem
-        if module in SLOW_MODULES or item.originalname in SLOW_TESTS:
+        fn = getattr(item, "function", None)
+        by_rule = fn is not None and any(starts_something(f) for f in (fn, *_fixture_funcs(item)))
+        if module in SLOW_MODULES or item.originalname in SLOW_TESTS or by_rule:
             item.add_marker(pytest.mark.slow)
     if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker sorts alike: xdist checks they agree
         # a stable sort: a file's tests stay together and in their order

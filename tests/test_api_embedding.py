@@ -208,7 +208,6 @@ def test_an_unauthorised_key_is_named_and_the_key_never_shown(monkeypatch):
         s.close()
 
 
-@pytest.mark.slow
 def test_sweep_minilm_and_the_minilm_server_give_identical_retrieval_metrics(server, tmp_path):
     from mlflow import MlflowClient
 
@@ -242,7 +241,6 @@ def test_sweep_minilm_and_the_minilm_server_give_identical_retrieval_metrics(ser
 
 
 # -- against llama.cpp's server ------------------------------------------------------------------
-@pytest.mark.slow
 @requires_smollm2
 def test_llama_cpp_server_serves_embeddings_for_a_dense_run(tmp_path):
     srv, base_url = llama_embedding_server(smollm2_path(), n_threads=1)

@@ -94,7 +94,6 @@ def test_a_budget_large_enough_passes_the_check():
     check(_cfg(max_calls=None, max_usd=None))
 
 
-@pytest.mark.slow
 def test_max_calls_stops_a_sweep_and_the_same_command_resumes_it(chat, tmp_path):
     from mlflow import MlflowClient
 

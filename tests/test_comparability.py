@@ -118,7 +118,6 @@ def _uri(root) -> list[str]:
     return ["--tracking-uri", f"sqlite:///{root}/mlflow.db"]
 
 
-@pytest.mark.slow
 def test_select_refuses_hit_at_5_on_a_chunking_sweep_and_names_an_equal_budget_metric(chunk_sweep, capsys):
     root, sweep_id, _ = chunk_sweep
     assert select_cli.main([sweep_id, "--metric", "hit_at_5", *_uri(root)]) == 2
@@ -134,7 +133,6 @@ def test_select_refuses_hit_at_5_on_a_chunking_sweep_and_names_an_equal_budget_m
     assert "metric evidence_recall_at_256tok (higher is better)" in out
 
 
-@pytest.mark.slow
 def test_gate_compare_and_report_apply_the_same_rule(chunk_sweep, capsys, tmp_path):
     root, sweep_id, runs = chunk_sweep
     whole, md = runs["chunking=whole,retriever=bm25"], runs["chunking=markdown,retriever=bm25"]
@@ -178,7 +176,6 @@ def test_a_prefix_picks_one_run_and_an_ambiguous_one_names_the_candidates():
     assert is_id_prefix("abcd1234") and not is_id_prefix("abc") and not is_id_prefix("chunking=whole")
 
 
-@pytest.mark.slow
 def test_the_8_character_ids_select_prints_work_in_gate_compare_and_report(chunk_sweep, capsys, tmp_path):
     """gate rejected the 8-character run ids select, compare and docs/select.md print (issue 37)."""
     root, sweep_id, runs = chunk_sweep

@@ -79,7 +79,6 @@ def _runs(db):
     return [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
 
 
-@pytest.mark.slow
 def test_dry_run_counts_what_the_real_sweep_sends_and_its_budget_verdict_holds(chat, tmp_path):
     docs, ev = make_tiny(tmp_path, n_items=4)
     common = ["generator=openai", f"generator.base_url={chat.url}", "generator.model=m", "generator.api_key_env=null",
@@ -136,7 +135,6 @@ def test_a_bad_dry_run_value_exits_2(tmp_path):
     assert not (tmp_path / "mlflow.db").exists()
 
 
-@pytest.mark.slow
 def test_every_remote_step_is_counted_against_an_unreachable_endpoint_and_nothing_is_stored(tmp_path, closed_port_url):  # noqa: F811
     """The embeddings API (its config probe too), query transform, LLM reranker, generator and
     judge all run on placeholders: the endpoint cannot be reached, yet every step is counted, and

@@ -135,7 +135,6 @@ def _rows(path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-@pytest.mark.slow
 def test_from_traces_accept_and_estimate_on_a_traced_sample_run(traced, tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     review = tmp_path / "review.csv"
@@ -230,7 +229,6 @@ def test_from_traces_accept_and_estimate_on_a_traced_sample_run(traced, tmp_path
     assert "Hájek estimator with weights m/π" in out and "covers:" not in out
 
 
-@pytest.mark.slow
 def test_accept_refuses_bad_reviews_and_writes_nothing(traced, tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     review = tmp_path / "review.csv"
@@ -262,7 +260,6 @@ def test_accept_refuses_bad_reviews_and_writes_nothing(traced, tmp_path, monkeyp
     assert not out.exists()
 
 
-@pytest.mark.slow
 def test_from_traces_bad_input_exits_2_and_user_app_traces_are_read(traced, tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     uri = traced["uri"]

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pandas as pd
-import pytest
 from mlflow.tracking import MlflowClient
 
 from rag_experiments.tracking.runs import load_per_query
@@ -47,7 +46,6 @@ def _finished_run(root: Path):
     return run, table[keep].sort_values("id").reset_index(drop=True)
 
 
-@pytest.mark.slow
 @requires_smollm2
 def test_sigkill_mid_generation_then_resume_calls_only_the_missing(tmp_path):
     docs, ev = make_tiny(tmp_path, n_items=N_ITEMS)

@@ -373,3 +373,24 @@ def test_a_sweep_logs_the_searched_queries_the_span_and_the_prompt(tmp_path, cha
     traces = mlflow.search_traces(locations=[exp], run_id=runs["rewrite"].info.run_id, return_type="list")
     spans = [{s.name: s for s in t.data.spans} for t in traces]
     assert len(spans) == 4 and all(s["query"].outputs == {"search_queries": [REWRITTEN]} for s in spans)
+
+
+def test_a_reply_cut_at_the_models_cap_is_said_not_searched_silently(tmp_path, caplog):
+    """Issue 42 (12): a query model that ignores max_tokens has its reply cut at max_answer_chars;
+    the query step says how many were cut instead of searching the head alone in silence."""
+    import logging
+
+    from rag_experiments.core.cache import StageCache
+    from rag_experiments.core.types import Generation
+    from rag_experiments.run.query_stage import query_stage
+    from rag_experiments.stages.query import RewriteQuery
+
+    class Rambling:
+        identity, model, concurrency, max_answer_chars = "rambling", "rambling", 1, 40
+
+        def generate(self, prompts):
+            return [Generation("webhook retry schedule " * 2, "rambling", truncated=True) for _ in prompts]
+
+    with caplog.at_level(logging.WARNING, logger="rag_experiments.run.query_stage"):
+        q = query_stage(RewriteQuery(Rambling()), ["how long do webhooks retry", "rate limits"], StageCache(tmp_path))
+    assert q.outputs[0] and "2 of 2 replies cut at the model's max_answer_chars=40" in caplog.text

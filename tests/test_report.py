@@ -177,7 +177,8 @@ def test_markdown_and_html_of_one_model_carry_the_same_numbers(tiny_sweep):
     reader = MlflowRunReader(uri)
     rep = build_report(load.load_input(reader, load.resolve_target(reader, parent.info.run_id)), n_resamples=199)
     assert [s.anchor for s in rep.sections] == SECTION_IDS
-    assert [f.file for f in rep.figures][:2] == ["hit_at_k.png", "recall_vs_mrr.png"]
+    # a chunking sweep: the equal-budget figure leads, hit@k and MRR follow with why (issue 43)
+    assert [f.file for f in rep.figures][:3] == ["evidence_recall_by_budget.png", "hit_at_k.png", "recall_vs_mrr.png"]
     md = render_markdown(rep)
     page = render_html(rep, {f.file: "data:image/png;base64,AAAA" for f in rep.figures})
     md_body = "\n".join(
@@ -382,26 +383,25 @@ def test_held_fixed_lists_only_keys_of_stages_that_ran():
 
 
 def test_the_report_says_first_when_the_eval_set_cannot_separate_the_configs():
-    """Issue 27: the report leads with select's underpowered verdict (same rule as select/gate)."""
-    from types import SimpleNamespace
-
+    """Issue 27: the report leads with select's underpowered verdict (same rule as select/gate).
+    Issue 43: it is select's verdict itself (``analysis.verdict.pick_verdict``), caveat for caveat."""
     import numpy as np
 
+    from rag_experiments.analysis.verdict import pick_verdict
     from rag_experiments.core.run_record import RunData
-    from rag_experiments.report.model import underpowered_note
+    from rag_experiments.evaluation.registry import higher_is_better
 
     rng = np.random.default_rng(0)
 
     def cfg(name, p, n=12):
         table = pd.DataFrame({"id": [f"q{i}" for i in range(n)], "hit_at_5": (rng.random(n) < p).astype(float)})
-        return SimpleNamespace(data=RunData(name, name, {}, {}, table))
+        return RunData(name, name, {}, {}, table)
 
     noisy = [cfg(f"c{i}", 0.5 + 0.02 * i) for i in range(4)]  # 12 queries, differences of 0.02
-    (note,) = underpowered_note(noisy, "hit_at_5", seed=0)
-    assert note.startswith("underpowered on hit_at_5") and "n ≈" in note and "`plan --" in note
-    assert "No config is chosen here" in note and "Choosing" not in note  # the report picks nothing
+    (note,) = pick_verdict(noisy, "hit_at_5", "given", higher_is_better, n_resamples=999).caveat_lines()
+    assert note.startswith("UNDERPOWERED") and "n ≈" in note and "`plan --" in note
     same = [cfg("a", 1.0, 200), cfg("b", 1.0, 200)]  # identical on 200 queries: shown equal
-    assert underpowered_note(same, "hit_at_5", seed=0) == []
+    assert pick_verdict(same, "hit_at_5", "given", higher_is_better, n_resamples=999).caveat_lines() == []
 
 
 def test_bold_marks_the_best_mean_in_the_metrics_own_direction():

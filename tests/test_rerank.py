@@ -470,3 +470,19 @@ def test_llm_reranker_rates_pointwise_and_an_unparseable_reply_keeps_first_stage
         with pytest.raises(ConfigError) as e:  # generator=none and no endpoint of its own
             check(compose("config", overrides=["generator=none", "rerank=llm"]))
     assert e.value.problems[0].startswith("conf/rerank: base_url: missing (set rerank.base_url=...)")
+
+
+def test_a_huge_candidate_pool_is_said_before_it_is_paid(caplog):
+    """Issue 42 (12): rerank.candidates beyond the chunks reranks every chunk, and the LLM reranker
+    makes one call per candidate: both said before the step runs."""
+    import logging
+    from types import SimpleNamespace
+
+    from rag_experiments.run.retrieval import warn_rerank_cost
+
+    llm = SimpleNamespace(candidates=1_000_000, calls_per_candidate=1)
+    with caplog.at_level(logging.WARNING, logger="rag_experiments.run.retrieval"):
+        assert warn_rerank_cost(llm, 284, 10) == 284
+    assert "exceeds the 284 chunks" in caplog.text and "284 model calls per query (2840 in all" in caplog.text
+    caplog.clear()
+    assert warn_rerank_cost(SimpleNamespace(candidates=50), 284, 10) == 0 and not caplog.text  # a bi-encoder

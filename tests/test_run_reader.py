@@ -184,10 +184,11 @@ def test_select_is_identical(readers):
     )  # fmt: skip
 
     def run(rd):
-        sel, by_id = select.run_select(rd, args)
+        verdict, by_id = select.run_select(rd, args)
+        sel = verdict.selection
         names = {rid: f"{r.name}@{r.start_time}" for rid, r in by_id.items()}
         t = sel.table.drop(columns="run_id")
-        return t, names[sel.best], names.get(sel.chosen), _ids_out(select.render(sel), rd)
+        return t, names[sel.best], names.get(sel.chosen), _ids_out(select.render(verdict), rd)
 
     (tm, bm, cm, rm), (tx, bx, cx, rx) = both(readers, run)
     pd.testing.assert_frame_equal(tm, tx)

@@ -18,8 +18,6 @@ import sysconfig
 import venv
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -29,7 +27,6 @@ def _run(cmd: list, cwd: Path, env: dict | None = None, timeout: int = 600) -> s
     return p.stdout + p.stderr
 
 
-@pytest.mark.slow
 def test_wheel_runs_the_sweep_from_an_empty_directory(tmp_path):
     wheels, src = tmp_path / "wheels", tmp_path / "src"
     # a copy of the sources: an in-tree build would leave build/ and egg-info in the checkout

@@ -5,12 +5,18 @@ Every metric declares what breaks its comparability (``MetricSpec.breaks``,
 the configs' logged params and tags (``RunData``) and decides, for one metric and the configs at
 hand, whether the metric is comparable, and if not why and which metric to use instead:
 
-- ``chunks``: the configs' chunks differ (a different ``chunking`` choice or ``chunking.*`` key).
-  A cut-off of k chunks (hit@k, MRR, nDCG@k, P@k, evidence/token recall@k, citations) favours big
-  chunks: a whole document is one chunk however many tokens it costs the generator. The
-  retriever, the embedding, the reranker and the query transform rank the same chunks, so they
-  leave such a metric comparable. Instead: ``evidence_recall_at_{B}tok`` (every chunker fills the
-  same B-token context), B the smallest logged budget (the report's primary metric's).
+- ``corpus``: the configs searched different corpora (the ``corpus_digest`` tag differs). Every
+  metric, no substitute: checked first, refused unless ``--allow-incomparable``, which every surface
+  then says first.
+- ``chunks``: what "a retrieved item" is differs: a different ``chunking`` choice or
+  ``chunking.*`` key, or an application that returns its own contexts (``app=python|http``:
+  its contexts replace the chunker, ``core/slots.py`` ``replaces``), app vs pipeline and app vs
+  another app alike. A cut-off of k items (hit@k, MRR, nDCG@k, P@k, evidence/token recall@k,
+  citations) favours big items: a whole document is one item however many tokens it costs the
+  generator. The retriever, the embedding, the reranker (its candidate pool included: it re-orders
+  the same chunks) and the query transform rank the same items, so they leave such a metric
+  comparable. Instead: ``evidence_recall_at_{B}tok`` (every config fills the same B-token
+  context), B the logged budget closest to the context the generator read (:func:`budget`).
 - ``judge``: another judge scored the configs (``judge_identity``; a ``judge=none`` run's label
   rule rests on correctness only, so it counts as a judge of its own for the failure-label rates).
   No substitute: score both with one judge.
@@ -39,7 +45,8 @@ ALLOW_INCOMPARABLE = "--allow-incomparable"
 #: The metric whose weak key facts make correctness incomparable (the correctness side logs it).
 WEAK_FACTS_METRIC = "n_weak_key_facts"
 _WHY = {
-    "chunks": "a cut-off of k chunks favours big chunks (a whole document is one chunk)",
+    "corpus": "the configs searched different documents, so no metric compares them",
+    "chunks": "a cut-off of k retrieved items favours big items (a whole document is one item)",
     "judge": "the metric is the judge's opinion (judge=none: the failure label rests on correctness only)",
     "key_facts": "correctness credits weak key facts (short, stop words, in the question or everywhere)",
 }
@@ -92,15 +99,45 @@ def judge_key(run: RunData) -> str | None:
     return "judge=none" if ref is None else f"{ref.name} [{ref.identity}]"
 
 
+def app_choice(run: RunData) -> str | None:
+    """The ``app`` group choice of a run whose application returns its own contexts
+    (``app=python|http``); None for the pipeline (``app=none`` or no ``app`` param)."""
+    app = run.params.get("app")
+    return None if app in (None, "", "none", "None", "null") else app
+
+
 def chunk_key(run: RunData) -> str:
-    """The chunking as logged: the ``chunking`` choice and every ``chunking.*`` param, sorted (the
+    """What one retrieved item is, as logged: an app's choice and its ``app.*`` params (its own
+    contexts), else the ``chunking`` choice and every ``chunking.*`` param, sorted (the
     ``_target_`` follows from the choice)."""
+    app = app_choice(run)
+    group = "app" if app else "chunking"
     items = sorted(
         (k, v)
         for k, v in run.params.items()
-        if (k == "chunking" or k.startswith("chunking.")) and k != "chunking._target_"
+        if (k == group or k.startswith(group + ".")) and k != f"{group}._target_"
     )
+    if app:
+        return "app returns its own contexts: " + ", ".join(f"{k}={v}" for k, v in items)
     return ", ".join(f"{k}={v}" for k, v in items) or "(default chunking)"
+
+
+def corpus_key(run: RunData) -> str | None:
+    """The corpus a run searched: its ``corpus_digest`` tag (None: not logged, not compared)."""
+    return run.tags.get("corpus_digest") or None
+
+
+def context_tokens(runs: Sequence[RunData]) -> float | None:
+    """The context the generator read, measured: the median over ``runs`` of each run's mean
+    prompt tokens per query (``tokens_in_generation``, what the generation endpoint reported),
+    None when no run logged it (retrieval only, or an endpoint without usage)."""
+    means = []
+    for r in runs:
+        if r.table is not None and "tokens_in_generation" in r.table.columns:
+            col = r.table["tokens_in_generation"].astype(float)
+            if col.notna().any():
+                means.append(float(col.mean()))
+    return float(sorted(means)[len(means) // 2]) if means else None
 
 
 def _weak_facts(run: RunData) -> str | None:
@@ -110,24 +147,47 @@ def _weak_facts(run: RunData) -> str | None:
     return None
 
 
-def budget(available: Iterable[str], runs: Sequence[RunData] = ()) -> int:
-    """B of the equal-budget substitute: the smallest logged ``evidence_recall_at_{B}tok`` among
-    ``available``, else the smallest of the runs' ``metrics.token_budgets`` param, else 256."""
-    found = []
+def logged_budgets(available: Iterable[str], runs: Sequence[RunData] = ()) -> list[int]:
+    """Every B of an ``evidence_recall_at_{B}tok`` among ``available``, ascending; else the runs'
+    ``metrics.token_budgets`` param; else the default budgets."""
+    found = set()
     for key in available:
         got = parse(key)
         if got and got[0].pattern == "evidence_recall_at_{B}tok" and got[1]["form"] == "mean":
-            found.append(int(got[1]["B"]))
+            found.add(int(got[1]["B"]))
     if found:
-        return min(found)
+        return sorted(found)
     for r in runs:
         try:
             logged = json.loads(r.params.get("metrics.token_budgets", "null"))
         except ValueError:
             logged = None
         if isinstance(logged, list) and logged and all(isinstance(b, int) for b in logged):
-            return min(logged)
-    return min(TOKEN_BUDGETS)
+            return sorted(logged)
+    return sorted(TOKEN_BUDGETS)
+
+
+def budget_choice(available: Iterable[str], runs: Sequence[RunData] = ()) -> tuple[int, str]:
+    """(B, why) of the equal-budget metric: the logged budget closest to the context the generator
+    read (:func:`context_tokens`; a tie goes to the larger budget, which holds that context), else
+    the smallest logged budget, saying no run measured its context."""
+    budgets = logged_budgets(available, runs)
+    tokens = context_tokens(runs)
+    if tokens is None:
+        return budgets[0], (
+            f"the smallest logged budget, {budgets[0]} tokens: no run measured the context its generator "
+            "read (tokens_in_generation), so the budget the generator reads is unknown"
+        )
+    b = min(budgets, key=lambda x: (abs(x - tokens), -x))
+    return (
+        b,
+        f"the logged budget closest to the context the generator read ({tokens:.0f} prompt tokens per query)",
+    )
+
+
+def budget(available: Iterable[str], runs: Sequence[RunData] = ()) -> int:
+    """B of the equal-budget substitute and default (:func:`budget_choice`)."""
+    return budget_choice(available, runs)[0]
 
 
 @dataclass(frozen=True)
@@ -166,20 +226,29 @@ def _differ(runs: Sequence[RunData], key) -> tuple[str, str] | None:
     return None if other is None else (vals[0], other)
 
 
-def comparability(metric: str, runs: Sequence[RunData], available: Iterable[str] | None = None) -> Comparability:
+def comparability(
+    metric: str, runs: Sequence[RunData], available: Iterable[str] | None = None
+) -> Comparability:
     """Whether ``metric`` (a logged key, any form) is comparable across ``runs``: the first of its
     spec's ``breaks`` whose fact differs between two runs makes it incomparable. ``available``:
     the keys the runs logged (the substitute must be one of them; default: the runs' metrics and
     table columns). An unregistered key is comparable (nothing is declared about it)."""
     got = parse(metric)
-    if got is None:
+    if got is None and not _differ(runs, corpus_key):
         return Comparability(metric, True)
     keys = set(available) if available is not None else _keys(runs)
-    for factor in got[0].breaks:
+    if d := _differ(runs, corpus_key):  # every metric: the documents searched differ
+        return Comparability(
+            metric, False, "corpus", f"the corpora differ (corpus_digest {d[0][:12]} vs {d[1][:12]})"
+        )
+    for factor in got[0].breaks if got else ():
         if factor == "chunks" and (d := _differ(runs, chunk_key)):
             b = budget(keys, runs)
             use = f"evidence_recall_at_{b}tok"
-            return Comparability(metric, False, factor, f"the chunks differ ({d[0]} vs {d[1]})", use, use in keys)
+            what = "retrieved items" if any(app_choice(r) for r in runs) else "chunks"
+            return Comparability(
+                metric, False, factor, f"the {what} differ ({d[0]} vs {d[1]})", use, use in keys
+            )
         if factor == "judge" and (d := _differ(runs, judge_key)):
             return Comparability(metric, False, factor, f"the judges differ ({d[0]} vs {d[1]})")
         if factor == "key_facts" and (w := next((x for r in runs if (x := _weak_facts(r))), None)):
@@ -210,8 +279,9 @@ def comparable_only(
     metrics: Sequence[str], runs: Sequence[RunData], available: Iterable[str] | None = None
 ) -> tuple[list[str], list[str]]:
     """(the ``metrics`` comparable across ``runs``, a note per metric left out): how a default
-    metric list drops what it may not show."""
-    bad = {c.metric: c for c in incomparable(metrics, runs, available)}
+    metric list drops what it may not show. Different corpora leave every metric in, for the
+    caller's refusal (``tracking.judge_runs.check_comparable``): no metric survives them."""
+    bad = {c.metric: c for c in incomparable(metrics, runs, available) if c.factor != "corpus"}
     groups: dict[tuple[str, str | None], list[str]] = {}
     for c in bad.values():
         groups.setdefault((c.detail, c.instead), []).append(c.metric)
@@ -223,12 +293,16 @@ def comparable_only(
     return [m for m in metrics if m not in bad], notes
 
 
-def default_metric(runs: Sequence[RunData], available: Sequence[str], factors: Sequence[str] | None = None) -> str:
-    """The metric a pick over ``runs`` defaults to: the first of the swept factors' headline
+def default_metric_choice(
+    runs: Sequence[RunData], available: Sequence[str], factors: Sequence[str] | None = None
+) -> tuple[str, str]:
+    """(metric, why) a pick over ``runs`` defaults to: the first of the swept factors' headline
     columns (``evaluation.headline.table_metrics``: equal-budget metrics first when the chunking
     varies, generation metrics first when a generation setting is swept) that is comparable across
-    the runs; ``evaluation.headline.primary_metric`` when none is. ``factors``: the swept factors
-    (default: ``analysis.attribution.infer_factors`` of the runs)."""
+    the runs, an incomparable one replaced by its logged substitute (hit@5 of an app against the
+    pipeline → the equal-budget metric); ``evaluation.headline.primary_metric`` when none is. An
+    equal-budget default is read at :func:`budget_choice`'s B (the context the generator read).
+    ``factors``: the swept factors (default: ``analysis.attribution.infer_factors`` of the runs)."""
     from rag_experiments.analysis.attribution import infer_factors
     from rag_experiments.analysis.baseline import context_k
     from rag_experiments.evaluation.headline import primary_metric, table_metrics
@@ -236,8 +310,23 @@ def default_metric(runs: Sequence[RunData], available: Sequence[str], factors: S
     factors = list(factors) if factors is not None else infer_factors(runs)
     k = context_k([r.params for r in runs])
     lead = table_metrics(available, factors, k)
-    ok, _ = comparable_only(lead, runs, available)
-    return ok[0] if ok else primary_metric(factors, available, k)
+    ok, _ = comparable_defaults(lead, runs, available)
+    metric = ok[0] if ok else primary_metric(factors, available, k)
+    why = "the default: the swept factors' primary metric comparable across the configs"
+    got = parse(metric)
+    if got and got[0].pattern == "evidence_recall_at_{B}tok" and got[1]["form"] == "mean":
+        b, how = budget_choice(available, runs)
+        if f"evidence_recall_at_{b}tok" in set(available):
+            metric = f"evidence_recall_at_{b}tok"
+            why = f"the default: equal-budget evidence recall (what is retrieved differs), at {how}"
+    return metric, why
+
+
+def default_metric(
+    runs: Sequence[RunData], available: Sequence[str], factors: Sequence[str] | None = None
+) -> str:
+    """The metric of :func:`default_metric_choice`."""
+    return default_metric_choice(runs, available, factors)[0]
 
 
 def comparable_defaults(
@@ -245,11 +334,16 @@ def comparable_defaults(
 ) -> tuple[list[str], list[str]]:
     """Default ``metrics`` with each one not comparable across ``runs`` replaced by the metric to
     use instead when ``available`` has it (hit_at_5 and mrr → evidence_recall_at_{B}tok when the
-    chunks differ), else left out; a note per change (``gate``'s defaults)."""
+    retrieved items differ), else left out; a note per change (``gate``'s defaults). Different
+    corpora leave every metric in place, for the caller's refusal (no metric replaces them)."""
     out, notes = [], []
     for c in (comparability(m, runs, available) for m in metrics):
-        use = c.metric if c.comparable else (c.instead if c.instead in available else None)
-        if not c.comparable:
+        use = (
+            c.metric
+            if c.comparable or c.factor == "corpus"
+            else (c.instead if c.instead in available else None)
+        )
+        if not c.comparable and c.factor != "corpus":
             notes.append(f"default metric {c.metric} → {use or 'left out'}: {c.detail}")
         if use:
             out.append(use)

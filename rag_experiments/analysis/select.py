@@ -75,6 +75,7 @@ class Selection:
     underpowered: Underpowered | None = None
     lead: list[str] = field(default_factory=list)  # printed first: the metric's choice, overrides
     duplicates: list[list[str]] = field(default_factory=list)  # configs with the same per-query values
+    default_margin: bool = True  # gate's max(0.01, 1/√n), no --margin
 
     def tags(self) -> dict[str, str]:
         """What the CLI logs on the sweep's parent run."""
@@ -258,6 +259,8 @@ def select_config(
             "ni_bound": ni_col("bound"),  # config − best on the worse side
             "ni_margin": ni_col("margin"),
             "ni_p_holm": ni_col("p_holm"),
+            "ni_test": [by_run[i].test if i in by_run else "-" for i in range(len(runs))],
+            "ni_mde": ni_col("mde"),
             "worse": cmp["worse"],
             "tie": [i == best or by_run[i].passed for i in range(len(runs))],
             **_serving(runs, costs, constraints),
@@ -281,6 +284,7 @@ def select_config(
         margin=float(np.median([r.margin for r in ni])) if ni else math.nan,
         underpowered=power,
         duplicates=dups,
+        default_margin=margin is None,
     )
 
 

@@ -225,7 +225,8 @@ def choose_family(
     if allow_incomparable:
         return chosen, family, check_comparable(chosen, [run_a, run_b], True, available)
     chosen, left_out = comparable_only(chosen, [run_a, run_b], available)
-    return chosen, family, [f"note: {n}" for n in left_out]
+    corpus = check_comparable(chosen, [run_a, run_b], False, available)  # different corpora: refused
+    return chosen, family, corpus + [f"note: {n}" for n in left_out]
 
 
 def headline_family(run_a: RunData, run_b: RunData, available: Sequence[str]) -> tuple[list[str], str]:

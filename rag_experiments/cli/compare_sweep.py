@@ -196,6 +196,7 @@ def build_sweep_comparison(
         notes += check_comparable(chosen, data, True, available)
     else:  # the default: only what is comparable across the configs (docs/metrics.md, "Comparability")
         chosen, left_out = comparable_only(sweep_metrics(available, factors), data, available)
+        notes += check_comparable(chosen, data, False, available)  # different corpora: refused
         notes += [f"note: {n}" for n in left_out]
     if any(map(is_generation_metric, chosen)) and (marker := generation_marker(trust_inputs(children))):
         notes.append(f"warning: {marker}")  # human κ < 0.4 (analysis.judge_trust)

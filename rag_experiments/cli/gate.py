@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from rag_experiments.analysis.comparability import comparable_defaults, human_lines
 from rag_experiments.analysis.gate import GateResult, gate_power, non_inferiority, vacuous
+from rag_experiments.analysis.verdict import GateVerdict, gate_verdict
 from rag_experiments.cli.compare import text_table
 from rag_experiments.core.formatting import fmt_num
 from rag_experiments.evaluation.registry import higher_is_better
@@ -170,6 +171,7 @@ def run_gate(
         gated = [m for m in DEFAULT_METRICS if m not in OPTIONAL_DEFAULTS or m in tb or m in tc]
         gated, swapped = comparable_defaults(gated, [rb, rc], available)
         notes += swapped
+        notes += check_comparable(gated, [rb, rc], allow_incomparable, available)  # different corpora
         missing = [
             f"{m} (no values in {run_label(r)})"
             for m in gated
@@ -211,15 +213,79 @@ def run_gate(
     return results, notes
 
 
-def lead_lines(
-    reader: RunReader, args: argparse.Namespace, results: Sequence[GateResult], default: bool, per_metric
-) -> list[str]:
-    """What gate prints first: the label-corrected figures of a judge metric (else UNVALIDATED),
-    then UNDERPOWERED per metric as select prints it (``analysis.gate.gate_power``)."""
-    pair = [reader.resolve(args.baseline, args.experiment), reader.resolve(args.candidate, args.experiment)]
-    lines = human_lines([r.metric for r in results], pair)
-    weak = [(r, u) for r in results if (u := gate_power(r, default and r.metric not in per_metric))]
-    return lines + [u.gate_message(r.metric) for r, u in weak]
+def gate_verdict_of(reader: RunReader, args: argparse.Namespace) -> tuple[GateVerdict, str]:
+    """The gate's verdict (``analysis.verdict.gate_verdict``) and the two runs' header lines: what
+    the console, ``--summary-md`` and the tags render."""
+    results, notes = run_gate(
+        reader,
+        args.baseline,
+        args.candidate,
+        args.metric,
+        args.margin,
+        alpha=args.alpha,
+        experiment=args.experiment,
+        seed=args.seed,
+        n_resamples=args.resamples,
+        allow_judge_change=args.allow_judge_change,
+        allow_incomparable=args.allow_incomparable,
+    )
+    rb, rc = reader.resolve(args.baseline, args.experiment), reader.resolve(args.candidate, args.experiment)
+    dm, pm = _parse_margins(args.margin)
+    swapped = {
+        n.split(" → ")[1].split(":")[0]: n.removeprefix("default metric ")
+        for n in notes
+        if n.startswith("default metric ")
+    }
+    whys = {
+        r.metric: "named with --metric" if args.metric
+        else f"a default metric, replacing {swapped[r.metric]}" if r.metric in swapped
+        else "a default metric"
+        for r in results
+    }  # fmt: skip
+    verdict = gate_verdict(
+        rb, rc, results, notes[1:], {r.metric: dm is None and r.metric not in pm for r in results}, whys,
+        human_lines([r.metric for r in results], [rb, rc]), args.alpha,
+    )  # fmt: skip
+    return verdict, notes[0]
+
+
+def render(v: GateVerdict, header: str) -> str:
+    """The console: the runs, the caveats in the verdict's order, the table, the tests, the verdict."""
+    conf = f"{100 * (1 - v.alpha):g}%"
+    headers = ["metric", "better", "baseline", "candidate", "delta", f"{conf} bound", "limit", "MDE", "n",
+               "verdict"]  # fmt: skip
+    rows = []
+    for m in v.metrics:
+        e, pw = m.estimate, m.power
+        rows.append(
+            [
+                m.metric,
+                "higher" if e.higher_is_better else "lower",
+                fmt_num(e.baseline),
+                fmt_num(e.candidate),
+                fmt_num(e.delta, signed=True),
+                ("≥ " if e.higher_is_better else "≤ ") + fmt_num(e.bound, signed=True),
+                fmt_num(-pw.margin if e.higher_is_better else pw.margin, signed=True)
+                + (" (default)" if pw.default_margin else ""),
+                fmt_num(pw.mde),
+                str(pw.n),
+                m.verdict,
+            ]
+        )
+    by_test: dict[str, list[str]] = {}
+    for m in v.metrics:
+        by_test.setdefault(m.test.label, []).append(m.metric)
+    lines = [header, *v.caveat_lines(), text_table(headers, rows)]
+    lines.append("bounds: " + "; ".join(f"{name} for {', '.join(ms)}" for name, ms in by_test.items()))
+    failed = [m.metric for m in v.metrics if not m.passed]
+    if failed:
+        lines.append(
+            f"GATE FAILED: {', '.join(failed)} (one-sided {conf} bound of candidate − baseline past the "
+            "margin on the metric's worse side)"
+        )
+    else:
+        lines.append(f"GATE PASSED ({len(v.metrics)} metric(s); default margin = max(0.01, 1/sqrt(n)))")
+    return "\n".join(lines)
 
 
 @cli_main
@@ -227,69 +293,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     reader = MlflowRunReader(tracking_uri(args.tracking_uri))
     try:
-        results, notes = run_gate(
-            reader,
-            args.baseline,
-            args.candidate,
-            args.metric,
-            args.margin,
-            alpha=args.alpha,
-            experiment=args.experiment,
-            seed=args.seed,
-            n_resamples=args.resamples,
-            allow_judge_change=args.allow_judge_change,
-            allow_incomparable=args.allow_incomparable,
-        )
+        verdict, header = gate_verdict_of(reader, args)
     except RunInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    write_summary(args, reader, results, notes)  # --summary-md FILE: Markdown for a pull request (docs/ci.md)
-    conf = f"{100 * (1 - args.alpha):g}%"
-    headers = ["metric", "better", "baseline", "candidate", "delta", f"{conf} bound", "limit", "MDE", "n",
-               "verdict"]  # fmt: skip
-    dm, pm = _parse_margins(args.margin)
-    rows = []
-    for r in results:
-        margin_src = "" if dm is not None or r.metric in pm else " (default)"
-        rows.append(
-            [
-                r.metric,
-                "higher" if r.higher_is_better else "lower",
-                fmt_num(r.baseline),
-                fmt_num(r.candidate),
-                fmt_num(r.delta, signed=True),
-                ("≥ " if r.higher_is_better else "≤ ") + fmt_num(r.bound, signed=True),
-                fmt_num(-r.margin if r.higher_is_better else r.margin, signed=True) + margin_src,
-                fmt_num(r.mde),
-                str(r.n_pairs),
-                r.verdict,
-            ]
-        )
-    for line in lead_lines(reader, args, results, dm is None, pm):
-        print(line)
-    print("\n".join(notes))
-    print(text_table(headers, rows))
-    by_test = {t: [r.metric for r in results if r.test == t] for t in ("score", "bootstrap")}
-    print(
-        "bounds: "
-        + "; ".join(
-            f"{name} for {', '.join(ms)}"
-            for name, ms in (
-                ("score test (binary / proportion metrics)", by_test["score"]),
-                ("paired percentile bootstrap", by_test["bootstrap"]),
-            )
-            if ms
-        )
-    )
-    failed = [r.metric for r in results if not r.passed]
-    if failed:
-        print(
-            f"GATE FAILED: {', '.join(failed)} (one-sided {conf} bound of candidate − baseline past the "
-            "margin on the metric's worse side)"
-        )
-        return 1
-    print(f"GATE PASSED ({len(results)} metric(s); default margin = max(0.01, 1/sqrt(n)))")
-    return 0
+    write_summary(args, reader, verdict)  # --summary-md FILE: Markdown for a pull request (docs/ci.md)
+    print(render(verdict, header))
+    return 0 if verdict.verdict == "PASS" else 1
 
 
 if __name__ == "__main__":

@@ -32,10 +32,11 @@ from collections.abc import Sequence
 from importlib.resources import files
 from pathlib import Path
 
-from rag_experiments.analysis.comparability import default_metric, human_lines, label_evidence_notes
+from rag_experiments.analysis.comparability import default_metric_choice, human_lines, label_evidence_notes
 from rag_experiments.analysis.judge_trust import generation_marker, is_generation_metric, ppi_contradiction
 from rag_experiments.analysis.racing import STOPPED_HEADERS, STOPPED_NOTE, split_stopped, stopped_rows
-from rag_experiments.analysis.select import Constraints, Selection, runnable_config, select_config
+from rag_experiments.analysis.select import Constraints, runnable_config
+from rag_experiments.analysis.verdict import Caveat, SelectVerdict, pick_verdict, with_caveats
 from rag_experiments.core.run_record import RunData
 from rag_experiments.evaluation.registry import higher_is_better
 from rag_experiments.report.tables import fmt_num, fmt_p, text_table
@@ -96,15 +97,18 @@ def _direction(metric: str) -> bool:
     return hib
 
 
-def render(sel: Selection) -> str:
-    """The underpowered warning first (when any), then the rule, the table and the notes."""
+def render(v: SelectVerdict) -> str:
+    """The verdict: the metric's choice, the caveats in the verdict's order (UNDERPOWERED first
+    after a forced comparison), the pick at every budget, the rule, the tie set, the table, notes."""
+    sel = v.selection
+    family = max(0, len(sel.table) - 1)
     headers = [
         "config",
         "mean [95% CI]",
         "delta vs best",
-        f"p_holm (Holm over {max(0, len(sel.table) - 1)})",
+        f"p_holm (Holm over {family})",
         "gate bound",
-        f"NI p_holm (Holm over {max(0, len(sel.table) - 1)})",
+        f"NI p_holm (Holm over {family})",
         "tie?",
         "constraints ok?",
         "cost_usd",
@@ -130,16 +134,17 @@ def render(sel: Selection) -> str:
         )
     better = "higher" if sel.higher_is_better else "lower"
     side = "lower" if sel.higher_is_better else "upper"
-    lines = [*sel.lead]
-    lines += [sel.underpowered.message()] if sel.underpowered else []
+    tests = "; ".join(f"{t.label} ({t.why})" for t in v.tests) or "none (one config)"
+    lines = [*sel.lead, *v.caveat_lines()]
+    if v.budget_text and not v.budget_text.startswith("budget-sensitive"):
+        lines.append(v.budget_text)
     lines += [
         f"metric {sel.metric} ({better} is better); tie = shown non-inferior to the best: gate's one-sided "
         f"{100 * (1 - sel.alpha):g}% {side} bound of config − best within the margin "
-        f"{fmt_num(sel.margin)} (the metric's declared type: score test on binary and proportion metrics, paired bootstrap on "
-        f"continuous ones; Holm over the "
-        f"configs: NI p_holm <= {sel.alpha:g}). "
+        f"{fmt_num(sel.margin)} (Holm over the configs: NI p_holm <= {sel.alpha:g}); test: {tests}. "
         f"p_holm: two-sided paired test (exact McNemar for binary metrics, sign-flip otherwise, Holm), "
         "'worse' when significant",
+        f"ties: {v.tie.text()}",
         f"noise (reported, not deciding): {sel.noise}",
         f"choice among tied configs within the constraints: {sel.tie_break}",
         text_table(headers, rows),
@@ -148,23 +153,23 @@ def render(sel: Selection) -> str:
     return "\n".join(lines)
 
 
-def log_tags(uri: str, children: Sequence[RunData], sel: Selection) -> str | None:
-    """Set ``sel.tags()`` (``select.underpowered`` …) on the sweep's parent run, for the report;
+def log_tags(uri: str, children: Sequence[RunData], v: SelectVerdict) -> str | None:
+    """Set the verdict's tags (``select.underpowered`` …) on the sweep's parent run, for the report;
     a note when the sweep has no parent run or the store refuses."""
     parents = {r.parent_id for r in children} - {None}
     if len(parents) != 1:
         return "note: no single sweep parent run: select.underpowered not logged"
     (parent,) = parents
     try:
-        annotate.set_tags(uri, parent, sel.tags())
+        annotate.set_tags(uri, parent, v.tags())
     except annotate.AnnotateError as e:
         return f"note: could not tag the sweep's parent run: {e}"
     return None
 
 
-def run_select(reader: RunReader, args: argparse.Namespace) -> tuple[Selection, dict[str, RunData]]:
-    """The selection over the sweep's configs (``analysis.select.select_config``) and the
-    configs by run id."""
+def run_select(reader: RunReader, args: argparse.Namespace) -> tuple[SelectVerdict, dict[str, RunData]]:
+    """The verdict over the sweep's configs (``analysis.select.select_config`` into
+    ``analysis.verdict.select_verdict``) and the configs by run id."""
     children = reader.sweep_children(args.sweep, args.experiment)
     if not children:
         raise RunInputError(f"unknown sweep {args.sweep!r}: no finished child run has that sweep_id")
@@ -173,13 +178,13 @@ def run_select(reader: RunReader, args: argparse.Namespace) -> tuple[Selection, 
     if not runs:
         raise RunInputError(f"every config of sweep {args.sweep!r} was stopped by racing: nothing covers the eval set")
     available = sorted(set().union(*(r.table.columns for r in runs)))
-    lead = []
+    lead, why = [], "given with --metric"
     if args.metric is None:
-        args.metric = default_metric(runs, available)
-        lead.append(f"metric {args.metric}: the default (the swept factors' primary metric comparable across the configs)")
+        args.metric, why = default_metric_choice(runs, available)
+        lead.append(f"metric {args.metric}: {why}")
     hib = _direction(args.metric)
-    lead += check_comparable([args.metric], runs, getattr(args, "allow_incomparable", False), available)
-    lead = human_lines(args.metric, runs) + lead  # labels lead; else UNVALIDATED first (judge metrics)
+    overrides = check_comparable([args.metric], runs, getattr(args, "allow_incomparable", False), available)
+    human = human_lines(args.metric, runs)  # labels lead; else UNVALIDATED (judge metrics)
     missing = [r.name for r in runs if args.metric not in r.table.columns]
     if missing:
         raise RunInputError(
@@ -189,21 +194,16 @@ def run_select(reader: RunReader, args: argparse.Namespace) -> tuple[Selection, 
     replicates = [reader.with_table(r) for r in all_runs] if len(all_runs) > len(children) else []
     by_id = {r.run_id: r for r in children}
     costs = [float(by_id[r.run_id].metrics.get("cost_usd", math.nan)) for r in runs]
+
     try:
-        sel = select_config(
-            runs,
-            args.metric,
-            hib,
-            costs,
-            Constraints(args.max_latency_ms, args.max_cost_usd),
-            alpha=args.alpha,
-            seed=args.seed,
-            replicates=replicates,
-            margin=args.margin,
-            n_resamples=args.resamples,
-        )
+        verdict = pick_verdict(
+            runs, args.metric, why, _direction, costs, Constraints(args.max_latency_ms, args.max_cost_usd),
+            alpha=args.alpha, seed=args.seed, margin=args.margin, n_resamples=args.resamples,
+            replicates=replicates, notes=overrides, human=human,
+        )  # fmt: skip
     except ValueError as e:  # e.g. no config has a value of the metric
         raise RunInputError(str(e)) from None
+    sel = verdict.selection
     sel.lead = lead
     if judge_note:
         sel.notes.append(judge_note)
@@ -212,7 +212,9 @@ def run_select(reader: RunReader, args: argparse.Namespace) -> tuple[Selection, 
     if is_generation_metric(args.metric) and (m := generation_marker([(r.metrics, r.tags) for r in children])):
         sel.notes.append(f"warning: {m}")  # human κ < 0.4 (analysis.judge_trust)
     if sel.chosen and (c := ppi_contradiction(args.metric, by_id[sel.chosen].label, [(r.label, r.metrics) for r in runs], hib)):
-        sel.lead.insert(0, c)  # human labels disagree with the judge-based pick: said first
+        verdict = with_caveats(
+            verdict, [Caveat("human", c)]
+        )  # human labels disagree with the judge-based pick
     if args.metric.startswith("rate_"):  # judge=none runs: labels from correctness only
         sel.notes += label_evidence_notes(runs)
     if stopped:
@@ -221,7 +223,7 @@ def run_select(reader: RunReader, args: argparse.Namespace) -> tuple[Selection, 
             text_table(STOPPED_HEADERS, stopped_rows(stopped, args.metric)),
             STOPPED_NOTE,
         ]
-    return sel, by_id
+    return verdict, by_id
 
 
 _CONFIG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
@@ -242,11 +244,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     reader = MlflowRunReader(tracking_uri(args.tracking_uri))
     try:
         _check_name(args.name)
-        sel, by_id = run_select(reader, args)
-        tag_note = log_tags(reader.uri, list(by_id.values()), sel)
+        verdict, by_id = run_select(reader, args)
+        sel = verdict.selection
+        tag_note = log_tags(reader.uri, list(by_id.values()), verdict)
         if tag_note:
             sel.notes.append(tag_note)
-        print(render(sel))
+        print(render(verdict))
         if sel.chosen is None:
             return 1
         run = by_id[sel.chosen]

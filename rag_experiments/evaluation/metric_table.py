@@ -170,6 +170,18 @@ REGISTRY: tuple[MetricSpec, ...] = (
         headline=11, breaks=_JUDGE,
     ),
     MetricSpec(
+        "correctness_judged",
+        "generation",
+        True,
+        "proportion",
+        "judge models only (judge=openai, local): share of the item's strong key_facts (else its reference "
+        "answer, as one fact) that the judge reads as stated by the answer, of those it read as supported, "
+        "contradicted or absent (unparseable verdicts excluded and counted: n_unparseable_fact_verdicts); "
+        "unanswerable: 1 if the answer declines",
+        "rag_experiments.evaluation.fact_scores.correctness_judged",
+        columns=("answer",), breaks=(*_JUDGE, *_KEY_FACTS),
+    ),
+    MetricSpec(
         "correctness",
         "generation",
         True,

@@ -25,46 +25,15 @@ _CARD = (
 BOOKKEEPING: tuple[MetricSpec, ...] = (
     # -- cost (per-query columns, not aggregated; compared only when asked for by name)
     MetricSpec(
-        "latency_retrieval_s",
+        "latency_{stage}_s",
         "cost",
         False,
         "continuous",
-        "retrieval wall time of the whole eval set divided by its number of queries, seconds",
-        per_query=False,
-    ),
-    MetricSpec(
-        "latency_rerank_s",
-        "cost",
-        False,
-        "continuous",
-        "the reranker's wall time for the query (its batch's time divided by the batch's queries), "
-        "seconds, as measured when its scores were computed (kept with them in the cache); NaN when the "
-        "reranker failed on the query",
-        per_query=False,
-    ),
-    MetricSpec(
-        "latency_query_s",
-        "cost",
-        False,
-        "continuous",
-        "the query transform's model call for the query (query=rewrite, hyde or multi_query), seconds, as "
-        "measured when it was made (kept with its reply in the cache); a failed call counts its time too",
-        per_query=False,
-    ),
-    MetricSpec(
-        "latency_generation_s",
-        "cost",
-        False,
-        "continuous",
-        "wall time of the query's generation call, seconds",
-        per_query=False,
-    ),
-    MetricSpec(
-        "latency_judge_s",
-        "cost",
-        False,
-        "continuous",
-        "wall time of judging the query's answer (claims, verdicts, relevance), seconds",
+        "a step's wall time for the query, seconds: generation its call, judge judging its answer (claims, "
+        "verdicts, relevance), query the transform's model call, app the application's answer, rerank its "
+        "batch's time divided by the batch's queries (NaN where it failed), each as measured when made (kept "
+        "with the result in the cache); retrieval and any step that measures none: its batch's time divided "
+        "by the batch's queries (the run loop)",
         per_query=False,
     ),
     MetricSpec(
@@ -207,6 +176,15 @@ BOOKKEEPING: tuple[MetricSpec, ...] = (
         per_query=False,
     ),
     MetricSpec(
+        "n_unparseable_fact_verdicts",
+        "count",
+        False,
+        "count",
+        "number of the judge's key-fact verdicts (correctness_judged) that could not be parsed: per query, "
+        "and summed over queries as a run metric",
+        per_query=False,
+    ),
+    MetricSpec(
         "n_answer_truncated",
         "count",
         False,
@@ -240,15 +218,6 @@ BOOKKEEPING: tuple[MetricSpec, ...] = (
         None,
         "count",
         "number of contexts the application (app=python or app=http) returned for the query",
-        per_query=False,
-    ),
-    MetricSpec(
-        "latency_app_s",
-        "cost",
-        False,
-        "continuous",
-        "the application's wall time for the query (app=python or app=http), seconds, as measured when it "
-        "answered (kept with its reply in the cache)",
         per_query=False,
     ),
     MetricSpec(

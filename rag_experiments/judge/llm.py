@@ -54,6 +54,21 @@ VERDICT_SCHEMA = {
     "required": ["verdict"],
     "additionalProperties": False,
 }
+#: Key-fact correctness read by the judge (issue 45): each reference fact against the answer.
+FACT_SYSTEM = (
+    "You check an answer against one reference fact. Reply with one word: supported if the answer "
+    "states the fact, in any wording; contradicted if it states something incompatible with it (another "
+    "value for the same thing, or the fact negated); absent if it does not say." + DATA_NOTE
+)
+FACT_USER = "{fact}\n\n{answer}\n\nDoes the answer state the fact? Reply supported, contradicted or absent."
+FACT_LABELS = ("supported", "contradicted", "absent")
+FACT_SCHEMA = {
+    "type": "object",
+    "properties": {"verdict": {"type": "string", "enum": list(FACT_LABELS)}},
+    "required": ["verdict"],
+    "additionalProperties": False,
+}
+_FACT_WORD = re.compile(r"(supported|contradicted|absent)[.!]?", re.I)
 LOGPROB_FLOOR = -20.0
 _DRY_VERDICT = '{"verdict": "supported"}'  # the placeholder a dry run's constrained verdict reads (stages.dry_calls)
 
@@ -87,6 +102,28 @@ def yes_no_score(top: list[tuple[str, float]], floor: float = LOGPROB_FLOOR) -> 
     if not yes and not no:
         return None
     return max(lse(yes), floor) - max(lse(no), floor)
+
+
+def parse_fact_verdict(text: str) -> str:
+    """A fact verdict read strictly: "supported", "contradicted", "absent" or "unparseable".
+
+    Accepted: the bare word (any case, a trailing "." or "!", optional quotes, ``**`` or a code
+    fence) or JSON ``{"verdict": <word>}``. Prose, hedges and empty replies are unparseable: counted,
+    never read as a label."""
+    if not isinstance(text, str):
+        return "unparseable"
+    s = text.strip()
+    fence = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", s, re.S)
+    s = fence.group(1).strip() if fence else s
+    if s.startswith("{"):
+        try:
+            obj = json.loads(s)
+        except ValueError:
+            return "unparseable"
+        v = obj.get("verdict") if isinstance(obj, dict) and len(obj) == 1 else None
+        return v.strip().lower() if isinstance(v, str) and v.strip().lower() in FACT_LABELS else "unparseable"
+    m = _FACT_WORD.fullmatch(s.strip("*\"'` \t\n"))
+    return m.group(1).lower() if m else "unparseable"
 
 
 class LLMJudge:
@@ -241,6 +278,40 @@ class LLMJudge:
 
     def verdicts(self, claims: list[str], context: str) -> list[Verdict]:
         return self.client._map(lambda c: self._one_verdict(c, context), list(claims))
+
+    # key facts -------------------------------------------------------------------------------------
+    @property
+    def fact_identity(self) -> str:
+        """What decides a fact verdict: the judge and the fact prompt (its own cache namespace, so
+        the judge's identity, and every config_hash, stay as they were)."""
+        prompt = hashlib.sha256((FACT_SYSTEM + FACT_USER).encode()).hexdigest()[:16]
+        return json.dumps({"judge": self.identity, "fact_prompt": prompt}, sort_keys=True)
+
+    def _one_fact(self, fact: str, answer: str) -> Verdict:
+        messages = [
+            {"role": "system", "content": FACT_SYSTEM},
+            {"role": "user", "content": fill(FACT_USER, fact=delimited("claim", fact), answer=delimited("answer", answer))},
+        ]
+        dry = '{"verdict": "supported"}'
+        try:
+            if self.constrained == "json_schema":
+                c = self.client.complete(messages, max_tokens=32, extra_body={"json_schema": FACT_SCHEMA},
+                                         allow_empty=True, dry_text=dry)  # fmt: skip
+            elif self.constrained == "response_format":
+                fmt = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": FACT_SCHEMA, "strict": True}}
+                c = self.client.complete(messages, max_tokens=32, response_format=fmt, allow_empty=True, dry_text=dry)
+            else:
+                c = self.client.complete(messages, max_tokens=8, allow_empty=True, dry_text="supported")
+        except Exception as exc:  # noqa: BLE001 - a judge never raises per fact
+            return Verdict(fact, "unparseable", error=error_text(exc))
+        if c.error:
+            return Verdict(fact, "unparseable", error=c.error, usage=c.usage)
+        return Verdict(fact, parse_fact_verdict(c.text), raw=c.text, rationale="fact", usage=c.usage)
+
+    def fact_verdicts(self, answer: str, facts: list[str]) -> list[Verdict]:
+        """Each reference fact against ``answer``: ``label`` supported / contradicted / absent, or
+        unparseable (a failed call carries its ``error``), with the call's usage."""
+        return self.client._map(lambda f: self._one_fact(f, answer), list(facts))
 
     # decomposition -------------------------------------------------------------------------------
     def split(self, answer: str) -> list[str]:

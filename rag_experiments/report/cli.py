@@ -25,6 +25,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from rag_experiments.report.answer_matrix import answer_matrix, render_answer_matrix
 from rag_experiments.report.load import load_input, resolve_target
 from rag_experiments.report.render import ReportFiles, write_report
 from rag_experiments.report.sections import build_report
@@ -32,6 +33,7 @@ from rag_experiments.tracking import annotate
 from rag_experiments.tracking.errors import cli_main
 from rag_experiments.tracking.run_reader import MlflowRunReader
 from rag_experiments.tracking.runs import RunInputError, tracking_uri
+from rag_experiments.tracking.trace_links import trace_ids_by_item, trace_url
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,7 +75,24 @@ def safe_dirname(s: str) -> str:
 
 
 def log_report(uri: str, run_id: str, files: ReportFiles) -> None:
-    annotate.log_files(uri, run_id, [files.markdown, files.html, *files.pngs], "report")
+    annotate.log_files(uri, run_id, [files.markdown, files.html, *files.pages, *files.pngs], "report")
+
+
+def answer_pages(uri: str, loaded, title: str) -> dict[str, str]:
+    """``{"answers.html": …}``, the answer matrix of the generating configs (none: {}), each cell
+    linked to its item's trace in the MLflow UI."""
+    configs = [c for c in loaded.configs if "answer" in c.table.columns]
+    if not configs:
+        return {}
+    traces = {
+        c.run.run_id: {
+            item: trace_url(uri, c.run.experiment_id, tid)
+            for item, tid in trace_ids_by_item(uri, c.run.experiment_id, c.run.run_id).items()
+        }
+        for c in configs
+    }
+    k = int(float(configs[0].run.params.get("retriever.k", 5)))
+    return {"answers.html": render_answer_matrix(answer_matrix(configs, loaded.factors, k, title, traces))}
 
 
 @cli_main
@@ -82,8 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     reader = MlflowRunReader(tracking_uri(args.tracking_uri))
     try:
         target = resolve_target(reader, args.target, args.experiment)
+        loaded = load_input(reader, target)
         report = build_report(
-            load_input(reader, target),
+            loaded,
             baseline=args.baseline,
             primary=args.metric,
             n_worst=args.worst,
@@ -94,8 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RunInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    files = write_report(report, args.out or Path("reports") / safe_dirname(target.label))
+    pages = answer_pages(reader.uri, loaded, target.label)
+    files = write_report(report, args.out or Path("reports") / safe_dirname(target.label), pages)
     print(f"wrote {files.markdown}, {files.html} and {len(files.pngs)} plots in {files.out_dir}")
+    for page in files.pages:
+        print(f"answer matrix (items × configs, filters, trace links): {page}")
     print(f"baseline: {report.baseline} ({report.baseline_why})")  # the line compare --sweep prints
     print(f"primary metric: {report.primary}")
     for n in report.notes:

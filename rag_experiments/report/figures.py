@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from rag_experiments.analysis.comparability import comparability, logged_budgets
 from rag_experiments.evaluation.labels import FAILURE_LABELS
 from rag_experiments.evaluation.registry import parse
 from rag_experiments.report.load import Config
@@ -98,13 +99,46 @@ def tag_table(configs: Sequence[Config], key: str) -> pd.DataFrame:
     return df
 
 
+def why_shown(an: Analysis, key: str) -> str:
+    """ "" when ``key`` is comparable across the configs; else why the figure shows it anyway (its
+    shape within a config), what breaks it and the metric the verdict reads (the caption's lead)."""
+    c = comparability(key, [x.data for x in an.configs])
+    if c.comparable or len(an.configs) < 2:
+        return ""
+    return (
+        f"Not for comparing configs: {c.detail}, so {key} counts different things; shown for each "
+        f"config's own ranking. The verdict reads {an.primary} (the equal-budget figure). "
+    )
+
+
+def _budget_figure(an: Analysis) -> Figure | None:
+    """Evidence recall at every logged token budget per config: the comparable metric when what is
+    retrieved differs (chunkers, an app's contexts); None when no budget is logged by every config."""
+    common = set.intersection(*(set(c.metrics) for c in an.configs))
+    keys = [f"evidence_recall_at_{b}tok" for b in logged_budgets(common)]
+    keys = [k for k in keys if k in common]
+    if len(an.configs) < 2 or not keys:
+        return None
+    v = an.verdict
+    caption = (
+        "Evidence recall at every logged token budget per config with 95 % CIs: every config fills the "
+        "same B-token context, so these compare across chunkers and applications"
+        + (f"; {v.budget_text}" if v is not None and v.budget_text else "")
+    )
+    return Figure(
+        "evidence_recall_by_budget.png",
+        text(caption),
+        metric_bars(an.configs, keys, "Equal-budget evidence recall (95 % CI)"),
+    )
+
+
 def _hit_figure(an: Analysis, s: Section) -> list[str]:
     curves, notes = hit_curves(an.configs)
     if not curves:
         return notes
     depth = max(len(v) for v in curves.values())
     logged = {c.label: _logged_points(c, len(curves[c.label])) for c in an.configs if c.label in curves}
-    caption = (
+    caption = why_shown(an, "hit_at_1") + (
         f"hit@k for k = 1…{depth} per config, recomputed from the logged rankings with the pipeline's "
         "relevance function (matches the logged hit_at_k at every logged k)"
         if not notes
@@ -123,7 +157,7 @@ def _recall_vs_mrr(an: Analysis) -> Figure:
     gaps = ", ".join(
         f"{c.label}: {f3(c.metrics.get(f'hit_at_{k}', nan) - c.metrics.get('mrr', nan))}" for c in an.configs
     )
-    caption = (
+    caption = why_shown(an, f"hit_at_{k}") + (
         f"hit@{k} and MRR per config with 95 % CIs. The gap is evidence found in the top {k} but not "
         f"ranked first: hit@{k} − MRR = {gaps}"
     )
@@ -208,8 +242,12 @@ def _variance_figure(an: Analysis) -> Figure | None:
 def plots_section(an: Analysis) -> tuple[Section, list[str]]:
     """The Plots section, and the hit@k mismatch notes (also printed by the CLI)."""
     s = Section("plots", "Plots")
+    budget = _budget_figure(an)
+    if budget is not None and why_shown(an, "hit_at_1"):  # the comparable view leads
+        s.blocks.append(budget)
+        budget = None
     notes = _hit_figure(an, s)
     s.blocks.append(_recall_vs_mrr(an))
-    figs = (_label_figure(an), *_tag_figures(an), _main_effects(an), _variance_figure(an))
+    figs = (budget, _label_figure(an), *_tag_figures(an), _main_effects(an), _variance_figure(an))
     s.blocks += [f for f in figs if f is not None]
     return s, notes

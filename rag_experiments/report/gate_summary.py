@@ -1,16 +1,16 @@
 """The gate's verdict as Markdown for a pull request (``gate … --summary-md FILE``; docs/ci.md).
 
-Built once into a :class:`GateSummary` from what the gate computed (``analysis.gate.GateResult``
-per metric, the two runs and their per-query tables), laid out by
-``report/templates/gate_summary.md.j2``: the verdict, one row per metric (baseline, candidate, Δ
-with its one-sided confidence interval, the bound against the margin, the test), the power note,
-the config diff and the queries that got worse most, each linked to its trace on the tracking
-server (``tracking.trace_links``). Fit for GitHub's ``$GITHUB_STEP_SUMMARY`` or a PR comment.
+A view of the console's verdict (``analysis.verdict.GateVerdict``), deciding nothing: the verdict,
+the caveats in the console's order (UNDERPOWERED among them whenever the console says it), one
+row per metric (baseline, candidate, Δ with its one-sided confidence interval, the bound against
+the margin, the test), the config diff and the queries that got worse most, each linked to its
+trace on the tracking server (``tracking.trace_links``). Built into a :class:`GateSummary`, laid
+out by ``report/templates/gate_summary.md.j2``; every text from data goes through
+``report.render.md_inert``. Fit for GitHub's ``$GITHUB_STEP_SUMMARY`` or a PR comment.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -20,14 +20,13 @@ import jinja2
 import pandas as pd
 
 from rag_experiments.analysis.attribution import config_diff
-from rag_experiments.analysis.gate import GateResult
+from rag_experiments.analysis.verdict import GateVerdict, MetricVerdict
 from rag_experiments.core.formatting import fmt_num
 from rag_experiments.core.run_record import RunData
-from rag_experiments.report.render import TEMPLATES, md_cell
+from rag_experiments.report.render import TEMPLATES, md_inert
 from rag_experiments.tracking.trace_links import run_url, trace_ids_by_item, trace_url
 
 TOP_FLIPS = 10  # queries listed under "worse on the candidate"
-TESTS = {"score": "Tango score test (paired 0/1)", "bootstrap": "paired percentile bootstrap"}
 
 
 @dataclass(frozen=True)
@@ -67,51 +66,41 @@ class GateSummary:
     baseline: Link
     candidate: Link
     rows: list[MetricRow]
-    power_notes: list[str]
-    notes: list[str]
+    caveats: list[str]  # the console's, in its order
+    underpowered: bool
     diff: list[tuple[str, str, str]]
     flips: list[Flip] = field(default_factory=list)
     n_worse: int = 0  # queries worse on some gated metric (flips lists the first TOP_FLIPS)
 
 
-def power_notes(results: Sequence[GateResult]) -> list[str]:
-    """One line per metric whose MDE exceeds its margin: (z_0.95 + z_0.8)·sd/√n > margin means an
-    unchanged candidate passes with < 80 % probability (analysis.power); none when all are powered."""
-    return [
-        f"{r.metric}: MDE {r.mde:.4f} > margin {r.margin:.4f} at n = {r.n_pairs}: an unchanged candidate "
-        "passes with < 80 % probability (the gate is underpowered for this margin)"
-        for r in results
-        if not math.isnan(r.mde) and r.mde > r.margin
-    ]
-
-
-def _row(r: GateResult) -> MetricRow:
+def _row(m: MetricVerdict) -> MetricRow:
     """The metric's table row; the bound against the limit reads true as written: ``≥``/``≤`` when it
     passes, ``<``/``>`` and ✗ when it fails."""
+    e = m.estimate
     bound, limit = (
-        fmt_num(r.bound, signed=True),
-        fmt_num(-r.margin if r.higher_is_better else r.margin, signed=True),
+        fmt_num(e.bound, signed=True),
+        fmt_num(-m.power.margin if e.higher_is_better else m.power.margin, signed=True),
     )
-    if r.higher_is_better:
-        ci, op = f"[{bound}, +∞)", "≥" if r.passed else "<"
+    if e.higher_is_better:
+        ci, op = f"[{bound}, +∞)", "≥" if m.passed else "<"
     else:
-        ci, op = f"(−∞, {bound}]", "≤" if r.passed else ">"
-    vs = f"{bound} {op} {limit}" + ("" if r.passed else " ✗")
+        ci, op = f"(−∞, {bound}]", "≤" if m.passed else ">"
+    vs = f"{bound} {op} {limit}" + ("" if m.passed else " ✗")
     return MetricRow(
-        r.metric,
-        "higher" if r.higher_is_better else "lower",
-        fmt_num(r.baseline),
-        fmt_num(r.candidate),
-        f"{fmt_num(r.delta, signed=True)} {ci}",
+        m.metric,
+        "higher" if e.higher_is_better else "lower",
+        fmt_num(e.baseline),
+        fmt_num(e.candidate),
+        f"{fmt_num(e.delta, signed=True)} {ci}",
         vs,
-        TESTS.get(r.test, r.test),
-        r.n_pairs,
-        r.verdict,
+        m.test.label,
+        m.power.n,
+        m.verdict,
     )
 
 
 def worse_queries(
-    results: Sequence[GateResult], tb: pd.DataFrame, tc: pd.DataFrame
+    results: Sequence[MetricVerdict], tb: pd.DataFrame, tc: pd.DataFrame
 ) -> list[tuple[str, str, float, float]]:
     """(metric, item id, baseline value, candidate value) of every query worse on the candidate for a
     gated metric, failing metrics first, then by how much worse (``candidate − baseline`` in the
@@ -120,7 +109,7 @@ def worse_queries(
     for r in sorted(results, key=lambda r: r.passed):
         b, c = tb.set_index("id")[r.metric], tc.set_index("id")[r.metric]
         both = pd.concat([b.rename("b"), c.rename("c")], axis=1, join="inner").dropna()
-        worse = (both["b"] - both["c"]) if r.higher_is_better else (both["c"] - both["b"])
+        worse = (both["b"] - both["c"]) if r.estimate.higher_is_better else (both["c"] - both["b"])
         both = both.assign(w=worse)[worse > 0]
         for item, row in sorted(both.iterrows(), key=lambda kv: (-kv[1]["w"], str(kv[0]))):
             out.append((r.metric, str(item), float(row["b"]), float(row["c"])))
@@ -133,15 +122,13 @@ def build_summary(
     rc: RunData,
     tb: pd.DataFrame,
     tc: pd.DataFrame,
-    results: Sequence[GateResult],
-    notes: Sequence[str],
-    alpha: float,
+    verdict: GateVerdict,
     top: int = TOP_FLIPS,
 ) -> GateSummary:
     """The summary's data; reads the two runs' trace ids (one search per run) for the flip links."""
-    worse = worse_queries(results, tb, tc)
+    worse = worse_queries(verdict.metrics, tb, tc)
     flips = []
-    if worse:
+    if worse and top:
         traces = {r.run_id: trace_ids_by_item(uri, r.experiment_id, r.run_id) for r in (rb, rc)}
         queries = dict(zip(tb["id"].astype(str), tb["query"] if "query" in tb else tb["id"], strict=True))
 
@@ -172,13 +159,13 @@ def build_summary(
         for k, (a, b) in config_diff(rb.params, rc.params).items()
     ]
     return GateSummary(
-        verdict="PASS" if all(r.passed for r in results) else "FAIL",
-        confidence=f"{100 * (1 - alpha):g}%",
+        verdict=verdict.verdict,
+        confidence=f"{100 * (1 - verdict.alpha):g}%",
         baseline=Link(rb.label, run_url(uri, rb.experiment_id, rb.run_id)),
         candidate=Link(rc.label, run_url(uri, rc.experiment_id, rc.run_id)),
-        rows=[_row(r) for r in results],
-        power_notes=power_notes(results),
-        notes=[n for n in notes if not n.startswith("baseline ")],  # the runs head the summary
+        rows=[_row(m) for m in verdict.metrics],
+        caveats=verdict.caveat_lines(),
+        underpowered=verdict.underpowered,
         diff=diff,
         flips=flips,
         n_worse=len({item for _, item, _, _ in worse}),
@@ -196,7 +183,7 @@ def _env() -> jinja2.Environment:
         loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=False, trim_blocks=True, lstrip_blocks=True,
         keep_trailing_newline=True, undefined=jinja2.StrictUndefined,
     )  # fmt: skip
-    env.filters["cell"] = md_cell
+    env.filters["cell"] = md_inert
     env.filters["url"] = _md_url
     return env
 
@@ -205,7 +192,7 @@ def render_summary(s: GateSummary) -> str:
     return _env().get_template("gate_summary.md.j2").render(s=s)
 
 
-def write_summary(args, reader, results: Sequence[GateResult], notes: Sequence[str]) -> Path | None:
+def write_summary(args, reader, verdict: GateVerdict) -> Path | None:
     """``gate``'s one call: with ``--summary-md FILE`` (``args.summary_md``), resolve the two runs
     again (``args.baseline``, ``args.candidate``, ``args.experiment``), build, render, write FILE;
     None without the flag."""
@@ -213,7 +200,7 @@ def write_summary(args, reader, results: Sequence[GateResult], notes: Sequence[s
         return None
     rb, rc = reader.resolve(args.baseline, args.experiment), reader.resolve(args.candidate, args.experiment)
     tb, tc = reader.per_query(rb), reader.per_query(rc)
-    s = build_summary(reader.uri, rb, rc, tb, tc, results, notes, args.alpha)
+    s = build_summary(reader.uri, rb, rc, tb, tc, verdict)
     out = Path(args.summary_md)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_summary(s), encoding="utf-8")

@@ -23,12 +23,13 @@ from rag_experiments.analysis.baseline import context_k as _context_k
 from rag_experiments.analysis.baseline import sweep_baseline
 from rag_experiments.analysis.comparability import (
     comparable_only,
-    default_metric,
+    default_metric_choice,
     human_lines,
     incomparable,
     label_evidence_notes,
 )
 from rag_experiments.analysis.judge_trust import runs_judge_notes
+from rag_experiments.analysis.verdict import pick_verdict
 from rag_experiments.core.conf_groups import option_class
 from rag_experiments.evaluation import aggregate, labels, registry
 from rag_experiments.evaluation import metrics as M
@@ -304,6 +305,8 @@ class Analysis:
     notes: list[str]  # warnings shown under the question and printed by the CLI
     n_worst: int
     interactions: Any = None  # analysis.interactions.InteractionResult of a full-factorial sweep
+    verdict: Any = None  # analysis.verdict.SelectVerdict on the primary metric (more than one config)
+    primary_why: str = ""
 
     @property
     def configs(self) -> list[Config]:
@@ -314,17 +317,19 @@ class Analysis:
         return self.inp.factors
 
 
-def underpowered_note(configs: list, primary: str, seed: int) -> list[str]:
-    """``select``'s verdict on the primary metric (``analysis.select.select_config``, gate's test and
-    margin): one note when the eval set cannot separate the configs, else none."""
-    from rag_experiments.analysis.select import select_config
-
-    try:
-        sel = select_config([c.data for c in configs], primary, registry.higher_is_better(primary),
-                            [float("nan")] * len(configs), seed=seed, n_resamples=1999)
-    except ValueError:
-        return []
-    return [f"underpowered on {primary}: {sel.underpowered.message(pick=False)}"] if sel.underpowered else []
+def verdict_and_caveats(runs: list, primary: str, why: str, overrides: list[str], seed: int) -> tuple:
+    """(``select``'s verdict on ``primary``, computed as ``select`` computes it: same margin, seed and
+    resamples, so both count the same ties; its caveats in its order). One config: no verdict, the
+    overrides and label lines only."""
+    human = [x for x in human_lines(primary, runs) if not x.startswith("UNVALIDATED")]  # PPI leads
+    verdict = None
+    if len(runs) > 1:
+        try:
+            verdict = pick_verdict(runs, primary, why, registry.higher_is_better, seed=seed, notes=overrides, human=human)
+        except ValueError:
+            verdict = None
+    lead = verdict.caveat_lines() if verdict else [*overrides, *human]
+    return verdict, lead + [o for o in overrides if o not in lead]
 
 
 def analyse(
@@ -346,8 +351,10 @@ def analyse(
     # the metric every swept factor can move leads (evaluation.headline; docs/metrics.md)
     common = set.intersection(*(set(c.table.columns) for c in configs))
     runs = [c.data for c in configs]
+    why = "given with --metric"
     if primary is None:
-        primary = default_metric(runs, sorted(common), inp.factors)
+        primary, why = default_metric_choice(runs, sorted(common), inp.factors)
+    primary_why = why
     missing = [c.label for c in configs if primary not in c.table.columns]
     if missing:
         raise RunInputError(f"metric {primary!r} is not in the per-query table of: {', '.join(missing)}")
@@ -355,7 +362,7 @@ def analyse(
     bad = incomparable([primary], runs, sorted(common))
     if bad and not allow_incomparable:
         raise RunInputError(bad[0].message())
-    notes += [c.note().removeprefix("note: ") for c in bad]
+    overrides = [c.note() for c in bad]
     base, why = choose_baseline(configs, inp.factors, primary, baseline)
     if (missing_note := inp.target.unfinished_note()) is not None:  # FAILED or never-run configs
         notes.insert(0, missing_note)
@@ -365,10 +372,9 @@ def analyse(
             "the runs were evaluated on different eval sets (evalset_digest differs); "
             "paired comparisons below are not meaningful."
         )
-    if len(configs) > 1:  # can this eval set tell the configs apart? said first (docs/select.md)
-        notes += underpowered_note(configs, primary, seed)
+    verdict, lead = verdict_and_caveats(runs, primary, primary_why, overrides, seed)
+    notes[:0] = [n.removeprefix("note: ") for n in lead]  # the verdict's caveats lead, in its order
     notes += [n.removeprefix("note: ") for n in label_evidence_notes(runs)]  # judge=none labels
-    notes[:0] = [x for x in human_lines(primary, runs) if not x.startswith("UNVALIDATED")]  # PPI leads
     if has_generation(configs):  # human κ < 0.4, or no human labels at all (analysis.judge_trust)
         notes += runs_judge_notes([(c.metrics, c.tags) for c in configs], base.run.run_id)
     att = inter = None
@@ -397,4 +403,6 @@ def analyse(
         notes=notes,
         n_worst=n_worst,
         interactions=inter,
+        verdict=verdict,
+        primary_why=primary_why,
     )

@@ -89,8 +89,9 @@ def _colors(n: int) -> list:
     return [cmap(i % cmap.N) for i in range(n)]
 
 
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
+def _save(fig, path: Path, tight: bool = True) -> Path:
+    if tight:  # facets lay themselves out (subplots_adjust): tight_layout over 30 axes costs seconds
+        fig.tight_layout()
     fig.savefig(path, dpi=100)
     _plt().close(fig)
     return path
@@ -108,25 +109,57 @@ def draw(plot: Any, path: Path) -> Path:
     raise TypeError(f"no plot for {type(plot).__name__}")
 
 
+#: More configs than this: one panel per config (facets), since a legend of that many colours
+#: covers the plot and repeats colours (tab20 has 20).
+FACET_ABOVE = 10
+
+
+def _hit_curve(ax, plot: HitCurves, label: str, color) -> None:
+    y = plot.curves[label]
+    ax.plot(np.arange(1, len(y) + 1), y, marker="o", ms=3, color=color, label=label)
+    pts = plot.logged.get(label, [])
+    if pts:
+        x, v, lo, hi = (list(col) for col in zip(*pts, strict=True))
+        err = [np.subtract(v, lo), np.subtract(hi, v)]
+        ax.errorbar(x, v, yerr=err, fmt="none", ecolor=color, alpha=0.6, capsize=3)
+
+
 @draw.register
 def _(plot: HitCurves, path: Path) -> Path:
+    labels = [x for x in plot.labels if x in plot.curves]
+    if len(labels) > FACET_ABOVE:  # small multiples: each config in its panel, the others in grey
+        cols = 5
+        rows = -(-len(labels) // cols)
+        fig, axes = _plt().subplots(
+            rows, cols, figsize=(2.6 * cols, 2.1 * rows), sharex=True, sharey=True, squeeze=False
+        )
+        for ax, label in zip(axes.flat, labels, strict=False):
+            for other in labels:
+                y = plot.curves[other]
+                ax.plot(np.arange(1, len(y) + 1), y, color="#cccccc", lw=0.8)
+            _hit_curve(ax, plot, label, "#1f77b4")
+            ax.set_title(label, fontsize=7)
+            ax.set_ylim(0, 1.02)
+            ax.grid(alpha=0.3)
+        for ax in list(axes.flat)[len(labels) :]:
+            ax.axis("off")
+        fig.suptitle(
+            "hit@k by k, one panel per config (grey: the other configs; bars: 95 % CI at the logged ks)"
+        )
+        fig.supxlabel("k (chunks retrieved)")
+        fig.supylabel("hit@k (answerable queries)", x=0.005)
+        fig.subplots_adjust(left=0.07, right=0.99, bottom=0.06, top=0.93, wspace=0.08, hspace=0.35)
+        return _save(fig, path, tight=False)
     fig, ax = _plt().subplots(figsize=(8, 4.4))
     for label, color in zip(plot.labels, _colors(len(plot.labels)), strict=True):
-        if label not in plot.curves:
-            continue
-        y = plot.curves[label]
-        ax.plot(np.arange(1, len(y) + 1), y, marker="o", ms=3, color=color, label=label)
-        pts = plot.logged.get(label, [])
-        if pts:
-            x, v, lo, hi = (list(col) for col in zip(*pts, strict=True))
-            err = [np.subtract(v, lo), np.subtract(hi, v)]
-            ax.errorbar(x, v, yerr=err, fmt="none", ecolor=color, alpha=0.6, capsize=3)
+        if label in plot.curves:
+            _hit_curve(ax, plot, label, color)
     ax.set_xlabel("k (chunks retrieved)")
     ax.set_ylabel("hit@k (answerable queries)")
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
     ax.set_title("hit@k by k (error bars: 95 % CI at the logged ks)")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left")  # beside the plot, never over it
     return _save(fig, path)
 
 

@@ -56,6 +56,7 @@ from rag_experiments.report.tables import (
     marginal_rows,
     noise_rows,
 )
+from rag_experiments.report.verdict_view import replaced_groups, replaced_paragraphs, verdict_paragraphs
 
 # Held-fixed params shown in the question: group choices (no dot) and these few settings.
 SHOWN_SETTINGS = ("retriever.k", "embedding.name", "metrics.ks", "metrics.min_coverage", "evalset.limit")
@@ -66,8 +67,10 @@ def held_fixed(configs: Sequence[Config], factors: Sequence[str], generated: boo
     of stages that ran in no config: they determine no result. Without ``generated`` (no config
     generated) the keys only generation reads (``prompt``, ``judge``, ``generation_subset``:
     ``conf_groups.generation_only``); ``embedding`` when no config's retriever calls the embedder
-    (BM25 only: ``conf_groups.embedding_used``)."""
+    (BM25 only: ``conf_groups.embedding_used``); the groups an app replaces when a config runs one
+    (:func:`replaced_groups`: shared by the pipeline configs only, they are not held fixed)."""
     embedded = any(embedding_used(c.params) for c in configs)
+    replaced = replaced_groups(configs)
     common = {}
     for key in sorted(set.intersection(*(set(c.params) for c in configs))):
         vals = {c.params[key] for c in configs}
@@ -78,6 +81,7 @@ def held_fixed(configs: Sequence[Config], factors: Sequence[str], generated: boo
             and ("." not in key or key in SHOWN_SETTINGS)
             and (generated or not generation_only(key))
             and (embedded or key.split(".", 1)[0] != "embedding")
+            and key.split(".", 1)[0] not in replaced
         ):
             common[key] = vals.pop()
     return common
@@ -104,18 +108,7 @@ def question(an: Analysis) -> Section:
     swept = [*factors, *inp.swept]  # a key the sweep varied is never "held fixed"
     fixed = join([code(f"{k}={v}") for k, v in held_fixed(configs, swept, an.gen).items()], ", ")
     s.blocks.append(Paragraph(text("Held fixed: ", fixed, ".")))
-    one_level = [f for f in inp.swept if f not in factors]
-    if one_level:  # swept, but the configs compared here have a single level of it
-        shown = join([code(f"{f}={level(configs[0], f) or '–'}") for f in one_level], ", ")
-        s.blocks.append(
-            Paragraph(
-                text(
-                    "Swept, with one level among the configs compared (others stopped or unfinished): ",
-                    shown,
-                    ".",
-                )
-            )
-        )
+    s.blocks += replaced_paragraphs(configs, swept, an.gen, held_fixed)
     n_q = int(max(c.metrics.get("n_queries", len(c.table)) for c in configs))
     n_unans = int(max(c.metrics.get("n_unanswerable", 0) for c in configs))
     why = f"({an.baseline_why})."
@@ -143,6 +136,7 @@ def question(an: Analysis) -> Section:
         )
     )
     s.blocks += [Paragraph(text(bold("warning"), ": ", n)) for n in an.notes]
+    s.blocks += verdict_paragraphs(an.verdict)
     s.blocks.append(Paragraph(text("In brief:")))
     also = GENERATION_HEADLINE[:2] if an.primary in GENERATION_HEADLINE else ()
     s.blocks.append(Bullets(in_brief(an.base, an.primary, an.att, an.baseline_why, also)))

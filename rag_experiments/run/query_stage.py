@@ -60,6 +60,10 @@ def query_stage(transform, questions: list[str], cache: StageCache, progress: bo
                 cache.put_json_many("query", {k: {"texts": res.texts, "usage": res.usage, "seconds": res.seconds}})
             bar.update()
     got = [fresh[k] if k in fresh else Transformed(**found[k]) for k in keys]
+    if n_cut := sum(t.truncated for t in fresh.values()):  # said, not silently searched on a cut reply
+        cap = getattr(transform.llm, "max_answer_chars", "?")
+        log.warning("query=%s: %d of %d replies cut at the model's max_answer_chars=%s (the endpoint ignored "
+                    "max_tokens); their tails were not searched", transform.kind, n_cut, len(fresh), cap)  # fmt: skip
     return Queried(
         search_queries=[transform.search_texts(q, t.texts) for q, t in zip(questions, got, strict=True)],
         outputs=[list(t.texts) for t in got],

@@ -309,6 +309,7 @@ class RerankStep:
         st.first_stage = retrieval_scores(
             None, items, chunks, ranking.idx, first_ranked, ctx.settings, st.cache_keys, ctx.cache
         ).per_query
+        warn_rerank_cost(ctx.stages.reranker, len(chunks), len(st.queries))
         st.reranked = rerank_stage(ctx.stages.reranker, chunks, st.queries, ranking, ctx.cache, ctx.settings.progress)
         st.ranking = st.reranked.ranking
         st.cache_keys["rerank"] = st.ranking.key
@@ -318,6 +319,19 @@ class RerankStep:
 
     def columns(self, st, rows: list[dict]) -> None:
         rerank_columns(rows, st.first_stage, st.reranked)
+
+
+def warn_rerank_cost(reranker, n_chunks: int, n_queries: int) -> int:
+    """Say what ``rerank.candidates`` costs before paying it: candidates beyond the corpus's chunks
+    rerank every chunk, and a reranker making one model call per candidate (the LLM reranker,
+    ``calls_per_candidate``) makes that many calls per query. Returns the model calls per query."""
+    per_query = min(reranker.candidates, n_chunks) * getattr(reranker, "calls_per_candidate", 0)
+    if reranker.candidates > n_chunks:
+        log.warning("rerank.candidates=%d exceeds the %d chunks: every chunk is reranked", reranker.candidates, n_chunks)
+    if per_query > 50:
+        log.warning("the reranker makes %d model calls per query (%d in all for %d queries): lower rerank.candidates "
+                    "to spend less", per_query, per_query * n_queries, n_queries)  # fmt: skip
+    return per_query
 
 
 def first_stage_aggregates(df: pd.DataFrame) -> dict[str, float]:

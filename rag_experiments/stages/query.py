@@ -73,6 +73,7 @@ class Transformed:
     usage: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     error: str = ""
+    truncated: bool = False  # the reply was cut at the model's max_answer_chars (its tail never read)
 
 
 _LABEL = re.compile(r"^\s*(?:(?:rewritten\s+)?(?:search\s+)?query|answer|passage)\s*\d*\s*[:：]\s*", re.I)
@@ -154,7 +155,7 @@ class _LLMTransform:
         if not texts:
             shown = redact(g.text or "")[:80]
             return Transformed([], usage, seconds, f"unparseable reply {shown!r} (no {self.kind} text in it)")
-        return Transformed(texts, usage, seconds)
+        return Transformed(texts, usage, seconds, truncated=bool(getattr(g, "truncated", False)))
 
     def search_texts(self, question: str, texts: list[str]) -> list[str]:
         """The texts the retriever searches for this question (the ``search_queries`` column)."""

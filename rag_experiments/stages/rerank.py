@@ -241,6 +241,7 @@ class LLMReranker:
     """
 
     query_batch = 1  # one query per call: a failure costs only that query
+    calls_per_candidate = 1  # one model call per (query, candidate): run.retrieval.warn_rerank_cost
     prompt_name = "rerank.llm"  # its prompt in MLflow's Prompt Registry: rag-experiments.rerank.llm
 
     def __init__(

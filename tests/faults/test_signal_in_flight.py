@@ -84,3 +84,56 @@ def test_sigterm_aborts_in_flight_generation_at_once(tmp_path, trickle, signals)
     assert len(trickle.requests) == n_before  # no request started after the signal
     statuses = {r.info.status for r in _runs(tmp_path)}
     assert statuses == {"KILLED"}, statuses
+
+
+def test_no_worker_starts_a_call_once_the_signal_is_handled():
+    """Issue 42 (12): once the signal handler has run, no worker takes a new item: the handler sets
+    the map's stop flag before the rest of the handling (here a slow one, 0.2 s) and the interrupt's
+    unwinding; a worker can at most be the one already past its guard (one per worker)."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from rag_experiments.core.parallel import thread_map
+
+    starts: list[float] = []
+    handled: list[float] = []
+    lock = threading.Lock()
+
+    def on_sigint(signum, frame):
+        handled.append(time.monotonic())
+        time.sleep(0.2)  # the interrupt has not unwound yet: workers must already stop
+        raise KeyboardInterrupt
+
+    def call(i: int) -> int:
+        with lock:
+            starts.append(time.monotonic())
+        if i == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+        return i
+
+    old = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            thread_map(call, list(range(400)), 4)
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert handled, "the handler never ran"
+    late = [t for t in starts if t > handled[0]]
+    assert len(late) <= 3, f"{len(late)} calls started after the signal was handled"
+
+
+def test_worker_threads_leave_the_signals_to_the_main_thread():
+    """A process-directed SIGINT/SIGTERM that landed on a worker waited for the consumer's next
+    poll (0.2 s); the workers block both, so the kernel hands them to the main thread at once."""
+    import signal
+
+    from rag_experiments.core.parallel import as_they_complete, thread_map
+
+    def blocked(_):
+        return signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+    for masks in (thread_map(blocked, [1, 2], 2), [m for _, m in as_they_complete(blocked, [1, 2], 2)]):
+        assert all({signal.SIGINT, signal.SIGTERM} <= set(m) for m in masks)
