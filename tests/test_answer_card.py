@@ -99,21 +99,21 @@ def test_sample_label_score_end_to_end(run, tmp_path, capsys):
     card = capsys.readouterr().out
     assert "7 answers labelled by hand" in card and "1 blank rows skipped" in card
     # by hand, a2..a8 (a1 blank): correctness view  c, d, i, c, i, -, d  vs human  i, d, i, c, i, c, d
-    h = ["incorrect", "declined", "incorrect", "correct", "incorrect", "declined"]
-    v = ["correct", "declined", "incorrect", "correct", "incorrect", "declined"]
-    k_corr = cohen_kappa(h, v)
-    assert f"| correctness | `correctness` ≥ 0.5 | 6 | 1 | {5 / 6:.2f} | {k_corr:.2f} [" in card
+    # 1 correct, 3 incorrect, 2 declined by hand: κ is too few to say (evaluation.intervals)
+    assert (
+        "| correctness | `correctness` ≥ 0.5 | 6 | 1 | 0.83 | too few to say (1 correct, 2 declined, 3 incorrect;"
+        in card
+    )
     # judge view: a3, a8 declined; a7 faithful → correct; a2 faithful, a4 not, a5 not, a6 faithful
     hj = ["incorrect", "declined", "incorrect", "correct", "incorrect", "correct", "declined"]
     vj = ["correct", "declined", "incorrect", "incorrect", "correct", "correct", "declined"]
-    k_judge = cohen_kappa(hj, vj)
-    assert f"| judge | `faithfulness` ≥ 0.5 | 7 | 0 | {4 / 7:.2f} | {k_judge:.2f} [" in card
+    assert f"| judge | `faithfulness` ≥ 0.5 | 7 | 0 | {4 / 7:.2f} | too few to say (" in card
+    assert hj and vj
     m = client.get_run(run_id).data.metrics
     assert m["spotcheck/answers/n"] == 7
-    assert m["spotcheck/answers/correctness/kappa"] == pytest.approx(k_corr)
+    assert "spotcheck/answers/correctness/kappa" not in m  # too few to say: not logged as a figure
     assert m["spotcheck/answers/judge/n"] == 7 and m["spotcheck/answers/correctness/n_unscored"] == 1
-    lo, hi = m["spotcheck/answers/judge/kappa_ci_low"], m["spotcheck/answers/judge/kappa_ci_high"]
-    assert -1 <= lo <= k_judge <= hi <= 1
+    assert "spotcheck/answers/judge/kappa_ci_low" not in m and m["spotcheck/answers/judge/agreement"] == 4 / 7
     arts = {a.path for a in client.list_artifacts(run_id, "spotcheck")}
     assert "spotcheck/correctness_card.md" in arts and "spotcheck/answers" in arts
 
@@ -155,7 +155,5 @@ def test_one_human_label_is_called_out(run, tmp_path, capsys):
     assert (
         main(["--tracking-uri", uri, "score-answers", run_id, str(f), "--no-log", "--resamples", "50"]) == 0
     )
-    assert (
-        "The human labels are all `incorrect`: κ is 0 (or undefined) by construction"
-        in capsys.readouterr().out
-    )
+    out = capsys.readouterr().out
+    assert "too few to say (0 correct, 2 incorrect;" in out or "too few to say (2 incorrect, " in out, out

@@ -85,7 +85,12 @@ def test_unparseable_is_a_disagreement_never_a_no():
     assert as_no["accuracy"] == 0.75 and unparsed["accuracy"] == 0.5  # "unparseable" is not a "no"
     assert unparsed["unparseable_rate"] == 0.25
     assert unparsed["balanced_accuracy"] == pytest.approx((0.5 + 0.5) / 2)
-    assert unparsed["kappa"] < as_no["kappa"]
+    # κ on 2 labels per class is too few to say (evaluation.intervals.kappa_too_few): NaN, not a figure
+    assert math.isnan(unparsed["kappa"]) and math.isnan(as_no["kappa"])
+    big = gold * 3  # 6 per class: κ is said, and an unparseable verdict lowers it like a disagreement
+    kn = point_figures(big, ["supported", "unsupported", "unsupported", "unsupported"] * 3)["kappa"]
+    ku = point_figures(big, ["supported", "unsupported", "unparseable", "unsupported"] * 3)["kappa"]
+    assert ku < kn
     assert as_no["precision_supported"] == 1.0 and as_no["recall_supported"] == 0.5
 
 

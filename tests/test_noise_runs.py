@@ -200,8 +200,8 @@ def test_plan_says_not_plannable_when_the_pilot_has_no_variance(store, capsys):
     assert plan.main(["--pilot", rid, "--tracking-uri", uri, "--metric", "correctness", "--metric", "mrr"]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("correctness"))
-    assert "not plannable: no variance in the pilot" in row and not re.search(r"\b2\s*$", row)
-    assert "not plannable: no variance in the pilot for correctness" in out
+    assert "not plannable from this pilot: no variance" in row and not re.search(r"\b2\s*$", row)
+    assert "not plannable from this pilot: no variance for correctness" in out
     assert "not plannable" not in next(line for line in out.splitlines() if line.startswith("mrr"))
 
 

@@ -4,11 +4,14 @@ The direction of each metric comes from the caller (the CLI reads it from the me
 for a higher-is-better metric the candidate may not *drop* by more than the margin, for a
 lower-is-better one (a failure rate, a latency) it may not *rise* by more than the margin.
 
-The test: Tango's score test for paired proportions when both columns are 0/1 (hit@k, the
-failure-label rates, exact match), a seeded percentile paired bootstrap otherwise. The bootstrap
-is anti-conservative on 0/1 metrics (a candidate exactly a margin worse passed 7–8 % of the time
-at α = 0.05 for n = 30–100, docs/metrics.md "Calibration"); the score test holds the level there.
-No MLflow, no I/O.
+The test is chosen by the metric's declared value type (``stats.value_kind``, ``stats.KIND_TESTS``),
+never by the values observed: Tango's score test for paired proportions on binary and proportion
+metrics (hit@k, the failure-label rates, evidence recall; on fractional values its restricted
+maximum likelihood generalised, :func:`restricted_z`), a seeded
+percentile paired bootstrap on continuous ones. The bootstrap is anti-conservative on 0/1 metrics
+(a candidate exactly a margin worse passed 7–8 % of the time at α = 0.05 for n = 30–100,
+docs/metrics.md "Calibration"); the score test holds the level there. A candidate identical to
+the baseline on every paired item always passes (bound 0, p 0). No MLflow, no I/O.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 from scipy import stats
+from scipy.optimize import brentq
 
 from rag_experiments.analysis.power import WIDE_DEFAULT_MARGIN, Underpowered, mde, n_for_margin
-from rag_experiments.analysis.stats import as_series, holm, is_binary, pair
+from rag_experiments.analysis.stats import KIND_TESTS, as_series, holm, pair, table_key, value_kind
 from rag_experiments.evaluation.aggregate import resampled_means
 
 __all__ = [
@@ -35,7 +39,7 @@ __all__ = [
     "non_inferiority_p",
     "score_bound",
     "score_p",
-    "tango_z",
+    "restricted_z",
 ]
 
 
@@ -69,7 +73,9 @@ class GateResult:
     upper: float = math.inf  # one-sided (1 - alpha) upper bound of delta when lower is better
     p_value: float = math.nan  # non-inferiority p: passed iff p_value <= alpha (non_inferiority_p)
     p_holm: float = math.nan  # Holm over the family tested together (= p_value for one test)
-    test: str = "bootstrap"  # "score" (Tango, 0/1 metrics) or "bootstrap" (percentile)
+    test: str = "bootstrap"  # "score" (Tango: binary, proportion) or "bootstrap" (continuous)
+    kind: str = "continuous"  # the metric's declared value type that chose the test (stats.KIND_TESTS)
+    identical: bool = False  # the same value on every paired item: passes whatever the test
     var_d: float = math.nan  # sample variance (ddof 1) of the paired differences
     unit_range: bool = False  # every value of both runs lies in [0, 1]: no mean delta exceeds 1
 
@@ -112,16 +118,45 @@ def non_inferiority_p(boot: np.ndarray, mean: float, margin: float) -> float:
     return float(min(1.0, ((k - 1) + t) / (b - 1)))
 
 
-def tango_z(n_better: int, n_worse: int, n: int, delta0: float) -> float:
-    """Tango's (1998) score statistic for a difference of paired proportions, H0: θ = delta0.
+def restricted_z(w: np.ndarray, delta0: float) -> float:
+    """The score statistic of H0 E[w] = δ0 for paired differences w in [−1, 1] (oriented so higher is
+    better): Z = (w̄ − δ0) / √(V0/n), V0 the variance of w under the maximum-likelihood
+    distribution with mean δ0 over the observed values plus an atom at −1 (the worst a pair can do).
+    That atom is Tango's construction: on 0/1 pairs (w ∈ {−1, 0, 1}) this is Tango's (1998) score
+    statistic, computed in its closed form (:func:`_tango_z`; McNemar's z at δ0 = 0), also with no
+    observed loss (``tests/test_calibration.py`` checks it against a numerical maximisation); on
+    fractional values it is the empirical-likelihood score test. The ML weights: with the atom,
+    p_i = (1 + δ0) / (n (1 + w_i)) and the atom 1 − Σ p_i when that is ≥ 0; else
+    p_i = 1 / (n (1 + λ (w_i − δ0))) with Σ p_i (w_i − δ0) = 0 (a root in λ). Computed on the
+    distinct values and their counts."""
+    u, c = np.unique(np.asarray(w, float), return_counts=True)
+    return _restricted_z(u, c.astype(float), delta0)
 
-    Per pair the oriented difference w ∈ {−1, 0, 1}; ``n_better`` = #(w = 1), ``n_worse`` =
-    #(w = −1), θ = P(w = 1) − P(w = −1). ``Z = (n_better − n_worse − n·δ0) / sqrt(n·(2·q̃ +
-    δ0·(1 − δ0)))`` with q̃ the maximum-likelihood P(w = −1) under θ = δ0:
-    ``q̃ = (sqrt(B² − 4AC) − B) / (2A)``, A = 2n, B = −n_better − n_worse + (2n − n_better +
-    n_worse)·δ0, C = −n_worse·δ0·(1 − δ0). At δ0 = 0 it is McNemar's z, (b − c)/sqrt(b + c). A zero
-    variance (no discordant pair at δ0 = 0): +inf, −inf or 0 by the sign of the numerator.
-    """
+
+def _restricted_z(u: np.ndarray, c: np.ndarray, delta0: float) -> float:
+    n = float(c.sum())
+    mean, x = float(u @ c) / n, u - delta0
+    if mean <= delta0:  # cannot pass: the sign is all that matters
+        v = float(c @ x**2) / n
+        return (mean - delta0) / math.sqrt(v / n) if v > 0 else (0.0 if mean == delta0 else -math.inf)
+    if delta0 <= -1:
+        return math.inf
+    if np.isin(u, (-1.0, 0.0, 1.0)).all():
+        return _tango_z(float(c[u == 1].sum()), float(c[u == -1].sum()), n, delta0)
+    p = c * (1 + delta0) / (n * (1 + u)) if u[0] > -1 else None
+    if p is not None and p.sum() <= 1:
+        v = float(p @ x**2 + (1 - p.sum()) * (1 + delta0) ** 2)
+    else:  # Σ c x/(1 + λx) falls in λ; its root is in (0, −1/min x)
+        lam = brentq(lambda t: float(c @ (x / (1 + t * x))), 0.0, -(1 - 1e-12) / float(x.min()), xtol=1e-14)
+        p = c / (1 + lam * x)
+        v = float(p @ x**2) / float(p.sum())
+    return (mean - delta0) / math.sqrt(v / n)
+
+
+def _tango_z(n_better: float, n_worse: float, n: float, delta0: float) -> float:
+    """Tango's closed form: ``Z = (n₊ − n₋ − n·δ0) / √(n·(2·q̃ + δ0·(1 − δ0)))``, q̃ = (√(B² − 4AC)
+    − B)/(2A) the restricted ML P(w = −1), A = 2n, B = −n₊ − n₋ + (2n − n₊ + n₋)·δ0,
+    C = −n₋·δ0·(1 − δ0)."""
     a, b, c = (
         2 * n,
         -n_better - n_worse + (2 * n - n_better + n_worse) * delta0,
@@ -135,27 +170,28 @@ def tango_z(n_better: int, n_worse: int, n: int, delta0: float) -> float:
     return num / math.sqrt(var)
 
 
-def score_p(n_better: int, n_worse: int, n: int, margin: float) -> float:
-    """Non-inferiority p of the score test (oriented so higher is better): H0 θ ≤ −margin vs
-    H1 θ > −margin, ``p = 1 − Φ(tango_z(…, δ0 = −margin))``. A margin of 1 or more: θ ≥ −1 always,
+def score_p(w: np.ndarray, margin: float) -> float:
+    """Non-inferiority p of the score test on oriented differences ``w``: H0 θ ≤ −margin vs
+    H1 θ > −margin, ``p = 1 − Φ(restricted_z(w, −margin))``. A margin of 1 or more: θ ≥ −1 always,
     p = 0."""
     if margin >= 1:
         return 0.0
-    return float(stats.norm.sf(tango_z(n_better, n_worse, n, -margin)))
+    return float(stats.norm.sf(restricted_z(w, -margin)))
 
 
-def score_bound(n_better: int, n_worse: int, n: int, alpha: float) -> float:
+def score_bound(w: np.ndarray, alpha: float) -> float:
     """The one-sided (1 − alpha) lower confidence bound of θ from inverting the score test: the δ0 in
-    (−1, θ̂] where ``tango_z = z_{1−alpha}`` (bisection; Z falls as δ0 rises), θ̂ = (n_better −
-    n_worse)/n. PASS at margin m iff bound ≥ −m, the decision of :func:`score_p` ≤ alpha."""
+    (−1, w̄] where ``restricted_z = z_{1−alpha}`` (Brent's root; Z falls as δ0 rises). PASS at
+    margin m iff bound ≥ −m, the decision of :func:`score_p` ≤ alpha."""
     z = stats.norm.isf(alpha)
-    lo, hi = -1.0, (n_better - n_worse) / n
-    if tango_z(n_better, n_worse, n, hi) >= z:
+    u, c = np.unique(np.asarray(w, float), return_counts=True)
+    c = c.astype(float)
+    lo, hi = -1.0 + 1e-12, float(u @ c) / float(c.sum())
+    if _restricted_z(u, c, hi) >= z:
         return hi
-    for _ in range(100):  # Z(lo) >= z > Z(hi)
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if tango_z(n_better, n_worse, n, mid) >= z else (lo, mid)
-    return lo
+    if _restricted_z(u, c, lo) < z:
+        return -1.0
+    return float(brentq(lambda d: _restricted_z(u, c, d) - z, lo, hi, xtol=1e-12))
 
 
 def non_inferiority(
@@ -167,15 +203,18 @@ def non_inferiority(
     n_resamples: int = 9999,
     metric: str = "",
     higher_is_better: bool = True,
+    kind: str | None = None,
 ) -> GateResult:
     """Is candidate ``b`` no worse than baseline ``a`` by more than ``margin``?
 
     d = b − a per paired query. Higher is better: lower = the one-sided (1 − alpha) lower bound of
     mean(d); PASS iff lower >= −margin. Lower is better: upper = the one-sided (1 − alpha) upper
     bound of mean(d); PASS iff upper <= +margin. ``margin=None`` uses ``default_margin(n_pairs)``.
-    The bound: both columns 0/1 → the score test (:func:`score_p`, :func:`score_bound`; ``test =
-    "score"``), else the seeded percentile paired bootstrap (the draws of
-    ``evaluation.aggregate.mean_ci``; :func:`non_inferiority_p`). ``p_value`` is the same decision
+    The bound, by ``metric``'s declared value type (``stats.value_kind``; ``kind`` overrides it):
+    binary and proportion → the score test (:func:`score_p`, :func:`score_bound`, Tango's on 0/1
+    pairs; ``test = "score"``), continuous → the seeded percentile paired bootstrap
+    (the draws of ``evaluation.aggregate.mean_ci``; :func:`non_inferiority_p`). Identical values on
+    every pair: bound 0, p 0 (PASS at any margin ≥ 0). ``p_value`` is the same decision
     as a p-value (PASS iff p_value <= alpha), so a family of these tests can be Holm-adjusted
     (:func:`non_inferiority_family`).
     """
@@ -190,10 +229,13 @@ def non_inferiority(
     d = xb - xa
     w = d if higher_is_better else -d  # oriented: higher is better
     mean = float(d.mean())
-    test = "score" if is_binary(xa, xb) else "bootstrap"
-    if test == "score":
-        n_better, n_worse = int((w > 0).sum()), int((w < 0).sum())
-        p, bound = score_p(n_better, n_worse, n, m), score_bound(n_better, n_worse, n, alpha)
+    kind = value_kind(metric, kind, xa, xb)
+    test = KIND_TESTS[kind][1]
+    identical = not d.any()
+    if identical:  # one config on this eval set: tied, whatever the test
+        p, bound = 0.0, 0.0
+    elif test == "score":  # Tango's on 0/1 pairs, its restricted ML generalised on fractional ones
+        p, bound = score_p(w, m), score_bound(w, alpha)
     else:
         boot = resampled_means(w, n_resamples, seed) if n > 1 and n_resamples > 0 else np.empty(0)
         bound = float(min(np.quantile(boot, alpha), w.mean())) if boot.size else float(w.mean())
@@ -215,6 +257,8 @@ def non_inferiority(
         p_value=p,
         p_holm=p,
         test=test,
+        kind=kind,
+        identical=identical,
         var_d=float(np.var(d, ddof=1)) if n > 1 else nan,
         unit_range=bool(((xa >= 0) & (xa <= 1)).all() and ((xb >= 0) & (xb <= 1)).all()),
     )
@@ -258,19 +302,24 @@ def non_inferiority_family(
     n_resamples: int = 9999,
     metric: str = "",
     higher_is_better: bool = True,
+    kind: str | None = None,
 ) -> list[GateResult]:
     """:func:`non_inferiority` of every candidate against one baseline, Holm over the family:
     ``p_holm`` = Holm-adjusted ``p_value`` and ``passed`` = p_holm <= alpha. Holm only raises a
     p-value, so a candidate that passes here passes :func:`non_inferiority` alone (``gate``)
-    with the same margin, alpha, seed and resamples; a family of one is ``gate`` itself."""
+    with the same margin, alpha, seed and resamples; a family of one is ``gate`` itself.
+    Duplicates count once (``stats.table_key``): a candidate identical to the baseline is the
+    baseline (out of the family, PASS), candidates identical to each other are one member."""
     res = [
-        non_inferiority(baseline, c, margin, alpha, seed, n_resamples, metric, higher_is_better)
+        non_inferiority(baseline, c, margin, alpha, seed, n_resamples, metric, higher_is_better, kind)
         for c in candidates
     ]
-    adj = holm([r.p_value for r in res])
+    base_key = table_key(baseline)
+    keys = [table_key(c) for c in candidates]
+    adj = holm([math.nan if k == base_key else r.p_value for r, k in zip(res, keys, strict=True)], keys)
     for r, p in zip(res, adj, strict=True):
-        r.p_holm = float(p)
-        r.passed = bool(p <= alpha)
+        r.p_holm = r.p_value if math.isnan(p) else float(p)
+        r.passed = bool(r.p_holm <= alpha)
     return res
 
 

@@ -37,6 +37,11 @@ estimates are therefore **clipped to [0, 1]**: value, CI low and CI high each �
 Clipping never removes a feasible value, so the coverage of a clipped interval is at least that of
 the unclipped one; a CI that touches a bound says the labels cannot place θ more closely there.
 (ppi-python offers no bounded-outcome method for the mean: `ppi_mean_ci` is the same CLT interval.)
+
+**No variation** (``evaluation.intervals``). A judge-only share of 0 or 1 gets the Clopper–Pearson
+interval of 0 (or N) of N; a rectifier with the same value on every label (the judge agreed with
+every human label) gets θ̂_PP ± the Clopper–Pearson bound of 0 disagreements in Kish's n_eff, not
+a zero-width interval: |r| ≤ 1, so the mean error is at most the disagreement rate.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from rag_experiments.evaluation.intervals import clopper_pearson
 
 Z975 = 1.959963984540054
 
@@ -69,6 +76,8 @@ def judge_only(f_all: Sequence[float], z: float = Z975) -> Estimate:
     if f.size == 0:
         return Estimate(math.nan, math.nan, math.nan, 0)
     p = float(f.mean())
+    if p in (0.0, 1.0):
+        return Estimate(p, *clopper_pearson(p * f.size, f.size), int(f.size))
     half = z * math.sqrt(p * (1 - p) / f.size)
     return Estimate(p, clip01(p - half), clip01(p + half), int(f.size))
 
@@ -99,4 +108,6 @@ def ppi_mean(
         return Estimate(clip01(theta), math.nan, math.nan, n)
     var = n / (n - 1) * float(np.sum((w * (r - rbar)) ** 2)) / float(np.sum(w)) ** 2
     half = z * math.sqrt(var)
+    if np.all(r == r[0]):  # no variation in the judge's error: at most the unseen disagreement rate
+        half = max(half, clopper_pearson(0, float(w.sum() ** 2 / np.sum(w**2)))[1])
     return Estimate(clip01(theta), clip01(theta - half), clip01(theta + half), n)

@@ -17,10 +17,14 @@ with the linearised stratified variance (finite-population correction included)
     Var̂(θ̂_ℓ) = Σ_h N_h² (1 − n_h/N_h) s²_h / n_h / X̂²,   s²_h = sample variance of d_c = m_c (y_c − θ̂_ℓ) in S_h,
     X̂ = Σ_h N_h m̄_h,   CI = θ̂ ± z_{0.975} √Var̂, clipped to [0, 1]
 
-A stratum with one labelled unit and N_h > 1 borrows the pooled s² of all labelled units. When no
-labelled unit (or every one) has the label, that variance is 0 though nothing is certain: the CI is
-then Clopper–Pearson for 0 (or n_eff) successes in Kish's effective sample size n_eff = (Σ w)² / Σ w²,
-w = m/π_h (the Korn–Graubard idea), e.g. [0, 1 − 0.025^(1/n_eff)] for a label never seen. A stratum
+A stratum with one labelled unit and N_h > 1 borrows the pooled s² of all labelled units. A
+stratum not fully labelled whose labelled units all have (or all lack) the label has s²_h = 0 though
+its unlabelled units may differ: it gets at least the variance its exact Clopper–Pearson bound
+implies (``evaluation.intervals.constant_stratum_var``), so one constant stratum cannot make the
+interval zero-wide (4/4 in one stratum and 0/8 of 28 in another: not [0.031, 0.031]). When no
+labelled unit (or every one) has the label, the CI is Clopper–Pearson for 0 (or n_eff) successes in
+Kish's effective sample size n_eff = (Σ w)² / Σ w², w = m/π_h (the Korn–Graubard idea;
+``evaluation.intervals.no_variation``), e.g. [0, 1 − 0.025^(1/n_eff)] for a label never seen. A stratum
 with no labelled unit is **not covered**: the estimate is then about the covered strata only and
 says so. Without the design file (the ``.design.json`` beside the review) the rows' own π are used:
 the Hájek estimate with weights m/π and the with-replacement variance of ``analysis.ppi``.
@@ -41,6 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rag_experiments.analysis.ppi import Z975, Estimate, clip01, ppi_mean
+from rag_experiments.evaluation.intervals import constant_stratum_var, no_variation
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,10 @@ def stratified_ratio(
         if n_h >= big:
             continue  # the whole stratum labelled: no sampling variance
         s2 = float(np.var(d, ddof=1)) if n_h > 1 else pooled
+        if len({r.label == label for r in by[h]}) == 1:  # constant stratum: its exact bound's variance
+            s2 = max(
+                0.0 if math.isnan(s2) else s2, constant_stratum_var(n_h, float(np.mean([r.m for r in by[h]])))
+            )
         var += big**2 * (1 - n_h / big) * s2 / n_h
     n = sum(len(by[h]) for h in strata)
     if theta in (0.0, 1.0):
@@ -105,12 +114,9 @@ def stratified_ratio(
     return Estimate(clip01(theta), clip01(theta - half), clip01(theta + half), n), uncovered
 
 
-def _no_variation(theta: float, w: Sequence[float], n: int, alpha: float = 0.05) -> Estimate:
-    """θ̂ = 0 or 1: the Clopper–Pearson interval of 0 (or all) successes in n_eff = (Σw)²/Σw²."""
-    w = np.asarray(w, float)
-    n_eff = float(w.sum() ** 2 / np.sum(w**2))
-    bound = 1 - (alpha / 2) ** (1 / n_eff)
-    return Estimate(theta, 0.0, bound, n) if theta == 0.0 else Estimate(theta, 1 - bound, 1.0, n)
+def _no_variation(theta: float, w: Sequence[float], n: int) -> Estimate:
+    """θ̂ = 0 or 1: ``evaluation.intervals.no_variation`` (Clopper–Pearson in Kish's n_eff)."""
+    return Estimate(theta, *no_variation(theta, w), n)
 
 
 def hajek(rows: Sequence[Labelled], label: str, z: float = Z975) -> Estimate:

@@ -2,8 +2,9 @@
 
 The *best* config is the one with the best mean of the metric (direction from the registry).
 Every other config is tested against it with ``gate``'s paired non-inferiority test
-(``analysis.gate.non_inferiority_family``: the one-sided bound of config − best (score test on 0/1
-metrics, paired bootstrap otherwise) must
+(``analysis.gate.non_inferiority_family``: the one-sided bound of config − best (the test of the
+metric's declared value type, ``stats.KIND_TESTS``: score test on binary and proportion metrics,
+paired bootstrap on continuous ones) must
 clear the same margin, ``max(0.01, 1/sqrt(n))`` unless given, Holm over the configs). A config is
 *tied* with the best only when it is **shown non-inferior** — failing to show a difference is not
 evidence of equivalence — so the chosen config passes ``gate`` against the best by construction.
@@ -11,7 +12,10 @@ The two-sided paired test (``stats.paired_delta``, Holm) still marks configs sho
 rest (neither shown non-inferior nor worse) are *indistinguishable*: the eval set cannot tell.
 When the MDE of the test exceeds the margin or most configs are indistinguishable the selection
 is *underpowered* and the best mean is chosen instead of the cheapest tied config. Constraints
-(serving latency p95, cost) apply either way.
+(serving latency p95, cost) apply either way. Configs with the same per-query values
+(``stats.table_key``: duplicates such as ``retriever.k=3,5`` with ``generator=none``) are one config:
+counted once in the Holm families and in the tie count. :func:`tie_family` is the one tie count
+(select, report and gate's family), with :data:`TIE_RESAMPLES` and the caller's seed.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import yaml
 from rag_experiments.analysis.attribution import noise_floor
 from rag_experiments.analysis.gate import GateResult, non_inferiority_family
 from rag_experiments.analysis.power import WIDE_DEFAULT_MARGIN, Underpowered, n_for_margin  # noqa: F401  (re-exported)
-from rag_experiments.analysis.stats import holm, pair, paired_delta
+from rag_experiments.analysis.stats import holm, pair, paired_delta, table_key
 from rag_experiments.core.query_table import cell
 from rag_experiments.core.run_record import RunData
 from rag_experiments.evaluation.aggregate import mean_ci
@@ -38,6 +42,8 @@ TIE_BREAK = (
     "cost_usd (lowest), then mean context size (characters of the top-k chunks handed to the "
     "generator), then serving latency p95, then run name"
 )
+#: Resamples of every tie count (select's default ``--resamples``, report): one count everywhere.
+TIE_RESAMPLES = 9999
 #: When underpowered: the best mean within the constraints (the cheapest tie is not evidence).
 UNDERPOWERED_PICK = "best mean (underpowered: the cheapest tie would not be evidence)"
 
@@ -68,6 +74,7 @@ class Selection:
     margin: float = math.nan  # the non-inferiority margin (median over the comparisons)
     underpowered: Underpowered | None = None
     lead: list[str] = field(default_factory=list)  # printed first: the metric's choice, overrides
+    duplicates: list[list[str]] = field(default_factory=list)  # configs with the same per-query values
     default_margin: bool = True  # gate's max(0.01, 1/√n), no --margin
 
     def tags(self) -> dict[str, str]:
@@ -105,19 +112,31 @@ def noise_margin(runs: Sequence[RunData], metric: str, seed: int = 0) -> tuple[f
     return margin, f"A/A noise floor ±{margin:.4g} ({nf['method']}: {nf['detail']})"
 
 
-def _compare_to_best(runs: Sequence[RunData], metric: str, hib: bool, best: int, seed: int) -> pd.DataFrame:
-    """Two-sided paired test of every config against the best (``paired_delta``), Holm over them."""
+def _compare_to_best(
+    runs: Sequence[RunData],
+    metric: str,
+    hib: bool,
+    best: int,
+    seed: int,
+    kind: str | None,
+    keys: list[bytes],
+    n_resamples: int,
+) -> pd.DataFrame:
+    """Two-sided paired test of every config against the best (``paired_delta``), Holm over them
+    (duplicates once; a duplicate of the best is the best)."""
     rows = []
     for i, r in enumerate(runs):
-        if i == best:
+        if i == best or keys[i] == keys[best]:
             rows.append(
                 {"delta": 0.0, "p": math.nan, "test": "-", "n_pairs": int(r.series(metric).notna().sum())}
             )
             continue
-        res = paired_delta(runs[best].series(metric), r.series(metric), metric, seed=seed)
+        res = paired_delta(
+            runs[best].series(metric), r.series(metric), metric, seed=seed, n_resamples=n_resamples, kind=kind
+        )
         rows.append({"delta": res.delta, "p": res.p_value, "test": res.test, "n_pairs": res.n_pairs})
     out = pd.DataFrame(rows)
-    out["p_holm"] = holm(out["p"].to_numpy())
+    out["p_holm"] = holm(out["p"].to_numpy(), keys)
     # positive = worse than the best, whatever the metric's direction
     out["worse_by"] = -out["delta"] if hib else out["delta"]
     return out
@@ -128,14 +147,13 @@ def _paired_var(a: pd.Series, b: pd.Series) -> float:
     return float(np.var(xb - xa, ddof=1)) if xa.size > 1 else math.nan
 
 
-
-
 def underpowered(
     ni: Sequence[GateResult],
     worse: Sequence[bool],
     paired_vars: Sequence[float],
     alpha: float,
     default_margin: bool = False,
+    keys: Sequence[bytes] | None = None,
 ) -> Underpowered | None:
     """Whether the eval set separates the candidates from the best; None when it does.
 
@@ -147,7 +165,15 @@ def underpowered(
     (``default_margin``) wider than :data:`WIDE_DEFAULT_MARGIN` the sweep is underpowered too (a
     tie within ±0.35 at n = 8 is no evidence of equivalence), and n_needed is for
     :data:`WIDE_DEFAULT_MARGIN`, at least ⌈1/0.15²⌉ = 45 (where the default margin gets there).
+    ``keys`` (``stats.table_key`` per comparison): duplicate configs count once.
     """
+    if keys is not None:  # one comparison per distinct config
+        first = sorted({k: i for i, k in reversed(list(enumerate(keys)))}.values())
+        ni, worse, paired_vars = (
+            [ni[i] for i in first],
+            [worse[i] for i in first],
+            [paired_vars[i] for i in first],
+        )
     if not ni:
         return None
     k = int(sum(not r.passed and not w for r, w in zip(ni, worse, strict=True)))
@@ -162,7 +188,9 @@ def underpowered(
         reasons.append(f"{k} of {len(ni)} configs indistinguishable from the best")
     wide = default_margin and margin > WIDE_DEFAULT_MARGIN
     if wide:
-        reasons.append(f"the default margin 1/√n = {margin:.3g} is wider than {WIDE_DEFAULT_MARGIN:g}: a tie says little")
+        reasons.append(
+            f"the default margin 1/√n = {margin:.3g} is wider than {WIDE_DEFAULT_MARGIN:g}: a tie says little"
+        )
     if not reasons:
         return None
     v = np.array(paired_vars, float)
@@ -185,7 +213,8 @@ def select_config(
     seed: int = 0,
     replicates: Sequence[RunData] = (),
     margin: float | None = None,
-    n_resamples: int = 9999,
+    n_resamples: int = TIE_RESAMPLES,
+    kind: str | None = None,
 ) -> Selection:
     """Rank ``runs`` (one per config, each with its per-query table) on ``metric`` and choose one.
 
@@ -199,14 +228,17 @@ def select_config(
     :func:`underpowered`, the best mean of tie ∧ ok. ``costs``: each run's logged cost_usd (NaN
     when not logged). ``replicates``: every FINISHED run of the sweep, for the A/A noise floor
     (reported, not deciding). ``seed``, ``n_resamples``, ``alpha`` and ``margin`` are gate's, so
-    ``gate --baseline BEST --candidate CHOSEN --metric METRIC`` passes.
+    ``gate --baseline BEST --candidate CHOSEN --metric METRIC`` passes; ``kind``: stats.value_kind.
     """
     stats = [mean_ci(r.series(metric).to_numpy(), seed=seed) for r in runs]
     means = np.array([s[0] for s in stats])
     if np.all(np.isnan(means)):
         raise ValueError(f"metric {metric}: no config has a value on any query")
     best = int(np.nanargmax(means) if higher_is_better else np.nanargmin(means))
-    cmp, by_run, power = _against_best(runs, metric, higher_is_better, best, margin, alpha, seed, n_resamples)
+    cmp, by_run, power = tie_family(
+        runs, metric, higher_is_better, best, margin, alpha, seed, n_resamples, kind
+    )
+    dups = duplicate_groups(runs, metric)
     ni = list(by_run.values())
     nf_margin, noise = noise_margin(list(replicates) or list(runs), metric, seed)
 
@@ -237,6 +269,7 @@ def select_config(
     chosen = _choose(table, higher_is_better, power is not None)
     table["chosen"] = table["run_id"] == chosen
     notes = [] if chosen else ["no config is both tied with the best and within the constraints"]
+    notes += [duplicates_note(dups, metric)] if dups else []
     return Selection(
         metric,
         higher_is_better,
@@ -250,11 +283,28 @@ def select_config(
         notes=notes,
         margin=float(np.median([r.margin for r in ni])) if ni else math.nan,
         underpowered=power,
+        duplicates=dups,
         default_margin=margin is None,
     )
 
 
-def _against_best(
+def duplicate_groups(runs: Sequence[RunData], metric: str) -> list[list[str]]:
+    """The names of configs with the same per-query ``metric`` (``stats.table_key``), groups of 2+."""
+    groups: dict[bytes, list[str]] = {}
+    for r in runs:
+        groups.setdefault(table_key(r.series(metric)), []).append(r.name)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def duplicates_note(dups: list[list[str]], metric: str) -> str:
+    return (
+        f"{sum(len(g) - 1 for g in dups)} config(s) have the same per-query {metric} as another "
+        f"({'; '.join(' = '.join(g) for g in dups)}): each group counts once in the Holm families "
+        "and the tie count"
+    )
+
+
+def tie_family(
     runs: Sequence[RunData],
     metric: str,
     hib: bool,
@@ -262,11 +312,15 @@ def _against_best(
     margin: float | None,
     alpha: float,
     seed: int,
-    n_resamples: int,
+    n_resamples: int = TIE_RESAMPLES,
+    kind: str | None = None,
 ) -> tuple[pd.DataFrame, dict[int, GateResult], Underpowered | None]:
     """(two-sided tests with a ``worse`` column, {config index: gate's non-inferiority result},
-    underpowered verdict) of every other config against the best: the family select and gate share."""
-    cmp = _compare_to_best(runs, metric, hib, best, seed)
+    underpowered verdict) of every other config against the best (index ``best``): the one tie
+    count of select, report and gate, duplicates once (``stats.table_key``). The tie set is the
+    best and every config whose result passed."""
+    keys = [table_key(r.series(metric)) for r in runs]
+    cmp = _compare_to_best(runs, metric, hib, best, seed, kind, keys, n_resamples)
     others = [i for i in range(len(runs)) if i != best]
     ni = non_inferiority_family(
         runs[best].series(metric),
@@ -277,15 +331,20 @@ def _against_best(
         n_resamples=n_resamples,
         metric=metric,
         higher_is_better=hib,
+        kind=kind,
     )
     cmp["worse"] = (cmp["p_holm"] < alpha) & (cmp["worse_by"] > 0)
     worse = cmp["worse"].to_numpy()
+    distinct = [
+        j for j, i in enumerate(others) if keys[i] != keys[best]
+    ]  # a duplicate of the best is the best
     power = underpowered(
-        ni,
-        [bool(worse[i]) for i in others],
-        [_paired_var(runs[best].series(metric), runs[i].series(metric)) for i in others],
+        [ni[j] for j in distinct],
+        [bool(worse[others[j]]) for j in distinct],
+        [_paired_var(runs[best].series(metric), runs[others[j]].series(metric)) for j in distinct],
         alpha,
         default_margin=margin is None,
+        keys=[keys[others[j]] for j in distinct],
     )
     return cmp, dict(zip(others, ni, strict=True)), power
 

@@ -8,10 +8,12 @@ like the aggregate MLflow key. All seeded, so the same two runs always give the 
 * the delta is always ``mean(B) - mean(A)`` (candidate minus baseline);
 * CI of the mean delta: paired percentile bootstrap over queries, the project's one bootstrap
   (``evaluation.aggregate.mean_ci``);
-* test: exact McNemar (``scipy.stats.binomtest`` on the discordant pairs) when both columns are
-  binary (all non-NaN values in {0, 1}); otherwise a paired sign-flip permutation test of the mean
-  difference (``scipy.stats.permutation_test``, ``permutation_type="samples"`` on the differences,
-  exact when 2**n <= n_resamples).
+* test: chosen by the metric's **declared** value type (:func:`value_kind`, the registry's
+  ``value_type``), never by the values observed (:data:`KIND_TESTS`): exact McNemar
+  (``scipy.stats.binomtest`` on the discordant pairs) for a binary metric; otherwise a paired
+  sign-flip permutation test of the mean difference (``scipy.stats.permutation_test``,
+  ``permutation_type="samples"`` on the differences, exact when 2**n <= n_resamples).
+  Identical values on every paired item: p = 1, CI [0, 0], whatever the test.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from scipy import stats
 
 from rag_experiments.core.run_record import as_series
 from rag_experiments.evaluation.labels import FAILURE_LABELS
+from rag_experiments.evaluation.registry import spec as _spec
 
 __all__ = [
+    "KIND_TESTS",
     "PairedResult",
     "as_series",
     "first_stage_deltas",
@@ -39,8 +43,41 @@ __all__ = [
     "paired_delta",
     "paired_deltas",
     "sign_flip_p",
+    "table_key",
     "transition_matrix",
+    "value_kind",
 ]
+
+#: The one rule per declared value type (``evaluation.metric_spec.ValueType``): (the two-sided
+#: paired test of compare/report/select's "worse", the non-inferiority test of gate/select's tie).
+#: Binary: exact McNemar / Tango's score test. Proportion (in [0, 1], fractional values allowed):
+#: sign-flip / the same score test, Tango's restricted ML generalised to fractional values
+#: (``gate.restricted_z``; the percentile bootstrap passed 6 % at the margin there, docs/metrics.md
+#: "Calibration"). Continuous and counts: sign-flip / the percentile bootstrap.
+KIND_TESTS: dict[str, tuple[str, str]] = {
+    "binary": ("mcnemar-exact", "score"),
+    "proportion": ("sign-flip", "score"),
+    "continuous": ("sign-flip", "bootstrap"),
+    "count": ("sign-flip", "bootstrap"),
+}
+
+
+def value_kind(metric: str, kind: str | None = None, *columns: np.ndarray) -> str:
+    """The declared value type that chooses a metric's tests (:data:`KIND_TESTS`): ``kind`` when
+    given, else the registry's ``value_type`` of ``metric``, else ``"continuous"`` (a key the
+    registry does not declare gets the tests valid for any values). A binary metric whose
+    ``columns`` hold a value outside {0, 1} is a proportion: only averaging R > 1 replicates per
+    query makes one, and its score test is the same (McNemar gives way to the sign-flip)."""
+    if kind is None:
+        try:
+            kind = _spec(metric).value_type
+        except KeyError:
+            kind = "continuous"
+    if kind not in KIND_TESTS:
+        raise ValueError(f"unknown value type {kind!r}: one of {', '.join(KIND_TESTS)}")
+    if kind == "binary" and columns and not is_binary(*columns):
+        return "proportion"
+    return kind
 
 
 @dataclass
@@ -120,16 +157,20 @@ def paired_delta(
     seed: int = 0,
     n_resamples: int = 9999,
     confidence: float = 0.95,
+    kind: str | None = None,
 ) -> PairedResult:
     """Paired comparison of per-query values ``a`` (run A) and ``b`` (run B), indexed by eval id.
 
     delta = mean(b) - mean(a) over the ids non-NaN in both; CI = percentile paired bootstrap of the
-    mean delta; p = exact McNemar when both are binary, else a sign-flip permutation test.
-    (:func:`paired_deltas` for one metric.)
+    mean delta; p = the two-sided test of ``metric``'s declared value type (:func:`value_kind`;
+    ``kind`` overrides it). (:func:`paired_deltas` for one metric.)
     """
     ta = pd.DataFrame({"m": as_series(a)})
     tb = pd.DataFrame({"m": as_series(b)})
-    (res,) = paired_deltas(ta, tb, ["m"], seed=seed, n_resamples=n_resamples, confidence=confidence)
+    kinds = {"m": value_kind(metric, kind)}
+    (res,) = paired_deltas(
+        ta, tb, ["m"], seed=seed, n_resamples=n_resamples, confidence=confidence, kinds=kinds
+    )
     res.metric = metric
     return res
 
@@ -141,10 +182,12 @@ def paired_deltas(
     seed: int = 0,
     n_resamples: int = 9999,
     confidence: float = 0.95,
+    kinds: dict[str, str] | None = None,
 ) -> list[PairedResult]:
     """:func:`paired_delta` for many metrics at once, vectorised (compare of two 20k-item runs).
 
-    ``ta``/``tb``: per-query tables indexed by eval id (or with an ``id`` column). Metrics whose
+    ``ta``/``tb``: per-query tables indexed by eval id (or with an ``id`` column). ``kinds``: a
+    metric's value type when it is not the registry's (:func:`value_kind`). Metrics whose
     pairs are the same ids are resampled together. A metric whose deltas take few distinct values
     (hit@k, labels, MRR on short rankings: at most 512) is resampled through its value counts,
     exact in distribution and O(values) per resample: bootstrap means = Multinomial(n, c/n) · u / n,
@@ -156,7 +199,8 @@ def paired_deltas(
     """
     ia = ta.set_index("id") if "id" in ta.columns else ta
     ib = tb.set_index("id") if "id" in tb.columns else tb
-    groups: dict[tuple, list[tuple[str, np.ndarray, np.ndarray]]] = {}
+    kinds = kinds or {}
+    groups: dict[tuple, list[tuple[str, np.ndarray, np.ndarray, str]]] = {}
     out: dict[str, PairedResult] = {}
     for m in metrics:
         xa, xb, ids = pair(as_series(ia[m]), as_series(ib[m]))
@@ -165,7 +209,7 @@ def paired_deltas(
             out[m] = PairedResult(m, nan, nan, nan, nan, nan, nan, "none (no pairs)", 0, False)
         else:
             key = (len(ids), pd.util.hash_pandas_object(ids, index=False).to_numpy().tobytes())
-            groups.setdefault(key, []).append((m, xa, xb))
+            groups.setdefault(key, []).append((m, xa, xb, value_kind(m, kinds.get(m), xa, xb)))
     for members in groups.values():
         out.update(_paired_group(members, seed, n_resamples, confidence))
     return [out[m] for m in metrics]
@@ -182,8 +226,14 @@ def first_stage_deltas(
     ms = [m for m in metrics if m in once.columns and f"first_stage/{m}" in once.columns]
     if not ms:
         return []
-    first = once[["id", *(f"first_stage/{m}" for m in ms)]].rename(columns=lambda c: c.removeprefix("first_stage/"))
-    out = [r for r in paired_deltas(first, once[["id", *ms]], ms, seed=seed, n_resamples=n_resamples) if r.n_pairs]
+    first = once[["id", *(f"first_stage/{m}" for m in ms)]].rename(
+        columns=lambda c: c.removeprefix("first_stage/")
+    )
+    out = [
+        r
+        for r in paired_deltas(first, once[["id", *ms]], ms, seed=seed, n_resamples=n_resamples)
+        if r.n_pairs
+    ]
     for r, p in zip(out, holm([r.p_value for r in out]), strict=True):
         r.p_holm = float(p)
     return out
@@ -193,11 +243,11 @@ _FEW = 512  # at most this many distinct deltas: resample the value counts, not 
 
 
 def _paired_group(members, seed: int, n_resamples: int, confidence: float) -> dict[str, PairedResult]:
-    xa = np.column_stack([a for _, a, _ in members])
-    xb = np.column_stack([b for _, _, b in members])
+    xa = np.column_stack([a for _, a, _, _ in members])
+    xb = np.column_stack([b for _, _, b, _ in members])
     d = xb - xa
     n = d.shape[0]
-    binary = [is_binary(xa[:, j], xb[:, j]) for j in range(d.shape[1])]
+    binary = [k == "binary" for _, _, _, k in members]  # the declared type (value_kind), not the values
     rng = np.random.default_rng(seed)
     boot, flip = np.empty((max(n_resamples, 0), d.shape[1])), {}
     dense = []  # columns with many distinct deltas: one shared index / sign draw for all of them
@@ -219,13 +269,15 @@ def _paired_group(members, seed: int, n_resamples: int, confidence: float) -> di
             )
     alpha = (1.0 - confidence) / 2.0
     res = {}
-    for j, (m, _, _) in enumerate(members):
+    for j, (m, _, _, _) in enumerate(members):
         mean = float(d[:, j].mean())
         if n == 1 or n_resamples <= 0:
             lo = hi = mean
         else:
             lo, hi = np.quantile(boot[:, j], [alpha, 1.0 - alpha])
             lo, hi = float(min(lo, mean)), float(max(hi, mean))
+        if not d[:, j].any():  # identical on every paired item: no effect, whatever the test
+            lo = hi = 0.0
         if binary[j]:
             p, test = mcnemar_exact(xa[:, j], xb[:, j]), "mcnemar-exact"
         else:
@@ -295,14 +347,22 @@ def _sign_flip_matrix(d: np.ndarray, seed: int, n_resamples: int) -> np.ndarray:
     return p
 
 
-def holm(pvalues: Sequence[float] | np.ndarray) -> np.ndarray:
+def holm(pvalues: Sequence[float] | np.ndarray, keys: Sequence[Any] | None = None) -> np.ndarray:
     """Holm step-down adjusted p-values, in the input order.
 
     Sorted ascending p_(1) <= ... <= p_(m): adj_(i) = max_{j<=i} min(1, (m - j + 1) * p_(j)).
-    NaN p-values are left NaN and do not count towards m.
+    NaN p-values are left NaN and do not count towards m. ``keys``: one per p-value; tests with
+    the same key (duplicate configs: the same per-query values, :func:`table_key`) count once in
+    m and get the first one's adjusted p.
     """
     p = np.asarray(pvalues, float)
     out = np.full(p.shape, np.nan)
+    if keys is not None:
+        first = {k: i for i, k in reversed(list(enumerate(keys)))}
+        idx = np.array([first[k] for k in keys], int)
+        reps = np.unique(idx)
+        out[reps] = holm(p[reps])
+        return out[idx]
     ok = np.flatnonzero(~np.isnan(p))
     m = ok.size
     if m == 0:
@@ -311,6 +371,13 @@ def holm(pvalues: Sequence[float] | np.ndarray) -> np.ndarray:
     scaled = np.minimum(1.0, (m - np.arange(m)) * p[order])
     out[order] = np.maximum.accumulate(scaled)
     return out
+
+
+def table_key(values: pd.Series) -> bytes:
+    """What makes two configs one config on a metric: the same value on every eval id (NaN ids
+    left out). Equal keys are counted once in a Holm family (:func:`holm`) and the tie set."""
+    x = as_series(values).dropna().sort_index()
+    return pd.util.hash_pandas_object(x, index=True).to_numpy().tobytes()
 
 
 # --------------------------------------------------------------------------- flips and label transitions

@@ -38,12 +38,13 @@ CAVEAT_ORDER = ("override", "underpowered", "budget", "human", "judge", "evalset
 #: Why each test: the name every surface prints, and the reason.
 TESTS = {
     "score": (
-        "Tango score test (paired 0/1)",
-        "the metric is 0/1 per query: a score test holds the level there",
+        "score test (Tango's, binary / proportion metrics)",
+        "the metric is declared binary or proportion (the registry's value_type, never the values "
+        "seen): a score test holds the level there (analysis.stats.KIND_TESTS)",
     ),
     "bootstrap": (
         "paired percentile bootstrap",
-        "the metric is not 0/1 per query: a seeded paired bootstrap",
+        "the metric is declared continuous: a seeded paired bootstrap (analysis.stats.KIND_TESTS)",
     ),
 }
 

@@ -282,10 +282,12 @@ def estimate(args) -> int:
         print(
             "PPI: the judge's failure_label on every frame trace, corrected by its error on the labelled rows"
         )
-        flat = [e.label for e in ests if e.ppi and e.ppi.ci_low == e.ppi.ci_high]
+        agreed = lambda lab: all((r.judge == lab) == (r.label == lab) for r in labelled)  # noqa: E731
+        flat = [e.label for e in ests if e.ppi and agreed(e.label)]
         if flat:
-            print(f"  zero-width PPI interval ({', '.join(flat)}): judge and reviewer agreed on all {len(labelled)} "
-                  "labelled rows there; a rectifier variance of 0 is not certainty: label more rows")  # fmt: skip
+            print(f"  judge and reviewer agreed on all {len(labelled)} labelled rows for {', '.join(flat)}: "
+                  "its PPI interval is the exact bound of a disagreement rate never seen (Clopper–Pearson), "
+                  "not certainty: label more rows")  # fmt: skip
     elif design:
         print("PPI: not available (the judge's failure_label is not on every trace of the frame)")
     return 0

@@ -35,9 +35,10 @@ OPTIONAL_DEFAULTS = {"faithfulness"}  # gated only when both runs have it (retri
 HELP = f"""\
 For each gated metric: delta = mean(candidate − baseline) over the eval ids present (non-NaN) in
 both runs; bound = the one-sided 95 % confidence bound of that mean delta on the metric's worse
-side: Tango's score test for paired proportions when both runs' values are 0/1 (hit_at_5,
-rate_*), else a paired bootstrap over queries (percentile, seeded) — the same two runs always get
-the same verdict. The direction comes from the metric registry: a higher-is-better metric (hit_at_5, mrr,
+side, by the metric's declared value type (never the values seen): Tango's score test for paired
+proportions on binary and proportion metrics (hit_at_5, rate_*, evidence recall), a paired bootstrap
+over queries (percentile, seeded) on continuous ones (mrr) — the same two runs always get the same
+verdict, and two runs identical on every item always pass. The direction comes from the metric registry: a higher-is-better metric (hit_at_5, mrr,
 faithfulness, rate_ok) FAILS when its lower bound < −margin; a lower-is-better one
 (rate_retrieval_failure, rate_generation_failure, latency_*) FAILS when its upper bound > +margin.
 Metrics without a direction (n_queries) or not registered cannot be gated (exit 2).

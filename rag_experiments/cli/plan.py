@@ -26,6 +26,7 @@ from rag_experiments.analysis.variance import pilot_components
 from rag_experiments.cli.compare import text_table
 from rag_experiments.evalset.load import evalset_digest
 from rag_experiments.evaluation.headline import headline_metrics
+from rag_experiments.evaluation.intervals import NO_VARIANCE, not_plannable
 from rag_experiments.evaluation.registry import GENERATION_METRICS
 from rag_experiments.run.pilot import MIN_SCORED
 from rag_experiments.tracking.errors import cli_main
@@ -73,7 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"non-inferiority margin of select/gate (default: gate's default margin at ±{WIDE_DEFAULT_MARGIN:g})",
     )
     p.add_argument(
-        "--configs", type=int, default=2, metavar="K", help="configs select compares (Holm over K-1; default 2)"
+        "--configs",
+        type=int,
+        default=2,
+        metavar="K",
+        help="configs select compares (Holm over K-1; default 2)",
     )
     p.add_argument(
         "--evalset", metavar="PATH|DIGEST", help="refuse a pilot run of another eval set (file or digest)"
@@ -146,7 +151,7 @@ def plan_rows(
         pv = paired_variance(vq, vg, rho)
         row = {"metric": m, "n": n, "R": r, "sd_query": math.sqrt(vq) if vq == vq else math.nan}
         row["sd_generation"] = math.sqrt(vg) if vg == vg else math.nan
-        row["no_variance"] = vq == 0 and not vg > 0
+        row["no_variance"] = not_plannable(vq, vg) is not None  # evaluation.intervals
         if n < MIN_SCORED or row["no_variance"]:
             rows.append({**row, "mde": math.nan, "n_needed": None, "r_needed": None, "n_select": None})
             continue
@@ -156,7 +161,12 @@ def plan_rows(
         row["r_measured"] = vg == vg
         var_d = pv.between + (pv.within / max(1, r) if pv.within == pv.within else 0.0)
         row["n_select"] = n_for_margin(
-            margin or WIDE_DEFAULT_MARGIN, var_d, alpha, max(1, configs - 1), power, default_rule=margin is None
+            margin or WIDE_DEFAULT_MARGIN,
+            var_d,
+            alpha,
+            max(1, configs - 1),
+            power,
+            default_rule=margin is None,
         )
         rows.append(row)
     return rows
@@ -181,7 +191,7 @@ def render(
         if r["no_variance"]:
             body.append(
                 [r["metric"], str(r["n"]), str(r["R"]), _fmt(r["sd_query"]), _fmt(r["sd_generation"]),
-                 "not plannable: no variance in the pilot", "", "", ""]
+                 NO_VARIANCE, "", "", ""]
             )  # fmt: skip
             continue
         if r["r_needed"] is None:
@@ -203,7 +213,7 @@ def render(
     flat = [r["metric"] for r in rows if r.get("no_variance")]
     if flat:
         out += (
-            f"\nnot plannable: no variance in the pilot for {', '.join(flat)} (every scored query has the same "
+            f"\n{NO_VARIANCE} for {', '.join(flat)} (every scored query has the same "
             "value, e.g. all 0): a pilot that varies, or more queries, is needed before any n means anything"
         )
     return out
@@ -238,7 +248,9 @@ def run_plan(args, reader=None) -> str:
             f"pilot run {run.label} has {best} scored queries (< {MIN_SCORED}): too few to estimate "
             "a per-query SD; run a pilot on more queries"
         )
-    out = f"pilot {run.label}\n" + render(rows, args.effect, args.alpha, args.power, args.rho, margin, configs)
+    out = f"pilot {run.label}\n" + render(
+        rows, args.effect, args.alpha, args.power, args.rho, margin, configs
+    )
     if not any(r.get("r_measured") for r in rows):
         out += "\nnote: the pilot has one replicate: generation noise is inside sd query (replicates=R to split it)"
     return out

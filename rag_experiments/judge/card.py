@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from rag_experiments.evaluation.intervals import kappa_too_few
 from rag_experiments.judge.agreement import cohen_kappa
 
 SUPPORTED, UNSUPPORTED, UNPARSEABLE = "supported", "unsupported", "unparseable"
@@ -45,7 +46,8 @@ def point_figures(gold: Sequence[str], pred: Sequence[str]) -> dict[str, float]:
     """The agreement figures of one set of verdicts (NaN where a denominator is empty).
 
     - ``kappa``: Cohen's κ of gold vs pred with ``unparseable`` as a third predicted class
-      (``judge.agreement.cohen_kappa``);
+      (``judge.agreement.cohen_kappa``); NaN with fewer than 5 gold labels in a class
+      (``evaluation.intervals.kappa_too_few``: too few to say);
     - ``accuracy`` = P(pred = gold);
     - ``balanced_accuracy`` = ½ · (P(pred = supported | gold supported) + P(pred = unsupported |
       gold unsupported)), the mean recall of the two gold classes (robust to label imbalance);
@@ -59,7 +61,7 @@ def point_figures(gold: Sequence[str], pred: Sequence[str]) -> dict[str, float]:
     gs, gu, ps, pu = g == SUPPORTED, g == UNSUPPORTED, p == SUPPORTED, p == UNSUPPORTED
     rec_s, rec_u = _share(ps, gs), _share(pu, gu)
     return {
-        "kappa": cohen_kappa(g, p) if gs.any() and gu.any() else math.nan,
+        "kappa": math.nan if kappa_too_few(g, (SUPPORTED, UNSUPPORTED)) else cohen_kappa(g, p),
         "balanced_accuracy": (rec_s + rec_u) / 2,
         "accuracy": float((g == p).mean()),
         "precision_supported": _share(gs, ps),
@@ -148,6 +150,7 @@ def judge_card(
         for ty, v in f["accept_by_type"].items():
             draws[f"accept/{ty}"].append(v)
     card: dict[str, Any] = {"n": int(len(g)), "n_groups": len(members)}
+    card["kappa_too_few"] = kappa_too_few(g, (SUPPORTED, UNSUPPORTED))  # None, or the counts
     for k in SCALARS:
         card[k] = {"value": point[k], "ci": _ci(draws[k], confidence)}
     card["accept_by_type"] = {
@@ -190,6 +193,7 @@ def card_line(card: Mapping[str, Any], source: str = "") -> str:
         return "n/a" if v is None or math.isnan(v) else f"{v:.3f} [{lo:.3f}, {hi:.3f}]"
 
     flip = "" if math.isnan(card["flip_rate"]["value"]) else f", flip rate {f('flip_rate')}"
+    kappa = card.get("kappa_too_few") or f("kappa")
     # a synthetic card's κ is a bound on easy rule-made pairs, never the judge's accuracy here
     what = (
         f"{card['n']} synthetic pairs: an optimistic bound, not accuracy on this corpus"
@@ -198,6 +202,6 @@ def card_line(card: Mapping[str, Any], source: str = "") -> str:
     )
     unsound = f"; NOT A SOUND CARD (not cached): {card['unsound']}" if card.get("unsound") else ""
     return (
-        f"judge card ({what}; 95% CI): kappa {f('kappa')}, balanced accuracy "
+        f"judge card ({what}; 95% CI): kappa {kappa}, balanced accuracy "
         f"{f('balanced_accuracy')}, unparseable {f('unparseable_rate')}{flip}{unsound}"
     )

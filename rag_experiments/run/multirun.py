@@ -183,13 +183,15 @@ class MultirunParent(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from rag_experiments.run.racing import job_problems
 
-        n_jobs = len(multirun_job_configs(config) or [])  # K, for racing's α/(K − 1)
+        jobs = multirun_job_configs(config) or []
+        n_jobs = len(jobs)  # K, for racing's α/(K − 1)
         bound_tracking_calls(config.tracking.get("timeout_s"))  # prompt=registry reads the store
         with infrastructure_exits_2():
             problems = validate_multirun(config) + job_problems(racing_enabled(config), {"n_jobs": n_jobs})
         if problems:
             print_problems(problems, "no run was created: fix these inputs first")
             sys.exit(2)
+        _warn_inert(jobs)
         overrides = list(config.hydra.overrides.task)
         params = config.hydra.sweeper.get("params") or {}
         params = OmegaConf.to_container(params) if OmegaConf.is_config(params) else dict(params)
@@ -240,6 +242,15 @@ class MultirunParent(Callback):
         if status != "FINISHED":  # a sweep with a FAILED config fails as a single failed run does
             print(f"sweep {status}: not every config FINISHED (listed above)", file=sys.stderr)
             sys.exit(1)
+
+
+def _warn_inert(jobs: list[tuple[list[str], DictConfig]]) -> None:
+    """Before the first job: swept factors no computed metric depends on (``run.pilot.inert_factors``)."""
+    from rag_experiments.run.pilot import inert_factors, inert_warning
+
+    gen = [bool(c.get("generator") and c.generator.get("_target_")) for _, c in jobs]
+    if inert := inert_factors([o for o, _ in jobs], gen):
+        print(inert_warning(inert, len(jobs)), file=sys.stderr)
 
 
 def _config_problems(config: DictConfig) -> tuple[list[str], None]:

@@ -28,6 +28,7 @@ import pandas as pd
 
 from rag_experiments.core.run_record import RunData
 from rag_experiments.evalset.csv_text import LabelFileError, _open_text, _records
+from rag_experiments.evaluation.intervals import kappa_too_few
 from rag_experiments.judge.agreement import cohen_kappa, kappa_ci
 
 __all__ = [
@@ -149,6 +150,7 @@ class CardRow:
     kappa: float
     kappa_ci: tuple[float, float]
     confusion: pd.DataFrame = field(repr=False)
+    too_few: str | None = None  # κ not said: fewer than 5 human labels in a class (evaluation.intervals)
 
 
 def _threshold(run: RunData, key: str) -> float:
@@ -179,11 +181,14 @@ def answer_card(
         )
         for a, b in zip(h, v, strict=True):
             conf.at[f"human {a}", f"{view} {b}"] += 1
+        few = kappa_too_few(h, sorted(set(map(str, h)) | set(map(str, v))))
+        nan2 = (float("nan"), float("nan"))
         rows.append(
             CardRow(
                 view, metric, th, int(ok.sum()), int((~ok).sum()),
                 float(np.mean(h == v)) if len(h) else float("nan"),
-                cohen_kappa(h, v), kappa_ci(h, v, seed=seed, n_resamples=n_resamples), conf,
+                float("nan") if few else cohen_kappa(h, v),
+                nan2 if few else kappa_ci(h, v, seed=seed, n_resamples=n_resamples), conf, few,
             )
         )  # fmt: skip
     return rows
@@ -213,14 +218,13 @@ def render_card(run: RunData, rows: list[CardRow], n_labelled: int, n_blank: int
     for r in rows:
         lines.append(
             f"| {r.view} | `{r.metric}` ≥ {r.threshold:g} | {r.n} | {r.n_unscored} | {_f(r.agreement)} | "
-            f"{_f(r.kappa)} [{_f(r.kappa_ci[0])}, {_f(r.kappa_ci[1])}] |"
+            f"{r.too_few or f'{_f(r.kappa)} [{_f(r.kappa_ci[0])}, {_f(r.kappa_ci[1])}]'} |"
         )
-    used = {c.removeprefix("human ") for r in rows for c, k in r.confusion.sum(axis=1).items() if k}
-    if len(used) == 1:  # chance agreement is then the view's own share of that label: κ = 0
+    if any(r.too_few for r in rows):
         lines += [
             "",
-            f"The human labels are all `{used.pop()}`: κ is 0 (or undefined) by construction; read the "
-            "agreement and the confusion matrices, and label a sample with more than one kind of answer.",
+            "κ is not said where a class has fewer than 5 human labels (too few to say): read the "
+            "agreement and the confusion matrices, and label more answers of the rare kind.",
         ]
     for r in rows:
         lines += [

@@ -8,6 +8,7 @@ import pandas as pd
 
 from rag_experiments.analysis.ppi import Estimate, judge_only, ppi_mean
 from rag_experiments.core.run_record import RunData
+from rag_experiments.evaluation.intervals import kappa_too_few
 from rag_experiments.judge.agreement import agreement_figures, kappa_ci
 from rag_experiments.spotcheck.labels import HUMAN_LABELS, Labels
 
@@ -31,6 +32,7 @@ class Agreement:
     unparseable_by_human: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     ppi: Estimate | None = None  # judge-corrected claim-level supported rate of the run
+    kappa_too_few: str | None = None  # κ not said: < 5 human labels in a class (evaluation.intervals)
     judge_only: Estimate | None = None  # the judge's own supported rate over the same claims
 
 
@@ -58,15 +60,19 @@ def score_labels(labels: Labels, seed: int = 0, n_resamples: int = 2000) -> Agre
     conf.index = [f"human {x}" for x in HUMAN_LABELS]
     conf.columns = [f"judge {x}" for x in HUMAN_LABELS]
     head = agreement_figures(h, j, w)
+    few = kappa_too_few(h, HUMAN_LABELS)
+    if few:
+        head["kappa"] = float("nan")
     return Agreement(
         n=len(ok),
         n_blank=labels.n_blank,
         n_judge_unparseable=len(unp),
-        kappa_ci=kappa_ci(h, j, w, seed=seed, n_resamples=n_resamples),
+        kappa_ci=(float("nan"),) * 2 if few else kappa_ci(h, j, w, seed=seed, n_resamples=n_resamples),
+        kappa_too_few=few,
         confusion=conf.astype(int),
         weighted=labels.weighted,
         n_population=labels.n_population,
-        sample=agreement_figures(h, j, None),
+        sample=agreement_figures(h, j, None) | ({"kappa": float("nan")} if few else {}),
         unparseable_by_human=unp["human"].value_counts().to_dict(),
         **head,
     )

@@ -76,7 +76,8 @@ def render_summary(run: RunData, ag: Agreement, labels_path: Path, source: str |
         f"| blank human_verdict rows (skipped) | | {ag.n_blank} |",
         f"| judge verdict unparseable (not scored) | | {ag.n_judge_unparseable} |",
         f"| agreement | {_f(ag.agreement)} | {_f(sa['agreement'])} |",
-        f"| Cohen's κ (95 % bootstrap CI) | {_f(ag.kappa)} [{_f(lo)}, {_f(hi)}] | {_f(sa['kappa'])} |",
+        f"| Cohen's κ (95 % bootstrap CI) | {ag.kappa_too_few or f'{_f(ag.kappa)} [{_f(lo)}, {_f(hi)}]'} | "
+        f"{'too few to say' if ag.kappa_too_few else _f(sa['kappa'])} |",
         f"| leniency P(judge supported \\| human unsupported) | {_f(ag.leniency)} | {_f(sa['leniency'])} |",
         f"| strictness P(judge unsupported \\| human supported) | {_f(ag.strictness)} | {_f(sa['strictness'])} |",
         "",
