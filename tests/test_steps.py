@@ -335,6 +335,9 @@ def test_the_report_per_step_table_reads_a_run_logged_before_the_steps_tag():
 
 # -- an answer-side slot, declared in one place --------------------------------------------------
 
+LEAK = "sk-proj-abcdefghijklmnopqrstuvwxyz012345"
+
+
 class Tidy:
     """A trivial stage of a fake answer-side slot: it marks answers, and fails on those naming a key."""
 
@@ -343,7 +346,7 @@ class Tidy:
     def tidy(self, answer: str) -> str:
         if "key" in answer.lower():
             raise ValueError("keys")
-        return answer.strip() + " [tidied]"
+        return f"{LEAK} {answer.strip()} [tidied]"  # a key it should never have written
 
 
 class TidyStep:
@@ -396,6 +399,7 @@ def test_an_answer_side_slot_declared_once_runs_after_the_answer_and_before_the_
     ok = answered & ~df["tidy_failed"]
     assert rec.items == answered.sum() and rec.failed == (answered & df["tidy_failed"]).sum()
     assert df.loc[ok, "answer"].str.endswith("[tidied]").all() and ok.any()  # the table has what it left
+    assert not df["answer"].str.contains(LEAK).any() and df.loc[ok, "answer"].str.startswith("sk-[REDACTED]").all()
     assert res.aggregates["n_tidy_errors"] == rec.failed and res.calls["tidy"] == rec.items
     assert df.loc[answered, "latency_tidy_s"].eq(rec.seconds / len(df)).all()  # the loop's batch time / n
     tidied = [c for cl in df.loc[ok, "claims"] for c in cl]

@@ -242,30 +242,7 @@ def select_config(
     ni = list(by_run.values())
     nf_margin, noise = noise_margin(list(replicates) or list(runs), metric, seed)
 
-    def ni_col(attr: str) -> list[float]:  # gate's figures of each config against the best
-        return [getattr(by_run[i], attr) if i in by_run else math.nan for i in range(len(runs))]
-
-    table = pd.DataFrame(
-        {
-            "config": [r.name for r in runs],
-            "run_id": [r.run_id for r in runs],
-            "mean": means,
-            "ci_low": [s[1] for s in stats],
-            "ci_high": [s[2] for s in stats],
-            "n": [s[3] for s in stats],
-            "delta": cmp["delta"],
-            "p_holm": cmp["p_holm"],
-            "test": cmp["test"],
-            "ni_bound": ni_col("bound"),  # config − best on the worse side
-            "ni_margin": ni_col("margin"),
-            "ni_p_holm": ni_col("p_holm"),
-            "ni_test": [by_run[i].test if i in by_run else "-" for i in range(len(runs))],
-            "ni_mde": ni_col("mde"),
-            "worse": cmp["worse"],
-            "tie": [i == best or by_run[i].passed for i in range(len(runs))],
-            **_serving(runs, costs, constraints),
-        }
-    )
+    table = _selection_table(runs, means, stats, cmp, by_run, best, _serving(runs, costs, constraints))
     chosen = _choose(table, higher_is_better, power is not None)
     table["chosen"] = table["run_id"] == chosen
     notes = [] if chosen else ["no config is both tied with the best and within the constraints"]
@@ -285,6 +262,36 @@ def select_config(
         underpowered=power,
         duplicates=dups,
         default_margin=margin is None,
+    )
+
+
+def _selection_table(runs, means, stats, cmp, by_run: dict, best: int, serving: dict) -> pd.DataFrame:
+    """select's table: per config its mean and CI, the paired test against the best, gate's
+    non-inferiority figures against the best (``by_run``), tie, and the serving columns."""
+
+    def ni_col(attr: str) -> list[float]:  # gate's figures of each config against the best
+        return [getattr(by_run[i], attr) if i in by_run else math.nan for i in range(len(runs))]
+
+    return pd.DataFrame(
+        {
+            "config": [r.name for r in runs],
+            "run_id": [r.run_id for r in runs],
+            "mean": means,
+            "ci_low": [s[1] for s in stats],
+            "ci_high": [s[2] for s in stats],
+            "n": [s[3] for s in stats],
+            "delta": cmp["delta"],
+            "p_holm": cmp["p_holm"],
+            "test": cmp["test"],
+            "ni_bound": ni_col("bound"),  # config − best on the worse side
+            "ni_margin": ni_col("margin"),
+            "ni_p_holm": ni_col("p_holm"),
+            "ni_test": [by_run[i].test if i in by_run else "-" for i in range(len(runs))],
+            "ni_mde": ni_col("mde"),
+            "worse": cmp["worse"],
+            "tie": [i == best or by_run[i].passed for i in range(len(runs))],
+            **serving,
+        }
     )
 
 

@@ -18,9 +18,9 @@ from typing import Any
 from rag_experiments.core.cache import StageCache, stage_key
 from rag_experiments.core.parallel import as_they_complete
 from rag_experiments.core.progress import Progress, track
-from rag_experiments.core.redaction import redact
 from rag_experiments.core.slots import slot
 from rag_experiments.core.steps import StepRecord
+from rag_experiments.core.text_gate import gate_text
 from rag_experiments.core.types import EvalItem, Generation, Verdict
 from rag_experiments.evaluation import answer_metrics as A
 from rag_experiments.evaluation.cost import usage_columns
@@ -57,7 +57,7 @@ def generation_stage(
 
     Requests run ``generator.concurrency`` at a time and each answer is committed to the cache as
     soon as it arrives, so a killed run loses only the requests in flight. Failed generations are
-    not cached, so a re-run retries them. Answers are redacted (``redaction.redact``) first.
+    not cached, so a re-run retries them. Answers pass the text gate (``core.text_gate``) first.
     """
     keys = [stage_key("generation", generator.identity, p) for p in prompts]
     found = cache.get_json_many("generations", keys)
@@ -68,7 +68,8 @@ def generation_stage(
         asked = [prompts[i] for _, i in todo]
         for j, g in as_they_complete(lambda p: _generate_one(generator, p), asked, workers):
             k = todo[j][0]
-            g.text = redact(g.text)  # a key the model repeats is stored nowhere (cache, table, traces)
+            gated = gate_text(g.text, "answer")  # a key the model repeats is stored nowhere (cache, table, traces)
+            g.text = gated.text
             fresh[k] = g
             if not g.error:
                 cache.put_json_many("generations", {k: asdict(g)})
@@ -80,7 +81,7 @@ def generation_stage(
             gens.append(fresh[k])
         else:
             g = Generation(**found[k])
-            g.text, g.cached = redact(g.text), True  # an answer cached before redaction existed
+            g.text, g.cached = gate_text(g.text, "answer").text, True  # an answer cached before redaction existed
             gens.append(g)
     return gens, len(todo)
 
@@ -200,8 +201,8 @@ class GenerateStep:
 
     def run(self, seg: AnswerState, ctx: StepContext) -> StepRecord:
         if seg.fixed is not None:  # the app answered in its own step
-            seg.gens = [Generation(r.answer if not r.error else "", "app", r.seconds, error=r.error or None)
-                        for r in seg.fixed]  # fmt: skip
+            seg.gens = [Generation(r.answer if not r.error else "", "app", r.seconds, error=r.error or None,
+                                   truncated=bool(getattr(r, "truncated", False))) for r in seg.fixed]  # fmt: skip
             n_gen = 0
         else:
             seg.gens, n_gen = generation_stage(ctx.stages.generator, seg.prompts, ctx.cache, ctx.settings.progress)
@@ -303,7 +304,14 @@ def answer_half(
     seg = AnswerState(sub_items, contexts_chunks, prompts, [fixed[it.id] for it in sub_items] if fixed else None)
     ctx = StepContext(stages, None, settings, cache)
     done = loop_steps(stages, ANSWER_PHASES)
-    seconds = [ledger.run(step, seg, ctx).seconds for step in done]
+    seconds = []
+    for step in done:
+        before = list(seg.answers)
+        seconds.append(ledger.run(step, seg, ctx).seconds)
+        if slot(step.slot).phase == "after_answer":  # (the answer step gates its own texts)
+            for i, a in enumerate(seg.answers):  # an answer it rewrote: through the text gate
+                if a is not None and a is not before[i]:
+                    seg.answers[i] = gate_text(a, "answer").text
     sub_rows = [rows[i] for i in subset]
     cites = stages.prompt is not None and A.asks_for_citations(stages.prompt.text)  # where the prompt asks
     free = A.judge_free_columns(sub_items, seg.answers, seg.contexts, contexts_chunks, cites, settings.min_coverage)

@@ -10,6 +10,7 @@ import logging
 
 from rag_experiments.analysis.power import mde, paired_variance
 from rag_experiments.analysis.variance import pilot_components
+from rag_experiments.core.slots import SLOTS
 from rag_experiments.evalset.subset import stratified_subset
 from rag_experiments.evaluation.headline import factor_side
 from rag_experiments.evaluation.intervals import not_plannable
@@ -69,7 +70,8 @@ def inert_factors(job_overrides: list[list[str]], generates: list[bool]) -> list
             key, _, value = str(o).lstrip("+~").partition("=")
             values.setdefault(key, set()).add(value)
     swept = [k for k, v in values.items() if len(v) > 1]
-    return [k for k in swept if k != "generator" and factor_side(k, True) == "generation"]
+    answer_groups = {s.group for s in SLOTS if s.phase == "answer"}  # choosing the answer step is not inert
+    return [k for k in swept if k not in answer_groups and factor_side(k, True) == "generation"]
 
 
 def inert_warning(factors: list[str], n_jobs: int) -> str:
