@@ -116,7 +116,7 @@ def test_failing_gate_summary_has_verdict_rows_diff_and_trace_links(store, tmp_p
     rows = {r[0]: r for r in metrics[1:]}
     assert list(rows) == ["hit_at_5", "mrr"]
     assert rows["hit_at_5"][2:4] == ["0.6667", "0.3333"]
-    assert rows["hit_at_5"][4].startswith("-0.3333 [") and rows["hit_at_5"][6].startswith("Tango score test")
+    assert rows["hit_at_5"][4].startswith("-0.3333 [") and rows["hit_at_5"][6].startswith("score test (Tango")
     assert rows["hit_at_5"][8] == "FAIL" and "bootstrap" in rows["mrr"][6]
     assert diff[1:] == [["chunking.size", "256", "512"]]
     # the 20 lost queries are worse; the first 10 listed, each with both runs' trace links
