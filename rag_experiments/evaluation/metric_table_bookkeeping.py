@@ -52,6 +52,15 @@ BOOKKEEPING: tuple[MetricSpec, ...] = (
         per_query=False,
     ),
     MetricSpec(
+        "latency_history_s",
+        "cost",
+        False,
+        "continuous",
+        "the history rewrite's model call for the turn (history=rewrite), seconds, as measured when it was "
+        "made (kept with its reply in the cache); 0 for window, oracle and a turn without history",
+        per_query=False,
+    ),
+    MetricSpec(
         "latency_generation_s",
         "cost",
         False,
@@ -258,6 +267,15 @@ BOOKKEEPING: tuple[MetricSpec, ...] = (
         "count",
         "number of queries whose query transform failed (a failed call, an empty or unparseable reply): "
         "they searched the question as it is (per-query column query_error)",
+        per_query=False,
+    ),
+    MetricSpec(
+        "n_history_errors",
+        "count",
+        False,
+        "count",
+        "number of conversation turns whose history rewrite failed (a failed call, an empty or unparseable "
+        "reply): they searched the last question as it is (per-query column history_error)",
         per_query=False,
     ),
     MetricSpec(

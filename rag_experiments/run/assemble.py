@@ -10,6 +10,7 @@ CLIs print them and exit 2 before any MLflow run exists.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rag_experiments.core.build import build as build_node
+from rag_experiments.core.build import target_object
 from rag_experiments.core.cache import CachedEmbedder, StageCache
 from rag_experiments.core.conf_groups import STAGE_GROUPS
 from rag_experiments.core.run_names import experiment_for_corpus, run_name
@@ -32,6 +34,7 @@ from rag_experiments.run.endpoint_checks import apply_budget
 from rag_experiments.run.types import JobSettings, PipelineData, RaceSettings, RunSettings, Stages
 from rag_experiments.stages.api_embedding import EmbeddingEndpointError
 from rag_experiments.stages.embedding import set_model_reuse
+from rag_experiments.stages.history import missing_standalone
 from rag_experiments.stages.prompts import PromptRegistryError
 from rag_experiments.tracking.trace_settings import DEFAULT_SAMPLE, TraceSettings, trace_path
 
@@ -120,8 +123,24 @@ def build(cfg: DictConfig, cache: StageCache) -> Loaded:
         judge=judge,
         judge_repeats=tuple(repeats),
         app=app,
+        history=build_history(cfg.get("history"), generator, evalset),
     )
     return Loaded(corpus, evalset, stages)
+
+
+def build_history(node: DictConfig | None, generator, evalset):
+    """The history step of ``conf/history/<option>.yaml`` (None for history=last_turn: no
+    ``_target_``); ``rewrite`` calls its own ``llm`` node or the run's generator, like the query
+    transform. ``oracle`` on an eval set whose items lack ``standalone_query`` is bad input."""
+    if node is None or not node.get("_target_"):
+        return None
+    needs_llm = "llm" in inspect.signature(target_object(str(node["_target_"]))).parameters
+    rest = OmegaConf.masked_copy(node, [k for k in node if k != "llm"])  # window, oracle: a sweep's llm, unused
+    stage = build_query_transform(node, generator) if needs_llm else instantiate(rest)
+    if stage is not None and stage.kind == "oracle" and (missing := missing_standalone(evalset.items)):
+        raise EvalSetError([f"{evalset.path}: history=oracle needs a standalone_query on every item; "
+                            f"{len(missing)} of {len(evalset.items)} have none", *missing])  # fmt: skip
+    return stage
 
 
 def build_app(node: DictConfig | None, evalset):
@@ -181,6 +200,7 @@ def run_settings(cfg: DictConfig) -> RunSettings:
             "generation": container(cfg.generator.get("pricing")),
             "judge": container(cfg.judge.get("pricing")),
             "query": container(_query_llm(cfg).get("pricing")),
+            "history": container(_query_llm(cfg, "history").get("pricing")),
         },
         progress=cfg.get("progress", True),
     )
@@ -272,11 +292,12 @@ def job_settings(cfg: DictConfig, ctx: HydraContext | None = None) -> JobSetting
     )
 
 
-def _query_llm(cfg: DictConfig) -> DictConfig:
-    """The config of the model the query transform calls: its own ``query.llm``, else the generator
-    (an empty node for query=none: no price)."""
-    node = cfg.get("query")
-    if node is None or not node.get("_target_"):
+def _query_llm(cfg: DictConfig, group: str = "query") -> DictConfig:
+    """The config of the model the query transform (or the history rewrite) calls: its own
+    ``<group>.llm``, else the generator (an empty node for query=none, history=last_turn, window,
+    oracle: no price)."""
+    node = cfg.get(group)
+    if node is None or not node.get("_target_") or (group == "history" and "Rewrite" not in str(node._target_)):
         return OmegaConf.create({})
     return node.llm if node.get("llm") is not None else cfg.generator
 
