@@ -293,3 +293,41 @@ def test_the_bundled_sample_is_15_conversations_each_turn_with_its_rewrite() -> 
     assert len(convs) == 15 and all(2 <= sum(it.conversation_id == c for it in items) <= 4 for c in convs)
     assert all(it.standalone_query for it in items)
     assert {it.answerability for it in items} == {"answerable", "unanswerable", "underspecified"}
+
+
+# ------------------------------------------------------------------------------- sweep (slow)
+
+
+def test_a_history_sweep_on_the_sample_logs_turn_breakdowns_and_sessions(tmp_path) -> None:
+    """``-m history=last_turn,window,oracle`` on the bundled conversations: three FINISHED runs,
+    by_tag/turn:*/ breakdowns logged, oracle above last_turn on the non-standalone turns, and each
+    turn's trace in its conversation's session (``mlflow.trace.session``), read back from sqlite."""
+    from mlflow import MlflowClient
+
+    from rag_experiments.analysis.conversations import breakdown
+    from tests.sweep_helpers import run_sweep
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    run_sweep(tmp_path, "-m", "evalset=sample_conversations", "history=last_turn,window,oracle", "retriever=bm25",
+              "generator=none", f"tracking.uri={uri}", f"tracking.artifact_root={tmp_path}/mlruns",
+              f"cache_dir={tmp_path}/cache", "progress=false", f"hydra.sweep.dir={tmp_path}/multirun",
+              "experiment_name=conv")  # fmt: skip
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("conv").experiment_id
+    runs = {r.data.params["history"]: r for r in client.search_runs([exp]) if "history" in r.data.params}
+    assert set(runs) == {"last_turn", "window", "oracle"} and all(
+        r.info.status == "FINISHED" for r in runs.values()
+    )
+    m = {h: r.data.metrics for h, r in runs.items()}
+    assert m["oracle"]["by_tag/standalone:no/hit_at_5"] > m["last_turn"]["by_tag/standalone:no/hit_at_5"]
+    assert {"by_tag/turn:1/hit_at_5", "by_tag/turn:3plus/evidence_recall_at_512tok"} <= set(m["window"])
+    traces = client.search_traces(locations=[exp], run_id=runs["oracle"].info.run_id, max_results=100)
+    sessions = {t.info.trace_metadata.get("mlflow.trace.session") for t in traces}
+    assert len(traces) == 47 and sessions == {f"c{i:02d}" for i in range(1, 16)}
+    from rag_experiments.tracking.run_reader import MlflowRunReader
+
+    reader = MlflowRunReader(uri)
+    tables = {h: reader.per_query(reader.get(r.info.run_id)) for h, r in runs.items()}
+    rows = {r.group: r for r in breakdown(tables, "last_turn", ["hit_at_5"], n_resamples=200)}
+    assert rows["turn:1"].deltas["oracle"]["hit_at_5"].delta == 0  # a first turn is its own rewrite
+    assert rows["all"].n == 47 and rows["standalone:no"].deltas["oracle"]["hit_at_5"].delta > 0
