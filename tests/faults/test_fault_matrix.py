@@ -1,8 +1,8 @@
 """The fault matrix (docs/reliability.md): every remote step against the same misbehaving endpoint.
 
-Rows are the steps that call out (generate, judge, query transform, rerank API, LLM reranker); a
-new remote step adds a row to ``STEPS``, never tests of its own. Columns are the ways an endpoint
-misbehaves. Every cell asserts the same rule, the one ``run.steps`` derives for every step:
+Rows are the steps that call out (generate, judge, query transform, history rewrite, rerank API, LLM
+reranker, app, embeddings); a new remote step adds a row to ``STEPS``, never tests of its own.
+Columns are the ways an endpoint misbehaves. Every cell asserts the same rule, the one ``run.steps`` derives for every step:
 
 - the step fails on every item → the run fails, naming the step (``failure_reason``);
 - it fails on some → the run finishes with the count, and the same run again redoes exactly those
@@ -17,6 +17,7 @@ The CLI's exit code and MLflow status for such a run are checked end to end by
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import signal
@@ -37,6 +38,7 @@ from rag_experiments.run.steps import failure_reason
 from rag_experiments.stages.api_embedding import OpenAIEmbedder
 from rag_experiments.stages.app import HttpApp
 from rag_experiments.stages.generation import OpenAICompatibleGenerator
+from rag_experiments.stages.history import HistoryRewrite
 from rag_experiments.stages.query import RewriteQuery
 from rag_experiments.stages.rerank import EndpointReranker, LLMReranker
 from rag_experiments.stages.retrieval import DenseRetriever
@@ -150,6 +152,14 @@ class Row:
     # the corpus's embeddings: a missing vector cannot be left out of an index, so any failure
     # (all or part of the items) fails the run with an error naming the endpoint
     whole: bool = False
+    turns: bool = False  # its items are conversation turns (each with a history)
+
+    def inputs(self, inputs):
+        """The tiny inputs, each item a second turn when the step reads the history."""
+        if not self.turns:
+            return inputs
+        history = [{"role": "user", "text": "Tell me about webhooks."}, {"role": "assistant", "text": "They notify you."}]
+        return inputs[0], [dataclasses.replace(it, history=history, turn=2) for it in inputs[1]], inputs[2]
 
     def stages(self, url: str, healthy: str, timeout_s: float = FAST["timeout_s"]) -> dict[str, Any]:
         prompt = instantiate(OmegaConf.load(REPO / "rag_experiments" / "conf" / "prompt" / "concise.yaml"))
@@ -163,6 +173,8 @@ class Row:
             return {"generator": gen(healthy), "prompt": prompt, "judge": judge}
         if self.name == "query":
             return {"query_transform": RewriteQuery(gen(url))}
+        if self.name == "history":
+            return {"history": HistoryRewrite(gen(url))}
         if self.name == "rerank_endpoint":
             return {"reranker": EndpointReranker(url, "m", candidates=4, api_key_env=KEY_ENV, **fast)}
         if self.name == "rerank_llm":
@@ -176,6 +188,7 @@ STEPS = (
     Row("generate", "generator", "Webhooks are retried for 24 hours."),
     Row("judge", "judge", "yes"),
     Row("query", "query_transform", "webhook retry schedule"),
+    Row("history", "history", "webhook retry schedule", turns=True),
     Row("rerank_endpoint", "reranker", "", numeric=True),
     Row("rerank_llm", "reranker", "7", numeric=True),
     Row("http_app", "app", "Webhooks are retried for 24 hours."),
@@ -218,6 +231,7 @@ def _cell(r: Row, m: str):
 @pytest.mark.parametrize(("row", "mode"), [_cell(r, m) for r, m in CELLS])
 def test_cell(world, row: Row, mode: str):
     inputs, healthy = world
+    inputs = row.inputs(inputs)
     ep = MisbehavingEndpoint(row.good_chat, bad=tuple(it.query for it in inputs[1][:2]))
     ep.app_context = inputs[0].docs[0].text[:80]
     if row.whole:
@@ -312,6 +326,7 @@ def test_signal_stops_every_remote_step_at_once(world, row: Row):
     """SIGINT (SIGTERM maps to the same) while the endpoint holds every request: the run stops in
     seconds, not at the timeouts, and no request reaches the endpoint after the signal."""
     inputs, healthy = world
+    inputs = row.inputs(inputs)
     ep = MisbehavingEndpoint(row.good_chat)
     ep.app_context = inputs[0].docs[0].text[:80]
     if row.whole:
