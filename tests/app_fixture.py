@@ -26,3 +26,10 @@ def traced(question: str, **kw) -> dict:
         return answer(q, **kw)
 
     return run(question)
+
+
+def flaky(question: str) -> dict:
+    """Fails on the questions with a question mark; answers the others with the worked example."""
+    if "?" in question:
+        raise RuntimeError("the app is down for this one")
+    return answer(question)

@@ -547,3 +547,16 @@ def test_judge_free_rates_are_assessed_but_label_rates_are_not():
                        "answer_token_f1": [0.5], "failure_label": ["ok"]})  # fmt: skip
     own, more = assessed_columns(df, 3)
     assert {"rate_over_refusal", "answer_token_f1", "hit_at_3"} <= set(own) and "rate_ok" not in own + more
+
+
+def test_citation_parsing_reads_sixteen_thousand_markers_and_skips_nested_ones():
+    """Issue 42 (12): markers are matched against the last marker read and a bisect (it was a scan of
+    every earlier marker per match: 16,000 markers took 25-33 s). Same reading: a group inside a
+    marker already read is not read again; an unparseable group is kept."""
+    from rag_experiments.evaluation.answer_metrics import parse_citations
+
+    answer = " ".join(f"claim [{i % 5 + 1}] and (2) [Doc A]" for i in range(16000 // 3))
+    c = parse_citations(answer, 5)
+    assert c.n_markers == 15999 and c.cited == (1, 2, 3, 4, 5) and len(c.unparseable) == 5333
+    read = parse_citations("see [Doc 3] and [x] then [1] [Passage 2]", 3)  # [Doc 3]: read, not unparseable
+    assert read.cited == (3, 1, 2) and read.unparseable == ("x",) and read.n_markers == 4

@@ -72,6 +72,24 @@ def test_an_app_that_raises_on_every_question_fails_the_run(tmp_path):
     assert res.per_query["app_error"].str.contains("RuntimeError").all()
 
 
+def test_an_app_failing_on_some_questions_finishes_with_counted_error_rows(tmp_path):
+    """Issue 42: one failing question is that question's error row (the table validates, the run
+    finishes with the count), never a crash of the whole run."""
+    from rag_experiments.core.query_table import to_arrow
+    from rag_experiments.run.steps import step_summary
+
+    corpus, items, cache = sample_inputs(tmp_path, 8)
+    failing = sum("?" in it.query for it in items)
+    assert 0 < failing < len(items)  # the fixture's premise: some questions ask with a "?"
+    res = tiny_pipeline((corpus, items, cache), app=PythonApp("tests.app_fixture:flaky"), judge=build_judge("heuristic"))
+    df, agg = res.per_query, res.aggregates
+    assert not failure_reason(res.records) and agg["n_app_errors"] == failing
+    assert any(ln.startswith("app:") for ln in step_summary(res.records))  # the same command redoes them
+    assert df["generation_cached"].map(type).eq(bool).all()  # was the app's error text
+    assert df["error"].notna().sum() == failing and df.loc[df["error"].notna(), "answer"].eq("").all()
+    to_arrow(df)  # the declared per-query table accepts it (the run's table was refused: exit 1)
+
+
 def test_an_app_that_traces_itself_is_linked_to_our_per_query_record(tmp_path):
     """app=python whose code uses ``@mlflow.trace``: each question's own trace id lands in the
     per-query column and on our trace of the item; a cached re-run keeps the links."""

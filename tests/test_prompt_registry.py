@@ -14,8 +14,8 @@ from mlflow.tracking import MlflowClient
 from rag_experiments.core.cache import StageCache
 from rag_experiments.core.identity import semantic_config
 from rag_experiments.core.types import Chunk
+from rag_experiments.run.answer import generation_stage
 from rag_experiments.run.config_schema import validate
-from rag_experiments.run.pipeline import generation_stage
 from rag_experiments.run.types import Stages
 from rag_experiments.stages.chunking import MarkdownChunker
 from rag_experiments.stages.generation import OpenAICompatibleGenerator

@@ -85,6 +85,61 @@ def test_no_module_keeps_a_list_of_stage_names():
     assert not found, "\n".join(found)
 
 
+#: Places that still name a slot in code (issue 42, item 7), each with why; this list may only
+#: shrink. Key: "path:kind:name" (kind: a dict literal's keys, a comparison, a getattr on stages).
+SPECIAL_CASED = {
+    # the built-in slots' rich trace spans (documents, chat messages); any other slot: _step_span
+    "tracking/traces.py:dict:generator,judge,query_transform,reranker,retriever",
+    # the version name leaves prompt and judge out of retrieval-only runs
+    "tracking/app_versions.py:==:generator",
+    # a generation-only factor leads with generation metrics (analysis: the verdict rules)
+    "evaluation/headline.py:==:generator",
+    "analysis/comparability.py:==:judge",
+    # the dry run's step names and the cache namespaces whose hits spare their calls
+    "run/dry_run.py:dict:app,generator,judge,query_transform",
+    "run/dry_run.py:dict:app,generator,judge",
+    "run/dry_run.py:==:reranker",
+    # the config keys a group may carry besides its constructor's (pricing, repeats)
+    "run/config_schema.py:dict:generator,history,judge,prompt,retriever",  # GROUP_CHECKS: a range rule per group
+    "run/config_schema.py:==:judge",
+    "run/config_schema.py:==:generator",
+}
+
+
+def _special_cases() -> set[str]:
+    """Every dict literal keyed by three or more slot names, ``==``/``!=`` against a slot name, and
+    ``getattr(stages, "<slot>")`` in the package, as ``path:kind:names``."""
+    names, found = {s.name for s in SLOTS}, set()
+    for path in PKG.rglob("*.py"):
+        if path.name == "slots.py":
+            continue
+        rel = str(path.relative_to(PKG))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Dict):
+                keys = sorted({k.value for k in node.keys if isinstance(k, ast.Constant) and k.value in names})
+                if len(keys) >= 3:
+                    found.add(f"{rel}:dict:{','.join(keys)}")
+            elif isinstance(node, ast.Compare) and any(isinstance(o, ast.Eq | ast.NotEq) for o in node.ops):
+                for c in (node.left, *node.comparators):
+                    if isinstance(c, ast.Constant) and c.value in names:
+                        found.add(f"{rel}:==:{c.value}")
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("getattr", "hasattr"):
+                obj, attr = (node.args + [None, None])[:2]
+                owner = getattr(obj, "id", None) or getattr(obj, "attr", None)
+                if owner == "stages" and isinstance(attr, ast.Constant) and attr.value in names:
+                    found.add(f"{rel}:getattr:{attr.value}")
+    return found
+
+
+def test_no_module_special_cases_a_stage_name_beyond_the_shrinking_list():
+    """A slot is declared once: a dict keyed by stage names, a comparison with one or a
+    ``getattr(stages, "<slot>")`` elsewhere is a copy the next slot misses. The known ones are
+    listed with their reason; a new one fails, and so does a listed one that is gone (shrink it)."""
+    found = _special_cases()
+    assert found - SPECIAL_CASED == set(), "new special cases of a stage name"
+    assert SPECIAL_CASED - found == set(), "gone: remove them from SPECIAL_CASED"
+
+
 def test_steps_are_ordered_by_position():
     assert [s.position for s in steps()] == sorted(s.position for s in steps())
     assert all(s.step for s in steps()) and len({s.step for s in steps()}) == len(steps())
@@ -276,3 +331,74 @@ def test_the_report_per_step_table_reads_a_run_logged_before_the_steps_tag():
     assert [r[1] for r in rows] == ["chunking", "retrieval", "rerank"]
     assert rows[2][2:5] == ["2.0", "–", "3"]
     assert step_table(SimpleNamespace(configs=[SimpleNamespace(label="x", tags={}, metrics={})])) == []
+
+
+# -- an answer-side slot, declared in one place --------------------------------------------------
+
+class Tidy:
+    """A trivial stage of a fake answer-side slot: it marks answers, and fails on those naming a key."""
+
+    identity = "tidy"
+
+    def tidy(self, answer: str) -> str:
+        if "key" in answer.lower():
+            raise ValueError("keys")
+        return answer.strip() + " [tidied]"
+
+
+class TidyStep:
+    """The fake answer-side slot's runner: it rewrites the answers the generate step left."""
+
+    slot = "tidier"
+
+    def run(self, seg, ctx) -> StepRecord:
+        todo = [i for i, a in enumerate(seg.answers) if a is not None]
+        self.failed = []
+        for i in todo:
+            try:
+                seg.answers[i] = ctx.stages.tidier.tidy(seg.answers[i])
+            except ValueError as e:
+                self.failed.append(i)
+                first = str(e)
+        return StepRecord(self.slot, len(todo), len(self.failed), {"tidy": len(todo)},
+                          first_error=first if self.failed else "")  # fmt: skip
+
+    def columns(self, seg, rows) -> None:
+        for i, row in enumerate(rows):
+            row["tidy_failed"] = i in self.failed
+
+
+def test_an_answer_side_slot_declared_once_runs_after_the_answer_and_before_the_judge(tmp_path, monkeypatch):
+    """Issue 42: a slot of phase ``after_answer`` is declared in one place (here) and runs in the
+    answer half's loop with no edit to ``run/``: after the answer, before the judge (who judges
+    what it left), timed, counted, its columns and per-query latency in the table."""
+    import dataclasses
+
+    from rag_experiments.core import slots
+    from rag_experiments.core.slots import Slot
+    from rag_experiments.judge.validity import build_judge
+    from rag_experiments.run import types
+    from rag_experiments.stages.app import PythonApp
+    from tests.sweep_helpers import tiny_inputs, tiny_pipeline
+
+    fake = Slot("tidier", "tidy", "tests.test_steps.Tidy", (), (), optional=True, step="tidying",
+                errors="n_tidy_errors", noun="tidied answers", position=1, column="tidy", phase="after_answer",
+                runner="tests.test_steps.TidyStep", span="TOOL", outputs=("answer",))  # fmt: skip
+    monkeypatch.setattr(slots, "SLOTS", (*slots.SLOTS, fake))
+    stages_cls = dataclasses.make_dataclass("S", [("tidier", object, None)], bases=(types.Stages,), frozen=True)
+    monkeypatch.setattr("tests.sweep_helpers.Stages", stages_cls)
+    inputs = tiny_inputs(tmp_path, n_items=5)
+    res = tiny_pipeline(inputs, app=PythonApp("tests.app_fixture:answer"), tidier=Tidy(),
+                        judge=build_judge("heuristic"))  # fmt: skip
+    df, rec = res.per_query, res.records["tidier"]
+    assert list(res.timings)[:4] == ["app_s", "generation_s", "tidying_s", "judging_s"]  # run order, by phase
+    answered = df["error"].isna()
+    ok = answered & ~df["tidy_failed"]
+    assert rec.items == answered.sum() and rec.failed == (answered & df["tidy_failed"]).sum()
+    assert df.loc[ok, "answer"].str.endswith("[tidied]").all() and ok.any()  # the table has what it left
+    assert res.aggregates["n_tidy_errors"] == rec.failed and res.calls["tidy"] == rec.items
+    assert df.loc[answered, "latency_tidy_s"].eq(rec.seconds / len(df)).all()  # the loop's batch time / n
+    tidied = [c for cl in df.loc[ok, "claims"] for c in cl]
+    assert any("[tidied]" in c for c in tidied)  # the judge judged the tidied answer
+    rec.failed = rec.items
+    assert "every one of" in failure_reason(res.records) and "tidying step" in failure_reason(res.records)

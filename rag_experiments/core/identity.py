@@ -115,6 +115,7 @@ RESULT_CODE = (
     "rag_experiments.judge",  # was stages.judging: the judges' code decides generation metrics
     "rag_experiments.evaluation",
     "rag_experiments.run.pipeline",
+    "rag_experiments.run.answer",  # the answer half: generate, the slots after it, judge
     "rag_experiments.run.retrieval",
     "rag_experiments.run.query_stage",
     "rag_experiments.run.steps",  # the run loop: error counts and the status rule

@@ -27,6 +27,7 @@ class Slot:
     # inside the retriever's step, the prompt inside the generator's)
     step: str = ""  # its name in timings (``<step>_s``), model calls, progress and the status rule
     errors: str = ""  # the run metric counting the items it failed on (re-run retries them)
+    error_column: str = ""  # the per-query column holding its error, when not named like ``errors``
     noun: str = "items"  # what its items are, in messages ("every one of the 8 reranked queries")
     position: int = 0  # its place in the run loop (the query transform runs before the retriever)
     column: str = ""  # its per-query columns' stem: ``latency_<column>_s`` (timed per query), "" none
@@ -34,9 +35,12 @@ class Slot:
     serving: bool = True  # part of answering a user (its latency is serving latency); False: evaluation
     replaces: tuple[str, ...] = ()  # slots that do not run when this one is configured (the app)
     runner: str = ""  # dotted name of its Step class (``run(state, ctx) -> StepRecord``): the run loop
-    # builds it when the slot is configured (retrieval half; generate and judge run per replicate)
+    # builds it when the slot is configured (the answer phases' steps run once per replicate)
     span: str = ""  # its span type in a trace (an MLflow ``SpanType``: LLM, RETRIEVER, …); "" no span
     outputs: tuple[str, ...] = ()  # its per-query output columns: its span's outputs (tracking.traces)
+    # the run's phase it belongs to (:data:`PHASES`): steps run phase by phase, by position within one
+    phase: str = "before_answer"
+    stands_in: tuple[str, ...] = ()  # slots whose step runs on this one's output instead of a model
     # added after runs were recorded: ``<group>: none`` is left out of config_hash, so those runs keep
     # their hash (core.identity.NEUTRAL_DEFAULTS)
     neutral_none: bool = False
@@ -44,6 +48,11 @@ class Slot:
     # history slot, whose default searches the question as every run did before it existed
     off: str = "none"
 
+
+#: The run's phases, in order: retrieval (the state is ``run.steps.RunState``, once per run), then the
+#: answer, what runs after the answer, judging (``run.answer.AnswerState``, once per replicate or
+#: racing batch, on the generation subset).
+PHASES = ("before_answer", "answer", "after_answer", "judging")
 
 _EMBEDDING = "rag_experiments.stages.embedding"
 _JUDGE_CODE = (
@@ -69,7 +78,7 @@ SLOTS: tuple[Slot, ...] = (
          ("rag_experiments.stages.app", "rag_experiments.evalset.contexts", "rag_experiments.run.app_step"),
          optional=True, neutral_none=True, step="app", errors="n_app_errors", noun="questions asked to the app", position=1,
          column="app", runner="rag_experiments.run.app_step.AppStep",
-         replaces=("chunker", "query_transform", "retriever", "reranker")),
+         replaces=("chunker", "query_transform", "retriever", "reranker"), stands_in=("generator",)),
     # what the retriever searches: a rewritten query, a hypothetical answer (HyDE) or variants fused by
     # RRF, from a chat model (docs/stages.md); query=none: the question. After the retriever in this
     # list (the first three are the retrieval core), before it in the run.
@@ -86,14 +95,16 @@ SLOTS: tuple[Slot, ...] = (
          outputs=("retrieved",)),
     Slot("generator", "generator", "rag_experiments.stages.generation.Generator", ("generation",),
          ("rag_experiments.stages.generation",), optional=True,
-         step="generation", position=5, errors="n_errors", noun="generated queries",
-         column="generation", priced=True, span="CHAT_MODEL", outputs=("answer",)),
+         step="generation", position=5, errors="n_errors", error_column="error", noun="generated queries",
+         column="generation", priced=True, span="CHAT_MODEL", outputs=("answer",), phase="answer",
+         runner="rag_experiments.run.answer.GenerateStep"),
     # the prompt's text enters the generation key (the rendered messages), not a cache of its own
     Slot("prompt", "prompt", "rag_experiments.stages.prompts.PromptTemplate", (), (), optional=True),
     Slot("judge", "judge", "rag_experiments.judge.claims.Judge", ("claims", "verdict", "relevance"),
          _JUDGE_CODE, optional=True, step="judging", position=6, errors="n_judge_errors", noun="judged answers",
          column="judge", priced=True, serving=False, span="EVALUATOR",
-         outputs=("verdicts", "faithfulness", "answer_relevance")),
+         outputs=("verdicts", "faithfulness", "answer_relevance"), phase="judging",
+         runner="rag_experiments.run.answer.JudgeStep"),
     # a conversation's turn → what it searches (docs/conversations.md): the last question
     # (history=last_turn, builds nothing), a window of turns, a model's standalone rewrite or the
     # human one (oracle); before the query transform, which transforms what it sets
@@ -108,9 +119,17 @@ INPUT_GROUPS = ("corpus", "evalset")
 
 
 def steps() -> tuple[Slot, ...]:
-    """The slots that run as a step of their own, in run order (the query transform before the
-    retriever it feeds)."""
-    return tuple(sorted((s for s in SLOTS if s.step), key=lambda s: s.position))
+    """The slots that run as a step of their own, in run order: phase by phase (:data:`PHASES`), by
+    position within one (the query transform before the retriever it feeds)."""
+    return tuple(sorted((s for s in SLOTS if s.step), key=lambda s: (PHASES.index(s.phase), s.position)))
+
+
+def configured(s: Slot, stages: object) -> bool:
+    """Whether slot ``s`` runs in a run of ``stages`` (``run.types.Stages``): its stage is built, or
+    a built slot stands in for it (the app's replies are the generator step's answers)."""
+    if getattr(stages, s.name, None) is not None:
+        return True
+    return any(s.name in o.stands_in and getattr(stages, o.name, None) is not None for o in SLOTS)
 
 
 def slot(name: str) -> Slot:

@@ -19,6 +19,7 @@ over each answer's :func:`answer_inputs`. Nothing here calls a model.
 
 from __future__ import annotations
 
+import bisect
 import re
 import string
 import unicodedata
@@ -221,20 +222,23 @@ def parse_citations(answer: str | None, n_passages: int) -> Citations:
     cited: list[int] = []
     oor: list[int] = []
     n_markers = 0
-    taken: list[tuple[int, int]] = []
+    starts: list[int] = []  # the markers read: sorted, non-overlapping spans (linear, not quadratic)
+    ends: list[int] = []
     found = sorted((m for rx in (_SQUARE, _PAREN) for m in rx.finditer(text)), key=lambda m: m.start())
     for m in found:  # in reading order: "cited" lists passages in order of first mention
-        if any(a <= m.start() < b for a, b in taken):
+        if ends and m.start() < ends[-1]:  # inside the last marker read (they start in order)
             continue
-        taken.append(m.span())
+        starts.append(m.start())
+        ends.append(m.end())
         n_markers += 1
         for n in _numbers(m.group("nums") or m.groupdict().get("wnums") or ""):
             (cited if 1 <= n <= n_passages else oor).append(n)
-    bad = [
-        m.group("body").strip()
-        for m in _OTHER.finditer(text)
-        if not any(a <= m.start() < b for a, b in taken)
-    ]
+
+    def inside(pos: int) -> bool:
+        i = bisect.bisect_right(starts, pos) - 1
+        return i >= 0 and pos < ends[i]
+
+    bad = [m.group("body").strip() for m in _OTHER.finditer(text) if not inside(m.start())]
     return Citations(tuple(dict.fromkeys(cited)), tuple(dict.fromkeys(oor)), tuple(bad), n_markers + len(bad))
 
 

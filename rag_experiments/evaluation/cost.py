@@ -78,8 +78,8 @@ def stage_costs(df: pd.DataFrame, pricing: Mapping[str, Mapping[str, Any] | None
     ``tokens_out`` (sums over queries of ``tokens_{in,out}_{column}``, NaN rows left out; absent
     when no row has a value) and ``cost_usd`` = tokens_in/1000 · price_per_1k_in + tokens_out/1000
     · price_per_1k_out with ``pricing[column]`` (absent: 0), NaN when a priced step has queries it
-    ran on without token counts (cost unknown, never silently 0). A retrieval-half step (one with a
-    ``runner``: the query transform) runs once per item, before replicates repeat the row: its
+    ran on without token counts (cost unknown, never silently 0). A retrieval-half step (phase
+    ``before_answer``: the query transform) runs once per item, before replicates repeat the row: its
     tokens count once per item, and it ran where its ``latency_<column>_s`` is set; a generate or
     judge step ran where there is an answer."""
     pricing = pricing or {}
@@ -89,7 +89,7 @@ def stage_costs(df: pd.DataFrame, pricing: Mapping[str, Mapping[str, Any] | None
             continue
         stage, row = s.column, {"cost_usd": 0.0}
         p_in, p_out = price(pricing.get(stage))
-        rows = df.drop_duplicates("id") if s.runner and "id" in df.columns else df
+        rows = df.drop_duplicates("id") if s.phase == "before_answer" and "id" in df.columns else df
         for side, p in (("in", p_in), ("out", p_out)):
             col = f"tokens_{side}_{stage}"
             v = (
@@ -100,7 +100,7 @@ def stage_costs(df: pd.DataFrame, pricing: Mapping[str, Mapping[str, Any] | None
             if v.notna().any():
                 row[f"tokens_{side}"] = float(v.sum())
             if p > 0:  # every query the step ran on made its calls: each needs a count
-                ran_col = f"latency_{stage}_s" if s.runner else "answer"
+                ran_col = f"latency_{stage}_s" if s.phase == "before_answer" else "answer"
                 ran = rows[ran_col].notna() if ran_col in rows.columns else v.notna()
                 row["cost_usd"] += math.nan if v[ran].isna().any() else float(v.sum()) / 1000.0 * p
         out[stage] = row

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -124,6 +124,7 @@ def build(cfg: DictConfig, cache: StageCache) -> Loaded:
         judge_repeats=tuple(repeats),
         app=app,
         history=build_history(cfg.get("history"), generator, evalset),
+        extra=other_slots(cfg),
     )
     return Loaded(corpus, evalset, stages)
 
@@ -141,6 +142,18 @@ def build_history(node: DictConfig | None, generator, evalset):
         raise EvalSetError([f"{evalset.path}: history=oracle needs a standalone_query on every item; "
                             f"{len(missing)} of {len(evalset.items)} have none", *missing])  # fmt: skip
     return stage
+
+
+def other_slots(cfg: DictConfig) -> dict[str, Any]:
+    """The stage of every slot declared in ``core.slots`` that ``Stages`` has no field for, from its
+    config group (None when its option has no ``_target_``: ``<group>=none``). A slot added by the
+    recipe is built here with no edit (docs/architecture.md, "Add a stage slot")."""
+    own = {f.name for f in fields(Stages)}
+    return {
+        s.name: instantiate(priced(node)) if (node := cfg.get(s.group)) is not None and node.get("_target_") else None
+        for s in SLOTS
+        if s.name not in own
+    }
 
 
 def build_app(node: DictConfig | None, evalset):
@@ -196,12 +209,7 @@ def run_settings(cfg: DictConfig) -> RunSettings:
         generation_subset=cfg.get("generation_subset"),
         replicates=int(cfg.get("replicates", 1)),
         thresholds=load_thresholds() if "attribution" not in cfg else container(cfg.attribution),
-        pricing={
-            "generation": container(cfg.generator.get("pricing")),
-            "judge": container(cfg.judge.get("pricing")),
-            "query": container(_query_llm(cfg).get("pricing")),
-            "history": container(_query_llm(cfg, "history").get("pricing")),
-        },
+        pricing={s.column: container(_model_node(cfg, s).get("pricing")) for s in SLOTS if s.priced},
         progress=cfg.get("progress", True),
     )
 
@@ -292,14 +300,17 @@ def job_settings(cfg: DictConfig, ctx: HydraContext | None = None) -> JobSetting
     )
 
 
-def _query_llm(cfg: DictConfig, group: str = "query") -> DictConfig:
-    """The config of the model the query transform (or the history rewrite) calls: its own
-    ``<group>.llm``, else the generator (an empty node for query=none, history=last_turn, window,
-    oracle: no price)."""
-    node = cfg.get(group)
-    if node is None or not node.get("_target_") or (group == "history" and "Rewrite" not in str(node._target_)):
+def _model_node(cfg: DictConfig, s) -> DictConfig:
+    """The config of the model priced slot ``s`` calls (its ``pricing`` table prices it): its own
+    ``<group>.llm`` node; else its own node when it is the answer or the judge, or carries a price;
+    else the run's generator, which a retrieval-side step without a model of its own calls (the
+    query transform). An empty node when the slot is off (``<group>=none``: no price)."""
+    node = cfg.get(s.group)
+    if node is None or not node.get("_target_"):
         return OmegaConf.create({})
-    return node.llm if node.get("llm") is not None else cfg.generator
+    if node.get("llm") is not None:
+        return node.llm
+    return node if s.phase != "before_answer" or "pricing" in node else cfg.generator
 
 
 def input_error(e: BaseException | None, kinds: tuple = INPUT_ERRORS) -> BaseException | None:

@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from rag_experiments.core.conf_groups import conf_dir
+from rag_experiments.core.identity import UNUSED_WHEN_NONE
 from rag_experiments.evaluation.cost import price
 from rag_experiments.evaluation.defaults import RANK_DEPTH, TOKEN_BUDGETS, metrics_problems
 from rag_experiments.run.config_keys import constructor_key_problems
@@ -540,7 +541,7 @@ def validate(cfg: dict) -> Problems:
         g = _Group(name, node)
         check(g)
         g.known_keys(extra={"pricing", "repeats"} if name == "judge" else {"pricing"} if name == "generator"
-                     else {"llm"} if name == "history" else set())  # history=window|oracle: a sweep's llm, unused
+                     else set(UNUSED_WHEN_NONE.get(name, ())))  # history=window|oracle: a sweep's llm, unused
         g.typed_keys()
         problems += g.problems
     return problems + _rerank_depth(cfg) + _query_llm(cfg)

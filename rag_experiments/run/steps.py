@@ -22,7 +22,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rag_experiments.core.slots import Slot, steps
+from rag_experiments.core.build import target_object
+from rag_experiments.core.slots import Slot, configured, steps
 from rag_experiments.core.steps import StepRecord
 from rag_experiments.stages import call_budget, dry_calls, endpoint
 
@@ -86,6 +87,15 @@ class Ledger:
         return endpoint.usage_since(self._usage_before)
 
 
+def loop_steps(stages: Any, phases: tuple[str, ...]) -> list[Step]:
+    """The steps of ``phases`` (``core.slots.PHASES``) in run order: one per slot that declares a
+    ``runner`` and is configured (``core.slots.configured``: ``query=none`` adds no step), less the
+    slots a configured one replaces (app=python|http retrieves itself)."""
+    on = [s for s in steps() if s.phase in phases and configured(s, stages)]
+    replaced = {name for s in steps() if configured(s, stages) for name in s.replaces}
+    return [target_object(s.runner)() for s in on if s.runner and s.name not in replaced]
+
+
 def failure_reason(records: dict[str, StepRecord]) -> str:
     """Why a completed run is FAILED ("" when it is not): a step failed on every item it was asked
     to do. Its reranker or transform did nothing, or no answer was generated or judged: such a run
@@ -96,7 +106,7 @@ def failure_reason(records: dict[str, StepRecord]) -> str:
     for s in steps():
         r = records.get(s.name)
         if r is not None and r.items > 0 and r.failed >= r.items:
-            column = "error" if s.name == "generator" else s.errors
+            column = s.error_column or s.errors
             sample = f"; first: {r.first_error[:200]}" if r.first_error else ""
             return f"every one of the {r.items} {s.noun} errored ({s.step} step; see per_query '{column}'){sample}"
     return ""

@@ -10,6 +10,7 @@ nothing after it reads the Hydra config. No Hydra or MLflow here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,15 @@ class Stages:
     judge_repeats: tuple[Judge, ...] = ()  # judge.repeats: the judges of repeats 2..N (docs/judges.md)
     app: App | None = None  # app=python|http: your application answers (docs/app.md)
     history: HistoryQuery | None = None  # history=last_turn: each turn searches its last question
+    # the stage of every other slot declared in core.slots (read as ``stages.<name>``): a new slot
+    # needs no field here (run.assemble builds it from its group)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        extra = self.__dict__.get("extra") or {}
+        if name in extra:
+            return extra[name]
+        raise AttributeError(name)
 
     @property
     def generates(self) -> bool:

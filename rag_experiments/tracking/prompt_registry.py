@@ -35,6 +35,7 @@ from rag_experiments.core.build import build
 from rag_experiments.core.cache import stable_hash
 from rag_experiments.core.conf_groups import conf_dir
 from rag_experiments.core.identity import REFERENCE_TARGETS
+from rag_experiments.core.slots import steps
 from rag_experiments.stages.prompts import CONTEXT_FORMATS, PromptRegistryError, PromptTemplate
 from rag_experiments.tracking.locks import host_lock, store_lock
 from rag_experiments.tracking.mlflow_adapter_session import (
@@ -352,7 +353,7 @@ def stage_prompts(stages) -> list[tuple[str, str]]:
     query transform's (``rag-experiments.query.<kind>``) and the LLM reranker's
     (``rag-experiments.rerank.llm``); a stage says so with a ``prompt_name`` and a ``prompt``."""
     out = []
-    for stage in (getattr(stages, "query_transform", None), getattr(stages, "reranker", None)):
+    for stage in (getattr(stages, s.name, None) for s in steps()):  # in run order
         name, text = getattr(stage, "prompt_name", None), getattr(stage, "prompt", None)
         if name and isinstance(text, str):
             out.append((PREFIX + name, text))
