@@ -69,7 +69,10 @@ def markdown(rows: list[GroupRow], metrics: list[str], baseline: str) -> str:
     others = [c for c in configs if c != baseline]
     head = ["turns", "n", "metric", *configs, *(f"Δ {c} − {baseline} [95% CI]" for c in others)]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    no_gold = [r for r in rows if all(np.isnan(r.means[c][m]) for c in configs for m in metrics)]
     for r in rows:
+        if r in no_gold:  # turns without gold evidence: no retrieval metric is defined on them
+            continue
         for m in metrics:
             cells = [r.group, str(r.n), m, *(f"{r.means[c][m]:.3f}" for c in configs)]
             for c in others:
@@ -80,4 +83,8 @@ def markdown(rows: list[GroupRow], metrics: list[str], baseline: str) -> str:
                     else "–"
                 )
             out.append("| " + " | ".join(cells) + " |")
+    if no_gold:
+        out.append("")
+        out.append("No gold evidence, so no retrieval metric (NaN, left out): "
+                   + ", ".join(f"{r.group} ({r.n} turns)" for r in no_gold) + ".")  # fmt: skip
     return "\n".join(out)
