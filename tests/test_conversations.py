@@ -331,3 +331,28 @@ def test_a_history_sweep_on_the_sample_logs_turn_breakdowns_and_sessions(tmp_pat
     rows = {r.group: r for r in breakdown(tables, "last_turn", ["hit_at_5"], n_resamples=200)}
     assert rows["turn:1"].deltas["oracle"]["hit_at_5"].delta == 0  # a first turn is its own rewrite
     assert rows["all"].n == 47 and rows["standalone:no"].deltas["oracle"]["hit_at_5"].delta > 0
+
+
+# ----------------------------------------------------------------------- the generator's prompt
+
+
+def test_the_prompt_shows_the_last_turns_teacher_forced_and_cuts_the_oldest_to_fit() -> None:
+    from rag_experiments.stages.context_fit import fit_context, fit_history
+    from rag_experiments.stages.prompts import PromptTemplate
+
+    (item,) = [it for it in _sample_turns() if it.id == "c01#4"]
+    plain = PromptTemplate("p", "Answer from the context.", "{context}\n\nQ: {question}")
+    assert plain.render(item.query, [], item.history) == plain.render(
+        item.query, []
+    )  # history_turns 0: as before
+    two = PromptTemplate("p", "Answer from the context.", "{context}\n\nQ: {question}", history_turns=2)
+    msgs = two.render(item.query, [], item.history)
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert msgs[1]["content"] == item.history[2]["text"] and msgs[2]["content"] == item.history[3]["text"]
+    assert "history_turns: 2" in two.text and "history_turns" not in plain.text
+    count = lambda messages: sum(len(m["content"]) for m in messages) // 4  # noqa: E731 - ~4 chars a token
+    full = count(two.render(item.query, [], item.history))
+    kept, cut = fit_history(two, item.query, [], item.history, full - 1, count)
+    assert cut == 1 and kept == item.history[4:]  # the oldest shown turn went first
+    assert fit_history(two, item.query, [], item.history, full, count) == (two.recent(item.history), 0)
+    assert fit_context(two, item.query, [], full, count, kept) == ([], False)

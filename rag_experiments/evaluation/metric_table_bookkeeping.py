@@ -270,6 +270,15 @@ BOOKKEEPING: tuple[MetricSpec, ...] = (
         per_query=False,
     ),
     MetricSpec(
+        "history_turns_cut",
+        "count",
+        False,
+        "count",
+        "earlier user turns of the conversation (with their replies) left out of the generator's prompt to fit "
+        "its window, oldest first (prompt.history_turns > 0 and a generator with a known window)",
+        per_query=False,
+    ),
+    MetricSpec(
         "n_history_errors",
         "count",
         False,

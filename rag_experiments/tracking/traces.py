@@ -272,7 +272,8 @@ def _generate_span(w: _Specs, root: int, s: Slot, cx: _Cx, t: int) -> int:
     row, d = cx.row, _ns(cx.row, s.column)
     context_docs = cx.docs[: cx.k]  # what the generator was given (retriever.k)
     prompt = cx.prompt
-    messages = prompt.render(cx.item.query, [_chunk(x) for x in context_docs]) if prompt is not None else None
+    history = prompt.recent(cx.item.history, int(_num(cx.row, "history_turns_cut") or 0)) if prompt is not None else []
+    messages = prompt.render(cx.item.query, [_chunk(x) for x in context_docs], history) if prompt is not None else None
     attrs: dict[str, Any] = {"cached": bool(row.get("generation_cached", False))}
     if cx.generator_model:
         attrs[SpanAttributeKey.MODEL] = cx.generator_model
