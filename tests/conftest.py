@@ -97,6 +97,7 @@ SLOW_MODULES = {
     "test_wheel",
 }
 SLOW_TESTS = {
+    "test_a_history_sweep_on_the_sample_logs_turn_breakdowns_and_sessions",  # a 3-config sweep subprocess (~1 min)
     "test_a_slot_declared_once_is_traced_in_a_real_store",  # a sqlite MLflow store (~5-9 s)
     "test_bad_cli_argument_exits_2",
     "test_malformed_label_file_exits_2_naming_file_and_line",

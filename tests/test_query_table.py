@@ -31,7 +31,9 @@ from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 
 
 def _verdict(claim: str, label: str, stage: str | None = None) -> dict:
-    return {"claim": claim, "label": label, "score": 0.5, "rationale": "r"} | ({"stage": stage} if stage else {})
+    return {"claim": claim, "label": label, "score": 0.5, "rationale": "r"} | (
+        {"stage": stage} if stage else {}
+    )
 
 
 def _full_table() -> pd.DataFrame:
@@ -43,7 +45,11 @@ def _full_table() -> pd.DataFrame:
             "id": ["q1", "q2", "q3"],
             "query": ["a?", "b?", "c?"],
             "tags": [["exact", "boundary"], [], ["paraphrase"]],
-            "gold_spans": [[{"doc_id": "d.md", "start": 0, "end": 5}], [], [{"doc_id": "e.md", "start": 3, "end": 9}]],
+            "gold_spans": [
+                [{"doc_id": "d.md", "start": 0, "end": 5}],
+                [],
+                [{"doc_id": "e.md", "start": 3, "end": 9}],
+            ],
             "retrieved": [[chunk, chunk | {"rank": 2, "score": 0.5}], [chunk], []],
             "search_queries": [["a?", "a rewritten"], None, []],
             "error": [None, None, "timeout"],
@@ -69,6 +75,8 @@ def _full_table() -> pd.DataFrame:
             "generation_cached": [True, False, False],
             "replicate": [0, 0, 0],
             "generation_seed": [7, 7, 7],
+            "history_query": ["a standalone a?", "b?", None],
+            "history_error": [None, "unparseable reply", None],
             "hit_at_5": [1.0, 0.0, math.nan],
             "first_stage/mrr": [1.0, 0.5, 0.0],
             "n_claims": [2, 0, 0],
@@ -161,7 +169,9 @@ def two_sweeps(tmp_path_factory):
     from mlflow.entities import Metric, Param
 
     ptags = {k: v for k, v in parent.data.tags.items() if not k.startswith("mlflow.")}
-    old_parent = client.create_run(exp, run_name="old sweep", tags={**ptags, "sweep_id": "old-sweep"}).info.run_id
+    old_parent = client.create_run(
+        exp, run_name="old sweep", tags={**ptags, "sweep_id": "old-sweep"}
+    ).info.run_id
     pairs = {}
     for kid in sorted(kids, key=lambda r: r.info.start_time):  # the sweep's order
         tags = {k: v for k, v in kid.data.tags.items() if not k.startswith("mlflow.")}
@@ -173,7 +183,9 @@ def two_sweeps(tmp_path_factory):
         rid = run.info.run_id
         client.log_batch(rid, params=[Param(k, v) for k, v in kid.data.params.items()])
         client.log_batch(rid, metrics=[Metric(k, v, 0, 0) for k, v in kid.data.metrics.items()])
-        new = read_per_query(client.download_artifacts(kid.info.run_id, "per_query.parquet", str(root / kid.info.run_id)))
+        new = read_per_query(
+            client.download_artifacts(kid.info.run_id, "per_query.parquet", str(root / kid.info.run_id))
+        )
         p = root / rid / "per_query.parquet"
         p.parent.mkdir()
         _legacy(new).to_parquet(p, index=False)
@@ -195,15 +207,22 @@ def test_a_real_runs_artifact_carries_the_declared_schema(two_sweeps):
     assert pa.types.is_struct(schema.field("retrieved").type.value_type)
     assert schema.field("hit_at_5").type == pa.float64()
     # the MLflow table view (per_query.json): nested cells are JSON arrays and objects, not JSON text
-    table = json.loads(Path(client.download_artifacts(new_id, "per_query.json", str(root / "json"))).read_text())
+    table = json.loads(
+        Path(client.download_artifacts(new_id, "per_query.json", str(root / "json"))).read_text()
+    )
     i = table["columns"].index("retrieved")
     first = table["data"][0][i]
-    assert isinstance(first, list) and {"rank", "chunk_id", "doc_id", "start", "end", "score"} <= set(first[0])
+    assert isinstance(first, list) and {"rank", "chunk_id", "doc_id", "start", "end", "score"} <= set(
+        first[0]
+    )
     # the old-format copy reads back as the same Python data
     old = client.download_artifacts(old_id, "per_query.parquet", str(root / "check_old"))
     assert schema_version(old) is None
     a, b = read_per_query(path), read_per_query(old)
-    assert a["gold_spans"].tolist() == b["gold_spans"].tolist() and a["retrieved"].tolist() == b["retrieved"].tolist()
+    assert (
+        a["gold_spans"].tolist() == b["gold_spans"].tolist()
+        and a["retrieved"].tolist() == b["retrieved"].tolist()
+    )
     assert isinstance(b["tags"].iloc[0], list)
 
 
@@ -244,7 +263,12 @@ def test_old_format_runs_give_the_same_compare_gate_and_report(two_sweeps, tmp_p
     reports = []
     for target, name in ((parent.data.tags["sweep_id"], "new"), ("old-sweep", "old")):
         out = tmp_path / name
-        assert report_cli.main([target, "--tracking-uri", uri, "--out", str(out), "--resamples", "199", "--no-log"]) == 0
+        assert (
+            report_cli.main(
+                [target, "--tracking-uri", uri, "--out", str(out), "--resamples", "199", "--no-log"]
+            )
+            == 0
+        )
         capsys.readouterr()
         reports.append((out / "report.md").read_text())
     new_r, old_r = _same_text(*reports, ids)

@@ -1,4 +1,4 @@
-"""``python -m rag_experiments.evalset validate|import-squad|import-beir|generate|accept|from-traces|estimate``
+"""``python -m rag_experiments.evalset validate|import-squad|import-beir|import-mtrag|generate|accept|from-traces|estimate``
 (usage: the ``rag_experiments.evalset`` docstring; ``generate``/``accept``: ``evalset/generate.py``;
 ``from-traces``/``estimate`` and ``accept`` of a trace review: ``cli/evalset_traces.py``)."""
 
@@ -13,7 +13,7 @@ from rag_experiments.cli import evalset_traces
 from rag_experiments.evalset.corpus import CorpusError, load_corpus
 from rag_experiments.evalset.generate import NEAR_MISS_THRESHOLD
 from rag_experiments.evalset.generate import cli as generate_cli
-from rag_experiments.evalset.importers import import_beir, import_squad
+from rag_experiments.evalset.importers import import_beir, import_mtrag, import_squad
 from rag_experiments.evalset.load import EvalSetError, load_evalset, sample_dir, tag_counts
 from rag_experiments.evalset.trace_review import is_trace_review
 from rag_experiments.evalset.weak_facts import WEAK_CHUNKING, WEAK_MIN_CORPUS, weak_key_facts
@@ -21,7 +21,7 @@ from rag_experiments.stages.chunking import chunk_corpus
 from rag_experiments.tracking.errors import cli_main
 
 DESCRIPTION = (
-    "Eval sets: validate, import (SQuAD, BEIR), generate and accept (LLM + human review), from-traces "
+    "Eval sets: validate, import (SQuAD, BEIR, MTRAG conversations), generate and accept (LLM + human review), from-traces "
     "(production questions) and estimate (how often production answers fail)."
 )
 
@@ -147,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     be.add_argument("--out", required=True)
     be.add_argument("--split", default="test")
     be.add_argument("--strict", action="store_true", help="exit 2 on any qrel naming a missing document")
+    mt = sub.add_parser("import-mtrag", help="MTRAG / MTRAG-UN generation tasks (conversations) → corpus.jsonl + evalset.jsonl")
+    mt.add_argument("file")
+    mt.add_argument("--out", required=True)
+    mt.add_argument("--strict", action="store_true", help="exit 2 on any repaired or dropped turn or passage")
     _add_generate_parsers(sub)
     args = ap.parse_args(argv)
     if args.cmd == "validate":
@@ -160,13 +164,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd in ("generate", "accept"):
         return generate_cli(args)
     try:
-        corpus, evals, report = (
-            import_squad(args.file) if args.cmd == "import-squad" else import_beir(args.dir, args.split)
-        )
-    except (OSError, KeyError, ValueError) as e:
+        if args.cmd == "import-mtrag":
+            corpus, evals, report = import_mtrag(args.file)
+        else:
+            corpus, evals, report = (
+                import_squad(args.file) if args.cmd == "import-squad" else import_beir(args.dir, args.split)
+            )
+    except (OSError, KeyError, ValueError, TypeError, AttributeError) as e:
         print(f"{getattr(args, 'file', None) or args.dir}: cannot import: {e!r}", file=sys.stderr)
         return 2
-    what = "answers" if args.cmd == "import-squad" else "qrels"
+    what = {"import-squad": "answers", "import-mtrag": "reference passages"}.get(args.cmd, "qrels")
     if args.strict and report.notes:
         for note in report.notes:
             print(note, file=sys.stderr)

@@ -237,7 +237,7 @@ LEGACY_TARGETS = (
 #: were without the key (``rerank=none``: no reranker; hybrid fusion as before): left out of
 #: ``config_hash`` so those runs keep their hash (resume, ``[skip]``, the recorded-hash test).
 NEUTRAL_DEFAULTS: dict[str, Any] = {
-    **{s.group: {"name": "none"} for s in SLOTS if s.neutral_none},  # a slot added later, off
+    **{s.group: {"name": s.off} for s in SLOTS if s.neutral_none},  # a slot added later, off
     "retriever.fusion": "rrf",
     "retriever.alpha": 0.5,
 }
@@ -245,16 +245,34 @@ NEUTRAL_DEFAULTS: dict[str, Any] = {
 
 #: Keys an option ignores when the slot is off: ``query=none`` with ``+generator@query.llm=local`` (a
 #: sweep ``-m query=none,hyde`` shares the override) calls no model, so its hash is plain none's.
-UNUSED_WHEN_NONE: dict[str, tuple[str, ...]] = {"query": ("llm",)}
+UNUSED_WHEN_NONE: dict[str, tuple[str, ...]] = {"query": ("llm",), "history": ("llm",)}
+_OFF = {s.group: s.off for s in SLOTS}  # the option that builds nothing: none, history's last_turn
+
+
+def _takes(target: str, key: str) -> bool:
+    """Whether the constructor of ``target`` has a parameter ``key`` (an unimportable one: yes)."""
+    import inspect
+
+    from rag_experiments.core.build import target_object
+
+    try:
+        return key in inspect.signature(target_object(target)).parameters
+    except Exception:  # noqa: BLE001 - config checks report an unimportable target
+        return True
 
 
 def _drop_unused(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``cfg`` without the :data:`UNUSED_WHEN_NONE` keys of a slot whose option is ``none``."""
+    """``cfg`` without the :data:`UNUSED_WHEN_NONE` keys of a slot whose option is off (``none``,
+    history's ``last_turn``) or whose option's constructor does not take them (history=window,
+    oracle: no model, so a sweep's shared ``+generator@history.llm`` is not theirs)."""
     out = dict(cfg)
     for group, keys in UNUSED_WHEN_NONE.items():
         node = out.get(group)
-        if isinstance(node, Mapping) and node.get("name") == "none" and not node.get("_target_"):
-            out[group] = {k: v for k, v in node.items() if k not in keys}
+        if not isinstance(node, Mapping):
+            continue
+        target = node.get("_target_")
+        if (node.get("name") == _OFF.get(group, "none") and not target) or target:
+            out[group] = {k: v for k, v in node.items() if k not in keys or (target and _takes(str(target), k))}
     return out
 
 

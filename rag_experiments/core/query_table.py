@@ -42,6 +42,10 @@ column                      type (what it holds)
                             bool
 ``replicate``, ``generation_seed``
                             int64
+``history_query``           string: what the history step made of the conversation (history=window,
+                            rewrite, oracle; docs/conversations.md), the text later steps search
+``history_error``           string: the history rewrite's error (the last question was searched),
+                            null when none
 ==========================  =================================================================
 
 Every other column is a number: the per-query metrics (``hit_at_5``, ``mrr``, ``faithfulness``,
@@ -117,6 +121,8 @@ def _types() -> dict[str, Any]:
         "generation_cached": pa.bool_(),
         "replicate": i,
         "generation_seed": i,
+        "history_query": s,
+        "history_error": s,
     }
 
 
@@ -132,6 +138,7 @@ COLUMNS: tuple[str, ...] = (
     "query_error", "app_error", "app_trace_id", "failure_label", "answer", "context", "relevance_method", "claims", "verdicts", "cited_chunk_ids",
     "gold_claims", "answer_claim_classes", "diagnostics_nan_reason", "judge_repeat_labels", "declined",
     "generated", "answer_truncated", "context_truncated", "generation_cached", "replicate", "generation_seed",
+    "history_query", "history_error",
 )  # fmt: skip
 
 #: Declared columns whose cells are lists or dicts (Python data in a DataFrame, nested in parquet).

@@ -44,6 +44,9 @@ class Slot:
     # added after runs were recorded: ``<group>: none`` is left out of config_hash, so those runs keep
     # their hash (core.identity.NEUTRAL_DEFAULTS)
     neutral_none: bool = False
+    # the option that builds nothing (``<group>: {name: <off>}``): "none", or ``last_turn`` for the
+    # history slot, whose default searches the question as every run did before it existed
+    off: str = "none"
 
 
 #: The run's phases, in order: retrieval (the state is ``run.steps.RunState``, once per run), then the
@@ -102,6 +105,14 @@ SLOTS: tuple[Slot, ...] = (
          column="judge", priced=True, serving=False, span="EVALUATOR",
          outputs=("verdicts", "faithfulness", "answer_relevance"), phase="judging",
          runner="rag_experiments.run.answer.JudgeStep"),
+    # a conversation's turn → what it searches (docs/conversations.md): the last question
+    # (history=last_turn, builds nothing), a window of turns, a model's standalone rewrite or the
+    # human one (oracle); before the query transform, which transforms what it sets
+    Slot("history", "history", "rag_experiments.stages.history.HistoryQuery", ("history",),
+         ("rag_experiments.stages.history", "rag_experiments.stages.query", "rag_experiments.stages.generation"),
+         optional=True, neutral_none=True, off="last_turn", step="history", position=1, errors="n_history_errors",
+         noun="conversation turns", column="history", priced=True, runner="rag_experiments.run.history_step.HistoryStep",
+         span="LLM", outputs=("history_query",)),
 )
 #: The inputs a config chooses before any stage: the corpus and the eval set.
 INPUT_GROUPS = ("corpus", "evalset")

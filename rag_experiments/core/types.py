@@ -54,6 +54,14 @@ class EvalItem:
     gold_answers: list[str] = field(default_factory=list)
     # key facts an answer can hold without answering (evalset.weak_facts): left out of correctness
     weak_key_facts: list[str] = field(default_factory=list)
+    # a conversation's turn (docs/conversations.md): the earlier turns ({"role": "user" |
+    # "assistant", "text"}), a human standalone rewrite of ``query``, the turn's answerability
+    # (answerable | unanswerable | underspecified | partial), its number and its conversation
+    history: list[dict[str, str]] = field(default_factory=list)
+    standalone_query: str | None = None
+    answerability: str | None = None
+    turn: int | None = None
+    conversation_id: str | None = None
 
     @property
     def strong_key_facts(self) -> list[str]:

@@ -194,3 +194,108 @@ def import_beir(beir_dir: str | Path, split: str = "test") -> tuple[list[dict], 
         for qid, dids in qrels.items()
     ]
     return corpus, evals, rep
+
+
+_MTRAG_ROLES = {"user": "user", "agent": "assistant", "assistant": "assistant"}
+
+
+def _label(v) -> str:
+    """MTRAG's one-element list labels (``["ANSWERABLE"]``) as one lower-case string."""
+    v = v[0] if isinstance(v, list) and v else v
+    return str(v or "").strip().lower()
+
+
+def import_mtrag(tasks_jsonl: str | Path) -> tuple[list[dict], list[dict], ImportReport]:
+    """MTRAG / MTRAG-UN generation tasks (JSONL, one evaluated turn per line) → (corpus rows, eval
+    rows, report); docs/conversations.md.
+
+    Each turn becomes an item ``<conversation_id>#<turn>`` (compare, gate and select pair by it):
+    ``input`` → ``history`` (``agent`` → ``assistant``) and ``query`` (its last user turn),
+    ``targets[0]`` → ``gold_answer``, ``answerability`` lower-cased, ``Multi-Turn: N/A`` →
+    ``standalone: true``, ``Collection`` → a tag. Every reference passage (``contexts``) becomes a
+    corpus document (its ``document_id``) and one evidence span over its text. An unanswerable or
+    underspecified turn keeps no gold: its passages stay in the corpus but are dropped as evidence
+    and reported (the turn stays, tagged ``unanswerable``). A ``turn`` that disagrees with the
+    history's user turns is repaired to them; a passage whose id was seen with another text, and
+    an input not ending with a user turn, are dropped; an answerable or partial turn left without
+    passages is dropped.
+    """
+    src = Path(tasks_jsonl)
+    rep = ImportReport()
+    docs: dict[str, str] = {}
+    evals: list[dict] = []
+    for lineno, line in enumerate(src.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        task = json.loads(line)
+        where = f"{src}:{lineno}: task {task.get('task_id', '?')}"
+        turns = [
+            (_MTRAG_ROLES.get(str(m.get("speaker")), ""), str(m.get("text") or "").strip())
+            for m in task["input"]
+        ]
+        if not turns or turns[-1][0] != "user" or any(not r or not t for r, t in turns):
+            rep.dropped_items += 1
+            rep.notes.append(
+                f"{where}: input does not end with a user turn (or has an unknown speaker or empty text): dropped"
+            )
+            continue
+        history = [{"role": r, "text": t} for r, t in turns[:-1]]
+        turn = 1 + sum(r == "user" for r, _ in turns[:-1])
+        if str(task.get("turn")) != str(turn):
+            rep.repaired += 1
+            rep.notes.append(
+                f"{where}: turn {task.get('turn')!r} but {turn - 1} earlier user turns: set to {turn}"
+            )
+        answerability = _label(task.get("answerability")) or "answerable"
+        evidence = _mtrag_evidence(task.get("contexts") or [], answerability, where, docs, rep)
+        if not evidence and answerability not in ("unanswerable", "underspecified"):
+            rep.dropped_items += 1
+            rep.notes.append(f"{where}: an {answerability} turn with no reference passage: dropped")
+            continue
+        targets = [t for t in task.get("targets") or [] if str(t.get("text") or "").strip()]
+        collection = _slug(str(task.get("Collection") or "")).lower()
+        evals.append({
+            "id": f"{task['conversation_id']}#{turn}",
+            "query": turns[-1][1],
+            "gold_evidence": evidence,
+            "gold_answer": targets[0]["text"].strip() if targets else None,
+            "key_facts": [],
+            "tags": ([collection] if task.get("Collection") else []) + ([] if evidence else ["unanswerable"]),
+            "history": history,
+            "answerability": answerability,
+            "turn": turn,
+            "conversation_id": str(task["conversation_id"]),
+            "standalone": _label(task.get("Multi-Turn")) in ("n/a", ""),
+        })  # fmt: skip
+    corpus = [{"doc_id": d, "title": "", "text": t} for d, t in docs.items()]
+    return corpus, evals, rep
+
+
+def _mtrag_evidence(
+    contexts: list, answerability: str, where: str, docs: dict[str, str], rep: ImportReport
+) -> list:
+    """One turn's reference passages → evidence spans over their text (one per document); every
+    passage joins ``docs``; an unanswerable or underspecified turn's are dropped as evidence."""
+    evidence = {}
+    for j, c in enumerate(contexts):
+        did, text = str(c.get("document_id") or ""), str(c.get("text") or "")
+        w = f"{where}: contexts[{j}] {did!r}"
+        if answerability in ("unanswerable", "underspecified"):
+            if did and text.strip():  # still a passage of the corpus, searched by every turn
+                docs.setdefault(did, text)
+            rep.dropped += 1
+            rep.notes.append(f"{w}: an {answerability} turn keeps no gold evidence: dropped")
+        elif not did or not text.strip():
+            rep.dropped += 1
+            rep.notes.append(f"{w}: no document id or empty text: dropped")
+        elif docs.setdefault(did, text) != text:
+            rep.dropped += 1
+            rep.notes.append(f"{w}: another text under the same document id: dropped")
+        else:
+            rep.kept += 1
+            evidence[did] = {
+                "doc_id": did,
+                "start": len(text) - len(text.lstrip()),
+                "end": len(text.rstrip()),
+            }
+    return list(evidence.values())

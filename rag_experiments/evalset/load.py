@@ -37,6 +37,7 @@ from rag_experiments.core.build import build
 from rag_experiments.core.conf_groups import conf_dir
 from rag_experiments.core.keys import tag_problem
 from rag_experiments.core.types import Document, EvalItem, Span
+from rag_experiments.evalset import conversations as conv
 from rag_experiments.evalset.corpus import files_fingerprint
 from rag_experiments.evalset.weak_facts import mark_weak
 
@@ -365,6 +366,12 @@ def _item_of(row: dict, lineno: int, where: str, resolver: _Resolver) -> tuple[E
         line=lineno,
         gold_answers=list(row.get("gold_answers") or []),
     )
+    if conv.is_turn(row):  # a conversation's turn (evalset.conversations); absent: nothing changes
+        problems += conv.row_problems(row, where)
+        item.history = [dict(t) for t in row.get("history") or [] if isinstance(t, dict)]
+        item.standalone_query, item.answerability = row.get("standalone_query"), row.get("answerability")
+        item.turn, item.conversation_id = row.get("turn"), row.get("conversation_id")
+        item.tags += conv.turn_tags(row, item) if not problems else []
     return item, problems
 
 
@@ -405,6 +412,7 @@ def load_evalset(
         items.append(item)
     if not items and not problems:
         problems.append(f"{path}: eval set is empty")
+    problems += conv.conversation_problems(items, str(path)) if not problems else []
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         problems.append(
             f"{path}: limit: must be a positive number of items, got {limit!r}"

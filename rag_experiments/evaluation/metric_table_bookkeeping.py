@@ -30,7 +30,8 @@ BOOKKEEPING: tuple[MetricSpec, ...] = (
         False,
         "continuous",
         "a step's wall time for the query, seconds: generation its call, judge judging its answer (claims, "
-        "verdicts, relevance), query the transform's model call, app the application's answer, rerank its "
+        "verdicts, relevance), query the transform's model call, history the rewrite's (0 for window and "
+        "oracle), app the application's answer, rerank its "
         "batch's time divided by the batch's queries (NaN where it failed), each as measured when made (kept "
         "with the result in the cache); retrieval and any step that measures none: its batch's time divided "
         "by the batch's queries (the run loop)",
@@ -227,6 +228,24 @@ BOOKKEEPING: tuple[MetricSpec, ...] = (
         "count",
         "number of queries whose query transform failed (a failed call, an empty or unparseable reply): "
         "they searched the question as it is (per-query column query_error)",
+        per_query=False,
+    ),
+    MetricSpec(
+        "history_turns_cut",
+        "count",
+        False,
+        "count",
+        "earlier user turns of the conversation (with their replies) left out of the generator's prompt to fit "
+        "its window, oldest first (prompt.history_turns > 0 and a generator with a known window)",
+        per_query=False,
+    ),
+    MetricSpec(
+        "n_history_errors",
+        "count",
+        False,
+        "count",
+        "number of conversation turns whose history rewrite failed (a failed call, an empty or unparseable "
+        "reply): they searched the last question as it is (per-query column history_error)",
         per_query=False,
     ),
     MetricSpec(

@@ -299,8 +299,10 @@ def answer_half(
             rows[i]["context_truncated"] = False
     else:
         contexts_chunks = [ranked[i][: settings.k] for i in subset]
-        contexts_chunks = fit_contexts(stages, rows, subset, contexts_chunks, cache)  # to the model's window
-        prompts = [stages.prompt.render(it.query, cs) for it, cs in zip(sub_items, contexts_chunks, strict=True)]
+        histories = [list(it.history) for it in sub_items]  # a conversation's turns (prompt.history_turns)
+        contexts_chunks = fit_contexts(stages, rows, subset, contexts_chunks, cache, histories)  # to the model's window
+        prompts = [stages.prompt.render(it.query, cs, h)
+                   for it, cs, h in zip(sub_items, contexts_chunks, histories, strict=True)]  # fmt: skip
     seg = AnswerState(sub_items, contexts_chunks, prompts, [fixed[it.id] for it in sub_items] if fixed else None)
     ctx = StepContext(stages, None, settings, cache)
     done = loop_steps(stages, ANSWER_PHASES)

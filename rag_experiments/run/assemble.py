@@ -10,6 +10,7 @@ CLIs print them and exit 2 before any MLflow run exists.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rag_experiments.core.build import build as build_node
+from rag_experiments.core.build import target_object
 from rag_experiments.core.cache import CachedEmbedder, StageCache
 from rag_experiments.core.conf_groups import STAGE_GROUPS
 from rag_experiments.core.run_names import experiment_for_corpus, run_name
@@ -32,6 +34,7 @@ from rag_experiments.run.endpoint_checks import apply_budget
 from rag_experiments.run.types import JobSettings, PipelineData, RaceSettings, RunSettings, Stages
 from rag_experiments.stages.api_embedding import EmbeddingEndpointError
 from rag_experiments.stages.embedding import set_model_reuse
+from rag_experiments.stages.history import missing_standalone
 from rag_experiments.stages.prompts import PromptRegistryError
 from rag_experiments.tracking.trace_settings import DEFAULT_SAMPLE, TraceSettings, trace_path
 
@@ -120,9 +123,25 @@ def build(cfg: DictConfig, cache: StageCache) -> Loaded:
         judge=judge,
         judge_repeats=tuple(repeats),
         app=app,
+        history=build_history(cfg.get("history"), generator, evalset),
         extra=other_slots(cfg),
     )
     return Loaded(corpus, evalset, stages)
+
+
+def build_history(node: DictConfig | None, generator, evalset):
+    """The history step of ``conf/history/<option>.yaml`` (None for history=last_turn: no
+    ``_target_``); ``rewrite`` calls its own ``llm`` node or the run's generator, like the query
+    transform. ``oracle`` on an eval set whose items lack ``standalone_query`` is bad input."""
+    if node is None or not node.get("_target_"):
+        return None
+    needs_llm = "llm" in inspect.signature(target_object(str(node["_target_"]))).parameters
+    rest = OmegaConf.masked_copy(node, [k for k in node if k != "llm"])  # window, oracle: a sweep's llm, unused
+    stage = build_query_transform(node, generator) if needs_llm else instantiate(rest)
+    if stage is not None and stage.kind == "oracle" and (missing := missing_standalone(evalset.items)):
+        raise EvalSetError([f"{evalset.path}: history=oracle needs a standalone_query on every item; "
+                            f"{len(missing)} of {len(evalset.items)} have none", *missing])  # fmt: skip
+    return stage
 
 
 def other_slots(cfg: DictConfig) -> dict[str, Any]:

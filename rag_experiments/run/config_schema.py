@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from rag_experiments.core.conf_groups import conf_dir
+from rag_experiments.core.identity import UNUSED_WHEN_NONE
 from rag_experiments.evaluation.cost import price
 from rag_experiments.evaluation.defaults import RANK_DEPTH, TOKEN_BUDGETS, metrics_problems
 from rag_experiments.run.config_keys import constructor_key_problems
@@ -275,7 +276,7 @@ def _query(g: _Group) -> None:
     if not g.node.get("_target_"):
         for key in g.node:
             if key not in ("name", "llm"):  # llm: unused (a sweep -m query=none,hyde shares it)
-                g.bad(key, "unknown option for query=none", g.node[key])
+                g.bad(key, f"unknown option for {g.name}={g.node.get('name', 'none')}", g.node[key])
         return
     g.int_at_least("n", 1)
     g.num_in("query_weight", 0, 1)
@@ -285,28 +286,46 @@ def _query(g: _Group) -> None:
         need = ("{question}", "{n}") if kind == "MultiQuery" else ("{question}",)
         if not isinstance(g.node["prompt"], str) or not all(f in g.node["prompt"] for f in need):
             g.bad("prompt", f"must be a string containing {' and '.join(need)}", str(g.node["prompt"])[:60])
+    _llm_node(g)
+
+
+def _llm_node(g: _Group) -> None:
+    """An ``llm`` node (query, history) is checked like the generator group (``<group>.llm.*``)."""
     llm = g.node.get("llm")
     if llm is not None:
         if not isinstance(llm, dict) or not llm.get("_target_"):
-            g.bad("llm", "must be a generator option's node with a _target_ (+generator@query.llm=local)", llm)
+            g.bad("llm", f"must be a generator option's node with a _target_ (+generator@{g.name}.llm=local)", llm)
             return
         e = _Group("generator", llm)
         _generator(e)
         e.known_keys(extra={"pricing"})
-        g.problems += [p.replace("conf/generator: ", "conf/query: llm.") for p in e.problems]
+        g.problems += [p.replace("conf/generator: ", f"conf/{g.name}: llm.") for p in e.problems]
+
+
+def _history(g: _Group) -> None:
+    """conf/history (docs/conversations.md): ``turns`` >= 1, a rewrite ``prompt`` with
+    ``{question}`` (the conversation), an ``llm`` node like the query transform's."""
+    _query(g)
+    g.int_at_least("turns", 1)
 
 
 def _query_llm(cfg: dict) -> Problems:
-    """A query transform calls the run's generator unless it has an ``llm`` of its own."""
-    node = cfg.get("query") or {}
-    if not isinstance(node, dict) or not node.get("_target_") or node.get("llm") is not None:
-        return []
+    """A query transform or a history rewrite calls the run's generator unless it has an ``llm``
+    of its own."""
     if (cfg.get("generator") or {}).get("_target_"):
         return []
-    return [
-        "conf/query: llm: missing: with generator=none the transform needs a chat model of its own "
-        "(e.g. +generator@query.llm=local, or +generator@query.llm=openai query.llm.model=...)"
-    ]
+    problems = []
+    for group in ("query", "history"):
+        node = cfg.get(group) or {}
+        if isinstance(node, dict) and node.get("_target_") and node.get("llm") is None and (
+            group == "query" or str(node["_target_"]).endswith(".HistoryRewrite")
+        ):
+            problems.append(
+                f"conf/{group}: llm: missing: with generator=none the "
+                f"{'transform' if group == 'query' else 'history rewrite'} needs a chat model of its own "
+                f"(e.g. +generator@{group}.llm=local, or +generator@{group}.llm=openai {group}.llm.model=...)"
+            )
+    return problems
 
 
 def _llm_client(g: _Group) -> None:
@@ -470,6 +489,7 @@ GROUP_CHECKS: dict[str, Callable[[_Group], None]] = {
     "embedding": _embedding,
     "retriever": _retriever,
     "query": _query,
+    "history": _history,
     "rerank": _rerank,
     "generator": _generator,
     "prompt": _prompt,
@@ -548,7 +568,8 @@ def validate(cfg: dict) -> Problems:
         g = _Group(name, node)
         GROUP_CHECKS.get(name, _no_rule)(g)
         _shared_rules(g)
-        g.known_keys(extra={"pricing", "repeats"} if name == "judge" else {"pricing"} if name == "generator" else set())
+        g.known_keys(extra={"pricing", "repeats"} if name == "judge" else {"pricing"} if name == "generator"
+                     else set(UNUSED_WHEN_NONE.get(name, ())))  # history=window|oracle: a sweep's llm, unused
         g.typed_keys()
         problems += g.problems
     return problems + _rerank_depth(cfg) + _query_llm(cfg)

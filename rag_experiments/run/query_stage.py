@@ -42,11 +42,13 @@ class Queried:
     calls: int
 
 
-def query_stage(transform, questions: list[str], cache: StageCache, progress: bool = True) -> Queried:
-    """Every question's transform, from the cache or one model call each (``transform.concurrency``
-    in flight, each committed as it completes)."""
-    keys = [stage_key("query", transform.llm_identity, q) for q in questions]
-    found = cache.get_json_many("query", keys)
+def query_stage(transform, questions: list[str], cache: StageCache, progress: bool = True,
+                namespace: str = "query") -> Queried:  # fmt: skip
+    """Every question's transform, from the cache (``namespace``: the slot's, ``history`` for the
+    history rewrite) or one model call each (``transform.concurrency`` in flight, each committed
+    as it completes)."""
+    keys = [stage_key(namespace, transform.llm_identity, q) for q in questions]
+    found = cache.get_json_many(namespace, keys)
     todo = list({k: i for i, k in enumerate(keys) if k not in found}.items())
     fresh: dict[str, Transformed] = {}
     with Progress(f"query ({transform.kind})", len(todo), enabled=progress and bool(todo), unit="queries") as bar:
@@ -57,7 +59,7 @@ def query_stage(transform, questions: list[str], cache: StageCache, progress: bo
             if res.error:
                 log.warning("query=%s: %s (the question is searched as it is)", transform.kind, res.error)
             else:
-                cache.put_json_many("query", {k: {"texts": res.texts, "usage": res.usage, "seconds": res.seconds}})
+                cache.put_json_many(namespace, {k: {"texts": res.texts, "usage": res.usage, "seconds": res.seconds}})
             bar.update()
     got = [fresh[k] if k in fresh else Transformed(**found[k]) for k in keys]
     if n_cut := sum(t.truncated for t in fresh.values()):  # said, not silently searched on a cut reply

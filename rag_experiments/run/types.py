@@ -29,6 +29,7 @@ from rag_experiments.stages.app import App
 from rag_experiments.stages.chunking import Chunker
 from rag_experiments.stages.embedding import Embedder
 from rag_experiments.stages.generation import Generator
+from rag_experiments.stages.history import HistoryQuery
 from rag_experiments.stages.prompts import PromptTemplate
 from rag_experiments.stages.query import QueryTransform
 from rag_experiments.stages.rerank import Reranker
@@ -56,6 +57,7 @@ class Stages:
     judge: Judge | None = None
     judge_repeats: tuple[Judge, ...] = ()  # judge.repeats: the judges of repeats 2..N (docs/judges.md)
     app: App | None = None  # app=python|http: your application answers (docs/app.md)
+    history: HistoryQuery | None = None  # history=last_turn: each turn searches its last question
     # the stage of every other slot declared in core.slots (read as ``stages.<name>``): a new slot
     # needs no field here (run.assemble builds it from its group)
     extra: Mapping[str, Any] = field(default_factory=dict)

@@ -94,14 +94,28 @@ def _cut(chunks: list[Chunk], n_chars: int) -> list[Chunk]:
     return out
 
 
-def fit_context(prompt, query: str, chunks: list[Chunk], budget: int, count) -> tuple[list[Chunk], bool]:
-    """(chunks whose rendered prompt fits ``budget`` tokens, whether they were cut).
+def fit_history(prompt, query: str, chunks: list[Chunk], history: list[dict], budget: int, count) -> tuple[list[dict], int]:
+    """(the conversation turns the prompt keeps, how many user turns were cut): the oldest user turn
+    (with its assistant reply) is dropped until the prompt with every chunk fits ``budget``, or no
+    turn is left (docs/conversations.md: the history is cut before the context)."""
+    cut = 0
+    while (kept := prompt.recent(history, cut)) and _upper_bound(prompt.render(query, chunks, kept)) > budget:
+        if count(prompt.render(query, chunks, kept)) <= budget:
+            break
+        cut += 1
+    return kept, cut
+
+
+def fit_context(prompt, query: str, chunks: list[Chunk], budget: int, count, history=None) -> tuple[list[Chunk], bool]:
+    """(chunks whose rendered prompt fits ``budget`` tokens, whether they were cut); ``history``:
+    the conversation turns the prompt shows (already fitted by :func:`fit_history`).
 
     Starts from the proportional estimate ``chars * budget / tokens`` and shrinks by 10 % until
     the count fits (a few counts per over-long query). Raises ValueError when even the prompt
     without any context does not fit.
     """
-    messages = prompt.render(query, chunks)
+    render = (lambda q, cs: prompt.render(q, cs, history)) if history else prompt.render  # noqa: E731
+    messages = render(query, chunks)
     if _upper_bound(messages) <= budget:
         return chunks, False
     total = count(messages)
@@ -111,10 +125,10 @@ def fit_context(prompt, query: str, chunks: list[Chunk], budget: int, count) -> 
     n = int(chars * budget / total)
     while n > 0:
         cut = _cut(chunks, n)
-        if count(prompt.render(query, cut)) <= budget:
+        if count(render(query, cut)) <= budget:
             return cut, True
         n = int(n * 0.9)
-    if count(prompt.render(query, [])) > budget:
+    if count(render(query, [])) > budget:
         raise ValueError(
             f"the prompt without any context needs more than {budget} tokens: raise generator.ctx_size "
             "or lower generator.max_tokens"
@@ -122,10 +136,14 @@ def fit_context(prompt, query: str, chunks: list[Chunk], budget: int, count) -> 
     return [], True
 
 
-def fit_contexts(stages, rows: list[dict], subset: list[int], contexts: list[list[Chunk]], cache: StageCache):
+def fit_contexts(stages, rows: list[dict], subset: list[int], contexts: list[list[Chunk]], cache: StageCache,
+                 histories: list[list[dict]] | None = None):  # fmt: skip
     """The top-k ``contexts`` of the ``subset`` items, each fitted by ``fit_context`` to the window
     of ``stages.generator`` (unchanged for a generator without a known window). Sets every per-query
-    row's ``context_truncated`` (False outside the subset)."""
+    row's ``context_truncated`` (False outside the subset). ``histories`` (a prompt with
+    ``history_turns``): each item's conversation, cut oldest turn first to the window before the
+    context is (:func:`fit_history`), in place; the user turns cut are the row's
+    ``history_turns_cut``."""
     for row in rows:
         row["context_truncated"] = False
     budget = prompt_budget(stages.generator)
@@ -133,8 +151,13 @@ def fit_contexts(stages, rows: list[dict], subset: list[int], contexts: list[lis
         return contexts
     count = _counter(stages.generator, cache)
     fitted = []
-    for i, cs in zip(subset, contexts, strict=True):
-        chunks, cut = fit_context(stages.prompt, rows[i]["query"], cs, budget, count)
+    for j, (i, cs) in enumerate(zip(subset, contexts, strict=True)):
+        history = None
+        if histories is not None and stages.prompt.history_turns:
+            histories[j], rows[i]["history_turns_cut"] = fit_history(stages.prompt, rows[i]["query"], cs, histories[j],
+                                                                     budget, count)  # fmt: skip
+            history = histories[j]
+        chunks, cut = fit_context(stages.prompt, rows[i]["query"], cs, budget, count, history)
         rows[i]["context_truncated"] = cut
         fitted.append(chunks)
     n_cut = sum(rows[i]["context_truncated"] for i in subset)

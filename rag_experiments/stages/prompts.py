@@ -54,9 +54,13 @@ def _passage(i: int, chunk: Chunk) -> str:
 
 class PromptTemplate:
     def __init__(
-        self, name: str, system: str, template: str, decline_text: str = "I don't know", context_format: str = "plain"
-    ) -> None:
+        self, name: str, system: str, template: str, decline_text: str = "I don't know", context_format: str = "plain",
+        history_turns: int = 0,
+    ) -> None:  # fmt: skip
         self.name = name
+        # a conversation's earlier turns shown to the model as chat messages before the question: at
+        # most this many user turns with their assistant replies (docs/conversations.md); 0: none
+        self.history_turns = int(history_turns)
         self.system = system.strip()
         self.template = template.strip()
         self.decline_text = decline_text
@@ -73,7 +77,8 @@ class PromptTemplate:
         context format when it is not the default: a plain prompt's text, hence its cache keys and
         ``config_hash``, is what it was before the option existed)."""
         text = f"{self.system}\n---\n{self.template}\n---\ndecline_text: {self.decline_text}"
-        return text if self.context_format == "plain" else f"{text}\n---\ncontext_format: {self.context_format}"
+        text = text if self.context_format == "plain" else f"{text}\n---\ncontext_format: {self.context_format}"
+        return text if not self.history_turns else f"{text}\n---\nhistory_turns: {self.history_turns}"
 
     def _fill(self, s: str, query: str, context: str) -> str:
         if self.context_format == "tagged":  # one pass: a "{question}" inside a passage stays text
@@ -85,11 +90,21 @@ class PromptTemplate:
             .replace("{question}", query.strip())
         )
 
-    def render(self, query: str, chunks: list[Chunk]) -> list[dict]:
+    def recent(self, history: list[dict] | None, cut: int = 0) -> list[dict]:
+        """The turns of ``history`` the prompt shows: from the last ``history_turns`` user turns on,
+        less the ``cut`` oldest of those (each with its assistant reply; the window's cut)."""
+        users = [i for i, t in enumerate(history or []) if t["role"] == "user"]
+        keep = min(self.history_turns, len(users)) - cut
+        return list(history[users[-keep] :]) if keep > 0 else []
+
+    def render(self, query: str, chunks: list[Chunk], history: list[dict] | None = None) -> list[dict]:
+        """system, then the conversation's earlier turns (:meth:`recent` of ``history``; teacher-forced:
+        the assistant turns are the eval set's), then the question with the context."""
         context = format_context(chunks, self.context_format)
         messages = []
         if self.system:
             messages.append({"role": "system", "content": self._fill(self.system, query, context)})
+        messages += [{"role": t["role"], "content": t["text"]} for t in self.recent(history)]
         messages.append({"role": "user", "content": self._fill(self.template, query, context)})
         return messages
 

@@ -236,6 +236,7 @@ def write_fast(
         trace_spans = to_spans(rec.spans, ids, experiment_id)
         tags = {**rec.tags, **linked} if rec.generated else rec.tags
         infos.append(trace_info(ids[1], experiment_id, run_id, trace_spans, tags, model_id))
+        infos[-1].trace_metadata.update(rec.metadata or {})  # a conversation's session
         spans += trace_spans
         pending.append(rec.assessments)
         root_ids.append(trace_spans[0].span_id)
@@ -569,3 +570,14 @@ def _finish_upsert(store, session, dataset_id: str, records: list[dict], now: in
     if profile := store._compute_dataset_profile(session, dataset_id):
         fields["profile"] = json.dumps(profile)
     store._dataset_query(session).filter(D.dataset_id == dataset_id).update(fields)
+
+
+def pending_trace_metadata(trace_id: str, metadata: dict[str, str]) -> None:
+    """Add ``metadata`` to a trace the public client started and has not ended yet (its in-memory
+    record, ``InMemoryTraceManager``, mlflow 3.17.2): ``MlflowClient.start_trace`` takes tags but no
+    metadata, and the session key (``mlflow.trace.session``) is metadata."""
+    from mlflow.tracing.trace_manager import InMemoryTraceManager
+
+    with InMemoryTraceManager.get_instance().get_trace(trace_id) as trace:
+        if trace is not None:
+            trace.info.trace_metadata.update(metadata)

@@ -40,7 +40,7 @@ import mlflow
 import pandas as pd
 from mlflow import MlflowClient
 from mlflow.entities import SpanStatus, SpanStatusCode, SpanType
-from mlflow.tracing.constant import SpanAttributeKey
+from mlflow.tracing.constant import SpanAttributeKey, TraceMetadataKey
 
 from rag_experiments.core.query_table import cell  # NaN cells: items outside generation_subset
 from rag_experiments.core.slots import Slot, steps
@@ -272,7 +272,8 @@ def _generate_span(w: _Specs, root: int, s: Slot, cx: _Cx, t: int) -> int:
     row, d = cx.row, _ns(cx.row, s.column)
     context_docs = cx.docs[: cx.k]  # what the generator was given (retriever.k)
     prompt = cx.prompt
-    messages = prompt.render(cx.item.query, [_chunk(x) for x in context_docs]) if prompt is not None else None
+    history = prompt.recent(cx.item.history, int(_num(cx.row, "history_turns_cut") or 0)) if prompt is not None else []
+    messages = prompt.render(cx.item.query, [_chunk(x) for x in context_docs], history) if prompt is not None else None
     attrs: dict[str, Any] = {"cached": bool(row.get("generation_cached", False))}
     if cx.generator_model:
         attrs[SpanAttributeKey.MODEL] = cx.generator_model
@@ -367,6 +368,9 @@ class TraceRecord(NamedTuple):
     assessments: list[Pending]
     generated: bool = False
     n_as_text: int = 0  # values stored as plain text (``tracking.store_values``)
+    # trace metadata beyond the source run: a conversation's turn carries its session
+    # (``mlflow.trace.session`` = the conversation id), what MLflow's Sessions view groups by
+    metadata: dict[str, str] | None = None
 
 
 def build_records(
@@ -393,7 +397,10 @@ def build_records(
         tags = {"item_id": item.id, "eval_tags": ",".join(item.tags)}
         if row.get("app_trace_id"):  # the app's own trace of this question (docs/app.md)
             tags["app_trace_id"] = str(row["app_trace_id"])
-        out.append(storable_record(TraceRecord(specs, tags, pending, isinstance(row.get("answer"), str))))
+        # a conversation's turns: one session in MLflow's Sessions view (docs/conversations.md)
+        meta = {TraceMetadataKey.TRACE_SESSION: str(item.conversation_id)} if item.conversation_id else None
+        answered = isinstance(row.get("answer"), str)
+        out.append(storable_record(TraceRecord(specs, tags, pending, answered, metadata=meta)))
         t = end + 1_000_000  # traces in item order, 1 ms apart
     return out
 
@@ -442,6 +449,10 @@ def _start_public(client: MlflowClient, experiment_id: str, run_id: str, rec: Tr
         root.name, root.span_type, inputs=root.inputs, attributes=root.attributes, tags=rec.tags,
         experiment_id=experiment_id, start_time_ns=root.start_ns, run_id=run_id,
     )  # fmt: skip
+    if rec.metadata:
+        from rag_experiments.tracking.mlflow_adapter import pending_trace_metadata
+
+        pending_trace_metadata(span.trace_id, rec.metadata)
     ids = [span.span_id]
     for sp in rec.spans[1:]:
         child = client.start_span(

@@ -1,7 +1,7 @@
 """The fault matrix (docs/reliability.md): every remote step against the same misbehaving endpoint.
 
-Rows are the steps that call out (generate, judge, MLflow's judge, query transform, rerank API,
-LLM reranker, an HTTP app, the embeddings API); a new remote step adds a row to ``STEPS``, never
+Rows are the steps that call out (generate, judge, MLflow's judge, query transform, history rewrite,
+rerank API, LLM reranker, an HTTP app, the embeddings API); a new remote step adds a row to ``STEPS``, never
 tests of its own. Columns are the ways an endpoint misbehaves, plus an app's (a bare-string
 ``contexts``, wrong types, a huge answer, a secret in it) and the embeddings' after the startup
 probe (wrong or mixed sizes, short ``data``, a reply over the size cap, another model, a budget
@@ -23,6 +23,7 @@ The CLI's exit code and MLflow status for such a run are checked end to end by
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import signal
@@ -45,6 +46,7 @@ from rag_experiments.stages.api_embedding import MODEL_CHANGED, OpenAIEmbedder
 from rag_experiments.stages.app import APP_ANSWER_CAP, HttpApp, PythonApp
 from rag_experiments.stages.endpoint import MAX_REPLY_BYTES
 from rag_experiments.stages.generation import OpenAICompatibleGenerator
+from rag_experiments.stages.history import HistoryRewrite
 from rag_experiments.stages.query import RewriteQuery
 from rag_experiments.stages.rerank import EndpointReranker, LLMReranker
 from rag_experiments.stages.retrieval import DenseRetriever
@@ -155,6 +157,14 @@ class Row:
     # the corpus's embeddings: a missing vector cannot be left out of an index, so any failure
     # (all or part of the items) fails the run with an error naming the endpoint
     whole: bool = False
+    turns: bool = False  # its items are conversation turns (each with a history)
+
+    def inputs(self, inputs):
+        """The tiny inputs, each item a second turn when the step reads the history."""
+        if not self.turns:
+            return inputs
+        history = [{"role": "user", "text": "Tell me about webhooks."}, {"role": "assistant", "text": "They notify you."}]
+        return inputs[0], [dataclasses.replace(it, history=history, turn=2) for it in inputs[1]], inputs[2]
 
     def stages(self, url: str, healthy: str, timeout_s: float = FAST["timeout_s"]) -> dict[str, Any]:
         prompt = instantiate(OmegaConf.load(REPO / "rag_experiments" / "conf" / "prompt" / "concise.yaml"))
@@ -172,6 +182,8 @@ class Row:
             return {"generator": gen(healthy), "prompt": prompt, "judge": judge}
         if self.name == "query":
             return {"query_transform": RewriteQuery(gen(url))}
+        if self.name == "history":
+            return {"history": HistoryRewrite(gen(url))}
         if self.name == "rerank_endpoint":
             return {"reranker": EndpointReranker(url, "m", candidates=4, api_key_env=KEY_ENV, **fast)}
         if self.name == "rerank_llm":
@@ -186,6 +198,7 @@ STEPS = (
     Row("judge", "judge", "yes"),
     Row("mlflow_judge", "judge", json.dumps({"rationale": "the context says so", "result": "yes"})),
     Row("query", "query_transform", "webhook retry schedule"),
+    Row("history", "history", "webhook retry schedule", turns=True),
     Row("rerank_endpoint", "reranker", "", numeric=True),
     Row("rerank_llm", "reranker", "7", numeric=True),
     Row("http_app", "app", "Webhooks are retried for 24 hours."),
@@ -233,6 +246,7 @@ def _cell(r: Row, m: str):
 @pytest.mark.parametrize(("row", "mode"), [_cell(r, m) for r, m in CELLS])
 def test_cell(world, row: Row, mode: str):
     inputs, healthy = world
+    inputs = row.inputs(inputs)
     ep = MisbehavingEndpoint(row.good_chat, bad=tuple(it.query for it in inputs[1][:2]))
     ep.app_context = inputs[0].docs[0].text[:80]
     if row.whole:
@@ -391,6 +405,7 @@ def test_signal_stops_every_remote_step_at_once(world, row: Row):
     """SIGINT (SIGTERM maps to the same) while the endpoint holds every request: the run stops in
     seconds, not at the timeouts, and no request reaches the endpoint after the signal."""
     inputs, healthy = world
+    inputs = row.inputs(inputs)
     ep = MisbehavingEndpoint(row.good_chat)
     ep.app_context = inputs[0].docs[0].text[:80]
     if row.whole:
