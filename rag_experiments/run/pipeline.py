@@ -215,6 +215,7 @@ def _label_rows(rows, items, k: int, thresholds: dict | None, generated: list[bo
             generated=gen,
             error=row["error"] if gen else None,
             thresholds=thresholds or {},
+            contradicted=gen and bool(row.get("n_contradicted_key_facts")),  # a key fact contradicted: not ok
         )
 
 
