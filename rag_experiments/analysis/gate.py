@@ -14,12 +14,14 @@ No MLflow, no I/O.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
+from rag_experiments.analysis.checks import CheckFailure
 from rag_experiments.analysis.power import WIDE_DEFAULT_MARGIN, Underpowered, mde, n_for_margin
 from rag_experiments.analysis.stats import as_series, holm, is_binary, pair
 from rag_experiments.evaluation.aggregate import resampled_means
@@ -27,6 +29,7 @@ from rag_experiments.evaluation.aggregate import resampled_means
 __all__ = [
     "GateResult",
     "default_margin",
+    "gate_passed",
     "gate_power",
     "vacuous",
     "min_detectable_effect",
@@ -218,6 +221,13 @@ def non_inferiority(
         var_d=float(np.var(d, ddof=1)) if n > 1 else nan,
         unit_range=bool(((xa >= 0) & (xa <= 1)).all() and ((xb >= 0) & (xb <= 1)).all()),
     )
+
+
+def gate_passed(results: Sequence[GateResult], critical: Sequence[CheckFailure] = ()) -> bool:
+    """The gate's verdict: every gated metric passes and the candidate fails no critical check of
+    the eval items' ``assert`` lists (``analysis.checks.critical_failures``), whatever the
+    aggregates: a critical question can regress inside a passing mean."""
+    return all(r.passed for r in results) and not critical
 
 
 def vacuous(r: GateResult) -> bool:

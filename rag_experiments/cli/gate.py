@@ -12,8 +12,9 @@ import math
 import sys
 from collections.abc import Sequence
 
+from rag_experiments.analysis.checks import CheckFailure, critical_failures
 from rag_experiments.analysis.comparability import comparable_defaults, human_lines
-from rag_experiments.analysis.gate import GateResult, gate_power, non_inferiority, vacuous
+from rag_experiments.analysis.gate import GateResult, gate_passed, gate_power, non_inferiority, vacuous
 from rag_experiments.cli.compare import text_table
 from rag_experiments.core.formatting import fmt_num
 from rag_experiments.evaluation.registry import higher_is_better
@@ -56,7 +57,11 @@ Exit codes: 0 pass, 1 some metric failed, 2 bad input (unknown run, different ev
 metric or per_query.parquet, runs scored by different judges without --allow-judge-change, a
 metric not comparable across the two runs without --allow-incomparable: docs/metrics.md,
 "Comparability"). When the runs' chunks differ, the default hit_at_5 and mrr are replaced by
-evidence_recall_at_{{B}}tok (the smallest logged budget), said in the output."""
+evidence_recall_at_{{B}}tok (the smallest logged budget), said in the output.
+
+Per-item assertions: a check with "critical": true in an eval item's "assert" list that fails for
+the candidate fails the gate whatever the metrics (exit 1); the output lists such checks first,
+each with whether the baseline fails it too (docs/metrics.md, "Per-item assertions")."""
 
 
 def _parse_margins(values: Sequence[str] | None) -> tuple[float | None, dict[str, float]]:
@@ -210,6 +215,23 @@ def run_gate(
     return results, notes
 
 
+def critical_checks(reader: RunReader, args: argparse.Namespace) -> list[CheckFailure]:
+    """The critical checks of the eval items' ``assert`` lists that the candidate fails
+    (``analysis.checks.critical_failures``); [] when the runs carry no checks."""
+    rb, rc = reader.resolve(args.baseline, args.experiment), reader.resolve(args.candidate, args.experiment)
+    return critical_failures(reader.per_query(rb), reader.per_query(rc))
+
+
+def critical_lines(critical: Sequence[CheckFailure]) -> list[str]:
+    """What gate prints first: each critical check failing for the candidate, and the baseline's result."""
+    if not critical:
+        return []
+    out = [f"CRITICAL CHECKS FAILED: {len(critical)} (the gate fails whatever the metrics)"]
+    for f in critical:
+        out.append(f"  {f.item_id} assert[{f.index}] {f.check}: {f.detail}; baseline {f.baseline}")
+    return out
+
+
 def lead_lines(
     reader: RunReader, args: argparse.Namespace, results: Sequence[GateResult], default: bool, per_metric
 ) -> list[str]:
@@ -242,7 +264,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RunInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    write_summary(args, reader, results, notes)  # --summary-md FILE: Markdown for a pull request (docs/ci.md)
+    critical = critical_checks(reader, args)
+    write_summary(args, reader, results, notes, critical)  # --summary-md FILE: Markdown for a pull request (docs/ci.md)
+    for line in critical_lines(critical):  # first: they fail the gate whatever the metrics
+        print(line)
     conf = f"{100 * (1 - args.alpha):g}%"
     headers = ["metric", "better", "baseline", "candidate", "delta", f"{conf} bound", "limit", "MDE", "n",
                "verdict"]  # fmt: skip
@@ -281,6 +306,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     )
     failed = [r.metric for r in results if not r.passed]
+    if not gate_passed(results, critical) and not failed:
+        print(f"GATE FAILED: {len(critical)} critical check(s) fail for the candidate (listed first)")
+        return 1
     if failed:
         print(
             f"GATE FAILED: {', '.join(failed)} (one-sided {conf} bound of candidate − baseline past the "

@@ -41,6 +41,17 @@ class ScoredChunk:
     score: float
 
 
+@dataclass(frozen=True)
+class Check:
+    """One per-item assertion of an eval item's ``assert`` list (promptfoo's shape: ``{"type":
+    "not_contains", "value": "never", "critical": true}``); parsed by ``evalset.checks``, evaluated
+    by ``evaluation.assertions`` (docs/metrics.md, "Per-item assertions")."""
+
+    type: str
+    value: Any = None
+    critical: bool = False
+
+
 @dataclass
 class EvalItem:
     id: str
@@ -54,6 +65,7 @@ class EvalItem:
     gold_answers: list[str] = field(default_factory=list)
     # key facts an answer can hold without answering (evalset.weak_facts): left out of correctness
     weak_key_facts: list[str] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)  # the item's ``assert`` list (evalset.checks)
 
     @property
     def strong_key_facts(self) -> list[str]:

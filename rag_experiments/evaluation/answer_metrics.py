@@ -34,6 +34,7 @@ from rag_experiments.core.query_table import cell
 from rag_experiments.core.types import Chunk, EvalItem, Span
 from rag_experiments.evaluation import metrics as M
 from rag_experiments.evaluation.answer_scores import key_fact_counts
+from rag_experiments.evaluation.assertions import assertion_aggregates
 from rag_experiments.evaluation.declines import is_decline, n_nonclaims
 from rag_experiments.evaluation.defaults import MIN_COVERAGE
 from rag_experiments.evaluation.walk import walk
@@ -488,6 +489,7 @@ def run_aggregates(per_query: pd.DataFrame) -> dict[str, float]:
     for col in ("n_nonclaims", "n_negated_key_facts", "n_contradicted_key_facts"):
         if col in per_query:
             out[col] = int(per_query.loc[got, col].fillna(0).sum())
+    out |= assertion_aggregates(per_query)
     for col, key in (
         ("n_citations_out_of_range", "n_out_of_range_citations"),
         ("n_citations_unparseable", "n_unparseable_citations"),

@@ -382,6 +382,36 @@ BOOKKEEPING: tuple[MetricSpec, ...] = (
         columns=("answer",),
     ),
     MetricSpec(
+        "n_assertions",
+        "count",
+        None,
+        "count",
+        "number of per-item checks (the eval items' assert lists) evaluated on the generated answers, every "
+        "replicate",
+        "rag_experiments.evaluation.assertions.assertion_aggregates",
+        per_query=False,
+    ),
+    MetricSpec(
+        "n_assertions_failed",
+        "count",
+        False,
+        "count",
+        "number of the item's checks (its assert list: contains, not_contains, regex, not_regex, declines, answers, "
+        "cites, max_latency_s) the answer fails, per query and summed over the generated answers",
+        "rag_experiments.evaluation.assertions.assertion_columns",
+        per_query=False,
+    ),
+    MetricSpec(
+        "n_critical_failed",
+        "count",
+        False,
+        "count",
+        "number of the item's critical checks (critical: true) the answer fails, per query and summed over the "
+        "generated answers; gate fails a candidate with any",
+        "rag_experiments.evaluation.assertions.assertion_columns",
+        per_query=False,
+    ),
+    MetricSpec(
         "n_claims", "count", None, "count", "number of claims the answer was split into", per_query=False
     ),
     MetricSpec(

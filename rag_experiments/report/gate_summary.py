@@ -5,7 +5,9 @@ per metric, the two runs and their per-query tables), laid out by
 ``report/templates/gate_summary.md.j2``: the verdict, one row per metric (baseline, candidate, Δ
 with its one-sided confidence interval, the bound against the margin, the test), the power note,
 the config diff and the queries that got worse most, each linked to its trace on the tracking
-server (``tracking.trace_links``). Fit for GitHub's ``$GITHUB_STEP_SUMMARY`` or a PR comment.
+server (``tracking.trace_links``). Critical checks of the eval items' ``assert`` lists that fail
+for the candidate (``analysis.checks``) come first: each fails the gate whatever the metrics. Fit
+for GitHub's ``$GITHUB_STEP_SUMMARY`` or a PR comment.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import jinja2
 import pandas as pd
 
 from rag_experiments.analysis.attribution import config_diff
-from rag_experiments.analysis.gate import GateResult
+from rag_experiments.analysis.checks import CheckFailure
+from rag_experiments.analysis.gate import GateResult, gate_passed
 from rag_experiments.core.formatting import fmt_num
 from rag_experiments.core.run_record import RunData
 from rag_experiments.report.render import TEMPLATES, md_cell
@@ -60,6 +63,18 @@ class Flip:
     candidate_trace: Link
 
 
+@dataclass(frozen=True)
+class CriticalRow:
+    """A critical check failing for the candidate: the item, the check, why, the baseline's result."""
+
+    item_id: str
+    query: str
+    check: str  # "assert[0] not_contains 'never'"
+    detail: str
+    baseline: str  # "fails too" | "passes" | "not checked"
+    candidate_trace: Link
+
+
 @dataclass
 class GateSummary:
     verdict: str  # PASS / FAIL
@@ -72,6 +87,7 @@ class GateSummary:
     diff: list[tuple[str, str, str]]
     flips: list[Flip] = field(default_factory=list)
     n_worse: int = 0  # queries worse on some gated metric (flips lists the first TOP_FLIPS)
+    critical: list[CriticalRow] = field(default_factory=list)  # listed first: each fails the gate
 
 
 def power_notes(results: Sequence[GateResult]) -> list[str]:
@@ -137,12 +153,16 @@ def build_summary(
     notes: Sequence[str],
     alpha: float,
     top: int = TOP_FLIPS,
+    critical: Sequence[CheckFailure] = (),
 ) -> GateSummary:
-    """The summary's data; reads the two runs' trace ids (one search per run) for the flip links."""
+    """The summary's data; reads the two runs' trace ids (one search per run) for the flip links
+    and the critical checks' links."""
     worse = worse_queries(results, tb, tc)
     flips = []
-    if worse:
+    traces = {}
+    if worse or critical:
         traces = {r.run_id: trace_ids_by_item(uri, r.experiment_id, r.run_id) for r in (rb, rc)}
+    if worse:
         queries = dict(zip(tb["id"].astype(str), tb["query"] if "query" in tb else tb["id"], strict=True))
 
         def link(run: RunData, item: str) -> Link:
@@ -171,8 +191,16 @@ def build_summary(
         (k, "–" if a is None else str(a), "–" if b is None else str(b))
         for k, (a, b) in config_diff(rb.params, rc.params).items()
     ]
+    crit = []
+    for f in critical:
+        tid = traces.get(rc.run_id, {}).get(f.item_id)
+        trace = Link("trace", trace_url(uri, rc.experiment_id, tid)) if tid else Link("no trace")
+        crit.append(
+            CriticalRow(f.item_id, f.query, f"assert[{f.index}] {f.check}", f.detail, f.baseline, trace)
+        )
     return GateSummary(
-        verdict="PASS" if all(r.passed for r in results) else "FAIL",
+        critical=crit,
+        verdict="PASS" if gate_passed(results, critical) else "FAIL",
         confidence=f"{100 * (1 - alpha):g}%",
         baseline=Link(rb.label, run_url(uri, rb.experiment_id, rb.run_id)),
         candidate=Link(rc.label, run_url(uri, rc.experiment_id, rc.run_id)),
@@ -205,7 +233,9 @@ def render_summary(s: GateSummary) -> str:
     return _env().get_template("gate_summary.md.j2").render(s=s)
 
 
-def write_summary(args, reader, results: Sequence[GateResult], notes: Sequence[str]) -> Path | None:
+def write_summary(
+    args, reader, results: Sequence[GateResult], notes: Sequence[str], critical: Sequence[CheckFailure] = ()
+) -> Path | None:
     """``gate``'s one call: with ``--summary-md FILE`` (``args.summary_md``), resolve the two runs
     again (``args.baseline``, ``args.candidate``, ``args.experiment``), build, render, write FILE;
     None without the flag."""
@@ -213,7 +243,7 @@ def write_summary(args, reader, results: Sequence[GateResult], notes: Sequence[s
         return None
     rb, rc = reader.resolve(args.baseline, args.experiment), reader.resolve(args.candidate, args.experiment)
     tb, tc = reader.per_query(rb), reader.per_query(rc)
-    s = build_summary(reader.uri, rb, rc, tb, tc, results, notes, args.alpha)
+    s = build_summary(reader.uri, rb, rc, tb, tc, results, notes, args.alpha, critical=critical)
     out = Path(args.summary_md)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_summary(s), encoding="utf-8")

@@ -34,6 +34,7 @@ from rag_experiments.core.types import EvalItem, Generation
 from rag_experiments.evalset.subset import stratified_subset
 from rag_experiments.evaluation import answer_metrics as A
 from rag_experiments.evaluation.aggregate import aggregate
+from rag_experiments.evaluation.assertions import add_assertion_columns
 from rag_experiments.evaluation.cost import cost_metrics, stage_costs, step_rows, usage_columns
 from rag_experiments.evaluation.labels import RATE_LABELS, failure_label
 from rag_experiments.evaluation.walk import walk
@@ -431,6 +432,7 @@ def run_pipeline(
     chosen = set(subset)
     generated = [i in chosen for i in row_items]  # replicates: one row per (item, replicate)
     _label_rows(rows, [items[i] for i in row_items], settings.k, settings.thresholds, generated)
+    add_assertion_columns(rows, [items[i] for i in row_items], generated)  # the items' assert checks
 
     if stages.generates and stages.judge is None:  # judge=none: say what the labels rest on
         scored.tags["failure_label_evidence"] = A.JUDGE_FREE_LABEL_EVIDENCE
