@@ -99,6 +99,7 @@ SLOW_MODULES = {
 SLOW_TESTS = {
     "test_a_history_sweep_on_the_sample_logs_turn_breakdowns_and_sessions",  # a 3-config sweep subprocess (~1 min)
     "test_a_slot_declared_once_is_traced_in_a_real_store",  # a sqlite MLflow store (~5-9 s)
+    "test_gate_cli_fails_on_a_critical_check_and_the_summary_names_it",  # a sqlite MLflow store (~10 s)
     "test_bad_cli_argument_exits_2",
     "test_malformed_label_file_exits_2_naming_file_and_line",
     "test_the_integer_schema_hint_is_not_printed",  # a real sqlite MLflow store (~7 s)

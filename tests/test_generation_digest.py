@@ -35,7 +35,10 @@ from tests.sweep_helpers import REPO
 # The expected table and aggregates: tests/fixtures/generation_digest.json (tests/recorded.py),
 # recorded on 3824cda, where the earlier digests of rounded floats (3c9a404a…, c21c4c93…) also passed;
 # re-recorded for issue 37 (weak key facts left out of correctness, the claim filter and the hedge
-# rule, n_nonclaims / n_weak_key_facts) after the step loop passed the 3824cda recording unchanged.
+# rule, n_nonclaims / n_weak_key_facts) after the step loop passed the 3824cda recording unchanged;
+# re-recorded for issue 45 (key facts count only when asserted): the only change is two new count
+# columns, n_negated_key_facts and n_contradicted_key_facts, 0 on all 20 rows and in the aggregates;
+# every other value was compared with the run before the change and is unchanged.
 #: Columns left out of the digest: wall times, and cache / HTTP bookkeeping that differs run to run.
 _VOLATILE = ("latency", "generation_cached", "search_queries")
 

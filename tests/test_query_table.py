@@ -68,6 +68,12 @@ def _full_table() -> pd.DataFrame:
             "answer_claim_classes": [["relevant", None], None, []],
             "diagnostics_nan_reason": [{}, None, {"claim_recall": "unanswerable item"}],
             "judge_repeat_labels": [[["supported", "supported"], ["unsupported", "supported"]], None, []],
+            "assertions": [
+                [{"index": 0, "type": "not_contains", "value": "never", "critical": True, "passed": False,
+                  "detail": "contains 'never'"}],
+                None,
+                [],
+            ],  # fmt: skip
             "declined": [False, None, True],
             "generated": [True, False, True],
             "answer_truncated": [False, False, False],

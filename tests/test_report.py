@@ -340,7 +340,10 @@ def test_generation_sections_appear_with_generation_metrics(tiny_sweep, tmp_path
     assert "0.310 [0.155, 0.310]" in card_md and "0.400" in card_md
     assert "synthetic pairs: an optimistic bound, not this corpus's accuracy (200)" in card_md
     # human labels exist: no unvalidated note; the lowest human κ (0.05 < 0.4) marks the report
-    assert "unvalidated" not in md
+    assert "generation metrics unvalidated" not in md
+    # correctness was never checked against answer labels: the validity section says so, with the n
+    assert "correctness unvalidated: key-fact matching was never checked" in card_md
+    assert "spotcheck sample-answers" in card_md and " -n 97 " in card_md
     assert "judge κ=0.05 vs your labels (spot-check): generation conclusions unreliable" in md
     assert "baseline = **chunking=fixed** (given with --baseline)" in md
     assert "chunking=markdown | faithfulness |" in md  # attributed

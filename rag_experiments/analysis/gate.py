@@ -17,6 +17,7 @@ the baseline on every paired item always passes (bound 0, p 0). No MLflow, no I/
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +25,7 @@ import pandas as pd
 from scipy import stats
 from scipy.optimize import brentq
 
+from rag_experiments.analysis.checks import CheckFailure
 from rag_experiments.analysis.power import WIDE_DEFAULT_MARGIN, Underpowered, mde, n_for_margin
 from rag_experiments.analysis.stats import KIND_TESTS, as_series, holm, pair, table_key, value_kind
 from rag_experiments.evaluation.aggregate import resampled_means
@@ -31,6 +33,7 @@ from rag_experiments.evaluation.aggregate import resampled_means
 __all__ = [
     "GateResult",
     "default_margin",
+    "gate_passed",
     "gate_power",
     "vacuous",
     "min_detectable_effect",
@@ -262,6 +265,13 @@ def non_inferiority(
         var_d=float(np.var(d, ddof=1)) if n > 1 else nan,
         unit_range=bool(((xa >= 0) & (xa <= 1)).all() and ((xb >= 0) & (xb <= 1)).all()),
     )
+
+
+def gate_passed(results: Sequence[GateResult], critical: Sequence[CheckFailure] = ()) -> bool:
+    """The gate's verdict: every gated metric passes and the candidate fails no critical check of
+    the eval items' ``assert`` lists (``analysis.checks.critical_failures``), whatever the
+    aggregates: a critical question can regress inside a passing mean."""
+    return all(r.passed for r in results) and not critical
 
 
 def vacuous(r: GateResult) -> bool:

@@ -11,7 +11,9 @@ Human labels decide when they exist, in this order:
    ``judge_card_source = file:<name>``.
 
 Every consumer (run summary, report, compare, select) calls this one module, so they print the
-same words and the same threshold. docs/judges.md, "How far to trust the judge".
+same words and the same threshold. docs/judges.md, "How far to trust the judge". Key-fact
+correctness has its own human check, the correctness card on answer-level labels
+(:func:`runs_correctness_notes`: a run whose correctness was never checked says so, with the n).
 """
 
 from __future__ import annotations
@@ -146,6 +148,42 @@ def runs_judge_notes(
         marker = unreliable_marker(hk)
         return [marker] if marker else []
     return [unvalidated_note(run)] if any("judge_card_source" in t for _, t in runs) else []
+
+
+#: The answer-level spot-check (docs/spotcheck.md, "Answer labels and the correctness card").
+ANSWERS_CMD = "python -m rag_experiments.spotcheck sample-answers {run} -n {n} --out answers.csv"
+#: The correctness card's κ of key-fact correctness against answer-level human labels.
+ANSWER_KAPPA = "spotcheck/answers/correctness/kappa"
+
+
+def answers_checked(metrics: Mapping[str, float]) -> bool:
+    """Has this run's correctness been checked against answer-level human labels (the correctness
+    card of ``spotcheck score-answers``, :data:`ANSWER_KAPPA`)?"""
+    k = metrics.get(ANSWER_KAPPA)
+    return k is not None and not math.isnan(k)
+
+
+def correctness_note(run: str = "RUN", half_width: float = DEFAULT_HALF_WIDTH) -> str:
+    """The note of a run whose correctness was never checked against answer-level labels: what is
+    wrong, how to fix it, with the n needed (:func:`labels_needed` answers: agreement within ±h)."""
+    n = labels_needed(half_width)
+    return (
+        "correctness unvalidated: key-fact matching was never checked against answer-level human labels. "
+        f"Label {n} answers for agreement within ±{half_width:g} (κ within ±{half_width:g} needs "
+        f"{kappa_labels_needed(half_width)}): {ANSWERS_CMD.format(run=run, n=n)}, fill human_answer "
+        f"(correct / incorrect / declined), then spotcheck score-answers {run} answers.csv (the correctness card)"
+    )
+
+
+def runs_correctness_notes(
+    runs: Iterable[tuple[Mapping[str, float], Mapping[str, str]]], run: str = "RUN"
+) -> list[str]:
+    """:func:`correctness_note` once when some run logged ``correctness`` and none has the
+    correctness card; [] otherwise (a retrieval-only run has no correctness)."""
+    runs = list(runs)
+    if not any("correctness" in m for m, _ in runs) or any(answers_checked(m) for m, _ in runs):
+        return []
+    return [correctness_note(run)]
 
 
 def mlflow_runs(runs) -> list[tuple[Mapping[str, float], Mapping[str, str]]]:

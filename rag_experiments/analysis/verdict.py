@@ -26,8 +26,9 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from rag_experiments.analysis.checks import CheckFailure
 from rag_experiments.analysis.comparability import Comparability, comparability, logged_budgets
-from rag_experiments.analysis.gate import GateResult, gate_power
+from rag_experiments.analysis.gate import GateResult, gate_passed, gate_power
 from rag_experiments.analysis.power import Underpowered
 from rag_experiments.analysis.select import Constraints, Selection, select_config
 from rag_experiments.core.run_record import RunData
@@ -163,10 +164,13 @@ class GateVerdict:
     metrics: tuple[MetricVerdict, ...]
     caveats: tuple[Caveat, ...]
     alpha: float
+    # the eval items' critical checks the candidate fails (analysis.checks): each fails the gate
+    # whatever the metrics, and every surface lists them first
+    critical: tuple[CheckFailure, ...] = ()
 
     @property
     def verdict(self) -> str:
-        return "PASS" if all(m.passed for m in self.metrics) else "FAIL"
+        return "PASS" if gate_passed([m.result for m in self.metrics], self.critical) else "FAIL"
 
     @property
     def underpowered(self) -> bool:
@@ -185,6 +189,7 @@ def gate_verdict(
     whys: Mapping[str, str],
     human: Iterable[str] = (),
     alpha: float = 0.05,
+    critical: Sequence[CheckFailure] = (),
 ) -> GateVerdict:
     """The gate's verdict from what ``analysis.gate.non_inferiority`` computed per metric
     (``results``), the checks' ``notes`` and the label lines (``human``); ``default_margin``: per
@@ -215,6 +220,7 @@ def gate_verdict(
         metrics=tuple(mvs),
         caveats=ordered(caveats),
         alpha=alpha,
+        critical=tuple(critical),
     )
 
 

@@ -31,6 +31,7 @@ import pandas as pd
 
 from rag_experiments.analysis.attribution import config_diff
 from rag_experiments.analysis.baseline import context_k
+from rag_experiments.analysis.checks import CheckFailure, newly_failing
 from rag_experiments.analysis.comparability import comparable_only, human_lines, label_evidence_notes
 from rag_experiments.analysis.judge_trust import generation_marker, is_generation_metric
 from rag_experiments.analysis.stats import (
@@ -87,6 +88,8 @@ class Comparison:
     family: str = ""  # which metrics were tested (the Holm family), one line
     # per run with a reranker ("A", "B"): its final list against its own first stage (first_stage/*)
     first_stage: dict[str, list[PairedResult]] = field(default_factory=dict)
+    # checks of the items' assert lists that B fails and A passes (analysis.checks.newly_failing)
+    new_check_failures: list[CheckFailure] = field(default_factory=list)
 
 
 def _with_label_rates(df: pd.DataFrame, labels: Sequence[str]) -> pd.DataFrame:
@@ -200,6 +203,7 @@ def build_comparison(
             side: res for side, t in (("A", ta), ("B", tb))
             if (res := first_stage_deltas(t, chosen, seed=seed, n_resamples=n_resamples))
         },
+        new_check_failures=newly_failing(ta, tb),
     )
 
 
@@ -318,6 +322,13 @@ def render(comp: Comparison, markdown: bool) -> str:
         out.append(table(["change", "id", "query", "tags"], _flip_rows(df, limit)))
         if limit and len(df) > limit:
             out.append(f"… {len(df) - limit} more (see --out)")
+    if comp.new_check_failures:  # per-item assertions B breaks (docs/metrics.md, "Per-item assertions")
+        out += ["", h(f"Checks newly failing in B ({len(comp.new_check_failures)})")]
+        rows = [
+            [f.item_id, f"assert[{f.index}] {f.check}", "yes" if f.critical else "", f.detail]
+            for f in comp.new_check_failures
+        ]
+        out.append(table(["id", "check", "critical", "B"], rows))
     if not comp.transitions.empty:
         out += ["", h("Failure-label transitions (rows A, columns B)")]
         out.append(table(*_matrix_rows(comp.transitions)))

@@ -16,7 +16,12 @@ from rag_experiments.evalset.generate import cli as generate_cli
 from rag_experiments.evalset.importers import import_beir, import_mtrag, import_squad
 from rag_experiments.evalset.load import EvalSetError, load_evalset, sample_dir, tag_counts
 from rag_experiments.evalset.trace_review import is_trace_review
-from rag_experiments.evalset.weak_facts import WEAK_CHUNKING, WEAK_MIN_CORPUS, weak_key_facts
+from rag_experiments.evalset.weak_facts import (
+    WEAK_CHUNKING,
+    WEAK_MIN_CORPUS,
+    WEAK_MIN_DOC_CORPUS,
+    weak_key_facts,
+)
 from rag_experiments.stages.chunking import chunk_corpus
 from rag_experiments.tracking.errors import cli_main
 
@@ -75,6 +80,11 @@ def _print_weak(items, docs, evalset_path: str, out) -> None:
         print(
             f"weak key facts: the corpus rule is off ({n_chunks} chunks of 800 characters, fewer than "
             f"{WEAK_MIN_CORPUS}); length, stop words and the question still apply",
+            file=out,
+        )
+    if len(docs) < WEAK_MIN_DOC_CORPUS:
+        print(
+            f"weak key facts: the document rule is off ({len(docs)} documents, fewer than {WEAK_MIN_DOC_CORPUS})",
             file=out,
         )
     if not weak:

@@ -12,6 +12,7 @@ import math
 import sys
 from collections.abc import Sequence
 
+from rag_experiments.analysis.checks import CheckFailure, critical_failures
 from rag_experiments.analysis.comparability import comparable_defaults, human_lines
 from rag_experiments.analysis.gate import GateResult, gate_power, non_inferiority, vacuous
 from rag_experiments.analysis.verdict import GateVerdict, gate_verdict
@@ -58,7 +59,11 @@ Exit codes: 0 pass, 1 some metric failed, 2 bad input (unknown run, different ev
 metric or per_query.parquet, runs scored by different judges without --allow-judge-change, a
 metric not comparable across the two runs without --allow-incomparable: docs/metrics.md,
 "Comparability"). When the runs' chunks differ, the default hit_at_5 and mrr are replaced by
-evidence_recall_at_{{B}}tok (the smallest logged budget), said in the output."""
+evidence_recall_at_{{B}}tok (the smallest logged budget), said in the output.
+
+Per-item assertions: a check with "critical": true in an eval item's "assert" list that fails for
+the candidate fails the gate whatever the metrics (exit 1); the output lists such checks first,
+each with whether the baseline fails it too (docs/metrics.md, "Per-item assertions")."""
 
 
 def _parse_margins(values: Sequence[str] | None) -> tuple[float | None, dict[str, float]]:
@@ -245,8 +250,19 @@ def gate_verdict_of(reader: RunReader, args: argparse.Namespace) -> tuple[GateVe
     verdict = gate_verdict(
         rb, rc, results, notes[1:], {r.metric: dm is None and r.metric not in pm for r in results}, whys,
         human_lines([r.metric for r in results], [rb, rc]), args.alpha,
+        critical_failures(reader.per_query(rb), reader.per_query(rc)),  # the items' critical checks
     )  # fmt: skip
     return verdict, notes[0]
+
+
+def critical_lines(critical: Sequence[CheckFailure]) -> list[str]:
+    """What gate prints first: each critical check failing for the candidate, and the baseline's result."""
+    if not critical:
+        return []
+    out = [f"CRITICAL CHECKS FAILED: {len(critical)} (the gate fails whatever the metrics)"]
+    for f in critical:
+        out.append(f"  {f.item_id} assert[{f.index}] {f.check}: {f.detail}; baseline {f.baseline}")
+    return out
 
 
 def render(v: GateVerdict, header: str) -> str:
@@ -275,7 +291,7 @@ def render(v: GateVerdict, header: str) -> str:
     by_test: dict[str, list[str]] = {}
     for m in v.metrics:
         by_test.setdefault(m.test.label, []).append(m.metric)
-    lines = [header, *v.caveat_lines(), text_table(headers, rows)]
+    lines = [header, *critical_lines(v.critical), *v.caveat_lines(), text_table(headers, rows)]
     lines.append("bounds: " + "; ".join(f"{name} for {', '.join(ms)}" for name, ms in by_test.items()))
     failed = [m.metric for m in v.metrics if not m.passed]
     if failed:
@@ -283,7 +299,9 @@ def render(v: GateVerdict, header: str) -> str:
             f"GATE FAILED: {', '.join(failed)} (one-sided {conf} bound of candidate − baseline past the "
             "margin on the metric's worse side)"
         )
-    else:
+    if v.critical:
+        lines.append(f"GATE FAILED: {len(v.critical)} critical check(s) of the eval items fail for the candidate")
+    if not failed and not v.critical:
         lines.append(f"GATE PASSED ({len(v.metrics)} metric(s); default margin = max(0.01, 1/sqrt(n)))")
     return "\n".join(lines)
 

@@ -37,6 +37,10 @@ column                      type (what it holds)
 ``answer_claim_classes``    list<string>: per answer claim its diagnostic class (null: unparseable)
 ``diagnostics_nan_reason``  map<string, string>: metric → why it is undefined for this query
 ``judge_repeat_labels``     list<list<string>>: per claim, the label of each judge repeat
+``assertions``              list<struct<index: int64, type: string, value: string, critical:
+                            bool, passed: bool, detail: string>>: each check of the item's
+                            ``assert`` list on this answer (``evaluation.assertions``; only
+                            when some item has checks)
 ``declined``                bool: the answer declines (null: no answer)
 ``generated``, ``answer_truncated``, ``context_truncated``, ``generation_cached``
                             bool
@@ -90,6 +94,10 @@ def _types() -> dict[str, Any]:
     span = pa.struct([("doc_id", s), ("start", i), ("end", i)])
     chunk = pa.struct([("rank", i), ("chunk_id", s), ("doc_id", s), ("start", i), ("end", i), ("score", f)])
     verdict = pa.struct([("claim", s), ("label", s), ("score", f), ("rationale", s), ("stage", s)])
+    b = pa.bool_()
+    check = pa.struct(
+        [("index", i), ("type", s), ("value", s), ("critical", b), ("passed", b), ("detail", s)]
+    )
     strings = pa.list_(s)
     return {
         "id": s,
@@ -114,6 +122,7 @@ def _types() -> dict[str, Any]:
         "answer_claim_classes": strings,
         "diagnostics_nan_reason": pa.map_(s, s),
         "judge_repeat_labels": pa.list_(strings),
+        "assertions": pa.list_(check),
         "declined": pa.bool_(),
         "generated": pa.bool_(),
         "answer_truncated": pa.bool_(),
@@ -136,15 +145,15 @@ def declared_types() -> dict:
 COLUMNS: tuple[str, ...] = (
     "id", "query", "tags", "gold_spans", "retrieved", "search_queries", "error", "rerank_error",
     "query_error", "app_error", "app_trace_id", "failure_label", "answer", "context", "relevance_method", "claims", "verdicts", "cited_chunk_ids",
-    "gold_claims", "answer_claim_classes", "diagnostics_nan_reason", "judge_repeat_labels", "declined",
-    "generated", "answer_truncated", "context_truncated", "generation_cached", "replicate", "generation_seed",
+    "gold_claims", "answer_claim_classes", "diagnostics_nan_reason", "judge_repeat_labels", "assertions",
+    "declined", "generated", "answer_truncated", "context_truncated", "generation_cached", "replicate", "generation_seed",
     "history_query", "history_error",
 )  # fmt: skip
 
 #: Declared columns whose cells are lists or dicts (Python data in a DataFrame, nested in parquet).
 NESTED: tuple[str, ...] = (
     "tags", "gold_spans", "retrieved", "search_queries", "claims", "verdicts", "cited_chunk_ids",
-    "gold_claims", "answer_claim_classes", "diagnostics_nan_reason", "judge_repeat_labels",
+    "gold_claims", "answer_claim_classes", "diagnostics_nan_reason", "judge_repeat_labels", "assertions",
 )  # fmt: skip
 
 

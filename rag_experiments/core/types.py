@@ -41,6 +41,17 @@ class ScoredChunk:
     score: float
 
 
+@dataclass(frozen=True)
+class Check:
+    """One per-item assertion of an eval item's ``assert`` list (promptfoo's shape: ``{"type":
+    "not_contains", "value": "never", "critical": true}``); parsed by ``evalset.checks``, evaluated
+    by ``evaluation.assertions`` (docs/metrics.md, "Per-item assertions")."""
+
+    type: str
+    value: Any = None
+    critical: bool = False
+
+
 @dataclass
 class EvalItem:
     id: str
@@ -62,6 +73,7 @@ class EvalItem:
     answerability: str | None = None
     turn: int | None = None
     conversation_id: str | None = None
+    checks: list[Check] = field(default_factory=list)  # the item's ``assert`` list (evalset.checks)
 
     @property
     def strong_key_facts(self) -> list[str]:

@@ -38,6 +38,7 @@ from rag_experiments.core.conf_groups import conf_dir
 from rag_experiments.core.keys import tag_problem
 from rag_experiments.core.types import Document, EvalItem, Span
 from rag_experiments.evalset import conversations as conv
+from rag_experiments.evalset.checks import parse_checks
 from rag_experiments.evalset.corpus import files_fingerprint
 from rag_experiments.evalset.weak_facts import mark_weak
 
@@ -255,6 +256,7 @@ _FIELDS: dict[str, tuple[type, bool]] = {
     "gold_answers": (list, False),
     "key_facts": (list, False),
     "tags": (list, False),
+    "assert": (list, False),  # per-item checks (evalset.checks)
 }
 
 
@@ -350,6 +352,10 @@ def _item_of(row: dict, lineno: int, where: str, resolver: _Resolver) -> tuple[E
     problems += _text_problems(row, where)
     spans, pr = _gold_spans(row, where, resolver)
     problems += pr
+    checks, pr = parse_checks(
+        row.get("assert"), where, resolver.docs, lambda d: did_you_mean(d, resolver.docs)
+    )
+    problems += pr
     tags = list(row.get("tags") or [])
     declared_empty = not row.get("gold_evidence") and not row.get("gold_chunk_ids")
     if declared_empty and "unanswerable" not in tags:
@@ -365,6 +371,7 @@ def _item_of(row: dict, lineno: int, where: str, resolver: _Resolver) -> tuple[E
         tags=tags,
         line=lineno,
         gold_answers=list(row.get("gold_answers") or []),
+        checks=checks,
     )
     if conv.is_turn(row):  # a conversation's turn (evalset.conversations); absent: nothing changes
         problems += conv.row_problems(row, where)

@@ -13,7 +13,12 @@ A fact (after ``stages.text.normalise_text``) is weak when it is
   chunks, since in a few topical pages the share cannot tell a generic fact from the topic), cut by
   :data:`WEAK_CHUNKING` (800-character windows, no overlap, whatever the run's chunker is, so
   every config of a sweep leaves out the same facts). With the default k = 3 chunks of context, a
-  fact in 10 % of the chunks is in the context of about 27 % (1 − 0.9³) of unrelated questions.
+  fact in 10 % of the chunks is in the context of about 27 % (1 − 0.9³) of unrelated questions;
+- **common across the corpus's documents**: found in more than :data:`WEAK_DOC_SHARE` of its
+  documents (and in at least :data:`WEAK_MIN_DOCS`; only in a corpus of at least
+  :data:`WEAK_MIN_DOC_CORPUS` documents), a phrase of several words as much as one word. A phrase
+  mentioned once on many long pages ("environment variable" across a framework's docs) is in few
+  of the chunks yet part of the corpus's vocabulary: a wrong answer about the framework holds it.
 """
 
 from __future__ import annotations
@@ -30,9 +35,13 @@ from rag_experiments.stages.text import STOPWORDS, normalise_text
 __all__ = [
     "WEAK_CHUNKING",
     "WEAK_MIN_CHUNKS",
+    "WEAK_DOC_SHARE",
+    "WEAK_MIN_DOCS",
+    "WEAK_MIN_DOC_CORPUS",
     "WEAK_SHARE",
     "WeakFact",
     "chunk_counts",
+    "doc_counts",
     "chunk_shares",
     "mark_weak",
     "weak_key_facts",
@@ -46,6 +55,13 @@ WEAK_MIN_CHUNKS = 3
 #: The corpus rule needs at least this many chunks: in a few topical documents every fact of the
 #: topic is "common" ("24 hours" is in 5 of the 27 chunks of four webhook and billing pages).
 WEAK_MIN_CORPUS = 100
+#: A fact found in more than this share of the corpus's documents is weak ...
+WEAK_DOC_SHARE = 0.25
+#: ... and in at least this many documents ...
+WEAK_MIN_DOCS = 5
+#: ... in a corpus of at least this many documents (the sample's 26 topical pages are below it:
+#: "24 hours" is on 7 of them, and it is the answer).
+WEAK_MIN_DOC_CORPUS = 40
 #: The fixed chunking the share is counted on (independent of the run's chunker).
 WEAK_CHUNKING = FixedSizeChunker(size=800, overlap=0, unit="chars")
 
@@ -71,15 +87,13 @@ def is_number(fact: str) -> bool:
     return bool(toks) and all(_NUMBER.match(t) for t in toks)
 
 
-def chunk_counts(facts: Sequence[str], docs: Sequence[Document]) -> tuple[dict[str, int], int]:
-    """How many of the corpus's :data:`WEAK_CHUNKING` chunks contain each fact as whole tokens of
-    the matching form, ``|{c : " fact " ⊂ " c "}|``, and the number of chunks.
-
-    An inverted index over the chunks' tokens narrows each fact to the chunks holding all of its
-    tokens before the substring test, so a large corpus costs one pass."""
-    chunks = [f" {normalise_text(c.text)} " for c in chunk_corpus(WEAK_CHUNKING, docs)]
+def _phrase_counts(facts: Sequence[str], texts: Sequence[str]) -> dict[str, int]:
+    """How many of ``texts`` contain each fact as whole tokens of the matching form,
+    ``|{t : " fact " ⊂ " t "}|``. An inverted index over the texts' tokens narrows each fact to the
+    texts holding all of its tokens before the substring test, so a large corpus costs one pass."""
+    norm = [f" {normalise_text(t)} " for t in texts]
     postings: dict[str, set[int]] = defaultdict(set)
-    for i, c in enumerate(chunks):
+    for i, c in enumerate(norm):
         for tok in set(c.split()):
             postings[tok].add(i)
     out = {}
@@ -90,8 +104,21 @@ def chunk_counts(facts: Sequence[str], docs: Sequence[Document]) -> tuple[dict[s
             continue
         cand = set.intersection(*(postings.get(t, set()) for t in toks))
         needle = f" {' '.join(toks)} "
-        out[fact] = sum(needle in chunks[i] for i in cand)
-    return out, len(chunks)
+        out[fact] = sum(needle in norm[i] for i in cand)
+    return out
+
+
+def chunk_counts(facts: Sequence[str], docs: Sequence[Document]) -> tuple[dict[str, int], int]:
+    """How many of the corpus's :data:`WEAK_CHUNKING` chunks contain each fact as whole tokens of
+    the matching form, ``|{c : " fact " ⊂ " c "}|``, and the number of chunks."""
+    chunks = [c.text for c in chunk_corpus(WEAK_CHUNKING, docs)]
+    return _phrase_counts(facts, chunks), len(chunks)
+
+
+def doc_counts(facts: Sequence[str], docs: Sequence[Document]) -> tuple[dict[str, int], int]:
+    """How many of the corpus's documents contain each fact (whole tokens of the matching form,
+    a phrase of several words as one), and the number of documents."""
+    return _phrase_counts(facts, [d.text for d in docs]), len(docs)
 
 
 def chunk_shares(facts: Sequence[str], docs: Sequence[Document]) -> dict[str, float]:
@@ -101,10 +128,17 @@ def chunk_shares(facts: Sequence[str], docs: Sequence[Document]) -> dict[str, fl
 
 
 def weak_reason(
-    fact: str, question: str, n_in: int, n_chunks: int, max_share: float = WEAK_SHARE
+    fact: str,
+    question: str,
+    n_in: int,
+    n_chunks: int,
+    max_share: float = WEAK_SHARE,
+    n_docs_in: int = 0,
+    n_docs: int = 0,
 ) -> str | None:
     """Why ``fact`` is weak for an item asking ``question`` (in ``n_in`` of ``n_chunks`` chunks:
-    :func:`chunk_counts`), the first rule that applies in the module's order; None when not weak."""
+    :func:`chunk_counts`; in ``n_docs_in`` of ``n_docs`` documents: :func:`doc_counts`), the first
+    rule that applies in the module's order; None when not weak."""
     norm = normalise_text(fact)
     if len(fact.strip()) <= 3 and not is_number(fact):
         return "3 characters or fewer"
@@ -114,6 +148,11 @@ def weak_reason(
         return "found in the question"
     if n_chunks >= WEAK_MIN_CORPUS and n_in >= WEAK_MIN_CHUNKS and n_in > max_share * n_chunks:
         return f"in {n_in / n_chunks:.0%} of the corpus's chunks ({n_in} of {n_chunks}; more than {max_share:.0%})"
+    if n_docs >= WEAK_MIN_DOC_CORPUS and n_docs_in >= WEAK_MIN_DOCS and n_docs_in > WEAK_DOC_SHARE * n_docs:
+        return (
+            f"in {n_docs_in / n_docs:.0%} of the corpus's documents ({n_docs_in} of {n_docs}; "
+            f"more than {WEAK_DOC_SHARE:.0%})"
+        )
     return None
 
 
@@ -123,10 +162,15 @@ def weak_key_facts(
     """Every weak key fact of ``items`` against the corpus ``docs``, in file order."""
     facts = sorted({f for it in items for f in it.key_facts if f and f.strip()})
     counts, n_chunks = chunk_counts(facts, docs)
+    in_docs, n_docs = doc_counts(facts, docs)
     out = []
     for it in items:
         for f in it.key_facts:
-            if f and f.strip() and (why := weak_reason(f, it.query, counts[f], n_chunks, max_share)):
+            if (
+                f
+                and f.strip()
+                and (why := weak_reason(f, it.query, counts[f], n_chunks, max_share, in_docs[f], n_docs))
+            ):
                 out.append(WeakFact(it.id, it.line, f, why))
     return out
 

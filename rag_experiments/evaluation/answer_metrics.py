@@ -15,6 +15,9 @@ What the eval set's gold data lets us check without a judge:
 Every metric function is pure and scores one answer (NaN where the metric is undefined for it);
 the registry names them and :func:`judge_free_columns` computes them for the pipeline by walking it
 over each answer's :func:`answer_inputs`. Nothing here calls a model.
+
+Why this module is long: it is one family, the judge-free answer metrics, with the citation reader
+its citation metrics share; split, the reader would sit apart from the only functions that use it.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ import pandas as pd
 from rag_experiments.core.query_table import cell
 from rag_experiments.core.types import Chunk, EvalItem, Span
 from rag_experiments.evaluation import metrics as M
+from rag_experiments.evaluation.answer_scores import key_fact_counts
+from rag_experiments.evaluation.assertions import assertion_aggregates
 from rag_experiments.evaluation.declines import is_decline, n_nonclaims
 from rag_experiments.evaluation.defaults import MIN_COVERAGE
 from rag_experiments.evaluation.walk import walk
@@ -402,7 +407,9 @@ def answer_inputs(
     ``answerable``, ``gold_spans``, ``declined``, ``answered`` (an answer that does not decline),
     ``context``, ``min_coverage``; with ``cites`` also ``cited`` (the cited chunks), ``citations``
     (:func:`parse_citations`) and ``n_out_of_range``. Columns: ``declined`` (None without an answer),
-    ``n_weak_key_facts`` (the key facts left out), ``n_nonclaims`` (the answer's code, filler,
+    ``n_weak_key_facts`` (the key facts left out), ``n_negated_key_facts`` /
+    ``n_contradicted_key_facts`` (strong facts the answer negates / contradicts:
+    ``evaluation.answer_scores.key_fact_counts``), ``n_nonclaims`` (the answer's code, filler,
     questions and headings, which the claim splitter drops: ``evaluation.declines.n_nonclaims``),
     with ``cites`` ``cited_chunk_ids``, ``n_citations_out_of_range``, ``n_citations_unparseable``.
     """
@@ -415,6 +422,7 @@ def answer_inputs(
     columns: dict[str, Any] = {
         "declined": declined if answer is not None else None,
         "n_weak_key_facts": len(item.weak_key_facts),
+        **key_fact_counts(answer, item.strong_key_facts, item.answerable),
         "n_nonclaims": n_nonclaims(answer) if answer is not None else 0,
     }
     if cites:
@@ -471,8 +479,9 @@ JUDGE_FREE_LABEL_EVIDENCE = (
 def run_aggregates(per_query: pd.DataFrame) -> dict[str, float]:
     """Run-level judge-free figures over the generated answers (every replicate's row): the
     :func:`abstention_table`, :func:`abstention_f1` (only with unanswerable items),
-    ``n_weak_key_facts`` (the generated items' weak key facts, each item once), ``n_nonclaims``
-    (summed over the generated answers, every replicate) and the citation
+    ``n_weak_key_facts`` (the generated items' weak key facts, each item once), ``n_nonclaims``,
+    ``n_negated_key_facts`` and ``n_contradicted_key_facts`` (summed over the generated answers,
+    every replicate), the assertion counts (``evaluation.assertions``) and the citation
     marker counts ``n_out_of_range_citations`` / ``n_unparseable_citations`` (cite prompts)."""
     if "declined" not in per_query:
         return {}
@@ -484,8 +493,10 @@ def run_aggregates(per_query: pd.DataFrame) -> dict[str, float]:
     out |= {k: v for k, v in run_level.items() if not np.isnan(v)}  # abstention_f1: NaN without unanswerable items
     if "n_weak_key_facts" in per_query:  # once per item, not per replicate
         out["n_weak_key_facts"] = int(per_query.loc[got].drop_duplicates("id")["n_weak_key_facts"].fillna(0).sum())
-    if "n_nonclaims" in per_query:
-        out["n_nonclaims"] = int(per_query.loc[got, "n_nonclaims"].fillna(0).sum())
+    for col in ("n_nonclaims", "n_negated_key_facts", "n_contradicted_key_facts"):
+        if col in per_query:
+            out[col] = int(per_query.loc[got, col].fillna(0).sum())
+    out |= assertion_aggregates(per_query)
     for col, key in (
         ("n_citations_out_of_range", "n_out_of_range_citations"),
         ("n_citations_unparseable", "n_unparseable_citations"),

@@ -75,6 +75,7 @@ def failure_label(
     generated: bool,
     error: str | None,
     thresholds: Thresholds | Mapping[str, float] | None = None,
+    contradicted: bool = False,
 ) -> str:
     """Label one query by where the pipeline failed it. The first matching row wins:
 
@@ -95,14 +96,16 @@ def failure_label(
     ``hit`` means a relevant chunk was in the context given to the generator (hit@retriever.k).
     correct = ``correctness >= thresholds.correct``; faithful = ``faithfulness >=
     thresholds.faithful``. A NaN correctness counts as not correct (nothing silently passes); a
-    NaN faithfulness (no scorable claims) does not count against the answer.
+    NaN faithfulness (no scorable claims) does not count against the answer. ``contradicted``: the
+    answer contradicts a key fact (``n_contradicted_key_facts`` > 0,
+    ``evaluation.answer_scores.fact_status``), so it is not correct whatever its correctness.
     """
     th = as_thresholds(thresholds)
     if error:
         return "error"
     if not generated:
         return "retrieval_failure" if answerable and not hit else "retrieved"
-    correct = not _is_nan(correctness) and float(correctness) >= th.correct
+    correct = not _is_nan(correctness) and float(correctness) >= th.correct and not contradicted
     if not answerable:
         return "ok" if correct else "generation_failure"
     faithful = _is_nan(faithfulness) or float(faithfulness) >= th.faithful

@@ -186,8 +186,10 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "generation",
         True,
         "proportion",
-        "share of the item's strong key_facts (weak ones left out: n_weak_key_facts) present in the answer as "
-        "whole tokens (normalised match, numbers as numbers); unanswerable: 1 if the answer declines",
+        "share of the item's strong key_facts (weak ones left out: n_weak_key_facts) the answer asserts: present as "
+        "whole tokens (normalised match, numbers as numbers in any spelling) outside a negation; a negated or "
+        "contradicted fact counts 0 (n_negated_key_facts, n_contradicted_key_facts); unanswerable: 1 if the answer "
+        "declines",
         _S + "correctness",
         headline=12,
         columns=("answer",), breaks=_KEY_FACTS,

@@ -339,10 +339,64 @@ BOOKKEEPING: tuple[MetricSpec, ...] = (
         None,
         "count",
         "number of the item's key facts that are weak (3 characters or fewer and not a number, a stop word, "
-        "in the question, or in more than 10 % of the corpus's 800-character chunks, in a corpus of 100 chunks or "
-        "more; evalset.weak_facts) "
+        "in the question, in more than 10 % of the corpus's 800-character chunks, in a corpus of 100 chunks or "
+        "more, or in more than 25 % of its documents, in a corpus of 40 documents or more; evalset.weak_facts) "
         "and left out of correctness, per query and summed over the generated items",
         None,  # a bookkeeping column of evaluation.answer_metrics.answer_inputs, summed by run_aggregates
+        per_query=False,
+    ),
+    MetricSpec(
+        "n_negated_key_facts",
+        "count",
+        None,
+        "count",
+        "number of the item's strong key facts the answer holds only inside a negation scope (not, never, no, "
+        "without, n't, rather than … to the end of the clause) and so does not assert; they count 0 in "
+        "correctness (evaluation.answer_scores.fact_status), per query and summed over the generated answers",
+        "rag_experiments.evaluation.answer_scores.key_fact_counts",
+        per_query=False,
+        columns=("answer",),
+    ),
+    MetricSpec(
+        "n_contradicted_key_facts",
+        "count",
+        False,
+        "count",
+        "number of the item's strong key facts the answer contradicts: denies them ('never 307') or asserts "
+        "another value in their place ('48 hours' for '24 hours'; '1000 …, not 403'); they count 0 in "
+        "correctness and the answer's failure label is not ok, per query and summed over the generated answers",
+        "rag_experiments.evaluation.answer_scores.key_fact_counts",
+        per_query=False,
+        columns=("answer",),
+    ),
+    MetricSpec(
+        "n_assertions",
+        "count",
+        None,
+        "count",
+        "number of per-item checks (the eval items' assert lists) evaluated on the generated answers, every "
+        "replicate",
+        "rag_experiments.evaluation.assertions.assertion_aggregates",
+        per_query=False,
+    ),
+    MetricSpec(
+        "n_assertions_failed",
+        "count",
+        False,
+        "count",
+        "number of the item's checks (its assert list: contains, not_contains, regex, not_regex, declines, answers, "
+        "cites, max_latency_s) the answer fails, per query and summed over the generated answers",
+        "rag_experiments.evaluation.assertions.assertion_columns",
+        per_query=False,
+    ),
+    MetricSpec(
+        "n_critical_failed",
+        "count",
+        False,
+        "count",
+        "number of the item's critical checks (critical: true) the answer fails, per query and summed over the "
+        "generated answers; gate fails a candidate with any",
+        "rag_experiments.evaluation.assertions.assertion_columns",
         per_query=False,
     ),
     MetricSpec(

@@ -59,6 +59,18 @@ class Flip:
     candidate_trace: Link
 
 
+@dataclass(frozen=True)
+class CriticalRow:
+    """A critical check failing for the candidate: the item, the check, why, the baseline's result."""
+
+    item_id: str
+    query: str
+    check: str  # "assert[0] not_contains 'never'"
+    detail: str
+    baseline: str  # "fails too" | "passes" | "not checked"
+    candidate_trace: Link
+
+
 @dataclass
 class GateSummary:
     verdict: str  # PASS / FAIL
@@ -71,6 +83,7 @@ class GateSummary:
     diff: list[tuple[str, str, str]]
     flips: list[Flip] = field(default_factory=list)
     n_worse: int = 0  # queries worse on some gated metric (flips lists the first TOP_FLIPS)
+    critical: list[CriticalRow] = field(default_factory=list)  # listed first: each fails the gate
 
 
 def _row(m: MetricVerdict) -> MetricRow:
@@ -125,11 +138,14 @@ def build_summary(
     verdict: GateVerdict,
     top: int = TOP_FLIPS,
 ) -> GateSummary:
-    """The summary's data; reads the two runs' trace ids (one search per run) for the flip links."""
+    """The summary's data; reads the two runs' trace ids (one search per run) for the flip links
+    and the critical checks' links (``verdict.critical``, listed first)."""
     worse = worse_queries(verdict.metrics, tb, tc)
     flips = []
-    if worse and top:
+    traces: dict = {}
+    if (worse and top) or verdict.critical:
         traces = {r.run_id: trace_ids_by_item(uri, r.experiment_id, r.run_id) for r in (rb, rc)}
+    if worse and top:
         queries = dict(zip(tb["id"].astype(str), tb["query"] if "query" in tb else tb["id"], strict=True))
 
         def link(run: RunData, item: str) -> Link:
@@ -158,6 +174,13 @@ def build_summary(
         (k, "–" if a is None else str(a), "–" if b is None else str(b))
         for k, (a, b) in config_diff(rb.params, rc.params).items()
     ]
+    crit = []
+    for f in verdict.critical:
+        tid = traces.get(rc.run_id, {}).get(f.item_id)
+        trace = Link("trace", trace_url(uri, rc.experiment_id, tid)) if tid else Link("no trace")
+        crit.append(
+            CriticalRow(f.item_id, f.query, f"assert[{f.index}] {f.check}", f.detail, f.baseline, trace)
+        )
     return GateSummary(
         verdict=verdict.verdict,
         confidence=f"{100 * (1 - verdict.alpha):g}%",
@@ -169,6 +192,7 @@ def build_summary(
         diff=diff,
         flips=flips,
         n_worse=len({item for _, item, _, _ in worse}),
+        critical=crit,
     )
 
 

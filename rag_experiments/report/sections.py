@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rag_experiments.analysis.comparability import comparability
-from rag_experiments.analysis.judge_trust import card_title
+from rag_experiments.analysis.judge_trust import ANSWER_KAPPA, answers_checked, card_title, correctness_note
 from rag_experiments.analysis.stats import first_stage_deltas
 from rag_experiments.core.conf_groups import embedding_used, generation_only
 from rag_experiments.core.run_record import is_bookkeeping
@@ -231,7 +231,7 @@ def results(an: Analysis) -> Section:
     generation = []
     if an.gen_keys:
         generation.append(Subsection("Generation", results_blocks(an, an.gen_keys)))
-        card = judge_card_table(an)
+        card = judge_card_table(an) + correctness_validity(an)
         if card:  # beside the generation metrics: how far the judge behind them can be trusted
             generation.append(Subsection("Judge validity: human labels first", card))
     added = first_stage_table(an)
@@ -326,6 +326,24 @@ def judge_card_table(an: Analysis) -> list:
     )
     heads = [h for _, h in CARD_KEYS]
     return [Paragraph(note), table(["config", "judge", heads[0], "card pairs (n)", *heads[1:]], rows)]
+
+
+def correctness_validity(an: Analysis) -> list:
+    """Key-fact correctness against answer-level human labels (the correctness card of ``spotcheck
+    score-answers``, docs/spotcheck.md): each config's κ where it was checked, else the note naming
+    ``spotcheck sample-answers`` with the n needed (``analysis.judge_trust.correctness_note``)."""
+    if "correctness" not in an.gen_keys:
+        return []
+    checked = [c for c in an.configs if answers_checked(c.metrics)]
+    if not checked:
+        return [Paragraph(text(correctness_note(an.base.run.run_id)))]
+    n_key = "spotcheck/answers/correctness/n"
+    rows = [[c.label, _card_cell(c.metrics, ANSWER_KAPPA), f3(c.metrics.get(n_key), nd=0)] for c in checked]
+    note = text(
+        "Correctness κ: key-fact correctness against the answers a human labelled correct / incorrect / "
+        "declined (spotcheck score-answers, 95 % bootstrap CI); a config not listed was never checked."
+    )
+    return [Paragraph(note), table(["config", "correctness κ (answer labels)", "answers"], rows)]
 
 
 def spotcheck_table(an: Analysis) -> list:

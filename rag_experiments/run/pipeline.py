@@ -28,6 +28,7 @@ from rag_experiments.core.slots import slot
 from rag_experiments.evalset.subset import stratified_subset
 from rag_experiments.evaluation import answer_metrics as A
 from rag_experiments.evaluation.aggregate import aggregate
+from rag_experiments.evaluation.assertions import add_assertion_columns
 from rag_experiments.evaluation.cost import cost_metrics, stage_costs, step_rows
 from rag_experiments.evaluation.labels import RATE_LABELS, failure_label
 from rag_experiments.run.answer import answer_half
@@ -71,6 +72,7 @@ def _label_rows(rows, items, k: int, thresholds: dict | None, generated: list[bo
             generated=gen,
             error=row["error"] if gen else None,
             thresholds=thresholds or {},
+            contradicted=gen and bool(row.get("n_contradicted_key_facts")),  # a key fact contradicted: not ok
         )
 
 
@@ -182,6 +184,7 @@ def run_pipeline(
     chosen = set(subset)
     generated = [i in chosen for i in row_items]  # replicates: one row per (item, replicate)
     _label_rows(rows, [items[i] for i in row_items], settings.k, settings.thresholds, generated)
+    add_assertion_columns(rows, [items[i] for i in row_items], generated)  # the items' assert checks
 
     if stages.generates and stages.judge is None:  # judge=none: say what the labels rest on
         scored.tags["failure_label_evidence"] = A.JUDGE_FREE_LABEL_EVIDENCE

@@ -1,10 +1,13 @@
 """What a finished run prints: its metrics table (retrieval and generation side by side, never
-blended, with CIs and counts) and, with a reranker or transform, what the first stage did."""
+blended, with CIs and counts), with a reranker or transform what the first stage did, and its
+closing notes: how far its generation metrics are validated by human labels (the judge's claims,
+``spotcheck sample``; correctness's answers, ``spotcheck sample-answers``), each with the n needed."""
 
 from __future__ import annotations
 
 import pandas as pd
 
+from rag_experiments.analysis.judge_trust import answers_checked, runs_correctness_notes, runs_judge_notes
 from rag_experiments.analysis.stats import first_stage_deltas
 from rag_experiments.core.formatting import fmt_num
 from rag_experiments.core.slots import steps
@@ -30,7 +33,10 @@ def summary_table(agg: dict[str, float], k: int, ks: list[int]) -> str:
             lines.append(f"-- {titles.get(side, side)}")
         n = agg.get(wrap(key, "n_scored"), float("nan"))
         lo, hi = agg.get(wrap(key, "ci_low")), agg.get(wrap(key, "ci_high"))
-        lines.append(f"{key:<31} {_fmt(agg[key])}  [{_fmt(lo)}, {_fmt(hi)}]  {int(n) if n == n else ''}")
+        line = f"{key:<31} {_fmt(agg[key])}  [{_fmt(lo)}, {_fmt(hi)}]  {int(n) if n == n else ''}"
+        if key == "correctness" and not answers_checked(agg):  # as the judge's metrics: said beside it
+            line += "  (unvalidated: no answer labels, see note)"
+        lines.append(line)
     lines.append(
         f"queries {int(agg['n_queries'])} (unanswerable {int(agg.get('n_unanswerable', 0))}), "
         f"errors {int(agg['n_errors'])}, unparseable verdicts {int(agg['n_unparseable_verdicts'])}"
@@ -56,3 +62,11 @@ def first_stage_lines(per_query: pd.DataFrame, agg: dict[str, float], k: int, ks
             f"p_holm={r.p_holm:.3g} (Holm over {len(keys)}), n={r.n_pairs}"
         )
     return out
+
+
+def closing_notes(agg: dict[str, float], tags: dict[str, str], run_id: str) -> list[str]:
+    """A generating run's closing notes: the judge's (``analysis.judge_trust.runs_judge_notes``:
+    the claims to label, ``spotcheck sample``) and correctness's (``runs_correctness_notes``: the
+    answers to label, ``spotcheck sample-answers``), each naming the n needed."""
+    runs = [(agg, tags)]
+    return runs_judge_notes(runs, run_id) + runs_correctness_notes(runs, run_id)

@@ -33,7 +33,6 @@ import hydra  # noqa: E402
 import pandas as pd  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from rag_experiments.analysis.judge_trust import runs_judge_notes  # noqa: E402
 from rag_experiments.core.cache import StageCache  # noqa: E402
 from rag_experiments.core.identity import code_fingerprint, judge_fingerprint  # noqa: E402
 from rag_experiments.core.progress import Progress, timing_table  # noqa: E402
@@ -57,7 +56,7 @@ from rag_experiments.run.config_schema import unknown_group_options  # noqa: E40
 from rag_experiments.run.multirun import MultirunParent  # noqa: E402, F401 - conf names the callback here
 from rag_experiments.run.pilot import print_pilot_mde  # noqa: E402
 from rag_experiments.run.pipeline import PipelineResult, run_pipeline  # noqa: E402
-from rag_experiments.run.run_summary import first_stage_lines, summary_table  # noqa: E402
+from rag_experiments.run.run_summary import closing_notes, first_stage_lines, summary_table  # noqa: E402
 from rag_experiments.run.steps import failure_reason as step_failure  # noqa: E402
 from rag_experiments.run.steps import step_summary  # noqa: E402
 from rag_experiments.run.types import JobSettings  # noqa: E402
@@ -336,7 +335,7 @@ def run_job(job: Job, store: RunStore) -> float:
     if card is not None:
         print(card["line"])
     if job.inputs.stages.generates:  # once per run: synthetic card and no human labels yet
-        for note in runs_judge_notes([(res.aggregates, res.tags)], run_id):
+        for note in closing_notes(res.aggregates, res.tags, run_id):  # judge claims, then answers
             print(f"note: {note}")
     n_items = len(job.inputs.evalset.items)
     if job.inputs.stages.generates and res.n_generated < n_items:

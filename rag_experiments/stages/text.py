@@ -6,6 +6,8 @@
 - :func:`minilm_tokenizer` is the one fixed tokenizer (the all-MiniLM-L6-v2 fast tokenizer): the
   ``fixed_tokens`` chunker cuts with it and the budgeted retrieval metrics count context tokens
   with it (:func:`token_ends`, :func:`tokenizer_identity`; see docs/metrics.md).
+- :func:`normalise_text` is the key-fact matching form and :func:`match_tokens` its tokens with
+  their negation scope (docs/metrics.md, "Key-fact correctness").
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import hashlib
 import re
 import unicodedata
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,7 +25,12 @@ from rag_experiments.stages.embedding import minilm_path
 
 __all__ = [
     "ABBREVIATIONS",
+    "DENIAL_CUES",
     "line_spans",
+    "MatchToken",
+    "match_tokens",
+    "NEGATION_CUES",
+    "SCOPE_ENDS",
     "STOPWORDS",
     "minilm_tokenizer",
     "normalise_text",
@@ -219,7 +227,8 @@ def normalise_text(text: str) -> str:
 
     Matched with spaces around both sides (whole tokens), so a number matches only as that number:
     "15" is not in "150", "1.5" or "15th". No unit is declared equal to another: "24 h" does not
-    match "24 hours" (docs/metrics.md, "Key-fact correctness")."""
+    match "24 hours" (docs/metrics.md, "Key-fact correctness"). Numbers in words are digits:
+    "three", "3" and "3.0" all match (:func:`_numbers_as_digits`)."""
     t = unicodedata.normalize("NFKC", text or "").casefold()
     t = re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", t)  # thousands separators: "1,000" → "1000"
     # protect decimal points and decimal commas inside numbers
@@ -229,6 +238,155 @@ def normalise_text(text: str) -> str:
     t = re.sub(r"[^\w\s%\x00\x01]", " ", t).replace("_", " ").replace("\x00", ".").replace("\x01", ",")
     words = [
         w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") and w.isalpha() else w
-        for w in t.split()
+        for w in _numbers_as_digits(t.split())
     ]
     return " ".join(words)
+
+
+# Numbers in words, read as digits by :func:`normalise_text` ("three" = "3" = "3.0").
+_SMALL = {
+    w: i
+    for i, w in enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+        "sixteen seventeen eighteen nineteen".split()
+    )
+}
+_TENS = {w: 10 * i for i, w in enumerate("twenty thirty forty fifty sixty seventy eighty ninety".split(), 2)}
+_SCALES = {"hundred": 100, "thousand": 1000, "million": 1_000_000}
+_WHOLE_DECIMAL = re.compile(r"^(\d+)\.0+$")
+
+
+def _small_at(words: list[str], i: int) -> tuple[int, int] | None:
+    """``(value, next index)`` of "seven", "twenty", "twenty five" at ``words[i]``; None if none."""
+    w = words[i]
+    if w in _SMALL:
+        return _SMALL[w], i + 1
+    if w in _TENS:
+        if i + 1 < len(words) and words[i + 1] in _SMALL and 0 < _SMALL[words[i + 1]] < 10:
+            return _TENS[w] + _SMALL[words[i + 1]], i + 2
+        return _TENS[w], i + 1
+    return None
+
+
+def _numbers_as_digits(words: list[str]) -> list[str]:
+    """Number words as digits: "three" → "3", "twenty five" → "25", "two hundred fifty" → "250",
+    "five thousand" → "5000"; a decimal with only zeros after the point as its whole number
+    ("3.0", "3.00" → "3"; "3.10" stays, a version is not "3.1"). Where a word is not clearly a
+    number it stays: "one" alone (a pronoun: "which one", "one of them", "one or two") is 1 only
+    before a word that is not a stop word ("one hour", "one retry")."""
+    out: list[str] = []
+    i = 0
+    while i < len(words):
+        got = _small_at(words, i)
+        if got is None:
+            m = _WHOLE_DECIMAL.match(words[i])
+            out.append(m.group(1) if m else words[i])
+            i += 1
+            continue
+        value, j = got
+        if j < len(words) and words[j] in _SCALES:
+            value, j = value * _SCALES[words[j]], j + 1
+            rest = _small_at(words, j) if j < len(words) else None
+            if rest is not None and rest[0] < 100:
+                value, j = value + rest[0], rest[1]
+        elif words[i] == "one" and j == i + 1 and (j >= len(words) or words[j] in STOPWORDS):
+            out.append("one")
+            i += 1
+            continue
+        out.append(str(value))
+        i = j
+    return out
+
+
+# ------------------------------------------------------------------------- negation scope
+
+#: Words that negate what follows them in their clause (matching form: "isn't" is "isn t", read
+#: by :data:`_NT`). "without" negates but does not deny ("without a signature the request fails"
+#: says nothing against a signature), so it is not a :data:`DENIAL_CUES` word.
+NEGATION_CUES = frozenset(
+    "not never no without none neither nor cannot nothing nobody nowhere dont doesnt didnt isnt arent "
+    "wasnt werent wont wouldnt cant couldnt shouldnt hasnt havent hadnt mustnt neednt".split()
+)
+DENIAL_CUES = NEGATION_CUES - {"without"}
+#: Cues that negate a noun phrase, not the rest of the clause: their scope is at most
+#: :data:`_NP_SCOPE` words ("a path without the trailing slash is answered with a 307" asserts 307).
+_NP_CUES = frozenset({"without", "no", "none"})
+_NP_SCOPE = 4
+#: The first halves of "n't" contractions: "isn t", "don t", "won t", "can t" …
+_NT = frozenset(
+    "isn aren wasn weren don doesn didn won wouldn can couldn shouldn hasn haven hadn mustn needn ain shan "
+    "mightn".split()
+)
+#: Two-word cues: "use 307 rather than 302", "307 instead of 302" negate what follows.
+_PAIR_CUES = {("rather", "than"), ("instead", "of")}
+#: Words that end a negation's scope inside a clause: what follows is said of a limit or a
+#: condition, not denied ("not retried after 24 hours", "no more than 15 attempts", "not only X").
+SCOPE_ENDS = frozenset(
+    "after before until till once if when unless because since so which who whose where than only just "
+    "within beyond past except also exceed exceeding longer later".split()
+)
+#: Where a clause ends: sentence-internal punctuation (not a thousands comma "1,000" or a decimal
+#: point), a dash between spaces, and the conjunctions that start a new assertion.
+_CLAUSE_BREAK = re.compile(
+    r"[;:()\[\]!?\n]|,(?=\s)|\.(?=\s|$)|\s[-–—]\s|[–—]|\b(?=(?:but|however|whereas|although|though|while|yet)\b)",
+    re.I,
+)
+
+
+@dataclass(frozen=True)
+class MatchToken:
+    """One token of the matching form (:func:`normalise_text`) with where it stands: its
+    sentence, whether a negation cue governs it (``negated``: an odd number of cues before it in
+    its clause since the last :data:`SCOPE_ENDS` word) and whether that cue denies it directly
+    (``denied``: a :data:`DENIAL_CUES` word at most two stop words before it: "never 307",
+    "not a 403", "isn't 24 hours")."""
+
+    word: str
+    sentence: int
+    negated: bool
+    denied: bool
+
+
+def _clause_tokens(words: list[str], sentence: int, opens: bool) -> list[MatchToken]:
+    """The tokens of one clause; ``opens``: the clause opens its sentence, where "without" states a
+    condition ("Without an Idempotency-Key header, a retry is processed twice"), not a negation."""
+    out: list[MatchToken] = []
+    cues, last_cue, denial, np_end = 0, -1, False, None
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if np_end is not None and i > np_end:  # a noun phrase's negation ends
+            cues, np_end = max(cues - 1, 0), None
+        pair = i + 1 < len(words) and (w, words[i + 1]) in _PAIR_CUES
+        condition = opens and i == 0 and w == "without"
+        if not condition and (pair or w in NEGATION_CUES or (w == "t" and i > 0 and words[i - 1] in _NT)):
+            span = 2 if pair else 1
+            out += [MatchToken(x, sentence, cues % 2 == 1, False) for x in words[i : i + span]]
+            cues, last_cue, denial = cues + 1, i + span - 1, pair or w in DENIAL_CUES or w == "t"
+            np_end = i + _NP_SCOPE if w in _NP_CUES else None
+            i += span
+            continue
+        if w in SCOPE_ENDS:
+            cues, np_end = 0, None
+        negated = cues % 2 == 1
+        between = words[last_cue + 1 : i]
+        denied = negated and denial and len(between) <= 2 and all(x in STOPWORDS for x in between)
+        out.append(MatchToken(w, sentence, negated, denied))
+        i += 1
+    return out
+
+
+def match_tokens(text: str) -> list[MatchToken]:
+    """The text as tokens of the key-fact matching form (:func:`normalise_text`), each with its
+    sentence (:func:`split_sentences`) and negation scope. A scope opens at a negation cue
+    (:data:`NEGATION_CUES`, an "n't" contraction, "rather than", "instead of") and runs to the end
+    of the clause (:data:`_CLAUSE_BREAK`: ``, ; : ( ) —``, "but", "however" …) or to a
+    :data:`SCOPE_ENDS` word; two cues in one scope cancel ("not accepted without a signature"). A
+    sentence that opens with "Without …," states a condition, not a negation."""
+    out: list[MatchToken] = []
+    for n, (s, e) in enumerate(split_sentences(text or "")):
+        sentence = text[s:e]
+        cuts = [0, *(m.start() if m.group(0) == "" else m.end() for m in _CLAUSE_BREAK.finditer(sentence))]
+        for a, b in zip(cuts, [*cuts[1:], len(sentence)], strict=True):
+            out += _clause_tokens(normalise_text(sentence[a:b]).split(), n, a == 0)
+    return out

@@ -4,7 +4,9 @@ Built from the per-query table and the eval items, independent of how traces are
 public MLflow API or the SQL fast path, ``tracking.mlflow_adapter``). Fewer, richer assessments
 (docs/tracing.md, "What it costs"): one feedback per *headline* per-query metric (hit@k at every k,
 at ``retriever.k`` evidence recall, nDCG and context precision, MRR, every generation metric), the
-failure label, and one ``more_metrics`` feedback holding every other metric column as a dict.
+failure label, one ``more_metrics`` feedback holding every other metric column as a dict, and one
+feedback per check of the item's ``assert`` list (``assert/<index>``: passed or not, with the
+check and why; ``evaluation.assertions``).
 """
 
 from __future__ import annotations
@@ -180,6 +182,18 @@ def feedbacks(
     label = row.get("failure_label")
     if isinstance(label, str):
         out.append(Pending("feedback", "failure_label", label, code, _label_rationale(row, k)))
+    return out + check_feedbacks(row)
+
+
+def check_feedbacks(row: dict) -> list[Pending]:
+    """One feedback per check of the item's ``assert`` list on this answer: ``assert/<index>``,
+    value True (passed) or False, rationale the check, ``critical`` and why."""
+    code = AssessmentSource(AssessmentSourceType.CODE, "rag_experiments.evaluation.assertions")
+    out = []
+    for a in cell("assertions", row.get("assertions")):
+        check = f"{a['type']} {a['value']!r}" if a.get("value") else a["type"]
+        why = f"{check}{' (critical)' if a.get('critical') else ''}: {a.get('detail', '')}"
+        out.append(Pending("feedback", f"assert/{a['index']}", bool(a["passed"]), code, why))
     return out
 
 

@@ -32,6 +32,7 @@ from mlflow.genai.scorers import scorer
 
 from rag_experiments.core.types import Chunk, Span
 from rag_experiments.evaluation import metrics as M
+from rag_experiments.evaluation.answer_scores import key_fact_counts
 from rag_experiments.evaluation.defaults import MIN_COVERAGE
 from rag_experiments.evaluation.labels import failure_label as label_of
 from rag_experiments.judge import correctness
@@ -219,11 +220,14 @@ def failure_label(k: int, min_coverage: float = MIN_COVERAGE, thresholds: Any = 
             hit = bool(hits[:k].any())
         generated = isinstance(outputs, str)
         corr = faith = float("nan")
+        contradicted = False
         if generated:
-            corr = correctness(outputs, list((expectations or {}).get("expected_facts") or []), answerable)
+            facts = list((expectations or {}).get("expected_facts") or [])
+            corr = correctness(outputs, facts, answerable)
+            contradicted = key_fact_counts(outputs, facts, answerable)["n_contradicted_key_facts"] > 0
             got = _faithfulness(outputs, trace, k)
             faith = got[0] if not isinstance(got, str) else float("nan")
-        label = label_of(answerable, hit, corr, faith, generated, None, thresholds)
+        label = label_of(answerable, hit, corr, faith, generated, None, thresholds, contradicted)
         why = f"hit_at_{k}={float(hit)}, correctness={corr}, faithfulness={faith}"
         return Feedback("failure_label", label, source=SOURCE, rationale=why)
 
