@@ -157,3 +157,24 @@ def test_one_human_label_is_called_out(run, tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert "too few to say (0 correct, 2 incorrect;" in out or "too few to say (2 incorrect, " in out, out
+
+
+def test_the_card_validates_correctness_judged_beside_string_match_on_the_same_answers():
+    """Issue 45 (2): a run whose judge model read the key facts gets a correctness_judged view on
+    the same labelled answers; a run without it gets none (not a row of declines alone)."""
+    from types import SimpleNamespace
+
+    from rag_experiments.spotcheck.answers import answer_card, generated_answers
+
+    table = _per_query()
+    human = {k: v[4] for k, v in ANSWERS.items()}
+    # the judge model reads meaning: right where the human is, except a7 (no key facts: NaN)
+    table["correctness_judged"] = [1.0 if human.get(i) == "correct" else 0.0 for i in table["id"]]
+    table.loc[table["id"] == "a7", "correctness_judged"] = math.nan
+    labels = pd.DataFrame({"answer_id": list(human), "human": list(human.values())})
+    run = SimpleNamespace(params={"attribution.correct": "0.5", "attribution.faithful": "0.5"})
+    rows = {r.view: r for r in answer_card(run, generated_answers(table), labels, n_resamples=50)}
+    assert rows["correctness_judged"].agreement == 1.0 and rows["correctness"].agreement < 1.0
+    assert rows["correctness_judged"].n == rows["correctness"].n  # a7: no key facts, NaN in both
+    no_judge = {r.view for r in answer_card(run, generated_answers(_per_query()), labels, n_resamples=50)}
+    assert "correctness_judged" not in no_judge and "correctness" in no_judge

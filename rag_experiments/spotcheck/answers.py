@@ -50,6 +50,8 @@ ANSWER_COLUMNS = ["answer_id", "query", "context", "answer", "inclusion_prob", "
 #: view name → (per-query metric, the run param holding its threshold)
 VIEWS = {
     "correctness": ("correctness", "attribution.correct"),
+    # a judge model's reading of the key facts (judge=openai|local): validated on the same answers
+    "correctness_judged": ("correctness_judged", "attribution.correct"),
     "judge": ("faithfulness", "attribution.faithful"),
 }
 
@@ -66,7 +68,8 @@ def generated_answers(table: pd.DataFrame) -> pd.DataFrame:
     for c in keep:
         if c not in t:
             t[c] = np.nan
-    return t[keep].reset_index(drop=True)
+    judged = ["correctness_judged"] if "correctness_judged" in t else []  # a judge model read the facts
+    return t[keep + judged].reset_index(drop=True)
 
 
 def sample_answers(answers: pd.DataFrame, n: int, seed: int = 0) -> pd.DataFrame:
@@ -170,6 +173,8 @@ def answer_card(
     merged = labels.merge(answers, on="answer_id", how="left")
     rows = []
     for view, (metric, key) in VIEWS.items():
+        if metric not in merged:
+            continue  # a view of a metric the run never computed (correctness_judged without a judge model)
         if merged[metric].isna().all() and not (merged["declined"] == True).any():  # noqa: E712
             continue  # the run has no such metric (judge=none: no faithfulness)
         th = _threshold(run, key)
