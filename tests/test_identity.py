@@ -105,6 +105,24 @@ def test_code_hash_ignores_comments_and_docstrings_but_not_code(tmp_path):
     assert identity.source_hash(m) != h0
 
 
+def test_a_modules_hash_is_kept_per_process_until_a_file_changes(tmp_path, monkeypatch):
+    """``stage_key`` asks for it per verdict: kept, and made again only when a file's size or mtime
+    changed (an edit of real code changes the hash; the memo never serves a stale one)."""
+    pkg = tmp_path / "codeid_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    mod = pkg / "m.py"
+    mod.write_text("def f(x):\n    return x + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    h0 = identity._modules_hash(["codeid_pkg"])
+    walks = []
+    real = identity.module_files
+    monkeypatch.setattr(identity, "module_files", lambda name: walks.append(name) or real(name))
+    assert identity._modules_hash(["codeid_pkg"]) == h0 and walks == [], "unchanged files: the kept hash"
+    mod.write_text("def f(x):\n    return x + 22\n")
+    assert identity._modules_hash(["codeid_pkg"]) != h0 and walks == ["codeid_pkg"]
+
+
 def test_every_cached_stage_has_a_code_version_and_it_is_in_the_key(monkeypatch):
     for stage in ("chunks", "vectors", "rankings", "generation", "claims", "verdict", "relevance"):
         before = stage_key(stage, "x")
