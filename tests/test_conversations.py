@@ -356,3 +356,39 @@ def test_the_prompt_shows_the_last_turns_teacher_forced_and_cuts_the_oldest_to_f
     assert cut == 1 and kept == item.history[4:]  # the oldest shown turn went first
     assert fit_history(two, item.query, [], item.history, full, count) == (two.recent(item.history), 0)
     assert fit_context(two, item.query, [], full, count, kept) == ([], False)
+
+
+def test_the_report_shows_each_turn_group_with_paired_deltas_and_the_worst_conversations():
+    """Issue 44: the report's per-turn section: per turn index and answerability, hit@5 and evidence
+    recall at 512 tokens per history option, the paired Δ against the baseline with its CI, and
+    the baseline's worst conversations turn by turn."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from rag_experiments.report.model import plain
+    from rag_experiments.report.sweep_extras import turn_section
+
+    def table(hits):
+        rows = []
+        for c in range(6):
+            for turn in (1, 2, 3):
+                h = hits(c, turn)
+                rows.append({"id": f"c{c}#{turn}", "query": f"q{c}.{turn}", "failure_label": "ok",
+                             "tags": [f"turn:{turn if turn < 3 else '3plus'}", "answerability:answerable",
+                                      f"standalone:{'yes' if turn == 1 else 'no'}"],
+                             "hit_at_5": h, "evidence_recall_at_512tok": h})  # fmt: skip
+        return pd.DataFrame(rows)
+
+    last = SimpleNamespace(label="history=last_turn", table=table(lambda c, t: 1.0 if t == 1 or c % 2 else 0.0))
+    window = SimpleNamespace(label="history=window", table=table(lambda c, t: 1.0))
+    s = turn_section(SimpleNamespace(base=last, configs=[last, window]), n_resamples=200)
+    head, rows = s.blocks[1].headers, [[plain(c) for c in r] for r in s.blocks[1].rows]
+    assert head[:5] == ["turns", "n", "metric", "history=last_turn", "history=window"]
+    by = {(r[0], r[2]): r for r in rows}
+    assert by[("turn:1", "hit_at_5")][3:5] == ["1.000", "1.000"] and by[("turn:2", "hit_at_5")][3] == "0.500"
+    assert by[("turn:2", "hit_at_5")][5].startswith("+0.500 [") and "(n=6)" in by[("turn:2", "hit_at_5")][5]
+    worst = [[plain(c) for c in r] for r in s.subsections[0].blocks[0].rows]
+    assert worst[0][0] == "c0" and [r[1] for r in worst[:3]] == ["1", "2", "3"]  # a conversation, in turn order
+    assert turn_section(SimpleNamespace(base=SimpleNamespace(label="x", table=pd.DataFrame(
+        {"id": ["a"], "tags": [["exact"]], "hit_at_5": [1.0]})), configs=[])) is None  # fmt: skip

@@ -460,15 +460,17 @@ def build_report(
     an = analyse(inp, baseline, primary, n_worst, seed, n_resamples, allow_incomparable)
     plots, curve_notes = plots_section(an)
     diag = diagnostics_section(an)
-    from rag_experiments.report.sweep_extras import stopped_section
+    from rag_experiments.report.sweep_extras import stopped_section, turn_section
 
     stopped = stopped_section(inp)
+    turns = turn_section(an, seed=seed)
     body = [
         question(an),
         results(an),
         *([stopped] if stopped else []),
         *([diag] if diag else []),
         attribution(an),
+        *([turns] if turns else []),
         plots,
         worst_queries(an),
         definitions(an),
