@@ -264,6 +264,8 @@ class HeuristicJudge:
     check failed.
     """
 
+    remote = False  # a local model only: no request to count (a dry run skips it, run.dry_run)
+
     model = None
 
     def __init__(

@@ -26,6 +26,8 @@ class VerifierJudge:
     less CPU where the CPU has bf16 instructions; a separate identity; docs/judges.md).
     """
 
+    remote = False  # a local model only: no request to count (a dry run skips it, run.dry_run)
+
     model = None
 
     def __init__(

@@ -16,6 +16,7 @@ input exits 2 as a run would.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections import Counter, defaultdict
@@ -278,9 +279,15 @@ def dry_job(job: ComposedJob, name: str, cache: DryCache) -> Row:
         row.skipped, row.calls = run_id, dry_calls.calls()[mark:]
         return row
     disk, asked, earlier = Counter(cache.disk), Counter(cache.asked), Counter(cache.earlier)
-    res = run_pipeline(loaded.stages, loaded.data, settings.run, cache)
+    stages = loaded.stages
+    if stages.judge is not None and getattr(stages.judge, "remote", True) is False:
+        # a judge on a local model only (heuristic, verifier) sends nothing to count: not run, so a
+        # dry run takes seconds instead of embedding every claim (its card likewise)
+        stages = dataclasses.replace(stages, judge=None, judge_repeats=())
+        row.notes.append(f"judge {type(loaded.stages.judge).__name__}: a local model, no request: not run")
+    res = run_pipeline(stages, loaded.data, settings.run, cache)
     card_mark = dry_calls.mark()
-    add_card(settings.card, loaded.stages, loaded.corpus.docs, cache, res, settings.progress)
+    add_card(settings.card, stages, loaded.corpus.docs, cache, res, settings.progress)
     dry_calls.label(card_mark, "judge card")
     row.calls = dry_calls.calls()[mark:]
     row.disk, row.asked, row.earlier = cache.disk - disk, cache.asked - asked, cache.earlier - earlier
