@@ -73,6 +73,7 @@ class FakeHTTP:
 
     def __init__(self, handle: Callable[[Request], Any], prefix: str = "/v1", start: bool = True) -> None:
         self.handle, self.requests = handle, []
+        self.trickled = {"cut": 0, "whole": 0}  # trickled bodies the client gave up on / read whole
         self._lock = threading.Lock()
         outer = self
 
@@ -101,8 +102,7 @@ class FakeHTTP:
         if start:
             self.thread.start()
 
-    @staticmethod
-    def _answer(h: BaseHTTPRequestHandler, r: Reply) -> None:
+    def _answer(self, h: BaseHTTPRequestHandler, r: Reply) -> None:
         if r.hang_s:
             time.sleep(r.hang_s)
             return
@@ -118,7 +118,11 @@ class FakeHTTP:
                 h.wfile.flush()
                 time.sleep(r.trickle_s)
         except OSError:  # the client gave up at its deadline: fine
-            pass
+            with self._lock:
+                self.trickled["cut"] += 1
+            return
+        with self._lock:
+            self.trickled["whole"] += 1
 
     def count(self, path_suffix: str = "") -> int:
         """Requests received whose path ends with ``path_suffix``."""

@@ -239,7 +239,7 @@ class JudgeStep:
         if hasattr(judge, "fact_verdicts"):  # a judge model also reads the key facts (correctness_judged)
             seg.facts = fact_stage(judge, seg.items, seg.answers, seg.judged, cache, jcalls, progress)
         judged = [j for j in seg.judged if j is not None]
-        failed = sum(bool(sum(verdict_failures(j.verdicts)[1:]) + j.n_errors) for j in judged)
+        failed = sum(judge_failed(j) for j in judged)
         calls = {f"judge_{k}": v for k, v in (jcalls + dcalls).items()}
         first = next((v.error for j in judged for v in j.verdicts if v.error), "a judge call failed on transport")
         return StepRecord(self.slot, len(judged), failed, calls, first_error=first if failed else "")
@@ -257,17 +257,27 @@ class JudgeStep:
                 row["n_unparseable_fact_verdicts"] = sum(lab == "unparseable" for lab in labels)
 
 
+def judge_failed(j: JudgedAnswer) -> bool:
+    """A judge call on this answer failed on transport: the answer is a failed item of the judge
+    step (re-run retries it), and no further call is spent on it."""
+    return bool(j.n_errors or sum(verdict_failures(j.verdicts)[1:]))
+
+
 def fact_stage(judge, items, answers, judged, cache: StageCache, calls: Counter, progress: bool = True) -> list:
     """Per answer the judge's verdict on each reference fact (``evaluation.fact_scores``), cached by
     (judge and fact prompt, answer, facts); a verdict whose call failed is not cached (re-run
     retries it) and counts as a judge error of that answer. Its calls' usage joins the answer's
-    tally (the judge's tokens). None: no answer; []: nothing to ask (unanswerable, no facts)."""
+    tally (the judge's tokens). None: no answer, or its judging already failed; []: nothing to ask
+    (unanswerable, no facts)."""
     out: list = []
     rows = list(zip(items, answers, judged, strict=True))
     for item, answer, j in track(rows, "judging: key facts", enabled=progress, unit="answers"):
         facts = reference_facts(item.strong_key_facts, item.gold_answer) if item.answerable else []
-        if answer is None or not facts:
-            out.append(None if answer is None else [])
+        if answer is None or (j is not None and judge_failed(j)):  # a failed item: no more calls on it
+            out.append(None)
+            continue
+        if not facts:
+            out.append([])
             continue
         key = stage_key("facts", judge.fact_identity, answer, facts)
         got = cache.get_json_many("facts", [key])
