@@ -291,7 +291,7 @@ def render(v: GateVerdict, header: str) -> str:
     by_test: dict[str, list[str]] = {}
     for m in v.metrics:
         by_test.setdefault(m.test.label, []).append(m.metric)
-    lines = [header, *critical_lines(v.critical), *v.caveat_lines(), text_table(headers, rows)]
+    lines = [*critical_lines(v.critical), *v.caveat_lines(), header, text_table(headers, rows)]  # warnings first
     lines.append("bounds: " + "; ".join(f"{name} for {', '.join(ms)}" for name, ms in by_test.items()))
     failed = [m.metric for m in v.metrics if not m.passed]
     if failed:
@@ -300,7 +300,7 @@ def render(v: GateVerdict, header: str) -> str:
             "margin on the metric's worse side)"
         )
     if v.critical:
-        lines.append(f"GATE FAILED: {len(v.critical)} critical check(s) of the eval items fail for the candidate")
+        lines.append(f"GATE FAILED: {len(v.critical)} critical check(s) fail for the candidate (the eval items' assert lists)")
     if not failed and not v.critical:
         lines.append(f"GATE PASSED ({len(v.metrics)} metric(s); default margin = max(0.01, 1/sqrt(n)))")
     return "\n".join(lines)
