@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rag_experiments.analysis.ppi import Z975, Estimate, clip01, ppi_mean
-from rag_experiments.evaluation.intervals import constant_stratum_var, no_variation
+from rag_experiments.evaluation.intervals import constant_stratum_var, korn_graubard, no_variation
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,8 @@ def stratified_ratio(
     if math.isnan(var):
         return Estimate(clip01(theta), math.nan, math.nan, n), uncovered
     half = z * math.sqrt(var) / den
-    return Estimate(clip01(theta), clip01(theta - half), clip01(theta + half), n), uncovered
+    lo, hi = korn_graubard(theta, var / den**2, n)  # exact where few are positive: never narrower
+    return Estimate(clip01(theta), clip01(min(theta - half, lo)), clip01(max(theta + half, hi)), n), uncovered
 
 
 def _no_variation(theta: float, w: Sequence[float], n: int) -> Estimate:

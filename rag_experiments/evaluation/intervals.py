@@ -51,6 +51,17 @@ def no_variation(theta: float, w: Sequence[float], alpha: float = 0.05) -> tuple
     return clopper_pearson(theta * n_eff, n_eff, alpha)
 
 
+def korn_graubard(theta: float, var: float, n: int, alpha: float = 0.05) -> tuple[float, float]:
+    """The Korn–Graubard interval of a design-based proportion θ̂ with variance ``var``: Clopper–
+    Pearson at the effective size n_eff = min(n, θ̂(1 − θ̂)/var) with n_eff·θ̂ successes. Where few
+    units are positive the normal interval θ̂ ± z·√var is too short above (a property test saw 83 %
+    coverage at 5 positives of 50); the exact one is not."""
+    if not (var > 0 and 0 < theta < 1):
+        return math.nan, math.nan
+    n_eff = min(float(n), theta * (1 - theta) / var)
+    return clopper_pearson(theta * n_eff, n_eff, alpha)
+
+
 def constant_stratum_var(n_h: int, m_bar: float, alpha: float = 0.05) -> float:
     """s² of a stratum whose ``n_h`` sampled units all have the same 0/1 value (m̄ traces per unit):
     the variance m̄² p(1 − p) · n/(n − 1) at p = the Clopper–Pearson bound of 0 of n_h on the unseen

@@ -109,6 +109,10 @@ def question(an: Analysis) -> Section:
     fixed = join([code(f"{k}={v}") for k, v in held_fixed(configs, swept, an.gen).items()], ", ")
     s.blocks.append(Paragraph(text("Held fixed: ", fixed, ".")))
     s.blocks += replaced_paragraphs(configs, swept, an.gen, held_fixed)
+    if one_level := [f for f in inp.swept if f not in factors]:  # swept, one level among those compared
+        shown = join([code(f"{f}={level(configs[0], f) or '–'}") for f in one_level], ", ")
+        s.blocks.append(Paragraph(text(
+            "Swept, with one level among the configs compared (others stopped or unfinished): ", shown, ".")))  # fmt: skip
     n_q = int(max(c.metrics.get("n_queries", len(c.table)) for c in configs))
     n_unans = int(max(c.metrics.get("n_unanswerable", 0) for c in configs))
     why = f"({an.baseline_why})."
