@@ -122,9 +122,14 @@ def test_ray_sweep_runs_each_config_as_a_task_on_a_two_node_cluster(ray_cluster,
     )
     parents, children = _sweep_runs(tmp_path)
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    assert len(children) == 4 and all(r.info.status == "FINISHED" for r in children)
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parents[0].info.run_id}
-    combos = {(r.data.params["chunking"], r.data.params["retriever.k"]) for r in children}
+    seen = [(r.data.params["chunking"], r.data.params["retriever.k"], r.info.status) for r in children]
+    # Ray re-runs a task whose worker it lost (under load, seen once in CI: 5 children); the retry
+    # resumes like a re-run, so a config may have an extra, unfinished child, never a missing one
+    finished = [r for r in children if r.info.status == "FINISHED"]
+    assert len({r.data.tags["config_hash"] for r in finished}) == 4, seen
+    assert len({r.data.tags["config_hash"] for r in children}) == 4, seen
+    combos = {(r.data.params["chunking"], r.data.params["retriever.k"]) for r in finished}
     assert combos == {("fixed", "3"), ("fixed", "5"), ("markdown", "3"), ("markdown", "5")}
     # one shared stage cache: 2 chunkings -> 2 chunk sets; k does not change the search depth
     assert _cache_files(tmp_path, "chunks") == 2 and _cache_files(tmp_path, "rankings") == 2

@@ -15,8 +15,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rag_experiments.core.cache import StageCache, stage_key
-from rag_experiments.core.parallel import as_they_complete
+from rag_experiments.core.cache import StageCache, ask_missing, stage_key
 from rag_experiments.core.progress import Progress, track
 from rag_experiments.core.slots import slot
 from rag_experiments.core.steps import StepRecord
@@ -60,20 +59,14 @@ def generation_stage(
     not cached, so a re-run retries them. Answers pass the text gate (``core.text_gate``) first.
     """
     keys = [stage_key("generation", generator.identity, p) for p in prompts]
-    found = cache.get_json_many("generations", keys)
-    todo = list({k: i for i, k in enumerate(keys) if k not in found}.items())
-    fresh: dict[str, Generation] = {}
-    workers = max(1, int(getattr(generator, "concurrency", 1) or 1))
-    with Progress("generation", len(todo), enabled=progress and bool(todo), unit="answers") as bar:
-        asked = [prompts[i] for _, i in todo]
-        for j, g in as_they_complete(lambda p: _generate_one(generator, p), asked, workers):
-            k = todo[j][0]
-            gated = gate_text(g.text, "answer")  # a key the model repeats is stored nowhere (cache, table, traces)
-            g.text = gated.text
-            fresh[k] = g
-            if not g.error:
-                cache.put_json_many("generations", {k: asdict(g)})
-            bar.update()
+
+    def ask(i: int) -> Generation:
+        g = _generate_one(generator, prompts[i])
+        g.text = gate_text(g.text, "answer").text  # a key the model repeats is stored nowhere
+        return g
+
+    found, fresh = ask_missing(cache, "generations", keys, ask, lambda g: None if g.error else asdict(g),
+                               getattr(generator, "concurrency", 1), ("generation", "answers"), progress)  # fmt: skip
     warn_truncated(generator, fresh.values())
     gens = []
     for k in keys:
@@ -83,7 +76,7 @@ def generation_stage(
             g = Generation(**found[k])
             g.text, g.cached = gate_text(g.text, "answer").text, True  # an answer cached before redaction existed
             gens.append(g)
-    return gens, len(todo)
+    return gens, len(fresh)
 
 
 def _judge_one(

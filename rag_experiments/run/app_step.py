@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rag_experiments.core.cache import stable_hash, stage_key
-from rag_experiments.core.parallel import as_they_complete
-from rag_experiments.core.progress import Progress
+from rag_experiments.core.cache import ask_missing, stable_hash, stage_key
 from rag_experiments.core.steps import StepRecord
 from rag_experiments.core.types import Chunk
 from rag_experiments.evalset.contexts import ContextMapper
@@ -34,18 +32,12 @@ class AppStep:
     def run(self, st, ctx) -> StepRecord:
         app, cache, items = ctx.stages.app, ctx.cache, ctx.data.items
         keys = [stage_key("app", app.identity, q) for q in st.queries]
-        found = cache.get_json_many("app", keys)
-        todo = [i for i, k in enumerate(keys) if k not in found]
-        replies: list[AppReply] = [AppReply(**found[k]) if k in found else AppReply() for k in keys]
-        # each reply committed as it arrives: a killed run loses only the questions in flight
-        with Progress("app", len(todo), enabled=ctx.settings.progress and bool(todo), unit="questions") as bar:
-            for j, r in as_they_complete(lambda i: _ask(app, st.queries[i]), todo, app.concurrency):
-                i = todo[j]
-                replies[i] = r
-                if not r.error:
-                    cache.put_json_many("app", {keys[i]: {"answer": r.answer, "contexts": r.contexts, "seconds": r.seconds,
-                                                           "trace_id": r.trace_id}})
-                bar.update()
+        found, fresh = ask_missing(
+            cache, "app", keys, lambda i: _ask(app, st.queries[i]),
+            lambda r: None if r.error else {"answer": r.answer, "contexts": r.contexts, "seconds": r.seconds,
+                                            "trace_id": r.trace_id},
+            app.concurrency, ("app", "questions"), ctx.settings.progress)  # fmt: skip
+        replies = [fresh[k] if k in fresh else AppReply(**found[k]) for k in keys]
         mapper, spans, rows, unmapped = ContextMapper(ctx.data.docs), {}, [], []
         for r in replies:
             row, lost = [], 0
@@ -71,7 +63,7 @@ class AppStep:
         self.replies, self.unmapped = replies, unmapped
         st.app_replies = {it.id: r for it, r in zip(items, replies, strict=True)}
         errors = [r.error for r in replies if r.error]
-        return StepRecord(self.slot, len(keys), len(errors), {"app": len(todo)}, first_error=errors[0] if errors else "")
+        return StepRecord(self.slot, len(keys), len(errors), {"app": len(fresh)}, first_error=errors[0] if errors else "")
 
     def columns(self, st, rows: list[dict]) -> None:
         for row, r, lost in zip(rows, self.replies, self.unmapped, strict=True):

@@ -19,9 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from rag_experiments.core.cache import StageCache, stage_key
-from rag_experiments.core.parallel import as_they_complete
-from rag_experiments.core.progress import Progress
+from rag_experiments.core.cache import StageCache, ask_missing, stage_key
 from rag_experiments.core.steps import StepRecord
 from rag_experiments.evaluation.cost import usage_columns
 from rag_experiments.stages.query import Transformed
@@ -48,19 +46,14 @@ def query_stage(transform, questions: list[str], cache: StageCache, progress: bo
     history rewrite) or one model call each (``transform.concurrency`` in flight, each committed
     as it completes)."""
     keys = [stage_key(namespace, transform.llm_identity, q) for q in questions]
-    found = cache.get_json_many(namespace, keys)
-    todo = list({k: i for i, k in enumerate(keys) if k not in found}.items())
-    fresh: dict[str, Transformed] = {}
-    with Progress(f"query ({transform.kind})", len(todo), enabled=progress and bool(todo), unit="queries") as bar:
-        asked = [questions[i] for _, i in todo]
-        for j, res in as_they_complete(transform.ask, asked, transform.concurrency):
-            k = todo[j][0]
-            fresh[k] = res
-            if res.error:
-                log.warning("query=%s: %s (the question is searched as it is)", transform.kind, res.error)
-            else:
-                cache.put_json_many(namespace, {k: {"texts": res.texts, "usage": res.usage, "seconds": res.seconds}})
-            bar.update()
+    def store(res: Transformed) -> dict | None:
+        if res.error:
+            log.warning("query=%s: %s (the question is searched as it is)", transform.kind, res.error)
+            return None
+        return {"texts": res.texts, "usage": res.usage, "seconds": res.seconds}
+
+    found, fresh = ask_missing(cache, namespace, keys, lambda i: transform.ask(questions[i]), store,
+                               transform.concurrency, (f"query ({transform.kind})", "queries"), progress)  # fmt: skip
     got = [fresh[k] if k in fresh else Transformed(**found[k]) for k in keys]
     if n_cut := sum(t.truncated for t in fresh.values()):  # said, not silently searched on a cut reply
         cap = getattr(transform.llm, "max_answer_chars", "?")
@@ -72,7 +65,7 @@ def query_stage(transform, questions: list[str], cache: StageCache, progress: bo
         seconds=np.array([t.seconds for t in got], dtype=float),
         errors=[t.error for t in got],
         usage=[dict(t.usage or {}) for t in got],
-        calls=len(todo),
+        calls=len(fresh),
     )
 
 
