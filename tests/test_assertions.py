@@ -319,3 +319,26 @@ def test_the_real_pipeline_writes_the_columns_and_counts(tmp_path, fake_llm):  #
     assert df.loc[items[2].id, "assertions"] == []  # an item without checks
     assert (res.aggregates["n_assertions"], res.aggregates["n_assertions_failed"]) == (6, 2)
     assert res.aggregates["n_critical_failed"] == 0
+
+
+def test_the_report_lists_each_configs_newly_failing_checks_critical_first():
+    from types import SimpleNamespace as NS
+
+    from rag_experiments.report.model import plain
+    from rag_experiments.report.sweep_extras import checks_section
+
+    checks = {"q1": [Check("contains", "24 hours")], "q2": [Check("not_contains", "never", critical=True)]}
+    base = NS(label="base", table=_table({"q1": "24 hours.", "q2": "Retried."}, checks))
+    worse = NS(label="k=3", table=_table({"q1": "A day.", "q2": "Never retried."}, checks))
+    same = NS(label="k=5", table=base.table)
+    s = checks_section(NS(base=base, configs=[base, worse, same]))
+    assert s.title == "Checks newly failing against base (2)"
+    rows = [[plain(c) for c in r] for r in s.blocks[-1].rows]
+    assert [(r[0], r[1], r[3], r[4]) for r in rows] == [
+        ("k=3", "q2", "assert[0] not_contains 'never'", "yes"),  # critical first
+        ("k=3", "q1", "assert[0] contains '24 hours'", ""),
+    ]
+    quiet = checks_section(NS(base=base, configs=[base, same]))
+    assert "No config fails a check that base passes (2 checks" in plain(quiet.blocks[0].text)
+    plain_tables = NS(base=NS(label="b", table=base.table.drop(columns=["assertions"])), configs=[])
+    assert checks_section(plain_tables) is None

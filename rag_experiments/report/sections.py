@@ -464,10 +464,11 @@ def build_report(
     an = analyse(inp, baseline, primary, n_worst, seed, n_resamples, allow_incomparable)
     plots, curve_notes = plots_section(an)
     diag = diagnostics_section(an)
-    from rag_experiments.report.sweep_extras import stopped_section, turn_section
+    from rag_experiments.report.sweep_extras import checks_section, stopped_section, turn_section
 
     stopped = stopped_section(inp)
     turns = turn_section(an, seed=seed)
+    checks = checks_section(an) if len(an.configs) > 1 else None
     body = [
         question(an),
         results(an),
@@ -475,6 +476,7 @@ def build_report(
         *([diag] if diag else []),
         attribution(an),
         *([turns] if turns else []),
+        *([checks] if checks else []),
         plots,
         worst_queries(an),
         definitions(an),

@@ -1,6 +1,7 @@
 """Report sections for sweeps that need more than one-factor-at-a-time: the interactions of a
-full-factorial grid (``analysis.interactions``) and the configs a racing sweep stopped early
-(``analysis.racing``; docs/racing.md)."""
+full-factorial grid (``analysis.interactions``), the configs a racing sweep stopped early
+(``analysis.racing``; docs/racing.md), conversations per turn, and the per-item checks each config
+newly fails against the baseline (``analysis.checks``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 from rag_experiments.analysis.interactions import interaction_headers, interaction_rows
 from rag_experiments.analysis.racing import STOPPED_HEADERS, STOPPED_NOTE, stopped_rows
 from rag_experiments.report.load import ReportInput
-from rag_experiments.report.model import Analysis, Paragraph, Section, Subsection, table, text
+from rag_experiments.report.model import Analysis, Paragraph, Section, Subsection, code, table, text
 
 
 def interactions_subsection(an: Analysis) -> Subsection | None:
@@ -33,6 +34,37 @@ def stopped_section(inp: ReportInput) -> Section | None:
     s = Section("stopped", f"Stopped by racing ({len(inp.stopped)})")
     s.blocks.append(table(STOPPED_HEADERS, stopped_rows([c.data for c in inp.stopped])))
     s.blocks.append(Paragraph(text(STOPPED_NOTE)))
+    return s
+
+
+def checks_section(an: Analysis) -> Section | None:
+    """Per config, the checks of the items' ``assert`` lists (docs/metrics.md, "Per-item
+    assertions") it fails where the baseline passes, critical ones first, as ``compare`` lists
+    them (``analysis.checks.newly_failing``). None when no config has checks."""
+    from rag_experiments.analysis.checks import check_results, newly_failing
+
+    base = an.base.table
+    if not any(check_results(c.table) for c in an.configs):
+        return None
+    rows = []
+    for c in an.configs:
+        if c is an.base:
+            continue
+        broken = sorted(newly_failing(base, c.table), key=lambda f: (not f.critical, f.item_id, f.index))
+        rows += [[c.label, f.item_id, f.query, f"assert[{f.index}] {f.check}", "yes" if f.critical else "", f.detail]
+                 for f in broken]  # fmt: skip
+    n_checks = len(check_results(base))
+    s = Section("checks", f"Checks newly failing against {an.base.label} ({len(rows)})")
+    if not rows:
+        s.blocks.append(Paragraph(text(
+            f"No config fails a check that {an.base.label} passes ({n_checks} checks on its items)."
+        )))  # fmt: skip
+        return s
+    s.blocks.append(Paragraph(text(
+        f"A check fails for a config when any of its answers to the item fails it; listed where "
+        f"{an.base.label} passes it. A critical one fails ", code("gate"), " whatever the aggregates."
+    )))  # fmt: skip
+    s.blocks.append(table(["config", "id", "question", "check", "critical", "why"], rows))
     return s
 
 
