@@ -244,3 +244,24 @@ def test_config_hash_unchanged_by_the_package_layout():
     assert got == RECORDED_CONFIG_HASHES
     assert hashed_target("rag_experiments.judge.HeuristicJudge") == "rag_experiments.stages.judging.HeuristicJudge"
     assert hashed_target("rag_experiments.stages.chunking.FixedSizeChunker").endswith("chunking.FixedSizeChunker")
+
+
+def test_every_module_that_runs_a_step_is_result_code():
+    """A step's code decides the per-query table: a module defining one that RESULT_CODE leaves
+    out would let an edit of it reuse (``[skip]``) runs its old code computed."""
+    import ast
+
+    from rag_experiments.core.identity import RESULT_CODE
+
+    pkg = Path(__file__).resolve().parents[1] / "rag_experiments"
+    missing = []
+    for path in sorted(pkg.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        runs_a_step = any(
+            isinstance(f, ast.FunctionDef) and f.name == "run" and [a.arg for a in f.args.args][:2] == ["self", "st"]
+            for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for f in c.body
+        )  # fmt: skip
+        mod = ".".join(path.relative_to(pkg.parent).with_suffix("").parts)
+        if runs_a_step and not any(mod == r or mod.startswith(r + ".") for r in RESULT_CODE):
+            missing.append(mod)
+    assert missing == []

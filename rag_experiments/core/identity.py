@@ -119,6 +119,8 @@ RESULT_CODE = (
     "rag_experiments.run.answer",  # the answer half: generate, the slots after it, judge
     "rag_experiments.run.retrieval",
     "rag_experiments.run.query_stage",
+    "rag_experiments.run.app_step",
+    "rag_experiments.run.history_step",
     "rag_experiments.run.steps",  # the run loop: error counts and the status rule
     "rag_experiments.evalset.corpus",
     "rag_experiments.evalset.load",
