@@ -81,4 +81,10 @@ def test_stage_slots_are_declared_once_and_resolve() -> None:
         for ns in s.cache:
             assert identity.STAGE_CODE[ns] == s.code
     assert STAGE_GROUPS == (*INPUT_GROUPS, *(s.group for s in SLOTS))
+    import yaml
+
+    from rag_experiments.core.conf_groups import GROUPS
+
+    defaults = yaml.safe_load((conf_dir() / "config.yaml").read_text())["defaults"]
+    assert set(GROUPS) == {k for d in defaults if isinstance(d, dict) for k in d if not k.startswith("override ")}
     assert [s.group for s in SLOTS][:3] == ["chunking", "embedding", "retriever"]

@@ -1,8 +1,9 @@
 """The Hydra config groups (``conf/<group>/<option>.yaml``): one list, and what an option builds.
 
-``GROUPS`` mirrors the ``defaults`` of ``conf/config.yaml`` (tests/test_run_path.py checks it):
-one group per pipeline stage (``STAGE_GROUPS``, in pipeline order), then the failure-label
-thresholds and the tracking store. The sweep logs the stage-group choices as params, attribution
+``GROUPS`` holds the groups of ``conf/config.yaml``'s ``defaults`` (the same set, in pipeline
+order rather than the file's; tests/test_run_path.py checks both): one group per pipeline stage
+(``STAGE_GROUPS``: the inputs, then the slots of ``core.slots``), then the failure-label thresholds
+and the tracking store. The sweep logs the stage-group choices as params, attribution
 reads them as factors, and the report names a judge option's class from its YAML ``_target_``.
 """
 
