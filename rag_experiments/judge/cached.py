@@ -105,7 +105,8 @@ def diagnostics_stage(
     judge, items, answers, chunk_lists, judged: list[JudgedAnswer | None], cache, min_coverage, progress=True
 ):
     """Claim-level diagnostics of every judged answer (evaluation.diagnostics.diagnose), every
-    verdict through the stage cache. Adds each query's verdict usages to its judge tally."""
+    verdict through the stage cache. Adds each query's verdict usages to its judge tally, and its
+    verdict calls that failed to its errors (the judge step's failed item: re-run retries it)."""
     calls: Counter = Counter()
     todo = [i for i, j in enumerate(judged) if j is not None]
     prepare = getattr(judge, "prepare", None)
@@ -117,8 +118,10 @@ def diagnostics_stage(
     for i in track(todo, "diagnostics", enabled=progress, unit="answers"):
         tally = judged[i].usage
 
-        def verdicts(claims, context, tally=tally):
-            return cached_verdicts(judge, claims, context, cache, calls, tally, "diagnostic_verdicts")
+        def verdicts(claims, context, tally=tally, j=judged[i]):
+            out = cached_verdicts(judge, claims, context, cache, calls, tally, "diagnostic_verdicts")
+            j.n_errors += verdict_failures(out)[1]  # a failed call (transport, budget): the answer's error
+            return out
 
         gold = gold_claims(items[i], lambda text, t=tally: cached_claims(judge, text, cache, calls, t))
         out[i] = diagnose(

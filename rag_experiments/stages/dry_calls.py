@@ -131,7 +131,8 @@ def record(key: str, path: str, body: dict) -> DryCall:
 
 def chat_reply(body: dict, text: str | None = None) -> bytes:
     """A chat completion answering ``text`` (default: :data:`CLAIMS_PER_ANSWER` claim sentences),
-    with first-token logprobs (yes over no) when the request asks for them."""
+    with first-token logprobs (yes over no) when the request asks for them; the fields of OpenAI's
+    reply that strict readers require (MLflow's judge reads ``id``)."""
     choice: dict = {
         "index": 0,
         "message": {"role": "assistant", "content": text or placeholder_answer(body.get("messages"))},
@@ -140,7 +141,9 @@ def chat_reply(body: dict, text: str | None = None) -> bytes:
     if body.get("logprobs"):
         tops = [{"token": "yes", "logprob": -0.1}, {"token": "no", "logprob": -2.4}]
         choice["logprobs"] = {"content": [{"token": "yes", "logprob": -0.1, "top_logprobs": tops}]}
-    return json.dumps({"choices": [choice], "usage": {"prompt_tokens": 0, "completion_tokens": 0}}).encode()
+    reply = {"id": "dry-run", "object": "chat.completion", "created": 0, "model": body.get("model", ""),
+             "choices": [choice], "usage": {"prompt_tokens": 0, "completion_tokens": 0}}  # fmt: skip
+    return json.dumps(reply).encode()
 
 
 def _vector(text: str, dims: int) -> list[float]:

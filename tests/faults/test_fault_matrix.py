@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import signal
 import socket
 import threading
@@ -42,7 +43,7 @@ from rag_experiments.core.steps import StepFailed
 from rag_experiments.judge.llm import LLMJudge
 from rag_experiments.run.steps import failure_reason
 from rag_experiments.stages import call_budget
-from rag_experiments.stages.api_embedding import MODEL_CHANGED, OpenAIEmbedder
+from rag_experiments.stages.api_embedding import _PROBES, MODEL_CHANGED, OpenAIEmbedder
 from rag_experiments.stages.app import APP_ANSWER_CAP, HttpApp, PythonApp
 from rag_experiments.stages.endpoint import MAX_REPLY_BYTES
 from rag_experiments.stages.generation import OpenAICompatibleGenerator
@@ -51,6 +52,8 @@ from rag_experiments.stages.query import RewriteQuery
 from rag_experiments.stages.rerank import EndpointReranker, LLMReranker
 from rag_experiments.stages.retrieval import DenseRetriever
 from rag_experiments.tracking.mlflow_judge import MLflowJudge
+from tests.answer_slot import Polish
+from tests.answer_slot import register as register_answer_slot
 from tests.http_fakes import FakeHTTP, Reply, Request, embeddings
 from tests.llm_fixtures import ChatServer, _completion
 from tests.sweep_helpers import REPO, tiny_inputs, tiny_pipeline
@@ -190,6 +193,10 @@ class Row:
             return {"reranker": LLMReranker(url, "m", candidates=3, api_key_env=KEY_ENV, concurrency=2, **fast)}
         if self.name == "http_app":
             return {"app": HttpApp(url + "/ask", api_key_env=KEY_ENV, concurrency=2, **fast)}
+        if self.name == "python_app":  # the user's code in process: no call of ours
+            return {"app": PythonApp("tests.app_fixture:quick")}
+        if self.name == "answer_slot":  # a slot of the tests alone (tests/answer_slot.py), in Stages.extra
+            return {"generator": gen(healthy), "prompt": prompt, "extra": {"polisher": Polish(gen(url))}}
         raise KeyError(self.name)  # embeddings: built by _embedder, while the endpoint still answers
 
 
@@ -203,6 +210,7 @@ STEPS = (
     Row("rerank_llm", "reranker", "7", numeric=True),
     Row("http_app", "app", "Webhooks are retried for 24 hours."),
     Row("embeddings", "retriever", "", numeric=True, whole=True),
+    Row("answer_slot", "polisher", "Webhooks are retried for 24 hours [1]. (polished)"),
 )
 ALL_FAIL = ("dead", "http500", "http400", "malformed", "empty", "trickle", "echokey")
 APP_FAIL = ("barecontexts", "wrongtypes")  # an app's reply of the wrong shape: that question's error
@@ -218,6 +226,7 @@ def world(tmp_path, monkeypatch):
     """(the tiny inputs, a healthy generator endpoint whose answer names the item's question, so
     that a judge's requests about it name it too)."""
     monkeypatch.setenv(KEY_ENV, KEY)
+    register_answer_slot(monkeypatch)  # the answer_slot row's slot, declared for this test only
     inputs = tiny_inputs(tmp_path, n_items=4)
     queries = [it.query for it in inputs[1]]
 
@@ -381,6 +390,118 @@ def test_python_app_cell(world, monkeypatch, mode: str):
         assert again.failed == 0 and again.calls == {"app": rec.failed}  # exactly the failed ones
     else:
         assert rec.items > 0 and rec.failed == rec.items and "(app step" in why, (rec, why)
+
+
+# -- the dry-run and budget columns: every row, the app=python one included ---------------------
+ROWS = (*STEPS, Row("python_app", "app", ""))
+#: the dry run's table name of each row's calls (``run.dry_run.step_of``)
+DRY_STEP = {"generate": "generator", "judge": "judge", "mlflow_judge": "judge", "query": "query transform",
+            "history": "history", "rerank_endpoint": "rerank endpoint", "rerank_llm": "LLM reranker",
+            "http_app": "app", "embeddings": "embeddings API", "answer_slot": "polisher", "python_app": "app"}  # fmt: skip
+
+
+def _row_stages(row: Row, ep: MisbehavingEndpoint, healthy, cache) -> dict[str, Any]:
+    return {"retriever": _embedder(ep, cache)} if row.whole else row.stages(ep.url, healthy.url)
+
+
+def _is_probe(r: Request) -> bool:
+    """The embeddings' startup probe (its fixed text alone), not a model request of a step."""
+    from rag_experiments.stages.api_embedding import PROBE_TEXT
+
+    return r.path.endswith("/embeddings") and r.body.get("input") in (PROBE_TEXT, [PROBE_TEXT])
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+def test_dry_run_column(world, row: Row, capsys):
+    """``dry_run=true`` (the endpoint client's dry mode, as ``run.dry_run`` runs every config):
+    the row's step runs on placeholders and its calls are counted, while the fake endpoints
+    receive no model request (at most one probe per endpoint); the printed report says what was
+    sent. The app=python target is not called (it may call paid models)."""
+    from rag_experiments.run import dry_run
+    from rag_experiments.stages import dry_calls
+
+    inputs, healthy = world
+    inputs = row.inputs(inputs)
+    ep = MisbehavingEndpoint(row.good_chat)
+    ep.app_context = inputs[0].docs[0].text[:80]
+    healthy_before = healthy.calls
+    dry_calls.start()
+    try:  # built in dry mode too: the dry run's config check builds the stages (the embeddings' probe)
+        res = tiny_pipeline(inputs, **_row_stages(row, ep, healthy, inputs[2]))
+        calls = dry_calls.calls()
+    finally:
+        dry_calls.stop()
+        ep.close()
+    got = [r for _, r in ep.http.requests]
+    probes = [r for r in got if _is_probe(r)]
+    assert len(got) == len(probes) <= 1, [r.path for r in got]  # no model request, one probe at most
+    assert healthy.calls == healthy_before  # the healthy generator's endpoint: nothing either
+    rec = res.records[row.slot]
+    assert rec.items > 0 and rec.failed == 0 and not failure_reason(res.records), (rec, failure_reason(res.records))
+    mine = [c for c in calls if dry_run.step_of(c) == DRY_STEP[row.name]]
+    assert mine, sorted({dry_run.step_of(c) for c in calls})  # its calls counted, not skipped
+    assert len(mine) >= (1 if row.whole else rec.items), (len(mine), rec)
+    dry_run.print_report([dry_run.Row(row.name, calls)], {})
+    out = capsys.readouterr().out
+    assert ("probe" in out) if probes else ("nothing was sent" in out), out
+    assert re.search(rf"^\S*\s+{DRY_STEP[row.name]}\s+{len(mine)}\s", out, re.M), out
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+def test_budget_column(world, tmp_path, row: Row):
+    """``budget.max_calls`` at half the calls a whole run makes: the first run stops at the limit
+    (never past it), FAILED with the budget's reason; the same command (a new process: the same
+    budget, counted afresh) resumes and finishes, and no call is made twice. The app=python row's
+    code calls its models itself: nothing of it is counted, nothing stopped."""
+    from rag_experiments.core.cache import StageCache
+
+    inputs, healthy = world
+    inputs = row.inputs(inputs)
+    ep = MisbehavingEndpoint(row.good_chat)
+    ep.app_context = inputs[0].docs[0].text[:80]
+
+    def run(cache) -> str:
+        _PROBES.clear()  # each run is a new process: the embeddings probe their endpoint again
+        stages = _row_stages(row, ep, healthy, cache)
+        try:
+            res = tiny_pipeline((inputs[0], inputs[1], cache), **stages)
+        except StepFailed as e:  # the corpus's embeddings: the run's failure_reason, raised
+            return e.reason
+        return failure_reason(res.records)
+
+    def probes() -> int:  # the embeddings' startup probe: one call of each run (the same command probes again)
+        return sum(_is_probe(r) for _, r in ep.http.requests[n_requests:])
+
+    try:
+        call_budget.reset()
+        n_requests = len(ep.http.requests)
+        assert run(StageCache(tmp_path / "unbudgeted")) == ""
+        probe = probes()
+        total = call_budget.spent()["calls"] - probe  # what a whole run calls (a fresh cache)
+        if row.name == "python_app":
+            call_budget.set_budget(max_calls=1)
+            assert total == 0 and run(inputs[2]) == "" and call_budget.spent()["calls"] == 0
+            return
+        assert total >= 2, total
+        limit, made, runs = (total + 1) // 2 + probe, 0, 0
+        while True:
+            call_budget.reset()  # the same command again: a new process, the same budget
+            call_budget.set_budget(max_calls=limit)
+            n_requests = len(ep.http.requests)
+            why = run(inputs[2])
+            runs += 1
+            assert call_budget.spent()["calls"] <= limit  # never past it
+            assert probes() == probe
+            made += call_budget.spent()["calls"] - probe
+            if not why:
+                break
+            assert f"budget: budget.max_calls={limit} reached" in why, why  # FAILED with the budget's reason
+            assert row.whole or "same command" in why, why  # (the embeddings' StepFailed does not say it)
+            assert runs < 3, (runs, made, total)
+        assert runs == 2 and made == total, (runs, made, total)  # resumed where it stopped, nothing redone
+    finally:
+        call_budget.reset()
+        ep.close()
 
 
 def _step(row: Row) -> str:
