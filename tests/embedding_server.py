@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 
-from tests.llm_fixtures import send_body
+from tests.http_fakes import FakeHTTP, Reply, Request, embeddings
 
 
 class MiniLMServer:
+    """The packaged MiniLM behind ``/v1/embeddings``: a handler of ``tests.http_fakes.FakeHTTP``."""
+
     def __init__(self, key: str | None = None) -> None:
         from sentence_transformers import SentenceTransformer
 
@@ -30,54 +31,41 @@ class MiniLMServer:
         self.key, self.swap, self.nan, self.fault = key, False, False, ""
         self.requests, self.inputs = 0, 0
         self._lock = threading.Lock()
-        srv = self
+        self.http = FakeHTTP(self._reply)
+        self.base_url = self.http.url
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # keep test output clean
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-                with srv._lock:
-                    srv.requests += 1
-                    odd = srv.requests % 2 == 1
-                if srv.fault == "echo_key":
-                    return send_body(self, 500, json.dumps({"error": self.headers.get("Authorization")}).encode())
-                if srv.fault == "500" and odd:
-                    return send_body(self, 500, b'{"error": {"message": "overloaded"}}')
-                if srv.fault == "429" and odd:
-                    self.send_response(429)
-                    self.send_header("Retry-After", "1")
-                    self.send_header("Content-Length", "2")
-                    self.end_headers()
-                    self.wfile.write(b"{}")
-                    return
-                if srv.key and self.headers.get("Authorization") != f"Bearer {srv.key}":
-                    return send_body(self, 401, b'{"error": {"message": "invalid api key"}}')
-                if self.path.rstrip("/") != "/v1/embeddings" or body.get("model") != "all-MiniLM-L6-v2":
-                    return send_body(self, 404, b'{"error": {"message": "model not found"}}')
-                texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
-                vecs = srv.model.encode(texts, batch_size=64, convert_to_numpy=True, normalize_embeddings=True)
-                vecs = vecs[:, ::-1] if srv.swap else vecs
-                if srv.nan:
-                    vecs = vecs.copy()
-                    vecs[0, 0] = np.nan
-                tokens = sum(len(srv.model.tokenizer(t)["input_ids"]) for t in texts)
-                with srv._lock:
-                    srv.inputs += len(texts)
-                data = [{"object": "embedding", "index": i, "embedding": [float(x) for x in v]} for i, v in enumerate(vecs)]
-                out = {"object": "list", "model": body["model"], "data": data,
-                       "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}  # fmt: skip
-                send_body(self, 200, json.dumps(out, allow_nan=True).encode())
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self._thread.start()
+    def _reply(self, r: Request) -> Reply:
+        with self._lock:
+            self.requests += 1
+            odd = self.requests % 2 == 1
+        auth = r.headers.get("Authorization")
+        if self.fault == "echo_key":
+            return Reply(500, json.dumps({"error": auth}).encode())
+        if self.fault == "500" and odd:
+            return Reply(500, b'{"error": {"message": "overloaded"}}')
+        if self.fault == "429" and odd:
+            return Reply(429, b"{}", {"Retry-After": "1"})
+        if self.key and auth != f"Bearer {self.key}":
+            return Reply(401, b'{"error": {"message": "invalid api key"}}')
+        body = r.body
+        if r.path.rstrip("/") != "/v1/embeddings" or body.get("model") != "all-MiniLM-L6-v2":
+            return Reply(404, b'{"error": {"message": "model not found"}}')
+        texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        vecs = self.model.encode(texts, batch_size=64, convert_to_numpy=True, normalize_embeddings=True)
+        vecs = vecs[:, ::-1] if self.swap else vecs
+        if self.nan:
+            vecs = vecs.copy()
+            vecs[0, 0] = np.nan
+        tokens = sum(len(self.model.tokenizer(t)["input_ids"]) for t in texts)
+        with self._lock:
+            self.inputs += len(texts)
+        rows = iter(vecs)
+        out = {"model": body["model"], **embeddings(texts, lambda _t: [float(x) for x in next(rows)])}
+        out["usage"] = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return Reply(200, json.dumps(out, allow_nan=True).encode())
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.http.close()
 
 
 def llama_embedding_server(model_path: str, n_threads: int = 1):

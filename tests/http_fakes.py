@@ -33,13 +33,15 @@ class Request:
 @dataclass
 class Reply:
     """What the fake answers: ``status``, ``body``, extra ``headers``; ``trickle_s`` > 0 sends the
-    body one byte every that many seconds; ``hang_s`` > 0 waits that long and answers nothing."""
+    body one byte every that many seconds; ``hang_s`` > 0 waits that long and answers nothing;
+    ``done()`` runs once the reply is written (or given up): a request is in flight until then."""
 
     status: int = 200
     body: bytes = b"{}"
     headers: dict[str, str] = field(default_factory=dict)
     trickle_s: float = 0.0
     hang_s: float = 0.0
+    done: Callable[[], None] | None = None
 
 
 def send_body(handler: BaseHTTPRequestHandler, code: int, body: bytes, ctype: str = "application/json",
@@ -90,7 +92,12 @@ class FakeHTTP:
                 req = Request(self.command, self.path, dict(self.headers), raw, body)
                 with outer._lock:
                     outer.requests.append((time.monotonic(), req))
-                outer._answer(self, _as_reply(outer.handle(req)))
+                reply = _as_reply(outer.handle(req))
+                try:
+                    outer._answer(self, reply)
+                finally:
+                    if reply.done is not None:
+                        reply.done()
 
             do_POST = do_GET = _serve
 
@@ -153,5 +160,5 @@ def completion(content: str, model: str = "m", usage: tuple[int, int] = (1, 1)) 
 
 def embeddings(texts: list[str], vector: Callable[[str], list[float]]) -> dict:
     """An OpenAI ``/embeddings`` reply: ``vector(text)`` per input, in order, with its usage."""
-    rows = [{"index": i, "embedding": vector(t)} for i, t in enumerate(texts)]
-    return {"data": rows, "usage": {"prompt_tokens": len(texts), "total_tokens": len(texts)}}
+    rows = [{"object": "embedding", "index": i, "embedding": vector(t)} for i, t in enumerate(texts)]
+    return {"object": "list", "data": rows, "usage": {"prompt_tokens": len(texts), "total_tokens": len(texts)}}

@@ -8,65 +8,47 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from rag_experiments.stages import endpoint
 from rag_experiments.stages.endpoint import Endpoint, _Shared
 from rag_experiments.stages.generation import OpenAICompatibleGenerator
-from tests.llm_fixtures import _completion, send_body
+from tests.http_fakes import FakeHTTP, Reply, Request, completion
 
 
 class LimitedServer:
     """Chat completions, ``allowed`` in flight (429 + ``Retry-After`` beyond), ``delay_s`` per
-    reply, ``tokens`` reported per reply; records what it accepted."""
+    reply, ``tokens`` reported per reply; records what it accepted. A handler of
+    ``tests.http_fakes.FakeHTTP``."""
 
     def __init__(self, allowed: int = 2, delay_s: float = 0.3, retry_after: str = "1", tokens: int = 10) -> None:
-        self.allowed, self.delay_s, self.tokens = allowed, delay_s, tokens
+        self.allowed, self.delay_s, self.tokens, self.retry_after = allowed, delay_s, tokens, retry_after
         self.in_flight = self.max_in_flight = self.rejected = self.served = 0
         self.lock = threading.Lock()
-        srv = self
+        self.http = FakeHTTP(self._reply)
+        self.base_url = self.http.url
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
+    def _reply(self, r: Request) -> Reply:
+        with self.lock:
+            if self.in_flight >= self.allowed:
+                self.rejected += 1
+                return Reply(429, b"{}", {"Retry-After": self.retry_after})
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        time.sleep(self.delay_s)
+        text = r.body["messages"][-1]["content"]
+        reply = completion(f"answer to {text}", r.body["model"], (self.tokens - 1, 1))
+        with self.lock:  # counted before the client can read it: no race with the assert
+            self.served += 1
+        return Reply(200, json.dumps(reply).encode(), done=self._left)  # in flight until written
 
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-                with srv.lock:
-                    if srv.in_flight >= srv.allowed:
-                        srv.rejected += 1
-                        over = True
-                    else:
-                        srv.in_flight += 1
-                        srv.max_in_flight = max(srv.max_in_flight, srv.in_flight)
-                        over = False
-                if over:
-                    self.send_response(429)
-                    self.send_header("Retry-After", retry_after)
-                    self.send_header("Content-Length", "2")
-                    self.end_headers()
-                    self.wfile.write(b"{}")
-                    return
-                try:
-                    time.sleep(srv.delay_s)
-                    text = body["messages"][-1]["content"]
-                    reply = _completion(f"answer to {text}", body["model"], (srv.tokens - 1, 1))
-                    with srv.lock:  # counted before the client can read it: no race with the assert
-                        srv.served += 1
-                    send_body(self, 200, json.dumps(reply).encode())
-                finally:
-                    with srv.lock:
-                        srv.in_flight -= 1
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+    def _left(self) -> None:
+        with self.lock:
+            self.in_flight -= 1
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.http.close()
 
 
 @pytest.fixture

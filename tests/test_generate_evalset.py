@@ -5,8 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,8 @@ from rag_experiments.core.types import Document
 from rag_experiments.evalset.corpus import load_corpus
 from rag_experiments.evalset.generate import REVIEW_COLUMNS, heuristic_tags, paragraphs, sample_passages
 from rag_experiments.evalset.load import load_evalset
-from tests.llm_fixtures import _completion, requires_smollm2
+from tests.http_fakes import FakeHTTP, Reply, Request, completion
+from tests.llm_fixtures import requires_smollm2
 
 GOOD_Q = "For how long does the service keep retrying a failed webhook?"
 DOCS = {
@@ -85,28 +84,16 @@ def scripted_llm():
     """An OpenAI-compatible endpoint that answers each passage's prompt with the scripted reply."""
     calls: list[str] = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
+    def reply(r: Request) -> Reply | dict:
+        doc = re.search(r"document '([^']+)'", r.body["messages"][-1]["content"]).group(1)
+        calls.append(doc)
+        content = REPLIES[doc]
+        if content is None:
+            return Reply(400, b'{"error": {"message": "bad"}}')
+        return completion(content, r.body["model"])
 
-        def do_POST(self):
-            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            doc = re.search(r"document '([^']+)'", req["messages"][-1]["content"]).group(1)
-            calls.append(doc)
-            content = REPLIES[doc]
-            code, body = (400, b'{"error": {"message": "bad"}}') if content is None else (200, b"")
-            body = body or json.dumps(_completion(content, req["model"])).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/v1", calls
-    srv.shutdown()
-    srv.server_close()
+    with FakeHTTP(reply) as srv:
+        yield srv.url, calls
 
 
 def _rows(path: Path) -> list[dict]:

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
@@ -33,7 +31,8 @@ from rag_experiments.stages.rerank import (
     rerank_order,
 )
 from rag_experiments.stages.retrieval import BM25Retriever, HybridRetriever, minmax, rrf_fuse, weighted_fuse
-from tests.llm_fixtures import ChatServer, send_body
+from tests.http_fakes import FakeHTTP, Reply, Request
+from tests.llm_fixtures import ChatServer
 from tests.sweep_helpers import REPO, make_tiny, run_sweep, sweep_args, tiny_inputs
 
 CONF = str(REPO / "rag_experiments" / "conf")
@@ -156,42 +155,35 @@ def test_dense_reranker_is_cosine_of_the_bi_encoder(tmp_path) -> None:
 
 
 class RerankServer:
-    """A real HTTP server on 127.0.0.1 answering POST /rerank in the Cohere/Jina shape: score =
-    how many query words the document contains. ``script``: statuses to answer first (503: retry)."""
+    """A rerank endpoint (``tests.http_fakes.FakeHTTP``) answering POST /rerank in the Cohere/Jina
+    shape: score = how many query words the document contains. ``script``: statuses to answer first
+    (503: retry); ``bodies``: (path, body, Authorization) of every request."""
 
     def __init__(self, script=(), echo_secret: str = "") -> None:
-        self.script, self.calls, self.bodies = list(script), 0, []
-        outer = self
+        self.script, self.echo_secret = list(script), echo_secret
+        self.http = FakeHTTP(self._reply)
+        self.url = self.http.url
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):  # quiet
-                pass
+    @property
+    def calls(self) -> int:
+        return len(self.http.requests)
 
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.calls += 1
-                outer.bodies.append((self.path, body, self.headers.get("Authorization")))
-                status = outer.script.pop(0) if outer.script else 200
-                if status != 200:
-                    msg = f"overloaded; your key was {echo_secret}" if echo_secret else "overloaded"
-                    return self._send(status, {"error": msg})
-                words = set(body["query"].lower().split())
-                res = [
-                    {"index": i, "relevance_score": float(sum(w in d.lower() for w in words))}
-                    for i, d in enumerate(body["documents"])
-                ]
-                self._send(200, {"results": sorted(res, key=lambda r: -r["relevance_score"])})
+    @property
+    def bodies(self) -> list[tuple[str, dict, str | None]]:
+        return [(r.path, r.body, r.headers.get("Authorization")) for _, r in self.http.requests]
 
-            def _send(self, status, obj):
-                send_body(self, status, json.dumps(obj).encode())
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+    def _reply(self, r: Request) -> Reply | dict:
+        status = self.script.pop(0) if self.script else 200
+        if status != 200:
+            msg = f"overloaded; your key was {self.echo_secret}" if self.echo_secret else "overloaded"
+            return Reply(status, json.dumps({"error": msg}).encode())
+        words = set(r.body["query"].lower().split())
+        res = [{"index": i, "relevance_score": float(sum(w in d.lower() for w in words))}
+               for i, d in enumerate(r.body["documents"])]  # fmt: skip
+        return {"results": sorted(res, key=lambda x: -x["relevance_score"])}
 
     def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        self.http.close()
 
 
 def test_endpoint_reranker_retries_redacts_and_reads_scores_by_index(monkeypatch) -> None:

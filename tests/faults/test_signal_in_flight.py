@@ -7,53 +7,24 @@ without joining the calls in flight."""
 from __future__ import annotations
 
 import signal
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from tests.faults.test_interrupts import _popen, _runs
+from tests.http_fakes import FakeHTTP, Reply, Request
 from tests.sweep_helpers import make_tiny, sweep_args
 
 
-class Trickle:
-    """An OpenAI-compatible endpoint that answers 200 and then one byte every 2 s, forever."""
-
-    def __init__(self) -> None:
-        self.requests: list[float] = []
-        trickle = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                trickle.requests.append(time.monotonic())
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                try:
-                    for _ in range(600):
-                        self.wfile.write(b" ")
-                        self.wfile.flush()
-                        time.sleep(2)
-                except OSError:
-                    return
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+def _trickle(r: Request) -> Reply:
+    """An OpenAI-compatible endpoint that answers 200 and then one byte every 2 s (20 minutes)."""
+    return Reply(200, b" " * 600, trickle_s=2.0)
 
 
 @pytest.fixture
 def trickle():
-    t = Trickle()
-    yield t
-    t.server.shutdown()
-    t.server.server_close()
+    with FakeHTTP(_trickle) as t:
+        yield t
 
 
 @pytest.mark.parametrize("signals", [1, 2], ids=["once", "twice"])
