@@ -1,8 +1,9 @@
 """The fault matrix (docs/reliability.md): every remote step against the same misbehaving endpoint.
 
 Rows are the steps that call out (generate, judge, MLflow's judge, query transform, history rewrite,
-rerank API, LLM reranker, an HTTP app, the embeddings API); a new remote step adds a row to ``STEPS``, never
-tests of its own. Columns are the ways an endpoint misbehaves, plus an app's (a bare-string
+rerank API, LLM reranker, an HTTP app, the embeddings API, and ``answer_slot``: an answer-side slot
+added by the recipe in the tests alone, ``tests/answer_slot.py``); a new remote step adds a row to
+``STEPS``, never tests of its own. Columns are the ways an endpoint misbehaves, plus an app's (a bare-string
 ``contexts``, wrong types, a huge answer, a secret in it) and the embeddings' after the startup
 probe (wrong or mixed sizes, short ``data``, a reply over the size cap, another model, a budget
 stop). The ``app=python`` row (``test_python_app_cell``) runs the user's code's own faults: raise,
@@ -16,6 +17,11 @@ Every cell asserts the same rule, the one ``run.steps`` derives for every step:
 - a 429's ``Retry-After`` is honoured and nothing is lost;
 - Ctrl-C/SIGTERM stops it within seconds and no request leaves after the signal;
 - the API key is nowhere in what the run keeps.
+
+Two more columns for every row, ``app=python`` included (``ROWS``): a dry run
+(``test_dry_run_column``: no model request reaches the fakes, the step's calls are counted and
+printed) and a budget (``test_budget_column``: stopped at ``budget.max_calls`` with the budget's
+reason; the same command resumes and finishes, no call made twice).
 
 The CLI's exit code and MLflow status for such a run are checked end to end by
 ``test_dead_reranker_and_transform_fail_the_cli_run`` (slow tier).
