@@ -10,13 +10,14 @@ other remote step.
 
 from __future__ import annotations
 
-from rag_experiments.core.cache import stage_key
+from rag_experiments.core.cache import ask_missing, stage_key
 from rag_experiments.core.slots import Slot
 from rag_experiments.core.steps import StepRecord
+from rag_experiments.core.types import Generation
 
 POLISH = Slot("polisher", "polish", "tests.answer_slot.Polish", ("polish",), ("tests.answer_slot",),
               optional=True, neutral_none=True, step="polishing", errors="n_polish_errors",
-              noun="polished answers", position=1, column="polish", runner="tests.answer_slot.PolishStep",
+              noun="polished answers", position=5, column="polish", runner="tests.answer_slot.PolishStep",
               span="LLM", outputs=("answer",), phase="after_answer")  # fmt: skip
 
 
@@ -38,40 +39,40 @@ class Polish:
     PROMPT = "Polish this answer; keep its facts and citations:\n\n{answer}"
 
     def __init__(self, llm) -> None:
-        self.llm = llm
+        self.llm, self.concurrency = llm, getattr(llm, "concurrency", 1)
         self.identity = f"polish:{llm.identity}"
 
-    def polish(self, answers: list[str]) -> list:
-        """A ``Generation`` per answer (its ``error`` set when the call failed)."""
-        return self.llm.generate([[{"role": "user", "content": self.PROMPT.format(answer=a)}] for a in answers])
+    def polish(self, answer: str) -> Generation:
+        """The polished answer (its ``error`` set when the call failed)."""
+        return self.llm.generate([[{"role": "user", "content": self.PROMPT.format(answer=answer)}]])[0]
 
 
 class PolishStep:
     """The slot's runner: polishes the answers the answer step left (a failed answer is not an
-    item), cached by (stage identity, answer); a failed call keeps the answer and is not cached
-    (the same run again asks exactly those)."""
+    item) through ``core.cache.ask_missing``, keyed by (stage identity, answer); a failed call
+    keeps the answer and is not cached (the same run again asks exactly those)."""
 
     slot = "polisher"
 
     def run(self, seg, ctx) -> StepRecord:
-        stage, cache = ctx.stages.polisher, ctx.cache
+        stage = ctx.stages.polisher
         todo = [i for i, a in enumerate(seg.answers) if a is not None]
-        keys = {i: stage_key("polish", stage.identity, seg.answers[i]) for i in todo}
-        found = cache.get_json_many("polish", list(keys.values()))
-        ask = [i for i in todo if keys[i] not in found]
-        self.errors: dict[int, str] = {}
-        for i, g in zip(ask, stage.polish([seg.answers[i] for i in ask]), strict=True):
-            if g.error:
-                self.errors[i] = g.error
+        keys = [stage_key("polish", stage.identity, seg.answers[i]) for i in todo]
+        found, fresh = ask_missing(ctx.cache, "polish", keys, lambda j: stage.polish(seg.answers[todo[j]]),
+                                   lambda g: None if g.error else g.text, stage.concurrency,
+                                   ("polishing", "answers"), ctx.settings.progress)  # fmt: skip
+        self.failed: set[int] = set()
+        errors = []
+        for i, k in zip(todo, keys, strict=True):
+            g = fresh.get(k)
+            if g is not None and g.error:
+                self.failed.add(i)
+                errors.append(g.error)
             else:
-                found[keys[i]] = g.text
-                cache.put_json_many("polish", {keys[i]: g.text})
-        for i in todo:
-            if keys[i] in found:
-                seg.answers[i] = found[keys[i]]
-        first = next(iter(self.errors.values()), "")
-        return StepRecord(self.slot, len(todo), len(self.errors), {"polish": len(ask)}, first_error=first)
+                seg.answers[i] = g.text if g is not None else found[k]
+        return StepRecord(self.slot, len(todo), len(self.failed), {"polish": len(fresh)},
+                          first_error=errors[0] if errors else "")  # fmt: skip
 
     def columns(self, seg, rows) -> None:
         for i, row in enumerate(rows):
-            row["polish_error"] = self.errors.get(i)
+            row["polish_failed"] = i in self.failed  # a bool: no column declaration needed
