@@ -594,6 +594,35 @@ def test_dead_reranker_and_transform_fail_the_cli_run(tmp_path, override):
     assert len(client.search_runs([exp_id])) == 2
 
 
+def test_a_dry_run_of_every_remote_step_sends_no_model_request(tmp_path):
+    """Issue 42 (4), end to end: ``dry_run=true`` of configs using every remote step one config
+    composes (the embeddings API, the query transform, the LLM reranker, the generator, MLflow's
+    judge through its shim; the other rows' dry runs are ``test_dry_run_column``'s), all on one live
+    fake endpoint: it receives no model request (at most its probe), and the printed table counts
+    every step's calls."""
+    from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
+
+    ep = MisbehavingEndpoint("yes")
+    u = ep.url
+    try:
+        docs, ev = make_tiny(tmp_path, n_items=3)
+        p = run_sweep(tmp_path, *sweep_args(tmp_path, docs, ev), "rerank=llm", f"rerank.base_url={u}",
+                      "rerank.model=r", "rerank.candidates=4", "retriever.k=3", "embedding=openai", f"embedding.base_url={u}",
+                      "embedding.api_key_env=null", "query=rewrite", "generator=openai", f"generator.base_url={u}",
+                      "generator.model=m", "generator.api_key_env=null", "judge=mlflow", f"judge.base_url={u}",
+                      "judge.model=m", "judge_card.enabled=false", "generation_subset=2", "dry_run=true", check=False)  # fmt: skip
+    finally:
+        ep.close()
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
+    got = [r for _, r in ep.http.requests]
+    probes = [r for r in got if _is_probe(r)]
+    assert len(got) == len(probes) <= 1, [r.path for r in got]
+    assert ("probe" in p.stdout) if probes else ("nothing was sent" in p.stdout), p.stdout
+    for step in ("embeddings API", "query transform", "LLM reranker", "generator", "judge"):
+        assert re.search(rf"^\S*\s+{step}\s+[1-9]", p.stdout, re.M), (step, p.stdout)
+    assert not (tmp_path / "mlflow.db").exists()
+
+
 def test_a_lone_surrogate_in_a_reply_is_replaced_once_for_every_chat_step(world, tmp_path):
     """A JSON ``"\\ud800"`` decodes to a lone surrogate no cache, table or store can encode; the
     endpoint's chat parser replaces it (U+FFFD), so the run and its per-query table survive."""
