@@ -24,6 +24,10 @@ from tests.sweep_helpers import run_sweep
         # a key only one of the swept options has: the job with the other one would not compose
         (["-m", "retriever=dense,bm25", "retriever.method=lucene"],
          "retriever.method=lucene: unknown key 'method' in conf/retriever/dense.yaml"),
+        # a key every swept option has but the group's default lacks: Hydra's primary compose fails
+        (["-m", "rerank=llm,endpoint", "rerank.base_url=http://x"],
+         "rerank.base_url=http://x: rerank is swept, and Hydra first composes a multirun with its default "
+         "(rerank=none), which has no base_url: write ++rerank.base_url=http://x to set it in every swept option"),
     ],
 )
 def test_an_unknown_key_is_named_with_a_suggestion(argv, line):
@@ -48,6 +52,8 @@ def test_known_keys_sweeps_and_hydra_keys_pass():
         "corpus.path=/data/docs",  # a ??? value: present, though OmegaConf's `in` says it is not
     ]
     assert unknown_config_keys(argv) == []
+    assert unknown_config_keys(["-m", "rerank=llm,endpoint", "++rerank.base_url=http://x"]) == []
+    assert unknown_config_keys(["rerank=llm,endpoint", "rerank.base_url=http://x"]) == []  # not a multirun
     assert unknown_config_keys(["foo=1", "--config-dir", "/my/conf"]) == []
     assert unknown_config_keys(["foo=1", "-cn=mine"]) == []
 

@@ -85,6 +85,10 @@ def _parse(argv: list[str]) -> list:
     return out
 
 
+def _multirun(argv: list[str]) -> bool:
+    return any(a in ("-m", "--multirun") for a in argv)
+
+
 def _values(o) -> list[str]:
     return list(o.sweep_string_iterator()) if o.is_sweep_override() else [str(o.value())]
 
@@ -171,6 +175,7 @@ def unknown_config_keys(argv: list[str]) -> list[str]:
         return cache[at]
 
     first = {g: v[0] for g, v in groups.items()}
+    swept = {g for g, o in ((_selector(o), o) for o in overrides) if o.is_sweep_override()} if _multirun(argv) else set()
     problems = []
     for o in keys:
         parts = o.key_or_group.split(".")
@@ -194,4 +199,17 @@ def unknown_config_keys(argv: list[str]) -> list[str]:
             else:
                 problems.append(_problem(arg, cfg, parts, found, add=False))
             break
+        else:
+            if parts[0] in swept and not (o.is_add() or o.is_force_add()):
+                problems += _primary_problem(arg, parts, composed({g: v for g, v in first.items() if g not in swept}))
     return problems
+
+
+def _primary_problem(arg: str, parts: list[str], primary) -> list[str]:
+    """Hydra composes a multirun's primary config without its sweeps, so a key of a swept group
+    must also be in that group's default option (else Hydra's "Could not override", exit 1)."""
+    if primary is None or _lookup(primary, parts)[1] == len(parts):
+        return []
+    default = primary.hydra.runtime.choices.get(parts[0])
+    return [f"{arg}: {parts[0]} is swept, and Hydra first composes a multirun with its default ({parts[0]}="
+            f"{default}), which has no {'.'.join(parts[1:])}: write ++{arg} to set it in every swept option"]  # fmt: skip
