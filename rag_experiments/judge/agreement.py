@@ -67,6 +67,36 @@ def kappa_ci(
     return float(lo), float(hi)
 
 
+def kappa_delta_ci(
+    human: Sequence[str],
+    a: Sequence[str],
+    b: Sequence[str],
+    seed: int = 0,
+    n_resamples: int = 2000,
+    confidence: float = 0.95,
+) -> tuple[float, float, float]:
+    """κ(b, human) − κ(a, human) on the same items, and its paired percentile-bootstrap CI (the
+    items resampled once for both raters, so what they share cancels); resamples with an undefined
+    κ are dropped. NaNs with fewer than 2 items or no defined resample."""
+    h, a, b = (np.asarray(x, dtype=object) for x in (human, a, b))
+    d = cohen_kappa(h, b) - cohen_kappa(h, a)
+    n = len(h)
+    if n < 2:
+        return float("nan"), float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    ds = []
+    for _ in range(n_resamples):
+        i = rng.integers(0, n, n)
+        x = cohen_kappa(h[i], b[i]) - cohen_kappa(h[i], a[i])
+        if not math.isnan(x):
+            ds.append(x)
+    if not ds:
+        return float(d), float("nan"), float("nan")
+    alpha = (1 - confidence) / 2
+    lo, hi = np.quantile(ds, [alpha, 1 - alpha])
+    return float(d), float(lo), float(hi)
+
+
 def weighted_share(event: np.ndarray, given: np.ndarray, weights: np.ndarray | None = None) -> float:
     """P_w(event | given) = Σ w·[given ∧ event] / Σ w·[given]; NaN when nothing is ``given``."""
     w = np.ones(len(event)) if weights is None else np.asarray(weights, float)
