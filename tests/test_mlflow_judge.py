@@ -182,6 +182,53 @@ def test_mlflow_feedback_maps_to_labels_through_mlflows_own_parsing():
     assert req["response_format"]["type"] == "json_schema"
 
 
+class _Facts(_Scripted):
+    """MLflow's correctness prompt answered by the expected fact it carries (``<claim>``): a fact
+    about "5 times" yes, "instant" no, "Rust" the literal "yes|no", one about "down" a dead call;
+    every other judge (groundedness, relevance) yes."""
+
+    def _reply(self, r: Request):
+        req = r.body
+        self.requests.append(req)
+        prompt = req["messages"][-1]["content"]
+        if "The response is correct" not in prompt:  # not the correctness judge
+            return completion(json.dumps({"rationale": "scripted", "result": "yes"}), req["model"])
+        fact = prompt.split("<claim>", 1)[-1].split("</claim>", 1)[0]
+        if "down" in fact:
+            from tests.http_fakes import Reply
+
+            return Reply(500, b"down")
+        result = next((v for k, v in self.RESULTS.items() if k in fact), "yes")
+        return completion(json.dumps({"rationale": "scripted", "result": result}), req["model"])
+
+
+def test_key_facts_are_judged_by_mlflows_correctness_scorer_with_the_fact_as_expected_fact():
+    ep = _Facts()
+    try:
+        from rag_experiments.stages.endpoint import usage, usage_since
+
+        judge = MLflowJudge(base_url=ep.base_url, model="judge-7b", num_retries=0)
+        before = usage()
+        facts = ["retried 5 times", "refunds are instant", "written in Rust", "the API is down"]
+        vs = judge.fact_verdicts("Webhooks are retried 5 times; refunds take days.", facts)
+        assert [v.label for v in vs] == ["supported", "absent", "unparseable", "unparseable"]
+        assert (
+            vs[0].rationale == "scripted" and vs[2].error is None and vs[3].error
+        )  # a reply vs a failed call
+        from mlflow.genai.judges.prompts.correctness import get_prompt
+
+        # the scorer's own prompt, the fact as its one expected fact; through our endpoint client
+        sent = [q["messages"][-1]["content"] for q in ep.requests]
+        assert get_prompt(request="", response="Webhooks are retried 5 times; refunds take days.",
+                          expected_facts=["retried 5 times"]) in sent  # fmt: skip
+        assert (
+            len(sent) == 4 and sum(u["calls"] for u in usage_since(before).values()) == 4
+        )  # counted by the client
+        assert json.loads(judge.fact_identity)["judge"] == judge.identity
+    finally:
+        ep.server.shutdown()
+
+
 # -- real: the packaged SmolLM2 on the embedded llama.cpp server --------------------------------------
 
 

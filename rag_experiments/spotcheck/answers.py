@@ -52,7 +52,7 @@ ANSWER_COLUMNS = ["answer_id", "query", "context", "answer", "inclusion_prob", "
 #: view name → (per-query metric, the run param holding its threshold)
 VIEWS = {
     "correctness": ("correctness", "attribution.correct"),
-    # a judge model's reading of the key facts (judge=openai|local): validated on the same answers
+    # a judge model's reading of the key facts (judge=openai|local|mlflow): validated on the same answers
     "correctness_judged": ("correctness_judged", "attribution.correct"),
     "judge": ("faithfulness", "attribution.faithful"),
 }
