@@ -229,6 +229,43 @@ def test_key_facts_are_judged_by_mlflows_correctness_scorer_with_the_fact_as_exp
         ep.server.shutdown()
 
 
+class _FactsByAnswer(_Scripted):
+    """MLflow's correctness prompt answered by the answer it carries: "never" → no, "maybe" → the
+    literal "yes|no" (unparseable), else yes; every other judge yes."""
+
+    def _reply(self, r: Request):
+        prompt = r.body["messages"][-1]["content"]
+        doc = prompt.split("<document>", 1)[-1] if "The response is correct" in prompt else ""
+        result = "no" if "never" in doc else "yes|no" if "maybe" in doc else "yes"
+        return completion(json.dumps({"rationale": "scripted", "result": result}), r.body["model"])
+
+
+def test_a_run_with_judge_mlflow_logs_correctness_judged_and_counts_unparseable_fact_replies(tmp_path):
+    from rag_experiments.stages.app import PythonApp
+    from tests import test_fact_judge
+    from tests.sweep_helpers import tiny_inputs, tiny_pipeline
+
+    corpus, items, cache = tiny_inputs(tmp_path, n_items=4)
+    answerable = [it for it in items if it.answerable][:3]
+    test_fact_judge._answers.replies = {
+        it.query: f"{' '.join(it.strong_key_facts) or it.gold_answer}. {tail}"
+        for it, tail in zip(answerable, ("Yes.", "It is never so.", "maybe"), strict=True)
+    }
+    ep = _FactsByAnswer()
+    try:
+        judge = MLflowJudge(base_url=ep.base_url, model="judge-7b", num_retries=0)
+        res = tiny_pipeline(
+            (corpus, answerable, cache), app=PythonApp("tests.test_fact_judge:_answers"), judge=judge
+        )
+    finally:
+        ep.server.shutdown()
+    df = res.per_query.set_index("id")
+    got = [df.loc[it.id, "correctness_judged"] for it in answerable]
+    assert got[0] == 1.0 and got[1] == 0.0 and math.isnan(got[2])  # supported, "no", unread
+    n_facts = len(answerable[2].strong_key_facts) or 1
+    assert res.aggregates["n_unparseable_fact_verdicts"] == n_facts and res.calls["judge_facts"] > 0
+
+
 # -- real: the packaged SmolLM2 on the embedded llama.cpp server --------------------------------------
 
 
