@@ -158,6 +158,7 @@ def test_the_judged_view_is_logged_validated_by_the_card_and_chosen_where_its_ka
     assert rep.primary == JUDGED
     md = " ".join(render_markdown(rep).split())
     assert "correctness_judged, the better-validated view" in md
+    assert "correctness_judged κ" in md  # the validity section shows both views' κ
 
     # a metric named with --metric is kept, and the line names the better view
     v = _select(store, "--metric", STRING)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rag_experiments.analysis.comparability import comparability
+from rag_experiments.analysis.correctness_view import JUDGED
 from rag_experiments.analysis.judge_trust import ANSWER_KAPPA, answers_checked, card_title, correctness_note
 from rag_experiments.analysis.stats import first_stage_deltas
 from rag_experiments.core.conf_groups import embedding_used, generation_only
@@ -342,12 +343,20 @@ def correctness_validity(an: Analysis) -> list:
     if not checked:
         return [Paragraph(text(correctness_note(an.base.run.run_id)))]
     n_key = "spotcheck/answers/correctness/n"
-    rows = [[c.label, _card_cell(c.metrics, ANSWER_KAPPA), f3(c.metrics.get(n_key), nd=0)] for c in checked]
+    judged = f"spotcheck/answers/{JUDGED}/kappa"
+    both = any(judged in c.metrics for c in checked)  # a judge model read the facts too
+    rows = [
+        [c.label, _card_cell(c.metrics, ANSWER_KAPPA), *([_card_cell(c.metrics, judged)] if both else []),
+         f3(c.metrics.get(n_key), nd=0)]
+        for c in checked
+    ]  # fmt: skip
     note = text(
         "Correctness κ: key-fact correctness against the answers a human labelled correct / incorrect / "
         "declined (spotcheck score-answers, 95 % bootstrap CI); a config not listed was never checked."
+        + (" The verdict reads the better-validated of the two views (docs/spotcheck.md)." if both else "")
     )
-    return [Paragraph(note), table(["config", "correctness κ (answer labels)", "answers"], rows)]
+    heads = ["config", "correctness κ (answer labels)", *([f"{JUDGED} κ"] if both else []), "answers"]
+    return [Paragraph(note), table(heads, rows)]
 
 
 def spotcheck_table(an: Analysis) -> list:
