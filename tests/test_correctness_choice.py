@@ -186,6 +186,9 @@ def test_the_judged_view_is_logged_validated_by_the_card_and_chosen_where_its_ka
     )
     items = [t for b, t in _inline_texts(md) if b == "list_item_open"]  # CommonMark, parsed back
     assert any(t.startswith(f"{PREFIX}correctness as named; correctness_judged is the better") for t in items)
+    # another judge on one config: correctness_judged is not comparable, the default stays string match
+    next(r for r in store.runs.values() if r.name == "prompt=cite").tags["judge_identity"] = "another-judge"
+    assert _select(store, "--allow-judge-change").choice.metric == STRING
 
 
 def _run(metrics: dict[str, float], name: str = "a") -> RunData:

@@ -319,6 +319,7 @@ def default_metric_choice(
         and JUDGED in set(available)
         and (c := correctness_choice(runs))
         and c.metric == JUDGED
+        and comparability(JUDGED, runs, available).comparable  # one judge read every config's facts
     ):
         metric, why = (
             JUDGED,
