@@ -83,3 +83,5 @@ def test_a_168_by_30_matrix_opens_in_chromium_with_its_rows(tmp_path):
     assert 'data-rows="160"' in dom and dom.count('<tr class="item">') == 160
     assert "160 of 168 items, 6 of 30 configs" in dom
     assert dom.count('class="cell"') == 160 * 6
+    # a pivot header: chunking=c0 and chunking=c1 each span their three retriever.k columns
+    assert dom.count('colspan="3"') == 2 and "<th>retriever.k=1</th>" in dom
