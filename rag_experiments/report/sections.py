@@ -342,20 +342,15 @@ def correctness_validity(an: Analysis) -> list:
     checked = [c for c in an.configs if answers_checked(c.metrics)]
     if not checked:
         return [Paragraph(text(correctness_note(an.base.run.run_id)))]
-    n_key = "spotcheck/answers/correctness/n"
-    judged = f"spotcheck/answers/{JUDGED}/kappa"
-    both = any(judged in c.metrics for c in checked)  # a judge model read the facts too
-    rows = [
-        [c.label, _card_cell(c.metrics, ANSWER_KAPPA), *([_card_cell(c.metrics, judged)] if both else []),
-         f3(c.metrics.get(n_key), nd=0)]
-        for c in checked
-    ]  # fmt: skip
+    keys = [ANSWER_KAPPA, *[k for k in (f"spotcheck/answers/{JUDGED}/kappa",) if any(k in c.metrics for c in checked)]]
+    rows = [[c.label, *(_card_cell(c.metrics, k) for k in keys), f3(c.metrics.get("spotcheck/answers/correctness/n"), nd=0)]
+            for c in checked]  # fmt: skip
     note = text(
         "Correctness κ: key-fact correctness against the answers a human labelled correct / incorrect / "
         "declined (spotcheck score-answers, 95 % bootstrap CI); a config not listed was never checked."
-        + (" The verdict reads the better-validated of the two views (docs/spotcheck.md)." if both else "")
+        + (" The verdict reads the better-validated view (docs/spotcheck.md)." if len(keys) > 1 else "")
     )
-    heads = ["config", "correctness κ (answer labels)", *([f"{JUDGED} κ"] if both else []), "answers"]
+    heads = ["config", "correctness κ (answer labels)", *([f"{JUDGED} κ"] if len(keys) > 1 else []), "answers"]
     return [Paragraph(note), table(heads, rows)]
 
 
