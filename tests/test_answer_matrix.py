@@ -23,7 +23,7 @@ def _config(label: str, params: dict, rows: list[dict]) -> SimpleNamespace:
 def _row(i: int, answer: str | None, label: str = "ok", **kw) -> dict:
     return {"id": f"q{i}", "query": f"question {i}", "tags": ["exact"] if i % 2 else ["paraphrase"],
             "answer": answer, "failure_label": label, "correctness": 1.0, "faithfulness": 0.5,
-            "hit_at_5": 1.0, "error": None, **kw}  # fmt: skip
+            "hit_at_3": 0.0, "hit_at_5": 1.0, "error": None, **kw}  # fmt: skip
 
 
 def test_columns_follow_the_factors_and_missing_items_are_cells_of_their_own():
@@ -39,7 +39,9 @@ def test_columns_follow_the_factors_and_missing_items_are_cells_of_their_own():
     assert q1.cells[0] is None and q1.cells[1].trace == "http://ui/#/t1"  # q1 only in k=5
     assert q1.cells[1].checks[0]["passed"] is False and q1.cells[1].checks[0]["critical"] is True
     assert m.labels == ["generation_failure", "ok"] and m.tags == ["exact", "paraphrase"]
-    assert q0.cells[0].hit is True and q0.cells[0].correctness == 1.0
+    # "gold in top k" at each config's own k (k=3 reads hit_at_3, k=5 hit_at_5)
+    assert q0.cells[0].hit is False and q0.cells[1].hit is True and q0.cells[0].correctness == 1.0
+    assert [c.k for c in m.configs] == [3, 5] and m.answered_only is False  # every row answered
 
 
 def test_every_text_is_inert_in_the_page():
@@ -50,6 +52,7 @@ def test_every_text_is_inert_in_the_page():
     data = re.search(r'<script type="application/json" id="data">(.*?)</script>', page, re.S).group(1)
     assert json.loads(data)["rows"][0]["cells"][0]["answer"] == HOSTILE  # the text itself, intact
     assert json.loads(matrix_json(m))["rows"][1]["cells"][0]["answer"] is None  # not generated
+    assert m.answered_only is True  # q1 was never generated: the page opens on the answered rows
 
 
 def test_a_168_by_30_matrix_opens_in_chromium_with_its_rows(tmp_path):
@@ -61,8 +64,8 @@ def test_a_168_by_30_matrix_opens_in_chromium_with_its_rows(tmp_path):
 
     configs = [
         _config(f"chunking=c{j}, k={k}", {"chunking": f"c{j}", "retriever.k": str(k)},
-                [_row(i, f"answer {i} of config {j}/{k} " * 8, "ok" if (i + j) % 3 else "retrieval_failure")
-                 for i in range(168)])
+                [_row(i, f"answer {i} of config {j}/{k} " * 8 if i < 160 else None,
+                      "ok" if (i + j) % 3 else "retrieval_failure") for i in range(168)])
         for j in range(10) for k in (1, 3, 5)
     ]  # fmt: skip
     page = tmp_path / "answers.html"
@@ -73,7 +76,12 @@ def test_a_168_by_30_matrix_opens_in_chromium_with_its_rows(tmp_path):
          "--dump-dom", page.as_uri()],
         capture_output=True, text=True, timeout=300,
     ).stdout  # fmt: skip
-    print(f"answer matrix 168 × 30: {page.stat().st_size / 1e6:.1f} MB, dumped in {time.perf_counter() - t0:.1f} s")
-    assert 'data-rows="168"' in dom and dom.count('<tr class="item">') == 168
-    assert "168 of 168 items, 6 of 30 configs" in dom
-    assert dom.count('class="cell"') == 168 * 6
+    print(
+        f"answer matrix 168 × 30: {page.stat().st_size / 1e6:.1f} MB, dumped in {time.perf_counter() - t0:.1f} s"
+    )
+    # 8 items no config answered (outside generation_subset): hidden when the page opens
+    assert 'data-rows="160"' in dom and dom.count('<tr class="item">') == 160
+    assert "160 of 168 items, 6 of 30 configs" in dom
+    assert dom.count('class="cell"') == 160 * 6
+    # a pivot header: chunking=c0 and chunking=c1 each span their three retriever.k columns
+    assert dom.count('colspan="3"') == 2 and "<th>retriever.k=1</th>" in dom

@@ -21,7 +21,7 @@ from rag_experiments.analysis.production import Labelled, estimate, hajek, strat
 from rag_experiments.analysis.trace_sample import RetrievedDoc, TracedQuery, Unit, pick
 from rag_experiments.cli import evalset as cli
 from rag_experiments.evalset.load import load_evalset, sample_dir
-from rag_experiments.evalset.trace_review import COLUMNS
+from rag_experiments.evalset.trace_review import COLUMNS, LEGACY_COLUMNS, note_checks
 from tests.llm_fixtures import ChatServer
 from tests.sweep_helpers import run_sweep
 from tests.test_generation_digest import _prompt_of, answer_for
@@ -110,6 +110,20 @@ def test_stratified_ratio_matches_the_formula_and_a_census_has_no_variance() -> 
     assert math.isclose(h.value, (2 / 1 + 1 / 0.1) / (1 + 2 + 10 + 10 + 10))
 
 
+def test_a_reviewers_note_says_never_as_checks():
+    checks, text, problems = note_checks(
+        'never: refund in cash ; CRITICAL never: " 100 % " ;never:/a+b/; call back'
+    )
+    assert checks == [
+        {"type": "not_contains", "value": "refund in cash"},
+        {"type": "not_contains", "value": " 100 % ", "critical": True},  # quotes keep the spaces
+        {"type": "not_regex", "value": "a+b"},
+    ]
+    assert text == ["call back"] and problems == []
+    assert note_checks("never: //")[2] and note_checks("")[0:2] == ([], [])
+    assert note_checks("we never said that")[1] == ["we never said that"]  # no colon: free text
+
+
 # ------------------------------------------------------------------------------ a traced run
 
 
@@ -174,6 +188,7 @@ def test_from_traces_accept_and_estimate_on_a_traced_sample_run(traced, tmp_path
         r["doc_id"], r["quote"] = (ev[0]["doc_id"], ev[0]["quote"]) if ev else ("", "")
         r["answer"] = item.get("gold_answer") or ""
         r["label"] = "ok" if i % 3 else "generation_failure"
+    rows[0]["note"] = 'never: "free of charge"; critical never: /(?i)\\bguarantee\\w*/; seen by Ana'
     rows[-1]["keep"] = rows[-1]["label"] = ""  # not reviewed yet
     rows[-2]["keep"] = "discard"
     with review.open("w", newline="", encoding="utf-8") as f:
@@ -200,6 +215,10 @@ def test_from_traces_accept_and_estimate_on_a_traced_sample_run(traced, tmp_path
     kept = [r for r in rows if r["keep"] in ("yes", "unanswerable")]
     assert [a["source"]["trace_id"] for a in added] == [r["trace_id"] for r in kept]
     assert all(a["id"].startswith("trace-") and "production" in a["tags"] for a in added)
+    # the reviewer's note: two checks, validated as any assert, and the rest kept as the note
+    assert added[0]["assert"] == [{"type": "not_contains", "value": "free of charge"},
+                                  {"type": "not_regex", "value": "(?i)\\bguarantee\\w*", "critical": True}]  # fmt: skip
+    assert added[0]["source"]["note"] == "seen by Ana" and all("assert" not in a for a in added[1:])
     # the MLflow evaluation dataset: the new version, its parent and each record's trace
     client = MlflowClient(tracking_uri=traced["uri"])
     ds = client.search_datasets(filter_string=f"name = 'evalset-{d_new[:16]}'")[0]
@@ -262,7 +281,24 @@ def test_accept_refuses_bad_reviews_and_writes_nothing(traced, tmp_path, monkeyp
     assert cli.main(argv) == 2 and "id: duplicate" in capsys.readouterr().err
     write(rows[:2], header=[*COLUMNS[:-1], "verdict"])
     assert cli.main(argv) == 2 and "header: changed" in capsys.readouterr().err
+    # a note's check is an assert like any other: an invalid regex names the row, exit 2
+    ok = dict(rows[0], keep="unanswerable")
+    write([dict(ok, note="critical never: /refund(/")])
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{review}:2: note: assert[0]: not_regex: invalid regular expression" in err
+    assert f"(row {rows[0]['id']}, from its never: entries)" in err
+    write([dict(ok, note="never:   ")])
+    assert (
+        cli.main(argv) == 2 and f"{review}:2: note: 'never:': never: needs a text" in capsys.readouterr().err
+    )
     assert not out.exists()
+    # a review written before the note column: accepted, no check
+    with review.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(LEGACY_COLUMNS)
+        w.writerow([ok.get(c, "") for c in LEGACY_COLUMNS])
+    assert cli.main(argv) == 0 and "assert" not in out.read_text().splitlines()[-1]
 
 
 def test_from_traces_bad_input_exits_2_and_user_app_traces_are_read(traced, tmp_path, monkeypatch, capsys):

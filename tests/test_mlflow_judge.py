@@ -182,6 +182,90 @@ def test_mlflow_feedback_maps_to_labels_through_mlflows_own_parsing():
     assert req["response_format"]["type"] == "json_schema"
 
 
+class _Facts(_Scripted):
+    """MLflow's correctness prompt answered by the expected fact it carries (``<claim>``): a fact
+    about "5 times" yes, "instant" no, "Rust" the literal "yes|no", one about "down" a dead call;
+    every other judge (groundedness, relevance) yes."""
+
+    def _reply(self, r: Request):
+        req = r.body
+        self.requests.append(req)
+        prompt = req["messages"][-1]["content"]
+        if "The response is correct" not in prompt:  # not the correctness judge
+            return completion(json.dumps({"rationale": "scripted", "result": "yes"}), req["model"])
+        fact = prompt.split("<claim>", 1)[-1].split("</claim>", 1)[0]
+        if "down" in fact:
+            from tests.http_fakes import Reply
+
+            return Reply(500, b"down")
+        result = next((v for k, v in self.RESULTS.items() if k in fact), "yes")
+        return completion(json.dumps({"rationale": "scripted", "result": result}), req["model"])
+
+
+def test_key_facts_are_judged_by_mlflows_correctness_scorer_with_the_fact_as_expected_fact():
+    ep = _Facts()
+    try:
+        from rag_experiments.stages.endpoint import usage, usage_since
+
+        judge = MLflowJudge(base_url=ep.base_url, model="judge-7b", num_retries=0)
+        before = usage()
+        facts = ["retried 5 times", "refunds are instant", "written in Rust", "the API is down"]
+        vs = judge.fact_verdicts("Webhooks are retried 5 times; refunds take days.", facts)
+        assert [v.label for v in vs] == ["supported", "absent", "unparseable", "unparseable"]
+        assert (
+            vs[0].rationale == "scripted" and vs[2].error is None and vs[3].error
+        )  # a reply vs a failed call
+        from mlflow.genai.judges.prompts.correctness import get_prompt
+
+        # the scorer's own prompt, the fact as its one expected fact; through our endpoint client
+        sent = [q["messages"][-1]["content"] for q in ep.requests]
+        assert get_prompt(request="", response="Webhooks are retried 5 times; refunds take days.",
+                          expected_facts=["retried 5 times"]) in sent  # fmt: skip
+        assert (
+            len(sent) == 4 and sum(u["calls"] for u in usage_since(before).values()) == 4
+        )  # counted by the client
+        assert json.loads(judge.fact_identity)["judge"] == judge.identity
+    finally:
+        ep.server.shutdown()
+
+
+class _FactsByAnswer(_Scripted):
+    """MLflow's correctness prompt answered by the answer it carries: "never" → no, "maybe" → the
+    literal "yes|no" (unparseable), else yes; every other judge yes."""
+
+    def _reply(self, r: Request):
+        prompt = r.body["messages"][-1]["content"]
+        doc = prompt.split("<document>", 1)[-1] if "The response is correct" in prompt else ""
+        result = "no" if "never" in doc else "yes|no" if "maybe" in doc else "yes"
+        return completion(json.dumps({"rationale": "scripted", "result": result}), r.body["model"])
+
+
+def test_a_run_with_judge_mlflow_logs_correctness_judged_and_counts_unparseable_fact_replies(tmp_path):
+    from rag_experiments.stages.app import PythonApp
+    from tests import test_fact_judge
+    from tests.sweep_helpers import tiny_inputs, tiny_pipeline
+
+    corpus, items, cache = tiny_inputs(tmp_path, n_items=4)
+    answerable = [it for it in items if it.answerable][:3]
+    test_fact_judge._answers.replies = {
+        it.query: f"{' '.join(it.strong_key_facts) or it.gold_answer}. {tail}"
+        for it, tail in zip(answerable, ("Yes.", "It is never so.", "maybe"), strict=True)
+    }
+    ep = _FactsByAnswer()
+    try:
+        judge = MLflowJudge(base_url=ep.base_url, model="judge-7b", num_retries=0)
+        res = tiny_pipeline(
+            (corpus, answerable, cache), app=PythonApp("tests.test_fact_judge:_answers"), judge=judge
+        )
+    finally:
+        ep.server.shutdown()
+    df = res.per_query.set_index("id")
+    got = [df.loc[it.id, "correctness_judged"] for it in answerable]
+    assert got[0] == 1.0 and got[1] == 0.0 and math.isnan(got[2])  # supported, "no", unread
+    n_facts = len(answerable[2].strong_key_facts) or 1
+    assert res.aggregates["n_unparseable_fact_verdicts"] == n_facts and res.calls["judge_facts"] > 0
+
+
 # -- real: the packaged SmolLM2 on the embedded llama.cpp server --------------------------------------
 
 

@@ -37,6 +37,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from rag_experiments.analysis.correctness_view import JUDGED, STRING, correctness_choice
 from rag_experiments.core.run_record import RunData
 from rag_experiments.evaluation.defaults import TOKEN_BUDGETS
 from rag_experiments.evaluation.registry import parse
@@ -313,6 +314,17 @@ def default_metric_choice(
     ok, _ = comparable_defaults(lead, runs, available)
     metric = ok[0] if ok else primary_metric(factors, available, k)
     why = "the default: the swept factors' primary metric comparable across the configs"
+    if (
+        metric == STRING
+        and JUDGED in set(available)
+        and (c := correctness_choice(runs))
+        and c.metric == JUDGED
+        and comparability(JUDGED, runs, available).comparable  # one judge read every config's facts
+    ):
+        metric, why = (
+            JUDGED,
+            why + "; correctness_judged in its place, the better-validated view (the correctness card)",
+        )
     got = parse(metric)
     if got and got[0].pattern == "evidence_recall_at_{B}tok" and got[1]["form"] == "mean":
         b, how = budget_choice(available, runs)
@@ -378,7 +390,8 @@ def human_lines(metrics: str | Sequence[str], runs: Sequence[RunData]) -> list[s
 
     lines, unvalidated = [], []
     for m in [metrics] if isinstance(metrics, str) else list(dict.fromkeys(metrics)):
-        got = human_figures(m, [(r.label, r.metrics, r.tags) for r in runs], judged(m, runs))
+        carded = m == JUDGED and any(f"spotcheck/answers/{JUDGED}/kappa" in r.metrics for r in runs)
+        got = human_figures(m, [(r.label, r.metrics, r.tags) for r in runs], judged(m, runs) and not carded)
         if got and got[0].startswith("UNVALIDATED"):
             unvalidated.append((m, got[0]))
         else:

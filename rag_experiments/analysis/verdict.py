@@ -28,6 +28,8 @@ from dataclasses import dataclass, replace
 
 from rag_experiments.analysis.checks import CheckFailure
 from rag_experiments.analysis.comparability import Comparability, comparability, logged_budgets
+from rag_experiments.analysis.correctness_view import PREFIX as CORRECTNESS_PREFIX
+from rag_experiments.analysis.correctness_view import VIEWS, CorrectnessChoice, correctness_choice
 from rag_experiments.analysis.gate import GateResult, gate_passed, gate_power
 from rag_experiments.analysis.power import Underpowered
 from rag_experiments.analysis.select import Constraints, Selection, select_config
@@ -84,7 +86,7 @@ def note_caveats(notes: Iterable[str]) -> list[Caveat]:
             kind = "evalset"
         elif n.startswith("default metric "):
             kind = "metric"
-        elif n.startswith(("UNVALIDATED", "human-corrected", "no human labels")):
+        elif n.startswith(("UNVALIDATED", "human-corrected", "no human labels", CORRECTNESS_PREFIX)):
             kind = "human"
         else:
             kind = "note"
@@ -167,6 +169,8 @@ class GateVerdict:
     # the eval items' critical checks the candidate fails (analysis.checks): each fails the gate
     # whatever the metrics, and every surface lists them first
     critical: tuple[CheckFailure, ...] = ()
+    # which correctness view is better validated, when a correctness view is gated (its line is a caveat)
+    correctness: CorrectnessChoice | None = None
 
     @property
     def verdict(self) -> str:
@@ -178,6 +182,14 @@ class GateVerdict:
 
     def caveat_lines(self) -> list[str]:
         return [c.text for c in self.caveats]
+
+
+def _views(metrics: Sequence[str], runs: Sequence[RunData]) -> tuple[CorrectnessChoice | None, list[Caveat]]:
+    """The correctness views' choice (``analysis.correctness_view``) when a correctness view is
+    among ``metrics``, and its line as a caveat per view used."""
+    used = [m for m in dict.fromkeys(metrics) if m in VIEWS]
+    c = correctness_choice(runs) if used else None
+    return c, [Caveat("human", c.line(m)) for m in used] if c else []
 
 
 def gate_verdict(
@@ -196,6 +208,8 @@ def gate_verdict(
     metric, whether gate's default margin was used; ``whys``: why each metric is gated.
     UNDERPOWERED per metric is ``analysis.gate.gate_power`` (the rule select and plan print)."""
     mvs, caveats = [], [*note_caveats(notes), *note_caveats(human)]
+    views = _views([r.metric for r in results], [baseline, candidate])
+    caveats += views[1]
     for r in results:
         under = gate_power(r, default_margin.get(r.metric, False))
         if under:
@@ -221,6 +235,7 @@ def gate_verdict(
         caveats=ordered(caveats),
         alpha=alpha,
         critical=tuple(critical),
+        correctness=views[0],
     )
 
 
@@ -290,6 +305,7 @@ class SelectVerdict:
     budget_text: str  # "" without budgets
     caveats: tuple[Caveat, ...]
     selection: Selection
+    correctness: CorrectnessChoice | None = None  # the better-validated correctness view (a caveat)
 
     @property
     def underpowered(self) -> bool:
@@ -305,6 +321,14 @@ class SelectVerdict:
             **self.selection.tags(),
             "select.caveats": ",".join(c.kind for c in self.caveats),
             **({"select.budgets": self.budget_text[:5000]} if self.budget_text else {}),
+            **(
+                {
+                    "select.correctness_view": self.correctness.metric,
+                    "select.correctness_why": self.correctness.line(self.choice.metric)[:5000],
+                }
+                if self.correctness
+                else {}
+            ),  # fmt: skip
         }
 
 
@@ -356,6 +380,8 @@ def select_verdict(
         int((~others["tie"] & ~others["worse"]).sum()),
     )
     caveats = [*note_caveats(notes), *note_caveats(human)]
+    views = _views([sel.metric], runs)
+    caveats += views[1]
     if sel.underpowered:
         caveats.append(Caveat("underpowered", sel.underpowered.message()))
     sensitive, text = budget_line(budgets) if budgets else (False, "")
@@ -385,6 +411,7 @@ def select_verdict(
         budget_text=text,
         caveats=ordered(caveats),
         selection=sel,
+        correctness=views[0],
     )
 
 

@@ -9,7 +9,9 @@ for the reviewer. The reviewer fills, per row:
   (not an eval item), blank (not reviewed yet);
 - ``answer`` (the gold answer), ``key_facts`` (``;``-separated), ``tags``;
 - ``label``: what the production answer was (``ok`` or a failure label, :data:`LABELS`), for the
-  production estimate; blank: not labelled.
+  production estimate; blank: not labelled;
+- ``note``: free text, where ``never: TEXT`` entries become checks the answer must pass
+  (:func:`note_checks`); a review written before the column existed is read without it.
 
 The header is a contract: a renamed, missing or extra column is refused (exit 2), as is a duplicate
 ``id``. ``accept`` validates every kept quote with the eval-set loader (the same messages as
@@ -48,7 +50,12 @@ COLUMNS = [
     "tags",
     "label",
     "keep",
+    "note",
 ]
+#: A review written before ``note`` existed: read as one with every note blank.
+LEGACY_COLUMNS = COLUMNS[:-1]
+#: ``[critical] never: TEXT`` or ``[critical] never: /REGEX/`` (docs/from-traces.md, "Reviewer notes").
+NEVER = re.compile(r"^(?P<critical>critical\s+)?never\s*:\s*(?P<value>.*)$", re.I | re.S)
 KEEP = {"yes": "keep", "y": "keep", "1": "keep", "true": "keep", "unanswerable": "unanswerable",
         "discard": "discard", "no": "discard", "n": "discard", "0": "discard", "false": "discard", "": ""}  # fmt: skip
 #: The reviewer's label of the production answer: ``ok`` or what went wrong (evaluation/labels.py's
@@ -73,6 +80,7 @@ class ReviewRow:
     label: str = ""
     keep: str = ""  # keep / unanswerable / discard / "" (KEEP's values)
     line: int = 0
+    note: str = ""
 
 
 def item_id(trace_id: str, taken: set[str] | frozenset[str] = frozenset()) -> str:
@@ -92,7 +100,7 @@ def write_review(path: Path, rows: list[ReviewRow]) -> None:
         for r in rows:
             w.writerow([r.id, r.trace_id, repr(float(r.inclusion_prob)), r.query, r.production_answer,
                         r.retrieved_context[:CONTEXT_CHARS], r.doc_id, r.quote, r.answer, ";".join(r.key_facts),
-                        ";".join(r.tags), r.label, r.keep])  # fmt: skip
+                        ";".join(r.tags), r.label, r.keep, r.note])  # fmt: skip
 
 
 def is_trace_review(path: Path) -> bool:
@@ -112,7 +120,9 @@ def read_review(path: Path) -> tuple[list[ReviewRow], list[str]]:
         return [], [f"{path}:0: file: cannot read ({e})"]
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     header = [h.strip() for h in next(reader, [])]
-    if header != COLUMNS:
+    if header == LEGACY_COLUMNS:
+        header = COLUMNS[:-1]
+    if header not in (COLUMNS, LEGACY_COLUMNS):
         missing = [c for c in COLUMNS if c not in header]
         extra = [c for c in header if c not in COLUMNS]
         what = "; ".join(
@@ -122,10 +132,11 @@ def read_review(path: Path) -> tuple[list[ReviewRow], list[str]]:
         return [], [f"{path}:1: header: changed ({what}); expected {','.join(COLUMNS)}"]
     rows, problems, first = [], [], {}
     for line, values in numbered_rows(reader, path, problems):
-        if len(values) != len(COLUMNS):
-            problems.append(f"{path}:{line}: row: {len(values)} fields, the header has {len(COLUMNS)}")
+        if len(values) != len(header):
+            problems.append(f"{path}:{line}: row: {len(values)} fields, the header has {len(header)}")
             continue
-        rec = dict(zip(COLUMNS, (v.strip() for v in values), strict=True))
+        rec = dict(zip(header, (v.strip() for v in values), strict=True))
+        rec.setdefault("note", "")
         where = f"{path}:{line}"
         if rec["id"] in first:
             problems.append(f"{where}: id: duplicate {rec['id']!r} (first on line {first[rec['id']]})")
@@ -145,9 +156,36 @@ def read_review(path: Path) -> tuple[list[ReviewRow], list[str]]:
         rows.append(ReviewRow(
             rec["id"], rec["trace_id"], pi, rec["query"], rec["production_answer"], rec["retrieved_context"],
             rec["doc_id"], rec["quote"], rec["answer"], [t.strip() for t in rec["key_facts"].split(";") if t.strip()],
-            [t for t in re.split(r"[;,\s]+", rec["tags"]) if t], rec["label"], keep or "", line,
+            [t for t in re.split(r"[;,\s]+", rec["tags"]) if t], rec["label"], keep or "", line, rec["note"],
         ))  # fmt: skip
     return rows, problems
+
+
+def note_checks(note: str) -> tuple[list[dict], list[str], list[str]]:
+    """(the checks, the free-text parts, problems) of a reviewer's note: ``;``-separated entries;
+    ``never: TEXT`` → ``{"type": "not_contains", "value": TEXT}``, ``never: /REGEX/`` →
+    ``not_regex``, either with a ``critical`` prefix → ``"critical": true``; TEXT in double quotes
+    keeps its outer spaces. Any other entry is free text (kept in the item's ``source.note``).
+    The checks are validated by the eval-set loader like any ``assert`` (an invalid regex is a
+    problem at the review's line)."""
+    checks, text, problems = [], [], []
+    for entry in (e.strip() for e in note.split(";")):
+        m = NEVER.match(entry) if entry else None
+        if m is None:
+            if entry:
+                text.append(entry)
+            continue
+        value = m.group("value").strip()
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            value = value[1:-1]
+        kind = "not_contains"
+        if len(value) >= 2 and value[0] == value[-1] == "/":
+            kind, value = "not_regex", value[1:-1]
+        if not value.strip():
+            problems.append(f"{entry!r}: never: needs a text or a /regex/ after the colon")
+            continue
+        checks.append({"type": kind, "value": value, **({"critical": True} if m.group("critical") else {})})
+    return checks, text, problems
 
 
 def _item(r: ReviewRow, item: str) -> dict:
@@ -162,6 +200,11 @@ def _item(r: ReviewRow, item: str) -> dict:
         "tags": tags,
         "source": {"trace_id": r.trace_id, "inclusion_prob": r.inclusion_prob},
     }
+    checks, text, _ = note_checks(r.note)
+    if checks:
+        out["assert"] = checks
+    if text:
+        out["source"]["note"] = "; ".join(text)
     return out
 
 
@@ -198,6 +241,7 @@ def accept_review(review: Path, evalset: Path, docs: list[Document]) -> tuple[Ac
             problems.append(
                 f"{review}:{r.line}: quote: keep=yes needs doc_id and a verbatim quote of the corpus"
             )
+        problems += [f"{review}:{r.line}: note: {p} (row {r.id})" for p in note_checks(r.note)[2]]
     if problems:
         return None, problems
     new, lineage, already = [], {}, 0
@@ -210,7 +254,7 @@ def accept_review(review: Path, evalset: Path, docs: list[Document]) -> tuple[Ac
         new.append((r, _item(r, iid)))
         lineage[r.trace_id] = iid
     if new:
-        problems = _validate([it for _, it in new], [r.line for r, _ in new], review, docs)
+        problems = _validate([it for _, it in new], [r for r, _ in new], review, docs)
         if problems:
             return None, problems
     acc = Accepted(
@@ -224,8 +268,9 @@ def accept_review(review: Path, evalset: Path, docs: list[Document]) -> tuple[Ac
     return acc, []
 
 
-def _validate(items: list[dict], lines: list[int], review: Path, docs: list[Document]) -> list[str]:
-    """The eval-set loader's problems with the new items, mapped back to the review's lines."""
+def _validate(items: list[dict], rows: list[ReviewRow], review: Path, docs: list[Document]) -> list[str]:
+    """The eval-set loader's problems with the new items, mapped back to the review's lines; a
+    check from a reviewer's note (``assert[i]``) is said as the note of that row."""
     with tempfile.TemporaryDirectory() as tmp:
         p = Path(tmp) / "items.jsonl"
         p.write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items), encoding="utf-8")
@@ -236,9 +281,13 @@ def _validate(items: list[dict], lines: list[int], review: Path, docs: list[Docu
             out = []
             for msg in e.problems:
                 m = pat.match(msg)
-                out.append(
-                    f"{review}:{lines[int(m.group(1)) - 1] if m else 0}"
-                    + (msg[m.end() :] if m else f": {msg}")
-                )
+                if not m:
+                    out.append(f"{review}:0: {msg}")
+                    continue
+                r = rows[int(m.group(1)) - 1]
+                rest = msg[m.end() :]
+                if rest.startswith(": assert["):
+                    rest = f": note: {rest.removeprefix(': ')} (row {r.id}, from its never: entries)"
+                out.append(f"{review}:{r.line}{rest}")
             return out
     return []

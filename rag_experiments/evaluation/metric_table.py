@@ -174,7 +174,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
         "generation",
         True,
         "proportion",
-        "judge models only (judge=openai, local): share of the item's strong key_facts (else its reference "
+        "judge models only (judge=openai, local, mlflow): share of the item's strong key_facts (else its reference "
         "answer, as one fact) that the judge reads as stated by the answer, of those it read as supported, "
         "contradicted or absent (unparseable verdicts excluded and counted: n_unparseable_fact_verdicts); "
         "unanswerable: 1 if the answer declines",

@@ -38,6 +38,17 @@ def cohen_kappa(a: Sequence[str], b: Sequence[str], weights: Sequence[float] | N
     return float("nan") if pe >= 1 - 1e-12 else float((po - pe) / (1 - pe))
 
 
+def _bootstrap(n: int, stat, seed: int, n_resamples: int, confidence: float) -> tuple[float, float]:
+    """Percentile CI of ``stat(indices)`` over item resamples; undefined (NaN) resamples dropped."""
+    rng = np.random.default_rng(seed)
+    vals = [v for _ in range(n_resamples) if not math.isnan(v := stat(rng.integers(0, n, n)))]
+    if not vals:
+        return float("nan"), float("nan")
+    alpha = (1 - confidence) / 2
+    lo, hi = np.quantile(vals, [alpha, 1 - alpha])
+    return float(lo), float(hi)
+
+
 def kappa_ci(
     a: Sequence[str],
     b: Sequence[str],
@@ -50,21 +61,30 @@ def kappa_ci(
     undefined κ are dropped. (NaN, NaN) with fewer than 2 items or no defined resample."""
     a, b = np.asarray(a, dtype=object), np.asarray(b, dtype=object)
     w = np.ones(len(a)) if weights is None else np.asarray(weights, float)
-    n = len(a)
-    if n < 2:
+    if len(a) < 2:
         return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    ks = []
-    for _ in range(n_resamples):
-        i = rng.integers(0, n, n)
-        k = cohen_kappa(a[i], b[i], w[i])
-        if not math.isnan(k):
-            ks.append(k)
-    if not ks:
-        return float("nan"), float("nan")
-    alpha = (1 - confidence) / 2
-    lo, hi = np.quantile(ks, [alpha, 1 - alpha])
-    return float(lo), float(hi)
+    return _bootstrap(len(a), lambda i: cohen_kappa(a[i], b[i], w[i]), seed, n_resamples, confidence)
+
+
+def kappa_delta_ci(
+    human: Sequence[str],
+    a: Sequence[str],
+    b: Sequence[str],
+    seed: int = 0,
+    n_resamples: int = 2000,
+    confidence: float = 0.95,
+) -> tuple[float, float, float]:
+    """κ(b, human) − κ(a, human) on the same items, and its paired percentile-bootstrap CI (the
+    items resampled once for both raters, so what they share cancels); resamples with an undefined
+    κ are dropped. NaNs with fewer than 2 items."""
+    h, a, b = (np.asarray(x, dtype=object) for x in (human, a, b))
+    if len(h) < 2:
+        return float("nan"), float("nan"), float("nan")
+
+    def delta(i) -> float:
+        return cohen_kappa(h[i], b[i]) - cohen_kappa(h[i], a[i])
+
+    return (delta(np.arange(len(h))), *_bootstrap(len(h), delta, seed, n_resamples, confidence))
 
 
 def weighted_share(event: np.ndarray, given: np.ndarray, weights: np.ndarray | None = None) -> float:

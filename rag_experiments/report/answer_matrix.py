@@ -30,6 +30,7 @@ class MatrixConfig:
     label: str
     levels: dict[str, str]  # factor → level
     run_id: str
+    k: int  # the chunks this config handed the generator (its retriever.k): "gold in top k"
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,9 @@ class AnswerMatrix:
     rows: list[MatrixRow]
     labels: list[str]  # every failure label seen
     tags: list[str]  # every tag seen
+    # the page opens on the items some config answered when the others were never generated
+    # (generation_subset): a 168-item sweep that generated 6 answers per config is 6 rows, not 168
+    answered_only: bool = False
 
 
 def _num(v: Any) -> float | None:
@@ -93,6 +97,13 @@ def _cell(row: Mapping[str, Any], k: int, trace: str) -> MatrixCell:
     )
 
 
+def _k(params: Mapping[str, Any], default: int) -> int:
+    try:
+        return int(params.get("retriever.k", default))
+    except (TypeError, ValueError):
+        return default
+
+
 def answer_matrix(
     configs: Sequence[Any],
     factors: Sequence[str],
@@ -104,11 +115,16 @@ def answer_matrix(
     ordered by their levels of ``factors``; ``traces``: per run id, item id → trace URL. Replicate
     rows of an item: the first replicate's answer (the one its trace shows)."""
     traces = traces or {}
-    order = sorted(configs, key=lambda c: tuple(str(c.run.params.get(f, c.label)) for f in factors) + (c.label,))
-    cols = [MatrixConfig(c.label, {f: str(c.run.params.get(f, "")) for f in factors}, c.run.run_id) for c in order]
-    by_config = [
-        {str(r["id"]): r for r in c.table.drop_duplicates("id").to_dict("records")} for c in order
+    order = sorted(
+        configs, key=lambda c: tuple(str(c.run.params.get(f, c.label)) for f in factors) + (c.label,)
+    )
+    cols = [
+        MatrixConfig(
+            c.label, {f: str(c.run.params.get(f, "")) for f in factors}, c.run.run_id, _k(c.run.params, k)
+        )
+        for c in order
     ]
+    by_config = [{str(r["id"]): r for r in c.table.drop_duplicates("id").to_dict("records")} for c in order]
     items: dict[str, dict[str, Any]] = {}
     for table in by_config:
         for item_id, r in table.items():
@@ -117,22 +133,29 @@ def answer_matrix(
     for item_id, first in items.items():
         tags = [str(t) for t in cell("tags", first.get("tags"), [])]
         cells = [
-            _cell(t[item_id], k, traces.get(c.run_id, {}).get(item_id, "")) if item_id in t else None
+            _cell(t[item_id], c.k, traces.get(c.run_id, {}).get(item_id, "")) if item_id in t else None
             for c, t in zip(cols, by_config, strict=True)
         ]
         rows.append(MatrixRow(item_id, str(first.get("query", "")), tags, cells))
     labels = sorted({c.label for r in rows for c in r.cells if c is not None and c.label})
     tags = sorted({t for r in rows for t in r.tags})
-    return AnswerMatrix(title, k, list(factors), cols, rows, labels, tags)
+    answered = [any(c is not None and c.answer is not None for c in r.cells) for r in rows]
+    return AnswerMatrix(
+        title, k, list(factors), cols, rows, labels, tags, any(answered) and not all(answered)
+    )
 
 
 def matrix_json(m: AnswerMatrix) -> str:
     """The matrix as JSON safe inside a ``<script>`` element (no ``</script>`` can close it)."""
-    text = json.dumps(asdict(m) | {"shown": SHOWN}, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    text = json.dumps(
+        asdict(m) | {"shown": SHOWN}, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+    )
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def render_answer_matrix(m: AnswerMatrix) -> str:
     """The matrix as one self-contained HTML page (``templates/answers.html.j2``)."""
     factors = ", ".join(m.factors) or "run"
-    return render_page("answers.html.j2", title=m.title, data=matrix_json(m), shown=SHOWN, factors_text=factors)
+    return render_page(
+        "answers.html.j2", title=m.title, data=matrix_json(m), shown=SHOWN, factors_text=factors
+    )

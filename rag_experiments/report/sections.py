@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rag_experiments.analysis.comparability import comparability
+from rag_experiments.analysis.correctness_view import JUDGED
 from rag_experiments.analysis.judge_trust import ANSWER_KAPPA, answers_checked, card_title, correctness_note
 from rag_experiments.analysis.stats import first_stage_deltas
 from rag_experiments.core.conf_groups import embedding_used, generation_only
@@ -341,13 +342,16 @@ def correctness_validity(an: Analysis) -> list:
     checked = [c for c in an.configs if answers_checked(c.metrics)]
     if not checked:
         return [Paragraph(text(correctness_note(an.base.run.run_id)))]
-    n_key = "spotcheck/answers/correctness/n"
-    rows = [[c.label, _card_cell(c.metrics, ANSWER_KAPPA), f3(c.metrics.get(n_key), nd=0)] for c in checked]
+    keys = [ANSWER_KAPPA, *[k for k in (f"spotcheck/answers/{JUDGED}/kappa",) if any(k in c.metrics for c in checked)]]
+    rows = [[c.label, *(_card_cell(c.metrics, k) for k in keys), f3(c.metrics.get("spotcheck/answers/correctness/n"), nd=0)]
+            for c in checked]  # fmt: skip
     note = text(
         "Correctness κ: key-fact correctness against the answers a human labelled correct / incorrect / "
         "declined (spotcheck score-answers, 95 % bootstrap CI); a config not listed was never checked."
+        + (" The verdict reads the better-validated view (docs/spotcheck.md)." if len(keys) > 1 else "")
     )
-    return [Paragraph(note), table(["config", "correctness κ (answer labels)", "answers"], rows)]
+    heads = ["config", "correctness κ (answer labels)", *([f"{JUDGED} κ"] if len(keys) > 1 else []), "answers"]
+    return [Paragraph(note), table(heads, rows)]
 
 
 def spotcheck_table(an: Analysis) -> list:

@@ -26,10 +26,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from rag_experiments.analysis.correctness_view import JUDGED, STRING, paired_keys
 from rag_experiments.core.run_record import RunData
 from rag_experiments.evalset.csv_text import LabelFileError, _open_text, _records
 from rag_experiments.evaluation.intervals import kappa_too_few
-from rag_experiments.judge.agreement import cohen_kappa, kappa_ci
+from rag_experiments.judge.agreement import cohen_kappa, kappa_ci, kappa_delta_ci
 
 __all__ = [
     "ANSWER_COLUMNS",
@@ -39,6 +40,7 @@ __all__ = [
     "answer_card",
     "card_metrics",
     "generated_answers",
+    "paired_views",
     "read_answer_labels",
     "render_card",
     "sample_answers",
@@ -50,7 +52,7 @@ ANSWER_COLUMNS = ["answer_id", "query", "context", "answer", "inclusion_prob", "
 #: view name → (per-query metric, the run param holding its threshold)
 VIEWS = {
     "correctness": ("correctness", "attribution.correct"),
-    # a judge model's reading of the key facts (judge=openai|local): validated on the same answers
+    # a judge model's reading of the key facts (judge=openai|local|mlflow): validated on the same answers
     "correctness_judged": ("correctness_judged", "attribution.correct"),
     "judge": ("faithfulness", "attribution.faithful"),
 }
@@ -199,6 +201,40 @@ def answer_card(
     return rows
 
 
+@dataclass
+class PairedViews:
+    """String-match and judged correctness on the same labelled answers (the ones both score):
+    each κ with its CI, and Δκ = κ(judged) − κ(string) with a paired bootstrap CI
+    (``analysis.correctness_view`` decides with it)."""
+
+    n: int
+    kappa_string: tuple[float, float, float]
+    kappa_judged: tuple[float, float, float]
+    delta: tuple[float, float, float]
+    too_few: str | None = None
+
+
+def paired_views(
+    run: RunData, answers: pd.DataFrame, labels: pd.DataFrame, seed: int = 0, n_resamples: int = 2000
+) -> PairedViews | None:
+    """The two correctness views compared like with like: on the labelled answers both score;
+    None when the run has no ``correctness_judged`` (no judge model read the facts)."""
+    merged = labels.merge(answers, on="answer_id", how="left")
+    if JUDGED not in merged or merged[JUDGED].isna().all():
+        return None
+    th = _threshold(run, VIEWS[STRING][1])
+    s, j = view_labels(merged, STRING, th), view_labels(merged, JUDGED, th)
+    ok = (s.notna() & j.notna()).to_numpy()
+    h, s, j = merged["human"].to_numpy()[ok], s.to_numpy()[ok], j.to_numpy()[ok]
+    few = kappa_too_few(h, sorted(set(map(str, h)) | set(map(str, s)) | set(map(str, j))))
+    nan3 = (math.nan, math.nan, math.nan)
+    if few:
+        return PairedViews(int(ok.sum()), nan3, nan3, nan3, few)
+    ks = (cohen_kappa(h, s), *kappa_ci(h, s, seed=seed, n_resamples=n_resamples))
+    kj = (cohen_kappa(h, j), *kappa_ci(h, j, seed=seed, n_resamples=n_resamples))
+    return PairedViews(int(ok.sum()), ks, kj, kappa_delta_ci(h, s, j, seed=seed, n_resamples=n_resamples))
+
+
 def _f(x: float) -> str:
     return (
         "n/a"
@@ -209,8 +245,16 @@ def _f(x: float) -> str:
     )
 
 
-def render_card(run: RunData, rows: list[CardRow], n_labelled: int, n_blank: int, source: str) -> str:
-    """The card as Markdown: one line per view, then each confusion matrix."""
+def render_card(
+    run: RunData,
+    rows: list[CardRow],
+    n_labelled: int,
+    n_blank: int,
+    source: str,
+    pair: PairedViews | None = None,
+) -> str:
+    """The card as Markdown: one line per view, the two correctness views on the same answers
+    (``pair``), then each confusion matrix."""
     lines = [
         f"# Correctness card: run {run.label}",
         "",
@@ -231,6 +275,20 @@ def render_card(run: RunData, rows: list[CardRow], n_labelled: int, n_blank: int
             "κ is not said where a class has fewer than 5 human labels (too few to say): read the "
             "agreement and the confusion matrices, and label more answers of the rare kind.",
         ]
+    if pair is not None:
+        k = "κ {} [{}, {}]".format
+        lines += [
+            "",
+            f"String match against the judge's reading, on the {pair.n} labelled answers both score: "
+            + (
+                pair.too_few
+                if pair.too_few
+                else f"correctness {k(*map(_f, pair.kappa_string))}, correctness_judged "
+                f"{k(*map(_f, pair.kappa_judged))}, Δκ (judged − string) {pair.delta[0]:+.2f} "
+                f"[{pair.delta[1]:+.2f}, {pair.delta[2]:+.2f}] (paired bootstrap). select, gate and the report "
+                "read correctness_judged when this interval lies above 0 (docs/spotcheck.md)."
+            ),
+        ]
     for r in rows:
         lines += [
             "",
@@ -249,9 +307,19 @@ def render_card(run: RunData, rows: list[CardRow], n_labelled: int, n_blank: int
     return "\n".join(lines) + "\n"
 
 
-def card_metrics(rows: list[CardRow], n_labelled: int) -> dict[str, float]:
-    """``spotcheck/answers/*`` metrics of the card (NaN ones left out)."""
+def card_metrics(rows: list[CardRow], n_labelled: int, pair: PairedViews | None = None) -> dict[str, float]:
+    """``spotcheck/answers/*`` metrics of the card (NaN ones left out), the paired views' under
+    ``analysis.correctness_view.PAIRED``."""
     out: dict[str, float] = {"spotcheck/answers/n": float(n_labelled)}
+    if pair is not None:
+        keys = paired_keys()
+        out[keys["n"]] = pair.n
+        for name, t in (
+            ("kappa_string", pair.kappa_string),
+            ("kappa_judged", pair.kappa_judged),
+            ("delta", pair.delta),
+        ):
+            out |= dict(zip((keys[name], keys[f"{name}_ci_low"], keys[f"{name}_ci_high"]), t, strict=True))
     for r in rows:
         p = f"spotcheck/answers/{r.view}"
         out |= {f"{p}/n": r.n, f"{p}/n_unscored": r.n_unscored, f"{p}/agreement": r.agreement}

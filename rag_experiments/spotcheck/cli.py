@@ -15,6 +15,7 @@ from rag_experiments.spotcheck.answers import (
     answer_card,
     card_metrics,
     generated_answers,
+    paired_views,
     read_answer_labels,
     render_card,
     sample_answers,
@@ -124,10 +125,11 @@ def _answers(uri: str, args: argparse.Namespace, run, table) -> int:
         return 0
     labels, n_blank = read_answer_labels(args.labels, answers)
     rows = answer_card(run, answers, labels, seed=args.seed, n_resamples=args.resamples)
-    card = render_card(run, rows, len(labels), n_blank, f"`{args.labels.name}`")
+    pair = paired_views(run, answers, labels, seed=args.seed, n_resamples=args.resamples)
+    card = render_card(run, rows, len(labels), n_blank, f"`{args.labels.name}`", pair)
     print(card)
     if not args.no_log:
-        annotate.log_metrics(uri, run.run_id, card_metrics(rows, len(labels)))
+        annotate.log_metrics(uri, run.run_id, card_metrics(rows, len(labels), pair))
         annotate.log_text(uri, run.run_id, card, "spotcheck/correctness_card.md")
         annotate.log_files(uri, run.run_id, [args.labels], "spotcheck/answers")
         print(f"logged spotcheck/answers/* metrics and spotcheck/correctness_card.md on run {run.run_id}")

@@ -3,8 +3,10 @@
 Per claim, MLflow's **groundedness** judge (the judge behind ``mlflow.genai.judges.is_grounded``
 and the ``RetrievalGroundedness`` scorer) decides whether the claim is supported by the retrieved
 context; answer relevance is MLflow's **relevance_to_query** judge (``is_context_relevant``, the
-``RelevanceToQuery`` scorer). Both run on any OpenAI-compatible endpoint through MLflow's native
-``openai`` provider (no LiteLLM): the model URI is ``openai:/<model>`` and requests go to
+``RelevanceToQuery`` scorer); each key fact of an answer is MLflow's **correctness** judge (the
+``Correctness`` scorer's, with the fact as ``expected_facts``: ``correctness_judged``). All run on
+any OpenAI-compatible endpoint through MLflow's native ``openai`` provider (no LiteLLM): the model
+URI is ``openai:/<model>`` and requests go to
 ``<base_url>/chat/completions``. ``base_url: null`` serves a local GGUF file with the embedded
 llama.cpp server instead (the packaged SmolLM2 by default; at chance as a judge).
 
@@ -136,6 +138,13 @@ def _prompts_digest() -> str:
     from mlflow.genai.judges.prompts import groundedness, relevance_to_query
 
     text = groundedness.GROUNDEDNESS_PROMPT + relevance_to_query.RELEVANCE_TO_QUERY_PROMPT
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _correctness_digest() -> str:
+    from mlflow.genai.judges.prompts import correctness
+
+    text = correctness.CORRECTNESS_PROMPT + correctness.CORRECTNESS_PROMPT_SUFFIX
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -279,6 +288,30 @@ class MLflowJudge:
         label, _, _, err = self._map(lambda a: self._ask(get_prompt(query, a), RELEVANCE), [answer])[0]
         self._last.error = err  # a failed call (transport, budget): counted, its NaN never cached
         return {"supported": 1.0, "unsupported": 0.0}.get(label, float("nan")), method
+
+    # key facts (correctness_judged) ------------------------------------------------------------
+    @property
+    def fact_identity(self) -> str:
+        """What decides a fact verdict: the judge and MLflow's correctness prompt (its own cache
+        namespace, so the judge's identity stays as it was)."""
+        return json.dumps({"judge": self.identity, "fact_prompt": _correctness_digest()}, sort_keys=True)
+
+    def fact_verdicts(self, answer: str, facts: list[str]) -> list[Verdict]:
+        """MLflow's ``Correctness`` judge (the ``Correctness`` scorer's prompt and call, as
+        ``mlflow.genai.judges.is_correct`` makes them for an ``openai:/`` model) on each reference
+        fact, given as the one expected fact: ``yes`` → supported, ``no`` → absent (MLflow's judge
+        does not tell a contradicted fact from a missing one; both count 0 in correctness_judged);
+        anything else unparseable, a failed call unparseable with its error. One call per fact, so
+        correctness_judged stays the share of facts stated, as with ``judge=openai|local``."""
+        from mlflow.genai.judges.prompts.correctness import CORRECTNESS_FEEDBACK_NAME, get_prompt
+
+        def one(fact: str) -> Verdict:
+            prompt = get_prompt(request="", response=answer, expected_facts=[fact])
+            label, why, raw, err = self._ask(prompt, CORRECTNESS_FEEDBACK_NAME)
+            label = {"supported": "supported", "unsupported": "absent"}.get(label, "unparseable")
+            return Verdict(claim=fact, label=label, rationale=why, raw=raw, error=err)
+
+        return self._map(one, list(facts))
 
     def last_error(self) -> str | None:
         """The error of this thread's last :meth:`answer_relevance` call (None: it succeeded)."""
