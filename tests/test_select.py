@@ -316,3 +316,20 @@ def test_a_wide_default_margin_is_underpowered_not_a_tie():
     # an explicit margin is not the wide-default reason (one loss in 8 still cannot show θ > −0.4:
     # P(≤ 1 loss | P(loss) = 0.4) = 0.11, so the score test leaves b indistinguishable)
     assert explicit.underpowered is None or "the default margin 1/√n" not in explicit.underpowered.message()
+
+
+def test_the_underpowered_count_says_when_same_score_configs_count_once():
+    """Configs with the same per-query scores count once in the power line; it says so, with how
+    many were compared, so it reads beside the tie set's count of every config (a 12-config sweep
+    said '3 of 3 configs indistinguishable' next to '11 indistinguishable')."""
+    from types import SimpleNamespace as NS
+
+    from rag_experiments.analysis.select import underpowered
+
+    r = NS(passed=False, mde=0.4, margin=0.1, n_pairs=6)
+    keys = [b"a", b"b", b"c", b"a", b"b", b"c", b"a", b"b", b"c", b"a", b"b"]
+    u = underpowered([r] * 11, [False] * 11, [0.2] * 11, 0.05, keys=keys, compared=11)
+    assert "3 of 3 distinct configs (of 11 compared: configs with the same per-query scores count once)" in u.reasons[1]
+    assert "3 of 3 distinct configs (of 11 compared: configs with the same per-query scores count once) are" in u.message()
+    plain = underpowered([r] * 3, [False] * 3, [0.2] * 3, 0.05, keys=keys[:3], compared=3)
+    assert "3 of 3 configs indistinguishable" in plain.reasons[1] and "distinct" not in plain.message()

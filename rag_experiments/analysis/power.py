@@ -157,6 +157,14 @@ class Underpowered:
     target: float | None = None  # the margin n_needed is for, when not the current one (a wide default)
     family: int = 1  # comparisons with the best: the Holm family n_needed accounts for
     no_variance: bool = False  # every paired difference was 0: n_needed rests on the margin rule alone
+    compared: int | None = None  # configs compared with the best before same-score ones were merged
+
+    def configs(self) -> str:
+        """``configs`` or, when configs with the same per-query scores count once, ``distinct configs
+        (of 11 compared: …)``: so the count reads beside the tie set's, which counts every config."""
+        if self.compared is None or self.compared == self.n_others:
+            return "configs"
+        return f"distinct configs (of {self.compared} compared: configs with the same per-query scores count once)"
 
     def need(self) -> str:
         """The n needed and what it accounts for, as ``plan --margin M --configs K`` prints it."""
@@ -206,6 +214,6 @@ class Underpowered:
         return (
             f"UNDERPOWERED: this eval set cannot separate the configs ({'; '.join(self.reasons)}). "
             f"{self.n_indistinguishable} of "
-            f"{self.n_others} configs are indistinguishable from the best (neither shown non-inferior "
+            f"{self.n_others} {self.configs()} are indistinguishable from the best (neither shown non-inferior "
             f"nor shown worse); {power}. {what}"
         )

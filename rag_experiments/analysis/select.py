@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -154,6 +154,7 @@ def underpowered(
     alpha: float,
     default_margin: bool = False,
     keys: Sequence[bytes] | None = None,
+    compared: int | None = None,
 ) -> Underpowered | None:
     """Whether the eval set separates the candidates from the best; None when it does.
 
@@ -165,7 +166,8 @@ def underpowered(
     (``default_margin``) wider than :data:`WIDE_DEFAULT_MARGIN` the sweep is underpowered too (a
     tie within ±0.35 at n = 8 is no evidence of equivalence), and n_needed is for
     :data:`WIDE_DEFAULT_MARGIN`, at least ⌈1/0.15²⌉ = 45 (where the default margin gets there).
-    ``keys`` (``stats.table_key`` per comparison): duplicate configs count once.
+    ``keys`` (``stats.table_key`` per comparison): duplicate configs count once, and the text says
+    so against ``compared`` (every config compared with the best, as the tie set counts them).
     """
     if keys is not None:  # one comparison per distinct config
         first = sorted({k: i for i, k in reversed(list(enumerate(keys)))}.values())
@@ -185,7 +187,7 @@ def underpowered(
     if mde > margin:
         reasons.append(f"MDE {mde:.3g} > margin {margin:.3g}")
     if k > len(ni) / 2:
-        reasons.append(f"{k} of {len(ni)} configs indistinguishable from the best")
+        reasons.append(f"{k} of {len(ni)} {{configs}} indistinguishable from the best")
     wide = default_margin and margin > WIDE_DEFAULT_MARGIN
     if wide:
         reasons.append(
@@ -197,10 +199,11 @@ def underpowered(
     var = float(np.nanmedian(v)) if np.isfinite(v).any() else math.nan
     target = WIDE_DEFAULT_MARGIN if wide else margin
     needed = n_for_margin(target, var, alpha, family=len(ni), default_rule=wide)
-    return Underpowered(
-        k, len(ni), mde, margin, n, needed, tuple(reasons), WIDE_DEFAULT_MARGIN if wide else None,
-        family=len(ni), no_variance=var == 0,
+    u = Underpowered(
+        k, len(ni), mde, margin, n, needed, (), WIDE_DEFAULT_MARGIN if wide else None,
+        family=len(ni), no_variance=var == 0, compared=compared,
     )  # fmt: skip
+    return replace(u, reasons=tuple(r.replace("{configs}", u.configs()) for r in reasons))
 
 
 def select_config(
@@ -352,6 +355,7 @@ def tie_family(
         alpha,
         default_margin=margin is None,
         keys=[keys[others[j]] for j in distinct],
+        compared=len(others),
     )
     return cmp, dict(zip(others, ni, strict=True)), power
 
