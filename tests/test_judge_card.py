@@ -244,6 +244,19 @@ def test_sequential_card_judges_only_the_pairs_its_interval_needs(tmp_path):
     assert judge.asked == 200  # the pairs judged before came from the verdict cache
 
 
+def test_a_cached_cards_synthetic_pairs_are_not_made_again(tmp_path):
+    from rag_experiments.evalset.corpus import load_corpus
+    from rag_experiments.evalset.load import sample_dir
+    from rag_experiments.judge.validity import card_pairs
+
+    docs = load_corpus(sample_dir() / "docs")
+    cache = StageCache(tmp_path / "cache")
+    made, source = card_pairs(None, docs, seed=0, n_max=200, cache=cache)
+    again, _ = card_pairs(None, docs, seed=0, n_max=200, cache=cache)
+    assert source == "synthetic" and again == made and cache.stats["synthetic_pairs.hit"] == 1
+    assert pairs_digest(again) == pairs_digest(card_pairs(None, docs, seed=0, n_max=200)[0])  # as made anew
+
+
 # ----------------------------------------------------------------------------- the CLI
 
 

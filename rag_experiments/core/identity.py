@@ -96,6 +96,9 @@ STAGE_CODE: dict[str, tuple[str, ...]] = {
     "chunk_tokens": ("rag_experiments.stages.text", "rag_experiments.evaluation.budget"),
     "card_verdict": _JUDGE_CODE,  # a judge's verdict on a labelled pair, with its seconds
     "judge_card": (*_JUDGE_CODE, "rag_experiments.judge.card", "rag_experiments.judge.validity"),
+    # a card's synthetic pairs, per corpus digest, seed and cap (a cached card's run skips making them)
+    "synthetic_pairs": ("rag_experiments.evalset.synthetic_pairs", "rag_experiments.evalset.judge_pairs",
+                        "rag_experiments.stages.text"),  # fmt: skip
     # a fitted claim verifier: its features, its fit and its synthetic training data
     "verifier_fit": (
         "rag_experiments.judge.verifier",

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from itertools import zip_longest
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from rag_experiments.core.build import build
 from rag_experiments.core.cache import StageCache, stage_key
 from rag_experiments.core.conf_groups import conf_dir, options
 from rag_experiments.core.progress import Progress
+from rag_experiments.evalset.corpus import corpus_digest
 from rag_experiments.evalset.judge_pairs import JudgePair, JudgePairsError, load_pairs, pairs_digest
 from rag_experiments.evalset.synthetic_pairs import synthetic_pairs
 from rag_experiments.judge.card import UNPARSEABLE, card_line, card_metrics, judge_card, kappa_interval
@@ -170,15 +171,24 @@ def select_pairs(pairs: list[JudgePair], max_pairs: int | None) -> list[JudgePai
 
 
 def card_pairs(
-    pairs_path: str | None, docs=None, seed: int = 0, n_max: int | None = None
+    pairs_path: str | None, docs=None, seed: int = 0, n_max: int | None = None, cache: StageCache | None = None
 ) -> tuple[list[JudgePair], str]:
     """(pairs, source): human-labelled pairs from ``pairs_path`` (source ``file:<name>``), else
     synthetic pairs made from the corpus ``docs`` (``evalset.synthetic_pairs``, at most ``n_max``;
-    source ``synthetic``). Bad pairs files raise ``JudgePairsError``; a corpus too small for
-    synthetic pairs raises its ``SyntheticPairsError`` (a ValueError naming the count and minimum)."""
+    source ``synthetic``), kept in ``cache`` per (corpus digest, seed, n_max) so a run whose card is
+    cached does not make them again. Bad pairs files raise ``JudgePairsError``; a corpus too small
+    for synthetic pairs raises its ``SyntheticPairsError`` (a ValueError naming the count and minimum)."""
     if pairs_path:
         return load_pairs(pairs_path), f"file:{Path(pairs_path).name}"
-    return synthetic_pairs(list(docs or []), seed=seed, n_max=n_max), "synthetic"
+    docs = list(docs or [])
+    key = stage_key("synthetic_pairs", corpus_digest(docs), seed, n_max) if cache is not None else ""
+    hit = cache.get_json_many("synthetic_pairs", [key]) if cache is not None else {}
+    if key in hit:
+        return [JudgePair(**p) for p in hit[key]], "synthetic"
+    pairs = synthetic_pairs(docs, seed=seed, n_max=n_max)
+    if cache is not None:
+        cache.put_json_many("synthetic_pairs", {key: [asdict(p) for p in pairs]})
+    return pairs, "synthetic"
 
 
 # ------------------------------------------------------------------------------ verdicts
@@ -415,7 +425,7 @@ def run_card(
     seed = card.seed
     cap = card.max_pairs_model if _is_model_judge(judge) else card.max_pairs
     try:
-        pairs, source = card_pairs(card.pairs, docs, seed=seed, n_max=cap)
+        pairs, source = card_pairs(card.pairs, docs, seed=seed, n_max=cap, cache=cache)
     except ValueError as e:  # a corpus too small for synthetic pairs: the run goes on, said loudly
         if isinstance(e, JudgePairsError):
             raise
