@@ -270,6 +270,10 @@ NEUTRAL_DEFAULTS: dict[str, Any] = {
     **{s.group: {"name": s.off} for s in SLOTS if s.neutral_none},  # a slot added later, off
     "retriever.fusion": "rrf",
     "retriever.alpha": 0.5,
+    # the sequential judge card (judge.validity.CardSettings): its code defaults, so the keys can
+    # join conf/config.yaml without changing a recorded config_hash
+    "judge_card.target_width": 0.2,
+    "judge_card.batch_pairs": 40,
 }
 
 
