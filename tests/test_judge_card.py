@@ -13,15 +13,26 @@ from omegaconf import OmegaConf
 
 from rag_experiments.cli.judge import main as judge_main
 from rag_experiments.core.cache import StageCache
-from rag_experiments.evalset.judge_pairs import load_pairs, pairs_digest
+from rag_experiments.core.types import Verdict
+from rag_experiments.evalset.judge_pairs import JudgePair, load_pairs, pairs_digest
 from rag_experiments.evaluation.registry import parse
-from rag_experiments.judge.card import card_metrics, flip_rate, judge_card, point_figures
+from rag_experiments.judge.card import (
+    card_line,
+    card_metrics,
+    flip_rate,
+    judge_card,
+    kappa_interval,
+    point_figures,
+)
 from rag_experiments.judge.repeats import query_flip_rate, repeat_columns
 from rag_experiments.judge.validity import (
+    EARLY_STOP_CONFIDENCE,
     build_judge,
     judge_config,
     repeat_judges,
     select_pairs,
+    sequential_stop,
+    stratified_order,
     validity_card,
 )
 from tests.llm_fixtures import ChatServer, closed_port_url, fake_llm, requires_smollm2, smollm2_path  # noqa: F401
@@ -127,6 +138,123 @@ def test_select_pairs_is_deterministic_and_covers_every_type(tmp_path):
     chosen = select_pairs(pairs, 4)
     assert len(chosen) == 4 and {p.type for p in chosen} == {p.type for p in pairs}
     assert select_pairs(list(reversed(pairs)), 4) == chosen  # the file order does not matter
+
+
+# ----------------------------------------------------------------------------- the sequential card
+
+
+def _population(rng, n: int, p_supported: float = 0.3, accuracy: float = 0.8):
+    """Gold labels with ``p_supported`` positives and a judge right with probability ``accuracy``
+    (symmetric errors): population κ = (a − p_e) / (1 − p_e), p_e from the two marginals."""
+    gold = np.where(rng.random(n) < p_supported, "supported", "unsupported")
+    flip = np.where(gold == "supported", "unsupported", "supported")
+    pred = np.where(rng.random(n) < accuracy, gold, flip)
+    p_pred = p_supported * accuracy + (1 - p_supported) * (1 - accuracy)
+    p_e = p_supported * p_pred + (1 - p_supported) * (1 - p_pred)
+    return gold, pred, (accuracy - p_e) / (1 - p_e)
+
+
+def test_kappa_interval_is_the_cards_own_interval():
+    """The sequential card looks with the card's κ interval (same draws, same too-few rule)."""
+    rng = np.random.default_rng(5)
+    gold, pred, _ = _population(rng, 90)
+    pred[:6] = "unparseable"  # a third predicted class
+    groups = [f"c{i // 2}" for i in range(90)]
+    card = judge_card(gold, pred, ["t"] * 90, groups, [0.0] * 90, n_resamples=300, seed=2)
+    assert kappa_interval(gold, pred, groups, 300, 2) == pytest.approx(card["kappa"]["ci"], abs=1e-12)
+    one_class = ["unsupported"] * 43  # κ too few to say in every resample
+    assert all(math.isnan(x) for x in kappa_interval(one_class, pred[:43], [str(i) for i in range(43)], 100, 0))
+
+
+def test_stratified_order_keeps_the_label_mix_in_every_prefix():
+    pairs = [JudgePair(f"p{i}", f"claim {i}", "ctx", "supported" if i % 10 < 3 else "unsupported", f"t{i % 10}")
+             for i in range(100)]  # fmt: skip
+    order = stratified_order(select_pairs(pairs, None))
+    assert sorted(p.id for p in order) == sorted(p.id for p in pairs)
+    for n in range(1, 101):
+        assert abs(sum(p.label == "supported" for p in order[:n]) - 0.3 * n) <= 1
+
+
+def test_sequential_stop_stops_at_the_first_narrow_look_and_says_why():
+    widths = {40: 0.41, 80: 0.27, 120: 0.19, 160: 0.15}
+    n, looks, why = sequential_stop(160, 40, 0.2, widths.__getitem__)
+    assert n == 120 and looks == [[40, 0.41], [80, 0.27], [120, 0.19]]
+    assert "0.190 ≤ target 0.2 at 120 pairs" in why
+    n, looks, why = sequential_stop(100, 40, 0.1, lambda n: math.nan if n < 100 else 0.3)
+    assert n == 100 and [x[0] for x in looks] == [40, 80, 100] and "all 100 pairs judged" in why
+    assert "0.300 > target 0.1" in why
+
+
+def test_sequential_stopping_keeps_the_kappa_interval_honest():
+    """Coverage by simulation: a population with a known κ, 120 pools of 200 pairs, looks every 40
+    pairs, target 0.27 (so most pools stop early). Stopping when the 95 % interval is narrow
+    enough under-covers (over 400 pools: 0.905 against 0.93 for the same n fixed in advance), so a
+    card stopped early reports its 97.5 % interval; that one covers at least as often as the fixed
+    n's 95 % one. Seeded: the outcome is fixed."""
+    rng = np.random.default_rng(11)
+    covered_seq = covered_fixed = 0
+    stopped_early = 0
+    for s in range(120):
+        gold, pred, k_true = _population(rng, 200)
+        groups = [str(i) for i in range(200)]
+
+        def ci(n, gold=gold, pred=pred, groups=groups, s=s):
+            return kappa_interval(gold[:n], pred[:n], groups[:n], 200, s)
+
+        n, _, _ = sequential_stop(200, 40, 0.27, lambda n, ci=ci: -np.subtract(*ci(n)))
+        stopped_early += n < 200
+        lo, hi = kappa_interval(gold[:n], pred[:n], groups[:n], 200, s, EARLY_STOP_CONFIDENCE if n < 200 else 0.95)
+        covered_seq += lo <= k_true <= hi
+        lo, hi = ci(n)
+        covered_fixed += lo <= k_true <= hi  # as if n had been fixed in advance: the 95 % interval
+    assert stopped_early >= 60  # the rule did stop early, so this checks it
+    assert covered_seq / 120 >= 0.92 and covered_seq >= covered_fixed
+
+
+class _Oracle:
+    """A judge whose verdict of each claim is fixed in advance (the pure rule under test)."""
+
+    remote = False
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.labels, self.identity, self.asked = labels, "oracle-judge", 0
+
+    def verdicts(self, claims, context):
+        self.asked += len(claims)
+        return [Verdict(c, self.labels[c]) for c in claims]
+
+
+def test_sequential_card_judges_only_the_pairs_its_interval_needs(tmp_path):
+    rng = np.random.default_rng(3)
+    gold, pred, _ = _population(rng, 200, accuracy=0.9)
+    pairs = [JudgePair(f"p{i}", f"claim number {i}", "ctx", g, "t") for i, g in enumerate(gold)]
+    judge = _Oracle({p.claim: x for p, x in zip(pairs, pred, strict=True)})
+    cache = StageCache(tmp_path / "cache")
+    card = validity_card(judge, pairs, cache, n_resamples=200, progress=False, target_width=0.3, batch=40)
+    assert card["n"] < 200 and judge.asked == card["n"] and card["n"] % 40 == 0
+    assert card["stop"]["n_pool"] == 200 and card["stop"]["looks"][-1][0] == card["n"]
+    assert card["stop"]["looks"][-1][1] <= 0.3 and "≤ target 0.3" in card["stop"]["why"]
+    lo, hi = card["kappa"]["ci"]  # stopped early: its intervals at 97.5 %, wider than the 95 % one it looked at
+    assert card["confidence"] == 0.975 and hi - lo > card["stop"]["looks"][-1][1]
+    assert "stopped: κ 95% CI width" in card_line(card, "synthetic") and "sequential" in card["ci_method"]
+    again = validity_card(judge, pairs, cache, n_resamples=200, progress=False, target_width=0.3, batch=40)
+    assert again["cached"] and judge.asked == card["n"]  # cached per (judge, pairs, target, batch)
+    every = validity_card(judge, pairs, cache, n_resamples=200, progress=False, target_width=0.01, batch=40)
+    assert every["n"] == 200 and "all 200 pairs judged" in every["stop"]["why"]
+    assert judge.asked == 200  # the pairs judged before came from the verdict cache
+
+
+def test_a_cached_cards_synthetic_pairs_are_not_made_again(tmp_path):
+    from rag_experiments.evalset.corpus import load_corpus
+    from rag_experiments.evalset.load import sample_dir
+    from rag_experiments.judge.validity import card_pairs
+
+    docs = load_corpus(sample_dir() / "docs")
+    cache = StageCache(tmp_path / "cache")
+    made, source = card_pairs(None, docs, seed=0, n_max=200, cache=cache)
+    again, _ = card_pairs(None, docs, seed=0, n_max=200, cache=cache)
+    assert source == "synthetic" and again == made and cache.stats["synthetic_pairs.hit"] == 1
+    assert pairs_digest(again) == pairs_digest(card_pairs(None, docs, seed=0, n_max=200)[0])  # as made anew
 
 
 # ----------------------------------------------------------------------------- the CLI

@@ -96,3 +96,39 @@ def test_embedding_one_block_prints_progress_with_an_eta(tmp_path, capsys):
         else:
             assert sum("ETA" in ln for ln in lines) >= 5 and lines[-1].endswith(" s"), lines
             np.testing.assert_array_equal(np.asarray(dense._matrix), plain)
+
+
+def test_the_judges_embedding_says_how_many_texts_and_is_not_done_twice(tmp_path, capsys):
+    """Issue 45: ``[judging: embedding claims and contexts]`` printed nothing for 149 s. The
+    heuristic judge's embedding now counts its texts per model batch with an ETA, and its vectors
+    are cached per text (stage ``text_vectors``): a second run embeds only what it has not seen,
+    with the same vectors (the judge's verdicts, and the recorded digests, unchanged)."""
+    import numpy as np
+
+    from rag_experiments.core.cache import StageCache
+    from rag_experiments.judge.heuristic import _VEC_MEMO, HeuristicJudge
+    from rag_experiments.stages.embedding import SentenceTransformerEmbedder
+
+    st = SentenceTransformerEmbedder(batch_size=16, show_progress=False)
+    judge = HeuristicJudge(embedder=st)
+    answers = [f"Webhook deliveries are retried {i} times over three days." for i in range(40)]
+    contexts = [f"Failed webhooks are retried up to {i} times. Each retry waits longer. Order {i} ships." for i in range(40)]
+    cache = StageCache(tmp_path / "cache")
+    _VEC_MEMO.pop(judge.embedder_identity, None)
+    judge.prepare(answers, contexts, progress=True, desc="judging: embedding claims and contexts", cache=cache)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("[judging: embedding")]
+    n = int(lines[0].split("started: ")[1].split()[0])
+    assert n > 100 and sum("ETA" in ln for ln in lines) >= 5, lines  # a line per ~10 %, with its ETA
+    assert lines[-1].startswith(f"[judging: embedding claims and contexts] done: {n} texts")
+    first = dict(_VEC_MEMO[judge.embedder_identity])
+
+    _VEC_MEMO.pop(judge.embedder_identity)  # a new process: only the stage cache remembers
+    calls = []
+    st_encode = st.encode
+    st.encode = lambda texts, kind="passage": calls.append(len(texts)) or st_encode(texts, kind=kind)
+    judge.prepare(answers + ["A new claim about refunds taking five days."], contexts, progress=True,
+                  desc="judging: embedding claims and contexts", cache=cache)  # fmt: skip
+    assert calls == [1]  # the one text it had not seen
+    assert "started: 1 texts" in capsys.readouterr().err
+    again = _VEC_MEMO[judge.embedder_identity]
+    assert all(np.array_equal(first[t], again[t]) for t in first)

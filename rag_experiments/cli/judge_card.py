@@ -46,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pairs", metavar="FILE", help="judge_pairs JSONL (id, claim, context, label, type)")
     p.add_argument("--corpus", metavar="DIR", help="corpus for synthetic pairs when --pairs is absent")
     p.add_argument("--max-pairs", type=int, metavar="N", help="at most N pairs, interleaved by type")
+    p.add_argument(
+        "--target-width", type=float, default=None, metavar="W",
+        help="judge in batches of 40 until the kappa 95%% CI is at most W wide (a run's judge_card.target_width); "
+        "default: every pair",
+    )  # fmt: skip
     p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -79,7 +84,7 @@ def render(card: dict, name: str, source: str) -> str:
         f"judge card: {name}  ({card['n']} pairs in {card['n_groups']} claim groups, {card_title(source)}; "
         f"pairs digest {card['pairs_digest'][:12]})",
         f"judge identity {card['judge'][:200]}",
-        f"{'figure':<38} value  [95% CI]",
+        f"{'figure':<38} value  [{100 * card.get('confidence', 0.95):g}% CI]",
     ]
     for key, label in ROWS:
         lines.append(f"{label:<38} {_cell(card[key], 4 if key == 'seconds_per_verdict' else 3)}")
@@ -87,6 +92,8 @@ def render(card: dict, name: str, source: str) -> str:
     for ty, c in card["accept_by_type"].items():
         lines.append(f"  {ty:<36} {_cell(c)}")
     lines.append(f"CI: {card['ci_method']}")
+    if card.get("stop"):
+        lines.append(f"stopped: {card['stop']['why']} (of {card['stop']['n_pool']} pairs)")
     if card.get("unsound"):
         lines.append(f"NOT A SOUND CARD (not cached, measured again next time): {card['unsound']}")
     return "\n".join(lines)
@@ -166,7 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     cache = StageCache(args.cache_dir, enabled=not args.no_cache)
     limit = MAX_UNPARSEABLE if args.max_unparseable is None else args.max_unparseable
-    card = validity_card(judge, pairs, cache, repeats, args.resamples, args.seed, not args.json, limit)
+    card = validity_card(judge, pairs, cache, repeats, args.resamples, args.seed, not args.json, limit,
+                         target_width=args.target_width)  # fmt: skip
     card["source"] = source
     if card["unsound"]:
         print(f"warning: judge card not cached: {card['unsound']}", file=sys.stderr)

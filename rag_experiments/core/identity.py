@@ -96,6 +96,9 @@ STAGE_CODE: dict[str, tuple[str, ...]] = {
     "chunk_tokens": ("rag_experiments.stages.text", "rag_experiments.evaluation.budget"),
     "card_verdict": _JUDGE_CODE,  # a judge's verdict on a labelled pair, with its seconds
     "judge_card": (*_JUDGE_CODE, "rag_experiments.judge.card", "rag_experiments.judge.validity"),
+    # a card's synthetic pairs, per corpus digest, seed and cap (a cached card's run skips making them)
+    "synthetic_pairs": ("rag_experiments.evalset.synthetic_pairs", "rag_experiments.evalset.judge_pairs",
+                        "rag_experiments.stages.text"),  # fmt: skip
     # a fitted claim verifier: its features, its fit and its synthetic training data
     "verifier_fit": (
         "rag_experiments.judge.verifier",
@@ -269,6 +272,10 @@ NEUTRAL_DEFAULTS: dict[str, Any] = {
     **{s.group: {"name": s.off} for s in SLOTS if s.neutral_none},  # a slot added later, off
     "retriever.fusion": "rrf",
     "retriever.alpha": 0.5,
+    # the sequential judge card (judge.validity.CardSettings): its code defaults, so the keys can
+    # join conf/config.yaml without changing a recorded config_hash
+    "judge_card.target_width": 0.2,
+    "judge_card.batch_pairs": 40,
 }
 
 

@@ -30,12 +30,19 @@ def cohen_kappa(a: Sequence[str], b: Sequence[str], weights: Sequence[float] | N
     cats, codes = np.unique(np.concatenate([a, b]).astype(str), return_inverse=True)
     conf = np.zeros((len(cats), len(cats)))
     np.add.at(conf, (codes[: len(a)], codes[len(a) :]), w)
-    total = conf.sum()
-    if total <= 0:
-        return float("nan")
-    po = np.trace(conf) / total
-    pe = float(conf.sum(axis=1) @ conf.sum(axis=0)) / total**2
-    return float("nan") if pe >= 1 - 1e-12 else float((po - pe) / (1 - pe))
+    return float(kappa_of_confusion(conf))
+
+
+def kappa_of_confusion(conf: np.ndarray) -> np.ndarray:
+    """κ of a confusion matrix ``conf[a_category, b_category]`` (weighted counts), or of a stack of
+    them (shape ``(..., K, K)``: one κ per matrix, so a bootstrap computes all its resamples at
+    once); NaN where the total is 0 or p_e = 1 (:func:`cohen_kappa`)."""
+    conf = np.asarray(conf, float)
+    total = conf.sum(axis=(-2, -1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        po = np.trace(conf, axis1=-2, axis2=-1) / total
+        pe = np.einsum("...i,...i->...", conf.sum(axis=-1), conf.sum(axis=-2)) / total**2
+        return np.where((total > 0) & (pe < 1 - 1e-12), (po - pe) / (1 - pe), np.nan)
 
 
 def _bootstrap(n: int, stat, seed: int, n_resamples: int, confidence: float) -> tuple[float, float]:

@@ -113,7 +113,8 @@ def diagnostics_stage(
     if prepare is not None and todo:  # one embedding batch for the heuristic judge
         golds = [items[i].gold_answer or "" for i in todo]
         texts = [c.text for i in todo for c in chunk_lists[i]] + [answers[i] for i in todo]
-        prepare(golds, texts + [reference_text(items[i]) for i in todo])
+        prepare(golds, texts + [reference_text(items[i]) for i in todo], progress=progress,
+                desc="diagnostics: embedding", cache=cache)  # fmt: skip
     out: list[Diagnosis | None] = [None] * len(items)
     for i in track(todo, "diagnostics", enabled=progress, unit="answers"):
         tally = judged[i].usage

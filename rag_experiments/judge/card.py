@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from rag_experiments.evaluation.intervals import kappa_too_few
-from rag_experiments.judge.agreement import cohen_kappa
+from rag_experiments.evaluation.intervals import KAPPA_MIN_PER_CLASS, kappa_too_few
+from rag_experiments.judge.agreement import cohen_kappa, kappa_of_confusion
 
 SUPPORTED, UNSUPPORTED, UNPARSEABLE = "supported", "unsupported", "unparseable"
 #: The card's figures with one value each (``accept_by_type`` is per pair type).
@@ -137,19 +137,18 @@ def judge_card(
         raise ValueError("judge_card: gold, pred, types, groups and seconds must have one entry per pair")
     type_names = sorted(set(t.tolist()))
     point = _figures(g, p, t, s, rep, type_names)
-    _, codes = np.unique(np.asarray(groups, dtype=object).astype(str), return_inverse=True)
+    codes = _group_codes(groups)
     members = [np.flatnonzero(codes == c) for c in range(codes.max() + 1)] if len(codes) else []
     draws: dict[str, list[float]] = {k: [] for k in SCALARS}
     draws.update({f"accept/{ty}": [] for ty in type_names})
-    rng = np.random.default_rng(seed)
-    for _ in range(n_resamples if len(members) > 1 else 0):
-        idx = np.concatenate([members[c] for c in rng.integers(0, len(members), len(members))])
+    for row in cluster_draws(len(members), n_resamples, seed):
+        idx = np.concatenate([members[c] for c in row])
         f = _figures(g[idx], p[idx], t[idx], s[idx], None if rep is None else rep[:, idx], type_names)
         for k in SCALARS:
             draws[k].append(f[k])
         for ty, v in f["accept_by_type"].items():
             draws[f"accept/{ty}"].append(v)
-    card: dict[str, Any] = {"n": int(len(g)), "n_groups": len(members)}
+    card: dict[str, Any] = {"n": int(len(g)), "n_groups": len(members), "confidence": confidence}
     card["kappa_too_few"] = kappa_too_few(g, (SUPPORTED, UNSUPPORTED))  # None, or the counts
     for k in SCALARS:
         card[k] = {"value": point[k], "ci": _ci(draws[k], confidence)}
@@ -162,6 +161,48 @@ def judge_card(
         f"seed {seed}, {100 * confidence:g} %"
     )
     return card
+
+
+def _group_codes(groups: Sequence[str]) -> np.ndarray:
+    return np.unique(np.asarray(groups, dtype=object).astype(str), return_inverse=True)[1].reshape(-1)
+
+
+def cluster_draws(n_groups: int, n_resamples: int, seed: int) -> np.ndarray:
+    """The cluster bootstrap's draws: row r holds the ``n_groups`` group indices (with replacement)
+    of resample r, from ``numpy.random.default_rng(seed)``; no rows with fewer than 2 groups."""
+    if n_groups < 2:
+        return np.zeros((0, n_groups), int)
+    return np.random.default_rng(seed).integers(0, n_groups, (n_resamples, n_groups))
+
+
+def kappa_interval(
+    gold: Sequence[str],
+    pred: Sequence[str],
+    groups: Sequence[str],
+    n_resamples: int = 1000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> list[float]:
+    """The κ interval of :func:`judge_card` (same draws, same rule for a resample with too few
+    labels in a class), alone and vectorised: every resample's confusion matrix is the draw's group
+    counts times the groups' confusion matrices, so a sequential card can look after each batch."""
+    g, p = np.asarray(gold, dtype=object), np.asarray(pred, dtype=object)
+    codes = _group_codes(groups)
+    n_groups = int(codes.max()) + 1 if len(codes) else 0
+    draws = cluster_draws(n_groups, n_resamples, seed)
+    if not len(draws):
+        return [math.nan, math.nan]
+    cats = (SUPPORTED, UNSUPPORTED, UNPARSEABLE)  # any other prediction: a third class, as unparseable
+    gi = np.array([cats.index(x) if x in cats else 2 for x in g])
+    pi = np.array([cats.index(x) if x in cats else 2 for x in p])
+    per_group = np.zeros((n_groups, 3, 3))
+    np.add.at(per_group, (codes, gi, pi), 1)
+    rows = np.arange(len(draws))[:, None] * n_groups
+    counts = np.bincount((rows + draws).ravel(), minlength=draws.size).reshape(draws.shape)
+    conf = (counts @ per_group.reshape(n_groups, 9)).reshape(-1, 3, 3)
+    kappas = kappa_of_confusion(conf)
+    kappas[conf.sum(axis=2)[:, :2].min(axis=1) < KAPPA_MIN_PER_CLASS] = np.nan  # kappa_too_few's rule
+    return _ci(list(kappas), confidence)
 
 
 def card_metrics(card: Mapping[str, Any], prefix: str = "judge_card/") -> dict[str, float]:
@@ -201,7 +242,8 @@ def card_line(card: Mapping[str, Any], source: str = "") -> str:
         else f"{card['n']} {source} pairs"
     )
     unsound = f"; NOT A SOUND CARD (not cached): {card['unsound']}" if card.get("unsound") else ""
+    stop = f"; stopped: {card['stop']['why']}" if card.get("stop") else ""
     return (
-        f"judge card ({what}; 95% CI): kappa {kappa}, balanced accuracy "
-        f"{f('balanced_accuracy')}, unparseable {f('unparseable_rate')}{flip}{unsound}"
+        f"judge card ({what}; {100 * card.get('confidence', 0.95):g}% CI): kappa {kappa}, balanced accuracy "
+        f"{f('balanced_accuracy')}, unparseable {f('unparseable_rate')}{flip}{stop}{unsound}"
     )

@@ -39,8 +39,8 @@ class CascadeJudge:
     def split(self, answer: str) -> list[str]:
         return self.verifier.split(answer)
 
-    def prepare(self, answers: list[str], contexts: list[str]) -> None:
-        self.verifier.prepare(answers, contexts)
+    def prepare(self, answers: list[str], contexts: list[str], progress: bool = False, desc: str = "", cache=None) -> None:
+        self.verifier.prepare(answers, contexts, progress, desc)
 
     def verdicts(self, claims: list[str], context: str) -> list[Verdict]:
         first = self.verifier.verdicts(list(claims), context)

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from rag_experiments.core.cache import encode_counted
+from rag_experiments.core.progress import Progress
 from rag_experiments.core.redaction import error_text
 from rag_experiments.core.types import Verdict
 from rag_experiments.judge.claims import _plain, split_claims
@@ -300,15 +302,24 @@ class HeuristicJudge:
     def embedder_identity(self) -> str:
         return getattr(self.embedder, "identity", type(self.embedder).__name__)
 
-    def _encode(self, texts: list[str]) -> np.ndarray:
-        """Embed with a per-text memo: contexts recur across queries, prompts and k in a sweep."""
+    def _encode(self, texts: list[str], desc: str = "", progress: bool = False, cache=None) -> np.ndarray:
+        """Embed with a per-text memo: contexts recur across queries, prompts and k in a sweep;
+        with a ``cache`` (``core.cache.StageCache``) also across runs, per text. ``desc``: the
+        progress line of the texts it embeds (count and ETA, per model batch)."""
         # per process and embedder, so the configs of a sweep (new judge instances) share it
         memo = _VEC_MEMO.setdefault(self.embedder_identity, {})
         if len(memo) > 100_000:  # bound memory on very large sweeps; cleared before choosing what
             memo.clear()  # to encode, so every text asked for is in the memo afterwards
         todo = list(dict.fromkeys(t for t in texts if t not in memo))
+        if todo and cache is not None:
+            memo.update(cache.get_vectors(self.embedder_identity, todo))
+            todo = [t for t in todo if t not in memo]
         if todo:
-            memo.update(zip(todo, self.embedder.encode(todo, kind="passage"), strict=True))
+            with Progress(desc, len(todo), enabled=progress and bool(desc), unit="texts") as bar:
+                vectors = encode_counted(self.embedder, todo, "passage", bar)
+            memo.update(zip(todo, vectors, strict=True))
+            if cache is not None:
+                cache.put_vectors(self.embedder_identity, todo, vectors)
         return np.stack([memo[t] for t in texts])
 
     def _vectors(self, claims: list[str], context: str, cands: list[str]) -> np.ndarray:
@@ -319,8 +330,13 @@ class HeuristicJudge:
     def split(self, answer: str) -> list[str]:
         return split_claims(answer)
 
-    def prepare(self, answers: list[str], contexts: list[str]) -> None:
-        """Embed every claim and context candidate of a run in one batch (fills the memo).
+    def prepare(
+        self, answers: list[str], contexts: list[str], progress: bool = False, desc: str = "judge: embedding",
+        cache=None,
+    ) -> None:  # fmt: skip
+        """Embed every claim and context candidate of a run in one batch (fills the memo), with a
+        progress line ``desc`` (texts to embed, ETA) when ``progress``; a text whose vector the
+        stage ``cache`` holds (an earlier run) is not embedded again.
 
         One large call lets the embedder sort all texts by length and pad little; per-query calls
         (about 60 candidates each) spend most of their time on call overhead and padding.
@@ -328,7 +344,7 @@ class HeuristicJudge:
         texts = [c for a in answers for c in self.split(a)]
         texts += [cand for ctx in dict.fromkeys(contexts) for cand in self.candidates(ctx)]
         if texts:
-            self._encode(list(dict.fromkeys(texts)))
+            self._encode(list(dict.fromkeys(texts)), desc, progress, cache)
 
     @staticmethod
     def candidates(context: str) -> list[str]:

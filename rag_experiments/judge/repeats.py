@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from rag_experiments.core.cache import StageCache
+from rag_experiments.core.progress import track
 from rag_experiments.core.query_table import cell
 from rag_experiments.judge.cached import cached_verdicts
 from rag_experiments.judge.claims import label_faithfulness
@@ -48,12 +49,14 @@ def repeat_columns(
     contexts: Sequence[str],
     cache: StageCache,
     calls: Counter,
+    progress: bool = False,
 ) -> list[dict[str, Any]]:
     """Per judged answer (``judge_stage``'s ``JudgedAnswer``), its claims re-judged by each repeat judge:
     ``{"judge_flip_rate", "judge_repeat_labels"}`` ({} for a query not judged). The repeats' token
     usage joins the query's judge tally, so judge tokens and cost count every repeat."""
     out: list[dict[str, Any]] = []
-    for j, context in zip(judged, contexts, strict=True):
+    rows = list(zip(judged, contexts, strict=True))
+    for j, context in track(rows, "judging: repeats", enabled=progress and bool(repeats), unit="answers"):
         if j is None or not repeats:
             out.append({})
             continue

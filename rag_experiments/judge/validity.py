@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
 from itertools import zip_longest
 from pathlib import Path
 from typing import Any
@@ -24,15 +26,20 @@ import yaml
 from rag_experiments.core.build import build
 from rag_experiments.core.cache import StageCache, stage_key
 from rag_experiments.core.conf_groups import conf_dir, options
-from rag_experiments.core.progress import track
+from rag_experiments.core.progress import Progress
+from rag_experiments.evalset.corpus import corpus_digest
 from rag_experiments.evalset.judge_pairs import JudgePair, JudgePairsError, load_pairs, pairs_digest
 from rag_experiments.evalset.synthetic_pairs import synthetic_pairs
-from rag_experiments.judge.card import UNPARSEABLE, card_line, card_metrics, judge_card
+from rag_experiments.judge.card import UNPARSEABLE, card_line, card_metrics, judge_card, kappa_interval
 
 log = logging.getLogger(__name__)
 
 #: Keys of a judge config that are not constructor arguments (cost tables, the repeat count).
 NON_ARGS = ("pricing", "repeats")
+#: The intervals of a sequential card that stopped before its last pair. Stopping when the 95 %
+#: interval is narrow enough under-covers: simulated (tests/test_judge_card.py), 0.905 at κ 0.56 and
+#: 0.90 at κ 0.77 against 0.93-0.94 for a fixed n of the same size; at 97.5 % it is 0.93-0.94 again.
+EARLY_STOP_CONFIDENCE = 0.975
 _COMMIT_EVERY = 16  # verdicts per cache commit: a kill loses at most this many
 #: The largest unparseable share of a card that is cached (``judge card --max-unparseable``): above
 #: it the card says so and is measured again next time (a judge endpoint that answered garbage for
@@ -164,15 +171,24 @@ def select_pairs(pairs: list[JudgePair], max_pairs: int | None) -> list[JudgePai
 
 
 def card_pairs(
-    pairs_path: str | None, docs=None, seed: int = 0, n_max: int | None = None
+    pairs_path: str | None, docs=None, seed: int = 0, n_max: int | None = None, cache: StageCache | None = None
 ) -> tuple[list[JudgePair], str]:
     """(pairs, source): human-labelled pairs from ``pairs_path`` (source ``file:<name>``), else
     synthetic pairs made from the corpus ``docs`` (``evalset.synthetic_pairs``, at most ``n_max``;
-    source ``synthetic``). Bad pairs files raise ``JudgePairsError``; a corpus too small for
-    synthetic pairs raises its ``SyntheticPairsError`` (a ValueError naming the count and minimum)."""
+    source ``synthetic``), kept in ``cache`` per (corpus digest, seed, n_max) so a run whose card is
+    cached does not make them again. Bad pairs files raise ``JudgePairsError``; a corpus too small
+    for synthetic pairs raises its ``SyntheticPairsError`` (a ValueError naming the count and minimum)."""
     if pairs_path:
         return load_pairs(pairs_path), f"file:{Path(pairs_path).name}"
-    return synthetic_pairs(list(docs or []), seed=seed, n_max=n_max), "synthetic"
+    docs = list(docs or [])
+    key = stage_key("synthetic_pairs", corpus_digest(docs), seed, n_max) if cache is not None else ""
+    hit = cache.get_json_many("synthetic_pairs", [key]) if cache is not None else {}
+    if key in hit:
+        return [JudgePair(**p) for p in hit[key]], "synthetic"
+    pairs = synthetic_pairs(docs, seed=seed, n_max=n_max)
+    if cache is not None:
+        cache.put_json_many("synthetic_pairs", {key: [asdict(p) for p in pairs]})
+    return pairs, "synthetic"
 
 
 # ------------------------------------------------------------------------------ verdicts
@@ -183,38 +199,41 @@ def _is_model_judge(judge) -> bool:
 
 
 def pair_verdicts(
-    judge, pairs: Sequence[JudgePair], cache: StageCache, progress: bool = True
+    judge, pairs: Sequence[JudgePair], cache: StageCache, progress: bool = True, bar: Progress | None = None
 ) -> tuple[list[str], list[float], int]:
     """(labels, seconds, errors): the judge's label of each pair's claim against its context, the
     wall seconds of that verdict (one batched embedding pass of the heuristic judge is spread evenly
     over the pairs it served), and how many verdicts failed (a dead endpoint, a transport error).
     A failed verdict is ``unparseable``; neither it nor an unparseable reply is cached (a re-run
-    asks again)."""
+    asks again). ``bar``: the card's own progress line, moved per pair judged (else one of its own)."""
     keys = [stage_key("card_verdict", judge.identity, p.claim, p.context) for p in pairs]
     found = cache.get_json_many("card_verdict", keys)
     todo = [i for i, k in enumerate(keys) if k not in found]
     prep_s = 0.0
+    own = bar is None  # else the card's line, opened by the caller, moved for cached pairs too
     prepare = getattr(judge, "prepare", None)
     if todo and prepare is not None:
         t0 = time.perf_counter()
-        prepare([pairs[i].claim for i in todo], [pairs[i].context for i in todo])
+        prepare([pairs[i].claim for i in todo], [pairs[i].context for i in todo], progress=progress and own,
+                desc="judge card: embedding", cache=cache)  # fmt: skip
         prep_s = (time.perf_counter() - t0) / len(todo)
     fresh: dict[str, Any] = {}
     errors = 0
-    for i in track(todo, "judge card: verdicts", enabled=progress and len(todo) > 20, unit="pairs"):
-        t0 = time.perf_counter()
-        v = judge.verdicts([pairs[i].claim], pairs[i].context)[0]
-        row = {
-            "label": v.label if not v.error else UNPARSEABLE,
-            "seconds": time.perf_counter() - t0 + prep_s,
-        }
-        found[keys[i]] = row
-        errors += bool(v.error)
-        if row["label"] != UNPARSEABLE:
-            fresh[keys[i]] = row
-        if len(fresh) >= _COMMIT_EVERY:
-            cache.put_json_many("card_verdict", fresh)
-            fresh = {}
+    if not own:
+        bar.update(len(pairs) - len(todo))
+    with Progress("judge card: verdicts", len(todo), progress and len(todo) > 20, unit="pairs") if own else nullcontext(bar) as shown:
+        for i in todo:
+            t0 = time.perf_counter()
+            v = judge.verdicts([pairs[i].claim], pairs[i].context)[0]
+            row = {"label": v.label if not v.error else UNPARSEABLE, "seconds": time.perf_counter() - t0 + prep_s}
+            found[keys[i]] = row
+            errors += bool(v.error)
+            if row["label"] != UNPARSEABLE:
+                fresh[keys[i]] = row
+            if len(fresh) >= _COMMIT_EVERY:
+                cache.put_json_many("card_verdict", fresh)
+                fresh = {}
+            shown.update()
     cache.put_json_many("card_verdict", fresh)
     return [found[k]["label"] for k in keys], [float(found[k]["seconds"]) for k in keys], errors
 
@@ -232,6 +251,71 @@ def unsound(card: Mapping[str, Any], max_unparseable: float = MAX_UNPARSEABLE) -
     return None
 
 
+def stratified_order(pairs: Sequence[JudgePair]) -> list[JudgePair]:
+    """``pairs`` in an order whose every prefix keeps the whole set's label mix (to within one
+    pair): each next pair is of the label furthest below its share so far; within a label, the
+    given order (:func:`select_pairs`: interleaved by type). A card stopped after any batch is
+    then measured on the mix of positives and negatives it would have had on every pair."""
+    by_label: dict[str, list[JudgePair]] = {}
+    for p in pairs:
+        by_label.setdefault(p.label, []).append(p)
+    taken = dict.fromkeys(by_label, 0)
+    out: list[JudgePair] = []
+    for i in range(1, len(pairs) + 1):
+        left = [lab for lab in sorted(by_label) if taken[lab] < len(by_label[lab])]
+        lab = max(left, key=lambda x: len(by_label[x]) * i / len(pairs) - taken[x])
+        out.append(by_label[lab][taken[lab]])
+        taken[lab] += 1
+    return out
+
+
+def sequential_stop(
+    n_pool: int, batch: int, target_width: float, look: Callable[[int], float]
+) -> tuple[int, list[list], str]:
+    """The sequential card's rule: look after every ``batch`` pairs (``look(n)``: judge the first
+    n, return the width of their κ 95 % CI) and stop at the first n whose width is at most
+    ``target_width``, else at ``n_pool``. Returns (n, each look's [n, width], why it stopped).
+    The rule reads only the interval's width, never κ: its coverage is checked by simulation
+    (tests/test_judge_card.py)."""
+    looks: list[list] = []
+    n, width = 0, math.nan
+    while n < n_pool:
+        n = min(n + max(1, int(batch)), n_pool)
+        width = look(n)
+        looks.append([n, None if math.isnan(width) else round(width, 4)])
+        if width <= target_width:
+            return n, looks, f"κ 95% CI width {width:.3f} ≤ target {target_width:g} at {n} pairs"
+    wide = "undefined (too few labels in a class)" if math.isnan(width) else f"{width:.3f}"
+    return n, looks, f"all {n} pairs judged (judge_card.max_pairs): κ 95% CI width {wide} > target {target_width:g}"
+
+
+def sequential_verdicts(
+    judge, pairs: Sequence[JudgePair], cache: StageCache, target_width: float, batch: int,
+    n_resamples: int = 1000, seed: int = 0, progress: bool = True,
+) -> tuple[list[JudgePair], list[str], list[float], int, dict[str, Any]]:  # fmt: skip
+    """Judge ``pairs`` in batches (:func:`stratified_order`) until the card's κ interval
+    (``judge.card.kappa_interval``: the same draws as the card's) is at most ``target_width``
+    wide (:func:`sequential_stop`). Returns (the pairs judged, their labels, seconds, errors, the
+    stop record: target, batch, pool size, each look's [n, width], and why it stopped)."""
+    order = stratified_order(pairs)
+    got: list[tuple[list[str], list[float], int]] = []
+    with Progress("judge card", len(order), enabled=progress, unit="pairs") as bar:
+
+        def look(n: int) -> float:
+            done = sum(len(g[0]) for g in got)
+            got.append(pair_verdicts(judge, order[done:n], cache, progress, bar))
+            labels = [x for g in got for x in g[0]]
+            used = order[:n]
+            lo, hi = kappa_interval([p.label for p in used], labels, [p.group_key for p in used], n_resamples, seed)
+            return hi - lo
+
+        n, looks, why = sequential_stop(len(order), batch, target_width, look)
+    stop = {"target_width": target_width, "batch": int(batch), "n_pool": len(order), "looks": looks, "why": why}
+    labels = [x for g in got for x in g[0]]
+    seconds = [x for g in got for x in g[1]]
+    return order[:n], labels, seconds, sum(g[2] for g in got), stop
+
+
 def validity_card(
     judge,
     pairs: Sequence[JudgePair],
@@ -241,18 +325,29 @@ def validity_card(
     seed: int = 0,
     progress: bool = True,
     max_unparseable: float = MAX_UNPARSEABLE,
+    target_width: float | None = None,
+    batch: int = 40,
 ) -> dict[str, Any]:
     """The judge's card on ``pairs`` (``judge.card.judge_card``) with ``judge`` (its
     identity), ``pairs_digest``, ``n_judge_errors``, ``cached`` and ``unsound`` (:func:`unsound`,
     None for a sound card); with ``repeats`` (the judges of repeats 2..N) the flip rate across all
-    N. Cached per (identities, pairs digest, n_resamples, seed), only when sound."""
+    N. With ``target_width``, sequential (:func:`sequential_verdicts`): only as many pairs as the
+    κ interval needs, ``n`` of them, and ``stop`` says why it stopped. Cached per (identities,
+    pairs digest, n_resamples, seed[, target_width, batch]), only when sound."""
     digest = pairs_digest(list(pairs))
     idents = [judge.identity, *(j.identity for j in repeats)]
-    key = stage_key("judge_card", idents, digest, n_resamples, seed)
+    seq = (float(target_width), int(batch)) if target_width else ()
+    key = stage_key("judge_card", idents, digest, n_resamples, seed, *seq)
     hit = cache.get_json_many("judge_card", [key])
     if key in hit and unsound(hit[key], max_unparseable) is None:
         return {**hit[key], "cached": True, "unsound": None}
-    labels, seconds, errors = pair_verdicts(judge, pairs, cache, progress)
+    stop = None
+    if target_width:
+        pairs, labels, seconds, errors, stop = sequential_verdicts(
+            judge, pairs, cache, target_width, batch, n_resamples, seed, progress
+        )
+    else:
+        labels, seconds, errors = pair_verdicts(judge, pairs, cache, progress)
     rep = None
     if repeats:
         more = [pair_verdicts(j, pairs, cache, progress) for j in repeats]
@@ -267,8 +362,16 @@ def validity_card(
         repeat_preds=rep,
         n_resamples=n_resamples,
         seed=seed,
+        confidence=EARLY_STOP_CONFIDENCE if stop and len(pairs) < stop["n_pool"] else 0.95,
     )
     card.update(judge=judge.identity, repeats=len(idents), pairs_digest=digest, n_judge_errors=errors)
+    if stop is not None:
+        card["stop"] = stop
+        card["ci_method"] += (
+            f"; sequential: batches of {stop['batch']} pairs until the κ 95 % CI is at most "
+            f"{stop['target_width']:g} wide; a card stopped before its last pair reports "
+            f"{100 * EARLY_STOP_CONFIDENCE:g} % intervals (the stopping rule's under-coverage, by simulation)"
+        )
     why = unsound(card, max_unparseable)
     if why is None:
         cache.put_json_many("judge_card", {key: card})
@@ -281,7 +384,9 @@ def validity_card(
 class CardSettings:
     """The ``judge_card`` config block, typed (``conf/config.yaml``; docs/judges.md): ``pairs`` a
     judge_pairs JSONL with human labels (None: synthetic pairs from the corpus), ``max_pairs`` /
-    ``max_pairs_model`` the caps for heuristic / model-calling judges."""
+    ``max_pairs_model`` the caps for heuristic / model-calling judges, ``target_width`` the κ 95 %
+    CI width at which the card stops judging (None or 0: every pair up to the cap), in batches of
+    ``batch_pairs``."""
 
     enabled: bool = True
     pairs: str | None = None
@@ -289,6 +394,9 @@ class CardSettings:
     max_pairs_model: int | None = 40
     bootstrap_resamples: int = 1000
     seed: int = 0
+    #: κ within ±0.1 (analysis.judge_trust.DEFAULT_HALF_WIDTH, the half-width the notes plan for)
+    target_width: float | None = 0.2
+    batch_pairs: int = 40
 
     @classmethod
     def of(cls, block: Mapping[str, Any] | None) -> CardSettings | None:
@@ -302,6 +410,8 @@ class CardSettings:
             max_pairs_model=block.get("max_pairs_model"),
             bootstrap_resamples=int(block.get("bootstrap_resamples", 1000)),
             seed=int(block.get("seed", 0) or 0),
+            target_width=block.get("target_width", cls.target_width),
+            batch_pairs=int(block.get("batch_pairs", cls.batch_pairs)),
         )
 
 
@@ -315,7 +425,7 @@ def run_card(
     seed = card.seed
     cap = card.max_pairs_model if _is_model_judge(judge) else card.max_pairs
     try:
-        pairs, source = card_pairs(card.pairs, docs, seed=seed, n_max=cap)
+        pairs, source = card_pairs(card.pairs, docs, seed=seed, n_max=cap, cache=cache)
     except ValueError as e:  # a corpus too small for synthetic pairs: the run goes on, said loudly
         if isinstance(e, JudgePairsError):
             raise
@@ -326,8 +436,9 @@ def run_card(
         return {}, {"judge_card_source": source}, None
     chosen = select_pairs(pairs, cap)
     t0 = time.perf_counter()
-    result = validity_card(judge, chosen, cache, repeats, card.bootstrap_resamples, seed, progress)
-    log.info("judge card: %d pairs (%s) in %.1f s", len(chosen), source, time.perf_counter() - t0)
+    result = validity_card(judge, chosen, cache, repeats, card.bootstrap_resamples, seed, progress,
+                           target_width=card.target_width, batch=card.batch_pairs)  # fmt: skip
+    log.info("judge card: %d of %d pairs (%s) in %.1f s", result["n"], len(chosen), source, time.perf_counter() - t0)
     tags = {
         "judge_card_source": source,
         "judge_card_pairs_digest": result["pairs_digest"],
@@ -335,6 +446,8 @@ def run_card(
         # "sound", or why not: a card measured while the judge failed is shown, never cached
         "judge_card_status": "sound" if result["unsound"] is None else f"not cached: {result['unsound']}"[:500],
     }
+    if result.get("stop"):  # how many pairs the sequential card judged, and why it stopped there
+        tags["judge_card_stop"] = result["stop"]["why"][:500]
     if result["unsound"]:
         print(f"warning: judge card not cached: {result['unsound']}", file=sys.stderr)
     return card_metrics(result), tags, result

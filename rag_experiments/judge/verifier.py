@@ -144,7 +144,7 @@ class FeatureExtractor:
             sort_keys=True,
         )
 
-    def prepare(self, claims: list[str], contexts: list[str], progress: bool = False) -> None:
+    def prepare(self, claims: list[str], contexts: list[str], progress: bool = False, desc: str = "") -> None:
         """Encode every claim and context sentence (one pass; or, two-pass, every claim and
         candidate window, then the token pass), in blocks of 512 texts so a long fit shows
         progress with an ETA (embedding is most of a fit's time)."""
@@ -159,7 +159,7 @@ class FeatureExtractor:
             steps = [(self.heuristic._encode, list(dict.fromkeys(texts)), 512),
                      (self.aligner.passes.encode, list(dict.fromkeys(list(claims) + contexts)), 256)]
         total = sum(len(t) for _, t, _ in steps)
-        with Progress("verifier: embedding", total, enabled=progress and total > 512, unit="texts") as bar:
+        with Progress(desc or "verifier: embedding", total, enabled=progress and (bool(desc) or total > 512), unit="texts") as bar:
             for encode, todo, block in steps:
                 for i in range(0, len(todo), block):
                     encode(todo[i : i + block])

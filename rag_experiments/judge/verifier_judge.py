@@ -62,10 +62,10 @@ class VerifierJudge:
     def split(self, answer: str) -> list[str]:
         return split_claims(answer)
 
-    def prepare(self, answers: list[str], contexts: list[str]) -> None:
+    def prepare(self, answers: list[str], contexts: list[str], progress: bool = False, desc: str = "", cache=None) -> None:
         """Encode a run's distinct claims and context sentences in one batched pass."""
         claims = [c for a in answers for c in self.split(a)]
-        self.extractor.prepare(list(dict.fromkeys(claims)), list(contexts))
+        self.extractor.prepare(list(dict.fromkeys(claims)), list(contexts), progress, desc)
 
     def proba(self, claims: list[str], contexts: list[str]) -> np.ndarray:
         """P(supported) per (claim, context) pair."""

@@ -120,8 +120,9 @@ def judge_stage(
     prepare = getattr(judge, "prepare", None)
     if prepare is not None:
         todo = [(a, c) for a, c in zip(answers, contexts, strict=True) if a is not None]
-        with Progress("judging: embedding claims and contexts", None, enabled=progress and bool(todo)):
-            prepare([a for a, _ in todo], [c for _, c in todo])
+        if todo:  # its line counts the texts it embeds, per model batch, with an ETA
+            prepare([a for a, _ in todo], [c for _, c in todo], progress=progress,
+                    desc="judging: embedding claims and contexts", cache=cache)  # fmt: skip
     out = []
     rows = list(zip(items, answers, contexts, strict=True))
     for item, answer, context in track(rows, "judging", enabled=progress, unit="answers"):
@@ -228,7 +229,7 @@ class JudgeStep:
         seg.diags, dcalls = diagnostics_stage(
             judge, seg.items, seg.answers, seg.chunks, seg.judged, cache, ctx.settings.min_coverage, progress
         )
-        seg.flips = repeat_columns(ctx.stages.judge_repeats, seg.judged, seg.contexts, cache, jcalls)  # judge.repeats
+        seg.flips = repeat_columns(ctx.stages.judge_repeats, seg.judged, seg.contexts, cache, jcalls, progress)
         if hasattr(judge, "fact_verdicts"):  # a judge model also reads the key facts (correctness_judged)
             seg.facts = fact_stage(judge, seg.items, seg.answers, seg.judged, cache, jcalls, progress)
         judged = [j for j in seg.judged if j is not None]
