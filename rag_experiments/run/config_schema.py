@@ -538,7 +538,7 @@ def check(cfg) -> None:
 def _where(full_key: str) -> str:
     """``evalset.path`` → ``conf/evalset: path``; a top-level key → ``conf/config: key``."""
     group, _, key = full_key.partition(".")
-    return f"conf/{group}: {key}" if key and group in GROUP_CHECKS else f"conf/config: {full_key}"
+    return f"conf/{group}: {key}" if key and (conf_dir() / group).is_dir() else f"conf/config: {full_key}"
 
 
 def _omegaconf_key(e: Exception) -> str:

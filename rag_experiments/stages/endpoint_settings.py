@@ -157,6 +157,3 @@ class Takes:
                 raise TypeError(f"{self.owner}: give {field!r} once (got it as {key!r} too)")
             values[field] = v
         return EndpointSettings(**{**self.defaults, **values, **fixed})
-
-    def __repr__(self) -> str:
-        return f"Takes(without={self.without}, defaults={self.defaults})"
