@@ -117,9 +117,8 @@ class _Group:
         """Every key's value against the type its ``_target_``'s constructor declares for it
         (``config_types.constructor_hints``: int, float, bool, str, Literal, unions with None,
         lists, tuples, mappings; the endpoint settings' fields), so an implementation's annotated
-        signature is its typed config. Keys a
-        hand-written check owns (ranges, paths, URLs, ``api_key_env``'s null) are left to it: one
-        rule per key, one line per problem."""
+        signature is its typed config. Keys a hand-written check owns (ranges, paths, URLs,
+        ``api_key_env``'s null) are left to it: one rule per key, one line per problem."""
         target = self.node.get("_target_")
         if not target:
             return
