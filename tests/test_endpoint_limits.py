@@ -129,13 +129,13 @@ def test_limits_are_shared_per_endpoint_tightest_rate_largest_concurrency():
 )
 def test_out_of_range_limits_are_named(key, value):
     from rag_experiments.run.config_schema import _Group
-    from rag_experiments.run.endpoint_checks import limit_problems
+    from rag_experiments.run.endpoint_checks import endpoint_problems
 
     g = _Group("generator", {key: value})
-    limit_problems(g)
+    endpoint_problems(g)
     assert len(g.problems) == 1 and g.problems[0].startswith(f"conf/generator: {key}: must be")
     ok = _Group("generator", {"max_concurrency": 4, "rpm": 500, "tpm": 2e5})
-    limit_problems(ok)
+    endpoint_problems(ok)
     assert ok.problems == []
 
 

@@ -411,7 +411,7 @@ def test_every_rerank_option_builds_from_its_yaml(tmp_path) -> None:
         512,
         50,
     )
-    assert isinstance(ep, EndpointReranker) and ep.max_retries == 3 and ep.query_batch == 1
+    assert isinstance(ep, EndpointReranker) and ep.settings.max_retries == 3 and ep.query_batch == 1
     assert validate(_cfg("rerank=cross_encoder", f"rerank.path={ce_path}")) == []
     from rag_experiments.run.config_schema import ConfigError, check
 

@@ -99,10 +99,7 @@ SPECIAL_CASED = {
     "run/dry_run.py:dict:app,generator,judge,query_transform",
     "run/dry_run.py:dict:app,generator,judge",
     "run/dry_run.py:==:reranker",
-    # the config keys a group may carry besides its constructor's (pricing, repeats)
     "run/config_schema.py:dict:generator,history,judge,prompt,retriever",  # GROUP_CHECKS: a range rule per group
-    "run/config_schema.py:==:judge",
-    "run/config_schema.py:==:generator",
 }
 
 

@@ -24,6 +24,7 @@ from rag_experiments.core.types import Verdict
 from rag_experiments.evaluation.cost import add_usage
 from rag_experiments.judge.claims import _CITATION, is_claim, parse_verdict, split_claims
 from rag_experiments.stages.embedding import metric_embedder
+from rag_experiments.stages.endpoint_settings import ADDRESS, Takes
 from rag_experiments.stages.generation import OpenAICompatibleGenerator, local_server, resolve_model_path
 
 # -- LLM judge ----------------------------------------------------------------------------------
@@ -137,52 +138,31 @@ class LLMJudge:
     strict :func:`parse_verdict`. A failed call or an unreadable reply is ``unparseable``.
     """
 
+    ENDPOINT = Takes(api_key_env="OPENAI_API_KEY")  # every endpoint setting (docs/endpoints.md)
+
     def __init__(
         self,
         base_url: str,
         model: str,
-        api_key_env: str = "OPENAI_API_KEY",
         threshold: float = 0.0,
         use_logprobs: bool = True,
         n_questions: int = 3,
         decompose: bool = True,
         constrained: str = "json_schema",
-        temperature: float = 0.0,
-        seed: int = 0,
-        max_tokens: int = 256,
-        concurrency: int = 4,
-        timeout_s: float = 60.0,
-        max_retries: int = 3,
-        backoff_s: float = 0.5,
         embedder: Any = None,
         _identity_model: dict | None = None,
-        max_concurrency: int | None = None,
-        rpm: float | None = None,
-        tpm: float | None = None,
+        **endpoint: Any,
     ) -> None:
         if constrained not in ("json_schema", "response_format", "none"):
             raise ValueError("judge.constrained must be json_schema, response_format or none")
+        s = self.settings = LLMJudge.ENDPOINT.settings(endpoint, base_url=base_url, model=model)
         self.model = model
         self.threshold = float(threshold)
         self.use_logprobs = bool(use_logprobs)
         self.n_questions = int(n_questions)
         self.decompose = bool(decompose)
         self.constrained = constrained
-        self.client = OpenAICompatibleGenerator(
-            base_url=base_url,
-            model=model,
-            api_key_env=api_key_env,
-            temperature=temperature,
-            seed=seed,
-            max_tokens=max_tokens,
-            concurrency=concurrency,
-            timeout_s=timeout_s,
-            max_retries=max_retries,
-            backoff_s=backoff_s,
-            max_concurrency=max_concurrency,
-            rpm=rpm,
-            tpm=tpm,
-        )
+        self.client = OpenAICompatibleGenerator(base_url, model, **s.keywords("base_url", "model"))
         self._embedder = embedder
         self._last = threading.local()  # usage of the last split / answer_relevance, per thread
         prompts = VERDICT_SYSTEM + VERDICT_USER + DECOMPOSE_USER + QUESTIONS_USER
@@ -194,8 +174,8 @@ class LLMJudge:
             "n_questions": self.n_questions,
             "decompose": self.decompose,
             "constrained": constrained,
-            "temperature": float(temperature),
-            "seed": int(seed),
+            "temperature": s.temperature,
+            "seed": int(s.seed),
             "prompts": hashlib.sha256(prompts.encode()).hexdigest()[:16],
         }
         self.identity = json.dumps(ident, sort_keys=True)
@@ -366,6 +346,8 @@ class LocalLLMJudge(LLMJudge):
     """:class:`LLMJudge` on any GGUF file, served by the embedded llama.cpp server (shared with the
     local generator when both name the same file and ctx_size). ``model_path=None`` = the packaged
     SmolLM2-135M, which loads offline but is at chance as a judge."""
+
+    ENDPOINT = Takes(without=ADDRESS)  # its own server: no address to set; LLMJudge's defaults
 
     def __init__(
         self,

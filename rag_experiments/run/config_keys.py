@@ -16,7 +16,6 @@ is left to it here.
 from __future__ import annotations
 
 import difflib
-import inspect
 import itertools
 from typing import Any
 
@@ -43,19 +42,23 @@ def did_you_mean(word: str, candidates) -> str:
 def constructor_key_problems(group: str, node: dict, extra=frozenset()) -> list[tuple[str, str]]:
     """(key, what is wrong) for each key of a group's node that its ``_target_``'s constructor does
     not take (``extra``: keys the sweep reads itself, like ``pricing``), with a "did you mean";
-    an unimportable ``_target_``; a key the sweep injects itself. [] for a constructor with ``**kwargs``."""
+    an unimportable ``_target_``; a key the sweep injects itself. The keys it takes are
+    ``config_types.constructor_hints``' (the endpoint settings included); [] for a constructor
+    that takes any key."""
     target = node.get("_target_")
     if not target:
         return []
     from hydra.utils import get_class
 
+    from rag_experiments.run.config_types import constructor_hints
+
     try:
-        sig = inspect.signature(get_class(target).__init__)
+        hints = constructor_hints(get_class(target))
     except Exception as e:  # noqa: BLE001 - an unimportable target is itself the problem
         return [("_target_", f"cannot import ({type(e).__name__}: {e}) (got {target!r})")]
-    if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+    if hints is None:
         return []
-    allowed = set(sig.parameters) - {"self"} | {"_target_"} | set(extra)
+    allowed = set(hints) | {"_target_"} | set(extra)
     cls, out = target.rsplit(".", 1)[-1], []
     for key in node:
         if key not in allowed:

@@ -6,34 +6,35 @@ them all and exits 2. The checks are about values a stage cannot work with (size
 stage's constructor does not take), so a typo costs a message, not a FAILED run.
 :func:`unknown_group_options` checks ``group=option`` on the command line before Hydra composes.
 
-Why this module is long: it is one validator per config group (nine groups and the cross-field
-rules), read top to bottom like the config tree; split, a group's rules would live in two places.
+Every group with a ``_target_`` is checked against its constructor (its keys and their types,
+``config_types.constructor_hints``); :data:`GROUP_CHECKS` holds only the range and cross-field
+rules a group adds. The endpoint settings' rules, the same for every group that holds them, are
+``run.endpoint_checks``'.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from rag_experiments.core.conf_groups import conf_dir
 from rag_experiments.core.identity import UNUSED_WHEN_NONE
-from rag_experiments.evaluation.cost import price
+from rag_experiments.core.slots import SLOTS
 from rag_experiments.evaluation.defaults import RANK_DEPTH, TOKEN_BUDGETS, metrics_problems
 from rag_experiments.run.config_keys import constructor_key_problems
-from rag_experiments.run.config_types import conforms, describe
+from rag_experiments.run.config_types import conforms, constructor_hints, describe
 from rag_experiments.run.config_types import is_int as _is_int
 from rag_experiments.run.config_types import is_num as _is_num
-from rag_experiments.run.endpoint_checks import budget_problems, embedding_endpoint_problems, limit_problems
+from rag_experiments.run.endpoint_checks import (
+    budget_problems,
+    embedding_endpoint_problems,
+    endpoint_problems,
+)
 from rag_experiments.stages.prompts import CONTEXT_FORMATS
 
 Problems = list[str]
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_LOOPBACK = ("localhost", "127.0.0.1", "::1", "0.0.0.0")
 BM25_METHODS = ("robertson", "lucene", "bm25l", "bm25+", "atire")
 FUSIONS = ("rrf", "weighted")  # retriever=hybrid (stages.retrieval.HybridRetriever)
 CONSTRAINED = ("response_format", "json_schema", "none")
@@ -106,43 +107,6 @@ class _Group:
         if not ok:
             self.bad(key, f"{kind if kind != 'any' else 'path'} not found", str(self.node[key]))
 
-    def url(self, key: str) -> None:
-        self.checked.add(key)
-        if not self.has(key):
-            return
-        v = self.node[key]
-        parsed = urlparse(str(v))
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            self.bad(key, "must be an http(s) URL with a host, e.g. http://localhost:8000/v1", v)
-            return
-        try:
-            parsed.port  # noqa: B018 - raises on a non-numeric or out-of-range port
-        except ValueError:
-            self.bad(key, "has an invalid port", v)
-
-    def api_key_env(self, key: str = "api_key_env") -> None:
-        """The *name* of a variable; a pasted key is rejected without echoing it."""
-        self.checked.add(key)
-        if key not in self.node or self.node[key] is None:
-            return
-        v = str(self.node[key])
-        if not _ENV_NAME.match(v) or len(v) > 64 or v.startswith(("sk-", "sk_")):
-            self.bad(
-                key,
-                f"must be the NAME of an environment variable holding the key, not the key "
-                f"(got a {len(v)}-character value that is not a variable name; not shown)",
-                show=False,
-            )
-            return
-        host = urlparse(str(self.node.get("base_url") or "")).hostname or ""
-        if not os.environ.get(v) and host not in _LOOPBACK:
-            self.bad(
-                key,
-                f"environment variable {v} is not set; set it, or use {key}=null for an endpoint "
-                "without authentication",
-                show=False,
-            )
-
     def known_keys(self, extra: set[str] = frozenset()) -> None:
         """Keys the ``_target_``'s constructor does not take (typos, ``+chunking.sizee=5``):
         ``config_keys.constructor_key_problems``, with a "did you mean"."""
@@ -151,17 +115,17 @@ class _Group:
 
     def typed_keys(self) -> None:
         """Every key's value against the type its ``_target_``'s constructor declares for it
-        (``typing.get_type_hints``: int, float, bool, str, Literal, unions with None, lists,
-        tuples, mappings), so an implementation's annotated signature is its typed config. Keys a
-        hand-written check owns (ranges, paths, URLs, ``api_key_env``'s null) are left to it: one
-        rule per key, one line per problem."""
+        (``config_types.constructor_hints``: int, float, bool, str, Literal, unions with None,
+        lists, tuples, mappings; the endpoint settings' fields), so an implementation's annotated
+        signature is its typed config. Keys a hand-written check owns (ranges, paths, URLs,
+        ``api_key_env``'s null) are left to it: one rule per key, one line per problem."""
         target = self.node.get("_target_")
         if not target:
             return
         from hydra.utils import get_class
 
         try:
-            hints = typing.get_type_hints(get_class(target).__init__)
+            hints = constructor_hints(get_class(target)) or {}
         except Exception:  # noqa: BLE001 - an unimportable target is reported by known_keys
             return
         for key, value in self.node.items():
@@ -245,27 +209,15 @@ def _rerank(g: _Group) -> None:
         if os.path.isdir(path) and not is_cross_encoder(path):
             g.bad("path", "not a cross-encoder (its config.json names no *ForSequenceClassification "
                   "architecture; a bi-encoder belongs in rerank=dense)", str(g.node["path"]))
-    if "base_url" in g.node:  # rerank=endpoint, rerank=llm
-        g.url("base_url")
-        g.api_key_env()
-        g.int_at_least("max_tokens", 1)
-        g.int_at_least("concurrency", 1)
-        limit_problems(g)
-        if "model" in g.node and str(g.node["_target_"]).endswith(".LLMReranker") and not str(g.node["model"] or "").strip():
-            g.bad("model", "must be a non-empty model name", g.node["model"])
     if "prompt" in g.node and not all(f in str(g.node["prompt"]) for f in ("{query}", "{passage}")):
         g.bad("prompt", "must contain {query} and {passage}", str(g.node["prompt"])[:60])
-        g.int_at_least("max_retries", 0)
-        g.num_at_least("timeout_s", 0, strict=True)
-        g.num_at_least("backoff_s", 0)
     emb = g.node.get("embedding")
     if emb is not None:
         if not isinstance(emb, dict) or not emb.get("_target_"):
             g.bad("embedding", "must be an embedding option's node with a _target_", emb)
             return
         e = _Group("embedding", emb)
-        _embedding(e)
-        e.known_keys()
+        _check(e, _embedding)
         g.problems += [p.replace("conf/embedding: ", "conf/rerank: embedding.") for p in e.problems]
 
 
@@ -297,8 +249,7 @@ def _llm_node(g: _Group) -> None:
             g.bad("llm", f"must be a generator option's node with a _target_ (+generator@{g.name}.llm=local)", llm)
             return
         e = _Group("generator", llm)
-        _generator(e)
-        e.known_keys(extra={"pricing"})
+        _check(e, _generator)
         g.problems += [p.replace("conf/generator: ", f"conf/{g.name}: llm.") for p in e.problems]
 
 
@@ -328,37 +279,12 @@ def _query_llm(cfg: dict) -> Problems:
     return problems
 
 
-def _llm_client(g: _Group) -> None:
-    """Keys shared by the OpenAI-compatible and local generators and LLM judges."""
-    g.url("base_url")
-    g.api_key_env()
+def _local_model(g: _Group) -> None:
+    """A chat model's keys besides the endpoint settings (``run.endpoint_checks``): the llama.cpp
+    server's, the answer cap, the judge's questions."""
     g.path_exists("model_path", "file")
-    if "model" in g.node and not str(g.node.get("model") or "").strip():
-        g.bad("model", "must be a non-empty model name", g.node.get("model"))
-    g.num_at_least("temperature", 0)
-    for key in ("max_tokens", "concurrency", "ctx_size", "n_threads", "n_parallel", "n_questions"):
+    for key in ("ctx_size", "n_threads", "n_parallel", "n_questions"):
         g.int_at_least(key, 1)
-    g.int_at_least("max_retries", 0)
-    if g.node.get("max_answer_chars") is not None:  # null: max_tokens * 16
-        g.int_at_least("max_answer_chars", 1)
-    g.num_at_least("timeout_s", 0, strict=True)
-    g.num_at_least("backoff_s", 0)
-    limit_problems(g)
-    _pricing(g)
-
-
-def _pricing(g: _Group) -> None:
-    """``pricing``: USD per 1000 tokens in / out for cost_usd (evaluation.cost.price)."""
-    node = g.node.get("pricing")
-    if node is None:
-        return
-    if not isinstance(node, dict) or set(node) - {"price_per_1k_in", "price_per_1k_out"}:
-        g.bad("pricing", "must be a mapping with price_per_1k_in and/or price_per_1k_out", node)
-        return
-    try:
-        price(node)
-    except ValueError as e:
-        g.bad("pricing", str(e), node)
 
 
 def _generator(g: _Group) -> None:
@@ -367,7 +293,7 @@ def _generator(g: _Group) -> None:
             if key != "name":
                 g.bad(key, "unknown option for generator=none", g.node[key])
         return
-    _llm_client(g)
+    _local_model(g)
 
 
 def _judge(g: _Group) -> None:
@@ -390,8 +316,7 @@ def _judge(g: _Group) -> None:
             g.bad(key, f"must be one of {', '.join(PRECISIONS)} (the verifier's MiniLM pass)", verifier["precision"])
     if str(g.node.get("_target_") or "").endswith(".MLflowJudge"):
         _mlflow_judge(g)
-    elif "base_url" in g.node or "model_path" in g.node:
-        _llm_client(g)
+    _local_model(g)
 
 
 def _mlflow_judge(g: _Group) -> None:
@@ -407,11 +332,7 @@ def _mlflow_judge(g: _Group) -> None:
             )
         elif ":/" in str(model):
             g.bad("model", "must be a model name; the judge builds the MLflow URI openai:/<model>", model)
-    rest = _Group(g.name, {k: v for k, v in g.node.items() if k != "model"})
-    _llm_client(rest)
-    rest.int_at_least("num_retries", 0)
-    g.problems += rest.problems
-    g.checked |= rest.checked
+    g.checked.add("model")
 
 
 def _prompt(g: _Group) -> None:
@@ -459,24 +380,33 @@ def _metrics(g: _Group) -> None:
 
 
 def _shared_rules(g: _Group) -> None:
-    """The keys every group shares the meaning of (the endpoint settings, ``docs/endpoints.md``):
-    in range wherever they appear, unless the group's own rule checked them. So a group no rule
-    lists (``app``, a slot added by the recipe) needs no line here: ``concurrency >= 1`` …"""
-    rules: list[tuple[str, Callable[[str], None]]] = [
-        ("concurrency", lambda k: g.int_at_least(k, 1)),
-        ("max_answer_chars", lambda k: g.int_at_least(k, 1)),
-        ("max_retries", lambda k: g.int_at_least(k, 0)),
-        ("timeout_s", lambda k: g.num_at_least(k, 0, strict=True)),
-        ("backoff_s", lambda k: g.num_at_least(k, 0)),
-        ("url", g.url),
-        ("base_url", g.url),
-        ("api_key_env", g.api_key_env),
-    ]
-    for key, rule in rules:
-        if key in g.node and key not in g.checked:
-            rule(key)
-    if not g.checked & {"rpm", "tpm", "max_concurrency"}:
-        limit_problems(g)
+    """The keys every group shares the meaning of, in range wherever they appear unless the group's
+    own rule checked them: the endpoint settings (``run.endpoint_checks``, docs/endpoints.md) and
+    the answer cap. So a group no rule lists (``app``, a slot added by the recipe) needs no line
+    here."""
+    if "max_answer_chars" not in g.checked and g.node.get("max_answer_chars") is not None:  # null: the default cap
+        g.int_at_least("max_answer_chars", 1)
+    endpoint_problems(g)
+
+
+def _run_keys(group: str) -> set[str]:
+    """Keys the run reads from a group itself, besides its constructor's: a priced slot's
+    ``pricing`` (cost_usd, the budget), a judging slot's ``repeats`` (judge/repeats.py), a slot's
+    model unused when it is off (``core.identity.UNUSED_WHEN_NONE``)."""
+    keys = set(UNUSED_WHEN_NONE.get(group, ()))
+    for s in SLOTS:
+        if s.group == group:
+            keys |= {"pricing"} if s.priced else set()
+            keys |= {"repeats"} if s.phase == "judging" else set()
+    return keys
+
+
+def _check(g: _Group, rule: Callable[[_Group], None]) -> None:
+    """A group's node: its range rule, the shared rules, its constructor's keys and their types."""
+    rule(g)
+    _shared_rules(g)
+    g.known_keys(extra=_run_keys(g.name))
+    g.typed_keys()
 
 
 #: Range and cross-field rules per group. Every group with a ``_target_`` (these and any other, such
@@ -566,11 +496,7 @@ def validate(cfg: dict) -> Problems:
             problems.append(f"conf/{name}: expected a config group, got {node!r}")
             continue
         g = _Group(name, node)
-        GROUP_CHECKS.get(name, _no_rule)(g)
-        _shared_rules(g)
-        g.known_keys(extra={"pricing", "repeats"} if name == "judge" else {"pricing"} if name == "generator"
-                     else set(UNUSED_WHEN_NONE.get(name, ())))  # history=window|oracle: a sweep's llm, unused
-        g.typed_keys()
+        _check(g, GROUP_CHECKS.get(name, _no_rule))
         problems += g.problems
     return problems + _rerank_depth(cfg) + _query_llm(cfg)
 
@@ -611,7 +537,7 @@ def check(cfg) -> None:
 def _where(full_key: str) -> str:
     """``evalset.path`` → ``conf/evalset: path``; a top-level key → ``conf/config: key``."""
     group, _, key = full_key.partition(".")
-    return f"conf/{group}: {key}" if key and group in GROUP_CHECKS else f"conf/config: {full_key}"
+    return f"conf/{group}: {key}" if key and (conf_dir() / group).is_dir() else f"conf/config: {full_key}"
 
 
 def _omegaconf_key(e: Exception) -> str:

@@ -1,17 +1,19 @@
 """Does a config value fit the type a stage constructor declares for it? The annotated signature of
-an implementation is its typed config: ``config_schema._Group.typed_keys`` reads it with
-``typing.get_type_hints`` and asks :func:`conforms`; :func:`describe` words the type for the
-message (``conf/<group>: <key>: must be an integer or null (got 'x')``).
+an implementation is its typed config: :func:`constructor_hints` reads it (its parameters and the
+endpoint settings it takes, ``stages.endpoint_settings``), ``config_schema._Group.typed_keys`` asks
+:func:`conforms`; :func:`describe` words the type for the message (``conf/<group>: <key>: must be
+an integer or null (got 'x')``).
 """
 
 from __future__ import annotations
 
 import collections.abc
+import inspect
 import types
 import typing
 from typing import Any
 
-__all__ = ["conforms", "describe", "is_int", "is_num"]
+__all__ = ["constructor_hints", "conforms", "describe", "is_int", "is_num"]
 
 
 def is_int(v: Any) -> bool:
@@ -20,6 +22,28 @@ def is_int(v: Any) -> bool:
 
 def is_num(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def constructor_hints(cls: type) -> dict[str, Any] | None:
+    """Config key → type for every key ``cls(...)`` takes: its annotated parameters, those of the
+    base classes its ``**kwargs`` reach, and the endpoint settings its ``ENDPOINT`` declares
+    (``stages.endpoint_settings.Takes``). None: it takes any key (``**kwargs``, no declaration).
+    Raises when the annotations cannot be read."""
+    keys: dict[str, Any] = {}
+    for c in cls.__mro__[:-1]:  # object last
+        init = c.__dict__.get("__init__")
+        if init is None:
+            continue
+        hints, params = typing.get_type_hints(init), inspect.signature(init).parameters.values()
+        for p in params:
+            if p.name != "self" and not p.name.startswith("_") and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+                keys.setdefault(p.name, hints.get(p.name, Any))
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            return keys
+    takes = getattr(cls, "ENDPOINT", None)
+    if takes is None:
+        return None
+    return takes.hints() | {k: v for k, v in keys.items() if k not in takes.without}  # its own annotation wins
 
 
 def conforms(value: Any, hint: Any) -> bool:

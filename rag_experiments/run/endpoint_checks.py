@@ -1,8 +1,11 @@
 """Config checks of remote endpoints (``config_schema`` calls them on its ``_Group``):
 
-- :func:`limit_problems`: an endpoint's limits, on any group that declares them
-  (``max_concurrency`` in [1, 1024], ``rpm`` in (0, 1e6], ``tpm`` in (0, 1e9]);
-- :func:`embedding_endpoint_problems`: ``embedding=openai``'s keys, then one probe request
+- :func:`endpoint_problems`: the endpoint settings (``stages.endpoint_settings``) a group's node
+  holds, in any group: each number in the range declared once there (``concurrency`` >= 1,
+  ``timeout_s`` > 0, ``max_concurrency`` in [1, 1024], ``rpm`` in (0, 1e6] …), an http(s)
+  ``base_url``/``url``, ``api_key_env`` the NAME of a set variable, a non-empty ``model``, a
+  ``pricing`` table;
+- :func:`embedding_endpoint_problems`: ``embedding=openai``'s own keys, then one probe request
   (``stages.api_embedding.probe``): an endpoint that is unreachable, refuses the key or the model,
   or answers with NaN or wrongly-sized vectors exits 2 naming the key, before any run;
 - :func:`budget_problems`: ``budget.max_calls`` >= 1, ``budget.max_usd`` > 0 and not smaller than
@@ -12,59 +15,130 @@
 
 from __future__ import annotations
 
+import os
+import re
 from typing import Any
+from urllib.parse import urlparse
 
-#: key → (low, high, low excluded?, integer?): the ranges a limit may take
-LIMITS = {
-    "max_concurrency": (1, 1024, False, True),
-    "rpm": (0, 1_000_000, True, False),
-    "tpm": (0, 1_000_000_000, True, False),
-}
+from rag_experiments.stages.endpoint_settings import RANGES, Takes, setting_problems
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LOOPBACK = ("localhost", "127.0.0.1", "::1", "0.0.0.0")
 
 
-def limit_problems(g: Any) -> None:
-    """Each limit key ``g`` holds, in its range (None: no limit)."""
-    from rag_experiments.run.config_types import is_int, is_num
+def declared(node: dict) -> Takes | None:
+    """The endpoint settings the node's ``_target_`` declares (its ``ENDPOINT``), else None."""
+    target = node.get("_target_")
+    if not target:
+        return None
+    from hydra.utils import get_class
 
-    for key, (low, high, open_low, integer) in LIMITS.items():
-        g.checked.add(key)
-        if not g.has(key):
-            continue
-        v = g.node[key]
-        fits = is_int(v) if integer else is_num(v)
-        if not fits or not (v > low if open_low else v >= low) or v > high:
-            kind = "an integer" if integer else "a number"
-            g.bad(key, f"must be {kind} in {'(' if open_low else '['}{low}, {high}] or null (no limit)", v)
+    try:
+        return getattr(get_class(str(target)), "ENDPOINT", None)
+    except Exception:  # noqa: BLE001 - an unimportable target is reported by known_keys
+        return None
+
+
+def endpoint_problems(g: Any) -> None:
+    """Every endpoint setting ``g`` holds, whatever its group, unless a rule of the group checked
+    the key already: one rule per key, the same for the seven users (module docstring)."""
+    takes = declared(g.node)
+    aliases = takes.aliases if takes else {}
+    keys = [k for k in g.node if k not in g.checked and (k in RANGES or k in aliases)]
+    for key, what in setting_problems({k: g.node[k] for k in keys}, aliases):
+        g.bad(key, what, show=False)
+    g.checked.update(keys)
+    for key in ("url", "base_url"):
+        if key in g.node and key not in g.checked:
+            url(g, key)
+    if "api_key_env" in g.node and "api_key_env" not in g.checked:
+        api_key_env(g)
+    model = g.node.get("model")
+    if takes and takes.model_required and "model" in g.node and "model" not in g.checked and not str(model or "").strip():
+        g.bad("model", "must be a non-empty model name", model)
+    if "pricing" in g.node:
+        _pricing(g)
+
+
+def url(g: Any, key: str) -> None:
+    """An http(s) URL with a host and a valid port."""
+    g.checked.add(key)
+    if not g.has(key):
+        return
+    v = g.node[key]
+    parsed = urlparse(str(v))
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        g.bad(key, "must be an http(s) URL with a host, e.g. http://localhost:8000/v1", v)
+        return
+    try:
+        parsed.port  # noqa: B018 - raises on a non-numeric or out-of-range port
+    except ValueError:
+        g.bad(key, "has an invalid port", v)
+
+
+def api_key_env(g: Any, key: str = "api_key_env") -> None:
+    """The *name* of a variable; a pasted key is rejected without echoing it."""
+    g.checked.add(key)
+    if key not in g.node or g.node[key] is None:
+        return
+    v = str(g.node[key])
+    if not _ENV_NAME.match(v) or len(v) > 64 or v.startswith(("sk-", "sk_")):
+        g.bad(
+            key,
+            f"must be the NAME of an environment variable holding the key, not the key "
+            f"(got a {len(v)}-character value that is not a variable name; not shown)",
+            show=False,
+        )
+        return
+    host = urlparse(str(g.node.get("base_url") or g.node.get("url") or "")).hostname or ""
+    if not os.environ.get(v) and host not in _LOOPBACK:
+        g.bad(
+            key,
+            f"environment variable {v} is not set; set it, or use {key}=null for an endpoint "
+            "without authentication",
+            show=False,
+        )
+
+
+def _pricing(g: Any) -> None:
+    """``pricing``: USD per 1000 tokens in / out for cost_usd and the budget (evaluation.cost.price)."""
+    from rag_experiments.evaluation.cost import price
+
+    g.checked.add("pricing")
+    node = g.node.get("pricing")
+    if node is None:
+        return
+    if not isinstance(node, dict) or set(node) - {"price_per_1k_in", "price_per_1k_out"}:
+        g.bad("pricing", "must be a mapping with price_per_1k_in and/or price_per_1k_out", node)
+        return
+    try:
+        price(node)
+    except ValueError as e:
+        g.bad("pricing", str(e), node)
 
 
 def embedding_endpoint_problems(g: Any) -> bool:
-    """``embedding=openai``: URL, key name, sizes, limits; then the probe when they are sound.
-    False (nothing checked) for another embedder."""
+    """``embedding=openai``: its own keys and the endpoint settings; then the probe when they are
+    sound. False (nothing checked) for another embedder."""
     if not str(g.node.get("_target_") or "").endswith(".OpenAIEmbedder"):
         return False
-    g.url("base_url")
-    g.api_key_env()
     if not str(g.node.get("model") or "").strip():
         g.bad("model", "must be the embedding model name the endpoint serves", g.node.get("model"))
-    for key in ("dimensions", "batch_size", "max_request_chars", "concurrency"):
+    for key in ("dimensions", "batch_size", "max_request_chars"):
         g.int_at_least(key, 1)
-    g.int_at_least("max_retries", 0)
-    g.num_at_least("timeout_s", 0, strict=True)
-    g.num_at_least("backoff_s", 0)
     g.num_at_least("price_per_1k_tokens", 0)
-    limit_problems(g)
+    endpoint_problems(g)
     if g.problems:
         return True
-    from rag_experiments.stages.api_embedding import probe
+    from rag_experiments.stages.api_embedding import OpenAIEmbedder, probe
     from rag_experiments.stages.endpoint import Endpoint
 
-    n = g.node
-    endpoint = Endpoint(
-        n["base_url"], n["model"], n.get("api_key_env"), float(n.get("timeout_s") or 60),
-        int(n.get("max_retries") or 0), float(n.get("backoff_s") or 0.5), what=f"{g.name}.timeout_s",
-    )  # fmt: skip
+    takes = OpenAIEmbedder.ENDPOINT
+    settings = takes.settings({k: v for k, v in g.node.items() if k in takes.keys and k not in ("base_url", "model")},
+                              base_url=g.node["base_url"], model=g.node["model"])  # fmt: skip
+    endpoint = Endpoint.of(settings, f"{g.name}.timeout_s")
     try:
-        found = probe(endpoint, n.get("dimensions"), n.get("api_key_env"), where=f"conf/{g.name}")
+        found = probe(endpoint, g.node.get("dimensions"), settings.api_key_env, where=f"conf/{g.name}")
     finally:
         endpoint.close()
     g.problems += list(found.problems)

@@ -31,7 +31,7 @@ import math
 import os
 import threading
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -39,6 +39,7 @@ from rag_experiments.core.parallel import thread_map
 from rag_experiments.core.steps import StepFailed
 from rag_experiments.stages import call_budget, dry_calls
 from rag_experiments.stages.endpoint import Endpoint, GiveUp
+from rag_experiments.stages.endpoint_settings import SAMPLING, Takes
 
 log = logging.getLogger(__name__)
 
@@ -184,38 +185,30 @@ class OpenAIEmbedder:
     ``max_concurrency``/``rpm``/``tpm``: the endpoint's limits (``stages.endpoint``).
     """
 
+    ENDPOINT = Takes(without=SAMPLING, api_key_env="OPENAI_API_KEY")  # no sampling: vectors
+
     def __init__(
         self,
         base_url: str,
         model: str,
-        api_key_env: str | None = "OPENAI_API_KEY",
         dimensions: int | None = None,
         batch_size: int = 64,
         max_request_chars: int = 100_000,
         query_prefix: str = "",
         passage_prefix: str = "",
-        concurrency: int = 4,
-        timeout_s: float = 60.0,
-        max_retries: int = 3,
-        backoff_s: float = 0.5,
         price_per_1k_tokens: float = 0.0,
-        max_concurrency: int | None = None,
-        rpm: float | None = None,
-        tpm: float | None = None,
+        **endpoint: Any,
     ) -> None:
-        self.base_url, self.model = str(base_url).rstrip("/"), str(model)
+        s = self.settings = self.ENDPOINT.settings(endpoint, base_url=base_url, model=model)
+        self.base_url, self.model = s.base_url, s.model
         self.dimensions = int(dimensions) if dimensions else None
         self.batch_size, self.max_request_chars = int(batch_size), int(max_request_chars)
         self.query_prefix, self.passage_prefix = query_prefix, passage_prefix
-        self.concurrency = max(1, int(concurrency))
+        self.concurrency = s.concurrency
         self.price_per_1k_tokens = float(price_per_1k_tokens)
-        self._endpoint = Endpoint(
-            self.base_url, self.model, api_key_env, timeout_s, max_retries, backoff_s,
-            max_concurrency=max_concurrency or self.concurrency, rpm=rpm, tpm=tpm,
-            what="embedding.timeout_s",
-        )  # fmt: skip
+        self._endpoint = Endpoint.of(s, "embedding.timeout_s")
         call_budget.set_price(self._endpoint.key, self.price_per_1k_tokens, 0.0)
-        found = probe(self._endpoint, self.dimensions, api_key_env)
+        found = probe(self._endpoint, self.dimensions, s.api_key_env)
         if found.problems:
             raise EmbeddingEndpointError(list(found.problems))
         self.dim = len(found.vector)

@@ -47,6 +47,7 @@ from rag_experiments.core.text_gate import TextTypeError, gate_list, gate_text
 from rag_experiments.stages import dry_calls
 from rag_experiments.stages.endpoint import Endpoint, GiveUp
 from rag_experiments.stages.endpoint_limits import CHARS_PER_TOKEN_CAP
+from rag_experiments.stages.endpoint_settings import SAMPLING, Takes
 
 
 class AppShapeError(ValueError):
@@ -205,28 +206,27 @@ class HttpApp:
     """An HTTP endpoint: POST ``request`` (``{question}`` filled in) to ``url``; the reply's
     ``answer_field`` and ``contexts_field`` (dotted paths) are the answer and the contexts."""
 
+    # ``url`` is its address; no sampling
+    ENDPOINT = Takes(without=("base_url", "model", *SAMPLING), max_retries=2)
+
     def __init__(
         self,
         url: str,
         request: dict[str, Any] | None = None,
         answer_field: str = "answer",
         contexts_field: str = "contexts",
-        api_key_env: str | None = None,
         trace_id_field: str | None = None,
-        timeout_s: float = 60.0,
-        max_retries: int = 2,
-        backoff_s: float = 0.5,
-        concurrency: int = 4,
         max_answer_chars: int | None = None,
+        **endpoint: Any,
     ) -> None:
         base, _, path = str(url).rpartition("/")
         self.url, self.path = str(url), "/" + path
+        self.settings = self.ENDPOINT.settings(endpoint, base_url=base)
         self.request = dict(request or {"question": "{question}"})
         self.answer_field, self.contexts_field = answer_field, contexts_field
         self.trace_id_field = trace_id_field  # the reply's MLflow trace id of this request, if it sends one
-        self.concurrency = max(1, int(concurrency))
-        self.endpoint = Endpoint(base, "", api_key_env, timeout_s, max_retries, backoff_s,
-                                 max_concurrency=self.concurrency, what="app.timeout_s")  # fmt: skip
+        self.concurrency = self.settings.concurrency
+        self.endpoint = Endpoint.of(self.settings, "app.timeout_s")
         self.max_answer_chars = int(max_answer_chars) if max_answer_chars is not None else APP_ANSWER_CAP
         ident = {"app": "http", "url": self.url, "request": self.request, "answer": answer_field, "contexts": contexts_field}
         if max_answer_chars is not None:  # the default keeps the identity of earlier runs

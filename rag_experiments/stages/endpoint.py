@@ -50,6 +50,7 @@ from typing import Any
 from rag_experiments.core.parallel import on_interrupt
 from rag_experiments.core.redaction import error_text, redact, register_secret_env
 from rag_experiments.stages import call_budget, dry_calls
+from rag_experiments.stages.endpoint_settings import EndpointSettings
 
 #: The largest reply body read (bytes): a chat answer is capped far below this; a larger body is a
 #: misbehaving endpoint, refused rather than held in memory and stored.
@@ -244,46 +245,51 @@ def usage_since(before: dict[str, dict[str, float]]) -> dict[str, dict[str, floa
 class Endpoint:
     """A JSON-over-HTTP endpoint: ``post(path, body)`` with the duties of the module docstring.
 
-    ``max_concurrency`` None: no limit of its own (the step's thread count bounds it); ``rpm``,
-    ``tpm`` None: none of their own. ``rate_limited_s``: how long one call keeps retrying 429s.
+    ``settings``: the keys of :class:`~rag_experiments.stages.endpoint_settings.EndpointSettings`
+    it reads (``api_key_env``, ``timeout_s``, ``max_retries``, ``backoff_s``, ``max_concurrency``,
+    ``rpm``, ``tpm``); ``max_concurrency`` None: no limit of its own (the step's thread count
+    bounds it); ``rpm``, ``tpm`` None: none of their own. ``rate_limited_s``: how long one call
+    keeps retrying 429s; ``what``: the config key named when the deadline is hit.
     """
 
     def __init__(
         self,
         base_url: str,
         model: str = "",
-        api_key_env: str | None = None,
-        timeout_s: float = 60.0,
-        max_retries: int = 3,
-        backoff_s: float = 0.5,
-        max_concurrency: int | None = None,
-        max_reply_bytes: int = MAX_REPLY_BYTES,
+        *,
         what: str = "timeout_s",
-        rpm: float | None = None,
-        tpm: float | None = None,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
         rate_limited_s: float = 300.0,
+        **settings: Any,
     ) -> None:
-        register_secret_env(api_key_env)  # its value is redacted from every error
-        self.base_url, self.model = str(base_url).rstrip("/"), str(model)
+        s = self.settings = EndpointSettings(base_url=base_url, model=model, **settings)
+        register_secret_env(s.api_key_env)  # its value is redacted from every error
+        self.base_url, self.model = s.base_url, s.model
         self.key = endpoint_key(self.base_url, self.model)
-        self.timeout_s, self.backoff_s = float(timeout_s), float(backoff_s)
-        self.max_retries = max(0, int(max_retries))
+        self.timeout_s, self.backoff_s, self.max_retries = s.timeout_s, s.backoff_s, s.max_retries
         self.max_reply_bytes = int(max_reply_bytes)
         self.rate_limited_s = float(rate_limited_s)
-        self._timeout_key = what  # the config key named when the deadline is hit
-        key = os.environ.get(api_key_env) if api_key_env else None
+        self._timeout_key = what
+        key = os.environ.get(s.api_key_env) if s.api_key_env else None
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._epoch = _EPOCH[0]
         self._client = self._new_client()
         with _LOCK:
             sh = _SHARED.setdefault(self.key, _Shared(limit=0))
-            if max_concurrency:
-                sh.limit = max(sh.limit, int(max_concurrency))
-            if rpm:
-                sh.rpm = min(sh.rpm or float(rpm), float(rpm))
-            if tpm:
-                sh.tpm = min(sh.tpm or float(tpm), float(tpm))
+            if s.max_concurrency:
+                sh.limit = max(sh.limit, s.max_concurrency)
+            if s.rpm:
+                sh.rpm = min(sh.rpm or s.rpm, s.rpm)
+            if s.tpm:
+                sh.tpm = min(sh.tpm or s.tpm, s.tpm)
         self._shared = sh
+
+    @classmethod
+    def of(cls, settings: EndpointSettings, what: str, in_flight: bool = True) -> Endpoint:
+        """The client of a user's settings; ``in_flight``: its ``concurrency`` is the endpoint's
+        ``max_concurrency`` when that is not set (a step that sends one request at a time: False)."""
+        limit = settings.max_concurrency or (settings.concurrency if in_flight else None)
+        return cls(what=what, **{**settings.keywords(), "max_concurrency": limit})
 
     def record_tokens(self, tokens: float, usd: float = 0.0) -> None:
         """A reply's token count (and cost): summed in the usage, and paced against ``tpm``.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -33,6 +34,7 @@ from rag_experiments.core.types import Generation
 from rag_experiments.stages.dry_calls import chat_reply
 from rag_experiments.stages.endpoint import Endpoint, Retryable, abort_all
 from rag_experiments.stages.endpoint_limits import answer_cap
+from rag_experiments.stages.endpoint_settings import ADDRESS, Takes
 
 log = logging.getLogger(__name__)
 
@@ -71,42 +73,25 @@ class OpenAICompatibleGenerator:
     attempt in total (headers and body), not only each wait for a byte.
     """
 
+    ENDPOINT = Takes(api_key_env="OPENAI_API_KEY")  # every endpoint setting (docs/endpoints.md)
+
     def __init__(
         self,
         base_url: str,
         model: str,
-        api_key_env: str = "OPENAI_API_KEY",
-        temperature: float = 0.0,
-        seed: int | None = 0,
-        max_tokens: int = 256,
-        concurrency: int = 4,
-        timeout_s: float = 60.0,
-        max_retries: int = 3,
-        backoff_s: float = 0.5,
         extra_body: dict[str, Any] | None = None,
         identity_extra: dict[str, Any] | None = None,
         max_answer_chars: int | None = None,
-        max_concurrency: int | None = None,
-        rpm: float | None = None,
-        tpm: float | None = None,
+        **endpoint: Any,
     ) -> None:
-        self.base_url = str(base_url).rstrip("/")
-        self.model = str(model)
-        self.api_key_env = api_key_env
-        self.temperature = float(temperature)
-        self.seed = None if seed is None else int(seed)
-        self.max_tokens = int(max_tokens)
-        self.concurrency = max(1, int(concurrency))
-        self.timeout_s = float(timeout_s)
-        self.max_retries = max(0, int(max_retries))
-        self.backoff_s = float(backoff_s)
+        s = self.settings = self.ENDPOINT.settings(endpoint, base_url=base_url, model=model)
+        self.base_url, self.model, self.api_key_env = s.base_url, s.model, s.api_key_env
+        self.temperature, self.seed, self.max_tokens, self.concurrency = s.temperature, s.seed, s.max_tokens, s.concurrency
         self.extra_body = dict(extra_body or {})
         # an endpoint that ignores max_tokens must not flood the judge and the store
         self.max_answer_chars = answer_cap(max_answer_chars, self.max_tokens)
-        self._endpoint = Endpoint(
-            self.base_url, self.model, api_key_env, self.timeout_s, self.max_retries, self.backoff_s,
-            max_concurrency=max_concurrency or self.concurrency, rpm=rpm, tpm=tpm, what="generator.timeout_s",
-        )  # fmt: skip  (the endpoint's limits: not in the identity, they change no answer)
+        # the endpoint's limits: not in the identity, they change no answer
+        self._endpoint = Endpoint.of(s, "generator.timeout_s")
         ident: dict[str, Any] = {
             "kind": "openai-compatible",
             "base_url": self.base_url,
@@ -334,6 +319,9 @@ class LocalLlamaGenerator:
     process that names the same file and ``ctx_size``.
     """
 
+    # the server is ours: no address to set; its defaults allow for a slow CPU
+    ENDPOINT = Takes(without=ADDRESS, concurrency=2, timeout_s=120.0, max_retries=2)
+
     def __init__(
         self,
         model_path: str | None = None,
@@ -343,49 +331,33 @@ class LocalLlamaGenerator:
         n_batch: int = 2048,
         n_ubatch: int = 512,
         poll: int = 50,
-        temperature: float = 0.0,
-        seed: int = 0,
-        max_tokens: int = 256,
-        concurrency: int = 2,
-        timeout_s: float = 120.0,
-        max_retries: int = 2,
-        backoff_s: float = 0.5,
         extra_body: dict[str, Any] | None = None,
         max_answer_chars: int | None = None,
+        **endpoint: Any,
     ) -> None:
+        s = self.settings = self.ENDPOINT.settings(endpoint, api_key_env="RAG_EXPERIMENTS_NO_KEY")
         self.model_path = resolve_model_path(model_path)
-        self.max_answer_chars = answer_cap(max_answer_chars, max_tokens)
-        extra_body = dict(extra_body or {})  # llama.cpp sampling extras, e.g. repeat_penalty
+        self.max_answer_chars = answer_cap(max_answer_chars, s.max_tokens)
+        self.extra_body = dict(extra_body or {})  # llama.cpp sampling extras, e.g. repeat_penalty
         self.model = self.model_path.name
         self.ctx_size = int(ctx_size)
         self.n_threads = int(n_threads)
         self.n_parallel = int(n_parallel)
         self.n_batch, self.n_ubatch = int(n_batch), int(n_ubatch)
         self.poll = int(poll)
-        self.concurrency = max(1, int(concurrency))  # requests the pipeline keeps in flight
-        self.temperature, self.seed = float(temperature), int(seed)
+        self.concurrency = s.concurrency  # requests the pipeline keeps in flight
+        self.temperature, self.seed = s.temperature, int(s.seed)
         self._lock = threading.Lock()
-        self._client_kwargs = dict(
-            temperature=temperature,
-            seed=seed,
-            max_tokens=max_tokens,
-            concurrency=concurrency,
-            timeout_s=timeout_s,
-            max_retries=max_retries,
-            backoff_s=backoff_s,
-            extra_body=extra_body,
-            max_answer_chars=self.max_answer_chars,
-        )
         # the port is ephemeral, so the identity names the file's content, not the URL
         self.identity = json.dumps(
             {
                 "kind": "llama.cpp-local",  # the file's content, not its name, is the model
                 "model_sha256": file_sha256(self.model_path),
                 "ctx_size": self.ctx_size,
-                "temperature": float(temperature),
-                "seed": int(seed),
-                "max_tokens": int(max_tokens),
-                **({"extra_body": extra_body} if extra_body else {}),
+                "temperature": s.temperature,
+                "seed": int(s.seed),
+                "max_tokens": s.max_tokens,
+                **({"extra_body": self.extra_body} if self.extra_body else {}),
                 **({"max_answer_chars": self.max_answer_chars} if max_answer_chars is not None else {}),
             },
             sort_keys=True,
@@ -409,10 +381,8 @@ class LocalLlamaGenerator:
         with self._lock:  # the pipeline calls generate from several threads
             if self._client is None:
                 self._client = OpenAICompatibleGenerator(
-                    base_url=self.base_url,
-                    model=self.model,
-                    api_key_env="RAG_EXPERIMENTS_NO_KEY",
-                    **self._client_kwargs,
+                    self.base_url, self.model, self.extra_body, max_answer_chars=self.max_answer_chars,
+                    **self.settings.keywords("base_url", "model"),
                 )
             return self._client
 
@@ -421,7 +391,7 @@ class LocalLlamaGenerator:
         identity names the new seed, so each replicate is cached separately."""
         other = copy.copy(self)
         other.seed = int(seed)
-        other._client_kwargs = {**self._client_kwargs, "seed": other.seed}
+        other.settings = dataclasses.replace(self.settings, seed=other.seed)
         ident = json.loads(self.identity)
         ident["seed"] = other.seed
         other.identity = json.dumps(ident, sort_keys=True)

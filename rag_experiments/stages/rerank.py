@@ -27,7 +27,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -35,6 +35,7 @@ from rag_experiments.core.identity import dir_sha256, unreadable_weights
 from rag_experiments.core.parallel import thread_map
 from rag_experiments.core.redaction import redact
 from rag_experiments.stages.endpoint import Endpoint
+from rag_experiments.stages.endpoint_settings import SAMPLING, Takes
 from rag_experiments.stages.replies import ParseError, parse_score
 
 log = logging.getLogger(__name__)
@@ -180,29 +181,22 @@ class EndpointReranker:
 
     query_batch = 1  # the pipeline asks one query at a time: a failure costs only that query
 
+    # no sampling; one request at a time (query_batch), so no concurrency of its own
+    ENDPOINT = Takes(without=(*SAMPLING, "concurrency"), model_required=False, timeout_s=30.0)
+
     def __init__(
         self,
         base_url: str,
         model: str = "",
         candidates: int = 50,
-        api_key_env: str | None = None,
-        timeout_s: float = 30.0,
-        max_retries: int = 3,
-        backoff_s: float = 0.5,
         max_length: int | None = None,
-        max_concurrency: int | None = None,
-        rpm: float | None = None,
-        tpm: float | None = None,
+        **endpoint: Any,
     ) -> None:
-        self.base_url = str(base_url).rstrip("/")
-        self.model = model
+        s = self.settings = self.ENDPOINT.settings(endpoint, base_url=base_url, model=model)
+        self.base_url, self.model = s.base_url, model
         self.candidates = int(candidates)
         self.max_length = max_length
-        self.timeout_s, self.max_retries, self.backoff_s = float(timeout_s), max(0, int(max_retries)), float(backoff_s)
-        self.endpoint = Endpoint(
-            self.base_url, model, api_key_env, timeout_s, max_retries, backoff_s, what="rerank.timeout_s",
-            max_concurrency=max_concurrency, rpm=rpm, tpm=tpm,
-        )  # fmt: skip
+        self.endpoint = Endpoint.of(s, "rerank.timeout_s", in_flight=False)
         # the endpoint and model name, as the generator's identity does (the weights are remote)
         self.identity = json.dumps(
             {"reranker": "endpoint", "base_url": self.base_url, "model": model, "max_length": max_length},
@@ -244,29 +238,15 @@ class LLMReranker:
     calls_per_candidate = 1  # one model call per (query, candidate): run.retrieval.warn_rerank_cost
     prompt_name = "rerank.llm"  # its prompt in MLflow's Prompt Registry: rag-experiments.rerank.llm
 
+    ENDPOINT = Takes(without=("temperature", "seed"), max_tokens=8)  # rated at temperature 0, seed 0
+
     def __init__(
-        self,
-        base_url: str,
-        model: str,
-        candidates: int = 20,
-        prompt: str = LLM_PROMPT,
-        api_key_env: str | None = None,
-        max_tokens: int = 8,
-        concurrency: int = 4,
-        timeout_s: float = 60.0,
-        max_retries: int = 3,
-        backoff_s: float = 0.5,
-        max_concurrency: int | None = None,
-        rpm: float | None = None,
-        tpm: float | None = None,
+        self, base_url: str, model: str, candidates: int = 20, prompt: str = LLM_PROMPT, **endpoint: Any
     ) -> None:
         from rag_experiments.stages.generation import OpenAICompatibleGenerator
 
-        self.client = OpenAICompatibleGenerator(
-            base_url, model, api_key_env=api_key_env, temperature=0.0, seed=0, max_tokens=max_tokens,
-            concurrency=concurrency, timeout_s=timeout_s, max_retries=max_retries, backoff_s=backoff_s,
-            max_concurrency=max_concurrency, rpm=rpm, tpm=tpm,
-        )  # fmt: skip
+        self.settings = self.ENDPOINT.settings(endpoint, base_url=base_url, model=model)
+        self.client = OpenAICompatibleGenerator(base_url, model, **self.settings.keywords("base_url", "model"))
         self.candidates, self.prompt = int(candidates), prompt
         self.identity = json.dumps(
             {"reranker": "llm", "llm": self.client.identity, "prompt": prompt}, sort_keys=True

@@ -46,11 +46,12 @@ from typing import Any
 
 from rag_experiments.core.identity import file_sha256, source_hash
 from rag_experiments.core.parallel import thread_map
-from rag_experiments.core.redaction import error_text, register_secret_env
+from rag_experiments.core.redaction import error_text
 from rag_experiments.core.text_gate import gate_text
 from rag_experiments.core.types import Verdict
 from rag_experiments.judge import split_claims
 from rag_experiments.stages.endpoint import Endpoint
+from rag_experiments.stages.endpoint_settings import Takes
 from rag_experiments.stages.generation import local_server, resolve_model_path
 
 #: MLflow's names of the two built-in judges we call (their assessment names).
@@ -154,28 +155,24 @@ class MLflowJudge:
     ``base_url``: an OpenAI-compatible endpoint (``http://host:port/v1``) serving ``model``;
     ``api_key_env``: the NAME of the variable holding its key (null: no key). ``base_url: null``:
     the embedded llama.cpp server on ``model_path`` (null = the packaged SmolLM2), sharing the
-    local generator's server when file and ``ctx_size`` match. ``num_retries``: MLflow's retries
-    of 429/5xx/timeouts/connection errors (back-off 1, 2, 4 … s). Claims are judged
-    ``concurrency`` at a time.
+    local generator's server when file and ``ctx_size`` match. The endpoint settings
+    (``stages.endpoint_settings``; ``num_retries`` is ``max_retries`` under MLflow's name) hold for
+    every request, which our client sends. Claims are judged ``concurrency`` at a time.
     """
+
+    # no seed (MLflow sends none); ``num_retries``: the name MLflow gives max_retries
+    ENDPOINT = Takes(without=("seed",), aliases={"num_retries": "max_retries"}, model_required=False,
+                     timeout_s=120.0, max_retries=2, concurrency=1)  # fmt: skip
 
     def __init__(
         self,
         base_url: str | None = None,
         model: str | None = None,
-        api_key_env: str | None = None,
         model_path: str | None = None,
         ctx_size: int = 4096,
         n_threads: int = 1,
         n_parallel: int = 1,
-        temperature: float = 0.0,
-        max_tokens: int = 256,
-        num_retries: int = 2,
-        timeout_s: float = 120.0,
-        concurrency: int = 1,
-        max_concurrency: int | None = None,
-        rpm: float | None = None,
-        tpm: float | None = None,
+        **endpoint: Any,
     ) -> None:
         import mlflow
 
@@ -184,22 +181,18 @@ class MLflowJudge:
                 raise ValueError("judge.model: the model name the endpoint serves is required with base_url")
             self.base_url = str(base_url).rstrip("/")
             self.model = str(model)
-            endpoint: dict[str, Any] = {"base_url": self.base_url, "model": self.model}
+            endpoint_id: dict[str, Any] = {"base_url": self.base_url, "model": self.model}
         else:
             path = resolve_model_path(model_path)
             self.base_url = local_server(path, ctx_size=ctx_size, n_threads=n_threads, n_parallel=n_parallel)
             self.model = path.name
-            endpoint = {"model_sha256": file_sha256(path), "ctx_size": int(ctx_size)}
+            endpoint_id = {"model_sha256": file_sha256(path), "ctx_size": int(ctx_size)}
+        s = self.settings = self.ENDPOINT.settings(endpoint, base_url=self.base_url, model=self.model)
         self.model_uri = f"openai:/{self.model}"
-        register_secret_env(api_key_env)  # its value is redacted from every error (redaction.py)
-        self.inference_params = {"temperature": float(temperature), "max_tokens": int(max_tokens)}
-        self.num_retries = int(num_retries)
-        self.timeout_s = float(timeout_s)
-        self.concurrency = max(1, int(concurrency))
+        self.inference_params = {"temperature": s.temperature, "max_tokens": s.max_tokens}
+        self.num_retries, self.timeout_s, self.concurrency = s.max_retries, s.timeout_s, s.concurrency
         # our client sends MLflow's requests (retries, limits, budget, dry run): MLflow retries nothing
-        self._endpoint = Endpoint(self.base_url, self.model, api_key_env, self.timeout_s, self.num_retries,
-                                  max_concurrency=max_concurrency or self.concurrency, rpm=rpm, tpm=tpm,
-                                  what="judge.timeout_s")  # fmt: skip
+        self._endpoint = Endpoint.of(s, "judge.timeout_s")
         self._shim: _Shim | None = None
         self._last = threading.local()  # the error of this thread's last answer_relevance
         self._shim_lock = threading.Lock()
@@ -208,7 +201,7 @@ class MLflowJudge:
             "judges": [GROUNDEDNESS, RELEVANCE],
             "mlflow": mlflow.__version__,
             "prompts": _prompts_digest(),
-            **endpoint,
+            **endpoint_id,
             **self.inference_params,
             "code": source_hash(Path(__file__))[:16],
         }
