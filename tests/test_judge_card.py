@@ -443,7 +443,7 @@ def test_config_rejects_bad_judge_card_and_repeats():
     from rag_experiments.run.config_schema import validate
 
     cfg = OmegaConf.to_container(OmegaConf.load(conf_dir() / "config.yaml"))
-    cfg["judge_card"].update(pairs="/no/such/pairs.jsonl", max_pairs=0, typo=1)
+    cfg["judge_card"].update(pairs="/no/such/pairs.jsonl", max_pairs=0, typo=1, target_width=-0.1, batch_pairs=0)
     cfg["generator"] = {"_target_": "rag_experiments.stages.generation.OpenAICompatibleGenerator"}
     cfg["judge"] = {
         **OmegaConf.to_container(OmegaConf.load(conf_dir() / "judge" / "heuristic.yaml")),
@@ -453,6 +453,9 @@ def test_config_rejects_bad_judge_card_and_repeats():
     assert "conf/config: judge_card.pairs: file not found" in problems
     assert "conf/config: judge_card.max_pairs: must be an integer >= 1" in problems
     assert "conf/config: judge_card.typo: unknown key" in problems
+    assert "conf/config: judge_card.target_width: must be a number in [0, 2]" in problems
+    assert "conf/config: judge_card.batch_pairs: must be an integer >= 1" in problems
+    assert "target_width: unknown" not in problems  # the keys come from CardSettings
     assert "conf/judge: repeats: must be an integer >= 1" in problems
 
 

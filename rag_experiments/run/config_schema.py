@@ -471,13 +471,18 @@ def _judge_card(node: Any) -> Problems:
     """``judge_card``: the validity card every generating run logs (docs/judges.md)."""
     if node is None:
         return []
+    import dataclasses
+
+    from rag_experiments.judge.validity import CardSettings
+
     g = _Group("judge_card", node if isinstance(node, dict) else {})
-    unknown = set(g.node) - {"enabled", "pairs", "max_pairs", "max_pairs_model", "bootstrap_resamples", "seed"}
+    unknown = set(g.node) - {f.name for f in dataclasses.fields(CardSettings)}
     for key in sorted(unknown):
         g.bad(key, "unknown key", g.node[key])
     g.path_exists("pairs", "file")
-    for key in ("max_pairs", "max_pairs_model"):
+    for key in ("max_pairs", "max_pairs_model", "batch_pairs"):
         g.int_at_least(key, 1)
+    g.num_in("target_width", 0, 2)  # κ's CI lies in [-1, 1]; 0 or null: judge every pair up to the cap
     g.int_at_least("bootstrap_resamples", MIN_RESAMPLES)
     return [p.replace("conf/judge_card: ", "conf/config: judge_card.") for p in g.problems]
 
