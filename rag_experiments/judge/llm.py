@@ -323,7 +323,10 @@ class LLMJudge:
         if not self.decompose or not fallback:  # declines and empty answers have no claims
             return fallback
         prompt = fill(DECOMPOSE_USER, answer=delimited("answer", answer.strip()))
-        c = self.client.complete([{"role": "user", "content": prompt}])
+        # a dry run (stages.dry_calls) lists the answer's own sentence claims: a cached answer's
+        # verdict calls are counted for its claims, not for a placeholder's
+        dry = "\n".join(f"- {x}" for x in fallback)
+        c = self.client.complete([{"role": "user", "content": prompt}], dry_text=dry)
         self._record(c)
         if c.error:
             return fallback

@@ -28,19 +28,28 @@ from rag_experiments.core.cache import StageCache
 from rag_experiments.core.formatting import text_table
 from rag_experiments.core.identity import code_fingerprint
 from rag_experiments.core.run_names import run_name, varying_keys
+from rag_experiments.core.slots import steps
 from rag_experiments.judge.validity import add_card
 from rag_experiments.run.assemble import ComposedJob, print_problems
 from rag_experiments.run.pipeline import run_pipeline
 from rag_experiments.run.types import JobSettings
 from rag_experiments.stages import call_budget, dry_calls, endpoint
 
-#: what each step is called in the table, by the ``core.slots`` name its calls were made under
-STEP_NAMES = {"generator": "generator", "judge": "judge", "query_transform": "query transform",
-              "app": "app", "judge card": "judge card", "": "checks"}  # fmt: skip
-#: the cache namespaces whose hits spare each step's calls (``StageCache`` stages)
-STEP_CACHE = {"generator": ("generations",), "judge": ("claims", "verdicts", "relevance", "diagnostic_verdicts"), "query transform": ("query",),
-              "LLM reranker": ("rerank",), "rerank endpoint": ("rerank",), "app": ("app",),
-              "judge card": ("card_verdict", "judge_card")}  # fmt: skip
+#: the table's lines for calls made outside a slot's step: the judge's card and the config checks
+#: (an embeddings probe, an app's); the card's stage-cache stores
+CARD, CHECKS = "judge card", "checks"
+CARD_STORES = ("card_verdict", "judge_card")
+
+
+def lines() -> list[str]:
+    """The table's lines in run order: each step's (``core.slots.steps``: named as in the timings
+    and the run's ``steps`` tag), then the card's and the checks'."""
+    return [*(s.step for s in steps()), CARD, CHECKS]
+
+
+def spared() -> dict[str, tuple[str, ...]]:
+    """Each line's stage-cache stores, whose hits spare its calls (``core.slots.Slot.stored``)."""
+    return {**{s.step: s.stored for s in steps()}, CARD: CARD_STORES}
 
 
 class DryCache(StageCache):
@@ -91,14 +100,9 @@ class Row:
 
 
 def step_of(c: dry_calls.DryCall) -> str:
-    """The table's name of the step that made a call (embeddings by their path, wherever made)."""
-    if c.path.endswith("/embeddings"):
-        return "embeddings API"
-    if c.path.endswith(("/tokenize", "/apply-template")):
-        return "tokenizer"
-    if c.step == "reranker":
-        return "rerank endpoint" if c.path.endswith("/rerank") else "LLM reranker"
-    return STEP_NAMES.get(c.step, c.step)
+    """The table's line of a call: the step it was made in (``run.steps`` labels it with its slot;
+    an embedder's requests are the step's that embeds), the card's or the config checks'."""
+    return {s.name: s.step for s in steps()}.get(c.step, c.step or CHECKS)
 
 
 def _sum(calls: list[dry_calls.DryCall]) -> tuple[int, int, int, float | None]:
@@ -111,16 +115,14 @@ def _usd(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.6f}"
 
 
-def _cached(row: Row, step: str) -> str:
-    """Hits on disk of the step's cache entries out of its lookups, and the hits on what an earlier
+def _cached(row: Row, line: str) -> str:
+    """Hits on disk of the line's cache entries out of its lookups, and the hits on what an earlier
     config of the sweep computes (a real sweep finds those in the cache too)."""
-    if step == "embeddings API":
-        return "not checked (vectors keyed by the probe's reply)"
-    spaces = STEP_CACHE.get(step, ())
-    asked, earlier = sum(row.asked[s] for s in spaces), sum(row.earlier[s] for s in spaces)
+    stores = spared().get(line, ())
+    asked, earlier = sum(row.asked[s] for s in stores), sum(row.earlier[s] for s in stores)
     if not asked:
         return "–"
-    return f"{sum(row.disk[s] for s in spaces)} of {asked} hit" + (
+    return f"{sum(row.disk[s] for s in stores)} of {asked} hit" + (
         f", {earlier} from an earlier config" if earlier else ""
     )
 
@@ -144,14 +146,14 @@ def table(rows: list[Row]) -> str:
             )
             continue
         by_step: dict[str, list] = defaultdict(list)
-        for step, spaces in STEP_CACHE.items():  # all from the cache: no call, still a line
-            if (
-                any(r.disk[s] + r.earlier[s] for s in spaces) and step != "rerank endpoint"
-            ):  # one line for the reranker's hits
-                by_step[step] = []
+        for line, stores in spared().items():  # all from the cache: no call, still a line
+            if any(r.disk[s] + r.earlier[s] for s in stores):
+                by_step[line] = []
         for c in r.calls:
             by_step[step_of(c)].append(c)
-        for i, (step, calls) in enumerate(sorted(by_step.items(), key=lambda kv: kv[0] == "checks")):
+        order = lines()
+        ranked = sorted(by_step.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
+        for i, (step, calls) in enumerate(ranked):
             n, tin, tout, usd = _sum(calls)
             out.append(
                 [r.name if i == 0 else "", step, str(n), str(tin), str(tout), _usd(usd), _cached(r, step)]
@@ -233,8 +235,8 @@ def print_report(rows: list[Row], budget: dict) -> None:
         f"  input tokens = ceil(chars / {call_budget.CHARS_PER_TOKEN}) of each request's text (the budget's rule)"
     )
     print("  output tokens = each request's max_tokens: an upper bound (a model may stop sooner)")
-    print(f"  an answer not in the cache has {dry_calls.CLAIMS_PER_ANSWER} claims (stages.dry_calls.CLAIMS_PER_ANSWER): "
-          "the judge's verdict calls follow from it; a cached answer's own claims are used")  # fmt: skip
+    print(f"  an answer's claims are its sentences' (judge.claims.split_claims): {dry_calls.CLAIMS_PER_ANSWER} for an answer "
+          "not in the cache (stages.dry_calls.CLAIMS_PER_ANSWER), a cached answer's own; the judge's verdict calls follow")  # fmt: skip
     print(
         "  a logprob judge's endpoint returns logprobs (else each verdict takes a second, constrained call)"
     )

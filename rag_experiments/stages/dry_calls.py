@@ -13,7 +13,9 @@ steps run on the eval set without network and the calls they would make are coun
 - **cost**: :func:`stages.call_budget.reply_cost` of those tokens at the endpoint's prices, the
   table the budget and ``cost_usd`` read; None where the endpoint has no price;
 - **the placeholder answer** has :data:`CLAIMS_PER_ANSWER` sentences, one claim each, so the judge
-  calls that depend on an answer's claims are counted under that stated assumption.
+  calls that depend on an answer's claims are counted under that stated assumption; an LLM judge's
+  decomposition of any answer (a cached real one too) lists its own sentence claims
+  (``judge.llm.LLMJudge.split``).
 """
 
 from __future__ import annotations
