@@ -21,10 +21,14 @@ from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 
 def _reply(body: dict) -> str:
     """A deterministic model: a judge's verdict (constrained=none: max_tokens=8) is "yes", as a
-    sound judge says; anything else three claim lines (as many as the dry run assumes,
-    ``dry_calls.CLAIMS_PER_ANSWER``) that differ from one prompt to another, as answers do."""
+    sound judge says; a decomposition lists the text's own sentence claims (as the dry run assumes);
+    anything else three claim lines (as many as the dry run assumes, ``dry_calls.CLAIMS_PER_ANSWER``)
+    that differ from one prompt to another, as answers do."""
     if body.get("max_tokens") == 8:
         return "yes"
+    if "Break the answer below" in body["messages"][-1]["content"]:
+        answer = re.search(r"<answer>\n(.*)\n</answer>", body["messages"][-1]["content"], re.S).group(1)
+        return "\n".join(f"- {c}" for c in split_claims(answer))
     tag = hashlib.sha256(json.dumps(body["messages"]).encode()).hexdigest()[:8]
     return (f"- Webhooks are retried with backoff ({tag}).\n- The retry window lasts three days ({tag}).\n"
             f"- Each retry carries the same event id ({tag}).")  # fmt: skip
@@ -195,3 +199,31 @@ def test_the_judge_calls_counted_on_cached_answers_are_the_ones_a_real_run_makes
         total = int(re.search(r"^total: (\d+) calls", dry.stdout, re.M).group(1))
         run_sweep(tmp_path, *args, *judge)
         assert ep.count() - 3 == total, dry.stdout  # the judge's requests, as counted
+
+
+def test_a_retriever_on_a_local_model_is_not_run_and_its_cached_ranking_is_used(tmp_path):
+    """A dry run embedded the corpus with MiniLM for every chunking (issue 45: 7 minutes for 12
+    configs). It loads no model: each question's chunks are drawn, said as an estimate, the calls
+    exact. Once a real run cached the ranking, it is used and the tokens are the real requests'."""
+
+    def tokens(bodies) -> int:
+        return sum(dry_calls.request_tokens("/chat/completions", b) for b in bodies)
+
+    docs, ev = make_tiny(tmp_path, n_items=4)
+    with FakeHTTP(_sound_model) as ep:
+        args = [*sweep_args(tmp_path, docs, ev), "retriever=dense", "generator=openai", f"generator.base_url={ep.url}",
+                "generator.model=m", "generator.api_key_env=null", "judge=none", "generation_subset=3",
+                "judge_card.enabled=false", "metrics.bootstrap_resamples=100"]  # fmt: skip
+        dry = run_sweep(tmp_path, *args, "dry_run=true")
+        assert ep.count() == 0 and "Loading weights" not in dry.stderr, dry.stderr[-2000:]  # no MiniLM
+        assert "estimates: 1 of 1 config(s) rank with a local model" in dry.stdout, dry.stdout
+        assert re.search(r"^\S+\s+generation\s+3\s", dry.stdout, re.M), dry.stdout
+
+        run_sweep(tmp_path, *args)  # the ranking and the concise prompt's answers, cached
+        assert ep.count() == 3
+        cite = run_sweep(tmp_path, *args, "prompt=cite", "dry_run=true")
+        assert "estimates" not in cite.stdout, cite.stdout  # the cached ranking, not drawn chunks
+        dry_in = int(re.search(r"^\S+\s+generation\s+3\s+(\d+)", cite.stdout, re.M).group(1))
+        run_sweep(tmp_path, *args, "prompt=cite")
+        sent = [r.body for _, r in ep.requests[3:]]
+        assert len(sent) == 3 and dry_in == tokens(sent), cite.stdout  # the requests the real run sent

@@ -23,6 +23,7 @@ from rag_experiments.core.sanitize import delimited
 from rag_experiments.core.types import Verdict
 from rag_experiments.evaluation.cost import add_usage
 from rag_experiments.judge.claims import _CITATION, is_claim, parse_verdict, split_claims
+from rag_experiments.stages import dry_calls
 from rag_experiments.stages.embedding import metric_embedder
 from rag_experiments.stages.generation import OpenAICompatibleGenerator, local_server, resolve_model_path
 
@@ -359,7 +360,7 @@ class LLMJudge:
             if q.endswith("?") and len(q) > 3:
                 questions.append(q)
         questions = questions[: self.n_questions]
-        if not questions:
+        if not questions or dry_calls.active():  # a dry run counts the call, loads no embedder
             return float("nan"), method
         v = self.embedder.encode([query, *questions], kind="query")
         return float(np.mean(v[1:] @ v[0])), method

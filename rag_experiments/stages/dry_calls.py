@@ -153,8 +153,8 @@ def _vector(text: str, dims: int) -> list[float]:
 
 
 def placeholder(path: str, body: dict) -> bytes:
-    """The reply of the shape ``path`` answers with: a chat completion, embeddings, rerank scores,
-    llama.cpp's tokenizer; anything else an empty JSON object (a caller with its own reply shape
+    """The reply of the shape ``path`` answers with: a chat completion, embeddings, rerank scores;
+    anything else an empty JSON object (a caller with its own reply shape
     passes ``dry`` to ``Endpoint.post``)."""
     if path.endswith("/chat/completions"):
         return chat_reply(body)
@@ -168,13 +168,5 @@ def placeholder(path: str, body: dict) -> bytes:
         n = len(body.get("documents") or [])
         return json.dumps(
             {"results": [{"index": i, "relevance_score": 1.0 / (1 + i)} for i in range(n)]}
-        ).encode()
-    if path.endswith("/apply-template"):
-        return json.dumps(
-            {"prompt": " ".join(str(m.get("content", "")) for m in body.get("messages") or [])}
-        ).encode()
-    if path.endswith("/tokenize"):
-        return json.dumps(
-            {"tokens": [0] * math.ceil(len(str(body.get("content") or "")) / call_budget.CHARS_PER_TOKEN)}
         ).encode()
     return b"{}"
