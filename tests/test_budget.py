@@ -12,7 +12,7 @@ from rag_experiments.run.config_schema import ConfigError, check
 from rag_experiments.stages import call_budget, endpoint
 from rag_experiments.stages.endpoint import Endpoint
 from tests.llm_fixtures import ChatServer
-from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
+from tests.sweep_helpers import REPO, make_tiny, run_sweep, sweep_args
 
 
 @pytest.fixture(autouse=True)
@@ -87,6 +87,34 @@ def test_bad_budgets_are_named(budget_node, message):
     with pytest.raises(ConfigError) as e:
         check(_cfg(**budget_node))
     assert any(p.startswith(message) for p in e.value.problems), e.value.problems
+
+
+def test_max_usd_is_checked_against_the_first_generations_input_too():
+    """The check compared ``max_usd`` with the first generation's output alone (issue 42): a budget
+    its prompt's input tokens pass was accepted, and the sweep then stopped at its first call. The
+    check's cost is at most what the budget reserves for that call (``call_budget.call_bound``)."""
+    import yaml
+
+    from rag_experiments.stages.prompts import PromptTemplate
+
+    prompt = yaml.safe_load((REPO / "rag_experiments/conf/prompt/concise.yaml").read_text())
+    cfg = _cfg(max_usd=0.0005)
+    cfg["prompt"] = prompt
+    cfg["generator"]["pricing"] = {"price_per_1k_in": 0.01, "price_per_1k_out": 0.0006}  # output: 0.0001536 USD
+    with pytest.raises(ConfigError) as e:
+        check(cfg)
+    (why,) = [p for p in e.value.problems if "less than the first generation can cost" in p]
+    from rag_experiments.run.endpoint_checks import prompt_chars
+
+    tokens = -(-prompt_chars(prompt) // 4)
+    assert f"at least {tokens} tokens in" in why and tokens > 30, why
+    first = float(why.split("(")[1].split(" USD")[0])
+    assert first == pytest.approx((0.01 * tokens + 0.0006 * 256) / 1000, abs=1e-6)
+    key = endpoint.endpoint_key("http://127.0.0.1:9/v1", "m")
+    call_budget.set_price(key, 0.01, 0.0006)
+    messages = PromptTemplate(**{k: v for k, v in prompt.items() if k != "_target_"}).render("?", [])
+    assert first <= call_budget.call_bound(key, {"model": "m", "max_tokens": 256, "messages": messages})
+    check(_cfg(max_usd=0.0005))  # without the prompt's text, as before: the output's bound only
 
 
 def test_a_budget_large_enough_passes_the_check():

@@ -11,18 +11,24 @@ import re
 
 import pytest
 
+from rag_experiments.judge.claims import split_claims
 from rag_experiments.stages import call_budget, dry_calls
 from rag_experiments.stages.endpoint import Endpoint, endpoint_key
+from tests.http_fakes import FakeHTTP, Request, completion
 from tests.llm_fixtures import ChatServer, closed_port_url  # noqa: F401 - a fixture
 from tests.sweep_helpers import make_tiny, run_sweep, sweep_args
 
 
 def _reply(body: dict) -> str:
     """A deterministic model: a judge's verdict (constrained=none: max_tokens=8) is "yes", as a
-    sound judge says; anything else three claim lines (as many as the dry run assumes,
-    ``dry_calls.CLAIMS_PER_ANSWER``) that differ from one prompt to another, as answers do."""
+    sound judge says; a decomposition lists the text's own sentence claims (as the dry run assumes);
+    anything else three claim lines (as many as the dry run assumes, ``dry_calls.CLAIMS_PER_ANSWER``)
+    that differ from one prompt to another, as answers do."""
     if body.get("max_tokens") == 8:
         return "yes"
+    if "Break the answer below" in body["messages"][-1]["content"]:
+        answer = re.search(r"<answer>\n(.*)\n</answer>", body["messages"][-1]["content"], re.S).group(1)
+        return "\n".join(f"- {c}" for c in split_claims(answer))
     tag = hashlib.sha256(json.dumps(body["messages"]).encode()).hexdigest()[:8]
     return (f"- Webhooks are retried with backoff ({tag}).\n- The retry window lasts three days ({tag}).\n"
             f"- Each retry carries the same event id ({tag}).")  # fmt: skip
@@ -136,8 +142,8 @@ def test_a_bad_dry_run_value_exits_2(tmp_path):
 
 
 def test_every_remote_step_is_counted_against_an_unreachable_endpoint_and_nothing_is_stored(tmp_path, closed_port_url):  # noqa: F811
-    """The embeddings API (its config probe too), query transform, LLM reranker, generator and
-    judge all run on placeholders: the endpoint cannot be reached, yet every step is counted, and
+    """The embeddings API (its config probe too, and the retriever's requests), query transform,
+    LLM reranker, generator and judge all run on placeholders: the endpoint cannot be reached, yet every step is counted, and
     neither placeholder vectors nor answers reach the stage cache."""
     url = closed_port_url
     docs, ev = make_tiny(tmp_path, n_items=4)
@@ -147,12 +153,77 @@ def test_every_remote_step_is_counted_against_an_unreachable_endpoint_and_nothin
                   "rerank.candidates=4", "embedding=openai", f"embedding.base_url={url}", "embedding.api_key_env=null",
                   "embedding.price_per_1k_tokens=0.00002", "generation_subset=2", "judge_card.enabled=false",
                   "dry_run=true")  # fmt: skip
-    for step in ("embeddings API", "query transform", "LLM reranker", "generator", "judge"):
+    for step in ("checks", "retrieval", "query", "rerank", "generation", "judging"):  # by the steps' names
         assert re.search(rf"^\S*\s+{step}\s+[1-9]", p.stdout, re.M), (step, p.stdout)
-    embedding_line = next(line for line in p.stdout.splitlines() if "embeddings API" in line)
-    assert "n/a" not in embedding_line, p.stdout  # priced by embedding.price_per_1k_tokens, its probe too
+    for step in ("checks", "retrieval"):  # the embeddings API's probe, then the retriever's requests
+        line = next(line for line in p.stdout.splitlines() if re.search(rf"\s{step}\s", line))
+        assert "n/a" not in line, p.stdout  # priced by embedding.price_per_1k_tokens, its probe too
     assert "from an earlier config" in p.stdout  # config 2 reuses config 1's transforms, as a real sweep does
     assert not [f for f in (tmp_path / "cache").rglob("*") if f.is_file()], (
         "the dry run wrote to the stage cache"
     )
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def _sound_model(r: Request) -> dict:
+    """A chat model that behaves as the dry run assumes: one-sentence answers, a decomposer that
+    lists an answer's own sentence claims, "yes" verdicts, three questions, "supported" facts."""
+    text = "\n".join(str(m.get("content") or "") for m in r.body.get("messages") or [])
+    if "Break the answer below" in text:
+        answer = re.search(r"<answer>\n(.*)\n</answer>", text, re.S).group(1)
+        return completion("\n".join(f"- {c}" for c in split_claims(answer)))
+    if "Write 3 different questions" in text:
+        return completion("What is retried?\nFor how long?\nWith which id?")
+    if "reference fact" in text:
+        return completion("supported")
+    if "Is the claim supported" in text:
+        return completion("yes")
+    return completion("Failed webhook deliveries are retried with exponential backoff for three days.")
+
+
+def test_the_judge_calls_counted_on_cached_answers_are_the_ones_a_real_run_makes(tmp_path):
+    """With the answers in the cache, the dry run counted a placeholder's 3 claims for each: 2-3x
+    the judge calls a real run then made (issue 42). It counts the cached answer's own claims."""
+    docs, ev = make_tiny(tmp_path, n_items=4)
+    with FakeHTTP(_sound_model) as ep:
+        args = [*sweep_args(tmp_path, docs, ev), "generator=openai", f"generator.base_url={ep.url}", "generator.model=m",
+                "generator.api_key_env=null", "retriever=bm25", "generation_subset=3", "judge_card.enabled=false",
+                "metrics.bootstrap_resamples=100"]  # fmt: skip
+        judge = ["judge=openai", f"judge.base_url={ep.url}", "judge.model=m", "judge.api_key_env=null",
+                 "judge.use_logprobs=false", "judge.constrained=none"]  # fmt: skip
+        run_sweep(tmp_path, *args, "judge=none")  # the answers, cached
+        assert ep.count() == 3
+        dry = run_sweep(tmp_path, *args, *judge, "dry_run=true")
+        assert ep.count() == 3, dry.stdout
+        assert re.search(r"^\S+\s+generation\s+0\s.*3 of 3 hit", dry.stdout, re.M), dry.stdout
+        total = int(re.search(r"^total: (\d+) calls", dry.stdout, re.M).group(1))
+        run_sweep(tmp_path, *args, *judge)
+        assert ep.count() - 3 == total, dry.stdout  # the judge's requests, as counted
+
+
+def test_a_retriever_on_a_local_model_is_not_run_and_its_cached_ranking_is_used(tmp_path):
+    """A dry run embedded the corpus with MiniLM for every chunking (issue 45: 7 minutes for 12
+    configs). It loads no model: each question's chunks are drawn, said as an estimate, the calls
+    exact. Once a real run cached the ranking, it is used and the tokens are the real requests'."""
+
+    def tokens(bodies) -> int:
+        return sum(dry_calls.request_tokens("/chat/completions", b) for b in bodies)
+
+    docs, ev = make_tiny(tmp_path, n_items=4)
+    with FakeHTTP(_sound_model) as ep:
+        args = [*sweep_args(tmp_path, docs, ev), "retriever=dense", "generator=openai", f"generator.base_url={ep.url}",
+                "generator.model=m", "generator.api_key_env=null", "judge=none", "generation_subset=3",
+                "judge_card.enabled=false", "metrics.bootstrap_resamples=100"]  # fmt: skip
+        dry = run_sweep(tmp_path, *args, "dry_run=true")
+        assert ep.count() == 0 and "Loading weights" not in dry.stderr, dry.stderr[-2000:]  # no MiniLM
+        assert "estimates: 1 of 1 config(s) rank with a local model" in dry.stdout, dry.stdout
+        assert re.search(r"^\S+\s+generation\s+3\s", dry.stdout, re.M), dry.stdout
+
+        run_sweep(tmp_path, *args)  # the ranking and the concise prompt's answers, cached
+        assert ep.count() == 3
+        cite = run_sweep(tmp_path, *args, "prompt=cite", "dry_run=true")
+        assert "estimates" not in cite.stdout, cite.stdout  # the cached ranking, not drawn chunks
+        dry_in = int(re.search(r"^\S+\s+generation\s+3\s+(\d+)", cite.stdout, re.M).group(1))
+        run_sweep(tmp_path, *args, "prompt=cite")
+        sent = [r.body for _, r in ep.requests[3:]]
+        assert len(sent) == 3 and dry_in == tokens(sent), cite.stdout  # the requests the real run sent

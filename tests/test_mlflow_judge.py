@@ -371,7 +371,7 @@ def test_judge_mlflow_calls_go_through_the_endpoint_client_dry_run_and_budget_ho
                 "judge.model=m", "judge_card.enabled=false", "judge.rpm=600", "judge.max_concurrency=2"]  # fmt: skip
         dry = run_sweep(tmp_path, *args, "dry_run=true", check=False)
         assert dry.returncode == 0 and ep.http.count() == 0, (dry.returncode, dry.stderr[-1500:])
-        assert re.search(r"^\S*\s+judge\s+[1-9]", dry.stdout, re.M), dry.stdout  # its calls counted, not sent
+        assert re.search(r"^\S*\s+judging\s+[1-9]", dry.stdout, re.M), dry.stdout  # its calls counted, not sent
         capped = run_sweep(tmp_path, *args, "budget.max_calls=3", check=False)
         assert ep.http.count() <= 3, ep.http.count()  # generator and judge together: at most the limit
         assert capped.returncode != 0 and "budget" in capped.stderr, capped.stderr[-1500:]

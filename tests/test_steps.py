@@ -95,10 +95,6 @@ SPECIAL_CASED = {
     # a generation-only factor leads with generation metrics (analysis: the verdict rules)
     "evaluation/headline.py:==:generator",
     "analysis/comparability.py:==:judge",
-    # the dry run's step names and the cache namespaces whose hits spare their calls
-    "run/dry_run.py:dict:app,generator,judge,query_transform",
-    "run/dry_run.py:dict:app,generator,judge",
-    "run/dry_run.py:==:reranker",
     "run/config_schema.py:dict:generator,history,judge,prompt,retriever",  # GROUP_CHECKS: a range rule per group
 }
 

@@ -47,6 +47,14 @@ class Slot:
     # the option that builds nothing (``<group>: {name: <off>}``): "none", or ``last_turn`` for the
     # history slot, whose default searches the question as every run did before it existed
     off: str = "none"
+    # the stage cache's stores its entries go to (``StageCache.get_json_many``'s first argument) when
+    # they are not named like ``cache``: a dry run counts their hits as the step's calls spared
+    stores: tuple[str, ...] = ()
+
+    @property
+    def stored(self) -> tuple[str, ...]:
+        """The stage cache's stores of its entries (``stores``, else its ``cache`` namespaces)."""
+        return self.stores or self.cache
 
 
 #: The run's phases, in order: retrieval (the state is ``run.steps.RunState``, once per run), then the
@@ -97,14 +105,14 @@ SLOTS: tuple[Slot, ...] = (
          ("rag_experiments.stages.generation",), optional=True,
          step="generation", position=5, errors="n_errors", error_column="error", noun="generated queries",
          column="generation", priced=True, span="CHAT_MODEL", outputs=("answer",), phase="answer",
-         runner="rag_experiments.run.answer.GenerateStep"),
+         runner="rag_experiments.run.answer.GenerateStep", stores=("generations",)),
     # the prompt's text enters the generation key (the rendered messages), not a cache of its own
     Slot("prompt", "prompt", "rag_experiments.stages.prompts.PromptTemplate", (), (), optional=True),
     Slot("judge", "judge", "rag_experiments.judge.claims.Judge", ("claims", "verdict", "relevance", "facts"),
          _JUDGE_CODE, optional=True, step="judging", position=6, errors="n_judge_errors", noun="judged answers",
          column="judge", priced=True, serving=False, span="EVALUATOR",
          outputs=("verdicts", "faithfulness", "answer_relevance"), phase="judging",
-         runner="rag_experiments.run.answer.JudgeStep"),
+         runner="rag_experiments.run.answer.JudgeStep", stores=("claims", "verdicts", "relevance", "facts")),
     # a conversation's turn → what it searches (docs/conversations.md): the last question
     # (history=last_turn, builds nothing), a window of turns, a model's standalone rewrite or the
     # human one (oracle); before the query transform, which transforms what it sets

@@ -23,6 +23,7 @@ from rag_experiments.core.sanitize import delimited
 from rag_experiments.core.types import Verdict
 from rag_experiments.evaluation.cost import add_usage
 from rag_experiments.judge.claims import _CITATION, is_claim, parse_verdict, split_claims
+from rag_experiments.stages import dry_calls
 from rag_experiments.stages.embedding import metric_embedder
 from rag_experiments.stages.endpoint_settings import ADDRESS, Takes
 from rag_experiments.stages.generation import OpenAICompatibleGenerator, local_server, resolve_model_path
@@ -303,7 +304,10 @@ class LLMJudge:
         if not self.decompose or not fallback:  # declines and empty answers have no claims
             return fallback
         prompt = fill(DECOMPOSE_USER, answer=delimited("answer", answer.strip()))
-        c = self.client.complete([{"role": "user", "content": prompt}])
+        # a dry run (stages.dry_calls) lists the answer's own sentence claims: a cached answer's
+        # verdict calls are counted for its claims, not for a placeholder's
+        dry = "\n".join(f"- {x}" for x in fallback)
+        c = self.client.complete([{"role": "user", "content": prompt}], dry_text=dry)
         self._record(c)
         if c.error:
             return fallback
@@ -336,7 +340,7 @@ class LLMJudge:
             if q.endswith("?") and len(q) > 3:
                 questions.append(q)
         questions = questions[: self.n_questions]
-        if not questions:
+        if not questions or dry_calls.active():  # a dry run counts the call, loads no embedder
             return float("nan"), method
         v = self.embedder.encode([query, *questions], kind="query")
         return float(np.mean(v[1:] @ v[0])), method

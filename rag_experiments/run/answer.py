@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rag_experiments.core.cache import StageCache, ask_missing, stage_key
-from rag_experiments.core.progress import Progress, track
+from rag_experiments.core.progress import track
 from rag_experiments.core.slots import slot
 from rag_experiments.core.steps import StepRecord
 from rag_experiments.core.text_gate import gate_text

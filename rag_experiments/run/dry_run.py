@@ -17,6 +17,7 @@ input exits 2 as a run would.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import sys
 from collections import Counter, defaultdict
@@ -24,23 +25,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rag_experiments.core.cache import StageCache
 from rag_experiments.core.formatting import text_table
 from rag_experiments.core.identity import code_fingerprint
 from rag_experiments.core.run_names import run_name, varying_keys
+from rag_experiments.core.slots import SLOTS, steps
 from rag_experiments.judge.validity import add_card
 from rag_experiments.run.assemble import ComposedJob, print_problems
 from rag_experiments.run.pipeline import run_pipeline
 from rag_experiments.run.types import JobSettings
 from rag_experiments.stages import call_budget, dry_calls, endpoint
 
-#: what each step is called in the table, by the ``core.slots`` name its calls were made under
-STEP_NAMES = {"generator": "generator", "judge": "judge", "query_transform": "query transform",
-              "app": "app", "judge card": "judge card", "": "checks"}  # fmt: skip
-#: the cache namespaces whose hits spare each step's calls (``StageCache`` stages)
-STEP_CACHE = {"generator": ("generations",), "judge": ("claims", "verdicts", "relevance", "diagnostic_verdicts"), "query transform": ("query",),
-              "LLM reranker": ("rerank",), "rerank endpoint": ("rerank",), "app": ("app",),
-              "judge card": ("card_verdict", "judge_card")}  # fmt: skip
+#: the table's lines for calls made outside a slot's step: the judge's card and the config checks
+#: (an embeddings probe, an app's); the card's stage-cache stores
+CARD, CHECKS = "judge card", "checks"
+CARD_STORES = ("card_verdict", "judge_card")
+
+
+def lines() -> list[str]:
+    """The table's lines in run order: each step's (``core.slots.steps``: named as in the timings
+    and the run's ``steps`` tag), then the card's and the checks'."""
+    return [*(s.step for s in steps()), CARD, CHECKS]
+
+
+def spared() -> dict[str, tuple[str, ...]]:
+    """Each line's stage-cache stores, whose hits spare its calls (``core.slots.Slot.stored``)."""
+    return {**{s.step: s.stored for s in steps()}, CARD: CARD_STORES}
 
 
 class DryCache(StageCache):
@@ -88,17 +100,54 @@ class Row:
     skipped: str = ""  # the FINISHED run a real sweep would skip this config for
     budget: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    drawn: int = 0  # queries whose chunks were drawn, not retrieved (:class:`NoModel`)
+
+
+def ranks(stage: Any) -> bool:
+    """A retriever (``search``) or a reranker (``score``)."""
+    return hasattr(stage, "search") or hasattr(stage, "score")
+
+
+def local_model(stage: Any) -> bool:
+    """True when ``stage`` computes on a local model only and sends no request: it says so
+    (``remote = False``: the heuristic judge, a cross-encoder), or it ranks with an embedder that
+    does (a dense or hybrid retriever, a dense reranker on MiniLM); BM25 has none."""
+    emb = getattr(stage, "embedder", None) if ranks(stage) else None
+    return getattr(stage, "remote", True) is False or getattr(getattr(emb, "inner", emb), "remote", True) is False
+
+
+class NoModel:
+    """A dry run's stand-in for a retriever or reranker on a local model (:func:`local_model`):
+    which chunks a prompt carries changes its tokens, never which requests are made, so no model is
+    loaded. It keeps the stage's identity, so what the stage cache holds (a real run's ranking, its
+    rerank scores) is used as it is; otherwise each question's chunks are drawn at random, seeded by
+    the question, and a reranker keeps the first stage's order. ``drawn``: questions ranked so."""
+
+    def __init__(self, stage: Any) -> None:
+        self.identity, self.candidates = stage.identity, getattr(stage, "candidates", 0)
+        self.n = self.drawn = 0
+
+    def index(self, chunks: list) -> None:
+        self.n = len(chunks)
+
+    def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        idx = np.full((len(queries), k), -1, dtype=np.int64)
+        for i, q in enumerate(queries):
+            seed = int.from_bytes(hashlib.sha256(q.encode()).digest()[:8], "little")
+            pick = np.random.default_rng(seed).choice(self.n, size=min(k, self.n), replace=False)
+            idx[i, : len(pick)] = pick
+        self.drawn += len(queries)
+        return idx, np.where(idx >= 0, 1.0 / (1.0 + np.arange(k)), -np.inf).astype(np.float32)
+
+    def score(self, queries: list[str], texts: list[list[str]]) -> list[np.ndarray]:
+        self.drawn += len(queries)
+        return [np.zeros(len(ts), np.float32) for ts in texts]
 
 
 def step_of(c: dry_calls.DryCall) -> str:
-    """The table's name of the step that made a call (embeddings by their path, wherever made)."""
-    if c.path.endswith("/embeddings"):
-        return "embeddings API"
-    if c.path.endswith(("/tokenize", "/apply-template")):
-        return "tokenizer"
-    if c.step == "reranker":
-        return "rerank endpoint" if c.path.endswith("/rerank") else "LLM reranker"
-    return STEP_NAMES.get(c.step, c.step)
+    """The table's line of a call: the step it was made in (``run.steps`` labels it with its slot;
+    an embedder's requests are the step's that embeds), the card's or the config checks'."""
+    return {s.name: s.step for s in steps()}.get(c.step, c.step or CHECKS)
 
 
 def _sum(calls: list[dry_calls.DryCall]) -> tuple[int, int, int, float | None]:
@@ -111,16 +160,14 @@ def _usd(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.6f}"
 
 
-def _cached(row: Row, step: str) -> str:
-    """Hits on disk of the step's cache entries out of its lookups, and the hits on what an earlier
+def _cached(row: Row, line: str) -> str:
+    """Hits on disk of the line's cache entries out of its lookups, and the hits on what an earlier
     config of the sweep computes (a real sweep finds those in the cache too)."""
-    if step == "embeddings API":
-        return "not checked (vectors keyed by the probe's reply)"
-    spaces = STEP_CACHE.get(step, ())
-    asked, earlier = sum(row.asked[s] for s in spaces), sum(row.earlier[s] for s in spaces)
+    stores = spared().get(line, ())
+    asked, earlier = sum(row.asked[s] for s in stores), sum(row.earlier[s] for s in stores)
     if not asked:
         return "–"
-    return f"{sum(row.disk[s] for s in spaces)} of {asked} hit" + (
+    return f"{sum(row.disk[s] for s in stores)} of {asked} hit" + (
         f", {earlier} from an earlier config" if earlier else ""
     )
 
@@ -144,14 +191,14 @@ def table(rows: list[Row]) -> str:
             )
             continue
         by_step: dict[str, list] = defaultdict(list)
-        for step, spaces in STEP_CACHE.items():  # all from the cache: no call, still a line
-            if (
-                any(r.disk[s] + r.earlier[s] for s in spaces) and step != "rerank endpoint"
-            ):  # one line for the reranker's hits
-                by_step[step] = []
+        for line, stores in spared().items():  # all from the cache: no call, still a line
+            if any(r.disk[s] + r.earlier[s] for s in stores):
+                by_step[line] = []
         for c in r.calls:
             by_step[step_of(c)].append(c)
-        for i, (step, calls) in enumerate(sorted(by_step.items(), key=lambda kv: kv[0] == "checks")):
+        order = lines()
+        ranked = sorted(by_step.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
+        for i, (step, calls) in enumerate(ranked):
             n, tin, tout, usd = _sum(calls)
             out.append(
                 [r.name if i == 0 else "", step, str(n), str(tin), str(tout), _usd(usd), _cached(r, step)]
@@ -233,14 +280,19 @@ def print_report(rows: list[Row], budget: dict) -> None:
         f"  input tokens = ceil(chars / {call_budget.CHARS_PER_TOKEN}) of each request's text (the budget's rule)"
     )
     print("  output tokens = each request's max_tokens: an upper bound (a model may stop sooner)")
-    print(f"  an answer not in the cache has {dry_calls.CLAIMS_PER_ANSWER} claims (stages.dry_calls.CLAIMS_PER_ANSWER): "
-          "the judge's verdict calls follow from it; a cached answer's own claims are used")  # fmt: skip
+    print(f"  an answer's claims are its sentences' (judge.claims.split_claims): {dry_calls.CLAIMS_PER_ANSWER} for an answer "
+          "not in the cache (stages.dry_calls.CLAIMS_PER_ANSWER), a cached answer's own; the judge's verdict calls follow")  # fmt: skip
     print(
         "  a logprob judge's endpoint returns logprobs (else each verdict takes a second, constrained call)"
     )
     print(
         "  every reply is readable (an unparseable verdict of the judge card is not cached: a real sweep asks it again)"
     )
+    if drawn := [r for r in rows if r.drawn]:
+        print(f"  estimates: {len(drawn)} of {len(rows)} config(s) rank with a local model whose results the stage cache "
+              "does not hold; not run (no request to count): each question's chunks are drawn at random from the "
+              "config's chunks, seeded by the question (a local reranker keeps that order), so their calls are the real "
+              "run's and the tokens in of the steps after retrieval are k chunks of the config's sizes, not its top k")  # fmt: skip
     for note in sorted({n for r in rows for n in r.notes}):
         print(f"note: {note}")
 
@@ -280,12 +332,19 @@ def dry_job(job: ComposedJob, name: str, cache: DryCache) -> Row:
         return row
     disk, asked, earlier = Counter(cache.disk), Counter(cache.asked), Counter(cache.earlier)
     stages = loaded.stages
-    if stages.judge is not None and getattr(stages.judge, "remote", True) is False:
+    if stages.judge is not None and local_model(stages.judge):
         # a judge on a local model only (heuristic, verifier) sends nothing to count: not run, so a
         # dry run takes seconds instead of embedding every claim (its card likewise)
         stages = dataclasses.replace(stages, judge=None, judge_repeats=())
         row.notes.append(f"judge {type(loaded.stages.judge).__name__}: a local model, no request: not run")
-    res = run_pipeline(stages, loaded.data, settings.run, cache)
+    # a stage that ranks or scores on a local model: its cached results, else chunks drawn (NoModel)
+    stand_in = {s.name: NoModel(x) for s in SLOTS if ranks(x := getattr(stages, s.name, None)) and local_model(x)}
+    stages = dataclasses.replace(stages, **stand_in)
+    # no metric is printed: scored at k only, no bootstrap, no budget tokenizer (the ranking's depth,
+    # part of its cache key, is the run's)
+    run = dataclasses.replace(settings.run, ks=(settings.run.k,), rank_depth=settings.run.depth, token_budgets=(), n_resamples=0)
+    res = run_pipeline(stages, loaded.data, run, cache)
+    row.drawn = sum(s.drawn for s in stand_in.values())
     card_mark = dry_calls.mark()
     add_card(settings.card, stages, loaded.corpus.docs, cache, res, settings.progress)
     dry_calls.label(card_mark, "judge card")

@@ -15,11 +15,13 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from typing import Any
 from urllib.parse import urlparse
 
+from rag_experiments.stages.call_budget import CHARS_PER_TOKEN
 from rag_experiments.stages.endpoint_settings import RANGES, Takes, setting_problems
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -153,8 +155,10 @@ def _llm_nodes(cfg: dict) -> list[dict]:
 
 def budget_problems(cfg: dict) -> list[str]:
     """``budget``: known keys, ``max_calls`` an integer >= 1, ``max_usd`` a number > 0 and at least
-    the most the first generation can cost, ``price_per_1k_out · max_tokens / 1000`` (a budget
-    smaller than one call would stop the sweep before it measured anything)."""
+    what the budget reserves for the first generation at the least (``stages.call_budget``): its
+    input, the prompt's own text (:func:`prompt_chars`) / 4 at ``price_per_1k_in``, and its output,
+    ``max_tokens`` at ``price_per_1k_out`` (a budget smaller than one call would stop the sweep
+    before it measured anything)."""
     from rag_experiments.evaluation.cost import price
     from rag_experiments.run.config_types import is_int, is_num
 
@@ -170,14 +174,28 @@ def budget_problems(cfg: dict) -> list[str]:
     if usd is not None and (not is_num(usd) or not usd > 0):
         out.append(f"conf/config: budget.max_usd: must be a number > 0 or null (got {usd!r})")
     elif usd is not None and (gen := cfg.get("generator") or {}).get("pricing"):
+        tokens_in = math.ceil(prompt_chars(cfg.get("prompt")) / CHARS_PER_TOKEN)
         try:
-            first = price(gen["pricing"])[1] * float(gen.get("max_tokens") or 0) / 1000
+            p_in, p_out = price(gen["pricing"])
+            first = (p_in * tokens_in + p_out * float(gen.get("max_tokens") or 0)) / 1000
         except (TypeError, ValueError):
             first = 0.0  # a bad price is the pricing check's to report
         if usd < first:
             out.append(f"conf/config: budget.max_usd: {usd:g} USD is less than the first generation can cost "
-                       f"({first:.6f} USD: generator.max_tokens={gen.get('max_tokens')} at price_per_1k_out)")  # fmt: skip
+                       f"({first:.6f} USD: at least {tokens_in} tokens in, the prompt's text, at price_per_1k_in, "
+                       f"generator.max_tokens={gen.get('max_tokens')} at price_per_1k_out)")  # fmt: skip
     return out
+
+
+def prompt_chars(node: Any) -> int:
+    """The fewest characters a generation request carries: the prompt's system and template text
+    without the question and the context (``{decline_text}`` filled in); 0 for a prompt given by
+    reference (``prompt=registry``)."""
+    if not isinstance(node, dict):
+        return 0
+    text = f"{str(node.get('system') or '').strip()}{str(node.get('template') or '').strip()}"
+    text = text.replace("{decline_text}", str(node.get("decline_text") or ""))
+    return len(text.replace("{context}", "").replace("{question}", ""))
 
 
 def apply_budget(c: dict) -> None:

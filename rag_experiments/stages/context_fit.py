@@ -12,7 +12,8 @@ left alone.
 
 Counting is skipped when a prompt cannot exceed the budget: a byte-level BPE token covers at least
 one byte, so ``utf8 bytes + TEMPLATE_SLACK`` tokens bounds any prompt. Counts are cached by
-(generator identity, messages), so a cached run starts no server.
+(generator identity, messages), so a cached run starts no server; a dry run (``stages.dry_calls``)
+counts 4 characters a token and starts none either.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import replace
 
 from rag_experiments.core.cache import StageCache, stage_key
 from rag_experiments.core.types import Chunk
+from rag_experiments.stages import dry_calls
 from rag_experiments.stages.endpoint import Endpoint
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,8 @@ def _counter(generator, cache: StageCache):
         hit = cache.get_json_many("prompt_tokens", [key])
         if key in hit:
             return int(hit[key])
+        if dry_calls.active():  # a dry run counts, starting no server: the budget's 4 characters a token
+            return dry_calls.request_tokens("/chat/completions", {"messages": messages})
         n = llama_count_tokens(generator, messages)
         cache.put_json_many("prompt_tokens", {key: n})
         return n

@@ -13,7 +13,9 @@ steps run on the eval set without network and the calls they would make are coun
 - **cost**: :func:`stages.call_budget.reply_cost` of those tokens at the endpoint's prices, the
   table the budget and ``cost_usd`` read; None where the endpoint has no price;
 - **the placeholder answer** has :data:`CLAIMS_PER_ANSWER` sentences, one claim each, so the judge
-  calls that depend on an answer's claims are counted under that stated assumption.
+  calls that depend on an answer's claims are counted under that stated assumption; an LLM judge's
+  decomposition of any answer (a cached real one too) lists its own sentence claims
+  (``judge.llm.LLMJudge.split``).
 """
 
 from __future__ import annotations
@@ -154,8 +156,8 @@ def _vector(text: str, dims: int) -> list[float]:
 
 
 def placeholder(path: str, body: dict) -> bytes:
-    """The reply of the shape ``path`` answers with: a chat completion, embeddings, rerank scores,
-    llama.cpp's tokenizer; anything else an empty JSON object (a caller with its own reply shape
+    """The reply of the shape ``path`` answers with: a chat completion, embeddings, rerank scores;
+    anything else an empty JSON object (a caller with its own reply shape
     passes ``dry`` to ``Endpoint.post``)."""
     if path.endswith("/chat/completions"):
         return chat_reply(body)
@@ -169,13 +171,5 @@ def placeholder(path: str, body: dict) -> bytes:
         n = len(body.get("documents") or [])
         return json.dumps(
             {"results": [{"index": i, "relevance_score": 1.0 / (1 + i)} for i in range(n)]}
-        ).encode()
-    if path.endswith("/apply-template"):
-        return json.dumps(
-            {"prompt": " ".join(str(m.get("content", "")) for m in body.get("messages") or [])}
-        ).encode()
-    if path.endswith("/tokenize"):
-        return json.dumps(
-            {"tokens": [0] * math.ceil(len(str(body.get("content") or "")) / call_budget.CHARS_PER_TOKEN)}
         ).encode()
     return b"{}"

@@ -101,6 +101,8 @@ class SentenceTransformerEmbedder(_NoModelPickle):
     ``query_prefix`` / ``passage_prefix`` serve e5/bge-style models ("query: ", "passage: ").
     """
 
+    remote = False  # a local model only: no request to count (a dry run does not run it, run.dry_run)
+
     def __init__(
         self,
         path: str | None = None,
@@ -182,6 +184,8 @@ class StaticEmbedder(_NoModelPickle):
     The distilled model is saved under ``cache_dir/model2vec/<hash>`` and reused: distillation
     (about 20 s on 2 cores) happens once per teacher and dimension, never at query time.
     """
+
+    remote = False  # a local model only: no request to count (a dry run does not run it, run.dry_run)
 
     def __init__(
         self,

@@ -120,6 +120,8 @@ class CrossEncoderReranker:
     BAAI/bge-reranker-base, mixedbread-ai/mxbai-rerank-xsmall-v1 (download once, then ``path=``).
     """
 
+    remote = False  # a local model only: no request to count (a dry run does not run it, run.dry_run)
+
     def __init__(self, path: str, candidates: int = 50, batch_size: int = 32, max_length: int = 512) -> None:
         self.path = Path(path).expanduser()
         if not self.path.is_dir():

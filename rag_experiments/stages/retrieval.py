@@ -428,6 +428,11 @@ class HybridRetriever:
         )
         self._n = 0
 
+    @property
+    def embedder(self):
+        """The dense half's embedder."""
+        return self.dense.embedder
+
     def index(self, chunks: list[Chunk]) -> None:
         self.dense.index(chunks)
         self.bm25.index(chunks)
