@@ -10,7 +10,8 @@ other remote step.
 
 from __future__ import annotations
 
-from rag_experiments.core.cache import ask_missing, stage_key
+from rag_experiments.core.cache import stage_key
+from rag_experiments.core.parallel import ask_missing
 from rag_experiments.core.slots import Slot
 from rag_experiments.core.steps import StepRecord
 from rag_experiments.core.types import Generation
@@ -49,7 +50,7 @@ class Polish:
 
 class PolishStep:
     """The slot's runner: polishes the answers the answer step left (a failed answer is not an
-    item) through ``core.cache.ask_missing``, keyed by (stage identity, answer); a failed call
+    item) through ``core.parallel.ask_missing``, keyed by (stage identity, answer); a failed call
     keeps the answer and is not cached (the same run again asks exactly those)."""
 
     slot = "polisher"

@@ -30,9 +30,8 @@ import sqlite3
 import sys
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -45,7 +44,6 @@ from rag_experiments.core.cache_files import (
     write_verified,
 )
 from rag_experiments.core.identity import code_version
-from rag_experiments.core.parallel import as_they_complete
 from rag_experiments.core.progress import Progress
 from rag_experiments.core.types import Chunk
 
@@ -357,39 +355,6 @@ class StageCache:
 def _text_vector_keys(identity: str, kind: str, texts: list[str]) -> dict[str, str]:
     version = code_version("vectors")  # once, not per text: stage_key's per-call code check is ~20 stats
     return {t: stable_hash("text_vectors", version, identity, kind, t) for t in dict.fromkeys(texts)}
-
-
-R = TypeVar("R")
-
-
-def ask_missing(
-    cache: StageCache,
-    stage: str,
-    keys: Sequence[str],
-    ask: Callable[[int], R],
-    store: Callable[[R], Any],
-    workers: int,
-    bar: tuple[str, str],
-    progress: bool = True,
-) -> tuple[dict[str, Any], dict[str, R]]:
-    """The model-calling stages' cache shape, written once: each distinct key of ``keys`` missing
-    from ``stage`` is asked once (``ask(i)``, ``i`` a position of that key), ``workers`` in flight,
-    with a progress bar ``bar = (label, unit)``. Each result is committed as it completes:
-    ``store(result)`` is the JSON value to cache, or None for a failure (not cached, so a re-run
-    asks again). A killed run loses only the calls in flight.
-
-    Returns ``(found, fresh)``: key → cached JSON value, key → result of this run."""
-    found = cache.get_json_many(stage, list(keys))
-    todo = list({k: i for i, k in enumerate(keys) if k not in found}.items())
-    fresh: dict[str, R] = {}
-    with Progress(bar[0], len(todo), enabled=progress and bool(todo), unit=bar[1]) as b:
-        for j, r in as_they_complete(ask, [i for _, i in todo], max(1, int(workers or 1))):
-            k = todo[j][0]
-            fresh[k] = r
-            if (value := store(r)) is not None:
-                cache.put_json_many(stage, {k: value})
-            b.update()
-    return found, fresh
 
 
 class CachedEmbedder:

@@ -21,7 +21,9 @@ import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import TypeVar
+from typing import Any, TypeVar
+
+from rag_experiments.core.progress import Progress
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -161,3 +163,33 @@ def as_they_complete(fn: Callable[[T], R], items: Sequence[T], workers: int) -> 
         raise
     finally:  # on Ctrl-C / SIGTERM do not wait for the queued requests
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def ask_missing(
+    cache,
+    stage: str,
+    keys: Sequence[str],
+    ask: Callable[[int], R],
+    store: Callable[[R], Any],
+    workers: int,
+    bar: tuple[str, str],
+    progress: bool = True,
+) -> tuple[dict[str, Any], dict[str, R]]:
+    """The model-calling stages' cache shape (a ``core.cache.StageCache``), written once: each distinct key of ``keys`` missing
+    from ``stage`` is asked once (``ask(i)``, ``i`` a position of that key), ``workers`` in flight,
+    with a progress bar ``bar = (label, unit)``. Each result is committed as it completes:
+    ``store(result)`` is the JSON value to cache, or None for a failure (not cached, so a re-run
+    asks again). A killed run loses only the calls in flight.
+
+    Returns ``(found, fresh)``: key → cached JSON value, key → result of this run."""
+    found = cache.get_json_many(stage, list(keys))
+    todo = list({k: i for i, k in enumerate(keys) if k not in found}.items())
+    fresh: dict[str, R] = {}
+    with Progress(bar[0], len(todo), enabled=progress and bool(todo), unit=bar[1]) as b:
+        for j, r in as_they_complete(ask, [i for _, i in todo], max(1, int(workers or 1))):
+            k = todo[j][0]
+            fresh[k] = r
+            if (value := store(r)) is not None:
+                cache.put_json_many(stage, {k: value})
+            b.update()
+    return found, fresh

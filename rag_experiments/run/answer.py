@@ -15,7 +15,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rag_experiments.core.cache import StageCache, ask_missing, stage_key
+from rag_experiments.core.cache import StageCache, stage_key
+from rag_experiments.core.parallel import ask_missing
 from rag_experiments.core.progress import track
 from rag_experiments.core.slots import slot
 from rag_experiments.core.steps import StepRecord

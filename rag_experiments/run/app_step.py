@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rag_experiments.core.cache import ask_missing, stable_hash, stage_key
+from rag_experiments.core.cache import stable_hash, stage_key
+from rag_experiments.core.parallel import ask_missing
 from rag_experiments.core.steps import StepRecord
 from rag_experiments.core.types import Chunk
 from rag_experiments.evalset.contexts import ContextMapper

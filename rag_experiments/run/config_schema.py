@@ -10,6 +10,9 @@ Every group with a ``_target_`` is checked against its constructor (its keys and
 ``config_types.constructor_hints``); :data:`GROUP_CHECKS` holds only the range and cross-field
 rules a group adds. The endpoint settings' rules, the same for every group that holds them, are
 ``run.endpoint_checks``'.
+
+Why this module is long: it is one validator per config group and the cross-field rules, read top
+to bottom like the config tree; split, a group's rules would live in two places.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from rag_experiments.core.cache import StageCache, ask_missing, stage_key
+from rag_experiments.core.cache import StageCache, stage_key
+from rag_experiments.core.parallel import ask_missing
 from rag_experiments.core.steps import StepRecord
 from rag_experiments.evaluation.cost import usage_columns
 from rag_experiments.stages.query import Transformed

@@ -401,9 +401,11 @@ def test_python_app_cell(world, monkeypatch, mode: str):
 # -- the dry-run and budget columns: every row, the app=python one included ---------------------
 ROWS = (*STEPS, Row("python_app", "app", ""))
 #: the dry run's table name of each row's calls (``run.dry_run.step_of``)
-DRY_STEP = {"generate": "generator", "judge": "judge", "mlflow_judge": "judge", "query": "query transform",
-            "history": "history", "rerank_endpoint": "rerank endpoint", "rerank_llm": "LLM reranker",
-            "http_app": "app", "embeddings": "embeddings API", "answer_slot": "polisher", "python_app": "app"}  # fmt: skip
+def _dry_step(row: Row) -> str:
+    """The dry run's line for the row's calls: its slot's step (``run.dry_run.step_of``)."""
+    from rag_experiments.core.slots import steps
+
+    return {s.name: s.step for s in steps()}.get(row.slot, row.slot)
 
 
 def _row_stages(row: Row, ep: MisbehavingEndpoint, healthy, cache) -> dict[str, Any]:
@@ -444,13 +446,13 @@ def test_dry_run_column(world, row: Row, capsys):
     assert healthy.calls == healthy_before  # the healthy generator's endpoint: nothing either
     rec = res.records[row.slot]
     assert rec.items > 0 and rec.failed == 0 and not failure_reason(res.records), (rec, failure_reason(res.records))
-    mine = [c for c in calls if dry_run.step_of(c) == DRY_STEP[row.name]]
+    mine = [c for c in calls if dry_run.step_of(c) == _dry_step(row)]
     assert mine, sorted({dry_run.step_of(c) for c in calls})  # its calls counted, not skipped
     assert len(mine) >= (1 if row.whole else rec.items), (len(mine), rec)
     dry_run.print_report([dry_run.Row(row.name, calls)], {})
     out = capsys.readouterr().out
     assert ("probe" in out) if probes else ("nothing was sent" in out), out
-    assert re.search(rf"^\S*\s+{DRY_STEP[row.name]}\s+{len(mine)}\s", out, re.M), out
+    assert re.search(rf"^\S*\s+{_dry_step(row)}\s+{len(mine)}\s", out, re.M), out
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
@@ -618,7 +620,7 @@ def test_a_dry_run_of_every_remote_step_sends_no_model_request(tmp_path):
     probes = [r for r in got if _is_probe(r)]
     assert len(got) == len(probes) <= 1, [r.path for r in got]
     assert ("probe" in p.stdout) if probes else ("nothing was sent" in p.stdout), p.stdout
-    for step in ("embeddings API", "query transform", "LLM reranker", "generator", "judge"):
+    for step in ("retrieval", "query", "rerank", "generation", "judging"):  # core.slots: the steps' names
         assert re.search(rf"^\S*\s+{step}\s+[1-9]", p.stdout, re.M), (step, p.stdout)
     assert not (tmp_path / "mlflow.db").exists()
 
