@@ -5,11 +5,12 @@
 # `scripts/setup.sh dev` installs the dev extra (scripts/test.sh, .ci/run).
 #
 # The installs go through uv where pip can install it (into .venv/uv, outside site-packages):
-# parallel downloads and unpacking, and a cache it links from instead of unzipping again, so a
-# fresh clone's setup takes ~1/3 of pip's (README "How long it takes"). uv reads none of pip's
-# configuration; scripts/uv_args.py hands it pip's own (find-links, indexes, constraints,
-# certificate), so both resolve against the same places to the same versions. Where uv cannot be
-# installed, or its install fails, pip does the same installs; RAG_SETUP_PIP=1 forces pip.
+# parallel downloads and unpacking, and a cache it links from instead of unzipping again. A fresh
+# clone's setup took 0.6 of pip's time, a third under heavy load (README "How long it takes").
+# uv reads none of pip's configuration; scripts/uv_args.py hands it pip's own (find-links,
+# indexes, constraints, certificate), so both resolve against the same places to the same
+# versions. Where uv cannot be installed, or its install fails, pip does the same installs;
+# RAG_SETUP_PIP=1 forces pip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
