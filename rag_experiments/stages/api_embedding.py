@@ -245,8 +245,9 @@ class OpenAIEmbedder:
             if self.dimensions:
                 body["dimensions"] = self.dimensions
             reply = self._endpoint.post("/embeddings", body, lambda raw: parse_embeddings(raw, len(part)))
-            if reply.error:
-                raise EmbeddingFault(f"{where}: {reply.error}")
+            if reply.error:  # a budget stop says how to resume, as every step's does
+                budget = reply.error.startswith("budget:") and call_budget.stop_reason()
+                raise EmbeddingFault(f"{where}: {budget or reply.error}")
             vecs = reply.data[0]  # post() counted the tokens and their cost
             if len(vecs[0]) != self.dim:
                 raise EmbeddingFault(f"{where}: the endpoint returned {len(vecs[0])}-d vectors; its probe's "
