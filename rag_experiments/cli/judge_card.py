@@ -94,6 +94,9 @@ def render(card: dict, name: str, source: str) -> str:
     lines.append(f"CI: {card['ci_method']}")
     if card.get("stop"):
         lines.append(f"stopped: {card['stop']['why']} (of {card['stop']['n_pool']} pairs)")
+    if "n_resplit" in card:
+        lines.append(f"folded judge (judge.fold=true), each claim asked as an answer: {card['n_resplit']} of "
+                     f"{card['n']} replies listed other than one claim (supported only if every part is)")  # fmt: skip
     if card.get("unsound"):
         lines.append(f"NOT A SOUND CARD (not cached, measured again next time): {card['unsound']}")
     return "\n".join(lines)

@@ -276,6 +276,7 @@ NEUTRAL_DEFAULTS: dict[str, Any] = {
     # join conf/config.yaml without changing a recorded config_hash
     "judge_card.target_width": 0.2,
     "judge_card.batch_pairs": 40,
+    "judge.fold": False,  # the folded LLM judge (judge.llm.LLMJudge), off: the judge it was
 }
 
 

@@ -108,11 +108,11 @@ SLOTS: tuple[Slot, ...] = (
          runner="rag_experiments.run.answer.GenerateStep", stores=("generations",)),
     # the prompt's text enters the generation key (the rendered messages), not a cache of its own
     Slot("prompt", "prompt", "rag_experiments.stages.prompts.PromptTemplate", (), (), optional=True),
-    Slot("judge", "judge", "rag_experiments.judge.claims.Judge", ("claims", "verdict", "relevance", "facts"),
+    Slot("judge", "judge", "rag_experiments.judge.claims.Judge", ("claims", "verdict", "folded", "relevance", "facts"),
          _JUDGE_CODE, optional=True, step="judging", position=6, errors="n_judge_errors", noun="judged answers",
          column="judge", priced=True, serving=False, span="EVALUATOR",
          outputs=("verdicts", "faithfulness", "answer_relevance"), phase="judging",
-         runner="rag_experiments.run.answer.JudgeStep", stores=("claims", "verdicts", "relevance", "facts")),
+         runner="rag_experiments.run.answer.JudgeStep", stores=("claims", "verdicts", "folded", "relevance", "facts")),
     # a conversation's turn → what it searches (docs/conversations.md): the last question
     # (history=last_turn, builds nothing), a window of turns, a model's standalone rewrite or the
     # human one (oracle); before the query transform, which transforms what it sets

@@ -41,6 +41,7 @@ class JudgedAnswer:
     seconds: float
     usage: dict[str, dict | None]
     n_errors: int = 0  # split / relevance calls that failed on transport (verdicts carry their own)
+    error: str = ""  # the first such call's error
 
 
 def cached_claims(judge, text: str, cache: StageCache, calls: Counter, tally: dict) -> list[str]:
@@ -99,6 +100,34 @@ def cached_verdicts(
     verdicts = [Verdict(**found[k]) for k in vkeys]
     tally.update((k, v.usage) for k, v in zip(vkeys, verdicts, strict=True))
     return verdicts
+
+
+def cached_judgement(
+    judge, answer: str, context: str, cache: StageCache, calls: Counter, tally: dict
+) -> tuple[list[str], list[Verdict]]:
+    """An answer's claims and their verdicts against ``context``: :func:`cached_claims` then
+    :func:`cached_verdicts`, or for a folded judge (``judge.fold=true``) its one call
+    (``fold_verdicts``) cached per (judge identity, answer, context) with that call's usage. A
+    folded call that failed or whose reply was unread (counted in ``folded_unread``) is not cached
+    and counts as a transport error: the answer's judging failed, the next run asks again."""
+    if not getattr(judge, "fold", False):
+        claims = cached_claims(judge, answer, cache, calls, tally)
+        return claims, cached_verdicts(judge, claims, context, cache, calls, tally, "verdicts")
+    fk = stage_key("folded", judge.identity, answer, context)
+    got = cache.get_json_many("folded", [fk])
+    if fk in got:
+        claims, verdicts, usage = got[fk]["claims"], [Verdict(**v) for v in got[fk]["verdicts"]], got[fk]["usage"]
+    else:
+        claims, verdicts, unread = judge.fold_verdicts(answer, context)
+        usage = last_usage(judge)
+        calls["folded"] += 1
+        calls["folded_unread"] += unread
+        if last_error(judge):
+            calls["errors"] += 1
+        else:
+            cache.put_json_many("folded", {fk: {"claims": claims, "verdicts": [asdict(v) for v in verdicts], "usage": usage}})
+    tally[fk] = usage
+    return claims, verdicts
 
 
 def diagnostics_stage(

@@ -87,6 +87,47 @@ def parse_verdict(text: str) -> str:
     return _LABELS[m.group(1).lower()]
 
 
+_FOLDED = {"yes": "supported", "no": "unsupported"}
+
+
+def parse_folded(text: str) -> list[tuple[str, str]] | None:
+    """A folded judge reply (``judge.fold=true``: claims and verdicts in one call) read strictly:
+    ``[(claim, label), ...]`` with label supported / unsupported / unparseable, or None when the
+    reply is not ``{"claims": [...]}`` (not JSON, another shape, extra keys): the whole reply is
+    unread, never a list of "no"s.
+
+    An item is ``{"claim": <text>, "supported": "yes"|"no"|true|false}`` and nothing else; any other
+    item is one ``unparseable`` claim (its text: the claim if it has one, else the item as JSON),
+    counted like an unparseable verdict. A listed claim that is code, filler, a question or a
+    heading is dropped, as :meth:`~rag_experiments.judge.llm.LLMJudge.split` drops it."""
+    if not isinstance(text, str):
+        return None
+    s = text.strip()
+    fence = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", s, re.S)
+    s = fence.group(1).strip() if fence else s
+    try:
+        obj = json.loads(s)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or set(obj) != {"claims"} or not isinstance(obj["claims"], list):
+        return None
+    out = []
+    for item in obj["claims"]:
+        claim = item.get("claim") if isinstance(item, dict) else None
+        if not isinstance(claim, str) or not claim.strip():
+            out.append((json.dumps(item, ensure_ascii=False), "unparseable"))
+            continue
+        claim = _CITATION.sub("", claim).strip()
+        said = item.get("supported")
+        said = ("no", "yes")[said] if isinstance(said, bool) else said.strip().lower() if isinstance(said, str) else None
+        label = _FOLDED.get(said) if set(item) == {"claim", "supported"} else None
+        if label is None:
+            out.append((claim, "unparseable"))
+        elif len(re.findall(r"\w+", claim)) >= 3 and is_claim(claim):
+            out.append((claim, label))
+    return out
+
+
 # -- protocol -----------------------------------------------------------------------------------
 
 

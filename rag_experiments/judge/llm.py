@@ -22,7 +22,7 @@ from rag_experiments.core.redaction import error_text
 from rag_experiments.core.sanitize import delimited
 from rag_experiments.core.types import Verdict
 from rag_experiments.evaluation.cost import add_usage
-from rag_experiments.judge.claims import _CITATION, is_claim, parse_verdict, split_claims
+from rag_experiments.judge.claims import _CITATION, is_claim, parse_folded, parse_verdict, split_claims
 from rag_experiments.stages import dry_calls
 from rag_experiments.stages.embedding import metric_embedder
 from rag_experiments.stages.endpoint_settings import ADDRESS, Takes
@@ -68,6 +68,33 @@ FACT_SCHEMA = {
     "type": "object",
     "properties": {"verdict": {"type": "string", "enum": list(FACT_LABELS)}},
     "required": ["verdict"],
+    "additionalProperties": False,
+}
+#: The folded call (``judge.fold=true``): one constrained JSON reply per answer lists its claims, each
+#: with its verdict against the context (docs/judges.md, "Folded judging").
+FOLD_SYSTEM = (
+    "You check an answer against a context. Break the answer into short, self-contained factual claims "
+    "and, for each claim, say whether the context supports it. A claim is supported only if the context "
+    "states it or it follows directly from the context; if the context contradicts it or does not "
+    "mention it, it is not supported. Do not add anything that is not in the answer. Reply with JSON "
+    'only: {"claims": [{"claim": "...", "supported": "yes" or "no"}, ...]}.' + DATA_NOTE
+)
+FOLD_USER = "{context}\n\n{answer}\n\nList the answer's claims, each with whether the context supports it."
+FOLD_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "claims": {
+            "type": "array",
+            "maxItems": 16,  # a looping model stops here, not at max_tokens mid-JSON
+            "items": {
+                "type": "object",
+                "properties": {"claim": {"type": "string"}, "supported": {"type": "string", "enum": ["yes", "no"]}},
+                "required": ["claim", "supported"],
+                "additionalProperties": False,
+            },
+        }
+    },
+    "required": ["claims"],
     "additionalProperties": False,
 }
 _FACT_WORD = re.compile(r"(supported|contradicted|absent)[.!]?", re.I)
@@ -137,6 +164,10 @@ class LLMJudge:
     off) a constrained request is made instead: ``constrained="json_schema"`` (llama.cpp) or
     ``"response_format"`` (OpenAI structured outputs) or ``"none"``; its reply goes through the
     strict :func:`parse_verdict`. A failed call or an unreadable reply is ``unparseable``.
+
+    ``fold=True`` (a chat judge; needs ``decompose``): an answer's claims and their verdicts come
+    from one constrained JSON call (:meth:`fold_verdicts`) instead of a claims call and one call per
+    claim; :meth:`verdicts` (the claim-level diagnostics, the repeats) stays per claim.
     """
 
     ENDPOINT = Takes(api_key_env="OPENAI_API_KEY")  # every endpoint setting (docs/endpoints.md)
@@ -150,12 +181,15 @@ class LLMJudge:
         n_questions: int = 3,
         decompose: bool = True,
         constrained: str = "json_schema",
+        fold: bool = False,
         embedder: Any = None,
         _identity_model: dict | None = None,
         **endpoint: Any,
     ) -> None:
         if constrained not in ("json_schema", "response_format", "none"):
             raise ValueError("judge.constrained must be json_schema, response_format or none")
+        if fold and not decompose:
+            raise ValueError("judge.fold=true needs judge.decompose=true: the folded call lists the answer's claims")
         s = self.settings = LLMJudge.ENDPOINT.settings(endpoint, base_url=base_url, model=model)
         self.model = model
         self.threshold = float(threshold)
@@ -163,6 +197,7 @@ class LLMJudge:
         self.n_questions = int(n_questions)
         self.decompose = bool(decompose)
         self.constrained = constrained
+        self.fold = bool(fold)
         self.client = OpenAICompatibleGenerator(base_url, model, **s.keywords("base_url", "model"))
         self._embedder = embedder
         self._last = threading.local()  # usage of the last split / answer_relevance, per thread
@@ -178,6 +213,8 @@ class LLMJudge:
             "temperature": s.temperature,
             "seed": int(s.seed),
             "prompts": hashlib.sha256(prompts.encode()).hexdigest()[:16],
+            # only when set: an unfolded judge keeps its identity (and every config_hash)
+            **({"fold": hashlib.sha256((FOLD_SYSTEM + FOLD_USER).encode()).hexdigest()[:16]} if fold else {}),
         }
         self.identity = json.dumps(ident, sort_keys=True)
 
@@ -194,18 +231,18 @@ class LLMJudge:
             {"role": "user", "content": verdict_user(claim, context)},
         ]
 
-    def _constrained(self, messages: list[dict]):
+    def _constrained(self, messages: list[dict], schema: dict = VERDICT_SCHEMA, dry: str = _DRY_VERDICT,
+                     max_tokens: int | None = 32, plain: tuple[int | None, str] = (8, "yes")):  # fmt: skip
+        """One reply constrained to ``schema`` by ``judge.constrained`` (``none``: a plain reply of at
+        most ``plain[0]`` tokens, ``plain[1]`` in a dry run); ``max_tokens`` None: the judge's own."""
         if self.constrained == "json_schema":  # llama.cpp server extension
             return self.client.complete(
-                messages, max_tokens=32, extra_body={"json_schema": VERDICT_SCHEMA}, allow_empty=True, dry_text=_DRY_VERDICT
+                messages, max_tokens=max_tokens, extra_body={"json_schema": schema}, allow_empty=True, dry_text=dry
             )
         if self.constrained == "response_format":  # OpenAI structured outputs
-            fmt = {
-                "type": "json_schema",
-                "json_schema": {"name": "verdict", "schema": VERDICT_SCHEMA, "strict": True},
-            }
-            return self.client.complete(messages, max_tokens=32, response_format=fmt, allow_empty=True, dry_text=_DRY_VERDICT)
-        return self.client.complete(messages, max_tokens=8, allow_empty=True, dry_text="yes")
+            fmt = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": schema, "strict": True}}
+            return self.client.complete(messages, max_tokens=max_tokens, response_format=fmt, allow_empty=True, dry_text=dry)
+        return self.client.complete(messages, max_tokens=plain[0], allow_empty=True, dry_text=plain[1])
 
     def _one_verdict(self, claim: str, context: str) -> Verdict:
         """One claim's verdict, with the summed usage of the call(s) it took (``Verdict.usage``)."""
@@ -273,16 +310,8 @@ class LLMJudge:
             {"role": "system", "content": FACT_SYSTEM},
             {"role": "user", "content": fill(FACT_USER, fact=delimited("claim", fact), answer=delimited("answer", answer))},
         ]
-        dry = '{"verdict": "supported"}'
         try:
-            if self.constrained == "json_schema":
-                c = self.client.complete(messages, max_tokens=32, extra_body={"json_schema": FACT_SCHEMA},
-                                         allow_empty=True, dry_text=dry)  # fmt: skip
-            elif self.constrained == "response_format":
-                fmt = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": FACT_SCHEMA, "strict": True}}
-                c = self.client.complete(messages, max_tokens=32, response_format=fmt, allow_empty=True, dry_text=dry)
-            else:
-                c = self.client.complete(messages, max_tokens=8, allow_empty=True, dry_text="supported")
+            c = self._constrained(messages, FACT_SCHEMA, plain=(8, "supported"))
         except Exception as exc:  # noqa: BLE001 - a judge never raises per fact
             return Verdict(fact, "unparseable", error=error_text(exc))
         if c.error:
@@ -293,6 +322,42 @@ class LLMJudge:
         """Each reference fact against ``answer``: ``label`` supported / contradicted / absent, or
         unparseable (a failed call carries its ``error``), with the call's usage."""
         return self.client._map(lambda f: self._one_fact(f, answer), list(facts))
+
+    # folded: claims and verdicts in one call -----------------------------------------------------
+    def fold_verdicts(self, answer: str, context: str) -> tuple[list[str], list[Verdict], bool]:
+        """(claims, verdicts, unread) of ``answer`` against ``context`` from one constrained JSON call
+        (:data:`FOLD_SCHEMA`, read by the strict :func:`parse_folded`): an item it cannot read is an
+        ``unparseable`` verdict, counted. A failed call (:meth:`last_error`) or a reply that is not
+        the folded JSON or lists no claim (``unread``: True, :meth:`last_error` says so) gives no
+        claims: the answer's judging failed, as on transport. No call for an answer without claims
+        (a decline, an empty answer). The call's usage is :meth:`last_usage`, not the verdicts'."""
+        self._record()
+        if not (sentences := split_claims(answer)):
+            return [], [], False
+        user = fill(FOLD_USER, context=delimited("context", context), answer=delimited("answer", answer.strip()))
+        messages = [{"role": "system", "content": FOLD_SYSTEM}, {"role": "user", "content": user}]
+        # a dry run (stages.dry_calls) lists the answer's own sentence claims, as split's does
+        dry = json.dumps({"claims": [{"claim": x, "supported": "yes"} for x in sentences]})
+        c = self._constrained(messages, FOLD_SCHEMA, dry, None, (None, dry))
+        self._record(c)
+        if c.error:
+            return [], [], False
+        read = parse_folded(c.text)
+        if not read:
+            self._last.error = f"judge.fold: the reply is not the folded JSON or lists no claim: {c.text[:120]!r}"
+            return [], [], True
+        return [claim for claim, _ in read], [Verdict(cl, lab, raw=c.text, rationale="folded") for cl, lab in read], False
+
+    def fold_pair(self, claim: str, context: str) -> tuple[Verdict, int]:
+        """The judge card's verdict of a folded judge: the folded call with ``claim`` as the answer,
+        and how many claims its reply listed (1 expected). Supported when every listed claim is,
+        unparseable when the reply is unread or an item is; a failed call carries its ``error``."""
+        _, vs, unread = self.fold_verdicts(claim, context)
+        usage, error = self.last_usage(), None if unread else self.last_error()
+        labels = {v.label for v in vs}
+        label = next((lab for lab in ("unparseable", "unsupported") if lab in labels), "supported")
+        label = "unparseable" if error or not vs else label
+        return Verdict(claim, label, raw=vs[0].raw if vs else "", rationale="folded", error=error, usage=usage), len(vs)
 
     # decomposition -------------------------------------------------------------------------------
     def split(self, answer: str) -> list[str]:

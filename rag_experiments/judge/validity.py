@@ -224,8 +224,9 @@ def pair_verdicts(
     with Progress("judge card: verdicts", len(todo), progress and len(todo) > 20, unit="pairs") if own else nullcontext(bar) as shown:
         for i in todo:
             t0 = time.perf_counter()
-            v = judge.verdicts([pairs[i].claim], pairs[i].context)[0]
+            v, listed = card_verdict(judge, pairs[i].claim, pairs[i].context)
             row = {"label": v.label if not v.error else UNPARSEABLE, "seconds": time.perf_counter() - t0 + prep_s}
+            row.update({} if listed is None else {"listed": listed})
             found[keys[i]] = row
             errors += bool(v.error)
             if row["label"] != UNPARSEABLE:
@@ -235,7 +236,19 @@ def pair_verdicts(
                 fresh = {}
             shown.update()
     cache.put_json_many("card_verdict", fresh)
-    return [found[k]["label"] for k in keys], [float(found[k]["seconds"]) for k in keys], errors
+    resplit = sum(found[k].get("listed", 1) != 1 for k in keys)
+    return [found[k]["label"] for k in keys], [float(found[k]["seconds"]) for k in keys], errors, resplit
+
+
+def card_verdict(judge, claim: str, context: str):
+    """(verdict, claims listed) of one card pair: the claim judged as the run judges an answer's
+    claims. A folded judge (``judge.fold=true``) is asked its folded call with the claim as the
+    answer (``fold_pair``): one claim is expected, and how many its reply listed is kept (the card's
+    ``n_resplit``: pairs whose reply split the claim otherwise; supported only when every part is).
+    Any other judge: its per-claim verdict, and None."""
+    if getattr(judge, "fold", False):
+        return judge.fold_pair(claim, context)
+    return judge.verdicts([claim], context)[0], None
 
 
 def unsound(card: Mapping[str, Any], max_unparseable: float = MAX_UNPARSEABLE) -> str | None:
@@ -292,13 +305,14 @@ def sequential_stop(
 def sequential_verdicts(
     judge, pairs: Sequence[JudgePair], cache: StageCache, target_width: float, batch: int,
     n_resamples: int = 1000, seed: int = 0, progress: bool = True,
-) -> tuple[list[JudgePair], list[str], list[float], int, dict[str, Any]]:  # fmt: skip
+) -> tuple[list[JudgePair], list[str], list[float], int, int, dict[str, Any]]:  # fmt: skip
     """Judge ``pairs`` in batches (:func:`stratified_order`) until the card's κ interval
     (``judge.card.kappa_interval``: the same draws as the card's) is at most ``target_width``
     wide (:func:`sequential_stop`). Returns (the pairs judged, their labels, seconds, errors, the
-    stop record: target, batch, pool size, each look's [n, width], and why it stopped)."""
+    pairs a folded judge split otherwise (:func:`card_verdict`), the stop record: target, batch,
+    pool size, each look's [n, width], and why it stopped)."""
     order = stratified_order(pairs)
-    got: list[tuple[list[str], list[float], int]] = []
+    got: list[tuple[list[str], list[float], int, int]] = []
     with Progress("judge card", len(order), enabled=progress, unit="pairs") as bar:
 
         def look(n: int) -> float:
@@ -313,7 +327,7 @@ def sequential_verdicts(
     stop = {"target_width": target_width, "batch": int(batch), "n_pool": len(order), "looks": looks, "why": why}
     labels = [x for g in got for x in g[0]]
     seconds = [x for g in got for x in g[1]]
-    return order[:n], labels, seconds, sum(g[2] for g in got), stop
+    return order[:n], labels, seconds, sum(g[2] for g in got), sum(g[3] for g in got), stop
 
 
 def validity_card(
@@ -343,11 +357,11 @@ def validity_card(
         return {**hit[key], "cached": True, "unsound": None}
     stop = None
     if target_width:
-        pairs, labels, seconds, errors, stop = sequential_verdicts(
+        pairs, labels, seconds, errors, resplit, stop = sequential_verdicts(
             judge, pairs, cache, target_width, batch, n_resamples, seed, progress
         )
     else:
-        labels, seconds, errors = pair_verdicts(judge, pairs, cache, progress)
+        labels, seconds, errors, resplit = pair_verdicts(judge, pairs, cache, progress)
     rep = None
     if repeats:
         more = [pair_verdicts(j, pairs, cache, progress) for j in repeats]
@@ -365,6 +379,8 @@ def validity_card(
         confidence=EARLY_STOP_CONFIDENCE if stop and len(pairs) < stop["n_pool"] else 0.95,
     )
     card.update(judge=judge.identity, repeats=len(idents), pairs_digest=digest, n_judge_errors=errors)
+    if getattr(judge, "fold", False):  # pairs whose folded reply listed other than the one claim
+        card["n_resplit"] = resplit
     if stop is not None:
         card["stop"] = stop
         card["ci_method"] += (

@@ -29,8 +29,7 @@ from rag_experiments.evaluation.fact_scores import reference_facts
 from rag_experiments.evaluation.walk import walk
 from rag_experiments.judge.cached import (
     JudgedAnswer,
-    cached_claims,
-    cached_verdicts,
+    cached_judgement,
     diagnostic_columns,
     diagnostics_stage,
     last_error,
@@ -87,8 +86,8 @@ def _judge_one(
     t0 = time.perf_counter()
     tally: dict[str, dict | None] = {}
     errors_before = calls["errors"]
-    claims = cached_claims(judge, answer, cache, calls, tally)
-    verdicts = cached_verdicts(judge, claims, context, cache, calls, tally, "verdicts")
+    claims, verdicts = cached_judgement(judge, answer, context, cache, calls, tally)
+    error = last_error(judge) if calls["errors"] > errors_before else ""
     rk = stage_key("relevance", judge.identity, item.query, answer)
     got = cache.get_json_many("relevance", [rk])
     if rk in got:
@@ -99,9 +98,11 @@ def _judge_one(
         tally[rk] = last_usage(judge)
         calls["relevance"] += 1
         calls["errors"] += bool(failed := last_error(judge))  # NaN of a failed call: retried next run
+        error = error or failed or ""
         if not failed:
             cache.put_json_many("relevance", {rk: [rel, method, tally[rk]]})
-    return JudgedAnswer(claims, verdicts, rel, method, time.perf_counter() - t0, tally, calls["errors"] - errors_before)
+    return JudgedAnswer(claims, verdicts, rel, method, time.perf_counter() - t0, tally,
+                        calls["errors"] - errors_before, error)  # fmt: skip
 
 
 def judge_stage(
@@ -236,7 +237,7 @@ class JudgeStep:
         judged = [j for j in seg.judged if j is not None]
         failed = sum(judge_failed(j) for j in judged)
         calls = {f"judge_{k}": v for k, v in (jcalls + dcalls).items()}
-        first = next((v.error for j in judged for v in j.verdicts if v.error), "a judge call failed on transport")
+        first = next((e for j in judged for e in (j.error, *(v.error for v in j.verdicts)) if e), "a judge call failed")
         return StepRecord(self.slot, len(judged), failed, calls, first_error=first if failed else "")
 
     def columns(self, seg: AnswerState, rows: list[dict]) -> None:

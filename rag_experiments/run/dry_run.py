@@ -281,7 +281,8 @@ def print_report(rows: list[Row], budget: dict) -> None:
     )
     print("  output tokens = each request's max_tokens: an upper bound (a model may stop sooner)")
     print(f"  an answer's claims are its sentences' (judge.claims.split_claims): {dry_calls.CLAIMS_PER_ANSWER} for an answer "
-          "not in the cache (stages.dry_calls.CLAIMS_PER_ANSWER), a cached answer's own; the judge's verdict calls follow")  # fmt: skip
+          "not in the cache (stages.dry_calls.CLAIMS_PER_ANSWER), a cached answer's own; the judge's verdict calls follow "
+          "(judge.fold=true: none, its one call per answer returns them)")  # fmt: skip
     print(
         "  a logprob judge's endpoint returns logprobs (else each verdict takes a second, constrained call)"
     )
