@@ -12,13 +12,15 @@ without an answer or a score), judge calls per answer, requests sent, retries, 4
 
 Clients: ours with the limits declared (``rpm``, ``max_concurrency``) and with none declared
 (adaptive concurrency and Retry-After alone), both judging with ``LLMJudge`` (claims split by the
-LLM, then one logprob verdict per claim); ``mlflow.genai.evaluate`` (predict_fn and a scorer making
+LLM, then one logprob verdict per claim), and ours folded (``judge.fold=true``: the claims and their
+verdicts in one constrained JSON call per answer, limits declared); ``mlflow.genai.evaluate`` (predict_fn and a scorer making
 the same judge calls with the OpenAI SDK); RAGAS and DeepEval (scripts/bench_peers.py), each with
 its defaults and with its documented concurrency setting at the endpoint's limits. A peer that is
 not installed prints "not installed": they are the ``bench`` extra, in a venv of their own.
 
     python scripts/bench_endpoint.py                  # 200 items, 120 RPM, 4 in flight (~50 min)
     python scripts/bench_endpoint.py --items 40 --rpm 600 --clients ours,ragas
+    python scripts/bench_endpoint.py --items 20 --rpm 6000 --clients ours,ours-folded   # calls per answer, both modes
 """
 
 from __future__ import annotations
@@ -179,6 +181,8 @@ def chat_text(prompt: str) -> str:
         return "\n".join(f"- {c}" for c in CLAIMS)
     if "You check whether a claim" in prompt:  # our verdict (constrained fallback)
         return "yes"
+    if "List the answer's claims, each with" in prompt:  # our folded call (judge.fold=true)
+        return json.dumps({"claims": [{"claim": c, "supported": "yes"} for c in CLAIMS]})
     low = prompt.lower()
     # DeepEval's faithfulness prompts ask for JSON with one key each (checked most specific first)
     if '"verdicts"' in low:
@@ -241,19 +245,22 @@ def bound_seconds(calls: int, rpm: float, in_flight: int, median_s: float) -> fl
 
 def judge_answers(judge, answers: list[str], contexts: list[str], workers: int = 4) -> list[bool]:
     """Our judge protocol per answer (``LLMJudge``: claims split by the LLM, then one verdict per
-    claim); True where the answer was judged in full (no failed split, no unparseable verdict)."""
+    claim; folded: both from one call); True where the answer was judged in full (no failed split
+    or folded call, no unparseable verdict)."""
     from rag_experiments.core.parallel import thread_map
 
     def one(pair: tuple[str, str]) -> bool:
-        claims = judge.split(pair[0])
-        if judge.last_error() or not claims:
-            return False
-        return all(v.label != "unparseable" for v in judge.verdicts(claims, pair[1]))
+        if judge.fold:
+            claims, verdicts, _ = judge.fold_verdicts(*pair)
+        else:
+            claims = judge.split(pair[0])
+            verdicts = [] if judge.last_error() or not claims else judge.verdicts(claims, pair[1])
+        return not judge.last_error() and bool(claims) and all(v.label != "unparseable" for v in verdicts)
 
     return thread_map(one, list(zip(answers, contexts, strict=True)), workers)
 
 
-def run_ours(sim: SimEndpoint, n: int, declared: bool) -> dict:
+def run_ours(sim: SimEndpoint, n: int, declared: bool, fold: bool = False) -> dict:
     from rag_experiments.judge.llm import LLMJudge
     from rag_experiments.stages import endpoint
     from rag_experiments.stages.generation import OpenAICompatibleGenerator
@@ -261,7 +268,7 @@ def run_ours(sim: SimEndpoint, n: int, declared: bool) -> dict:
     model = "sim-declared" if declared else "sim-adaptive"
     limits = {"rpm": sim.rpm, "max_concurrency": sim.limit} if declared else {}
     kw = {"base_url": sim.base_url, "model": model, "api_key_env": "BENCH_NO_KEY", "concurrency": 4, **limits}
-    gen, judge = OpenAICompatibleGenerator(**kw), LLMJudge(**kw)
+    gen, judge = OpenAICompatibleGenerator(**kw), LLMJudge(**kw, fold=fold)
     before = endpoint.usage()
     t0 = time.perf_counter()
     answers = gen.generate([[{"role": "user", "content": q}] for q in QUESTIONS[:n]])
@@ -333,6 +340,7 @@ def run_mlflow(sim: SimEndpoint, n: int) -> dict:
 CLIENTS = {
     "ours": "ours, limits declared (`rpm`, `max_concurrency`)",
     "ours-adaptive": "ours, nothing declared (adaptive concurrency, `Retry-After`)",
+    "ours-folded": "ours folded (`judge.fold=true`: claims and verdicts in one call), limits declared",
     "mlflow": "`mlflow.genai.evaluate` (predict_fn + a scorer, OpenAI SDK defaults)",
     "ragas": "RAGAS `evaluate`, its defaults (`RunConfig()`: 16 workers)",
     "ragas-limits": "RAGAS `evaluate`, `RunConfig(max_workers=in-flight)`",
@@ -343,8 +351,8 @@ CLIENTS = {
 
 def run_client(name: str, sim: SimEndpoint, n: int) -> dict:
     """One client's row, or ``{"skipped": why}`` when its library is not installed."""
-    if name in ("ours", "ours-adaptive"):
-        return run_ours(sim, n, declared=name == "ours")
+    if name in ("ours", "ours-adaptive", "ours-folded"):
+        return run_ours(sim, n, declared=name != "ours-adaptive", fold=name == "ours-folded")
     if name == "mlflow":
         return run_mlflow(sim, n)
     import bench_peers

@@ -162,3 +162,35 @@ def embeddings(texts: list[str], vector: Callable[[str], list[float]]) -> dict:
     """An OpenAI ``/embeddings`` reply: ``vector(text)`` per input, in order, with its usage."""
     rows = [{"object": "embedding", "index": i, "embedding": vector(t)} for i, t in enumerate(texts)]
     return {"object": "list", "data": rows, "usage": {"prompt_tokens": len(texts), "total_tokens": len(texts)}}
+
+
+def _block(tag: str, text: str) -> str:
+    """The text of the first ``<tag>`` block of a prompt (core.sanitize.delimited), "" if none."""
+    start, end = text.find(f"<{tag}>\n"), text.find(f"\n</{tag}>")
+    return text[start + len(tag) + 3 : end] if 0 <= start < end else ""
+
+
+def judge_text(body: dict, verdict: Callable[[str, str], str], claims_of: Callable[[str], list[str]] | None = None) -> str:
+    """A fake chat judge's reply to each of ``judge.llm.LLMJudge``'s requests, from one rule:
+    ``verdict(claim, context)`` is the word said for a claim ("yes", "no" or anything else: an
+    unreadable one). The claims call lists ``claims_of(answer)`` (default: its sentence claims);
+    a per-claim verdict says the word; the folded call (``judge.fold=true``) answers its JSON with
+    the same claims and words (``"garble"`` as the word of any claim: the whole reply unreadable);
+    the questions call three questions; a fact verdict "supported"."""
+    from rag_experiments.judge.claims import split_claims
+
+    text = "\n".join(str(m.get("content") or "") for m in body.get("messages") or [])
+    claims_of = claims_of or split_claims
+    if "Break the answer below" in text:
+        return "\n".join(f"- {c}" for c in claims_of(_block("answer", text)))
+    if "Is the claim supported" in text:
+        return verdict(_block("claim", text), _block("context", text))
+    if "List the answer's claims, each with" in text:
+        context = _block("context", text)
+        items = [{"claim": c, "supported": verdict(c, context)} for c in claims_of(_block("answer", text))]
+        return "not json" if any(i["supported"] == "garble" for i in items) else json.dumps({"claims": items})
+    if "different questions" in text:
+        return "What is retried?\nFor how long?\nWith which id?"
+    if "reference fact" in text:
+        return "supported"
+    return "yes"

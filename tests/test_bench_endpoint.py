@@ -84,6 +84,17 @@ def test_ours_makes_the_judge_calls_a_real_run_makes(bench):
     assert sim.stats["ok"] == 3 + 3 * (1 + len(bench.CLAIMS)) and sim.stats["ok_judge"] == 9
 
 
+def test_ours_folded_makes_one_judge_call_per_answer(bench):
+    """judge.fold=true: the claims and their verdicts in one constrained JSON call per answer."""
+    sim = bench.SimEndpoint(rpm=100_000, in_flight=8, median_s=0.001, p500=0.0)
+    try:
+        row = bench.run_ours(sim, 3, declared=True, fold=True)
+    finally:
+        sim.close()
+    assert row["dropped"] == 0 and row["judged"] == 3
+    assert sim.stats["ok"] == 3 + 3 and sim.stats["ok_judge"] == 3
+
+
 def test_peers_not_installed_are_rows_not_failures(bench, capsys):
     for lib in ("ragas", "deepeval"):
         if importlib.util.find_spec(lib) is not None:

@@ -304,6 +304,8 @@ def _judge(g: _Group) -> None:
         g.num_in(key, 0, 1)
     g.int_at_least("repeats", 1)
     g.one_of("constrained", CONSTRAINED)
+    if g.node.get("fold") is True and g.node.get("decompose") is False:  # judge.llm.LLMJudge
+        g.bad("fold", "needs judge.decompose=true: the folded call lists the answer's claims", True)
     if "band" in g.node:  # judge=cascade
         band = g.node["band"]
         ok = isinstance(band, list) and len(band) == 2 and all(isinstance(x, int | float) for x in band)
