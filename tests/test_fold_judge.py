@@ -117,6 +117,29 @@ def test_an_unreadable_folded_reply_fails_the_answer_and_is_asked_again(tmp_path
     assert again.calls["judge_folded"] == 1 and again.calls["judge_folded_unread"] == 1  # not cached
 
 
+def test_the_card_of_a_folded_judge_asks_the_folded_call_and_counts_resplit_claims(tmp_path):
+    from rag_experiments.core.cache import StageCache
+    from rag_experiments.evalset.judge_pairs import JudgePair
+    from rag_experiments.judge.validity import validity_card
+
+    def claims_of(answer: str) -> list[str]:  # a judge that splits "and" claims in two
+        return [p.strip().rstrip(".") + "." for p in answer.split(" and ")] if " and " in answer else [answer]
+
+    ctx = "Webhooks are retried for three days. Each retry carries the same event id."
+    pairs = [JudgePair("a", C1, ctx, "supported", group="a"), JudgePair("b", "Webhooks are never retried.", ctx, "unsupported", group="b"),
+             JudgePair("c", "Webhooks are retried for three days and refunds are never paid.", ctx, "unsupported", group="c"),
+             JudgePair("d", C2, ctx, "supported", group="d")]  # fmt: skip
+    with FakeHTTP(lambda r: completion(judge_text(r.body, _word, claims_of))) as ep:
+        judge = LLMJudge(base_url=ep.url, model="fake", api_key_env=None, use_logprobs=False, constrained="none", fold=True)
+        card = validity_card(judge, pairs, StageCache(tmp_path / "cache"), n_resamples=50, progress=False)
+        assert _count(ep, FOLDED) == 4 and _count(ep, VERDICT) == 0
+        flat = LLMJudge(base_url=ep.url, model="fake", api_key_env=None, use_logprobs=False, constrained="none")
+        unfolded = validity_card(flat, pairs, StageCache(tmp_path / "cache"), n_resamples=50, progress=False)
+        assert _count(ep, VERDICT) == 4
+    assert card["accuracy"]["value"] == 1.0 and card["n_resplit"] == 1  # c: a "yes" and a "no" part: unsupported
+    assert "n_resplit" not in unfolded and unfolded["accuracy"]["value"] == 1.0
+
+
 DECOMPOSE, VERDICT, FOLDED = "Break the answer below", "Is the claim supported", "List the answer's claims, each with"
 QUESTIONS = "different questions"
 ANSWER = "Failed webhook deliveries are retried with exponential backoff for three days."

@@ -85,7 +85,6 @@ FOLD_SCHEMA = {
     "properties": {
         "claims": {
             "type": "array",
-            "maxItems": 16,  # a looping model stops here, not at max_tokens mid-JSON
             "items": {
                 "type": "object",
                 "properties": {"claim": {"type": "string"}, "supported": {"type": "string", "enum": ["yes", "no"]}},
@@ -97,6 +96,18 @@ FOLD_SCHEMA = {
     "required": ["claims"],
     "additionalProperties": False,
 }
+FOLD_TOKENS_PER_CLAIM = 40  # the folded reply's room per claim it may list (fold_schema)
+
+
+def fold_schema(n_sentences: int) -> tuple[dict, int]:
+    """(:data:`FOLD_SCHEMA` for an answer of ``n_sentences`` sentence claims, the reply's max_tokens):
+    at most 2n + 2 claims (a longer list is a model repeating itself: the grammar closes the JSON
+    there instead of ``max_tokens`` cutting it), and room for that many."""
+    most = 2 * n_sentences + 2
+    claims = {**FOLD_SCHEMA["properties"]["claims"], "maxItems": most}
+    return {**FOLD_SCHEMA, "properties": {"claims": claims}}, most * FOLD_TOKENS_PER_CLAIM
+
+
 _FACT_WORD = re.compile(r"(supported|contradicted|absent)[.!]?", re.I)
 LOGPROB_FLOOR = -20.0
 _DRY_VERDICT = '{"verdict": "supported"}'  # the placeholder a dry run's constrained verdict reads (stages.dry_calls)
@@ -338,7 +349,9 @@ class LLMJudge:
         messages = [{"role": "system", "content": FOLD_SYSTEM}, {"role": "user", "content": user}]
         # a dry run (stages.dry_calls) lists the answer's own sentence claims, as split's does
         dry = json.dumps({"claims": [{"claim": x, "supported": "yes"} for x in sentences]})
-        c = self._constrained(messages, FOLD_SCHEMA, dry, None, (None, dry))
+        schema, room = fold_schema(len(sentences))
+        room = max(room, self.client.max_tokens)
+        c = self._constrained(messages, schema, dry, room, (room, dry))
         self._record(c)
         if c.error:
             return [], [], False
